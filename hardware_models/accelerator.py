@@ -1,0 +1,179 @@
+"""A structural description of one accelerator: peaks are derived, not typed in.
+
+Units are in the field names (`_mhz`, `_gbps` = GB/s, `_gb` = GB of 1e9 bytes unless
+the field says GiB). Every preset figure carries its source in `sources`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from hardware_models.dtypes import Dtype
+from hardware_models.efficiency import EfficiencyProfile
+from hardware_models.errors import InfersimError
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+# PCIe usable bandwidth per lane per direction in GB/s (after line encoding).
+PCIE_GBPS_PER_LANE = {3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
+
+
+class MemorySpec(BaseModel):
+    model_config = _STRICT
+    kind: str = Field(description="HBM2e, HBM3, HBM3e, GDDR6, GDDR6X, ...")
+    capacity_gb: float = Field(gt=0, description="device memory, GB (1e9 bytes)")
+    bandwidth_gbps: float = Field(gt=0, description="peak device-memory bandwidth, GB/s")
+
+
+class L2Spec(BaseModel):
+    model_config = _STRICT
+    size_mb: float = Field(gt=0, description="L2 (last-level) cache size, MB")
+    bandwidth_gbps: float = Field(gt=0, description="L2 read bandwidth, GB/s")
+
+
+class NVLinkSpec(BaseModel):
+    model_config = _STRICT
+    generation: int = Field(ge=1, le=6)
+    links: int = Field(ge=1)
+    per_link_bandwidth_gbps: float = Field(
+        gt=0, description="per link, both directions together (NVIDIA's convention), GB/s"
+    )
+
+    @property
+    def unidirectional_gbps(self) -> float:
+        """Bandwidth one GPU can send at, all links together."""
+        return self.links * self.per_link_bandwidth_gbps / 2
+
+
+class PCIeSpec(BaseModel):
+    model_config = _STRICT
+    generation: Literal[3, 4, 5, 6]
+    lanes: int = Field(ge=1, le=32)
+
+    @property
+    def unidirectional_gbps(self) -> float:
+        return PCIE_GBPS_PER_LANE[self.generation] * self.lanes
+
+
+class PowerSpec(BaseModel):
+    model_config = _STRICT
+    tdp_w: float = Field(gt=0, description="board power limit, W")
+    idle_w: float = Field(ge=0, description="power when idle with a model loaded, W")
+
+    @model_validator(mode="after")
+    def _idle_below_tdp(self) -> PowerSpec:
+        if self.idle_w >= self.tdp_w:
+            raise ValueError(f"idle_w ({self.idle_w}) must be below tdp_w ({self.tdp_w})")
+        return self
+
+
+class PriceSpec(BaseModel):
+    model_config = _STRICT
+    usd_per_hour: float = Field(gt=0, description="on-demand price per GPU-hour, USD")
+    source: str = Field(min_length=1)
+    date: str = Field(pattern=r"^\d{4}-\d{2}(-\d{2})?$", description="YYYY-MM or YYYY-MM-DD")
+
+
+class AcceleratorSpec(BaseModel):
+    """What one chip can do. Validated strictly: an unknown or missing field is an error."""
+
+    model_config = _STRICT
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$", description="preset id")
+    display_name: str
+    vendor: Literal["nvidia", "amd", "intel", "google", "other"]
+    architecture: str = Field(description="Ampere, Ada, Hopper, Blackwell, CDNA3, ...")
+    sm_count: int = Field(gt=0, description="streaming multiprocessors (NVIDIA) or CUs (AMD)")
+    tensor_cores_per_sm: int = Field(gt=0)
+    boost_clock_mhz: float = Field(gt=0, description="max boost clock, MHz")
+    tensor_clock_mhz: float | None = Field(
+        default=None,
+        gt=0,
+        description="clock the datasheet tensor peaks are quoted at, when it differs from "
+        "boost_clock_mhz (H100 SXM: 1830 vs 1980 MHz)",
+    )
+    tensor_flops_per_core_per_clock: dict[Dtype, float] = Field(
+        description="dense (no sparsity) FLOPs (or int ops) per tensor core per clock, by dtype"
+    )
+    fp32_flops_per_sm_per_clock: float = Field(
+        gt=0, description="CUDA-core FP32 FLOPs per SM per clock (2 per FMA lane)"
+    )
+    register_file_kb_per_sm: float = Field(gt=0)
+    shared_memory_kb_per_sm: float = Field(gt=0, description="max shared memory per SM, KB")
+    l2: L2Spec
+    memory: MemorySpec
+    nvlink: NVLinkSpec | None = None
+    pcie: PCIeSpec
+    power: PowerSpec
+    price: PriceSpec
+    datasheet_tflops: dict[str, float] = Field(
+        description="the vendor's dense peaks (TFLOPS or TOPS) by dtype, plus 'fp32_cuda' for "
+        "the CUDA-core rate; used to check the structural derivation"
+    )
+    efficiency: EfficiencyProfile = Field(default_factory=EfficiencyProfile)
+    sources: dict[str, str] = Field(
+        default_factory=dict, description="field name -> where the figure comes from"
+    )
+
+    @model_validator(mode="after")
+    def _check_datasheet_keys(self) -> AcceleratorSpec:
+        allowed = {d.value for d in self.tensor_flops_per_core_per_clock} | {"fp32_cuda"}
+        unknown = set(self.datasheet_tflops) - allowed
+        if unknown:
+            raise ValueError(
+                f"datasheet_tflops has {sorted(unknown)} with no tensor rate; allowed: "
+                f"{sorted(allowed)}"
+            )
+        for dtype, rate in self.tensor_flops_per_core_per_clock.items():
+            if rate <= 0:
+                raise ValueError(f"tensor_flops_per_core_per_clock.{dtype.value} must be > 0")
+        return self
+
+    # ---- derived peaks -------------------------------------------------------------
+    def supports(self, dtype: Dtype) -> bool:
+        return dtype == Dtype.FP32 or dtype in self.tensor_flops_per_core_per_clock
+
+    def peak_flops(self, dtype: Dtype) -> float:
+        """Dense peak in FLOP/s for a matrix multiply in `dtype` (fp32 = CUDA cores)."""
+        if dtype == Dtype.FP32:
+            return self.sm_count * self.fp32_flops_per_sm_per_clock * self.boost_clock_mhz * 1e6
+        rate = self.tensor_flops_per_core_per_clock.get(dtype)
+        if rate is None:
+            supported = ", ".join(d.value for d in self.tensor_flops_per_core_per_clock)
+            raise InfersimError(
+                f"{self.name} has no tensor-core support for {dtype.value}; supported: "
+                f"{supported}, fp32"
+            )
+        clock = self.tensor_clock_mhz or self.boost_clock_mhz
+        return self.sm_count * self.tensor_cores_per_sm * rate * clock * 1e6
+
+    def peak_vector_flops(self) -> float:
+        """CUDA-core FP32 rate: softmax, norms and activations run here, not on tensor cores."""
+        return self.peak_flops(Dtype.FP32)
+
+    @property
+    def memory_bandwidth(self) -> float:
+        """Device-memory bandwidth, bytes/s."""
+        return self.memory.bandwidth_gbps * 1e9
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory.capacity_gb * 1e9
+
+    @property
+    def l2_bytes(self) -> float:
+        return self.l2.size_mb * 1e6
+
+    @property
+    def l2_bandwidth(self) -> float:
+        return self.l2.bandwidth_gbps * 1e9
+
+    def ridge_point(self, dtype: Dtype) -> float:
+        """Arithmetic intensity (FLOP/byte) where compute and memory bounds meet."""
+        return self.peak_flops(dtype) / self.memory_bandwidth
+
+    def with_efficiency(self, efficiency: EfficiencyProfile) -> AcceleratorSpec:
+        """The same chip with calibrated efficiencies."""
+        return self.model_copy(update={"efficiency": efficiency})

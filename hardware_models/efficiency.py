@@ -1,0 +1,118 @@
+"""Attainable fractions of peak: the knobs that make a roofline match real kernels.
+
+Every factor here is a named field with a documented default so that calibration
+(`infersim calibrate fit`) can replace it with values fitted to measurements.
+A curve is a function of operator size, monotone, interpolated in log space and
+clamped at the edges of the range it was fitted on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class EfficiencyCurve(BaseModel):
+    """Fraction of peak as a function of a size measure (FLOPs or bytes)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sizes: list[float] = Field(min_length=1, description="increasing operator sizes")
+    values: list[float] = Field(min_length=1, description="efficiency in (0, 1] at each size")
+
+    @field_validator("values")
+    @classmethod
+    def _in_unit_interval(cls, v: list[float]) -> list[float]:
+        for x in v:
+            if not (0.0 < x <= 1.0):
+                raise ValueError(f"efficiency {x} is outside (0, 1]")
+        return v
+
+    @model_validator(mode="after")
+    def _shape(self) -> EfficiencyCurve:
+        if len(self.sizes) != len(self.values):
+            raise ValueError("sizes and values must have the same length")
+        if any(s <= 0 for s in self.sizes):
+            raise ValueError("sizes must be positive")
+        if any(b <= a for a, b in zip(self.sizes, self.sizes[1:], strict=False)):
+            raise ValueError("sizes must be strictly increasing")
+        return self
+
+    @classmethod
+    def constant(cls, value: float) -> EfficiencyCurve:
+        return cls(sizes=[1.0], values=[value])
+
+    def at(self, size: float | np.ndarray) -> float | np.ndarray:
+        """Efficiency at `size`, log-interpolated and clamped to the fitted range."""
+        if len(self.sizes) == 1:
+            return self.values[0] if np.isscalar(size) else np.full(np.shape(size), self.values[0])
+        x = np.log(np.maximum(np.asarray(size, dtype=float), 1e-30))
+        y = np.interp(x, np.log(self.sizes), self.values)
+        return float(y) if np.ndim(y) == 0 else y
+
+
+def _const(value: float) -> EfficiencyCurve:
+    return EfficiencyCurve.constant(value)
+
+
+class EfficiencyProfile(BaseModel):
+    """How close real kernels on one chip come to its roofline.
+
+    Defaults are uncalibrated, chosen from widely reported behaviour of cuBLAS,
+    FlashAttention and NCCL; each is documented next to the field.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gemm_compute: EfficiencyCurve = Field(
+        default_factory=lambda: _const(0.80),
+        description="fraction of dense tensor peak a large GEMM sustains, against FLOPs; "
+        "cuBLAS reaches 75-90% on large square shapes (power and clock limits keep it "
+        "below 100%)",
+    )
+    gemm_memory: EfficiencyCurve = Field(
+        default_factory=lambda: _const(0.80),
+        description="fraction of memory bandwidth a memory-bound GEMM (small m) sustains, "
+        "against bytes moved",
+    )
+    attention_prefill_compute: EfficiencyCurve = Field(
+        default_factory=lambda: _const(0.60),
+        description="fraction of tensor peak FlashAttention-2/3 forward sustains, against "
+        "FLOPs (FA2 ~50-70% on A100, FA3 ~60-75% on H100)",
+    )
+    attention_decode_memory: EfficiencyCurve = Field(
+        default_factory=lambda: _const(0.70),
+        description="fraction of memory bandwidth paged decode attention sustains, against "
+        "KV bytes read (paged gathers are less regular than streaming copies)",
+    )
+    memory_bandwidth: float = Field(
+        default=0.85,
+        gt=0,
+        le=1,
+        description="fraction of device-memory bandwidth a streaming kernel (copy, "
+        "elementwise, norm) sustains; STREAM-like copies reach 85-92% on HBM",
+    )
+    l2_bandwidth: float = Field(
+        default=0.80, gt=0, le=1, description="fraction of L2 bandwidth sustained on hits"
+    )
+    kernel_floor_us: float = Field(
+        default=3.0,
+        ge=0,
+        description="smallest GPU time of any kernel (ramp-up, one wave, tail), microseconds; "
+        "an empty kernel measured with CUDA events takes 2-5 us",
+    )
+    launch_overhead_eager_us: float = Field(
+        default=4.5,
+        ge=0,
+        description="host time to launch one kernel in eager PyTorch, microseconds",
+    )
+    launch_overhead_graph_us: float = Field(
+        default=0.8,
+        ge=0,
+        description="per-kernel cost inside a replayed CUDA graph, microseconds",
+    )
+    ctas_per_sm: int = Field(
+        default=1,
+        ge=1,
+        description="GEMM thread blocks resident per SM at once (large tiles: 1)",
+    )
