@@ -131,6 +131,10 @@ class AcceleratorSpec(BaseModel):
                 raise ValueError(f"tensor_flops_per_core_per_clock.{dtype.value} must be > 0")
         return self
 
+    def __hash__(self) -> int:
+        # Consistent with field equality; lets operator costs be memoised per chip.
+        return hash((self.name, self.sm_count, self.memory.bandwidth_gbps))
+
     # ---- derived peaks -------------------------------------------------------------
     def supports(self, dtype: Dtype) -> bool:
         return dtype == Dtype.FP32 or dtype in self.tensor_flops_per_core_per_clock

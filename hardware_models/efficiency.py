@@ -76,12 +76,12 @@ class EfficiencyProfile(BaseModel):
         "against bytes moved",
     )
     attention_prefill_compute: EfficiencyCurve = Field(
-        default_factory=lambda: _const(0.60),
+        default_factory=lambda: _const(0.65),
         description="fraction of tensor peak FlashAttention-2/3 forward sustains, against "
         "FLOPs (FA2 ~50-70% on A100, FA3 ~60-75% on H100)",
     )
     attention_decode_memory: EfficiencyCurve = Field(
-        default_factory=lambda: _const(0.70),
+        default_factory=lambda: _const(0.80),
         description="fraction of memory bandwidth paged decode attention sustains, against "
         "KV bytes read (paged gathers are less regular than streaming copies)",
     )
@@ -96,10 +96,28 @@ class EfficiencyProfile(BaseModel):
         default=0.80, gt=0, le=1, description="fraction of L2 bandwidth sustained on hits"
     )
     kernel_floor_us: float = Field(
-        default=3.0,
+        default=2.5,
         ge=0,
         description="smallest GPU time of any kernel (ramp-up, one wave, tail), microseconds; "
         "an empty kernel measured with CUDA events takes 2-5 us",
+    )
+    attention_floor_us: float = Field(
+        default=8.0,
+        ge=0,
+        description="smallest time of a serving-engine attention call, microseconds: the "
+        "paged/flash wrappers launch metadata and scheduling kernels around the main one",
+    )
+    decode_cta_latency_us: float = Field(
+        default=3.0,
+        ge=0,
+        description="fixed time of one decode-attention thread block (a sequence x KV head): "
+        "block-table walk, Q load, output write; dominates short contexts",
+    )
+    prefill_cta_latency_us: float = Field(
+        default=1.5,
+        ge=0,
+        description="fixed time of one prefill-attention thread block (a sequence x head x "
+        "query block) beyond its math: Q/O tile load and store, softmax rescale",
     )
     launch_overhead_eager_us: float = Field(
         default=4.5,

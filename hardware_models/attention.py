@@ -1,0 +1,149 @@
+"""Attention costs: flash-style prefill and paged decode, closed form over batch sums.
+
+The simulator calls these once per engine step with sums over the running batch
+(tokens, attended query-key pairs, context tokens), so their Python cost does not grow
+with the batch size. Arguments may be numpy arrays to price many steps at once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
+from hardware_models.op_cost import Bound, OpCost, classify
+
+# FlashAttention processes queries in blocks of this many rows per thread block.
+PREFILL_QUERY_BLOCK = 128
+
+
+def causal_pairs(q_len: int, kv_len: int, window: int | None = None) -> int:
+    """Query-key pairs a causal (optionally sliding-window) pass computes for one sequence.
+
+    The q_len new tokens sit at the end of a kv_len-token context (kv_len >= q_len).
+    """
+    context = kv_len - q_len
+    if window is None or window >= kv_len:
+        return q_len * context + q_len * (q_len + 1) // 2
+    # Positions p = context+1 .. kv_len each see min(p, window) keys.
+    first = context + 1
+    full_from = max(first, window)
+    ramp = sum(range(first, min(full_from, kv_len + 1)))
+    return ramp + (kv_len - full_from + 1) * window if kv_len >= full_from else ramp
+
+
+def attention_prefill_cost(
+    gpu: AcceleratorSpec,
+    *,
+    num_seqs: int,
+    new_tokens: int,
+    attended_pairs: float,
+    context_tokens: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: str | Dtype = "bf16",
+    kv_dtype: str | Dtype = "bf16",
+) -> OpCost:
+    """Flash attention over `num_seqs` sequences with `new_tokens` queries in total.
+
+    `attended_pairs` is the sum of query-key pairs (see causal_pairs); `context_tokens`
+    the sum of keys each sequence reads (its full kv length).
+    """
+    dtype, kv_dtype = parse_dtype(dtype), parse_dtype(kv_dtype)
+    eff = gpu.efficiency
+    flops = 4.0 * num_heads * head_dim * attended_pairs  # QK^T and PV
+    # Causal masking is applied per (query block x key block) tile: diagonal tiles are
+    # computed whole, about half a key block of wasted work per query row.
+    computed = flops + 4.0 * num_heads * head_dim * new_tokens * PREFILL_QUERY_BLOCK / 2
+    q_bytes = new_tokens * num_heads * head_dim * bytes_per_element(dtype)
+    kv_bytes = 2.0 * context_tokens * num_kv_heads * head_dim * bytes_per_element(kv_dtype)
+    dram = 2.0 * q_bytes + kv_bytes  # read Q, write O, read K and V once
+    query_blocks = max(1, math.ceil(new_tokens / max(num_seqs, 1) / PREFILL_QUERY_BLOCK))
+    l2 = 2.0 * q_bytes + kv_bytes * query_blocks  # K/V re-read per query block
+    # Work units are (sequence, head, query block); a partly empty last wave idles SMs.
+    units = max(1, num_seqs * num_heads * query_blocks)
+    waves = math.ceil(units / gpu.sm_count)
+    wave_eff = units / (waves * gpu.sm_count)
+    math_dtype = dtype if gpu.supports(dtype) else Dtype.BF16
+    compute = computed / (
+        gpu.peak_flops(math_dtype) * eff.attention_prefill_compute.at(flops) * wave_eff
+    )
+    compute = max(compute, waves * eff.prefill_cta_latency_us * 1e-6)
+    memory = dram / (gpu.memory_bandwidth * eff.memory_bandwidth)
+    floor = eff.attention_floor_us * 1e-6
+    return OpCost(
+        name="attention_prefill",
+        seconds=max(compute, memory) + floor,
+        flops=flops,
+        dram_bytes=dram,
+        l2_bytes=l2,
+        bound=classify(compute, memory, 0.0, floor),
+        compute_seconds=compute,
+        memory_seconds=memory,
+        overhead_seconds=floor,
+    )
+
+
+def attention_decode_seconds(
+    gpu: AcceleratorSpec,
+    *,
+    num_seqs: int | np.ndarray,
+    context_tokens: float | np.ndarray,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: str | Dtype = "bf16",
+    kv_dtype: str | Dtype = "bf16",
+) -> tuple[np.ndarray | float, np.ndarray | float, np.ndarray | float]:
+    """(seconds, flops, dram_bytes) of one decode step; vectorised over numpy arrays."""
+    dtype, kv_dtype = parse_dtype(dtype), parse_dtype(kv_dtype)
+    eff = gpu.efficiency
+    flops = 4.0 * num_heads * head_dim * context_tokens
+    kv_bytes = 2.0 * context_tokens * num_kv_heads * head_dim * bytes_per_element(kv_dtype)
+    dram = kv_bytes + 2.0 * num_seqs * num_heads * head_dim * bytes_per_element(dtype)
+    bandwidth = gpu.memory_bandwidth * eff.attention_decode_memory.at(np.maximum(kv_bytes, 1.0))
+    memory = dram / bandwidth
+    # One thread block per (sequence, KV head); each has a fixed cost, run in waves.
+    waves = np.ceil(num_seqs * num_kv_heads / gpu.sm_count)
+    fixed = waves * eff.decode_cta_latency_us * 1e-6
+    seconds = np.maximum(memory, fixed) + eff.attention_floor_us * 1e-6
+    return seconds, flops, dram
+
+
+def attention_decode_cost(
+    gpu: AcceleratorSpec,
+    *,
+    num_seqs: int,
+    context_tokens: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: str | Dtype = "bf16",
+    kv_dtype: str | Dtype = "bf16",
+) -> OpCost:
+    """One decode step of paged attention: each sequence reads its whole KV cache once."""
+    seconds, flops, dram = attention_decode_seconds(
+        gpu,
+        num_seqs=num_seqs,
+        context_tokens=context_tokens,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        kv_dtype=kv_dtype,
+    )
+    floor = gpu.efficiency.attention_floor_us * 1e-6
+    work = float(seconds) - floor
+    return OpCost(
+        name="attention_decode",
+        seconds=float(seconds),
+        flops=float(flops),
+        dram_bytes=float(dram),
+        l2_bytes=float(dram),
+        bound=Bound.LATENCY if floor >= work else Bound.MEMORY,
+        memory_seconds=work,
+        overhead_seconds=floor,
+    )
