@@ -20,6 +20,7 @@ def describe_validation_error(err: ValidationError, source: str = "") -> str:
         loc = ".".join(str(p) for p in item["loc"]) or "(top level)"
         got = item.get("input")
         got_text = "" if isinstance(got, dict) else f" (got {got!r})"
-        lines.append(f"{loc}: {item['msg']}{got_text}")
+        message = item["msg"].removeprefix("Value error, ")
+        lines.append(f"{loc}: {message}{got_text}" if item["loc"] else f"{message}{got_text}")
     prefix = f"{source}: " if source else ""
     return prefix + "; ".join(lines)

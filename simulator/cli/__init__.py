@@ -1,0 +1,1 @@
+"""The `infersim` command line: one module per subcommand."""

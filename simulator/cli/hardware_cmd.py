@@ -1,0 +1,104 @@
+"""`infersim hardware list|show`: what the presets say and what follows from them."""
+
+from __future__ import annotations
+
+import argparse
+
+import pandas as pd
+
+from hardware_models.dtypes import Dtype
+from hardware_models.presets import list_gpus, list_nodes, load_gpu, load_node
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("hardware", help="list and inspect accelerator and node presets")
+    actions = parser.add_subparsers(dest="action", required=True)
+    lister = actions.add_parser("list", help="all GPU and node presets")
+    lister.set_defaults(handler=_list)
+    show = actions.add_parser("show", help="one GPU: spec, derived peaks, ridge points")
+    show.add_argument("gpu", help="preset name (see `hardware list`) or path to a YAML file")
+    show.set_defaults(handler=_show)
+
+
+def gpu_table() -> pd.DataFrame:
+    rows = []
+    for name in list_gpus():
+        gpu = load_gpu(name)
+        rows.append(
+            {
+                "gpu": name,
+                "name": gpu.display_name,
+                "memory_gb": gpu.memory.capacity_gb,
+                "hbm_tb_s": gpu.memory.bandwidth_gbps / 1000,
+                "bf16_tflops": round(gpu.peak_flops(Dtype.BF16) / 1e12, 1)
+                if gpu.supports(Dtype.BF16)
+                else None,
+                "tdp_w": gpu.power.tdp_w,
+                "usd_per_hour": gpu.price.usd_per_hour,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _list(args: argparse.Namespace) -> int:
+    print("GPUs:")
+    print(gpu_table().to_string(index=False))
+    print("\nNodes:")
+    rows = []
+    for name in list_nodes():
+        node = load_node(name)
+        rows.append(
+            {
+                "node": name,
+                "gpu": node.gpu,
+                "gpus": node.gpus_per_node,
+                "fabric": node.intra_node_fabric,
+                "nics": node.nics_per_node,
+                "nic_gb_s": node.nic_bandwidth_gbps,
+            }
+        )
+    print(pd.DataFrame(rows).to_string(index=False))
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    gpu = load_gpu(args.gpu)
+    print(f"{gpu.display_name} ({gpu.name}), {gpu.vendor} {gpu.architecture}")
+    clock = gpu.tensor_clock_mhz or gpu.boost_clock_mhz
+    print(
+        f"  {gpu.sm_count} SMs x {gpu.tensor_cores_per_sm} tensor cores @ {clock:.0f} MHz; "
+        f"boost {gpu.boost_clock_mhz:.0f} MHz"
+    )
+    print(
+        f"  memory {gpu.memory.capacity_gb:g} GB {gpu.memory.kind} at "
+        f"{gpu.memory.bandwidth_gbps:g} GB/s; L2 {gpu.l2.size_mb:g} MB at "
+        f"{gpu.l2.bandwidth_gbps:g} GB/s"
+    )
+    link = (
+        f"NVLink {gpu.nvlink.generation} x{gpu.nvlink.links} "
+        f"({gpu.nvlink.unidirectional_gbps:g} GB/s per direction)"
+        if gpu.nvlink
+        else "no NVLink"
+    )
+    print(
+        f"  {link}; PCIe gen{gpu.pcie.generation} x{gpu.pcie.lanes} "
+        f"({gpu.pcie.unidirectional_gbps:.1f} GB/s per direction)"
+    )
+    print(f"  power {gpu.power.idle_w:g}-{gpu.power.tdp_w:g} W; ${gpu.price.usd_per_hour}/h")
+    print(f"    ({gpu.price.source}, {gpu.price.date})")
+    rows = []
+    for dtype in [*gpu.tensor_flops_per_core_per_clock, Dtype.FP32]:
+        key = "fp32_cuda" if dtype == Dtype.FP32 else dtype.value
+        sheet = gpu.datasheet_tflops.get(key)
+        derived = gpu.peak_flops(dtype) / 1e12
+        rows.append(
+            {
+                "dtype": key,
+                "derived_tflops": round(derived, 1),
+                "datasheet_tflops": sheet,
+                "diff_%": round(100 * (derived - sheet) / sheet, 2) if sheet else None,
+                "ridge_flop_per_byte": round(gpu.ridge_point(dtype), 1),
+            }
+        )
+    print(pd.DataFrame(rows).to_string(index=False))
+    return 0
