@@ -1,0 +1,241 @@
+"""Per-GPU memory of a serving replica: weights, activations, overhead, and what is left
+for the KV cache. The KV cache's capacity in tokens is what limits batch size under load.
+
+Accounting follows vLLM: `gpu_memory_utilization` of device memory is the budget, and the
+KV cache gets whatever weights, the profiled activation peak and non-torch overhead leave.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
+from hardware_models.errors import InfeasibleError, InfersimError
+from simulator.architecture import ModelArchitecture
+
+GB = 1e9
+
+DEFAULT_FRAMEWORK_OVERHEAD_GB = 1.5
+"""CUDA context (~0.5 GB), allocator fragmentation and NCCL buffers (~0.3 GB) and captured
+CUDA graphs (~0.5-1 GB): vLLM's non-torch memory plus graph pool on an 80 GB GPU."""
+
+DEFAULT_MAX_NUM_SEQS = 256
+"""vLLM's default cap on sequences per step: the number of positions that get logits."""
+
+# Block-quantised formats store one scale per group of weights. Assumed: int4 as in
+# GPTQ/AWQ (group 128, fp16 scale) and fp4 as NVFP4 (group 16, fp8 scale).
+_SCALE_BYTES_PER_WEIGHT: dict[Dtype, float] = {Dtype.INT4: 2 / 128, Dtype.FP4: 1 / 16}
+
+# Logits are upcast to fp32 for sampling; the softmax makes a second vocab-wide buffer.
+_LOGIT_BUFFERS = 2
+_LOGIT_BYTES = 4
+
+
+def weight_bytes_per_param(dtype: str | Dtype) -> float:
+    """Storage per quantised weight, including its share of the group scale."""
+    d = parse_dtype(dtype)
+    return bytes_per_element(d) + _SCALE_BYTES_PER_WEIGHT.get(d, 0.0)
+
+
+def stage_weight_bytes(
+    arch: ModelArchitecture,
+    *,
+    weight_dtype: str | Dtype,
+    activation_dtype: str | Dtype = Dtype.BF16,
+    tp: int = 1,
+    pp: int = 1,
+) -> float:
+    """Weights on the most loaded GPU.
+
+    Projection and expert matrices are stored in `weight_dtype`, sharded over tp (K/V
+    projections replicate when tp > KV heads); norms, biases, the router, embeddings and
+    the LM head stay in `activation_dtype`, as vLLM's FP8/AWQ/GPTQ loaders keep them.
+    With pp stages each holds ceil(layers / pp) layers; the first adds the embedding and
+    the last the LM head (a copy of the embedding when tied), so the worst stage counts.
+    """
+    arch.check_tp(tp)
+    if pp < 1:
+        raise InfersimError(f"pp must be >= 1, got {pp}")
+    if pp > arch.num_layers:
+        raise InfersimError(f"{arch.name}: pp={pp} exceeds num_layers ({arch.num_layers})")
+    kv_shard = arch.kv_heads_per_shard(tp) * arch.head_dim
+    h = arch.hidden_size
+    linear = 2 * h * arch.q_dim / tp + 2 * h * kv_shard + arch.num_experts * arch.expert_params / tp
+    bias = (arch.q_dim / tp + 2 * kv_shard) if arch.attention_bias else 0
+    unquantised = bias + arch.norm_params_per_layer + arch.router_params_per_layer
+    w_bytes = weight_bytes_per_param(weight_dtype)
+    a_bytes = bytes_per_element(activation_dtype)
+    layer = linear * w_bytes + unquantised * a_bytes
+    layers = math.ceil(arch.num_layers / pp)
+    vocab_shard = math.ceil(arch.vocab_size / tp) * h
+    head = 0 if (pp == 1 and arch.tie_word_embeddings) else vocab_shard
+    if pp == 1:
+        ends = vocab_shard + head + arch.final_norm_params
+    else:
+        ends = max(vocab_shard, head + arch.final_norm_params)
+    return layers * layer + ends * a_bytes
+
+
+def activation_bytes(
+    arch: ModelArchitecture,
+    tokens: int,
+    *,
+    tp: int = 1,
+    activation_dtype: str | Dtype = Dtype.BF16,
+    sampled_tokens: int | None = None,
+) -> float:
+    """Peak transient memory of one forward step over `tokens` tokens, on one TP rank.
+
+    Modelled as the live buffers at the widest point of a layer plus the logits:
+    - residual stream and normed input: 2 x tokens x hidden;
+    - the larger of the attention intermediates (QKV output + attention output) and the
+      MLP's (gate_up output + activated product), sharded by tp; for MoE the MLP sees
+      tokens x experts_per_token rows (fused-MoE scratch);
+    - logits for the sampled positions (min(tokens, 256) by default), upcast to fp32,
+      plus the softmax copy, over the full vocabulary (gathered on the first rank).
+    Layers run one after another and free their intermediates, so only one counts.
+    """
+    if tokens < 1:
+        raise InfersimError(f"tokens must be >= 1, got {tokens}")
+    a_bytes = bytes_per_element(activation_dtype)
+    kv_shard = arch.kv_heads_per_shard(tp) * arch.head_dim
+    q_shard = arch.q_dim / tp
+    attention = tokens * (2 * q_shard + 2 * kv_shard)
+    up_width = (3 if arch.gated_mlp else 2) * math.ceil(arch.intermediate_size / tp)
+    mlp = tokens * arch.experts_per_token * up_width
+    residual = 2 * tokens * arch.hidden_size
+    sampled = min(tokens, DEFAULT_MAX_NUM_SEQS) if sampled_tokens is None else sampled_tokens
+    logits = sampled * arch.vocab_size * _LOGIT_BYTES * _LOGIT_BUFFERS
+    return (residual + max(attention, mlp)) * a_bytes + logits
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes on the most loaded GPU of one replica. `usable` is the vLLM budget."""
+
+    model: str
+    gpu: str
+    weight_dtype: str
+    kv_dtype: str
+    tp: int
+    pp: int
+    capacity: float
+    gpu_memory_utilization: float
+    weights: float
+    activations: float
+    framework_overhead: float
+    kv_bytes_per_token: float
+    usable: float
+    kv_capacity_bytes: float
+    kv_capacity_tokens: int
+
+    def breakdown(self) -> list[tuple[str, float]]:
+        """(item, GB) rows that add up to the GPU's capacity."""
+        return [
+            ("weights", self.weights / GB),
+            ("activations", self.activations / GB),
+            ("framework overhead", self.framework_overhead / GB),
+            ("KV cache", self.kv_capacity_bytes / GB),
+            (f"reserved (1 - {self.gpu_memory_utilization:g})", (self.capacity - self.usable) / GB),
+        ]
+
+    def table(self) -> str:
+        title = (
+            f"{self.model} on {self.gpu} ({self.weight_dtype} weights, {self.kv_dtype} KV, "
+            f"tp={self.tp}, pp={self.pp}), per GPU"
+        )
+        rows = [f"  {item:<28}{gb:>9.2f} GB" for item, gb in self.breakdown()]
+        footer = [
+            f"  {'capacity':<28}{self.capacity / GB:>9.2f} GB",
+            f"  {'KV bytes per token':<28}{self.kv_bytes_per_token:>9.0f} B",
+            f"  {'KV capacity':<28}{self.kv_capacity_tokens:>9d} tokens",
+        ]
+        return "\n".join([title, *rows, *footer])
+
+
+def plan_memory(
+    arch: ModelArchitecture,
+    gpu: AcceleratorSpec,
+    *,
+    weight_dtype: str | Dtype = Dtype.BF16,
+    kv_dtype: str | Dtype = Dtype.BF16,
+    tp: int = 1,
+    pp: int = 1,
+    gpu_memory_utilization: float = 0.90,
+    max_num_batched_tokens: int = 8192,
+    activation_dtype: str | Dtype = Dtype.BF16,
+    framework_overhead_gb: float = DEFAULT_FRAMEWORK_OVERHEAD_GB,
+) -> MemoryPlan:
+    """Plan one GPU of a tp x pp replica; raise InfeasibleError (with the breakdown) when
+    weights, activations and overhead leave no room for a KV cache."""
+    if not 0 < gpu_memory_utilization <= 1:
+        raise InfersimError(
+            f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}"
+        )
+    if framework_overhead_gb < 0:
+        raise InfersimError(f"framework_overhead_gb must be >= 0, got {framework_overhead_gb}")
+    w_dtype, k_dtype = parse_dtype(weight_dtype), parse_dtype(kv_dtype)
+
+    def weights_and_activations(tp: int) -> tuple[float, float]:
+        weights = stage_weight_bytes(
+            arch, weight_dtype=w_dtype, activation_dtype=activation_dtype, tp=tp, pp=pp
+        )
+        activations = activation_bytes(
+            arch, max_num_batched_tokens, tp=tp, activation_dtype=activation_dtype
+        )
+        return weights, activations
+
+    weights, activations = weights_and_activations(tp)
+    overhead = framework_overhead_gb * GB
+    usable = gpu.memory_bytes * gpu_memory_utilization
+    fixed = weights + activations + overhead
+    if fixed >= usable:
+        raise InfeasibleError(
+            f"{arch.name} ({w_dtype.value}, tp={tp}, pp={pp}) does not fit on {gpu.name}: "
+            f"weights {weights / GB:.1f} GB + activations {activations / GB:.1f} GB + "
+            f"overhead {overhead / GB:.1f} GB > usable {usable / GB:.1f} GB "
+            f"({gpu.memory_bytes / GB:g} GB x {gpu_memory_utilization:.2f}); "
+            + _hint(arch, tp, usable - overhead, weights_and_activations)
+        )
+    layers = math.ceil(arch.num_layers / pp)
+    kv_per_token = (
+        2 * layers * arch.kv_heads_per_shard(tp) * arch.head_dim * bytes_per_element(k_dtype)
+    )
+    kv_capacity = usable - fixed
+    return MemoryPlan(
+        model=arch.name,
+        gpu=gpu.name,
+        weight_dtype=w_dtype.value,
+        kv_dtype=k_dtype.value,
+        tp=tp,
+        pp=pp,
+        capacity=gpu.memory_bytes,
+        gpu_memory_utilization=gpu_memory_utilization,
+        weights=weights,
+        activations=activations,
+        framework_overhead=overhead,
+        kv_bytes_per_token=kv_per_token,
+        usable=usable,
+        kv_capacity_bytes=kv_capacity,
+        kv_capacity_tokens=int(kv_capacity // kv_per_token),
+    )
+
+
+def _hint(
+    arch: ModelArchitecture,
+    tp: int,
+    room: float,
+    weights_and_activations: Callable[[int], tuple[float, float]],
+) -> str:
+    """Suggest the smallest valid larger tp whose weights and activations fit in `room`."""
+    for bigger in range(tp + 1, arch.num_attention_heads + 1):
+        try:
+            arch.check_tp(bigger)
+        except InfersimError:
+            continue
+        if sum(weights_and_activations(bigger)) < room:
+            return f"try tp>={bigger} or a smaller weight dtype"
+    return "try pp>1 or a smaller weight dtype"

@@ -1,0 +1,254 @@
+"""GPU-count estimates as practitioners make them: a quick rule of thumb, then a detailed
+breakdown that shows which term (weights, KV, attention scores, optimizer states,
+activations) dominates and how parallelism and ZeRO change it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.dtypes import Dtype, bytes_per_element
+from hardware_models.errors import InfersimError
+from simulator.architecture import ModelArchitecture
+from simulator.memory_planner import (
+    DEFAULT_FRAMEWORK_OVERHEAD_GB,
+    GB,
+    activation_bytes,
+    stage_weight_bytes,
+)
+
+TRAINING_MULTIPLIER = 6
+"""Training memory ~ 6x the weights: optimizer states 2x + gradients 1x + activations 1x
++ temporary buffers 2x (the practitioner's rule for mixed-precision Adam)."""
+
+# Mixed-precision Adam: bf16/fp16 weights and gradients (2 B each); the fp32 master copy
+# and Adam's m and v are 3 x 4 = 12 B per parameter.
+_HALF_BYTES = 2
+_OPTIMIZER_BYTES = 12
+
+
+def quick_inference_gpus(
+    arch: ModelArchitecture, gpu: AcceleratorSpec, dtype: str | Dtype = Dtype.FP16
+) -> int:
+    """ceil(params x bytes per param / GPU memory): weights only, nothing else."""
+    return math.ceil(arch.param_count() * bytes_per_element(dtype) / gpu.memory_bytes)
+
+
+def quick_training_gpus(
+    arch: ModelArchitecture, gpu: AcceleratorSpec, dtype: str | Dtype = Dtype.FP16
+) -> int:
+    """ceil(params x bytes per param x 6 / GPU memory); see TRAINING_MULTIPLIER."""
+    weights = arch.param_count() * bytes_per_element(dtype)
+    return math.ceil(weights * TRAINING_MULTIPLIER / gpu.memory_bytes)
+
+
+@dataclass(frozen=True)
+class InferenceEstimate:
+    """Bytes of the whole model instance (not per GPU), and the GPUs it needs."""
+
+    weights: float
+    kv_cache: float
+    attention_scores: float
+    activations: float
+    framework_overhead: float
+    usable_per_gpu: float
+    gpus: int
+
+    @property
+    def total(self) -> float:
+        """Everything, with the per-GPU overhead counted once."""
+        return (
+            self.weights
+            + self.kv_cache
+            + self.attention_scores
+            + self.activations
+            + self.framework_overhead
+        )
+
+    def breakdown(self) -> list[tuple[str, float]]:
+        return [
+            ("weights", self.weights / GB),
+            ("KV cache", self.kv_cache / GB),
+            ("attention scores", self.attention_scores / GB),
+            ("activations", self.activations / GB),
+            ("framework overhead (per GPU)", self.framework_overhead / GB),
+            ("total", self.total / GB),
+        ]
+
+
+def detailed_inference(
+    arch: ModelArchitecture,
+    gpu: AcceleratorSpec,
+    *,
+    weight_dtype: str | Dtype = Dtype.BF16,
+    kv_dtype: str | Dtype = Dtype.BF16,
+    batch: int = 1,
+    seq_len: int = 2048,
+    flash_attention: bool = True,
+    activation_dtype: str | Dtype = Dtype.BF16,
+    gpu_memory_utilization: float = 0.90,
+    framework_overhead_gb: float = DEFAULT_FRAMEWORK_OVERHEAD_GB,
+) -> InferenceEstimate:
+    """Memory to prefill `batch` sequences of `seq_len` tokens in one pass and hold their KV.
+
+    KV grows linearly with batch x seq_len. Without FlashAttention one layer's score
+    matrix (batch x heads x seq_len^2) is materialised at a time, so that term is
+    quadratic in seq_len; FlashAttention tiles it away. Activations are the memory
+    planner's per-step peak for batch x seq_len tokens with batch sampled positions;
+    weights are the planner's (quantised matrices, 16-bit embeddings and norms).
+    GPUs = ceil(shardable bytes / (usable - overhead)): each GPU pays the overhead once
+    and everything else is assumed to shard evenly.
+    """
+    if batch < 1 or seq_len < 1:
+        raise InfersimError(f"batch and seq_len must be >= 1, got {batch} and {seq_len}")
+    tokens = batch * seq_len
+    weights = stage_weight_bytes(arch, weight_dtype=weight_dtype, activation_dtype=activation_dtype)
+    kv = tokens * arch.kv_bytes_per_token(kv_dtype)
+    scores = 0.0
+    if not flash_attention:
+        scores = batch * arch.num_attention_heads * seq_len**2 * bytes_per_element(activation_dtype)
+    activations = activation_bytes(
+        arch, tokens, activation_dtype=activation_dtype, sampled_tokens=batch
+    )
+    overhead = framework_overhead_gb * GB
+    usable = gpu.memory_bytes * gpu_memory_utilization
+    if usable <= overhead:
+        raise InfersimError(
+            f"framework overhead {framework_overhead_gb} GB leaves nothing of {gpu.name}'s "
+            f"usable {usable / GB:.1f} GB"
+        )
+    shardable = weights + kv + scores + activations
+    return InferenceEstimate(
+        weights=weights,
+        kv_cache=kv,
+        attention_scores=scores,
+        activations=activations,
+        framework_overhead=overhead,
+        usable_per_gpu=usable,
+        gpus=math.ceil(shardable / (usable - overhead)),
+    )
+
+
+def training_activation_bytes(
+    arch: ModelArchitecture,
+    micro_batch: int,
+    seq_len: int,
+    *,
+    activation_checkpointing: bool = False,
+    flash_attention: bool = True,
+) -> float:
+    """Stored activations of one micro-batch (Korthikanti et al. 2022, 16-bit, no TP/SP).
+
+    Per layer s*b*h*(34 + 5*a*s/h) bytes; FlashAttention drops the 5*a*s/h term (scores,
+    softmax and dropout mask are recomputed, not stored). Full checkpointing keeps only
+    each layer's 2*s*b*h input plus one layer's full set while it is recomputed. The
+    loss adds the logits, s*b*vocab in fp32. The 34 assumes a GPT-style layer; gated and
+    GQA layers differ by a few sbh, which the estimate ignores.
+    """
+    if micro_batch < 1 or seq_len < 1:
+        raise InfersimError(f"micro_batch and seq_len must be >= 1, got {micro_batch}, {seq_len}")
+    sbh = seq_len * micro_batch * arch.hidden_size
+    per_token_layer = 34.0
+    if not flash_attention:
+        per_token_layer += 5 * arch.num_attention_heads * seq_len / arch.hidden_size
+    full_layer = sbh * per_token_layer
+    layers = (
+        arch.num_layers * 2 * sbh + full_layer
+        if activation_checkpointing
+        else arch.num_layers * full_layer
+    )
+    logits = seq_len * micro_batch * arch.vocab_size * 4
+    return layers + logits
+
+
+@dataclass(frozen=True)
+class TrainingEstimate:
+    """Bytes per GPU for data-parallel mixed-precision Adam training with ZeRO."""
+
+    dp: int
+    zero_stage: int
+    weights: float
+    gradients: float
+    optimizer_states: float
+    activations: float
+    framework_overhead: float
+    capacity_per_gpu: float
+    effective_batch: int
+    min_dp_zero3: int | None
+
+    @property
+    def per_gpu(self) -> float:
+        return (
+            self.weights
+            + self.gradients
+            + self.optimizer_states
+            + self.activations
+            + self.framework_overhead
+        )
+
+    @property
+    def fits(self) -> bool:
+        return self.per_gpu <= self.capacity_per_gpu
+
+    def breakdown(self) -> list[tuple[str, float]]:
+        return [
+            ("weights", self.weights / GB),
+            ("gradients", self.gradients / GB),
+            ("optimizer states", self.optimizer_states / GB),
+            ("activations", self.activations / GB),
+            ("framework overhead", self.framework_overhead / GB),
+            ("per GPU", self.per_gpu / GB),
+        ]
+
+
+def detailed_training(
+    arch: ModelArchitecture,
+    gpu: AcceleratorSpec,
+    *,
+    dp: int = 1,
+    zero_stage: int = 0,
+    micro_batch: int = 1,
+    seq_len: int = 2048,
+    grad_accum_steps: int = 1,
+    activation_checkpointing: bool = False,
+    flash_attention: bool = True,
+    framework_overhead_gb: float = DEFAULT_FRAMEWORK_OVERHEAD_GB,
+) -> TrainingEstimate:
+    """Per-GPU memory on `dp` data-parallel GPUs (no tensor or pipeline parallelism).
+
+    ZeRO-1 shards the optimizer states over dp, ZeRO-2 also the gradients, ZeRO-3 also
+    the weights. Gradient accumulation leaves per-GPU memory unchanged (activations are
+    per micro-batch) and only raises the effective batch to micro_batch x accum x dp.
+    `min_dp_zero3` is the smallest dp at which ZeRO-3 fits (None when activations and
+    overhead alone exceed the GPU); the whole device memory counts as usable.
+    """
+    if dp < 1 or grad_accum_steps < 1:
+        raise InfersimError(f"dp and grad_accum_steps must be >= 1, got {dp}, {grad_accum_steps}")
+    if zero_stage not in (0, 1, 2, 3):
+        raise InfersimError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage}")
+    params = arch.param_count()
+    activations = training_activation_bytes(
+        arch,
+        micro_batch,
+        seq_len,
+        activation_checkpointing=activation_checkpointing,
+        flash_attention=flash_attention,
+    )
+    overhead = framework_overhead_gb * GB
+    capacity = gpu.memory_bytes
+    model_states = params * (2 * _HALF_BYTES + _OPTIMIZER_BYTES)
+    room = capacity - activations - overhead
+    return TrainingEstimate(
+        dp=dp,
+        zero_stage=zero_stage,
+        weights=params * _HALF_BYTES / (dp if zero_stage >= 3 else 1),
+        gradients=params * _HALF_BYTES / (dp if zero_stage >= 2 else 1),
+        optimizer_states=params * _OPTIMIZER_BYTES / (dp if zero_stage >= 1 else 1),
+        activations=activations,
+        framework_overhead=overhead,
+        capacity_per_gpu=capacity,
+        effective_batch=micro_batch * grad_accum_steps * dp,
+        min_dp_zero3=math.ceil(model_states / room) if room > 0 else None,
+    )

@@ -1,0 +1,230 @@
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hardware_models.errors import InfersimError
+from simulator.architecture import ModelArchitecture
+from simulator.model_catalog import list_models, load_model
+
+METADATA = {"name", "display_name", "source", "published_params_b"}
+
+LLAMA_31_8B_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": False,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 131072,
+    "mlp_bias": False,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 8.0, "rope_type": "llama3"},
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 128256,
+}
+
+
+def structural(arch: ModelArchitecture) -> dict:
+    return arch.model_dump(exclude=METADATA)
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_param_count_matches_published(name):
+    arch = load_model(name)
+    assert arch.published_params_b is not None
+    assert arch.param_count() / 1e9 == pytest.approx(arch.published_params_b, rel=0.01)
+
+
+def test_catalog_has_the_promised_models():
+    expected = {
+        "llama-2-7b",
+        "llama-2-13b",
+        "llama-2-70b",
+        "llama-3.1-8b",
+        "llama-3.1-70b",
+        "llama-3.1-405b",
+        "mistral-7b",
+        "mixtral-8x7b",
+        "qwen2.5-72b",
+    }
+    assert expected <= set(list_models())
+
+
+def test_mixtral_active_params_are_12_9b():
+    arch = load_model("mixtral-8x7b")
+    assert arch.active_param_count() / 1e9 == pytest.approx(12.9, rel=0.01)
+    dense = load_model("mistral-7b")
+    assert dense.active_param_count() == dense.param_count()
+
+
+def test_gqa_kv_bytes_per_token():
+    arch = load_model("llama-3.1-8b")
+    assert arch.kv_bytes_per_token("bf16") == 32 * 8 * 128 * 2 * 2 == 131072
+    assert arch.kv_bytes_per_token("fp8") == 65536
+
+
+def test_matmul_flops_per_token_is_twice_active_matmul_params():
+    arch = load_model("llama-2-7b")
+    norms = arch.num_layers * arch.norm_params_per_layer + arch.final_norm_params
+    matmul_params = arch.param_count() - arch.embedding_params - norms
+    assert arch.matmul_flops_per_token() == 2 * matmul_params
+    no_head = arch.matmul_flops_per_token(include_lm_head=False)
+    assert arch.matmul_flops_per_token() - no_head == 2 * arch.vocab_size * arch.hidden_size
+
+
+def test_hf_config_file_matches_catalog(tmp_path):
+    model_dir = tmp_path / "Llama-3.1-8B"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(LLAMA_31_8B_CONFIG))
+    from_file = load_model(model_dir / "config.json")
+    from_dir = load_model(str(model_dir))
+    assert structural(from_file) == structural(load_model("llama-3.1-8b"))
+    assert from_dir == from_file
+    assert from_file.name == "llama-3.1-8b"
+
+
+def test_hf_qwen2_gets_qkv_bias_and_no_window(tmp_path):
+    config = {
+        "model_type": "qwen2",
+        "hidden_act": "silu",
+        "hidden_size": 8192,
+        "intermediate_size": 29568,
+        "max_position_embeddings": 131072,
+        "num_attention_heads": 64,
+        "num_hidden_layers": 80,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-06,
+        "sliding_window": 131072,
+        "use_sliding_window": False,
+        "tie_word_embeddings": False,
+        "vocab_size": 152064,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert structural(load_model(path)) == structural(load_model("qwen2.5-72b"))
+
+
+def test_hf_mixtral_experts(tmp_path):
+    config = {
+        "model_type": "mixtral",
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "max_position_embeddings": 32768,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 8,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "rms_norm_eps": 1e-05,
+        "sliding_window": None,
+        "vocab_size": 32000,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert structural(load_model(path)) == structural(load_model("mixtral-8x7b"))
+
+
+def test_bad_json_names_file(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text('{"hidden_size": 4096,')
+    with pytest.raises(InfersimError, match=r"config\.json.*invalid JSON"):
+        load_model(path)
+
+
+def test_missing_key_names_file_and_key(tmp_path):
+    config = dict(LLAMA_31_8B_CONFIG)
+    del config["num_hidden_layers"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(InfersimError, match=r"config\.json.*num_hidden_layers"):
+        load_model(path)
+
+
+def test_invalid_value_names_field(tmp_path):
+    config = dict(LLAMA_31_8B_CONFIG, num_key_value_heads=5)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(InfersimError, match="num_kv_heads"):
+        load_model(path)
+
+
+def test_unknown_name_suggests():
+    with pytest.raises(InfersimError, match="did you mean 'llama-2-7b'"):
+        load_model("llama-2-7")
+
+
+def test_validators_explain():
+    base = load_model("llama-2-7b").model_dump()
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        ModelArchitecture(**{**base, "num_kv_heads": 5})
+    with pytest.raises(ValueError, match="experts_per_token"):
+        ModelArchitecture(**{**base, "num_experts": 2, "experts_per_token": 3})
+    with pytest.raises(ValueError, match="head_dim"):
+        ModelArchitecture(**{**base, "hidden_size": 4095, "head_dim": None})
+
+
+def test_layer_gemms_tp1_and_tp2():
+    arch = load_model("llama-3.1-8b")
+    assert arch.layer_gemms(16, tp=1) == [
+        ("qkv_proj", 16, 4096 + 2 * 1024, 4096),
+        ("o_proj", 16, 4096, 4096),
+        ("gate_up", 16, 2 * 14336, 4096),
+        ("down", 16, 4096, 14336),
+    ]
+    assert arch.layer_gemms(16, tp=2) == [
+        ("qkv_proj", 16, 2048 + 2 * 512, 4096),
+        ("o_proj", 16, 4096, 2048),
+        ("gate_up", 16, 14336, 4096),
+        ("down", 16, 4096, 7168),
+    ]
+    assert arch.lm_head_gemm(4, tp=2) == ("lm_head", 4, 64128, 4096)
+
+
+def test_layer_gemms_replicate_kv_heads_beyond_tp():
+    arch = load_model("llama-3.1-70b")
+    qkv = arch.layer_gemms(1, tp=16)[0]
+    assert qkv == ("qkv_proj", 1, 4 * 128 + 2 * 128, 8192)
+
+
+def test_layer_gemms_params_match_layer_params():
+    for name in list_models():
+        arch = load_model(name)
+        gemm_params = sum(n * k for _, _, n, k in arch.layer_gemms(arch.num_experts))
+        bias = (arch.q_dim + 2 * arch.kv_dim) if arch.attention_bias else 0
+        assert gemm_params == arch.layer_params - arch.norm_params_per_layer - bias
+
+
+def test_moe_gemms_assume_balanced_routing():
+    arch = load_model("mixtral-8x7b")
+    gemms = arch.layer_gemms(100, tp=1)
+    experts = [g for g in gemms if g[0].startswith("expert")]
+    assert len(experts) == 2 * 8
+    assert {g[1] for g in experts} == {25}  # ceil(100 * 2 / 8)
+    assert ("router", 100, 8, 4096) in gemms
+
+
+def test_bad_tp_is_explained():
+    arch = load_model("llama-2-13b")
+    with pytest.raises(InfersimError, match="not divisible by tp=3"):
+        arch.layer_gemms(1, tp=3)
+
+
+@given(layers=st.integers(min_value=1, max_value=200), extra=st.integers(1, 50))
+def test_param_count_grows_with_layers(layers, extra):
+    base = load_model("llama-3.1-8b")
+    fewer = base.model_copy(update={"num_layers": layers})
+    more = base.model_copy(update={"num_layers": layers + extra})
+    assert more.param_count() > fewer.param_count()
+    assert more.param_count() - fewer.param_count() == extra * base.layer_params
