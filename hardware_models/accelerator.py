@@ -23,7 +23,11 @@ PCIE_GBPS_PER_LANE = {3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 class MemorySpec(BaseModel):
     model_config = _STRICT
     kind: str = Field(description="HBM2e, HBM3, HBM3e, GDDR6, GDDR6X, ...")
-    capacity_gb: float = Field(gt=0, description="device memory, GB (1e9 bytes)")
+    capacity_gb: float = Field(
+        gt=0,
+        description="device memory as marketed ('80 GB'); HBM and GDDR come in binary "
+        "units, so the chip holds capacity_gb GiB (an 'H100 80GB' has 80 GiB)",
+    )
     bandwidth_gbps: float = Field(gt=0, description="peak device-memory bandwidth, GB/s")
 
 
@@ -164,6 +168,12 @@ class AcceleratorSpec(BaseModel):
 
     @property
     def memory_bytes(self) -> float:
+        """Physical device memory in bytes (marketed GB are GiB for DRAM parts)."""
+        return self.memory.capacity_gb * 2**30
+
+    @property
+    def marketed_memory_bytes(self) -> float:
+        """The datasheet figure read as decimal GB, as quick back-of-envelope sizing does."""
         return self.memory.capacity_gb * 1e9
 
     @property

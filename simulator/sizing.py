@@ -33,7 +33,7 @@ def quick_inference_gpus(
     arch: ModelArchitecture, gpu: AcceleratorSpec, dtype: str | Dtype = Dtype.FP16
 ) -> int:
     """ceil(params x bytes per param / GPU memory): weights only, nothing else."""
-    return math.ceil(arch.param_count() * bytes_per_element(dtype) / gpu.memory_bytes)
+    return math.ceil(arch.param_count() * bytes_per_element(dtype) / gpu.marketed_memory_bytes)
 
 
 def quick_training_gpus(
@@ -41,7 +41,7 @@ def quick_training_gpus(
 ) -> int:
     """ceil(params x bytes per param x 6 / GPU memory); see TRAINING_MULTIPLIER."""
     weights = arch.param_count() * bytes_per_element(dtype)
-    return math.ceil(weights * TRAINING_MULTIPLIER / gpu.memory_bytes)
+    return math.ceil(weights * TRAINING_MULTIPLIER / gpu.marketed_memory_bytes)
 
 
 @dataclass(frozen=True)

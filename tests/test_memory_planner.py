@@ -17,12 +17,12 @@ def test_llama_2_7b_bf16_on_h100(h100):
     assert plan.weights == pytest.approx(arch.param_count() * 2, rel=1e-9)
     assert plan.weights / GB == pytest.approx(13.48, abs=0.01)
     assert plan.kv_bytes_per_token == 32 * 32 * 128 * 2 * 2
-    assert plan.usable == pytest.approx(72 * GB)
+    assert plan.usable == pytest.approx(0.9 * 80 * 2**30)  # 80 GB of HBM is 80 GiB
     assert plan.kv_capacity_tokens > 0
     assert plan.kv_capacity_bytes == pytest.approx(
         plan.usable - plan.weights - plan.activations - plan.framework_overhead
     )
-    assert sum(gb for _, gb in plan.breakdown()) == pytest.approx(80.0)
+    assert sum(gb for _, gb in plan.breakdown()) == pytest.approx(80 * 2**30 / GB)
     assert "KV capacity" in plan.table()
 
 

@@ -1,5 +1,102 @@
-"""placeholder until sizing lands"""
+"""`infersim estimate`: how many GPUs a model needs, the quick way and the detailed way."""
+
+from __future__ import annotations
+
+import argparse
+
+from hardware_models.dtypes import parse_dtype
+from hardware_models.errors import InfeasibleError
+from hardware_models.presets import load_gpu
+from simulator.memory_planner import plan_memory
+from simulator.model_catalog import load_model
+from simulator.sizing import (
+    TRAINING_MULTIPLIER,
+    detailed_inference,
+    detailed_training,
+    quick_inference_gpus,
+    quick_training_gpus,
+)
 
 
-def register(sub):
-    pass
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("estimate", help="GPU count and memory breakdown for a model")
+    parser.add_argument("--model", required=True, help="catalog name or config.json path")
+    parser.add_argument("--gpu", required=True, help="GPU preset name or YAML path")
+    parser.add_argument("--precision", default="bf16", help="weight dtype (fp16, bf16, fp8, ...)")
+    parser.add_argument("--kv-dtype", help="KV-cache dtype (default: --precision)")
+    parser.add_argument("--batch", type=int, default=1, help="sequences in flight")
+    parser.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree to plan")
+    parser.add_argument("--no-flash", action="store_true", help="materialise attention scores")
+    parser.add_argument("--training", action="store_true", help="estimate training instead")
+    parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage")
+    parser.add_argument("--dp", type=int, default=1, help="data-parallel GPUs (training)")
+    parser.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps")
+    parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
+    parser.set_defaults(handler=_run)
+
+
+def _rows(rows: list[tuple[str, float]]) -> str:
+    return "\n".join(f"  {item:<28}{gb:>10.2f} GB" for item, gb in rows)
+
+
+def _run(args: argparse.Namespace) -> int:
+    arch = load_model(args.model)
+    gpu = load_gpu(args.gpu)
+    precision = parse_dtype(args.precision)
+    kv_dtype = parse_dtype(args.kv_dtype or args.precision)
+    params_b = arch.param_count() / 1e9
+    print(f"{arch.display_name} ({params_b:.2f} B parameters) on {gpu.display_name}")
+    print(f"  ({gpu.memory.capacity_gb:g} GB each), {precision.value} weights")
+    quick_inf = quick_inference_gpus(arch, gpu, precision)
+    quick_train = quick_training_gpus(arch, gpu, precision)
+    print("\nQuick sizing (weights only):")
+    print(f"  inference: {quick_inf} GPUs  = ceil({params_b:.1f} B x bytes/param / GPU memory)")
+    print(
+        f"  training:  {quick_train} GPUs  = x{TRAINING_MULTIPLIER} (optimizer states 2x + "
+        "gradients 1x + activations 1x + temporary buffers 2x)"
+    )
+    if args.training:
+        est = detailed_training(
+            arch,
+            gpu,
+            dp=args.dp,
+            zero_stage=args.zero,
+            micro_batch=args.batch,
+            seq_len=args.seq,
+            grad_accum_steps=args.grad_accum,
+            activation_checkpointing=args.checkpointing,
+            flash_attention=not args.no_flash,
+        )
+        print(
+            f"\nDetailed training, mixed precision, ZeRO-{args.zero} over dp={args.dp}, "
+            f"micro-batch {args.batch} x {args.seq} tokens:"
+        )
+        print(_rows(est.breakdown()))
+        verdict = "fits" if est.fits else "does NOT fit"
+        print(
+            f"  {verdict} in {gpu.memory.capacity_gb:g} GB; effective batch {est.effective_batch}"
+        )
+        if est.min_dp_zero3:
+            print(f"  ZeRO-3 fits from dp={est.min_dp_zero3}")
+        return 0
+    est = detailed_inference(
+        arch,
+        gpu,
+        weight_dtype=precision,
+        kv_dtype=kv_dtype,
+        batch=args.batch,
+        seq_len=args.seq,
+        flash_attention=not args.no_flash,
+    )
+    print(f"\nDetailed inference, batch {args.batch} x {args.seq} tokens, {kv_dtype.value} KV:")
+    print(_rows(est.breakdown()))
+    print(f"  GPUs needed: {est.gpus}")
+    print(f"\nServing plan at tp={args.tp} (vLLM-style memory budget):")
+    try:
+        plan = plan_memory(arch, gpu, weight_dtype=precision, kv_dtype=kv_dtype, tp=args.tp)
+    except InfeasibleError as exc:
+        print(f"  {exc}")
+        return 0
+    print(plan.table())
+    return 0

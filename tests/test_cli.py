@@ -1,0 +1,108 @@
+"""The command line as a user meets it: output on good input, one line on bad input."""
+
+import subprocess
+import sys
+
+import pytest
+
+from simulator.cli.main import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_hardware_list_and_show(capsys):
+    code, out, _ = run(capsys, "hardware", "list")
+    assert code == 0 and "h100-sxm" in out and "dgx-h100" in out
+    code, out, _ = run(capsys, "hardware", "show", "h100-sxm")
+    assert code == 0 and "989.4" in out and "ridge" in out
+
+
+def test_hardware_show_user_yaml(capsys):
+    code, out, _ = run(
+        capsys, "hardware", "show", "scenarios/hardware/hypothetical-accelerator.yaml"
+    )
+    assert code == 0 and "acme" in out.lower()
+
+
+def test_estimate_quick_figures_from_the_issue(capsys):
+    code, out, _ = run(
+        capsys, "estimate", "--model", "llama-2-70b", "--gpu", "h100-sxm", "--precision", "fp16"
+    )
+    assert code == 0
+    assert "inference: 2 GPUs" in out
+    assert "training:  11 GPUs" in out
+    assert "does not fit" in out  # tp=1 serving plan explains itself
+
+
+def test_estimate_training_zero3(capsys):
+    code, out, _ = run(
+        capsys, "estimate", "--model", "llama-2-7b", "--gpu", "a100-80gb-sxm",
+        "--training", "--zero", "3", "--dp", "8",
+    )  # fmt: skip
+    assert code == 0 and "ZeRO-3" in out and "optimizer states" in out
+
+
+def test_roofline_single_and_csv(capsys, tmp_path):
+    code, out, _ = run(
+        capsys, "roofline", "--gpu", "h100-sxm", "--op", "gemm",
+        "--m", "4096", "--n", "4096", "--k", "4096", "--dtype", "bf16",
+        "--plot", str(tmp_path / "r.png"),
+    )  # fmt: skip
+    assert code == 0 and "compute" in out and (tmp_path / "r.png").stat().st_size > 1000
+    ops = tmp_path / "ops.csv"
+    ops.write_text(
+        "op,m,n,k,batch,q_len,context,heads,kv_heads,head_dim,bytes,gpus\n"
+        "gemm,1,8192,8192,,,,,,,,\n"
+        "attention_prefill,,,,4,2048,,32,8,128,,\n"
+        "attention_decode,,,,64,,4096,32,8,128,,\n"
+        "all_reduce,,,,,,,,,,16777216,8\n"
+    )
+    out_csv = tmp_path / "costs.csv"
+    code, out, _ = run(
+        capsys, "roofline", "--gpu", "h100-sxm", "--input", str(ops), "--output", str(out_csv)
+    )
+    assert code == 0
+    text = out_csv.read_text()
+    assert text.count("\n") == 5 and "memory" in text and "communication" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["hardware", "show", "h10"], "did you mean 'h100-sxm'"),
+        (["hardware", "show", "/nonexistent/gpu.yaml"], "no such file"),
+        (["estimate", "--model", "lama-2-7b", "--gpu", "h100-sxm"], "did you mean"),
+        (["estimate", "--model", "llama-2-7b", "--gpu", "h100-sxm", "--precision", "fp9"], "fp9"),
+        (["roofline", "--gpu", "h100-sxm", "--op", "gemm", "--m", "3"], "needs n, k"),
+        (["roofline", "--gpu", "h100-sxm", "--op", "conv", "--m", "3"], "op"),
+        (["roofline", "--gpu", "a100-80gb-sxm", "--m", "8", "--n", "8", "--k", "8",
+          "--dtype", "fp8"], "fp8"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line(capsys, argv, needle):
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("infersim: error:")
+    assert needle in err
+    assert "Traceback" not in err
+
+
+def test_bad_csv_names_the_line(capsys, tmp_path):
+    ops = tmp_path / "ops.csv"
+    ops.write_text("op,m,n,k\ngemm,1,2,3\ngemm,1,-2,3\n")
+    code, _, err = run(capsys, "roofline", "--gpu", "h100-sxm", "--input", str(ops))
+    assert code == 2 and "line 3" in err and "n" in err
+
+
+def test_console_script_is_installed():
+    result = subprocess.run(
+        [sys.executable, "-m", "simulator.cli.main", "hardware", "show", "nope"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr

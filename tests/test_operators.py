@@ -1,0 +1,160 @@
+"""Roofline properties of the operator costs, checked over generated shapes."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hardware_models import (
+    RESIDUAL_ADD,
+    RMSNORM,
+    SILU_MUL,
+    Bound,
+    Dtype,
+    attention_decode_cost,
+    attention_prefill_cost,
+    causal_pairs,
+    collective_cost,
+    elementwise_cost,
+    gemm_cost,
+    launch_overhead_seconds,
+    load_gpu,
+    load_node,
+)
+from hardware_models.errors import InfersimError
+
+H100 = load_gpu("h100-sxm")
+A100 = load_gpu("a100-80gb-sxm")
+dims = st.integers(min_value=1, max_value=65536)
+
+
+@settings(max_examples=300, deadline=None)
+@given(m=dims, n=dims, k=dims, gpu=st.sampled_from([H100, A100]))
+def test_gemm_never_beats_its_roofline(m, n, k, gpu):
+    cost = gemm_cost(gpu, m, n, k, "bf16")
+    compute_floor = 2.0 * m * n * k / gpu.peak_flops(Dtype.BF16)
+    memory_floor = 2.0 * (m * k + k * n + m * n) / gpu.memory_bandwidth
+    assert cost.seconds >= compute_floor
+    assert cost.seconds >= memory_floor * 0.999
+    assert cost.flops == 2.0 * m * n * k
+    assert cost.dram_bytes >= 2.0 * (m * k + k * n) * 0.999
+
+
+@settings(max_examples=200, deadline=None)
+@given(m=dims, n=dims, k=dims, grow=st.sampled_from(["m", "n", "k"]))
+def test_gemm_time_is_monotone_in_each_dimension(m, n, k, grow):
+    base = gemm_cost(H100, m, n, k).seconds
+    bigger = {"m": (2 * m, n, k), "n": (m, 2 * n, k), "k": (m, n, 2 * k)}[grow]
+    # Tile heuristics can switch shape at a boundary; never by more than a hair.
+    assert gemm_cost(H100, *bigger).seconds >= base * 0.97
+
+
+def test_gemm_bounds_match_intuition():
+    assert gemm_cost(H100, 8192, 8192, 8192).bound == Bound.COMPUTE
+    assert gemm_cost(H100, 1, 8192, 8192).bound == Bound.MEMORY
+    assert gemm_cost(H100, 8, 8, 8).bound == Bound.LATENCY
+
+
+def test_fp8_gemm_is_faster_than_bf16_when_compute_bound():
+    bf16 = gemm_cost(H100, 8192, 8192, 8192, "bf16").seconds
+    fp8 = gemm_cost(H100, 8192, 8192, 8192, "fp8").seconds
+    assert fp8 < 0.6 * bf16
+
+
+def test_unsupported_dtype_is_a_clear_error():
+    with pytest.raises(InfersimError, match="fp8"):
+        gemm_cost(A100, 1024, 1024, 1024, "fp8")
+
+
+def test_causal_pairs_closed_forms():
+    assert causal_pairs(4, 4) == 1 + 2 + 3 + 4
+    assert causal_pairs(1, 10) == 10  # one decode-like query sees every key
+    assert causal_pairs(2, 6) == 5 + 6  # two new tokens after four cached
+    assert causal_pairs(6, 6, window=3) == 1 + 2 + 3 + 3 + 3 + 3
+    assert causal_pairs(2, 6, window=3) == 3 + 3
+
+
+def _prefill(batch, q, heads=32, kv_heads=8, kv_dtype="bf16"):
+    return attention_prefill_cost(
+        H100,
+        num_seqs=batch,
+        new_tokens=batch * q,
+        attended_pairs=batch * causal_pairs(q, q),
+        context_tokens=batch * q,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=128,
+        kv_dtype=kv_dtype,
+    )
+
+
+@settings(max_examples=100, deadline=None)
+@given(batch=st.integers(1, 64), q=st.integers(1, 8192))
+def test_prefill_attention_grows_with_length(batch, q):
+    assert _prefill(batch, 2 * q).seconds >= _prefill(batch, q).seconds
+    cost = _prefill(batch, q)
+    assert cost.seconds >= cost.flops / H100.peak_flops(Dtype.BF16)
+
+
+def test_long_prefill_is_compute_bound_and_quadratic():
+    short, long = _prefill(1, 8192), _prefill(1, 16384)
+    assert long.bound == Bound.COMPUTE
+    assert 3.0 < long.seconds / short.seconds < 4.5
+
+
+def test_decode_attention_reads_the_kv_cache():
+    def decode(ctx, kv_dtype="bf16"):
+        return attention_decode_cost(
+            H100,
+            num_seqs=64,
+            context_tokens=64 * ctx,
+            num_heads=32,
+            num_kv_heads=8,
+            head_dim=128,
+            kv_dtype=kv_dtype,
+        )
+
+    cost = decode(4096)
+    kv_bytes = 2 * 64 * 4096 * 8 * 128 * 2
+    assert cost.dram_bytes >= kv_bytes
+    assert cost.seconds >= kv_bytes / H100.memory_bandwidth
+    assert cost.bound == Bound.MEMORY
+    assert decode(8192).seconds > 1.8 * decode(4096).seconds * 0.9
+    assert decode(8192, "fp8").seconds < 0.6 * decode(8192).seconds
+
+
+def test_fusion_saves_round_trips_and_launches():
+    chain = [RESIDUAL_ADD, RMSNORM]
+    unfused = elementwise_cost(H100, chain, 4096 * 8192)
+    fused = elementwise_cost(H100, chain, 4096 * 8192, fused=True)
+    assert fused.dram_bytes < unfused.dram_bytes
+    assert fused.kernels == 1 and unfused.kernels == 2
+    assert fused.seconds < unfused.seconds
+    assert elementwise_cost(H100, [SILU_MUL], 1e6).bound in (Bound.MEMORY, Bound.LATENCY)
+
+
+def test_cuda_graphs_cut_launch_overhead():
+    assert launch_overhead_seconds(H100, 500, cuda_graph=True) < launch_overhead_seconds(
+        H100, 500, cuda_graph=False
+    )
+
+
+def test_collectives_follow_alpha_beta():
+    link = load_node("dgx-h100").intra_node_link
+    small = collective_cost("all_reduce", 1024, 8, link)
+    large = collective_cost("all_reduce", 1 << 30, 8, link)
+    assert small.bound == Bound.LATENCY
+    assert large.bound == Bound.COMMUNICATION
+    # Ring all-reduce moves 2 (p-1)/p of the buffer through each GPU's link.
+    assert large.seconds >= 2 * 7 / 8 * (1 << 30) / (link.bandwidth_gbps * 1e9)
+    gather = collective_cost("all_gather", 1 << 30, 8, link)
+    assert gather.seconds < large.seconds
+    assert collective_cost("all_reduce", 1 << 20, 1, link).seconds == 0.0
+    assert collective_cost("send_recv", 1 << 20, 2, link).seconds > 0
+
+
+def test_collective_bad_input():
+    link = load_node("dgx-h100").intra_node_link
+    with pytest.raises(InfersimError, match="allowed"):
+        collective_cost("broadcastish", 1024, 8, link)
+    with pytest.raises(InfersimError, match="num_gpus"):
+        collective_cost("all_reduce", 1024, 0, link)
