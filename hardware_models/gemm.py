@@ -29,7 +29,9 @@ def output_dtype(dtype: Dtype) -> Dtype:
     return Dtype.BF16 if bytes_per_element(dtype) < 2 else dtype
 
 
-def _wave_traffic(m: int, n: int, k: float, tm: int, tn: int, concurrent: int, bpe: float) -> float:
+def _wave_traffic(
+    m: int, n: int, k: float, tm: int, tn: int, concurrent: int, bpe_a: float, bpe_b: float
+) -> float:
     """DRAM bytes when each wave of `concurrent` tiles loads its own A and B panels."""
     tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
     # A wave covers a roughly square block of tiles (rasterised swizzle).
@@ -38,24 +40,37 @@ def _wave_traffic(m: int, n: int, k: float, tm: int, tn: int, concurrent: int, b
     waves_m, waves_n = math.ceil(tiles_m / side_m), math.ceil(tiles_n / side_n)
     a_panel_loads = waves_n * m * k  # A re-read once per column-block of waves
     b_panel_loads = waves_m * n * k
-    return (a_panel_loads + b_panel_loads) * bpe
+    return a_panel_loads * bpe_a + b_panel_loads * bpe_b
 
 
 @lru_cache(maxsize=65536)
-def gemm_cost(gpu: AcceleratorSpec, m: int, n: int, k: int, dtype: str | Dtype = "bf16") -> OpCost:
-    """Time of one (m x k) @ (k x n) GEMM on `gpu` in `dtype`."""
+def gemm_cost(
+    gpu: AcceleratorSpec,
+    m: int,
+    n: int,
+    k: int,
+    dtype: str | Dtype = "bf16",
+    weight_dtype: str | Dtype | None = None,
+) -> OpCost:
+    """Time of one (m x k) @ (k x n) GEMM on `gpu`, computed in `dtype`.
+
+    `weight_dtype` is the storage type of B when it differs (weight-only quantisation,
+    e.g. int4 weights dequantised to bf16 in the kernel): it changes bytes, not math.
+    """
     if min(m, n, k) < 1:
         raise ValueError(f"GEMM dimensions must be >= 1, got m={m} n={n} k={k}")
     dtype = parse_dtype(dtype)
     eff = gpu.efficiency
     bpe = bytes_per_element(dtype)
+    bpe_b = bpe if weight_dtype is None else bytes_per_element(parse_dtype(weight_dtype))
     out_bpe = bytes_per_element(output_dtype(dtype))
     flops = 2.0 * m * n * k
     peak_per_sm = gpu.peak_flops(dtype) / gpu.sm_count
     compute_eff = eff.gemm_compute.at(flops)
     concurrent = gpu.sm_count * eff.ctas_per_sm
-    compulsory = (m * k + k * n) * bpe + m * n * out_bpe
-    fits_in_l2 = (m * k + k * n) * bpe <= gpu.l2_bytes * L2_RESIDENT_FRACTION
+    operands = m * k * bpe + k * n * bpe_b
+    compulsory = operands + m * n * out_bpe
+    fits_in_l2 = operands <= gpu.l2_bytes * L2_RESIDENT_FRACTION
     mem_bw = gpu.memory_bandwidth * eff.gemm_memory.at(compulsory)
 
     best: tuple[float, float, float, float] | None = None
@@ -71,8 +86,12 @@ def gemm_cost(gpu: AcceleratorSpec, m: int, n: int, k: int, dtype: str | Dtype =
             if fits_in_l2:
                 dram = compulsory + partials
             else:
-                dram = _wave_traffic(m, n, k, tm, tn, concurrent, bpe) + m * n * out_bpe + partials
-            l2 = tiles * split * (tm + tn) * k_part * bpe + m * n * out_bpe
+                dram = (
+                    _wave_traffic(m, n, k, tm, tn, concurrent, bpe, bpe_b)
+                    + m * n * out_bpe
+                    + partials
+                )
+            l2 = tiles * split * (tm * bpe + tn * bpe_b) * k_part + m * n * out_bpe
             # Tensor-core kernels stage tiles through shared memory and (on Hopper) TMA
             # multicast, so L2 bandwidth shapes DRAM reuse but is not the binding roof.
             work = max(compute, dram / mem_bw)

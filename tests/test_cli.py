@@ -84,7 +84,7 @@ def test_roofline_single_and_csv(capsys, tmp_path):
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line(capsys, argv, needle):
-    code, out, err = run(capsys, *argv)
+    code, _, err = run(capsys, *argv)
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("infersim: error:")
     assert needle in err

@@ -1,0 +1,417 @@
+"""Import public operator measurement tables into one long table, and price every row.
+
+The tables are NVIDIA aiconfigurator's micro-benchmarks (`../shared/data/measured/<gpu>/`,
+Apache-2.0): GEMMs, vLLM flash-attention prefill and decode, NCCL collectives. What each
+column means was checked against the data itself:
+
+- `gemm_perf`: one (m x k) @ (k x n) GEMM; `gemm_dtype` bfloat16, fp8 or fp8_block
+  (block-scaled fp8; both fp8 spellings H100 only). FLOPs = 2 m n k.
+- `context_attention_perf` (prefill): `batch_size` sequences of `isl` new tokens each,
+  causal self-attention with no earlier context, so q_len = kv_len = isl. Latency grows
+  as isl^2 for long sequences (8192 -> 16384 tokens: x3.8) and flattens to linear with
+  `window_size` 128 (0 means no sliding window; the A100 table has no window column:
+  all 0). `step` is always 0.
+- `generation_attention_perf` (decode): `batch_size` sequences each decoding one token
+  against a cache of isl + step tokens. `isl` is always 1 in these tables and `step`
+  runs 1 .. 131071; latency is flat for short caches and then grows linearly with step
+  (window 0), while with `window_size` 128 it stays flat past 128 tokens. At batch 64,
+  32 heads / 8 KV heads, step 4095 the KV read is 1.07 GB and the kernel takes 0.36 ms
+  (~3.0 TB/s on H100), so the cache length is isl + step, not isl.
+- `nccl_perf`: `message_size` counts ELEMENTS of `nccl_dtype` (half = 2 bytes, int8 =
+  1 byte): at equal bytes an int8 and a half all-gather or all-to-all take the same time
+  (ratio 0.99-1.04), at equal message_size int8 takes ~0.55x. Reductions are the
+  exception: int8 reduce-scatter / all-reduce run 2-7% slower than half at equal bytes,
+  and on 8 H100s 15-26% slower, where the half all-reduce reaches 445 GB/s bus bandwidth
+  (99% of the 450 GB/s NVLink rate; rings reach ~80%): most likely NVLink SHARP
+  in-switch reduction, which does not reduce int8. The size is the full buffer each GPU
+  holds (all-reduce input, all-gather output, reduce-scatter input), which is the
+  convention of `collective_cost` (bus bandwidths computed that way match published
+  nccl-tests figures); all GPUs sit in one NVSwitch node.
+- Some shapes were measured more than once (repeats with slightly different latency);
+  every measurement is kept as its own row.
+
+The long table (COLUMNS): `gpu` (preset name), `op_class` (OP_CLASSES), `dtype` (our
+Dtype name), shape columns m, n, k (GEMM), batch, q_len, kv_len, num_heads, num_kv_heads,
+head_dim, kv_dtype, window (attention; window 0 = none), num_gpus, nbytes (collectives),
+NaN where not applicable; `size` (FLOPs for GEMM and attention, counting only the
+attended query-key pairs; bytes for collectives), `measured_s` (seconds), `source` (file)
+and `source_dtype` (the table's own dtype spelling, e.g. fp8_block, bfloat16/kv:fp8).
+
+`load_measured()` returns the normalised long table; `predict()` prices every row with the
+operator cost model, pricing each distinct shape once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.attention import attention_decode_seconds, attention_prefill_cost, causal_pairs
+from hardware_models.collectives import collective_cost
+from hardware_models.dtypes import bytes_per_element, parse_dtype
+from hardware_models.errors import InfersimError
+from hardware_models.gemm import gemm_cost
+from hardware_models.node import LinkSpec
+from hardware_models.presets import load_gpu, load_node
+
+# Folder under the measured/ directory -> accelerator preset name.
+GPU_FOLDERS: dict[str, str] = {"h100_sxm": "h100-sxm", "a100_sxm": "a100-80gb-sxm"}
+# Accelerator preset -> node preset whose intra-node link the NCCL runs used.
+NODE_FOR_GPU: dict[str, str] = {"h100-sxm": "dgx-h100", "a100-80gb-sxm": "dgx-a100"}
+
+OP_CLASSES: tuple[str, ...] = (
+    "gemm",
+    "attention_prefill",
+    "attention_decode",
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+)
+COLLECTIVE_CLASSES = frozenset(OP_CLASSES[3:])
+SHAPE_COLUMNS: tuple[str, ...] = (
+    "m",
+    "n",
+    "k",
+    "batch",
+    "q_len",
+    "kv_len",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "kv_dtype",
+    "window",
+    "num_gpus",
+    "nbytes",
+)
+COLUMNS: tuple[str, ...] = (
+    "gpu",
+    "op_class",
+    "dtype",
+    *SHAPE_COLUMNS,
+    "size",
+    "measured_s",
+    "source",
+    "source_dtype",
+)
+_NUMERIC = [c for c in SHAPE_COLUMNS if c != "kv_dtype"]
+_NCCL_OPS = {
+    "all_reduce": "all_reduce",
+    "all_gather": "all_gather",
+    "reduce_scatter": "reduce_scatter",
+    "alltoall": "all_to_all",
+    "all_to_all": "all_to_all",
+}
+FILES: dict[str, str] = {
+    "gemm": "gemm_perf.parquet",
+    "attention_prefill": "context_attention_perf.parquet",
+    "attention_decode": "generation_attention_perf.parquet",
+    "collectives": "nccl_perf.parquet",
+}
+
+
+def repo_root() -> Path:
+    """The checkout this package lives in (hardware_models/calibration/ -> two levels up)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def default_measured_dir() -> Path:
+    """`../shared/data/measured` beside the repository root."""
+    return repo_root().parent / "shared" / "data" / "measured"
+
+
+def resolve_measured_dir(data_dir: str | Path | None = None) -> Path:
+    """The measured/ directory to read, or a one-line InfersimError if it is not there."""
+    path = Path(data_dir) if data_dir is not None else default_measured_dir()
+    if not path.is_dir():
+        raise InfersimError(
+            f"measured-data directory {path} not found; pass --data DIR pointing at a folder "
+            f"with {', '.join(sorted(GPU_FOLDERS))}/ subfolders (the public tables live in "
+            "../shared/data/measured beside the repository)"
+        )
+    return path
+
+
+def _dtype_names(values: pd.Series) -> pd.Series:
+    """Source spellings (bfloat16, half, fp8_block, ...) -> our Dtype names, once per value."""
+    mapping = {v: parse_dtype(v).value for v in pd.unique(values)}
+    return values.map(mapping).astype(object)
+
+
+def _frame(gpu: str, op_class: pd.Series | str, n: int, source: Path) -> pd.DataFrame:
+    out = pd.DataFrame(index=pd.RangeIndex(n))
+    out["gpu"] = gpu
+    out["op_class"] = op_class if isinstance(op_class, str) else op_class.to_numpy()
+    for col in _NUMERIC:
+        out[col] = np.nan
+    out["kv_dtype"] = None
+    out["source"] = str(source)
+    return out
+
+
+def read_gemm(path: Path, gpu: str) -> pd.DataFrame:
+    raw = pd.read_parquet(path)
+    out = _frame(gpu, "gemm", len(raw), path)
+    for col in ("m", "n", "k"):
+        out[col] = raw[col].to_numpy(dtype=float)
+    out["dtype"] = _dtype_names(raw["gemm_dtype"]).to_numpy()
+    out["source_dtype"] = raw["gemm_dtype"].astype(object).to_numpy()
+    out["size"] = 2.0 * out["m"] * out["n"] * out["k"]
+    out["measured_s"] = raw["latency"].to_numpy(dtype=float) / 1e3
+    return out
+
+
+def _attention_common(raw: pd.DataFrame, out: pd.DataFrame) -> None:
+    out["batch"] = raw["batch_size"].to_numpy(dtype=float)
+    out["num_heads"] = raw["num_heads"].to_numpy(dtype=float)
+    out["num_kv_heads"] = raw["num_key_value_heads"].to_numpy(dtype=float)
+    out["head_dim"] = raw["head_dim"].to_numpy(dtype=float)
+    window = raw["window_size"] if "window_size" in raw else pd.Series(0, index=raw.index)
+    out["window"] = window.to_numpy(dtype=float)  # 0 = no sliding window
+    out["dtype"] = _dtype_names(raw["attn_dtype"]).to_numpy()
+    out["kv_dtype"] = _dtype_names(raw["kv_cache_dtype"]).to_numpy()
+    out["source_dtype"] = (
+        raw["attn_dtype"].astype(str) + "/kv:" + raw["kv_cache_dtype"].astype(str)
+    ).to_numpy(dtype=object)
+    out["measured_s"] = raw["latency"].to_numpy(dtype=float) / 1e3
+
+
+def _prefill_pairs(q_len: np.ndarray, window: np.ndarray) -> np.ndarray:
+    """Causal query-key pairs per sequence (no earlier context), one causal_pairs per shape."""
+    keys = pd.DataFrame({"q": q_len.astype(np.int64), "w": window.astype(np.int64)})
+    uniq = keys.drop_duplicates()
+    values = {
+        (q, w): causal_pairs(q, q, w if w > 0 else None)
+        for q, w in zip(uniq["q"], uniq["w"], strict=True)
+    }
+    return np.array([values[(q, w)] for q, w in zip(keys["q"], keys["w"], strict=True)], float)
+
+
+def read_context_attention(path: Path, gpu: str) -> pd.DataFrame:
+    raw = pd.read_parquet(path)
+    out = _frame(gpu, "attention_prefill", len(raw), path)
+    _attention_common(raw, out)
+    isl = raw["isl"].to_numpy(dtype=float)
+    out["q_len"] = isl
+    out["kv_len"] = isl  # no earlier context: the isl tokens attend to themselves
+    pairs = _prefill_pairs(isl, out["window"].to_numpy())
+    out["size"] = 4.0 * out["num_heads"] * out["head_dim"] * out["batch"] * pairs
+    return out
+
+
+def read_generation_attention(path: Path, gpu: str) -> pd.DataFrame:
+    raw = pd.read_parquet(path)
+    out = _frame(gpu, "attention_decode", len(raw), path)
+    _attention_common(raw, out)
+    out["q_len"] = 1.0
+    out["kv_len"] = (raw["isl"] + raw["step"]).to_numpy(dtype=float)
+    out["size"] = 4.0 * out["num_heads"] * out["head_dim"] * out["batch"] * _decode_seen(out)
+    return out
+
+
+def read_nccl(path: Path, gpu: str) -> pd.DataFrame:
+    raw = pd.read_parquet(path)
+    unknown = sorted(set(raw["op_name"]) - set(_NCCL_OPS))
+    if unknown:
+        raise InfersimError(f"{path}: unknown collective op_name {unknown}")
+    out = _frame(gpu, raw["op_name"].map(_NCCL_OPS), len(raw), path)
+    out["dtype"] = _dtype_names(raw["nccl_dtype"]).to_numpy()
+    out["source_dtype"] = raw["nccl_dtype"].astype(object).to_numpy()
+    element_bytes = out["dtype"].map(bytes_per_element).to_numpy(dtype=float)
+    out["num_gpus"] = raw["num_gpus"].to_numpy(dtype=float)
+    # message_size counts elements, not bytes (see the module docstring).
+    out["nbytes"] = raw["message_size"].to_numpy(dtype=float) * element_bytes
+    out["size"] = out["nbytes"]
+    out["measured_s"] = raw["latency"].to_numpy(dtype=float) / 1e3
+    return out
+
+
+_READERS: dict[str, Callable[[Path, str], pd.DataFrame]] = {
+    "gemm": read_gemm,
+    "attention_prefill": read_context_attention,
+    "attention_decode": read_generation_attention,
+    "collectives": read_nccl,
+}
+
+
+def load_measured(
+    data_dir: str | Path | None = None,
+    gpus: Iterable[str] | None = None,
+    op_classes: Iterable[str] | None = None,
+) -> pd.DataFrame:
+    """Every measured row of every known GPU folder as one long table (columns: COLUMNS).
+
+    `gpus` filters by preset name (h100-sxm, a100-80gb-sxm); `op_classes` by OP_CLASSES.
+    """
+    root = resolve_measured_dir(data_dir)
+    wanted_gpus = set(gpus) if gpus is not None else set(GPU_FOLDERS.values())
+    wanted_ops = set(op_classes) if op_classes is not None else set(OP_CLASSES)
+    bad = wanted_ops - set(OP_CLASSES)
+    if bad:
+        raise InfersimError(f"unknown op class {sorted(bad)}; allowed: {', '.join(OP_CLASSES)}")
+    frames = []
+    for folder, gpu in GPU_FOLDERS.items():
+        if gpu not in wanted_gpus or not (root / folder).is_dir():
+            continue
+        for kind, filename in FILES.items():
+            covers = COLLECTIVE_CLASSES if kind == "collectives" else {kind}
+            path = root / folder / filename
+            if not covers & wanted_ops or not path.is_file():
+                continue
+            frame = _READERS[kind](path, gpu)
+            frames.append(frame[frame["op_class"].isin(wanted_ops)])
+    if not frames:
+        raise InfersimError(
+            f"no measurement tables found under {root} for GPUs {sorted(wanted_gpus)} "
+            f"(expected {', '.join(f'{f}/' for f in GPU_FOLDERS)} with {', '.join(FILES.values())})"
+        )
+    table = pd.concat(frames, ignore_index=True)
+    return table[list(COLUMNS)]
+
+
+def big_gemm_mask(table: pd.DataFrame, min_mnk: float = 2**30, dtype: str = "bf16") -> pd.Series:
+    """GEMM rows in `dtype` with m * n * k >= `min_mnk`: the large, compute-bound GEMMs."""
+    mnk = table["m"] * table["n"] * table["k"]
+    return (table["op_class"] == "gemm") & (table["dtype"] == dtype) & (mnk >= min_mnk)
+
+
+# ----------------------------------------------------------------------------- prediction
+
+
+def default_link_resolver(gpu: str) -> LinkSpec:
+    """The intra-node link of the node preset the public NCCL runs correspond to."""
+    if gpu not in NODE_FOR_GPU:
+        raise InfersimError(
+            f"no node preset known for GPU {gpu!r}; known: {', '.join(sorted(NODE_FOR_GPU))}"
+        )
+    node = load_node(NODE_FOR_GPU[gpu])
+    if node.intra_node_link is None:
+        raise InfersimError(f"node preset {node.name} has no intra-node link")
+    return node.intra_node_link
+
+
+def _decode_seen(frame: pd.DataFrame) -> np.ndarray:
+    """Keys each decoding sequence reads: its cache, capped by the sliding window."""
+    kv = frame["kv_len"].to_numpy(dtype=float)
+    window = frame["window"].to_numpy(dtype=float)
+    return np.where(window > 0, np.minimum(kv, window), kv)
+
+
+def supported_mask(
+    table: pd.DataFrame, gpu_resolver: Callable[[str], AcceleratorSpec]
+) -> pd.Series:
+    """True where the row's GPU can run its dtype (GEMMs); attention and collectives always."""
+    ok = pd.Series(True, index=table.index)
+    gemm = table["op_class"] == "gemm"
+    for (gpu_name, dtype), idx in table[gemm].groupby(["gpu", "dtype"]).groups.items():
+        ok.loc[idx] = gpu_resolver(gpu_name).supports(parse_dtype(dtype))
+    return ok
+
+
+def _unique_groups(sub: pd.DataFrame, cols: list[str]) -> tuple[pd.DataFrame, np.ndarray]:
+    """(one row per distinct shape, the distinct-shape index of every row of `sub`)."""
+    codes = sub.groupby(cols, sort=False, dropna=False).ngroup().to_numpy()
+    first = pd.Series(np.arange(len(sub))).groupby(codes).first().sort_index()
+    return sub.iloc[first.to_numpy()][cols], codes
+
+
+def _predict_gemm(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
+    uniq, codes = _unique_groups(sub, ["m", "n", "k", "dtype"])
+    secs = np.array(
+        [
+            gemm_cost(gpu, int(m), int(n), int(k), d).seconds
+            for m, n, k, d in zip(uniq["m"], uniq["n"], uniq["k"], uniq["dtype"], strict=True)
+        ]
+    )
+    return secs[codes]
+
+
+_ATTN_COLS = ["num_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype"]
+
+
+def _predict_prefill(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
+    uniq, codes = _unique_groups(sub, ["batch", "q_len", "kv_len", "window", *_ATTN_COLS])
+    secs = np.empty(len(uniq))
+    for i, row in enumerate(uniq.itertuples(index=False)):
+        b, q, kv, w = int(row.batch), int(row.q_len), int(row.kv_len), int(row.window)
+        secs[i] = attention_prefill_cost(
+            gpu,
+            num_seqs=b,
+            new_tokens=b * q,
+            attended_pairs=b * causal_pairs(q, kv, w if w > 0 else None),
+            context_tokens=b * kv,
+            num_heads=int(row.num_heads),
+            num_kv_heads=int(row.num_kv_heads),
+            head_dim=int(row.head_dim),
+            dtype=row.dtype,
+            kv_dtype=row.kv_dtype,
+        ).seconds
+    return secs[codes]
+
+
+def _predict_decode(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
+    out = np.empty(len(sub))
+    seen = _decode_seen(sub)
+    batch = sub["batch"].to_numpy(dtype=float)
+    for key, pos in sub.groupby(_ATTN_COLS, sort=False).indices.items():
+        heads, kv_heads, head_dim, dtype, kv_dtype = key
+        seconds, _, _ = attention_decode_seconds(
+            gpu,
+            num_seqs=batch[pos],
+            context_tokens=batch[pos] * seen[pos],
+            num_heads=int(heads),
+            num_kv_heads=int(kv_heads),
+            head_dim=int(head_dim),
+            dtype=dtype,
+            kv_dtype=kv_dtype,
+        )
+        out[pos] = seconds
+    return out
+
+
+def _predict_collective(sub: pd.DataFrame, link: LinkSpec) -> np.ndarray:
+    uniq, codes = _unique_groups(sub, ["op_class", "nbytes", "num_gpus"])
+    secs = np.array(
+        [
+            collective_cost(op, float(nb), int(p), link).seconds
+            for op, nb, p in zip(uniq["op_class"], uniq["nbytes"], uniq["num_gpus"], strict=True)
+        ]
+    )
+    return secs[codes]
+
+
+def predict(
+    table: pd.DataFrame,
+    gpu_resolver: Callable[[str], AcceleratorSpec] = load_gpu,
+    link_resolver: Callable[[str], LinkSpec] = default_link_resolver,
+    progress: Callable[[str], None] | None = None,
+) -> pd.Series:
+    """Predicted seconds for every row of a `load_measured` table (same index).
+
+    `gpu_resolver` turns the `gpu` column into an AcceleratorSpec (pass one that applies a
+    calibration profile to price with fitted efficiencies); `link_resolver` gives the link
+    collectives run over. Rows whose GEMM dtype the GPU lacks are NaN (see supported_mask).
+    `progress`, when given, is called with one line per (GPU, op class) priced.
+    """
+    pred = pd.Series(np.nan, index=table.index, name="predicted_s")
+    ok = supported_mask(table, gpu_resolver)
+    for (gpu_name, op_class), idx in table[ok].groupby(["gpu", "op_class"]).groups.items():
+        sub = table.loc[idx]
+        if op_class in COLLECTIVE_CLASSES:
+            values = _predict_collective(sub, link_resolver(gpu_name))
+        elif op_class == "gemm":
+            values = _predict_gemm(sub, gpu_resolver(gpu_name))
+        elif op_class == "attention_prefill":
+            values = _predict_prefill(sub, gpu_resolver(gpu_name))
+        elif op_class == "attention_decode":
+            values = _predict_decode(sub, gpu_resolver(gpu_name))
+        else:
+            raise InfersimError(f"cannot price op class {op_class!r}")
+        pred.loc[idx] = values
+        if progress is not None:
+            progress(f"priced {len(idx):>7d} {op_class} rows on {gpu_name}")
+    return pred
