@@ -87,6 +87,52 @@ def attention_prefill_cost(
     )
 
 
+class DecodeAttention:
+    """Paged decode attention for one head configuration, with its coefficients worked
+    out once: the simulator prices it every engine step, often for many steps at once.
+
+    Each sequence reads its whole KV cache once (memory-bound), and each (sequence, KV
+    head) thread block has a fixed cost, run in waves over the SMs.
+    """
+
+    def __init__(
+        self,
+        gpu: AcceleratorSpec,
+        *,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: str | Dtype = "bf16",
+        kv_dtype: str | Dtype = "bf16",
+    ) -> None:
+        eff = gpu.efficiency
+        self._curve = eff.attention_decode_memory
+        self._constant_eff = len(self._curve.sizes) == 1
+        self.flops_per_key = 4.0 * num_heads * head_dim
+        self.kv_bytes_per_key = (
+            2.0 * num_kv_heads * head_dim * bytes_per_element(parse_dtype(kv_dtype))
+        )
+        self.bytes_per_seq = 2.0 * num_heads * head_dim * bytes_per_element(parse_dtype(dtype))
+        self.bandwidth = gpu.memory_bandwidth
+        self.blocks_per_wave = gpu.sm_count / num_kv_heads
+        self.cta_seconds = eff.decode_cta_latency_us * 1e-6
+        self.floor = eff.attention_floor_us * 1e-6
+
+    def __call__(self, num_seqs, context_tokens):
+        """(seconds, flops, dram_bytes) for `num_seqs` decodes attending `context_tokens`
+        keys in total; numpy arrays price many steps at once."""
+        kv_bytes = context_tokens * self.kv_bytes_per_key
+        dram = kv_bytes + num_seqs * self.bytes_per_seq
+        if self._constant_eff:
+            eff = self._curve.values[0]
+        else:
+            eff = self._curve.at(np.maximum(kv_bytes, 1.0))
+        memory = dram / (self.bandwidth * eff)
+        fixed = np.ceil(num_seqs / self.blocks_per_wave) * self.cta_seconds
+        seconds = np.maximum(memory, fixed) + self.floor
+        return seconds, context_tokens * self.flops_per_key, dram
+
+
 def attention_decode_seconds(
     gpu: AcceleratorSpec,
     *,
@@ -99,18 +145,15 @@ def attention_decode_seconds(
     kv_dtype: str | Dtype = "bf16",
 ) -> tuple[np.ndarray | float, np.ndarray | float, np.ndarray | float]:
     """(seconds, flops, dram_bytes) of one decode step; vectorised over numpy arrays."""
-    dtype, kv_dtype = parse_dtype(dtype), parse_dtype(kv_dtype)
-    eff = gpu.efficiency
-    flops = 4.0 * num_heads * head_dim * context_tokens
-    kv_bytes = 2.0 * context_tokens * num_kv_heads * head_dim * bytes_per_element(kv_dtype)
-    dram = kv_bytes + 2.0 * num_seqs * num_heads * head_dim * bytes_per_element(dtype)
-    bandwidth = gpu.memory_bandwidth * eff.attention_decode_memory.at(np.maximum(kv_bytes, 1.0))
-    memory = dram / bandwidth
-    # One thread block per (sequence, KV head); each has a fixed cost, run in waves.
-    waves = np.ceil(num_seqs * num_kv_heads / gpu.sm_count)
-    fixed = waves * eff.decode_cta_latency_us * 1e-6
-    seconds = np.maximum(memory, fixed) + eff.attention_floor_us * 1e-6
-    return seconds, flops, dram
+    model = DecodeAttention(
+        gpu,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        kv_dtype=kv_dtype,
+    )
+    return model(num_seqs, context_tokens)
 
 
 def attention_decode_cost(

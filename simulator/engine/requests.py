@@ -1,0 +1,115 @@
+"""Every request's life, column by column: arrival to finish, with its outcome.
+
+Outcomes are explicit so that nothing disappears: at the end of a run each request is
+completed, rejected (with a reason), failed, or still in flight (queued or running).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import numpy as np
+import pandas as pd
+
+
+class Outcome(IntEnum):
+    IN_FLIGHT = 0
+    COMPLETED = 1
+    REJECTED = 2
+    FAILED = 3
+
+
+class RejectReason(IntEnum):
+    NONE = 0
+    EXCEEDS_KV_CACHE = 1
+    EXCEEDS_MAX_MODEL_LEN = 2
+    EXCEEDS_TOKEN_BUDGET = 3
+    QUEUE_FULL = 4
+
+
+REJECT_TEXT = {
+    RejectReason.NONE: "",
+    RejectReason.EXCEEDS_KV_CACHE: "prompt + output exceed the replica's whole KV cache",
+    RejectReason.EXCEEDS_MAX_MODEL_LEN: "prompt + output exceed max_model_len",
+    RejectReason.EXCEEDS_TOKEN_BUDGET: "prompt exceeds max_num_batched_tokens and the policy "
+    "cannot chunk prefills",
+    RejectReason.QUEUE_FULL: "the replica's waiting queue was full",
+}
+
+_COLUMNS = {
+    "arrival": np.float64,
+    "prompt": np.int64,
+    "output": np.int64,
+    "priority": np.int16,
+    "first_scheduled": np.float64,
+    "first_token": np.float64,
+    "last_token": np.float64,
+    "finish": np.float64,
+    "generated": np.int64,
+    "preemptions": np.int32,
+    "replica": np.int32,
+    "outcome": np.int8,
+    "reason": np.int8,
+}
+
+
+class RequestTable:
+    """Columns indexed by request id; grows for closed-loop workloads."""
+
+    def __init__(self, capacity: int) -> None:
+        self.size = 0
+        self._arrays: dict[str, np.ndarray] = {}
+        self._allocate(max(capacity, 16))
+
+    def _allocate(self, capacity: int) -> None:
+        for name, dtype in _COLUMNS.items():
+            fresh = np.full(capacity, np.nan if dtype == np.float64 else 0, dtype=dtype)
+            if name in ("replica",):
+                fresh[:] = -1
+            old = self._arrays.get(name)
+            if old is not None:
+                fresh[: self.size] = old[: self.size]
+            self._arrays[name] = fresh
+            setattr(self, name, fresh)
+
+    def add(
+        self, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, priority: np.ndarray
+    ) -> np.ndarray:
+        """Register requests; returns their ids."""
+        count = len(arrival)
+        if self.size + count > len(self.arrival):
+            self._allocate(max(self.size + count, 2 * len(self.arrival)))
+        ids = np.arange(self.size, self.size + count)
+        self.arrival[ids] = arrival
+        self.prompt[ids] = prompt
+        self.output[ids] = output
+        self.priority[ids] = priority
+        self.size += count
+        return ids
+
+    def reject(self, rid: int, reason: RejectReason, now: float) -> None:
+        self.outcome[rid] = Outcome.REJECTED
+        self.reason[rid] = reason
+        self.finish[rid] = now
+
+    def frame(self, priority_names: list[str] | None = None) -> pd.DataFrame:
+        """The per-request table users read, with latencies derived."""
+        n = self.size
+        cols = {name: arr[:n] for name, arr in self._arrays.items()}
+        frame = pd.DataFrame(cols)
+        frame.index.name = "request_id"
+        frame["outcome"] = pd.Categorical.from_codes(
+            frame["outcome"], categories=[o.name.lower() for o in Outcome]
+        )
+        frame["reason"] = [REJECT_TEXT[RejectReason(r)] for r in cols["reason"]]
+        if priority_names:
+            frame["priority_class"] = [priority_names[p] for p in cols["priority"]]
+        frame["ttft"] = frame["first_token"] - frame["arrival"]
+        frame["e2e"] = frame["finish"] - frame["arrival"]
+        frame["queueing"] = frame["first_scheduled"] - frame["arrival"]
+        decode_tokens = (frame["generated"] - 1).where(frame["generated"] > 1)
+        frame["tpot"] = (frame["finish"] - frame["first_token"]) / decode_tokens
+        completed = frame["outcome"] == "completed"
+        for col in ("e2e", "tpot"):
+            frame.loc[~completed, col] = np.nan
+        return frame

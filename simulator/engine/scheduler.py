@@ -1,0 +1,221 @@
+"""Iteration-level schedulers (Orca / vLLM): one `schedule()` per engine step that returns
+a plain StepPlan within a token budget, prefill and decode unified.
+
+- `continuous`: prefill first. When waiting requests can be admitted, the step runs
+  their whole prompts and running decodes pause; otherwise every running request decodes.
+- `chunked_prefill`: decodes first, then prefill chunks (partial ones first, then new
+  admissions) fill what is left of the token budget (Sarathi-Serve / vLLM v1).
+
+Both admit by priority class then arrival, keep a KV watermark free for running requests,
+and preempt the least important, most recently admitted request when the cache runs out
+(by recompute, or by swapping its blocks to host memory). A waiting request of a more
+important class may preempt a less important running one to get in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from simulator.engine.kv_cache import BlockManager
+from simulator.engine.requests import RequestTable
+from simulator.engine.running import RunningSet
+from simulator.engine.waiting import WaitingQueue
+
+
+@dataclass(frozen=True, slots=True)
+class IterationPolicy:
+    chunked_prefill: bool
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    preemption: Literal["recompute", "swap"] = "recompute"
+    priority_preemption: bool = True
+    swap_blocks: int = 0  # host blocks available for swapping
+
+
+@dataclass(slots=True)
+class StepPlan:
+    decode_slots: np.ndarray
+    prefill_slots: list[int] = field(default_factory=list)
+    prefill_chunks: list[int] = field(default_factory=list)
+    swap_blocks: int = 0  # blocks copied over PCIe this step (out + in)
+
+    @property
+    def empty(self) -> bool:
+        return len(self.decode_slots) == 0 and not self.prefill_slots
+
+
+@dataclass(slots=True)
+class _Swapped:
+    computed: int
+    target: int
+    remaining: int
+    blocks: int
+
+
+class IterationScheduler:
+    def __init__(
+        self,
+        policy: IterationPolicy,
+        requests: RequestTable,
+        running: RunningSet,
+        kv: BlockManager,
+        waiting: WaitingQueue,
+    ) -> None:
+        self.policy = policy
+        self.requests = requests
+        self.running = running
+        self.kv = kv
+        self.waiting = waiting
+        self.swapped: dict[int, _Swapped] = {}
+        self.swap_used = 0
+        self.now = 0.0
+
+    # ---- preemption ----------------------------------------------------------------
+    def _preempt(self, slot: int, plan: StepPlan) -> None:
+        run, req = self.running, self.requests
+        rid = int(run.rid[slot])
+        blocks = int(run.blocks[slot])
+        level = int(run.priority[slot])
+        req.preemptions[rid] += 1
+        self.kv.release(blocks)
+        swap = (
+            self.policy.preemption == "swap"
+            and run.computed[slot] >= run.target[slot]
+            and self.swap_used + blocks <= self.policy.swap_blocks
+        )
+        if swap:
+            self.swapped[rid] = _Swapped(
+                int(run.computed[slot]), int(run.target[slot]), int(run.remaining[slot]), blocks
+            )
+            self.swap_used += blocks
+            plan.swap_blocks += blocks
+        self.waiting.push_front(rid, level)
+        run.remove(slot)
+
+    def _make_room(self, blocks: int, plan: StepPlan, protect: int = -1) -> bool:
+        """Preempt victims until `blocks` are free; False if only `protect` is left."""
+        while self.kv.free < blocks:
+            victim = self.running.victim(protect)
+            if victim < 0:
+                return False
+            self._drop_from_plan(victim, plan)
+            self._preempt(victim, plan)
+        return True
+
+    @staticmethod
+    def _drop_from_plan(slot: int, plan: StepPlan) -> None:
+        if slot in plan.prefill_slots:
+            i = plan.prefill_slots.index(slot)
+            del plan.prefill_slots[i]
+            del plan.prefill_chunks[i]
+        if len(plan.decode_slots) and slot in plan.decode_slots:
+            plan.decode_slots = plan.decode_slots[plan.decode_slots != slot]
+
+    # ---- the step ------------------------------------------------------------------
+    def schedule(self, now: float) -> StepPlan:
+        self.now = now
+        if not self.policy.chunked_prefill and len(self.waiting):
+            plan = StepPlan(np.empty(0, dtype=np.int64))
+            self._admit(plan, self.policy.max_num_batched_tokens)
+            if plan.prefill_slots:
+                return plan
+        return self._schedule_running_then_admit()
+
+    def _schedule_running_then_admit(self) -> StepPlan:
+        run, kv = self.running, self.kv
+        budget = self.policy.max_num_batched_tokens
+        plan = StepPlan(self._decode_slots(budget))
+        # Decodes: one token each; a new block when the context crosses a block edge.
+        need = self._decode_blocks(plan.decode_slots)
+        if need > kv.free:
+            self._make_room(need, plan)
+            need = self._decode_blocks(plan.decode_slots)
+        kv.allocate(need)
+        run.blocks[plan.decode_slots] = -(-(run.computed[plan.decode_slots] + 1) // kv.block_size)
+        budget -= len(plan.decode_slots)
+        if not self.policy.chunked_prefill:
+            return plan
+        # Partial prefills keep going before anything new is admitted.
+        for slot in run.prefilling():
+            if budget <= 0:
+                break
+            if not run.active[slot]:
+                continue
+            chunk = int(min(run.target[slot] - run.computed[slot], budget))
+            blocks = kv.blocks_for(int(run.computed[slot]) + chunk) - int(run.blocks[slot])
+            if blocks > kv.free and not self._make_room(blocks, plan, protect=slot):
+                break
+            if not run.active[slot]:
+                continue
+            kv.allocate(blocks)
+            run.blocks[slot] += blocks
+            plan.prefill_slots.append(slot)
+            plan.prefill_chunks.append(chunk)
+            budget -= chunk
+        self._admit(plan, budget)
+        return plan
+
+    def _decode_slots(self, budget: int) -> np.ndarray:
+        slots = self.running.decoding()
+        if len(slots) > budget:  # more sequences than tokens: oldest first
+            slots = slots[np.argsort(self.running.order[slots], kind="stable")[:budget]]
+        return slots
+
+    def _decode_blocks(self, slots: np.ndarray) -> int:
+        run = self.running
+        needed = -(-(run.computed[slots] + 1) // self.kv.block_size) - run.blocks[slots]
+        return int(needed.sum())
+
+    def _admit(self, plan: StepPlan, budget: int) -> None:
+        """Admit waiting requests (priority, then FCFS) while budget, slots and KV allow."""
+        run, kv, req = self.running, self.kv, self.requests
+        chunked = self.policy.chunked_prefill
+        while budget > 0 and len(self.waiting) and run.count < self.policy.max_num_seqs:
+            rid, level = self.waiting.peek()
+            swapped = self.swapped.get(rid)
+            if swapped is not None:
+                blocks, chunk, target = swapped.blocks, 0, swapped.target
+            else:
+                target = int(req.prompt[rid] + req.generated[rid])
+                chunk = min(target, budget) if chunked else target
+                if chunk > budget and (plan.prefill_slots or len(plan.decode_slots)):
+                    break  # a whole prompt over budget runs alone
+                blocks = kv.blocks_for(chunk)
+            alone = run.count == 0
+            fits = kv.can_admit(blocks) or (alone and blocks <= kv.free)
+            if not fits and not self._preempt_for(level, blocks, plan):
+                break
+            self.waiting.pop(level)
+            kv.allocate(blocks)
+            if swapped is not None:
+                del self.swapped[rid]
+                self.swap_used -= blocks
+                plan.swap_blocks += blocks
+                slot = run.admit(rid, target, swapped.remaining, level, swapped.computed)
+                run.blocks[slot] = blocks
+                # Resumed decodes take their token in the next step's decode set.
+                continue
+            slot = run.admit(rid, target, int(req.output[rid] - req.generated[rid]), level)
+            run.blocks[slot] = blocks
+            if np.isnan(req.first_scheduled[rid]):
+                req.first_scheduled[rid] = self.now
+            plan.prefill_slots.append(slot)
+            plan.prefill_chunks.append(chunk)
+            budget -= chunk
+
+    def _preempt_for(self, level: int, blocks: int, plan: StepPlan) -> bool:
+        """Make room for a waiting request of priority `level` by preempting strictly less
+        important running requests; False when there are none to preempt."""
+        if not self.policy.priority_preemption:
+            return False
+        run, kv = self.running, self.kv
+        while not kv.can_admit(blocks):
+            victim = run.victim()
+            if victim < 0 or run.priority[victim] <= level:
+                return False
+            self._drop_from_plan(victim, plan)
+            self._preempt(victim, plan)
+        return True

@@ -1,0 +1,324 @@
+"""StepCostModel: the time of one engine step for a mixed batch, from operator costs.
+
+A step runs every layer once over all scheduled tokens: prefill chunks and decodes share
+the GEMMs (their cost depends only on the token count, memoised), while attention is
+priced from batch sums (decode: sequences and total context; prefill: tokens, attended
+query-key pairs and keys read). Python work per step is therefore independent of the
+batch size. Decode-only runs of many steps are priced in one vectorised call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.attention import DecodeAttention, attention_prefill_cost
+from hardware_models.collectives import collective_cost
+from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
+from hardware_models.errors import InfeasibleError
+from hardware_models.gemm import gemm_cost
+from hardware_models.node import LinkSpec, NodeSpec
+from hardware_models.op_cost import Bound, OpCost
+from hardware_models.pointwise import (
+    GELU,
+    LAYERNORM,
+    RESIDUAL_ADD,
+    RMSNORM,
+    ROTARY,
+    SILU_MUL,
+    elementwise_cost,
+    embedding_cost,
+)
+from simulator.architecture import ModelArchitecture
+
+
+class StepBound(IntEnum):
+    """What limited a step; stored as a small int in the per-step table."""
+
+    COMPUTE = 0
+    MEMORY = 1
+    COMMUNICATION = 2
+    HOST = 3
+    LATENCY = 4
+
+
+_BOUND_OF = {
+    Bound.COMPUTE: StepBound.COMPUTE,
+    Bound.MEMORY: StepBound.MEMORY,
+    Bound.L2: StepBound.MEMORY,
+    Bound.LATENCY: StepBound.LATENCY,
+    Bound.COMMUNICATION: StepBound.COMMUNICATION,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOverheads:
+    """Host-side costs of one engine step (scheduling, input preparation, sampling)."""
+
+    step_us: float = 150.0
+    per_seq_us: float = 4.0
+    cuda_graphs: bool = True
+    async_scheduling: bool = True
+    fused_kernels: bool = True
+
+
+@dataclass(slots=True)
+class _Part:
+    """Seconds split by bound, plus the work behind them."""
+
+    seconds: list[float]  # indexed by StepBound (compute, memory, comm, host, latency)
+    flops: float = 0.0
+    dram_bytes: float = 0.0
+    kernels: int = 0
+
+    @classmethod
+    def empty(cls) -> _Part:
+        return cls([0.0] * len(StepBound))
+
+    def add(self, cost: OpCost, times: float = 1.0) -> None:
+        self.seconds[_BOUND_OF[cost.bound]] += cost.seconds * times
+        self.flops += cost.flops * times
+        self.dram_bytes += cost.dram_bytes * times
+        self.kernels += int(cost.kernels * times)
+
+    def plus(self, other: _Part) -> _Part:
+        return _Part(
+            [a + b for a, b in zip(self.seconds, other.seconds, strict=True)],
+            self.flops + other.flops,
+            self.dram_bytes + other.dram_bytes,
+            self.kernels + other.kernels,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    seconds: float
+    gpu_seconds: float
+    flops: float
+    dram_bytes: float
+    bound: StepBound
+
+
+class StepCostModel:
+    """Prices engine steps for one replica: a model sharded tp x pp over one GPU type."""
+
+    def __init__(
+        self,
+        arch: ModelArchitecture,
+        gpu: AcceleratorSpec,
+        node: NodeSpec,
+        *,
+        weight_dtype: str | Dtype = Dtype.BF16,
+        kv_dtype: str | Dtype = Dtype.BF16,
+        activation_dtype: str | Dtype = Dtype.BF16,
+        tp: int = 1,
+        pp: int = 1,
+        overheads: EngineOverheads | None = None,
+    ) -> None:
+        arch.check_tp(tp)
+        self.arch, self.gpu, self.node, self.tp, self.pp = arch, gpu, node, tp, pp
+        self.weight_dtype = parse_dtype(weight_dtype)
+        self.kv_dtype = parse_dtype(kv_dtype)
+        self.act_dtype = parse_dtype(activation_dtype)
+        self.compute_dtype = (
+            self.weight_dtype if self._tensor_native(self.weight_dtype) else (self.act_dtype)
+        )
+        self.overheads = overheads or EngineOverheads()
+        self.heads = arch.num_attention_heads // tp
+        self.kv_heads = arch.kv_heads_per_shard(tp)
+        self.tp_link = self._link(tp, "tensor parallelism")
+        self.pp_link = self._link(tp * pp, "pipeline parallelism") if pp > 1 else None
+        self._dense_cache: dict[int, _Part] = {}
+        self._head_cache: dict[int, _Part] = {}
+        self._fixed_cache: dict[tuple[int, int], _Part] = {}
+        self._decode_attention = DecodeAttention(
+            gpu,
+            num_heads=self.heads,
+            num_kv_heads=self.kv_heads,
+            head_dim=arch.head_dim,
+            dtype=self.act_dtype,
+            kv_dtype=self.kv_dtype,
+        )
+
+    # ---- configuration -------------------------------------------------------------
+    def _tensor_native(self, dtype: Dtype) -> bool:
+        """fp8/int8/fp4 weights run natively where the chip has tensor support for them."""
+        return bytes_per_element(dtype) < 2 and dtype in self.gpu.tensor_flops_per_core_per_clock
+
+    def _link(self, group: int, purpose: str) -> LinkSpec | None:
+        if group <= 1:
+            return None
+        if group <= self.node.gpus_per_node:
+            if self.node.intra_node_link is None:
+                raise InfeasibleError(
+                    f"{purpose} over {group} GPUs needs a GPU-to-GPU link, but node "
+                    f"{self.node.name} has none ({self.node.gpus_per_node} GPU per node)"
+                )
+            return self.node.intra_node_link
+        if self.node.inter_node_link is None:
+            raise InfeasibleError(
+                f"{purpose} over {group} GPUs spans nodes of {self.node.gpus_per_node} GPUs, "
+                f"but node {self.node.name} has no inter-node link"
+            )
+        return self.node.inter_node_link
+
+    # ---- memoised parts ------------------------------------------------------------
+    def _pointwise_chains(self) -> list[tuple[list, float]]:
+        """(chain, elements per token) of one layer, fused or not."""
+        a, h = self.arch, self.arch.hidden_size
+        norm = RMSNORM if a.norm == "rmsnorm" else LAYERNORM
+        act = SILU_MUL if a.gated_mlp else GELU
+        inter = -(-a.intermediate_size // self.tp) * max(1, a.experts_per_token)
+        rope = (self.heads + self.kv_heads) * a.head_dim
+        if self.overheads.fused_kernels:
+            return [([RESIDUAL_ADD, norm], h), ([ROTARY], rope), ([RESIDUAL_ADD, norm], h),
+                    ([act], inter)]  # fmt: skip
+        return [([norm], h), ([ROTARY], rope), ([RESIDUAL_ADD], h), ([norm], h), ([act], inter),
+                ([RESIDUAL_ADD], h)]  # fmt: skip
+
+    def _dense(self, tokens: int) -> _Part:
+        """Everything in a step whose cost depends only on the scheduled token count."""
+        part = self._dense_cache.get(tokens)
+        if part is not None:
+            return part
+        part = _Part.empty()
+        layers = self.arch.num_layers
+        for _, m, n, k in self.arch.layer_gemms(tokens, self.tp):
+            part.add(gemm_cost(self.gpu, m, n, k, self.compute_dtype, self.weight_dtype), layers)
+        fused = self.overheads.fused_kernels
+        for chain, per_token in self._pointwise_chains():
+            cost = elementwise_cost(
+                self.gpu, chain, tokens * per_token, self.act_dtype, fused=fused
+            )
+            part.add(cost, layers)
+        act_bytes = tokens * self.arch.hidden_size * bytes_per_element(self.act_dtype)
+        if self.tp_link is not None:
+            part.add(collective_cost("all_reduce", act_bytes, self.tp, self.tp_link), 2 * layers)
+        if self.pp_link is not None:
+            part.add(collective_cost("send_recv", act_bytes, 2, self.pp_link), self.pp - 1)
+        part.add(embedding_cost(self.gpu, tokens, self.arch.hidden_size, self.act_dtype))
+        self._dense_cache[tokens] = part
+        return part
+
+    def _lm_head(self, sampled: int) -> _Part:
+        part = self._head_cache.get(sampled)
+        if part is not None:
+            return part
+        part = _Part.empty()
+        if sampled > 0:
+            _, m, n, k = self.arch.lm_head_gemm(sampled, self.tp)
+            part.add(gemm_cost(self.gpu, m, n, k, self.act_dtype))
+            if self.tp_link is not None:
+                logits = sampled * self.arch.vocab_size * 4.0
+                part.add(collective_cost("all_gather", logits, self.tp, self.tp_link))
+        self._head_cache[sampled] = part
+        return part
+
+    def _fixed(self, tokens: int, sampled: int) -> _Part:
+        """Dense layers for `tokens` plus the LM head for `sampled` positions, memoised."""
+        key = (tokens, sampled)
+        part = self._fixed_cache.get(key)
+        if part is None:
+            part = self._fixed_cache[key] = self._dense(tokens).plus(self._lm_head(sampled))
+            part.kernels += self.arch.num_layers  # the attention kernel of each layer
+        return part
+
+    def _host_seconds(self, seqs):
+        o = self.overheads
+        return (o.step_us + o.per_seq_us * seqs) * 1e-6
+
+    def _launch_seconds(self, kernels: int) -> float:
+        eff = self.gpu.efficiency
+        graphs = self.overheads.cuda_graphs
+        per_kernel = eff.launch_overhead_graph_us if graphs else eff.launch_overhead_eager_us
+        return kernels * per_kernel * 1e-6
+
+    # ---- public --------------------------------------------------------------------
+    def step(
+        self,
+        *,
+        decode_seqs: int,
+        decode_context: int,
+        prefill_seqs: int = 0,
+        prefill_tokens: int = 0,
+        prefill_pairs: float = 0.0,
+        prefill_context: int = 0,
+        sampled: int | None = None,
+    ) -> StepCost:
+        """One step: `decode_seqs` decodes attending `decode_context` keys in total, plus
+        prefill chunks (`prefill_tokens` new tokens over `prefill_seqs` sequences)."""
+        tokens = decode_seqs + prefill_tokens
+        if tokens < 1:
+            raise ValueError("a step must schedule at least one token")
+        fixed = self._fixed(tokens, decode_seqs + prefill_seqs if sampled is None else sampled)
+        by_bound = list(fixed.seconds)
+        flops, dram, kernels = fixed.flops, fixed.dram_bytes, fixed.kernels
+        layers = self.arch.num_layers
+        if prefill_tokens:
+            cost = attention_prefill_cost(
+                self.gpu,
+                num_seqs=prefill_seqs,
+                new_tokens=prefill_tokens,
+                attended_pairs=prefill_pairs,
+                context_tokens=prefill_context,
+                num_heads=self.heads,
+                num_kv_heads=self.kv_heads,
+                head_dim=self.arch.head_dim,
+                dtype=self.act_dtype,
+                kv_dtype=self.kv_dtype,
+            )
+            by_bound[_BOUND_OF[cost.bound]] += cost.seconds * layers
+            flops += cost.flops * layers
+            dram += cost.dram_bytes * layers
+            if decode_seqs:
+                kernels += layers  # prefill and decode attention are separate kernels
+        if decode_seqs:
+            seconds, f, d = self._decode_attention(decode_seqs, decode_context)
+            by_bound[StepBound.MEMORY] += float(seconds) * layers
+            flops += float(f) * layers
+            dram += float(d) * layers
+        gpu_seconds = sum(by_bound) + self._launch_seconds(kernels)
+        host = self._host_seconds(decode_seqs + prefill_seqs)
+        seconds = max(gpu_seconds, host) if self.overheads.async_scheduling else gpu_seconds + host
+        if host >= gpu_seconds:
+            bound = StepBound.HOST
+        else:
+            bound = StepBound(max(range(len(by_bound)), key=by_bound.__getitem__))
+        return StepCost(seconds, gpu_seconds, flops, dram, bound)
+
+    def decode_run(
+        self, seqs: int, contexts: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, StepBound]:
+        """Consecutive decode-only steps with a fixed batch: `contexts[j]` is the total
+        keys attended at step j. Returns per-step (seconds, flops, dram_bytes) arrays and
+        the bound of the first step (a run's composition does not change)."""
+        fixed = self._fixed(seqs, seqs)
+        layers = self.arch.num_layers
+        attn_s, attn_f, attn_d = self._decode_attention(seqs, contexts)
+        gpu_seconds = sum(fixed.seconds) + self._launch_seconds(fixed.kernels) + attn_s * layers
+        host = self._host_seconds(seqs)
+        if self.overheads.async_scheduling:
+            seconds = np.maximum(gpu_seconds, host)
+        else:
+            seconds = gpu_seconds + host
+        flops = fixed.flops + attn_f * layers
+        dram = fixed.dram_bytes + attn_d * layers
+        first = list(fixed.seconds)
+        first[StepBound.MEMORY] += float(np.ravel(attn_s)[0]) * layers
+        if host >= float(np.ravel(gpu_seconds)[0]):
+            bound = StepBound.HOST
+        else:
+            bound = StepBound(max(range(len(first)), key=first.__getitem__))
+        return seconds, flops, dram, bound
+
+    @property
+    def peak_flops(self) -> float:
+        """Dense peak of all GPUs in the replica for the compute dtype (MFU denominator)."""
+        return self.gpu.peak_flops(self.compute_dtype) * self.tp * self.pp
+
+    @property
+    def peak_bandwidth(self) -> float:
+        return self.gpu.memory_bandwidth * self.tp * self.pp

@@ -1,0 +1,65 @@
+"""Per-step records and inter-token-latency samples, in growable numpy columns."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simulator.engine.columns import ColumnStore
+
+STEP_COLUMNS = {
+    "start": "f8",
+    "duration": "f8",
+    "batch_size": "i4",
+    "decode_tokens": "i4",
+    "prefill_tokens": "i4",
+    "kv_blocks_used": "i8",
+    "waiting": "i4",
+    "flops": "f8",
+    "dram_bytes": "f8",
+    "bound": "i1",
+    "replica": "i4",
+}
+
+
+class StepLog:
+    def __init__(self, replica: int) -> None:
+        self.replica = replica
+        self.steps = ColumnStore(STEP_COLUMNS, capacity=4096)
+        # ITL samples as (seconds, how many tokens saw that gap): a decode step of n
+        # sequences is one value with weight n, so storage grows with steps, not tokens.
+        self.itl = ColumnStore({"seconds": "f8", "weight": "i4"}, capacity=4096)
+
+    def step(self, start, duration, batch, decodes, prefill, kv_used, waiting, flops, dram, bound):
+        self.steps.append(
+            start=start,
+            duration=duration,
+            batch_size=batch,
+            decode_tokens=decodes,
+            prefill_tokens=prefill,
+            kv_blocks_used=kv_used,
+            waiting=waiting,
+            flops=flops,
+            dram_bytes=dram,
+            bound=bound,
+            replica=self.replica,
+        )
+
+    def steps_many(self, starts, durations, batch, decodes, kv_used, waiting, flops, dram, bound):
+        self.steps.extend(
+            len(starts),
+            start=starts,
+            duration=durations,
+            batch_size=batch,
+            decode_tokens=decodes,
+            prefill_tokens=0,
+            kv_blocks_used=kv_used,
+            waiting=waiting,
+            flops=flops,
+            dram_bytes=dram,
+            bound=bound,
+            replica=self.replica,
+        )
+
+    def gaps(self, seconds: np.ndarray | float, weight: np.ndarray | int = 1) -> None:
+        seconds = np.atleast_1d(seconds)
+        self.itl.extend(len(seconds), seconds=seconds, weight=weight)

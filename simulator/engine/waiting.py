@@ -1,0 +1,53 @@
+"""Requests waiting for a replica, ordered by priority class then arrival (FCFS)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class WaitingQueue:
+    """One deque per priority level; lower level = more important."""
+
+    def __init__(self) -> None:
+        self._queues: dict[int, deque[int]] = {}
+        self._levels: list[int] = []
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def _queue(self, level: int) -> deque[int]:
+        queue = self._queues.get(level)
+        if queue is None:
+            queue = self._queues[level] = deque()
+            self._levels = sorted(self._queues)
+        return queue
+
+    def push(self, rid: int, level: int) -> None:
+        self._queue(level).append(rid)
+        self._size += 1
+
+    def push_front(self, rid: int, level: int) -> None:
+        """Preempted requests resume before newer arrivals of their class."""
+        self._queue(level).appendleft(rid)
+        self._size += 1
+
+    def peek(self) -> tuple[int, int]:
+        """(request id, level) of the next request to admit."""
+        for level in self._levels:
+            queue = self._queues[level]
+            if queue:
+                return queue[0], level
+        raise IndexError("peek on an empty waiting queue")
+
+    def pop(self, level: int) -> int:
+        self._size -= 1
+        return self._queues[level].popleft()
+
+    def drain(self) -> list[int]:
+        """Every waiting id, emptying the queue (for failures and end-of-run accounting)."""
+        ids = [rid for level in self._levels for rid in self._queues[level]]
+        for queue in self._queues.values():
+            queue.clear()
+        self._size = 0
+        return ids

@@ -1,0 +1,277 @@
+"""What a workload is, as a scenario file states it: arrivals, lengths, classes, stop.
+
+Every variant is selected by its `kind`, so a typo in a kind is reported with the list of
+known kinds (and a close match) rather than as a failure of each union member in turn.
+Paths inside the config are relative to the scenario file's folder, passed at generation.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from hardware_models.yaml_io import unknown_name_error
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---- arrivals -----------------------------------------------------------------------------
+
+
+class PoissonArrivals(_Strict):
+    """Open loop, independent users: exponential inter-arrival times."""
+
+    kind: Literal["poisson"] = "poisson"
+    rate_per_s: float = Field(gt=0, description="mean arrival rate, requests per second")
+
+
+class GammaArrivals(_Strict):
+    """Open loop with tunable burstiness: gamma-distributed inter-arrival times."""
+
+    kind: Literal["gamma"] = "gamma"
+    rate_per_s: float = Field(gt=0, description="mean arrival rate, requests per second")
+    cv: float = Field(
+        gt=0,
+        description="coefficient of variation of inter-arrival times: 1 is Poisson, "
+        "> 1 bursty, < 1 more regular",
+    )
+
+
+class ConstantArrivals(_Strict):
+    """Open loop, perfectly regular: one request every 1 / rate_per_s seconds."""
+
+    kind: Literal["constant"] = "constant"
+    rate_per_s: float = Field(gt=0, description="arrival rate, requests per second")
+
+
+class ClosedLoopArrivals(_Strict):
+    """A fixed population of users, each sending its next request a think time after
+    the previous one completes. Load adapts to the server, as in a benchmark client."""
+
+    kind: Literal["closed_loop"] = "closed_loop"
+    users: int = Field(ge=1, description="concurrent users (requests in flight at most)")
+    think_time_s: float = Field(
+        default=0.0, ge=0, description="mean pause between a completion and the next request"
+    )
+    think_distribution: Literal["exponential", "constant"] = Field(
+        default="exponential", description="distribution of the think time around its mean"
+    )
+
+
+class TraceArrivals(_Strict):
+    """Replay the arrival times of a trace file (CSV or JSONL with an `arrived_at` column,
+    seconds). Its length columns give the lengths unless prompt_tokens/output_tokens say
+    otherwise."""
+
+    kind: Literal["trace"] = "trace"
+    path: str = Field(min_length=1, description="trace file, relative to the scenario file")
+    time_scale: float = Field(
+        default=1.0,
+        gt=0,
+        description="multiplies every arrival time: 0.5 replays the trace at twice its rate",
+    )
+
+
+ARRIVAL_KINDS = ("poisson", "gamma", "constant", "closed_loop", "trace")
+
+RateArrivals = PoissonArrivals | GammaArrivals | ConstantArrivals
+"""The synthetic open-loop processes, defined by a rate."""
+
+
+# ---- lengths ------------------------------------------------------------------------------
+
+
+class FixedLength(_Strict):
+    """Every request has the same length."""
+
+    kind: Literal["fixed"] = "fixed"
+    tokens: int = Field(
+        ge=1,
+        description="tokens per request (>= 1: a prompt is not empty and a generation "
+        "request yields at least its first token)",
+    )
+
+
+class UniformLength(_Strict):
+    """Lengths drawn uniformly from the integers low..high, both included."""
+
+    kind: Literal["uniform"] = "uniform"
+    low: int = Field(ge=1, description="smallest length, tokens")
+    high: int = Field(ge=1, description="largest length, tokens (>= low)")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> UniformLength:
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) is below low ({self.low})")
+        return self
+
+
+class _Clipped(_Strict):
+    min: int = Field(default=1, ge=1, description="draws below this are raised to it, tokens")
+    max: int | None = Field(
+        default=None, ge=1, description="draws above this are lowered to it, tokens"
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> _Clipped:
+        if self.max is not None and self.max < self.min:
+            raise ValueError(f"max ({self.max}) is below min ({self.min})")
+        return self
+
+
+class NormalLength(_Clipped):
+    """Normally distributed lengths, rounded to whole tokens and clipped to [min, max]."""
+
+    kind: Literal["normal"] = "normal"
+    mean: float = Field(ge=0, description="mean before clipping, tokens")
+    std: float = Field(ge=0, description="standard deviation before clipping, tokens")
+
+
+class LognormalLength(_Clipped):
+    """Log-normally distributed lengths (right-skewed, as real prompt and output lengths
+    are), rounded and clipped to [min, max]. `mean` and `std` are those of the lengths
+    themselves, not of their logarithm: sigma^2 = ln(1 + std^2 / mean^2) and
+    mu = ln(mean) - sigma^2 / 2."""
+
+    kind: Literal["lognormal"] = "lognormal"
+    mean: float = Field(gt=0, description="mean length before clipping, tokens")
+    std: float = Field(ge=0, description="standard deviation of the length, tokens")
+
+
+class TraceLength(_Strict):
+    """Lengths drawn with replacement from a column of a trace file. When prompt and
+    output lengths come from the same file they are drawn from the same rows, so the
+    file's pairing of prompt and output lengths is kept."""
+
+    kind: Literal["trace"] = "trace"
+    path: str = Field(min_length=1, description="trace file, relative to the scenario file")
+    column: str | None = Field(
+        default=None,
+        min_length=1,
+        description="column to draw from; default num_prefill_tokens for prompt lengths, "
+        "num_decode_tokens for output lengths",
+    )
+
+
+LENGTH_KINDS = ("fixed", "uniform", "normal", "lognormal", "trace")
+
+SyntheticLength = FixedLength | UniformLength | NormalLength | LognormalLength
+"""The length distributions that need no file."""
+
+
+# ---- unions with a clear error for an unknown kind ----------------------------------------
+
+
+def _known_kind(what: str, kinds: tuple[str, ...]) -> BeforeValidator:
+    """Reject a missing or unknown `kind` in one line, with a close match when there is one."""
+
+    def check(value: Any) -> Any:
+        if isinstance(value, dict):
+            kind = value.get("kind")
+            if kind is None:
+                raise ValueError(f"missing 'kind' (one of: {', '.join(kinds)})")
+            if kind not in kinds:
+                raise ValueError(str(unknown_name_error(f"{what} kind", str(kind), list(kinds))))
+        return value
+
+    return BeforeValidator(check)
+
+
+Arrivals = Annotated[
+    PoissonArrivals | GammaArrivals | ConstantArrivals | ClosedLoopArrivals | TraceArrivals,
+    Field(discriminator="kind"),
+    _known_kind("arrivals", ARRIVAL_KINDS),
+]
+LengthSpec = Annotated[
+    FixedLength | UniformLength | NormalLength | LognormalLength | TraceLength,
+    Field(discriminator="kind"),
+    _known_kind("length", LENGTH_KINDS),
+]
+
+
+# ---- the workload ------------------------------------------------------------------------
+
+
+class PriorityClass(_Strict):
+    """A class of requests, e.g. interactive vs batch, that a scheduler may favour."""
+
+    name: str = Field(min_length=1, description="label used in results")
+    weight: float = Field(default=1.0, gt=0, description="relative share of requests")
+    priority: int = Field(
+        default=0, ge=-128, le=127, description="lower is more important (-128..127)"
+    )
+
+
+def _default_classes() -> list[PriorityClass]:
+    return [PriorityClass(name="default")]
+
+
+class WorkloadConfig(_Strict):
+    """The requests a simulation serves: when they arrive, how long they are, their class,
+    and when to stop sending them (num_requests and/or duration_s, whichever comes first).
+
+    Lengths are drawn, clipped to the distribution's own min/max, multiplied by the length
+    scale and rounded (at least 1 token each); max_total_tokens is applied last.
+    """
+
+    arrivals: Arrivals = Field(description="when requests arrive")
+    prompt_tokens: LengthSpec | None = Field(
+        default=None,
+        description="prompt length distribution; default: the arrivals trace's "
+        "num_prefill_tokens, row by row",
+    )
+    output_tokens: LengthSpec | None = Field(
+        default=None,
+        description="output length distribution; default: the arrivals trace's "
+        "num_decode_tokens, row by row",
+    )
+    prompt_length_scale: float = Field(
+        default=1.0, gt=0, description="multiplies every prompt length (then rounded)"
+    )
+    output_length_scale: float = Field(
+        default=1.0, gt=0, description="multiplies every output length (then rounded)"
+    )
+    max_total_tokens: int | None = Field(
+        default=None,
+        ge=2,
+        description="cap on prompt + output tokens per request (e.g. the model's context)",
+    )
+    max_total_policy: Literal["output_first", "proportional"] = Field(
+        default="output_first",
+        description="how max_total_tokens clips: output_first shortens the output (down to "
+        "1 token) and then the prompt; proportional removes the excess from both in "
+        "proportion to their lengths, as Vidur and Sarathi-Serve clip traces",
+    )
+    priorities: list[PriorityClass] = Field(
+        default_factory=_default_classes,
+        min_length=1,
+        description="request classes; each request is assigned one at random by weight",
+    )
+    num_requests: int | None = Field(
+        default=None, ge=1, description="stop after this many requests"
+    )
+    duration_s: float | None = Field(
+        default=None, gt=0, description="stop sending requests at this simulated time, s"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkloadConfig:
+        if self.num_requests is None and self.duration_s is None:
+            raise ValueError(
+                "give a stop condition: num_requests and/or duration_s (whichever comes first)"
+            )
+        if self.arrivals.kind != "trace":
+            for role in ("prompt_tokens", "output_tokens"):
+                if getattr(self, role) is None:
+                    raise ValueError(
+                        f"{role} is required unless arrivals.kind is 'trace' "
+                        f"(arrivals.kind is {self.arrivals.kind!r})"
+                    )
+        names = [c.name for c in self.priorities]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"priorities: duplicate class name(s) {', '.join(duplicates)}")
+        return self

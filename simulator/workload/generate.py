@@ -1,0 +1,208 @@
+"""Turn a WorkloadConfig and a seed into requests: all at once for open-loop arrivals,
+on demand (ClosedLoopSampler) when each request waits for the previous one to finish.
+
+Randomness: the seed spawns independent streams for arrivals (or think times), prompt
+lengths, output lengths and classes, so changing one distribution leaves the others'
+draws unchanged, and the same config and seed always give identical arrays.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hardware_models.errors import InfersimError
+from simulator.workload.arrivals import open_loop_arrivals, think_times, trace_arrivals
+from simulator.workload.config import (
+    ClosedLoopArrivals,
+    PriorityClass,
+    TraceArrivals,
+    TraceLength,
+    WorkloadConfig,
+)
+from simulator.workload.lengths import LengthSampler, LengthSource, TableLengths
+from simulator.workload.traces import OUTPUT_COLUMN, PROMPT_COLUMN, Trace, read_trace
+
+_ROLES = (("prompt_tokens", PROMPT_COLUMN), ("output_tokens", OUTPUT_COLUMN))
+
+
+@dataclass(frozen=True)
+class RequestBatch:
+    """Open-loop requests as columns, sorted by arrival. Arrays are read-only."""
+
+    arrival_s: np.ndarray
+    """float64 arrival times, seconds, non-decreasing."""
+    prompt_tokens: np.ndarray
+    """int64, >= 1."""
+    output_tokens: np.ndarray
+    """int64, >= 1: tokens to generate, the first one included."""
+    priority: np.ndarray
+    """int8, lower is more important."""
+    priority_class: np.ndarray
+    """int16 index into class_names."""
+    class_names: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        arrays = (
+            self.arrival_s,
+            self.prompt_tokens,
+            self.output_tokens,
+            self.priority,
+            self.priority_class,
+        )
+        if len({len(a) for a in arrays}) != 1:
+            raise ValueError("RequestBatch columns differ in length")
+        for a in arrays:
+            a.flags.writeable = False
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+
+def generate_requests(
+    config: WorkloadConfig, seed: int, base_dir: str | Path = "."
+) -> RequestBatch:
+    """All requests of an open-loop workload. Trace paths are relative to `base_dir`."""
+    if isinstance(config.arrivals, ClosedLoopArrivals):
+        raise InfersimError(
+            "workload: closed_loop arrivals depend on completions; the engine draws them "
+            "with ClosedLoopSampler, not generate_requests"
+        )
+    arrival_rng, prompt_rng, output_rng, class_rng = _streams(seed)
+    traces = _read_traces(config, Path(base_dir))
+    if isinstance(config.arrivals, TraceArrivals):
+        arrival_trace = traces[_resolve(base_dir, config.arrivals.path)]
+        arrival_s = trace_arrivals(
+            arrival_trace, config.arrivals.time_scale, config.num_requests, config.duration_s
+        )
+    else:
+        arrival_trace = None
+        arrival_s = open_loop_arrivals(
+            config.arrivals, arrival_rng, config.num_requests, config.duration_s
+        )
+    n = len(arrival_s)
+    lengths = _length_sampler(config, Path(base_dir), traces, arrival_trace)
+    prompt, output = lengths.sample(prompt_rng, output_rng, n)
+    priority, klass = _classes(config.priorities, class_rng, n)
+    return RequestBatch(
+        arrival_s=arrival_s,
+        prompt_tokens=prompt,
+        output_tokens=output,
+        priority=priority,
+        priority_class=klass,
+        class_names=tuple(c.name for c in config.priorities),
+    )
+
+
+class ClosedLoopSampler:
+    """What an engine needs to run a closed-loop workload: `users` requests start
+    together; when one completes, its user waits `think_time` and sends the next one,
+    until num_requests have been sent or duration_s has passed. Each method draws n
+    values at once (e.g. for all requests completed in one engine step)."""
+
+    def __init__(self, config: WorkloadConfig, seed: int, base_dir: str | Path = ".") -> None:
+        if not isinstance(config.arrivals, ClosedLoopArrivals):
+            raise InfersimError(
+                f"workload: ClosedLoopSampler needs arrivals.kind 'closed_loop', "
+                f"got {config.arrivals.kind!r}; use generate_requests"
+            )
+        self._spec = config.arrivals
+        self._priorities = config.priorities
+        self._think_rng, self._prompt_rng, self._output_rng, self._class_rng = _streams(seed)
+        traces = _read_traces(config, Path(base_dir))
+        self._lengths = _length_sampler(config, Path(base_dir), traces, None)
+        self.users: int = config.arrivals.users
+        self.num_requests: int | None = config.num_requests
+        self.duration_s: float | None = config.duration_s
+        self.class_names: tuple[str, ...] = tuple(c.name for c in config.priorities)
+
+    def think_time(self, n: int) -> np.ndarray:
+        """n think times, seconds (float64)."""
+        return think_times(self._spec, self._think_rng, n)
+
+    def lengths(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """n (prompt, output) token counts, int64 >= 1."""
+        return self._lengths.sample(self._prompt_rng, self._output_rng, n)
+
+    def classes(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """n (priority int8, priority_class int16 index into class_names)."""
+        return _classes(self._priorities, self._class_rng, n)
+
+
+def _streams(seed: int) -> list[np.random.Generator]:
+    """Independent generators for arrivals, prompt lengths, output lengths, classes."""
+    try:
+        value = operator.index(seed)
+    except TypeError:
+        raise InfersimError(f"workload: seed must be an integer, got {seed!r}") from None
+    if value < 0:
+        raise InfersimError(f"workload: seed must be >= 0, got {value}")
+    return [np.random.default_rng(s) for s in np.random.SeedSequence(value).spawn(4)]
+
+
+def _resolve(base_dir: str | Path, path: str) -> Path:
+    return Path(base_dir) / Path(path).expanduser()
+
+
+def _read_traces(config: WorkloadConfig, base_dir: Path) -> dict[Path, Trace]:
+    """Each trace file the config names, read once with every column it is used for."""
+    columns: dict[Path, set[str]] = {}
+    arrival_path = None
+    if isinstance(config.arrivals, TraceArrivals):
+        arrival_path = _resolve(base_dir, config.arrivals.path)
+        columns[arrival_path] = {
+            default for role, default in _ROLES if getattr(config, role) is None
+        }
+    for role, default in _ROLES:
+        spec = getattr(config, role)
+        if isinstance(spec, TraceLength):
+            columns.setdefault(_resolve(base_dir, spec.path), set()).add(spec.column or default)
+    return {
+        path: read_trace(path, sorted(cols), arrivals=path == arrival_path)
+        for path, cols in columns.items()
+    }
+
+
+def _length_sampler(
+    config: WorkloadConfig,
+    base_dir: Path,
+    traces: dict[Path, Trace],
+    arrival_trace: Trace | None,
+) -> LengthSampler:
+    sources: list[LengthSource] = []
+    for role, default in _ROLES:
+        spec = getattr(config, role)
+        if spec is None:
+            assert arrival_trace is not None  # WorkloadConfig requires a spec otherwise
+            sources.append(
+                TableLengths(arrival_trace.tokens[default], arrival_trace.path, aligned=True)
+            )
+        elif isinstance(spec, TraceLength):
+            path = _resolve(base_dir, spec.path)
+            sources.append(TableLengths(traces[path].tokens[spec.column or default], path))
+        else:
+            sources.append(spec)
+    return LengthSampler(
+        prompt=sources[0],
+        output=sources[1],
+        prompt_scale=config.prompt_length_scale,
+        output_scale=config.output_length_scale,
+        max_total_tokens=config.max_total_tokens,
+        max_total_policy=config.max_total_policy,
+    )
+
+
+def _classes(
+    classes: list[PriorityClass], rng: np.random.Generator, n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each request's class, drawn by weight, and that class's priority."""
+    if len(classes) == 1:
+        index = np.zeros(n, dtype=np.int16)
+    else:
+        weights = np.array([c.weight for c in classes])
+        index = rng.choice(len(classes), size=n, p=weights / weights.sum()).astype(np.int16)
+    priorities = np.array([c.priority for c in classes], dtype=np.int8)
+    return priorities[index], index
