@@ -34,6 +34,61 @@ def causal_pairs(q_len: int, kv_len: int, window: int | None = None) -> int:
     return ramp + (kv_len - full_from + 1) * window if kv_len >= full_from else ramp
 
 
+class PrefillAttention:
+    """Flash-style prefill attention for one head configuration, constants worked out
+    once (the simulator prices it every engine step).
+
+    Work units are (sequence, KV head, query block) with the query heads that share a KV
+    head packed into the block's rows (FlashAttention's pack-GQA), so a short prompt
+    does not pay one thread block per query head; a partly empty last wave idles SMs.
+    """
+
+    def __init__(
+        self,
+        gpu: AcceleratorSpec,
+        *,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: str | Dtype = "bf16",
+        kv_dtype: str | Dtype = "bf16",
+    ) -> None:
+        dtype, kv_dtype = parse_dtype(dtype), parse_dtype(kv_dtype)
+        eff = gpu.efficiency
+        self.group = num_heads / num_kv_heads
+        self.num_kv_heads = num_kv_heads
+        self.flops_per_pair = 4.0 * num_heads * head_dim  # QK^T and PV
+        # Diagonal (query block x key block) tiles are computed whole: about half a key
+        # block of wasted work per query row.
+        self.waste_per_token = self.flops_per_pair * PREFILL_QUERY_BLOCK / 2
+        self.q_bytes_per_token = num_heads * head_dim * bytes_per_element(dtype)
+        self.kv_bytes_per_token = 2.0 * num_kv_heads * head_dim * bytes_per_element(kv_dtype)
+        math_dtype = dtype if gpu.supports(dtype) else Dtype.BF16
+        self.peak = gpu.peak_flops(math_dtype)
+        self.curve = eff.attention_prefill_compute
+        self.sm_count = gpu.sm_count
+        self.cta_seconds = eff.prefill_cta_latency_us * 1e-6
+        self.bandwidth = gpu.memory_bandwidth * eff.memory_bandwidth
+        self.floor = eff.attention_floor_us * 1e-6
+
+    def __call__(
+        self, num_seqs: int, new_tokens: int, attended_pairs: float, context_tokens: int
+    ) -> tuple[float, float, float, float, float]:
+        """(seconds, flops, dram_bytes, compute_seconds, memory_seconds)."""
+        flops = self.flops_per_pair * attended_pairs
+        q_bytes = new_tokens * self.q_bytes_per_token
+        dram = 2.0 * q_bytes + context_tokens * self.kv_bytes_per_token
+        rows = new_tokens / max(num_seqs, 1) * self.group
+        units = max(1, num_seqs * self.num_kv_heads * math.ceil(rows / PREFILL_QUERY_BLOCK))
+        waves = math.ceil(units / self.sm_count)
+        wave_eff = units / (waves * self.sm_count)
+        eff = self.curve.at(flops) if len(self.curve.sizes) > 1 else self.curve.values[0]
+        compute = (flops + new_tokens * self.waste_per_token) / (self.peak * eff * wave_eff)
+        compute = max(compute, waves * self.cta_seconds)
+        memory = dram / self.bandwidth
+        return max(compute, memory) + self.floor, flops, dram, compute, memory
+
+
 def attention_prefill_cost(
     gpu: AcceleratorSpec,
     *,
@@ -52,38 +107,28 @@ def attention_prefill_cost(
     `attended_pairs` is the sum of query-key pairs (see causal_pairs); `context_tokens`
     the sum of keys each sequence reads (its full kv length).
     """
-    dtype, kv_dtype = parse_dtype(dtype), parse_dtype(kv_dtype)
-    eff = gpu.efficiency
-    flops = 4.0 * num_heads * head_dim * attended_pairs  # QK^T and PV
-    # Causal masking is applied per (query block x key block) tile: diagonal tiles are
-    # computed whole, about half a key block of wasted work per query row.
-    computed = flops + 4.0 * num_heads * head_dim * new_tokens * PREFILL_QUERY_BLOCK / 2
-    q_bytes = new_tokens * num_heads * head_dim * bytes_per_element(dtype)
-    kv_bytes = 2.0 * context_tokens * num_kv_heads * head_dim * bytes_per_element(kv_dtype)
-    dram = 2.0 * q_bytes + kv_bytes  # read Q, write O, read K and V once
-    query_blocks = max(1, math.ceil(new_tokens / max(num_seqs, 1) / PREFILL_QUERY_BLOCK))
-    l2 = 2.0 * q_bytes + kv_bytes * query_blocks  # K/V re-read per query block
-    # Work units are (sequence, head, query block); a partly empty last wave idles SMs.
-    units = max(1, num_seqs * num_heads * query_blocks)
-    waves = math.ceil(units / gpu.sm_count)
-    wave_eff = units / (waves * gpu.sm_count)
-    math_dtype = dtype if gpu.supports(dtype) else Dtype.BF16
-    compute = computed / (
-        gpu.peak_flops(math_dtype) * eff.attention_prefill_compute.at(flops) * wave_eff
+    model = PrefillAttention(
+        gpu,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        kv_dtype=kv_dtype,
     )
-    compute = max(compute, waves * eff.prefill_cta_latency_us * 1e-6)
-    memory = dram / (gpu.memory_bandwidth * eff.memory_bandwidth)
-    floor = eff.attention_floor_us * 1e-6
+    seconds, flops, dram, compute, memory = model(
+        num_seqs, new_tokens, attended_pairs, context_tokens
+    )
+    query_blocks = max(1, math.ceil(new_tokens / max(num_seqs, 1) / PREFILL_QUERY_BLOCK))
     return OpCost(
         name="attention_prefill",
-        seconds=max(compute, memory) + floor,
+        seconds=seconds,
         flops=flops,
         dram_bytes=dram,
-        l2_bytes=l2,
-        bound=classify(compute, memory, 0.0, floor),
+        l2_bytes=dram + context_tokens * model.kv_bytes_per_token * (query_blocks - 1),
+        bound=classify(compute, memory, 0.0, model.floor),
         compute_seconds=compute,
         memory_seconds=memory,
-        overhead_seconds=floor,
+        overhead_seconds=model.floor,
     )
 
 

@@ -7,9 +7,9 @@ import sys
 from collections.abc import Sequence
 
 from hardware_models.errors import InfersimError
-from simulator.cli import estimate_cmd, hardware_cmd, roofline_cmd
+from simulator.cli import estimate_cmd, hardware_cmd, roofline_cmd, run_cmd
 
-COMMANDS = (hardware_cmd, estimate_cmd, roofline_cmd)
+COMMANDS = (run_cmd, hardware_cmd, estimate_cmd, roofline_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -76,6 +76,7 @@ class Replica:
         self.log = StepLog(index)
         self.busy_seconds = 0.0
         self._wakeup: simpy.Event | None = None
+        self.t = 0.0  # the replica's own clock; SimPy's may lag it (see _catch_up)
         iterative = config.policy in ("continuous", "chunked_prefill")
         self.scheduler = (
             IterationScheduler(
@@ -142,17 +143,27 @@ class Replica:
     def _iteration_loop(self):
         assert self.scheduler is not None
         while True:
-            if self.running.count == 0 and not len(self.waiting):
+            plan = None
+            if self.running.count or len(self.waiting):
+                plan = self.scheduler.schedule(self.t)
+            if plan is None or plan.empty:
+                yield from self._catch_up(self.t)
                 yield self._sleep()
-                continue
-            plan = self.scheduler.schedule(self.env.now)
-            if plan.empty:
-                yield self._sleep()
+                self.t = self.env.now
                 continue
             if self._can_fast_forward(plan):
                 yield from self._decode_run(plan.decode_slots)
             else:
                 yield from self._single_step(plan)
+
+    def _catch_up(self, end: float):
+        """Advance SimPy's clock to the replica's own: steps run ahead of it while nothing
+        from outside (an arrival, the horizon) can happen before they end."""
+        if end > self.env.now:
+            yield self.env.timeout(end - self.env.now)
+
+    def _runs_ahead(self, end: float) -> bool:
+        return self.cfg.multi_step and end < self.clock.next_arrival and end < self.clock.horizon
 
     def _can_fast_forward(self, plan: StepPlan) -> bool:
         return (
@@ -170,7 +181,7 @@ class Replica:
         return np.minimum(keys, window) if window else keys
 
     def _single_step(self, plan: StepPlan):
-        run, req, now = self.running, self.requests, self.env.now
+        run, req, now = self.running, self.requests, self.t
         dec = plan.decode_slots
         prefill_tokens = sum(plan.prefill_chunks)
         pairs = 0
@@ -198,9 +209,15 @@ class Replica:
             now, seconds, len(dec) + len(plan.prefill_slots), len(dec), prefill_tokens,
             self.kv.used, len(self.waiting), cost.flops, cost.dram_bytes, cost.bound,
         )  # fmt: skip
-        yield self.env.timeout(seconds)
+        end = now + seconds
+        completes = bool((run.remaining[dec] <= 1).any()) or any(
+            run.remaining[slot] <= 1 and run.computed[slot] + chunk >= run.target[slot]
+            for slot, chunk in zip(plan.prefill_slots, plan.prefill_chunks, strict=True)
+        )
+        if completes or not self._runs_ahead(end):
+            yield from self._catch_up(end)
+        self.t = end
         self.busy_seconds += seconds
-        end = self.env.now
         sampled = list(dec)
         if len(dec):
             run.computed[dec] += 1
@@ -244,7 +261,7 @@ class Replica:
     def _run_length(self, dec: np.ndarray, durations: np.ndarray) -> tuple[int, np.ndarray]:
         """Steps that can run before anything could change the batch, and the extra KV
         blocks the run needs by each step."""
-        now = self.env.now
+        now = self.t
         ends = now + np.cumsum(durations)
         starts = ends - durations
         limit = min(
@@ -275,21 +292,17 @@ class Replica:
         else:
             contexts = int(computed.sum()) + n + n * steps
         seconds, flops, dram, bound = self.cost.decode_run(n, contexts)
-        seconds = np.broadcast_to(seconds, (horizon,))
         k, cum_blocks = self._run_length(dec, seconds)
         seconds = seconds[:k]
-        now = self.env.now
+        now = self.t
         ends = now + np.cumsum(seconds)
-        extra = int(cum_blocks[k - 1]) if k > 1 else 0
-        used = self.kv.used + np.concatenate(([0], cum_blocks[: k - 1]))
-        self.log.steps_many(
-            ends - seconds, seconds, n, n, used, 0,
-            np.broadcast_to(flops, (horizon,))[:k], np.broadcast_to(dram, (horizon,))[:k],
-            np.broadcast_to(bound, (horizon,))[:k],
-        )  # fmt: skip
-        yield self.env.timeout(float(ends[-1] - now))
+        extra = int(cum_blocks[k - 1])
+        used = self.kv.used + cum_blocks[:k]
+        self.log.steps_many(ends - seconds, seconds, n, n, used, 0, flops[:k], dram[:k], bound)
+        end = float(ends[-1])
+        yield from self._catch_up(end)
+        self.t = end
         self.busy_seconds += float(seconds.sum())
-        end = self.env.now
         rids = run.rid[dec]
         self.log.gaps(ends[0] - req.last_token[rids])
         if k > 1:
@@ -377,7 +390,6 @@ class Replica:
             if self.cfg.sliding_window:
                 keys = np.minimum(keys, self.cfg.sliding_window)
             seconds, flops, dram, bound = self.cost.decode_run(n, n * keys)
-            seconds = np.broadcast_to(seconds, (steps,))
             ends = first + np.cumsum(seconds)
             self.log.steps_many(
                 ends - seconds, seconds, n, n, self.kv.used, len(self.waiting),

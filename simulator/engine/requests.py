@@ -41,6 +41,7 @@ _COLUMNS = {
     "prompt": np.int64,
     "output": np.int64,
     "priority": np.int16,
+    "priority_class": np.int16,
     "first_scheduled": np.float64,
     "first_token": np.float64,
     "last_token": np.float64,
@@ -73,7 +74,12 @@ class RequestTable:
             setattr(self, name, fresh)
 
     def add(
-        self, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, priority: np.ndarray
+        self,
+        arrival: np.ndarray,
+        prompt: np.ndarray,
+        output: np.ndarray,
+        priority: np.ndarray,
+        priority_class: np.ndarray | int = 0,
     ) -> np.ndarray:
         """Register requests; returns their ids."""
         count = len(arrival)
@@ -84,6 +90,7 @@ class RequestTable:
         self.prompt[ids] = prompt
         self.output[ids] = output
         self.priority[ids] = priority
+        self.priority_class[ids] = priority_class
         self.size += count
         return ids
 
@@ -102,8 +109,8 @@ class RequestTable:
             frame["outcome"], categories=[o.name.lower() for o in Outcome]
         )
         frame["reason"] = [REJECT_TEXT[RejectReason(r)] for r in cols["reason"]]
-        if priority_names:
-            frame["priority_class"] = [priority_names[p] for p in cols["priority"]]
+        names = np.asarray(priority_names or ["default"], dtype=object)
+        frame["priority_class"] = names[cols["priority_class"]]
         frame["ttft"] = frame["first_token"] - frame["arrival"]
         frame["e2e"] = frame["finish"] - frame["arrival"]
         frame["queueing"] = frame["first_scheduled"] - frame["arrival"]

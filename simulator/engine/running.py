@@ -58,8 +58,10 @@ class RunningSet:
 
     def prefilling(self) -> list[int]:
         """Slots part-way through their prefill, oldest admission first."""
-        slots = np.flatnonzero(self.active & (self.computed < self.target))
-        return sorted(slots.tolist(), key=lambda s: self.order[s])
+        slots = np.flatnonzero(self.active & (self.computed < self.target)).tolist()
+        if len(slots) > 1:
+            slots.sort(key=self.order.__getitem__)
+        return slots
 
     def victim(self, protect: int = -1) -> int:
         """Slot to preempt: the least important, most recently admitted request."""

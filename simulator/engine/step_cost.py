@@ -15,7 +15,7 @@ from enum import IntEnum
 import numpy as np
 
 from hardware_models.accelerator import AcceleratorSpec
-from hardware_models.attention import DecodeAttention, attention_prefill_cost
+from hardware_models.attention import DecodeAttention, PrefillAttention
 from hardware_models.collectives import collective_cost
 from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
 from hardware_models.errors import InfeasibleError
@@ -134,6 +134,14 @@ class StepCostModel:
         self._dense_cache: dict[int, _Part] = {}
         self._head_cache: dict[int, _Part] = {}
         self._fixed_cache: dict[tuple[int, int], _Part] = {}
+        self._prefill_attention = PrefillAttention(
+            gpu,
+            num_heads=self.heads,
+            num_kv_heads=self.kv_heads,
+            head_dim=arch.head_dim,
+            dtype=self.act_dtype,
+            kv_dtype=self.kv_dtype,
+        )
         self._decode_attention = DecodeAttention(
             gpu,
             num_heads=self.heads,
@@ -258,21 +266,13 @@ class StepCostModel:
         flops, dram, kernels = fixed.flops, fixed.dram_bytes, fixed.kernels
         layers = self.arch.num_layers
         if prefill_tokens:
-            cost = attention_prefill_cost(
-                self.gpu,
-                num_seqs=prefill_seqs,
-                new_tokens=prefill_tokens,
-                attended_pairs=prefill_pairs,
-                context_tokens=prefill_context,
-                num_heads=self.heads,
-                num_kv_heads=self.kv_heads,
-                head_dim=self.arch.head_dim,
-                dtype=self.act_dtype,
-                kv_dtype=self.kv_dtype,
+            seconds, f, d, compute, memory = self._prefill_attention(
+                prefill_seqs, prefill_tokens, prefill_pairs, prefill_context
             )
-            by_bound[_BOUND_OF[cost.bound]] += cost.seconds * layers
-            flops += cost.flops * layers
-            dram += cost.dram_bytes * layers
+            bound = StepBound.COMPUTE if compute >= memory else StepBound.MEMORY
+            by_bound[bound] += seconds * layers
+            flops += f * layers
+            dram += d * layers
             if decode_seqs:
                 kernels += layers  # prefill and decode attention are separate kernels
         if decode_seqs:

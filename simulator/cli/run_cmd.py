@@ -1,0 +1,63 @@
+"""`infersim run`: simulate one scenario, print its summary, write its tables and plots."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from hardware_models.errors import InfersimError
+from simulator.scenario import Scenario
+from simulator.simulation import simulate
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("run", help="simulate a scenario file")
+    parser.add_argument("scenario", type=Path, help="scenario YAML")
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        help="results folder (default: results/<name>, or the next free results/<name>-N)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a scenario field, e.g. --set serving.max_num_seqs=64 (repeatable)",
+    )
+    parser.add_argument("--csv", action="store_true", help="also write CSV tables")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--overwrite", action="store_true", help="replace existing results")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=_run)
+
+
+def free_results_dir(name: str, root: Path = Path("results")) -> Path:
+    """results/<name>, or results/<name>-2, -3, ...: earlier results are never replaced."""
+    candidate = root / name
+    n = 2
+    while candidate.exists() and any(candidate.iterdir()):
+        candidate = root / f"{name}-{n}"
+        n += 1
+    return candidate
+
+
+def _run(args: argparse.Namespace) -> int:
+    scenario = Scenario.from_yaml(args.scenario, args.overrides)
+    outdir = args.output or free_results_dir(scenario.name)
+    if args.output and not args.overwrite and outdir.exists() and any(outdir.iterdir()):
+        # Fail before simulating, not after.
+        raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
+    results = simulate(scenario, progress=not args.quiet)
+    print(results.summary_table())
+    written = results.write(
+        outdir,
+        csv=args.csv or None,
+        plots=False if args.no_plots else None,
+        overwrite=args.overwrite,
+    )
+    print(f"\nwrote {len(written)} files to {outdir}/", file=sys.stderr)
+    return 0

@@ -1,0 +1,82 @@
+"""Write one run's results to a directory: summary.json, Parquet tables (optional CSV
+copies) and plots. Refuses to write into a directory that already holds results unless
+told to overwrite, so a rerun never silently replaces numbers someone is looking at."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from hardware_models.errors import InfersimError
+from simulator.metrics.plots import PLOT_FILES, save_run_plots
+
+TABLES = ("requests", "steps", "timeseries", "itl")
+
+
+def summary_json(summary: Mapping[str, Any], *, include_wall_time: bool = True) -> str:
+    """Sorted, indented JSON: identical summaries give identical bytes. Wall-clock figures
+    (run.wall) are the only part that varies between identical runs; leave them out with
+    include_wall_time=False."""
+    data = dict(summary)
+    if not include_wall_time and "wall" in data.get("run", {}):
+        data["run"] = {k: v for k, v in data["run"].items() if k != "wall"}
+    return json.dumps(data, sort_keys=True, indent=2, allow_nan=False) + "\n"
+
+
+def _owned_files() -> list[str]:
+    names = ["summary.json", *PLOT_FILES]
+    for table in TABLES:
+        names += [f"{table}.parquet", f"{table}.csv"]
+    return names
+
+
+def _prepare(outdir: Path, overwrite: bool) -> None:
+    if outdir.exists() and not outdir.is_dir():
+        raise InfersimError(f"{outdir} exists and is not a directory; choose another -o")
+    if outdir.is_dir() and any(outdir.iterdir()):
+        if not overwrite:
+            raise InfersimError(
+                f"{outdir} already has results; pass --overwrite or choose another -o"
+            )
+        # Remove only what a run writes, so no stale CSV or plot outlives its run.
+        for name in _owned_files():
+            (outdir / name).unlink(missing_ok=True)
+    outdir.mkdir(parents=True, exist_ok=True)
+
+
+def write_run(
+    outdir: str | Path,
+    summary: Mapping[str, Any],
+    requests: pd.DataFrame,
+    steps: pd.DataFrame,
+    timeseries: pd.DataFrame,
+    itl: pd.DataFrame,
+    *,
+    csv: bool = False,
+    plots: bool = True,
+    overwrite: bool = False,
+    include_wall_time: bool = True,
+) -> list[Path]:
+    """Write summary.json, <table>.parquet (and .csv when `csv`) for requests, steps,
+    timeseries and itl, and the run plots when `plots`; returns the paths written."""
+    outdir = Path(outdir)
+    _prepare(outdir, overwrite)
+    path = outdir / "summary.json"
+    path.write_text(summary_json(summary, include_wall_time=include_wall_time))
+    written = [path]
+    frames = dict(zip(TABLES, (requests, steps, timeseries, itl), strict=True))
+    for name, frame in frames.items():
+        path = outdir / f"{name}.parquet"
+        frame.to_parquet(path)
+        written.append(path)
+        if csv:
+            path = outdir / f"{name}.csv"
+            frame.to_csv(path, index=name == "requests")
+            written.append(path)
+    if plots:
+        written += save_run_plots(requests, itl, timeseries, outdir)
+    return written

@@ -1,0 +1,294 @@
+"""A scenario: one question put to the simulator, as a validated YAML file.
+
+Every section is a strict pydantic model: an unknown key is an error with a did-you-mean,
+a bad value names its field and what is allowed. `--set key.path=value` overrides any
+field before validation. Paths inside a scenario resolve relative to its file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hardware_models.errors import InfersimError
+from hardware_models.yaml_io import load_yaml_mapping
+from simulator.workload.config import WorkloadConfig
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+DType = Literal["fp32", "fp16", "bf16", "fp8", "int8", "int4", "fp4"]
+
+
+class HardwareSection(BaseModel):
+    model_config = _STRICT
+    gpu: str = Field(description="GPU preset name (`infersim hardware list`) or YAML path")
+    node: str | None = Field(
+        default=None,
+        description="node preset or YAML path; default: the first node preset built from "
+        "this GPU, or a single-GPU machine",
+    )
+    calibration: str | None = Field(
+        default=None, description="calibration profile (YAML) replacing the GPU's efficiencies"
+    )
+
+
+class ModelSection(BaseModel):
+    model_config = _STRICT
+    name: str = Field(description="catalog name (`infersim models`) or path to a config.json")
+    weight_dtype: DType = Field(default="bf16", description="storage type of the weights")
+    kv_dtype: DType = Field(default="bf16", description="storage type of the KV cache")
+    activation_dtype: Literal["fp16", "bf16"] = Field(default="bf16")
+
+
+class ParallelismSection(BaseModel):
+    model_config = _STRICT
+    tp: int = Field(default=1, ge=1, le=512, description="tensor-parallel degree per replica")
+    pp: int = Field(default=1, ge=1, le=128, description="pipeline-parallel degree per replica")
+    replicas: int = Field(default=1, ge=1, le=10_000, description="model copies serving traffic")
+    router: Literal["round_robin", "least_outstanding", "random"] = Field(
+        default="round_robin", description="how arrivals are spread over replicas"
+    )
+
+
+Policy = Literal["static", "dynamic", "continuous", "chunked_prefill"]
+
+
+class ServingSection(BaseModel):
+    """The batching policy and its knobs (vLLM names where they exist)."""
+
+    model_config = _STRICT
+    policy: Policy = Field(
+        default="chunked_prefill",
+        description="static: fixed batches run to completion; dynamic: batch on size or "
+        "max_queue_delay_ms, run to completion; continuous: iteration-level, prefill first; "
+        "chunked_prefill: iteration-level, decodes first, prefill chunks fill the budget",
+    )
+    max_num_seqs: int = Field(
+        default=256, ge=1, le=65536, description="sequences per step (batch size for static)"
+    )
+    max_num_batched_tokens: int = Field(
+        default=2048, ge=1, le=1 << 22, description="token budget per engine step"
+    )
+    max_queue_delay_ms: float = Field(
+        default=10.0, ge=0, description="dynamic batching: longest a request waits for a batch"
+    )
+    block_size: int = Field(default=16, ge=1, le=1024, description="tokens per KV-cache block")
+    gpu_memory_utilization: float = Field(
+        default=0.90, gt=0, le=1, description="share of GPU memory the engine may use"
+    )
+    num_gpu_blocks: int | None = Field(
+        default=None, ge=1, description="override the KV-cache size the memory planner derives"
+    )
+    watermark: float = Field(
+        default=0.01, ge=0, lt=1, description="share of KV blocks admission keeps free"
+    )
+    preemption: Literal["recompute", "swap"] = Field(
+        default="recompute", description="what happens to a preempted request's KV cache"
+    )
+    swap_space_gb: float = Field(
+        default=4.0, ge=0, description="host memory per GPU for swapped KV blocks, GB"
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=2, description="longest prompt + output; default: the model's context"
+    )
+    priority_preemption: bool = Field(
+        default=True, description="a waiting request may preempt less important running ones"
+    )
+    max_waiting: int | None = Field(
+        default=None, ge=0, description="reject arrivals beyond this many waiting per replica"
+    )
+
+
+class EngineSection(BaseModel):
+    """Host-side behaviour of the serving engine."""
+
+    model_config = _STRICT
+    cuda_graphs: bool = Field(default=True, description="replay kernels from CUDA graphs")
+    fused_kernels: bool = Field(default=True, description="fused norm/activation/residual")
+    async_scheduling: bool = Field(
+        default=True, description="overlap host scheduling with the GPU step (vLLM v1)"
+    )
+    host_overhead_step_us: float = Field(
+        default=150.0, ge=0, description="host time per step: scheduling, input preparation"
+    )
+    host_overhead_per_seq_us: float = Field(
+        default=4.0, ge=0, description="extra host time per scheduled sequence"
+    )
+    framework_overhead_gb: float = Field(
+        default=1.5, ge=0, description="CUDA context, allocator, graphs: memory per GPU"
+    )
+    multi_step: bool = Field(
+        default=True,
+        description="price runs of decode steps in one event (same results, faster); false "
+        "steps one by one",
+    )
+
+
+class SLOSection(BaseModel):
+    model_config = _STRICT
+    ttft_ms: float | None = Field(default=None, gt=0, description="time to first token bound")
+    tpot_ms: float | None = Field(default=None, gt=0, description="time per output token bound")
+    e2e_ms: float | None = Field(default=None, gt=0, description="end-to-end latency bound")
+
+
+class CostSection(BaseModel):
+    model_config = _STRICT
+    usd_per_gpu_hour: float | None = Field(
+        default=None, gt=0, description="override the GPU preset's price"
+    )
+    pue: float = Field(default=1.2, ge=1, le=3, description="datacentre power usage efficiency")
+    usd_per_kwh: float = Field(default=0.10, ge=0, description="electricity price")
+
+
+class OutputSection(BaseModel):
+    model_config = _STRICT
+    plots: bool = Field(default=True, description="write PNG plots next to the tables")
+    csv: bool = Field(default=False, description="also write CSV copies of the tables")
+    progress: bool = Field(default=True, description="show a progress bar on a terminal")
+
+
+class Scenario(BaseModel):
+    """Everything one simulation needs; defaults are vLLM's where it has one."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(default="scenario", description="label used in outputs and comparisons")
+    description: str = Field(default="", description="the question this scenario answers")
+    seed: int = Field(default=0, ge=0, description="random seed: same seed, same results")
+    hardware: HardwareSection
+    model: ModelSection
+    parallelism: ParallelismSection = Field(default_factory=ParallelismSection)
+    serving: ServingSection = Field(default_factory=ServingSection)
+    engine: EngineSection = Field(default_factory=EngineSection)
+    workload: WorkloadConfig
+    slo: SLOSection = Field(default_factory=SLOSection)
+    cost: CostSection = Field(default_factory=CostSection)
+    output: OutputSection = Field(default_factory=OutputSection)
+    base_dir: str = Field(
+        default=".", exclude=True, description="folder relative paths resolve against"
+    )
+
+    # ---- construction ----------------------------------------------------------------
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> Scenario:
+        """Load, apply `key.path=value` overrides, validate; errors name file and field."""
+        path = Path(path)
+        data = load_yaml_mapping(path)
+        apply_overrides(data, overrides or [])
+        data.setdefault("base_dir", str(path.parent.resolve()))
+        return cls.from_dict(data, source=str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "scenario") -> Scenario:
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise InfersimError(f"{source}: {describe_errors(exc, cls)}") from None
+
+    def resolve_path(self, path: str) -> Path:
+        candidate = Path(path)
+        return candidate if candidate.is_absolute() else Path(self.base_dir) / candidate
+
+    def with_overrides(self, overrides: list[str]) -> Scenario:
+        """A copy with `key.path=value` overrides applied (the CLI's --set)."""
+        data = self.model_dump(mode="json")
+        data["base_dir"] = self.base_dir
+        apply_overrides(data, overrides)
+        return Scenario.from_dict(data, source=self.name)
+
+
+# ---- overrides ----------------------------------------------------------------------------
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> None:
+    """`serving.max_num_seqs=64`: values are parsed as YAML (numbers, booleans, lists)."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise InfersimError(f"--set {item!r}: expected key.path=value")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise InfersimError(f"--set {item!r}: value is not valid YAML") from None
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise InfersimError(f"--set {item!r}: {part} is not a section")
+            node = child
+        node[parts[-1]] = value
+
+
+# ---- readable validation errors -------------------------------------------------------------
+def _field_models(annotation: Any) -> list[type[BaseModel]]:
+    """Pydantic models an annotation may hold (through Optional, unions, lists)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    found: list[type[BaseModel]] = []
+    for arg in typing.get_args(annotation):
+        found.extend(_field_models(arg))
+    return found
+
+
+def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """Follow an error location down through nested models (tags pick union members)."""
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if current is None:
+            return None
+        if isinstance(part, int):
+            continue
+        field = current.model_fields.get(str(part))
+        if field is not None:
+            candidates = _field_models(field.annotation)
+            current = candidates[0] if len(candidates) == 1 else _Union(candidates)
+            continue
+        if isinstance(current, _Union):
+            current = current.pick(str(part))
+            continue
+        return None
+    return current.pick(None) if isinstance(current, _Union) else current
+
+
+class _Union(list):
+    """Several possible models at one place; the next location part may name the tag."""
+
+    @property
+    def model_fields(self) -> dict:
+        return {}
+
+    def pick(self, tag: str | None) -> type[BaseModel] | None:
+        for model in self:
+            kind = model.model_fields.get("kind")
+            if tag is not None and kind is not None and kind.default == tag:
+                return model
+        return self[0] if len(self) == 1 else None
+
+
+def describe_errors(exc: ValidationError, model: type[BaseModel]) -> str:
+    lines = []
+    for item in exc.errors():
+        loc = tuple(item["loc"])
+        where = ".".join(str(p) for p in loc) or "(top level)"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            parent = _model_at(model, loc[:-1])
+            known = sorted(parent.model_fields) if parent is not None else []
+            known = [k for k in known if k != "base_dir"]
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            allowed = f" (allowed: {', '.join(known)})" if known else ""
+            lines.append(f"{where}: unknown key{hint}{allowed}")
+            continue
+        got = item.get("input")
+        got_text = (
+            ""
+            if isinstance(got, (dict, list)) or item["type"] == "missing"
+            else (f" (got {got!r})")
+        )
+        lines.append(f"{where}: {message}{got_text}")
+    return "; ".join(lines)

@@ -1,0 +1,296 @@
+"""Wire a scenario into a SimPy run: workload process -> router -> replicas -> results."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.efficiency import EfficiencyProfile
+from hardware_models.errors import InfeasibleError
+from hardware_models.node import NodeSpec
+from hardware_models.presets import list_nodes, load_gpu, load_node
+from hardware_models.yaml_io import load_yaml_mapping, validate_model
+from simulator.architecture import ModelArchitecture
+from simulator.engine.replica import Clock, Replica, ReplicaConfig
+from simulator.engine.requests import Outcome, RequestTable
+from simulator.engine.step_cost import EngineOverheads, StepCostModel
+from simulator.memory_planner import MemoryPlan, plan_memory
+from simulator.metrics.context import SLO, ReplicaInfo, RunContext
+from simulator.model_catalog import load_model
+from simulator.progress import Progress
+from simulator.results import Results
+from simulator.router import make_router
+from simulator.scenario import Scenario
+from simulator.workload import ClosedLoopSampler, generate_requests
+
+
+@dataclass(frozen=True)
+class ReplicaBuild:
+    """Everything derived from a scenario for one replica, before any request runs."""
+
+    arch: ModelArchitecture
+    gpu: AcceleratorSpec
+    node: NodeSpec
+    memory: MemoryPlan
+    config: ReplicaConfig
+    cost: StepCostModel
+    info: ReplicaInfo
+
+
+def resolve_gpu(scenario: Scenario) -> AcceleratorSpec:
+    hw = scenario.hardware
+    gpu = load_gpu(_maybe_path(scenario, hw.gpu))
+    if hw.calibration:
+        path = scenario.resolve_path(hw.calibration)
+        data = load_yaml_mapping(path)
+        profile = validate_model(EfficiencyProfile, data.get("efficiency", data), str(path))
+        gpu = gpu.with_efficiency(profile)
+    return gpu
+
+
+def _maybe_path(scenario: Scenario, name: str) -> str:
+    """Preset names stay names; anything that looks like a file resolves from the scenario."""
+    if name.endswith((".yaml", ".yml", ".json")) or "/" in name:
+        return str(scenario.resolve_path(name))
+    return name
+
+
+def resolve_node(scenario: Scenario, gpu: AcceleratorSpec) -> NodeSpec:
+    if scenario.hardware.node:
+        node = load_node(_maybe_path(scenario, scenario.hardware.node))
+        if node.gpu != gpu.name:
+            raise InfeasibleError(
+                f"hardware.node {node.name} is built from {node.gpu}, not hardware.gpu {gpu.name}"
+            )
+        return node
+    for name in list_nodes():
+        node = load_node(name)
+        if node.gpu == gpu.name:
+            return node
+    return NodeSpec(
+        name=f"{gpu.name}-single",
+        display_name=f"one {gpu.display_name}",
+        gpu=gpu.name,
+        gpus_per_node=1,
+        intra_node_fabric="none",
+        nics_per_node=0,
+        nic_bandwidth_gbps=0,
+        host_memory_gb=256,
+    )
+
+
+def build_replica(scenario: Scenario) -> ReplicaBuild:
+    """Model, hardware, memory plan and step costs: fails early, with the breakdown, when
+    the configuration cannot run."""
+    gpu = resolve_gpu(scenario)
+    node = resolve_node(scenario, gpu)
+    arch = load_model(_maybe_path(scenario, scenario.model.name))
+    par, serving, engine = scenario.parallelism, scenario.serving, scenario.engine
+    gpus = par.tp * par.pp
+    if par.tp > node.gpus_per_node and node.inter_node_link is None:
+        raise InfeasibleError(
+            f"tp={par.tp} needs {par.tp} GPUs, but a {node.name} node has "
+            f"{node.gpus_per_node} and no inter-node link"
+        )
+    memory = plan_memory(
+        arch,
+        gpu,
+        weight_dtype=scenario.model.weight_dtype,
+        kv_dtype=scenario.model.kv_dtype,
+        tp=par.tp,
+        pp=par.pp,
+        gpu_memory_utilization=serving.gpu_memory_utilization,
+        max_num_batched_tokens=serving.max_num_batched_tokens,
+        activation_dtype=scenario.model.activation_dtype,
+        framework_overhead_gb=engine.framework_overhead_gb,
+    )
+    block_bytes = serving.block_size * memory.kv_bytes_per_token
+    blocks = serving.num_gpu_blocks or int(memory.kv_capacity_bytes // block_bytes)
+    if blocks < 1:
+        raise InfeasibleError(
+            f"the KV cache is smaller than one block of {serving.block_size} tokens:\n"
+            f"{memory.table()}"
+        )
+    pcie = gpu.pcie.unidirectional_gbps * 1e9
+    config = ReplicaConfig(
+        policy=serving.policy,
+        max_num_seqs=serving.max_num_seqs,
+        max_num_batched_tokens=serving.max_num_batched_tokens,
+        block_size=serving.block_size,
+        total_blocks=blocks,
+        max_model_len=serving.max_model_len or arch.max_position_embeddings,
+        watermark=serving.watermark,
+        preemption=serving.preemption,
+        swap_blocks=int(serving.swap_space_gb * 1e9 // block_bytes),
+        swap_seconds_per_block=block_bytes / pcie,
+        max_queue_delay_s=serving.max_queue_delay_ms / 1000,
+        max_waiting=serving.max_waiting,
+        sliding_window=arch.sliding_window,
+        priority_preemption=serving.priority_preemption,
+        multi_step=engine.multi_step,
+    )
+    cost = StepCostModel(
+        arch,
+        gpu,
+        node,
+        weight_dtype=scenario.model.weight_dtype,
+        kv_dtype=scenario.model.kv_dtype,
+        activation_dtype=scenario.model.activation_dtype,
+        tp=par.tp,
+        pp=par.pp,
+        overheads=EngineOverheads(
+            step_us=engine.host_overhead_step_us,
+            per_seq_us=engine.host_overhead_per_seq_us,
+            cuda_graphs=engine.cuda_graphs,
+            async_scheduling=engine.async_scheduling,
+            fused_kernels=engine.fused_kernels,
+        ),
+    )
+    info = ReplicaInfo(
+        gpu=gpu.name,
+        gpus=gpus,
+        peak_flops=cost.peak_flops,
+        peak_bandwidth=cost.peak_bandwidth,
+        kv_total_blocks=blocks,
+        idle_power_w=gpu.power.idle_w,
+        tdp_w=gpu.power.tdp_w,
+        usd_per_gpu_hour=scenario.cost.usd_per_gpu_hour or gpu.price.usd_per_hour,
+    )
+    return ReplicaBuild(arch, gpu, node, memory, config, cost, info)
+
+
+class _Run:
+    """The live state of one simulation: environment, replicas, request accounting."""
+
+    def __init__(self, scenario: Scenario, build: ReplicaBuild, progress: bool) -> None:
+        self.scenario = scenario
+        self.env = simpy.Environment()
+        wl = scenario.workload
+        self.horizon = wl.duration_s if wl.duration_s is not None else float("inf")
+        self.clock = Clock(self.horizon)
+        self.closed = wl.arrivals.kind == "closed_loop"
+        base_dir = scenario.base_dir
+        if self.closed:
+            self.sampler = ClosedLoopSampler(wl, scenario.seed, base_dir)
+            self.expected = wl.num_requests
+            self.class_names = list(self.sampler.class_names)
+            self.requests = RequestTable(min(wl.num_requests or 4096, 1 << 20))
+        else:
+            batch = generate_requests(wl, scenario.seed, base_dir)
+            self.expected = len(batch)
+            self.class_names = list(batch.class_names)
+            self.requests = RequestTable(len(batch))
+            self.requests.add(
+                batch.arrival_s,
+                batch.prompt_tokens,
+                batch.output_tokens,
+                batch.priority,
+                batch.priority_class,
+            )
+        self.terminal = 0
+        self.done = self.env.event()
+        self.progress = Progress(self.expected, enabled=progress, label=scenario.name)
+        self.replicas = [
+            Replica(self.env, i, build.config, build.cost, self.requests, self.clock,
+                    self._on_finish)
+            for i in range(scenario.parallelism.replicas)
+        ]  # fmt: skip
+        self.router = make_router(scenario.parallelism.router, self.replicas, scenario.seed)
+
+    def _on_finish(self, rid: int) -> None:
+        self.terminal += 1
+        self.progress.update(self.terminal)
+        if self.closed:
+            self._schedule_user(float(self.sampler.think_time(1)[0]))
+        finished = self.expected is not None and self.terminal >= self.expected
+        if finished and not self.done.triggered:
+            self.done.succeed()
+
+    # ---- arrivals ----------------------------------------------------------------------
+    def _open_loop(self):
+        env, clock, arrival = self.env, self.clock, self.requests.arrival
+        n = self.requests.size
+        for rid in range(n):
+            t = float(arrival[rid])
+            clock.next_arrival = t
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            clock.next_arrival = float(arrival[rid + 1]) if rid + 1 < n else float("inf")
+            clock.arrivals_done = rid + 1 == n
+            self.router.route(rid).submit(rid)
+
+    def _start_closed_loop(self) -> None:
+        self.issued = 0
+        self.pending: dict[int, float] = {}
+        for _ in range(self.sampler.users):
+            self._schedule_user(0.0)
+
+    def _schedule_user(self, delay: float) -> None:
+        wl = self.scenario.workload
+        if wl.num_requests is not None and self.issued >= wl.num_requests:
+            self.clock.arrivals_done = True
+            return
+        at = self.env.now + delay
+        if at >= self.horizon:
+            return
+        self.issued += 1
+        prompt, output = self.sampler.lengths(1)
+        priority, cls = self.sampler.classes(1)
+        rid = int(self.requests.add(np.array([at]), prompt, output, priority, cls)[0])
+        self.pending[rid] = at
+        self.clock.next_arrival = min(self.pending.values())
+        self.env.process(self._arrive(rid, delay))
+
+    def _arrive(self, rid: int, delay: float):
+        if delay > 0:
+            yield self.env.timeout(delay)
+        del self.pending[rid]
+        self.clock.next_arrival = min(self.pending.values(), default=float("inf"))
+        self.router.route(rid).submit(rid)
+
+    # ---- run ---------------------------------------------------------------------------
+    def run(self) -> float:
+        if self.closed:
+            self._start_closed_loop()
+        else:
+            self.env.process(self._open_loop())
+        until = self.done
+        if np.isfinite(self.horizon):
+            until = self.done | self.env.timeout(self.horizon)
+        if self.expected == 0:
+            return 0.0
+        self.env.run(until=until)
+        self.progress.close()
+        return float(self.env.now)
+
+
+def simulate(scenario: Scenario, *, progress: bool | None = None) -> Results:
+    """Run one scenario to its stop condition and return its results."""
+    build = build_replica(scenario)
+    show = scenario.output.progress if progress is None else progress
+    run = _Run(scenario, build, show)
+    started = time.perf_counter()
+    end = run.run()
+    wall = time.perf_counter() - started
+    in_flight = run.requests.outcome[: run.requests.size] == Outcome.IN_FLIGHT
+    slo = scenario.slo
+    ctx = RunContext(
+        scenario=scenario.name,
+        seed=scenario.seed,
+        duration_s=end,
+        replicas=tuple(build.info for _ in run.replicas),
+        slo=SLO(
+            ttft_s=None if slo.ttft_ms is None else slo.ttft_ms / 1000,
+            tpot_s=None if slo.tpot_ms is None else slo.tpot_ms / 1000,
+            e2e_s=None if slo.e2e_ms is None else slo.e2e_ms / 1000,
+        ),
+        pue=scenario.cost.pue,
+        usd_per_kwh=scenario.cost.usd_per_kwh,
+        priority_names=tuple(run.class_names),
+        wall_seconds=wall,
+    )
+    return Results.from_run(scenario, build, ctx, run.requests, run.replicas, int(in_flight.sum()))

@@ -1,0 +1,529 @@
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hardware_models.errors import InfersimError
+from simulator.engine.requests import Outcome, RejectReason, RequestTable
+from simulator.engine.step_cost import StepBound
+from simulator.metrics import (
+    SLO,
+    ReplicaInfo,
+    RunContext,
+    latency_cdfs,
+    nice_bin_width,
+    save_run_plots,
+    summarize,
+    summary_json,
+    summary_table,
+    timeseries,
+    weighted_percentile,
+    write_run,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def replica(**fields) -> ReplicaInfo:
+    base = {
+        "gpu": "H100",
+        "gpus": 2,
+        "peak_flops": 1e15,
+        "peak_bandwidth": 1e12,
+        "kv_total_blocks": 100,
+        "idle_power_w": 100.0,
+        "tdp_w": 700.0,
+        "usd_per_gpu_hour": 2.0,
+    }
+    return ReplicaInfo(**(base | fields))
+
+
+def context(duration: float = 10.0, replicas: int = 1, **fields) -> RunContext:
+    base = {
+        "scenario": "test",
+        "seed": 0,
+        "duration_s": duration,
+        "replicas": tuple(replica() for _ in range(replicas)),
+    }
+    return RunContext(**(base | fields))
+
+
+def requests(n: int, names: tuple[str, ...] = ("default",), **columns) -> pd.DataFrame:
+    """A per-request frame as the engine builds it; unset columns keep engine defaults."""
+    table = RequestTable(n)
+    zeros = np.zeros(n, dtype=np.int64)
+    table.add(
+        np.asarray(columns.pop("arrival", np.zeros(n)), dtype=np.float64),
+        np.asarray(columns.pop("prompt", zeros + 100)),
+        np.asarray(columns.pop("output", zeros + 10)),
+        np.asarray(columns.pop("priority", zeros)),
+    )
+    for name, values in columns.items():
+        getattr(table, name)[:n] = values
+    return table.frame(list(names))
+
+
+def completed(arrival, first_token, finish, generated, **columns) -> pd.DataFrame:
+    n = len(arrival)
+    return requests(
+        n,
+        arrival=arrival,
+        first_scheduled=arrival,
+        first_token=first_token,
+        last_token=finish,
+        finish=finish,
+        generated=generated,
+        replica=np.zeros(n),
+        outcome=Outcome.COMPLETED,
+        **columns,
+    )
+
+
+def steps(**columns) -> pd.DataFrame:
+    n = len(columns["start"])
+    base = {
+        "start": np.zeros(n),
+        "duration": np.zeros(n),
+        "batch_size": np.ones(n, np.int32),
+        "decode_tokens": np.zeros(n, np.int32),
+        "prefill_tokens": np.zeros(n, np.int32),
+        "kv_blocks_used": np.zeros(n, np.int64),
+        "waiting": np.zeros(n, np.int32),
+        "flops": np.zeros(n),
+        "dram_bytes": np.zeros(n),
+        "bound": np.zeros(n, np.int8),
+        "replica": np.zeros(n, np.int32),
+    }
+    return pd.DataFrame({k: np.asarray(columns.get(k, v)) for k, v in base.items()})
+
+
+NO_STEPS = steps(start=[])
+NO_ITL = pd.DataFrame({"seconds": np.zeros(0), "weight": np.zeros(0, np.int32)})
+
+
+def has_nan(value) -> bool:
+    if isinstance(value, dict):
+        return any(has_nan(v) for v in value.values())
+    if isinstance(value, list):
+        return any(has_nan(v) for v in value)
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+# ---- weighted percentile -----------------------------------------------------------------
+
+
+def test_weighted_percentile_matches_numpy_on_expanded_samples():
+    rng = np.random.default_rng(1)
+    values = rng.lognormal(size=300)
+    weights = rng.integers(0, 20, size=300)
+    q = np.array([0, 1, 25, 50, 90, 99, 99.9, 100])
+    expected = np.percentile(np.repeat(values, weights), q)
+    np.testing.assert_allclose(weighted_percentile(values, weights, q), expected, rtol=1e-12)
+
+
+def test_weighted_percentile_ignores_nan_and_handles_empty():
+    assert weighted_percentile([np.nan, 2.0, 4.0], None, 50) == 3.0
+    assert np.isnan(weighted_percentile([], None, 50))
+
+
+@given(
+    st.lists(st.floats(0, 1e3), min_size=1, max_size=40),
+    st.lists(st.integers(1, 50), min_size=40, max_size=40),
+    st.floats(0, 100),
+    st.floats(0, 100),
+)
+def test_weighted_percentile_monotone_and_bounded(values, weights, q1, q2):
+    values = np.asarray(values)
+    weights = np.asarray(weights[: len(values)])
+    lo, hi = sorted((q1, q2))
+    a, b = weighted_percentile(values, weights, [lo, hi])
+    assert values.min() <= a <= b <= values.max()
+
+
+# ---- summary ------------------------------------------------------------------------------
+
+
+def test_counts_and_in_flight_split():
+    frame = requests(
+        5,
+        first_scheduled=[0.0, 0.0, np.nan, 1.0, np.nan],
+        first_token=[1.0, np.nan, np.nan, 2.0, np.nan],
+        finish=[2.0, 0.0, np.nan, np.nan, np.nan],
+        generated=[10, 0, 0, 3, 0],
+        outcome=[
+            Outcome.COMPLETED,
+            Outcome.REJECTED,
+            Outcome.IN_FLIGHT,
+            Outcome.IN_FLIGHT,
+            Outcome.FAILED,
+        ],
+        reason=[0, RejectReason.EXCEEDS_KV_CACHE, 0, 0, 0],
+    )
+    c = summarize(frame, NO_STEPS, NO_ITL, context())["counts"]
+    assert c == {
+        "arrived": 5,
+        "completed": 1,
+        "rejected": 1,
+        "rejected_by_reason": {"exceeds_kv_cache": 1},
+        "failed": 1,
+        "in_flight": 2,
+        "in_flight_queued": 1,
+        "in_flight_running": 1,
+    }
+
+
+def test_throughput_over_duration():
+    frame = completed([0, 1, 2], [0.5, 1.5, 2.5], [3, 4, 5], [10, 20, 30], prompt=[100, 100, 100])
+    queued = requests(1, arrival=[3.0], prompt=[50])
+    s = summarize(pd.concat([frame, queued]), NO_STEPS, NO_ITL, context(duration=10.0))
+    assert s["throughput"] == pytest.approx(
+        {"requests_per_s": 0.3, "input_tokens_per_s": 30.0, "output_tokens_per_s": 6.0}
+    )
+
+
+def test_latency_blocks_and_weighted_itl():
+    frame = completed([0, 0], [0.1, 0.3], [1.1, 2.3], [11, 11])
+    itl = pd.DataFrame({"seconds": [0.01, 0.05], "weight": [3, 1]})
+    lat = summarize(frame, NO_STEPS, itl, context())["latency"]
+    assert lat["ttft"]["mean"] == pytest.approx(0.2)
+    assert lat["ttft"]["max"] == pytest.approx(0.3)
+    assert lat["tpot"]["p50"] == pytest.approx(0.15)
+    assert lat["e2e"]["count"] == 2
+    assert lat["itl"]["count"] == 4
+    assert lat["itl"]["mean"] == pytest.approx((3 * 0.01 + 0.05) / 4)
+    assert lat["itl"]["p50"] == pytest.approx(0.01)
+    assert lat["queueing"]["max"] == 0.0
+
+
+def test_goodput_counts_requests_meeting_every_bound():
+    # ttft 0.2/0.8/0.2/0.3; tpot 0.05/0.05/0.2/undefined (one token).
+    frame = completed([0, 0, 0, 0], [0.2, 0.8, 0.2, 0.3], [0.65, 1.25, 2.0, 0.3], [10, 10, 10, 1])
+    ctx = context(duration=4.0, slo=SLO(ttft_s=0.5, tpot_s=0.1))
+    g = summarize(frame, NO_STEPS, NO_ITL, ctx)["goodput"]
+    assert g["requests_meeting_slo"] == 2
+    assert g["fraction"] == pytest.approx(0.5)
+    assert g["goodput_requests_per_s"] == pytest.approx(0.5)
+    assert g["slo"] == {"ttft_s": 0.5, "tpot_s": 0.1, "e2e_s": None}
+    no_slo = summarize(frame, NO_STEPS, NO_ITL, context(duration=4.0))["goodput"]
+    assert no_slo["requests_meeting_slo"] == 4
+
+
+def test_mfu_mbu_busy_and_bound_share():
+    ctx = context(duration=10.0, replicas=2)
+    log = steps(
+        start=[0.0, 0.0, 5.0],
+        duration=[2.0, 1.0, 2.0],
+        flops=[1e15, 0.5e15, 0.5e15],
+        dram_bytes=[1e12, 2e12, 0.0],
+        bound=[StepBound.COMPUTE, StepBound.MEMORY, StepBound.MEMORY],
+        replica=[0, 1, 1],
+    )
+    u = summarize(requests(0), log, NO_ITL, ctx)["utilisation"]
+    assert u["gpu_busy_fraction"] == pytest.approx((0.2 + 0.3) / 2)
+    assert u["mfu"] == pytest.approx(2e15 / (2e15 * 10))
+    assert u["mbu"] == pytest.approx(3e12 / (2e12 * 10))
+    assert u["mfu_busy"] == pytest.approx(2e15 / (1e15 * 2 + 1e15 * 3))
+    assert u["mbu_busy"] == pytest.approx(3e12 / (1e12 * 5))
+    assert u["bound_share"]["compute"] == pytest.approx(0.4)
+    assert u["bound_share"]["memory"] == pytest.approx(0.6)
+    assert u["bound_share"]["host"] == 0.0
+
+
+def test_bound_given_as_names_like_results_frames():
+    log = steps(start=[0.0, 1.0], duration=[1.0, 3.0])
+    log["bound"] = pd.Categorical.from_codes([0, 3], categories=[b.name.lower() for b in StepBound])
+    share = summarize(requests(0), log, NO_ITL, context())["utilisation"]["bound_share"]
+    assert share["compute"] == pytest.approx(0.25)
+    assert share["host"] == pytest.approx(0.75)
+
+
+def test_kv_utilisation_is_time_weighted():
+    log = steps(start=[0.0, 1.0], duration=[1.0, 3.0], kv_blocks_used=[10, 50])
+    frame = requests(3, preemptions=[0, 2, 1])
+    kv = summarize(frame, log, NO_ITL, context())["kv"]
+    assert kv["mean_utilisation"] == pytest.approx((0.1 * 1 + 0.5 * 3) / 4)
+    assert kv["max_utilisation"] == pytest.approx(0.5)
+    assert kv["preemptions"] == 3
+    assert kv["requests_preempted"] == 2
+
+
+def test_cost_per_million_tokens():
+    # 2 replicas x 2 GPUs x $2/h = $8/h; half an hour costs $4.
+    frame = completed([0, 0], [1, 1], [2, 2], [500_000, 500_000], prompt=[500_000, 500_000])
+    cost = summarize(frame, NO_STEPS, NO_ITL, context(duration=1800.0, replicas=2))["cost"]
+    assert cost == pytest.approx(
+        {
+            "usd_per_hour": 8.0,
+            "usd_total": 4.0,
+            "usd_per_request": 2.0,
+            "usd_per_million_output_tokens": 4.0,
+            "usd_per_million_total_tokens": 2.0,
+        }
+    )
+
+
+def test_energy_of_an_idle_run_is_idle_power_times_duration_times_pue():
+    ctx = context(duration=3600.0, pue=1.5, usd_per_kwh=0.2)
+    e = summarize(requests(0), NO_STEPS, NO_ITL, ctx)["energy"]
+    kwh = 2 * 100.0 * 3600 * 1.5 / 3.6e6
+    assert e["energy_kwh"] == pytest.approx(kwh)
+    assert e["average_power_w"] == pytest.approx(100.0)
+    assert e["usd_energy"] == pytest.approx(kwh * 0.2)
+    assert e["joules_per_output_token"] is None
+
+
+def test_energy_lies_between_idle_and_tdp():
+    ctx = context(duration=10.0)
+    # Step 0 runs at peak DRAM bandwidth (activity 1), step 1 at a quarter of peak compute.
+    log = steps(start=[0.0, 4.0], duration=[4.0, 4.0], flops=[0.0, 1e15], dram_bytes=[4e12, 0.0])
+    e = summarize(completed([0], [1], [9], [1000]), log, NO_ITL, ctx)["energy"]
+    expected = 100 + 600 * (4 * 1.0 + 4 * 0.25) / 10
+    assert 100 < e["average_power_w"] < 700
+    assert e["average_power_w"] == pytest.approx(expected)
+    assert e["joules_per_output_token"] == pytest.approx(2 * expected * 10 * 1.2 / 1000)
+    saturated = steps(start=[0.0], duration=[10.0], flops=[1e17])
+    full = summarize(requests(0), saturated, NO_ITL, ctx)["energy"]
+    assert full["average_power_w"] == pytest.approx(700.0)
+
+
+def overload_frame(service_fraction: float) -> pd.DataFrame:
+    """200 arrivals at 2/s; the server finishes the first `service_fraction` of them
+    back to back at the arrival rate times that fraction, the rest stay queued."""
+    arrival = np.arange(200) * 0.5
+    served = int(200 * service_fraction)
+    finish = np.full(200, np.nan)
+    finish[:served] = 0.5 + np.arange(served) * 0.5 / service_fraction
+    outcome = np.where(np.isfinite(finish), Outcome.COMPLETED, Outcome.IN_FLIGHT)
+    return requests(
+        200,
+        arrival=arrival,
+        first_scheduled=np.where(np.isfinite(finish), arrival, np.nan),
+        first_token=finish,
+        finish=finish,
+        generated=np.where(np.isfinite(finish), 10, 0),
+        outcome=outcome,
+    )
+
+
+def test_overload_detected_when_served_rate_falls_short():
+    s = summarize(overload_frame(0.5), NO_STEPS, NO_ITL, context(duration=100.0))
+    assert s["overloaded"]
+    assert "50%" in s["overload_reason"]
+    assert s["load"]["offered_requests_per_s"] == pytest.approx(2.0, rel=0.05)
+    assert "OVERLOADED" in summary_table(s)
+
+
+def test_no_overload_when_keeping_up_even_with_a_drain_tail():
+    s = summarize(overload_frame(1.0), NO_STEPS, NO_ITL, context(duration=150.0))
+    assert not s["overloaded"]
+    assert s["overload_reason"] == ""
+    assert "OVERLOADED" not in summary_table(s)
+
+
+def test_queue_full_rejections_mean_overload():
+    frame = requests(
+        10,
+        arrival=np.arange(10.0),
+        outcome=[Outcome.REJECTED] + [Outcome.IN_FLIGHT] * 9,
+        reason=[RejectReason.QUEUE_FULL] + [0] * 9,
+    )
+    s = summarize(frame, NO_STEPS, NO_ITL, context())
+    assert s["overloaded"]
+    assert "queue full" in s["overload_reason"]
+
+
+def test_per_class_and_per_replica_blocks():
+    frame = requests(
+        3,
+        names=("interactive", "batch"),
+        priority_class=[0, 1, 1],
+        first_scheduled=[0, 0, 0],
+        first_token=[0.1, 0.2, 0.3],
+        finish=[1, 2, 3],
+        generated=[5, 5, 5],
+        replica=[0, 1, 1],
+        outcome=Outcome.COMPLETED,
+    )
+    ctx = context(duration=10.0, replicas=2, priority_names=("interactive", "batch"))
+    s = summarize(frame, NO_STEPS, NO_ITL, ctx)
+    classes = s["priority_classes"]
+    assert list(classes) == ["interactive", "batch"]
+    assert classes["batch"]["completed"] == 2
+    assert classes["batch"]["ttft"]["mean"] == pytest.approx(0.25)
+    assert [r["completed"] for r in s["per_replica"]] == [1, 2]
+    assert s["per_replica"][1]["output_tokens_per_s"] == pytest.approx(1.0)
+    table = summary_table(s)
+    assert "class batch" in table
+    assert "replica 1" in table
+
+
+def test_single_class_single_replica_have_no_breakdown():
+    s = summarize(completed([0], [1], [2], [3]), NO_STEPS, NO_ITL, context())
+    assert "priority_classes" not in s
+    assert "per_replica" not in s
+
+
+def test_summary_is_json_without_nan_even_when_empty():
+    for frame in (requests(0), completed([0], [1], [2], [1])):
+        s = summarize(frame, NO_STEPS, NO_ITL, context(wall_seconds=0.5))
+        json.dumps(s, allow_nan=False)
+        assert not has_nan(s)
+        assert s["run"]["wall"]["seconds"] == 0.5
+        summary_table(s)
+
+
+def test_summary_table_shows_key_numbers():
+    frame = completed([0, 0], [0.1, 0.3], [1.1, 2.3], [11, 11])
+    s = summarize(frame, NO_STEPS, NO_ITL, context(duration=10.0, slo=SLO(ttft_s=0.2)))
+    table = summary_table(s)
+    assert "completed 2" in table
+    assert "0.20 req/s" in table
+    assert "200.0" in table  # mean TTFT in ms
+    assert "ttft<=200.0ms" in table
+    assert "1 of 2 completed (50.0%)" in table
+    assert "$4.00/h" in table
+
+
+# ---- time series --------------------------------------------------------------------------
+
+
+def test_nice_bin_width():
+    assert nice_bin_width(100.0) == 0.5
+    assert nice_bin_width(600.0) == 5.0
+    assert nice_bin_width(1000.0) == 5.0
+    assert nice_bin_width(1001.0) == 10.0
+    assert nice_bin_width(0.3) == 0.002
+
+
+def test_timeseries_bins_sum_to_totals():
+    frame = overload_frame(0.5)
+    ts = timeseries(frame, NO_STEPS, context(duration=100.0))
+    assert len(ts) == 200
+    assert ts["arrivals"].sum() == 200
+    assert ts["completions"].sum() == (frame["outcome"] == "completed").sum()
+    assert ts["t_end"].iloc[-1] == 100.0
+    assert (ts["busy_fraction"] == 0).all()
+    assert ts["batch_size"].isna().all()
+
+
+def test_timeseries_splits_steps_across_bins_exactly():
+    log = steps(
+        start=[0.5, 2.0],
+        duration=[1.0, 0.5],
+        batch_size=[4, 8],
+        kv_blocks_used=[20, 60],
+        waiting=[3, 0],
+        decode_tokens=[4, 8],
+        prefill_tokens=[100, 0],
+    )
+    frame = completed([0.0], [1.5], [2.5], [2])
+    ts = timeseries(frame, log, context(duration=3.0), bin_s=1.0)
+    np.testing.assert_allclose(ts["busy_fraction"], [0.5, 0.5, 0.5])
+    np.testing.assert_allclose(ts["batch_size"], [4, 4, 8])
+    np.testing.assert_allclose(ts["kv_utilisation"], [0.2, 0.2, 0.6])
+    np.testing.assert_allclose(ts["waiting"], [1.5, 1.5, 0.0])
+    np.testing.assert_allclose(ts["output_tokens_per_s"], [0, 4 + 1, 8])
+    np.testing.assert_allclose(ts["prefill_tokens_per_s"], [0, 100, 0])
+    assert ts["completions"].tolist() == [0, 0, 1]
+
+
+def test_timeseries_partial_last_bin_and_empty_run():
+    log = steps(start=[0.0], duration=[2.5], decode_tokens=[10])
+    ts = timeseries(requests(0), log, context(duration=2.5), bin_s=1.0)
+    assert ts["t_end"].tolist() == [1.0, 2.0, 2.5]
+    np.testing.assert_allclose(ts["busy_fraction"], [1, 1, 1])
+    np.testing.assert_allclose(ts["output_tokens_per_s"], [0, 0, 20])
+    assert timeseries(requests(0), NO_STEPS, context(duration=0.0)).empty
+
+
+def test_timeseries_is_fast_on_a_million_steps():
+    n = 1_000_000
+    durations = np.full(n, 0.001)
+    log = steps(
+        start=np.cumsum(durations) - durations,
+        duration=durations,
+        batch_size=np.full(n, 32),
+        decode_tokens=np.full(n, 32),
+        kv_blocks_used=np.full(n, 50),
+        waiting=np.zeros(n),
+    )
+    ctx = context(duration=1000.0)
+    started = time.perf_counter()
+    ts = timeseries(requests(0), log, ctx)
+    elapsed = time.perf_counter() - started
+    assert elapsed < 1.0
+    np.testing.assert_allclose(ts["busy_fraction"], 1.0, rtol=1e-6)
+    np.testing.assert_allclose(ts["batch_size"], 32.0, rtol=1e-6)
+    assert ts["output_tokens_per_s"].sum() * 5.0 == pytest.approx(32 * n)
+
+
+# ---- files and plots ----------------------------------------------------------------------
+
+
+def small_run():
+    frame = overload_frame(1.0)
+    log = steps(start=[0.0, 10.0], duration=[5.0, 5.0], decode_tokens=[4, 4])
+    itl = pd.DataFrame({"seconds": [0.01, 0.02], "weight": [5, 2]})
+    ctx = context(duration=100.0, wall_seconds=1.25)
+    return frame, log, itl, ctx
+
+
+def test_write_run_writes_files_and_refuses_to_overwrite(tmp_path: Path):
+    frame, log, itl, ctx = small_run()
+    s = summarize(frame, log, itl, ctx)
+    ts = timeseries(frame, log, ctx)
+    out = tmp_path / "run"
+    paths = write_run(out, s, frame, log, ts, itl, csv=True, plots=False)
+    names = {p.name for p in paths}
+    for table in ("requests", "steps", "timeseries", "itl"):
+        assert {f"{table}.parquet", f"{table}.csv"} <= names
+    assert json.loads((out / "summary.json").read_text()) == s
+    back = pd.read_parquet(out / "requests.parquet")
+    assert len(back) == len(frame)
+    with pytest.raises(InfersimError, match="already has results"):
+        write_run(out, s, frame, log, ts, itl)
+    paths = write_run(out, s, frame, log, ts, itl, overwrite=True, plots=False)
+    assert not (out / "requests.csv").exists()  # a stale CSV does not outlive its run
+
+
+def test_summary_json_is_byte_identical_and_can_drop_wall_time():
+    frame, log, itl, ctx = small_run()
+    a = summary_json(summarize(frame, log, itl, ctx))
+    b = summary_json(summarize(frame, log, itl, ctx))
+    assert a == b
+    assert '"wall"' in a
+    stripped = summary_json(summarize(frame, log, itl, ctx), include_wall_time=False)
+    assert '"wall"' not in stripped
+    other_wall = summarize(frame, log, itl, context(duration=100.0, wall_seconds=9.0))
+    assert summary_json(other_wall, include_wall_time=False) == stripped
+
+
+def test_plots_are_written_as_png(tmp_path: Path):
+    frame, log, itl, ctx = small_run()
+    paths = save_run_plots(frame, itl, timeseries(frame, log, ctx), tmp_path)
+    assert [p.name for p in paths] == ["latency_cdfs.png", "throughput_queue.png", "kv_batch.png"]
+    for path in paths:
+        assert path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_latency_cdfs_overlays_variants_and_survives_no_samples(tmp_path: Path):
+    frame, _, itl, _ = small_run()
+    fig = latency_cdfs({"a": frame, "b": overload_frame(0.5)}, {"a": itl})
+    assert len(fig.axes) == 4
+    assert len(fig.axes[0].get_lines()) == 2 + 2  # two runs + the p50/p99 guides
+    assert len(fig.axes[2].get_lines()) == 1 + 2  # ITL only for "a"
+    empty = latency_cdfs(requests(0), None)
+    empty.savefig(tmp_path / "empty.png")
+    assert (tmp_path / "empty.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_plots_of_an_empty_run(tmp_path: Path):
+    ts = timeseries(requests(0), NO_STEPS, context(duration=0.0))
+    for path in save_run_plots(requests(0), NO_ITL, ts, tmp_path):
+        assert path.read_bytes()[:8] == PNG_MAGIC
