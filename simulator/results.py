@@ -113,6 +113,7 @@ class Results:
             csv=out.csv if csv is None else csv,
             plots=out.plots if plots is None else plots,
             overwrite=overwrite,
+            include_wall_time=False,  # summary.json is byte-identical for the same seed
         )
 
     def __repr__(self) -> str:

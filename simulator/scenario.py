@@ -167,6 +167,11 @@ class Scenario(BaseModel):
     slo: SLOSection = Field(default_factory=SLOSection)
     cost: CostSection = Field(default_factory=CostSection)
     output: OutputSection = Field(default_factory=OutputSection)
+    variants: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="named variants to compare: each maps dotted field paths to values "
+        "applied to this scenario (e.g. {fp8: {model.kv_dtype: fp8}})",
+    )
     base_dir: str = Field(
         default=".", exclude=True, description="folder relative paths resolve against"
     )
@@ -184,9 +189,31 @@ class Scenario(BaseModel):
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "scenario") -> Scenario:
         try:
-            return cls.model_validate(data)
+            scenario = cls.model_validate(data)
         except ValidationError as exc:
             raise InfersimError(f"{source}: {describe_errors(exc, cls)}") from None
+        scenario.expand(source)  # a bad variant is reported now, not after other runs
+        return scenario
+
+    def expand(self, source: str | None = None) -> list[Scenario]:
+        """The scenarios to run: this one, or one per variant (named after the variant)."""
+        if not self.variants:
+            return [self]
+        expanded = []
+        for name, changes in self.variants.items():
+            data = self.model_dump(mode="json", exclude={"variants"})
+            data["base_dir"] = self.base_dir
+            data["name"] = name
+            if not isinstance(changes, dict):
+                raise InfersimError(f"variants.{name}: expected a mapping of field: value")
+            for key, value in changes.items():
+                set_path(data, key, value, f"variants.{name}.{key}")
+            try:
+                expanded.append(Scenario.model_validate(data))
+            except ValidationError as exc:
+                where = f"{source or self.name}: variants.{name}"
+                raise InfersimError(f"{where}: {describe_errors(exc, Scenario)}") from None
+        return expanded
 
     def resolve_path(self, path: str) -> Path:
         candidate = Path(path)
@@ -201,6 +228,20 @@ class Scenario(BaseModel):
 
 
 # ---- overrides ----------------------------------------------------------------------------
+def set_path(data: dict[str, Any], dotted: str, value: Any, label: str) -> None:
+    """Set `a.b.c` in nested dicts, creating sections that are absent."""
+    node = data
+    parts = dotted.strip().split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise InfersimError(f"{label}: {part} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> None:
     """`serving.max_num_seqs=64`: values are parsed as YAML (numbers, booleans, lists)."""
     for item in overrides:
@@ -211,16 +252,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> None:
             value = yaml.safe_load(raw)
         except yaml.YAMLError:
             raise InfersimError(f"--set {item!r}: value is not valid YAML") from None
-        node = data
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise InfersimError(f"--set {item!r}: {part} is not a section")
-            node = child
-        node[parts[-1]] = value
+        set_path(data, key, value, f"--set {item!r}")
 
 
 # ---- readable validation errors -------------------------------------------------------------

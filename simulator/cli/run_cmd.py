@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from hardware_models.errors import InfersimError
+from simulator.compare import compare_table, write_comparison
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
 
@@ -51,13 +52,23 @@ def _run(args: argparse.Namespace) -> int:
     if args.output and not args.overwrite and outdir.exists() and any(outdir.iterdir()):
         # Fail before simulating, not after.
         raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
-    results = simulate(scenario, progress=not args.quiet)
-    print(results.summary_table())
-    written = results.write(
-        outdir,
-        csv=args.csv or None,
-        plots=False if args.no_plots else None,
-        overwrite=args.overwrite,
-    )
+    runs = scenario.expand()
+    results = {}
+    written: list[Path] = []
+    for run in runs:
+        result = simulate(run, progress=not args.quiet)
+        results[run.name] = result
+        print(result.summary_table())
+        target = outdir / run.name if len(runs) > 1 else outdir
+        written += result.write(
+            target,
+            csv=args.csv or None,
+            plots=False if args.no_plots else None,
+            overwrite=args.overwrite,
+        )
+    if len(runs) > 1:
+        print()
+        print(compare_table(results).to_string(float_format=lambda x: f"{x:,.3g}"))
+        written += write_comparison(results, outdir, plots=not args.no_plots)
     print(f"\nwrote {len(written)} files to {outdir}/", file=sys.stderr)
     return 0

@@ -73,12 +73,12 @@ def weighted_percentile(
         return np.full(np.shape(q), np.nan)
     order = np.argsort(values, kind="stable")
     values, cum = values[order], np.cumsum(weights[order])
-    position = np.asarray(q, dtype=np.float64) / 100 * max(cum[-1] - 1, 0.0)
+    # Sample k (0-based) of the expansion is the first value whose cumulative weight > k.
+    top = max(cum[-1] - 1, 0.0)
+    position = np.asarray(q, dtype=np.float64) / 100 * top
     below = np.floor(position)
-    above = np.minimum(below + 1, max(cum[-1] - 1, 0.0))
-    last = len(values) - 1
-    lo = values[np.minimum(np.searchsorted(cum, below, side="right"), last)]
-    hi = values[np.minimum(np.searchsorted(cum, above, side="right"), last)]
+    lo = values[np.searchsorted(cum, below, side="right")]
+    hi = values[np.searchsorted(cum, np.minimum(below + 1, top), side="right")]
     return lo + (position - below) * (hi - lo)
 
 

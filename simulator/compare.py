@@ -1,0 +1,73 @@
+"""Side by side: the numbers a practitioner compares between runs of the same traffic."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import pandas as pd
+
+from simulator.metrics import latency_cdfs
+from simulator.results import Results
+
+# (column, path into the summary, scale) — latencies in ms.
+_COLUMNS = (
+    ("completed", ("counts", "completed"), 1),
+    ("rejected", ("counts", "rejected"), 1),
+    ("req/s", ("throughput", "requests_per_s"), 1),
+    ("out tok/s", ("throughput", "output_tokens_per_s"), 1),
+    ("TTFT p50 ms", ("latency", "ttft", "p50"), 1000),
+    ("TTFT p99 ms", ("latency", "ttft", "p99"), 1000),
+    ("TPOT p50 ms", ("latency", "tpot", "p50"), 1000),
+    ("TPOT p99 ms", ("latency", "tpot", "p99"), 1000),
+    ("ITL p99 ms", ("latency", "itl", "p99"), 1000),
+    ("E2E p99 ms", ("latency", "e2e", "p99"), 1000),
+    ("goodput %", ("goodput", "fraction"), 100),
+    ("preemptions", ("kv", "preemptions"), 1),
+    ("KV max %", ("kv", "max_utilisation"), 100),
+    ("MFU %", ("utilisation", "mfu"), 100),
+    ("$/1M out tok", ("cost", "usd_per_million_output_tokens"), 1),
+    ("J/out tok", ("energy", "joules_per_output_token"), 1),
+)
+
+
+def _get(summary: Mapping, path: tuple[str, ...]) -> float | None:
+    node = summary
+    for key in path:
+        if not isinstance(node, Mapping) or node.get(key) is None:
+            return None
+        node = node[key]
+    return node
+
+
+def compare_table(results: Mapping[str, Results]) -> pd.DataFrame:
+    """One row per run, one column per headline metric."""
+    rows = {}
+    for name, result in results.items():
+        summary = result.summary()
+        rows[name] = {
+            column: None if (v := _get(summary, path)) is None else v * scale
+            for column, path, scale in _COLUMNS
+        }
+        rows[name]["overloaded"] = bool(summary.get("overloaded"))
+    frame = pd.DataFrame.from_dict(rows, orient="index")
+    frame.index.name = "run"
+    return frame
+
+
+def write_comparison(
+    results: Mapping[str, Results], outdir: Path, *, plots: bool = True
+) -> list[Path]:
+    """comparison.csv and overlaid latency CDFs next to the per-run folders."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    table_path = outdir / "comparison.csv"
+    compare_table(results).to_csv(table_path)
+    if not plots:
+        return [table_path]
+    figure = latency_cdfs(
+        {name: r.requests for name, r in results.items()},
+        {name: r.itl for name, r in results.items()},
+    )
+    plot_path = outdir / "comparison_latency_cdfs.png"
+    figure.savefig(plot_path, dpi=110)
+    return [table_path, plot_path]
