@@ -151,6 +151,15 @@ class OutputSection(BaseModel):
     progress: bool = Field(default=True, description="show a progress bar on a terminal")
 
 
+class SweepSection(BaseModel):
+    model_config = _STRICT
+    grid: dict[str, list[Any]] = Field(
+        min_length=1,
+        description="dotted field path -> values; the sweep runs every combination "
+        "(e.g. {workload.arrivals.rate_per_s: [2, 4, 8], serving.max_num_seqs: [64, 256]})",
+    )
+
+
 class Scenario(BaseModel):
     """Everything one simulation needs; defaults are vLLM's where it has one."""
 
@@ -171,6 +180,9 @@ class Scenario(BaseModel):
         default_factory=dict,
         description="named variants to compare: each maps dotted field paths to values "
         "applied to this scenario (e.g. {fp8: {model.kv_dtype: fp8}})",
+    )
+    sweep: SweepSection | None = Field(
+        default=None, description="a grid of values to run with `infersim sweep`"
     )
     base_dir: str = Field(
         default=".", exclude=True, description="folder relative paths resolve against"

@@ -1,0 +1,121 @@
+"""Scenario files as users write them, and `infersim run` end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hardware_models.errors import InfersimError
+from simulator.cli.main import main
+from simulator.scenario import Scenario
+from tests.conftest import scenario_dict
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path: Path, data: dict | str, name: str = "s.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return path
+
+
+def test_shipped_scenarios_validate():
+    for path in sorted((REPO / "scenarios").glob("*.yaml")):
+        scenario = Scenario.from_yaml(path)
+        assert scenario.description, f"{path.name} should say what question it answers"
+        assert scenario.expand()
+
+
+def test_overrides_and_variants(tmp_path):
+    path = write(tmp_path, scenario_dict())
+    scenario = Scenario.from_yaml(path, ["serving.max_num_seqs=7", "engine.cuda_graphs=false"])
+    assert scenario.serving.max_num_seqs == 7 and scenario.engine.cuda_graphs is False
+    assert Path(scenario.base_dir) == tmp_path.resolve()
+    data = scenario_dict(variants={"a": {"serving.policy": "static"}, "b": {"seed": 9}})
+    runs = Scenario.from_dict(data).expand()
+    assert [r.name for r in runs] == ["a", "b"]
+    assert runs[0].serving.policy == "static" and runs[1].seed == 9
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda d: d.update(servng={}), "did you mean 'serving'"),
+        (lambda d: d["serving"].update(max_num_seq=3), "did you mean 'max_num_seqs'"),
+        (lambda d: d["serving"].update(policy="contnuous"), "serving.policy"),
+        (lambda d: d["serving"].update(max_num_seqs=-1), "serving.max_num_seqs"),
+        (lambda d: d["workload"]["arrivals"].update(rate_per_s=float("nan")), "rate_per_s"),
+        (lambda d: d["workload"].update(num_requests=None), "stop condition"),
+        (lambda d: d.pop("model"), "model: Field required"),
+        (lambda d: d.update(variants={"x": {"serving.policy": "nope"}}), "variants.x"),
+    ],
+)
+def test_bad_scenarios_name_the_field(tmp_path, mutate, needle):
+    data = scenario_dict()
+    mutate(data)
+    with pytest.raises(InfersimError) as info:
+        Scenario.from_yaml(write(tmp_path, data))
+    message = str(info.value)
+    assert needle in message and "s.yaml" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("", "file is empty"),
+        ("- a\n- b\n", "expected a mapping"),
+        ("a: [1, 2\n", "invalid YAML"),
+        ("!!python/object:os.system {}\n", "invalid YAML"),  # safe loader: no objects
+    ],
+)
+def test_malformed_yaml(tmp_path, text, needle):
+    with pytest.raises(InfersimError, match=needle):
+        Scenario.from_yaml(write(tmp_path, text))
+
+
+def test_run_writes_results_and_is_deterministic(tmp_path, capsys):
+    path = write(tmp_path, scenario_dict())
+    assert main(["run", str(path), "-o", str(tmp_path / "a"), "--quiet"]) == 0
+    assert main(["run", str(path), "-o", str(tmp_path / "b"), "--quiet", "--csv"]) == 0
+    out = capsys.readouterr().out
+    assert "TTFT" in out and "goodput" in out
+    a = (tmp_path / "a" / "summary.json").read_bytes()
+    assert a == (tmp_path / "b" / "summary.json").read_bytes()
+    summary = json.loads(a)
+    assert summary["counts"]["completed"] == 300
+    for name in ("requests.parquet", "steps.parquet", "timeseries.parquet", "itl.parquet"):
+        assert (tmp_path / "a" / name).is_file()
+    assert (tmp_path / "b" / "requests.csv").is_file()
+
+
+def test_run_refuses_to_overwrite_before_simulating(tmp_path, capsys):
+    path = write(tmp_path, scenario_dict())
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")
+    assert main(["run", str(path), "-o", str(out), "--quiet"]) == 2
+    assert "already has results" in capsys.readouterr().err
+    assert (out / "summary.json").read_text() == "{}"
+    assert main(["run", str(path), "-o", str(out), "--quiet", "--overwrite"]) == 0
+
+
+def test_run_variants_writes_a_comparison(tmp_path, capsys):
+    data = scenario_dict(variants={"small": {"serving.max_num_seqs": 4}, "big": {}})
+    path = write(tmp_path, data)
+    assert main(["run", str(path), "-o", str(tmp_path / "cmp"), "--quiet", "--no-plots"]) == 0
+    table = (tmp_path / "cmp" / "comparison.csv").read_text()
+    assert table.startswith("run,") and "small" in table and "big" in table
+    assert (tmp_path / "cmp" / "small" / "summary.json").is_file()
+
+
+def test_run_bad_input_is_one_line(tmp_path, capsys):
+    path = write(tmp_path, scenario_dict(model={"name": "llama-2-70b"}))
+    assert main(["run", str(path), "--quiet", "-o", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("infersim: error:") and "does not fit" in err
+    assert main(["run", str(tmp_path / "missing.yaml")]) == 2
+    assert main(["run", str(path), "--set", "nonsense"]) == 2
