@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from simulator.metrics import latency_cdfs
 from simulator.results import Results
 
 # (column, path into the summary, scale) — latencies in ms.
@@ -64,6 +63,8 @@ def write_comparison(
     compare_table(results).to_csv(table_path)
     if not plots:
         return [table_path]
+    from simulator.metrics.plots import latency_cdfs
+
     figure = latency_cdfs(
         {name: r.requests for name, r in results.items()},
         {name: r.itl for name, r in results.items()},

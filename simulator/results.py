@@ -10,15 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from simulator.engine.step_cost import StepBound
-from simulator.metrics import (
-    kv_and_batch,
-    latency_cdfs,
-    summarize,
-    summary_table,
-    throughput_and_queue,
-    timeseries,
-    write_run,
-)
+from simulator.metrics import summarize, summary_table, timeseries, write_run
 from simulator.metrics.context import RunContext
 
 if TYPE_CHECKING:
@@ -89,12 +81,18 @@ class Results:
 
     # ---- plots ---------------------------------------------------------------------------
     def plot_latency_cdfs(self):
+        from simulator.metrics.plots import latency_cdfs
+
         return latency_cdfs(self.requests, self.itl)
 
     def plot_throughput_and_queue(self):
+        from simulator.metrics.plots import throughput_and_queue
+
         return throughput_and_queue(self.timeseries)
 
     def plot_kv_and_batch(self):
+        from simulator.metrics.plots import kv_and_batch
+
         return kv_and_batch(self.timeseries)
 
     # ---- files ---------------------------------------------------------------------------

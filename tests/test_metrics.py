@@ -16,9 +16,7 @@ from simulator.metrics import (
     SLO,
     ReplicaInfo,
     RunContext,
-    latency_cdfs,
     nice_bin_width,
-    save_run_plots,
     summarize,
     summary_json,
     summary_table,
@@ -26,6 +24,7 @@ from simulator.metrics import (
     weighted_percentile,
     write_run,
 )
+from simulator.metrics.plots import latency_cdfs, save_run_plots
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

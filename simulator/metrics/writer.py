@@ -12,7 +12,6 @@ from typing import Any
 import pandas as pd
 
 from hardware_models.errors import InfersimError
-from simulator.metrics.plots import PLOT_FILES, save_run_plots
 
 TABLES = ("requests", "steps", "timeseries", "itl")
 
@@ -28,6 +27,8 @@ def summary_json(summary: Mapping[str, Any], *, include_wall_time: bool = True) 
 
 
 def _owned_files() -> list[str]:
+    from simulator.metrics.plots import PLOT_FILES
+
     names = ["summary.json", *PLOT_FILES]
     for table in TABLES:
         names += [f"{table}.parquet", f"{table}.csv"]
@@ -78,5 +79,7 @@ def write_run(
             frame.to_csv(path, index=name == "requests")
             written.append(path)
     if plots:
+        from simulator.metrics.plots import save_run_plots
+
         written += save_run_plots(requests, itl, timeseries, outdir)
     return written
