@@ -49,8 +49,13 @@ class ParallelismSection(BaseModel):
     tp: int = Field(default=1, ge=1, le=512, description="tensor-parallel degree per replica")
     pp: int = Field(default=1, ge=1, le=128, description="pipeline-parallel degree per replica")
     replicas: int = Field(default=1, ge=1, le=10_000, description="model copies serving traffic")
-    router: Literal["round_robin", "least_outstanding", "random"] = Field(
-        default="round_robin", description="how arrivals are spread over replicas"
+    router: Literal[
+        "round_robin", "random", "least_outstanding", "least_kv_load", "power_of_two"
+    ] = Field(default="round_robin", description="how arrivals are spread over replicas")
+    nodes: int | None = Field(
+        default=None,
+        ge=1,
+        description="nodes the cluster has; a placement needing more GPUs is an error",
     )
 
 

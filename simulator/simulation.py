@@ -83,6 +83,34 @@ def resolve_node(scenario: Scenario, gpu: AcceleratorSpec) -> NodeSpec:
     )
 
 
+def check_placement(scenario: Scenario, arch: ModelArchitecture, node: NodeSpec) -> None:
+    """Placements a real deployment would refuse, explained with the topology."""
+    par = scenario.parallelism
+    if par.tp > node.gpus_per_node and node.inter_node_link is None:
+        raise InfeasibleError(
+            f"parallelism.tp={par.tp} needs {par.tp} GPUs in one tensor-parallel group, but "
+            f"a {node.name} node has {node.gpus_per_node} and no inter-node link"
+        )
+    if par.tp > node.gpus_per_node and par.tp % node.gpus_per_node:
+        raise InfeasibleError(
+            f"parallelism.tp={par.tp} spans nodes of {node.gpus_per_node} GPUs unevenly; "
+            f"use a multiple of {node.gpus_per_node} or at most {node.gpus_per_node}"
+        )
+    if arch.num_layers % par.pp:
+        raise InfeasibleError(
+            f"parallelism.pp={par.pp} does not divide {arch.name}'s {arch.num_layers} layers "
+            "into equal stages"
+        )
+    if par.nodes is not None:
+        needed = par.replicas * par.tp * par.pp
+        have = par.nodes * node.gpus_per_node
+        if needed > have:
+            raise InfeasibleError(
+                f"{par.replicas} replicas x tp={par.tp} x pp={par.pp} need {needed} GPUs; "
+                f"the cluster has {par.nodes} x {node.name} = {have}"
+            )
+
+
 def build_replica(scenario: Scenario) -> ReplicaBuild:
     """Model, hardware, memory plan and step costs: fails early, with the breakdown, when
     the configuration cannot run."""
@@ -91,11 +119,7 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
     arch = load_model(_maybe_path(scenario, scenario.model.name))
     par, serving, engine = scenario.parallelism, scenario.serving, scenario.engine
     gpus = par.tp * par.pp
-    if par.tp > node.gpus_per_node and node.inter_node_link is None:
-        raise InfeasibleError(
-            f"tp={par.tp} needs {par.tp} GPUs, but a {node.name} node has "
-            f"{node.gpus_per_node} and no inter-node link"
-        )
+    check_placement(scenario, arch, node)
     memory = plan_memory(
         arch,
         gpu,

@@ -1,0 +1,70 @@
+"""Several replicas behind a router, and placements a deployment would refuse."""
+
+from __future__ import annotations
+
+import pytest
+
+from hardware_models.errors import InfeasibleError
+from simulator.simulation import simulate
+
+ROUTERS = ["round_robin", "random", "least_outstanding", "least_kv_load", "power_of_two"]
+LOAD = {"arrivals": {"kind": "poisson", "rate_per_s": 24.0}, "num_requests": 600}
+
+
+def _cluster(make_scenario, router, **extra):
+    return make_scenario(
+        parallelism={"replicas": 4, "router": router, **extra}, workload=LOAD,
+        serving={"max_num_seqs": 32},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("router", ROUTERS)
+def test_every_router_serves_everything_on_every_replica(make_scenario, router):
+    results = simulate(_cluster(make_scenario, router))
+    req = results.requests
+    assert (req["outcome"] == "completed").all()
+    assert sorted(req["replica"].unique()) == [0, 1, 2, 3]
+    assert set(results.steps["replica"].unique()) == {0, 1, 2, 3}
+    if router == "round_robin":
+        assert req["replica"].value_counts().tolist() == [150] * 4
+
+
+def test_load_aware_routing_beats_random_on_tail_latency(make_scenario):
+    def p99_e2e(router):
+        req = simulate(_cluster(make_scenario, router)).requests
+        return req["e2e"].quantile(0.99)
+
+    assert p99_e2e("least_outstanding") < p99_e2e("random")
+    assert p99_e2e("power_of_two") < p99_e2e("random")
+
+
+def test_routing_is_deterministic(make_scenario):
+    a = simulate(_cluster(make_scenario, "power_of_two")).requests["replica"]
+    b = simulate(_cluster(make_scenario, "power_of_two")).requests["replica"]
+    assert a.equals(b)
+
+
+@pytest.mark.parametrize(
+    ("sections", "needle"),
+    [
+        ({"parallelism": {"pp": 3}}, "does not divide"),
+        ({"parallelism": {"replicas": 9, "nodes": 1}}, "need 9 GPUs"),
+        ({"hardware": {"gpu": "a100-80gb-sxm", "node": "dgx-h100"}}, "built from"),
+    ],
+)  # fmt: skip
+def test_invalid_placements_are_explained(make_scenario, sections, needle):
+    with pytest.raises(InfeasibleError, match=needle):
+        simulate(make_scenario(**sections))
+
+
+def test_tensor_parallel_beyond_a_node_without_network_is_refused(make_scenario, tmp_path):
+    node = tmp_path / "box.yaml"
+    node.write_text(
+        "name: box\ndisplay_name: a lone 2-GPU box\ngpu: a100-80gb-sxm\ngpus_per_node: 2\n"
+        "intra_node_fabric: nvlink_mesh\n"
+        "intra_node_link: {kind: nvlink, bandwidth_gbps: 300, latency_us: 3}\n"
+        "nics_per_node: 0\nnic_bandwidth_gbps: 0\nhost_memory_gb: 512\n"
+    )
+    with pytest.raises(InfeasibleError, match="no inter-node link"):
+        simulate(make_scenario(hardware={"node": str(node)}, parallelism={"tp": 4}))
+    assert simulate(make_scenario(hardware={"node": str(node)}, parallelism={"tp": 2}))
