@@ -1,0 +1,139 @@
+"""Replay the measured vLLM run on an RTX 4090 through the simulator and compare.
+
+Reference: `../shared/data/e2e/rtx4090-llama-3.1-8b-vllm-0.19/` (LLMServingSim, MIT):
+vLLM 0.19.0 serving Llama-3.1-8B (bf16, TP1) on one GeForce RTX 4090, 300 ShareGPT
+requests. The replay uses the run's own arrivals (engine queue times), prompt and output
+lengths, and engine configuration (max_num_seqs, max_num_batched_tokens, chunked prefill,
+block size, num_gpu_blocks, CUDA graphs, async scheduling) on the `rtx-4090` preset.
+
+    python benchmarks/e2e_rtx4090.py [--data DIR] [--out DIR] [--set key=value ...]
+
+Prints simulated vs measured TTFT, TPOT and end-to-end latency (mean, p50, p90, p99)
+with % error, and writes the table and overlaid CDFs under the output folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = REPO.parent / "shared" / "data" / "e2e" / "rtx4090-llama-3.1-8b-vllm-0.19"
+STATS = ("mean", "p50", "p90", "p99")
+
+
+def load_measured(data: Path) -> pd.DataFrame:
+    """Per-request latencies as the reference defines them (engine clock)."""
+    frame = pd.read_json(data / "requests.jsonl", lines=True)
+    frame["arrival"] = frame["queued_ts"] - frame["queued_ts"].min()
+    frame["ttft"] = frame["first_token_ts"] - frame["queued_ts"]
+    frame["tpot"] = (frame["last_token_ts"] - frame["first_token_ts"]) / (frame["output_toks"] - 1)
+    frame["e2e"] = frame["last_token_ts"] - frame["queued_ts"]
+    return frame.sort_values("arrival", kind="stable", ignore_index=True)
+
+
+def scenario_for(data: Path, measured: pd.DataFrame, out: Path, overrides: list[str]):
+    from simulator.scenario import Scenario
+
+    meta = json.loads((data / "meta.json").read_text())
+    engine, cache = meta["engine_kwargs"], meta["kv_cache"]
+    sched = meta["resolved_config"]["scheduler_config"]
+    trace = out / "trace.csv"
+    pd.DataFrame(
+        {
+            "arrived_at": measured["arrival"],
+            "num_prefill_tokens": measured["input_toks"],
+            "num_decode_tokens": measured["output_toks"],
+        }
+    ).to_csv(trace, index=False)
+    scenario = Scenario.from_dict(
+        {
+            "name": "e2e-rtx4090-llama-3.1-8b",
+            "hardware": {"gpu": "rtx-4090"},
+            "model": {"name": "llama-3.1-8b", "weight_dtype": "bf16", "kv_dtype": "bf16"},
+            "serving": {
+                "policy": "chunked_prefill" if sched["enable_chunked_prefill"] else "continuous",
+                "max_num_seqs": engine["max_num_seqs"],
+                "max_num_batched_tokens": engine["max_num_batched_tokens"],
+                "block_size": cache["block_size"],
+                "num_gpu_blocks": cache["num_gpu_blocks"],
+                "gpu_memory_utilization": cache["gpu_memory_utilization"],
+                "max_model_len": engine["max_model_len"],
+            },
+            "engine": {
+                "cuda_graphs": not meta["resolved_config"]["model_config"]["enforce_eager"],
+                "async_scheduling": sched["async_scheduling"],
+            },
+            "workload": {
+                "arrivals": {"kind": "trace", "path": str(trace)},
+                "num_requests": len(measured),
+            },
+            "output": {"plots": False, "progress": False},
+        }
+    )
+    return scenario.with_overrides(overrides)
+
+
+def _stats(values: np.ndarray) -> dict[str, float]:
+    return {
+        "mean": float(np.mean(values)),
+        "p50": float(np.percentile(values, 50)),
+        "p90": float(np.percentile(values, 90)),
+        "p99": float(np.percentile(values, 99)),
+    }
+
+
+def compare(measured: pd.DataFrame, simulated: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for metric in ("ttft", "tpot", "e2e"):
+        m = _stats(measured[metric].to_numpy())
+        s = _stats(simulated[metric].dropna().to_numpy())
+        for stat in STATS:
+            rows.append(
+                {
+                    "metric": metric,
+                    "stat": stat,
+                    "measured_s": m[stat],
+                    "simulated_s": s[stat],
+                    "error_%": 100 * (s[stat] - m[stat]) / m[stat],
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/e2e_rtx4090")
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    args = parser.parse_args(argv)
+    if not (args.data / "requests.jsonl").is_file():
+        print(f"skipped: no measured run at {args.data}", file=sys.stderr)
+        return 0
+    from simulator.simulation import simulate
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    measured = load_measured(args.data)
+    scenario = scenario_for(args.data, measured, args.out, args.overrides)
+    results = simulate(scenario, progress=False)
+    simulated = results.requests
+    table = compare(measured, simulated)
+    table.to_csv(args.out / "comparison.csv", index=False)
+    print(f"RTX 4090, Llama-3.1-8B, vLLM 0.19.0, {len(measured)} requests")
+    print(f"simulated completed: {(simulated['outcome'] == 'completed').sum()}, "
+          f"preemptions: {int(simulated['preemptions'].sum())}")  # fmt: skip
+    print(table.to_string(index=False, float_format=lambda x: f"{x:,.3f}"))
+    from simulator.metrics.plots import latency_cdfs
+
+    figure = latency_cdfs({"measured": measured, "simulated": simulated})
+    figure.savefig(args.out / "latency_cdfs.png", dpi=110)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
