@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from simulator.engine.replica import Replica
     from simulator.engine.requests import RequestTable
     from simulator.scenario import Scenario
-    from simulator.simulation import ReplicaBuild
 
 
 class Results:
@@ -44,11 +43,10 @@ class Results:
     def from_run(
         cls,
         scenario: Scenario,
-        build: ReplicaBuild,
+        memory_table: str,
         context: RunContext,
         requests: RequestTable,
         replicas: Sequence[Replica],
-        in_flight: int,
     ) -> Results:
         steps = pd.concat([r.log.steps.frame() for r in replicas], ignore_index=True)
         steps = steps.sort_values(["start", "replica"], kind="stable", ignore_index=True)
@@ -62,7 +60,7 @@ class Results:
             requests.frame(list(context.priority_names)),
             steps,
             itl,
-            build.memory.table(),
+            memory_table,
         )
 
     @cached_property

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hardware_models.errors import InfersimError
 from hardware_models.yaml_io import load_yaml_mapping
@@ -57,6 +57,17 @@ class ParallelismSection(BaseModel):
         ge=1,
         description="nodes the cluster has; a placement needing more GPUs is an error",
     )
+
+
+class PoolSection(BaseModel):
+    """A group of identical replicas; several pools make a heterogeneous cluster."""
+
+    model_config = _STRICT
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="label in results")
+    hardware: HardwareSection
+    tp: int = Field(default=1, ge=1, le=512, description="tensor-parallel degree per replica")
+    pp: int = Field(default=1, ge=1, le=128, description="pipeline-parallel degree per replica")
+    replicas: int = Field(default=1, ge=1, le=10_000, description="replicas in this pool")
 
 
 Policy = Literal["static", "dynamic", "continuous", "chunked_prefill"]
@@ -172,9 +183,17 @@ class Scenario(BaseModel):
     name: str = Field(default="scenario", description="label used in outputs and comparisons")
     description: str = Field(default="", description="the question this scenario answers")
     seed: int = Field(default=0, ge=0, description="random seed: same seed, same results")
-    hardware: HardwareSection
+    hardware: HardwareSection | None = Field(
+        default=None, description="the GPU of every replica (or give `pools`)"
+    )
     model: ModelSection
     parallelism: ParallelismSection = Field(default_factory=ParallelismSection)
+    pools: list[PoolSection] = Field(
+        default_factory=list,
+        description="heterogeneous cluster: groups of replicas with their own GPU and "
+        "tp/pp, all behind parallelism.router; replaces hardware and parallelism.tp/pp/"
+        "replicas",
+    )
     serving: ServingSection = Field(default_factory=ServingSection)
     engine: EngineSection = Field(default_factory=EngineSection)
     workload: WorkloadConfig
@@ -192,6 +211,37 @@ class Scenario(BaseModel):
     base_dir: str = Field(
         default=".", exclude=True, description="folder relative paths resolve against"
     )
+
+    @model_validator(mode="after")
+    def _hardware_or_pools(self) -> Scenario:
+        if self.hardware is None and not self.pools:
+            raise ValueError("give hardware (one GPU type) or pools (a heterogeneous cluster)")
+        if self.hardware is not None and self.pools:
+            raise ValueError("give either hardware or pools, not both")
+        names = [p.name for p in self.pools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pools: names must be unique, got {names}")
+        return self
+
+    def pool_list(self) -> list[PoolSection]:
+        """The cluster as pools; a plain scenario is one pool named after its GPU."""
+        if self.pools:
+            return list(self.pools)
+        assert self.hardware is not None
+        par = self.parallelism
+        return [
+            PoolSection(
+                name="default", hardware=self.hardware, tp=par.tp, pp=par.pp,
+                replicas=par.replicas,
+            )
+        ]  # fmt: skip
+
+    def for_pool(self, pool: PoolSection) -> Scenario:
+        """This scenario narrowed to one pool: what one of its replicas is built from."""
+        par = self.parallelism.model_copy(
+            update={"tp": pool.tp, "pp": pool.pp, "replicas": pool.replicas}
+        )
+        return self.model_copy(update={"hardware": pool.hardware, "parallelism": par, "pools": []})
 
     # ---- construction ----------------------------------------------------------------
     @classmethod

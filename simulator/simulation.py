@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import simpy
@@ -16,7 +16,7 @@ from hardware_models.presets import list_nodes, load_gpu, load_node
 from hardware_models.yaml_io import load_yaml_mapping, validate_model
 from simulator.architecture import ModelArchitecture
 from simulator.engine.replica import Clock, Replica, ReplicaConfig
-from simulator.engine.requests import Outcome, RequestTable
+from simulator.engine.requests import RequestTable
 from simulator.engine.step_cost import EngineOverheads, StepCostModel
 from simulator.memory_planner import MemoryPlan, plan_memory
 from simulator.metrics.context import SLO, ReplicaInfo, RunContext
@@ -39,6 +39,7 @@ class ReplicaBuild:
     config: ReplicaConfig
     cost: StepCostModel
     info: ReplicaInfo
+    replicas: int
 
 
 def resolve_gpu(scenario: Scenario) -> AcceleratorSpec:
@@ -184,14 +185,17 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
         tdp_w=gpu.power.tdp_w,
         usd_per_gpu_hour=scenario.cost.usd_per_gpu_hour or gpu.price.usd_per_hour,
     )
-    return ReplicaBuild(arch, gpu, node, memory, config, cost, info)
+    return ReplicaBuild(arch, gpu, node, memory, config, cost, info, par.replicas)
 
 
 class _Run:
     """The live state of one simulation: environment, replicas, request accounting."""
 
-    def __init__(self, scenario: Scenario, build: ReplicaBuild, progress: bool) -> None:
+    def __init__(self, scenario: Scenario, progress: bool) -> None:
         self.scenario = scenario
+        self.builds = [
+            (pool.name, build_replica(scenario.for_pool(pool))) for pool in scenario.pool_list()
+        ]
         self.env = simpy.Environment()
         wl = scenario.workload
         self.horizon = wl.duration_s if wl.duration_s is not None else float("inf")
@@ -218,11 +222,16 @@ class _Run:
         self.terminal = 0
         self.done = self.env.event()
         self.progress = Progress(self.expected, enabled=progress, label=scenario.name)
-        self.replicas = [
-            Replica(self.env, i, build.config, build.cost, self.requests, self.clock,
-                    self._on_finish)
-            for i in range(scenario.parallelism.replicas)
-        ]  # fmt: skip
+        self.replicas: list[Replica] = []
+        self.infos: list[ReplicaInfo] = []
+        for pool, build in self.builds:
+            for _ in range(build.replicas):
+                index = len(self.replicas)
+                self.replicas.append(
+                    Replica(self.env, index, build.config, build.cost, self.requests,
+                            self.clock, self._on_finish)
+                )  # fmt: skip
+                self.infos.append(replace(build.info, pool=pool))
         self.router = make_router(scenario.parallelism.router, self.replicas, scenario.seed)
 
     def _on_finish(self, rid: int) -> None:
@@ -294,19 +303,17 @@ class _Run:
 
 def simulate(scenario: Scenario, *, progress: bool | None = None) -> Results:
     """Run one scenario to its stop condition and return its results."""
-    build = build_replica(scenario)
     show = scenario.output.progress if progress is None else progress
-    run = _Run(scenario, build, show)
+    run = _Run(scenario, show)
     started = time.perf_counter()
     end = run.run()
     wall = time.perf_counter() - started
-    in_flight = run.requests.outcome[: run.requests.size] == Outcome.IN_FLIGHT
     slo = scenario.slo
     ctx = RunContext(
         scenario=scenario.name,
         seed=scenario.seed,
         duration_s=end,
-        replicas=tuple(build.info for _ in run.replicas),
+        replicas=tuple(run.infos),
         slo=SLO(
             ttft_s=None if slo.ttft_ms is None else slo.ttft_ms / 1000,
             tpot_s=None if slo.tpot_ms is None else slo.tpot_ms / 1000,
@@ -317,4 +324,5 @@ def simulate(scenario: Scenario, *, progress: bool | None = None) -> Results:
         priority_names=tuple(run.class_names),
         wall_seconds=wall,
     )
-    return Results.from_run(scenario, build, ctx, run.requests, run.replicas, int(in_flight.sum()))
+    memory = "\n".join(f"[{pool}] {build.memory.table()}" for pool, build in run.builds)
+    return Results.from_run(scenario, memory, ctx, run.requests, run.replicas)

@@ -68,3 +68,30 @@ def test_tensor_parallel_beyond_a_node_without_network_is_refused(make_scenario,
     with pytest.raises(InfeasibleError, match="no inter-node link"):
         simulate(make_scenario(hardware={"node": str(node)}, parallelism={"tp": 4}))
     assert simulate(make_scenario(hardware={"node": str(node)}, parallelism={"tp": 2}))
+
+
+def test_heterogeneous_pools_share_one_router(make_scenario):
+    scenario = make_scenario(
+        hardware=None,
+        pools=[
+            {"name": "fast", "hardware": {"gpu": "h100-sxm"}, "replicas": 1},
+            {"name": "slow", "hardware": {"gpu": "a100-80gb-sxm"}, "replicas": 2},
+        ],
+        parallelism={"router": "least_outstanding"},
+        workload=LOAD,
+    )
+    results = simulate(scenario)
+    summary = results.summary()
+    assert set(summary["per_pool"]) == {"fast", "slow"}
+    assert summary["per_pool"]["slow"]["replicas"] == 2
+    assert summary["run"]["gpu_types"] == ["a100-80gb-sxm", "h100-sxm"]
+    per_replica = results.requests.groupby("replica").size()
+    assert per_replica[0] > per_replica[1]  # the H100 takes more under least-outstanding
+    assert (results.requests["outcome"] == "completed").all()
+
+
+def test_hardware_or_pools_not_both(make_scenario):
+    from hardware_models.errors import InfersimError
+
+    with pytest.raises(InfersimError, match="either hardware or pools"):
+        make_scenario(pools=[{"name": "x", "hardware": {"gpu": "h100-sxm"}}])

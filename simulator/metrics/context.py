@@ -26,6 +26,7 @@ class ReplicaInfo:
     idle_power_w: float  # per GPU
     tdp_w: float  # per GPU
     usd_per_gpu_hour: float
+    pool: str = "default"
 
 
 @dataclass(frozen=True, slots=True)

@@ -330,6 +330,7 @@ def _per_replica(
     return [
         {
             "replica": i,
+            "pool": info.pool,
             "gpu": info.gpu,
             "gpus": info.gpus,
             "completed": int(done[i]),
@@ -339,6 +340,25 @@ def _per_replica(
         }
         for i, info in enumerate(ctx.replicas)
     ]
+
+
+def _per_pool(replicas: list[dict[str, Any]], ctx: RunContext) -> dict[str, Any]:
+    """Replica blocks summed by pool (a heterogeneous or disaggregated cluster)."""
+    pools: dict[str, dict[str, Any]] = {}
+    for block in replicas:
+        pool = pools.setdefault(
+            block["pool"],
+            {"gpu": block["gpu"], "replicas": 0, "gpus": 0, "completed": 0,
+             "requests_per_s": 0.0, "output_tokens_per_s": 0.0, "busy_fraction": 0.0},
+        )  # fmt: skip
+        pool["replicas"] += 1
+        pool["gpus"] += block["gpus"]
+        pool["completed"] += block["completed"]
+        for key in ("requests_per_s", "output_tokens_per_s", "busy_fraction"):
+            pool[key] += block[key] or 0.0
+    for pool in pools.values():
+        pool["busy_fraction"] /= pool["replicas"]
+    return pools if len(pools) > 1 else {}
 
 
 def _run(ctx: RunContext, arrived: int) -> dict[str, Any]:
@@ -419,6 +439,8 @@ def summarize(
         summary["priority_classes"] = classes
     if replicas := _per_replica(requests, steps, ctx, completed):
         summary["per_replica"] = replicas
+        if pools := _per_pool(replicas, ctx):
+            summary["per_pool"] = pools
     return _jsonable(summary)
 
 
@@ -460,6 +482,9 @@ def _latency_table(latency: Mapping[str, Any], rows: tuple[str, ...], indent: st
 def _slo_text(slo: Mapping[str, float | None]) -> str:
     parts = [f"{k.removesuffix('_s')}<={_ms(v)}ms" for k, v in slo.items() if v is not None]
     return ", ".join(parts) or "none set"
+
+
+MAX_REPLICA_LINES = 8  # beyond this the table shows pools only; summary.json has them all
 
 
 def summary_table(summary: Mapping[str, Any]) -> str:
@@ -509,7 +534,14 @@ def summary_table(summary: Mapping[str, Any]) -> str:
             f"meets SLO {_pct(block['slo_fraction'])}"
         )
         lines += _latency_table(block, ("ttft", "tpot", "e2e"), "  ")
-    for r in summary.get("per_replica", []):
+    for name, p in summary.get("per_pool", {}).items():
+        lines.append(
+            f"pool {name:<10} {p['replicas']} x {p['gpus'] // p['replicas']} x {p['gpu']}  "
+            f"completed {p['completed']:,}  {_num(p['requests_per_s'], ',.2f')} req/s  "
+            f"{_num(p['output_tokens_per_s'], ',.0f')} tok/s  busy {_pct(p['busy_fraction'])}"
+        )
+    replicas = summary.get("per_replica", [])
+    for r in replicas if len(replicas) <= MAX_REPLICA_LINES else []:
         lines.append(
             f"replica {r['replica']:<3} {r['gpus']} x {r['gpu']}  completed {r['completed']:,}  "
             f"{_num(r['requests_per_s'], ',.2f')} req/s  "
