@@ -176,6 +176,29 @@ class SweepSection(BaseModel):
     )
 
 
+class PlanSection(BaseModel):
+    """What `infersim plan` searches: the cheapest cluster meeting the SLOs."""
+
+    model_config = _STRICT
+    target_rate_per_s: float | None = Field(
+        default=None, gt=0, description="traffic to serve; default: the workload's rate"
+    )
+    gpus: list[str] = Field(min_length=1, description="candidate GPU presets or YAML paths")
+    tp: list[int] = Field(default=[1, 2, 4, 8], min_length=1, description="tp degrees to try")
+    pp: list[int] = Field(default=[1], min_length=1, description="pp degrees to try")
+    policies: list[Policy] = Field(default=["chunked_prefill"], min_length=1)
+    headroom: float = Field(
+        default=0.2, ge=0, le=5, description="plan for this much more traffic than target"
+    )
+    percentile: Literal["p50", "p90", "p95", "p99"] = Field(
+        default="p99", description="the SLO bounds apply at this percentile"
+    )
+    max_replicas: int = Field(default=512, ge=1, description="give up on a candidate beyond")
+    requests_per_probe: int = Field(
+        default=400, ge=50, le=100_000, description="requests per capacity probe"
+    )
+
+
 class Scenario(BaseModel):
     """Everything one simulation needs; defaults are vLLM's where it has one."""
 
@@ -204,6 +227,9 @@ class Scenario(BaseModel):
         default_factory=dict,
         description="named variants to compare: each maps dotted field paths to values "
         "applied to this scenario (e.g. {fp8: {model.kv_dtype: fp8}})",
+    )
+    plan: PlanSection | None = Field(
+        default=None, description="a capacity-planning search for `infersim plan`"
     )
     sweep: SweepSection | None = Field(
         default=None, description="a grid of values to run with `infersim sweep`"

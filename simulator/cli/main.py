@@ -7,9 +7,27 @@ import sys
 from collections.abc import Sequence
 
 from hardware_models.errors import InfersimError
-from simulator.cli import estimate_cmd, hardware_cmd, roofline_cmd, run_cmd
+from simulator.cli import (
+    compare_cmd,
+    estimate_cmd,
+    hardware_cmd,
+    plan_cmd,
+    roofline_cmd,
+    run_cmd,
+    schema_cmd,
+    sweep_cmd,
+)
 
-COMMANDS = (run_cmd, hardware_cmd, estimate_cmd, roofline_cmd)
+COMMANDS = (
+    run_cmd,
+    sweep_cmd,
+    compare_cmd,
+    plan_cmd,
+    hardware_cmd,
+    estimate_cmd,
+    roofline_cmd,
+    schema_cmd,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +55,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("infersim: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug, not bad input: one line, and how to see more
+        if args.debug:
+            raise
+        print(
+            f"infersim: internal error: {type(exc).__name__}: {exc} "
+            "(rerun with --debug for the traceback, and please report it)",
+            file=sys.stderr,
+        )
+        return 3
 
 
 if __name__ == "__main__":

@@ -1,0 +1,50 @@
+"""`infersim plan`: the cheapest cluster that meets the SLOs, ranked."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from hardware_models.errors import InfersimError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "plan",
+        help="capacity planner: cheapest GPU type, tp/pp, replicas and policy meeting SLOs",
+    )
+    parser.add_argument("scenario", type=Path, help="scenario YAML with a `plan:` section")
+    parser.add_argument("-o", "--output", type=Path, help="folder for plan.csv and plots")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY.PATH=VALUE", help="override a scenario field")  # fmt: skip
+    parser.add_argument("--workers", type=int, help="local processes (default: all cores)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing plan")
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from simulator.cli.run_cmd import free_results_dir
+    from simulator.planner import pareto_figure, plan_capacity
+    from simulator.scenario import Scenario
+
+    scenario = Scenario.from_yaml(args.scenario, args.overrides)
+    outdir = args.output or free_results_dir(f"plan-{scenario.name}")
+    if outdir.exists() and any(outdir.iterdir()) and not args.overwrite:
+        raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
+    table = plan_capacity(scenario, workers=args.workers)
+    plan = scenario.plan
+    pct = plan.percentile
+    shown = ["rank", "gpu", "tp", "pp", "policy", "replicas", "gpus", "usd_per_hour",
+             "usd_per_million_output_tokens", f"ttft_{pct}_ms", f"tpot_{pct}_ms", "status",
+             "reason"]  # fmt: skip
+    print(f"Plan for {scenario.model.name}: "
+          f"{plan.target_rate_per_s or scenario.workload.arrivals.rate_per_s} req/s "
+          f"+{plan.headroom:.0%} headroom, SLO at {pct}")  # fmt: skip
+    print(table[[c for c in shown if c in table]].to_string(
+        index=False, float_format=lambda x: f"{x:,.3g}"))  # fmt: skip
+    outdir.mkdir(parents=True, exist_ok=True)
+    table.to_csv(outdir / "plan.csv", index=False)
+    pareto_figure(table, pct).savefig(outdir / "pareto.png", dpi=110)
+    print(f"\nwrote plan.csv and pareto.png to {outdir}/", file=sys.stderr)
+    return 0
