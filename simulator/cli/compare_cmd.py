@@ -1,0 +1,125 @@
+"""`infersim compare`: several scenario files (or one with variants) side by side: one
+table, overlaid latency CDFs, throughput and cost."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from hardware_models.errors import InfersimError
+from simulator.cli.run_cmd import free_results_dir
+from simulator.compare import compare_table, write_comparison
+from simulator.results import Results
+from simulator.scenario import Scenario
+from simulator.simulation import build_replica, simulate
+
+PLOT_FILE = "comparison_throughput_cost.png"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "compare",
+        help="run scenarios side by side: one table, overlaid plots",
+        description="Simulate each scenario (each variant of a file is a run named "
+        "file:variant) and write comparison.csv, overlaid latency CDFs, throughput and "
+        "cost plots, and each run's tables in its own folder.",
+    )
+    parser.add_argument("scenarios", type=Path, nargs="+", help="scenario YAML files")
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        help="results folder (default: results/compare, or the next free results/compare-N)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a field in every scenario, e.g. --set workload.num_requests=500",
+    )
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--overwrite", action="store_true", help="replace existing results")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=_compare)
+
+
+def _runs(paths: list[Path], overrides: list[str]) -> dict[str, tuple[Path, Scenario]]:
+    """label -> (folder under -o, scenario). A file is named by its stem (by its path when
+    two stems clash); its variants by file:variant, or by the variant alone for one file."""
+    stems = [p.stem for p in paths]
+    files = [p.stem if stems.count(p.stem) == 1 else str(p.with_suffix("")) for p in paths]
+    if len(set(files)) < len(files):
+        twice = next(f for f in files if files.count(f) > 1)
+        raise InfersimError(f"{twice}: the same scenario file is given twice")
+    runs: dict[str, tuple[Path, Scenario]] = {}
+    for path, file in zip(paths, files, strict=True):
+        scenario = Scenario.from_yaml(path, overrides)
+        for run in scenario.expand():
+            parts = ([file] if len(paths) > 1 else []) + ([run.name] if scenario.variants else [])
+            runs[":".join(parts)] = (Path(*parts), run)
+    if len(runs) < 2:
+        raise InfersimError(
+            "compare needs two or more runs: give several scenario files, or one with variants"
+        )
+    return runs
+
+
+def throughput_cost_figure(results: Mapping[str, Results]) -> Figure:
+    """Output tokens/s over simulated time overlaid, then each run's mean output tokens/s
+    and $ per 1M output tokens as bars."""
+    fig = Figure(figsize=(11, 8), layout="constrained")
+    axes = fig.subplot_mosaic([["time", "time"], ["tokens", "cost"]])
+    for name, result in results.items():
+        ts = result.timeseries
+        if not ts.empty:
+            edges = np.append(ts["t_start"].to_numpy(), ts["t_end"].to_numpy()[-1:])
+            axes["time"].stairs(ts["output_tokens_per_s"].to_numpy(), edges, label=name,
+                                baseline=None)  # fmt: skip
+    axes["time"].set(title="output tokens/s", xlabel="simulated time (s)")
+    axes["time"].legend(fontsize="small")
+    table = compare_table(results)
+    names = [str(n) for n in table.index]
+    for key, column, title in (
+        ("tokens", "out tok/s", "output tokens/s (run mean)"),
+        ("cost", "$/1M out tok", "$ per 1M output tokens"),
+    ):
+        axes[key].barh(names, table[column].astype(float).fillna(0), color="C0")
+        axes[key].invert_yaxis()
+        axes[key].set_title(title)
+    for ax in axes.values():
+        ax.grid(alpha=0.3)
+    return fig
+
+
+def _compare(args: argparse.Namespace) -> int:
+    runs = _runs(args.scenarios, args.overrides)
+    outdir = args.output or free_results_dir("compare")
+    if not args.overwrite and outdir.exists() and any(outdir.iterdir()):
+        raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
+    for label, (_, scenario) in runs.items():
+        try:  # a run that cannot fit stops the comparison before any simulation
+            build_replica(scenario)
+        except InfersimError as exc:
+            raise InfersimError(f"{label}: {exc}") from None
+    results: dict[str, Results] = {}
+    written: list[Path] = []
+    for label, (folder, scenario) in runs.items():
+        results[label] = simulate(scenario, progress=not args.quiet)
+        written += results[label].write(
+            outdir / folder, plots=False if args.no_plots else None, overwrite=args.overwrite
+        )
+    print(compare_table(results).to_string(float_format=lambda x: f"{x:,.3g}"))
+    written += write_comparison(results, outdir, plots=not args.no_plots)
+    if not args.no_plots:
+        path = outdir / PLOT_FILE
+        throughput_cost_figure(results).savefig(path, dpi=110)
+        written.append(path)
+    print(f"\nwrote {len(written)} files to {outdir}/", file=sys.stderr)
+    return 0

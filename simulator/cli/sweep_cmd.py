@@ -1,0 +1,126 @@
+"""`infersim sweep`: run a scenario's sweep grid in parallel, print and write one table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from hardware_models.errors import InfersimError
+from simulator.cli.run_cmd import free_results_dir
+from simulator.scenario import Scenario
+from simulator.sweep import PER_USD, sweep
+
+# Columns printed at the end (all of them are in sweep.parquet), with short headers.
+_SHOWN = {
+    "status": "status",
+    "output_tokens_per_s": "out tok/s",
+    "ttft_p99_ms": "TTFT p99 ms",
+    "tpot_p99_ms": "TPOT p99 ms",
+    "goodput_fraction": "goodput",
+    "usd_per_million_output_tokens": "$/1M out tok",
+    PER_USD: "tok/s per $/h",
+    "overloaded": "overloaded",
+}
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1 (got {value})")
+    return value
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "sweep",
+        help="run a scenario over every combination of its sweep.grid",
+        description="Run every point of the scenario's sweep.grid (for each variant) in "
+        "parallel; write points/<id>.json as each finishes, then sweep.parquet and plots.",
+    )
+    parser.add_argument("scenario", type=Path, help="scenario YAML with a sweep.grid")
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        help="results folder (default: results/<name>, or the next free results/<name>-N; "
+        "with --resume, results/<name>)",
+    )
+    parser.add_argument(
+        "--workers", type=_positive, help="local worker processes (default: one per CPU)"
+    )
+    parser.add_argument(
+        "--dask-scheduler",
+        metavar="tcp://host:port",
+        help="run the points on this Dask cluster instead of local processes",
+    )
+    parser.add_argument(
+        "--resume", action="store_true", help="keep finished points in -o, run the rest"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace existing results")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a scenario field for every point (repeatable)",
+    )
+    parser.add_argument("--csv", action="store_true", help="also write sweep.csv")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=_sweep)
+
+
+def _connect(address: str):
+    try:
+        from distributed import Client
+    except ImportError:
+        raise InfersimError(
+            "--dask-scheduler needs the distributed package: pip install 'infersim[dask]'"
+        ) from None
+    try:
+        return Client(address)
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise InfersimError(f"--dask-scheduler {address}: cannot connect ({exc})") from None
+
+
+def format_table(table: pd.DataFrame) -> str:
+    shown = table.set_index("name")[list(_SHOWN)].rename(columns=_SHOWN)
+    shown.index.name = None
+    return shown.to_string(float_format=lambda x: f"{x:,.4g}", na_rep="-")
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    if args.workers is not None and args.dask_scheduler:
+        raise InfersimError("--workers and --dask-scheduler exclude each other")
+    overrides = list(args.overrides)
+    overrides += ["output.csv=true"] if args.csv else []
+    overrides += ["output.plots=false"] if args.no_plots else []
+    scenario = Scenario.from_yaml(args.scenario, overrides)
+    outdir = args.output or (
+        Path("results") / scenario.name if args.resume else free_results_dir(scenario.name)
+    )
+    options = {
+        "outdir": outdir,
+        "resume": args.resume,
+        "overwrite": args.overwrite,
+        "progress": not args.quiet,
+    }
+    if args.dask_scheduler:
+        with _connect(args.dask_scheduler) as client:
+            table = sweep(scenario, client=client, **options)
+    else:
+        table = sweep(scenario, workers=args.workers, **options)
+    print(format_table(table))
+    bad = table[table["status"] != "ok"]
+    for row in bad.itertuples():
+        print(f"{row.status}: {row.name}: {row.error}")
+    ok = len(table) - len(bad)
+    print(f"\n{ok} of {len(table)} points ok; wrote {outdir}/sweep.parquet", file=sys.stderr)
+    if (bad["status"] == "lost").any():
+        print("workers were lost: rerun with --resume to run those points", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,497 @@
+"""Sweeps: one scenario run over every combination of its `sweep.grid`, in parallel, each
+point reduced to one row of headline numbers.
+
+Points run on local processes (a ProcessPoolExecutor) or on a Dask cluster (a
+`distributed.Client`). A worker receives a plain scenario dict and sends back the summary
+dict, never DataFrames, so a point costs kilobytes to ship. Each finished point is written
+at once to <outdir>/points/<id>.json (atomically), so an interrupted sweep loses nothing and
+`resume` runs only the points without a file. A point that raises (the model does not
+fit, ...) is a row with status 'failed' and its one-line error, and the others carry on; a
+point whose worker was lost is a row with status 'lost' and no file, so `resume` reruns it.
+Every point uses the scenario's seed: its summary is the same whichever worker runs it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import multiprocessing
+import os
+import sys
+import time
+import traceback
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from pydantic import ValidationError
+from tqdm import tqdm
+
+from hardware_models.errors import InfersimError
+from simulator.scenario import Scenario, SLOSection, describe_errors, set_path
+from simulator.simulation import simulate
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+RATE_AXIS = "workload.arrivals.rate_per_s"
+PLOT_FILES = ("sweep_latency.png", "sweep_throughput.png")
+_UNSWEPT = ("name", "sweep", "variants", "base_dir")
+# Fields that do not change a point's numbers: left out when resume checks a point file.
+_NOT_RESULTS = ("name", "description", "output", "base_dir")
+# fork is unsafe once threads run (a Dask client, a notebook kernel); forkserver is what
+# Python 3.14 picks on Linux, spawn is the default elsewhere.
+_START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+_LATENCIES = ("ttft", "tpot", "itl", "e2e")
+# (column, path into the summary, scale): latencies in ms.
+METRICS: tuple[tuple[str, tuple[str, ...], float], ...] = (
+    ("completed", ("counts", "completed"), 1),
+    ("requests_per_s", ("throughput", "requests_per_s"), 1),
+    ("output_tokens_per_s", ("throughput", "output_tokens_per_s"), 1),
+    *(
+        (f"{name}_{p}_ms", ("latency", name, p), 1000)
+        for name in _LATENCIES
+        for p in ("p50", "p90", "p99")
+    ),
+    ("goodput_fraction", ("goodput", "fraction"), 1),
+    ("preemptions", ("kv", "preemptions"), 1),
+    ("kv_max_utilisation", ("kv", "max_utilisation"), 1),
+    ("mfu", ("utilisation", "mfu"), 1),
+    ("mbu", ("utilisation", "mbu"), 1),
+    ("usd_per_hour", ("cost", "usd_per_hour"), 1),
+    ("usd_per_million_output_tokens", ("cost", "usd_per_million_output_tokens"), 1),
+    ("joules_per_output_token", ("energy", "joules_per_output_token"), 1),
+)
+_COUNTS = ("completed", "preemptions")
+PER_USD = "output_tokens_per_s_per_usd_hour"
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One combination of grid values (on one variant): `data` is the validated scenario
+    as the dict a worker receives; `id` hashes only the variant and the values, so it names
+    the same point across reruns."""
+
+    id: str
+    name: str
+    variant: str | None
+    values: dict[str, Any]
+    data: dict[str, Any]
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        """What a point file must match to be reused by resume."""
+        return {k: v for k, v in self.data.items() if k not in _NOT_RESULTS}
+
+
+# ---- the grid -------------------------------------------------------------------------------
+def expand_grid(scenario: Scenario) -> list[SweepPoint]:
+    """Every combination of sweep.grid, for each variant when there are variants. Each point
+    is validated now, so a bad key or value stops the sweep before any point runs."""
+    where = scenario.name
+    if scenario.sweep is None:
+        raise InfersimError(
+            f"{where}: no sweep.grid to run; add sweep: {{grid: {{field.path: [values]}}}}"
+        )
+    grid = scenario.sweep.grid
+    for key, values in grid.items():
+        root = key.split(".")[0]
+        if root in _UNSWEPT:
+            raise InfersimError(f"{where}: sweep.grid.{key}: {root} cannot be swept")
+        if not values:
+            raise InfersimError(f"{where}: sweep.grid.{key}: needs at least one value")
+        if twice := [v for i, v in enumerate(values) if v in values[:i]]:
+            raise InfersimError(f"{where}: sweep.grid.{key}: {twice[0]!r} appears twice")
+    short = _short_names(list(grid))
+    return [
+        _point(base, base.name if scenario.variants else None, values, short)
+        for base in scenario.expand()
+        for values in (dict(zip(grid, c, strict=True)) for c in itertools.product(*grid.values()))
+    ]
+
+
+def _short_names(keys: list[str]) -> dict[str, str]:
+    """The last path component names an axis, unless two axes share it."""
+    last = [k.rsplit(".", 1)[-1] for k in keys]
+    return {k: s if last.count(s) == 1 else k for k, s in zip(keys, last, strict=True)}
+
+
+def _text(value: Any) -> str:
+    return str(value) if isinstance(value, str | int | float | bool) else json.dumps(value)
+
+
+def _point(
+    base: Scenario, variant: str | None, values: dict[str, Any], short: dict[str, str]
+) -> SweepPoint:
+    label = " ".join(f"{short[k]}={_text(v)}" for k, v in values.items())
+    name = f"{variant}: {label}" if variant else label
+    data = base.model_dump(mode="json", exclude={"variants", "sweep"})
+    data |= {"base_dir": base.base_dir, "name": name}
+    data["output"] = {**data["output"], "progress": False}
+    for key, value in values.items():
+        set_path(data, key, value, f"{base.name}: sweep.grid.{key}")
+    try:
+        Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise InfersimError(_grid_error(exc, values, name, base.name)) from None
+    identity = json.dumps({"variant": variant, "values": values}, sort_keys=True, default=str)
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
+    return SweepPoint(digest, name, variant, values, data)
+
+
+def _blame(key: str, loc: tuple) -> int:
+    """How much of a grid key an error location covers (union tags and indices skipped)."""
+    parts = key.split(".")
+    path = [str(p) for p in loc if str(p) in parts]
+    return len(path) if path == parts[: len(path)] else 0
+
+
+def _grid_error(exc: ValidationError, values: Mapping[str, Any], name: str, where: str) -> str:
+    message = describe_errors(exc, Scenario)
+    score, key = max((_blame(k, e["loc"]), k) for e in exc.errors() for k in values)
+    if score == 0:
+        return f"{where}: sweep point {name!r}: {message}"
+    return f"{where}: sweep.grid.{key}: {message.removeprefix(f'{key}: ')}"
+
+
+# ---- one point, in a worker -----------------------------------------------------------------
+def run_point(data: dict[str, Any]) -> dict[str, Any]:
+    """Simulate one point wherever it is sent. Never raises: any exception becomes a failed
+    outcome, so one bad point costs one row, not the sweep."""
+    started = time.perf_counter()
+    try:
+        summary = simulate(Scenario.model_validate(data), progress=False).summary()
+    except Exception as exc:
+        return _failure("failed", exc, time.perf_counter() - started)
+    run = {k: v for k, v in summary["run"].items() if k != "wall"}  # the only varying part
+    return {
+        "status": "ok",
+        "error": None,
+        "detail": None,
+        "wall_s": time.perf_counter() - started,
+        "summary": {**summary, "run": run},
+    }
+
+
+def _failure(status: str, exc: BaseException, wall_s: float | None) -> dict[str, Any]:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    if isinstance(exc, InfersimError):
+        error, detail = first, text
+    else:
+        error = f"{type(exc).__name__}: {first}".rstrip(": ")
+        detail = "".join(traceback.format_exception(exc))
+    return {"status": status, "error": error, "detail": detail, "wall_s": wall_s, "summary": None}
+
+
+def _outcome(future: Any) -> dict[str, Any]:
+    """run_point never raises, so an exception here means the worker itself was lost."""
+    try:
+        return future.result()
+    except Exception as exc:
+        return _failure("lost", exc, None)
+
+
+# ---- executors ------------------------------------------------------------------------------
+def _local(points: Sequence[SweepPoint], workers: int) -> Iterator[tuple[SweepPoint, dict]]:
+    if not points:
+        return
+    pool = ProcessPoolExecutor(
+        max_workers=min(workers, len(points)),
+        mp_context=multiprocessing.get_context(_START_METHOD),
+    )
+    futures: dict[Future, SweepPoint] = {pool.submit(run_point, p.data): p for p in points}
+    try:
+        for future in as_completed(futures):
+            yield futures[future], _outcome(future)
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+def _dask(points: Sequence[SweepPoint], client: Client) -> Iterator[tuple[SweepPoint, dict]]:
+    from distributed import as_completed as dask_completed
+
+    if not points:
+        return
+    futures = client.map(run_point, [p.data for p in points])
+    by_key = {f.key: p for f, p in zip(futures, points, strict=True)}
+    try:
+        for future in dask_completed(futures):
+            yield by_key[future.key], _outcome(future)
+    finally:
+        client.cancel(futures)
+
+
+# ---- point files ----------------------------------------------------------------------------
+def _point_file(outdir: Path, point_id: str) -> Path:
+    return outdir / "points" / f"{point_id}.json"
+
+
+def _write_point(outdir: Path, record: Mapping[str, Any]) -> None:
+    """Write then rename, so a sweep killed mid-write leaves no half file for resume."""
+    path = _point_file(outdir, record["id"])
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(record, sort_keys=True, indent=2, allow_nan=False) + "\n")
+    partial.replace(path)
+
+
+def _first_difference(a: Any, b: Any, prefix: str = "") -> str | None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(a.keys() | b.keys()):
+            if found := _first_difference(a.get(key), b.get(key), f"{prefix}{key}."):
+                return found
+        return None
+    return None if a == b else prefix.rstrip(".") or "(top level)"
+
+
+def _load_done(outdir: Path, points: Iterable[SweepPoint]) -> dict[str, dict[str, Any]]:
+    """Point files of this grid written earlier; one written for another scenario is an
+    error, not a silent mix of two sweeps."""
+    done = {}
+    for point in points:
+        path = _point_file(outdir, point.id)
+        if not path.is_file():
+            continue
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise InfersimError(f"{path}: unreadable point file ({exc}); delete it") from None
+        if (changed := _first_difference(record.get("scenario"), point.fingerprint)) is not None:
+            raise InfersimError(
+                f"{path} was written for a different scenario ({changed} differs); "
+                "pass --overwrite or another -o"
+            )
+        done[point.id] = record
+    return done
+
+
+def _prepare(outdir: Path, *, resume: bool, overwrite: bool) -> None:
+    """Same rule as `run`: existing results are replaced only when asked to."""
+    if resume and overwrite:
+        raise InfersimError("resume and overwrite exclude each other")
+    if outdir.exists() and not outdir.is_dir():
+        raise InfersimError(f"{outdir} exists and is not a directory; choose another -o")
+    points = outdir / "points"
+    if outdir.is_dir() and any(outdir.iterdir()):
+        if resume and not points.is_dir():
+            raise InfersimError(f"{outdir} holds no sweep points to resume; choose another -o")
+        if not resume and not overwrite:
+            raise InfersimError(
+                f"{outdir} already has results; pass --overwrite, --resume or another -o"
+            )
+        if overwrite:  # remove only what a sweep writes
+            for path in points.glob("*") if points.is_dir() else ():
+                path.unlink()
+            for name in ("sweep.parquet", "sweep.csv", *PLOT_FILES):
+                (outdir / name).unlink(missing_ok=True)
+    points.mkdir(parents=True, exist_ok=True)
+
+
+# ---- the table ------------------------------------------------------------------------------
+def _get(summary: Mapping[str, Any] | None, path: tuple[str, ...]) -> Any:
+    node: Any = summary
+    for key in path:
+        if not isinstance(node, Mapping) or node.get(key) is None:
+            return None
+        node = node[key]
+    return node
+
+
+def _cell(value: Any) -> Any:
+    """Grid values as table cells: scalars as they are, lists and mappings as JSON."""
+    return value if value is None or isinstance(value, str | int | float | bool) else _text(value)
+
+
+def sweep_table(points: Sequence[SweepPoint], records: Mapping[str, Mapping]) -> pd.DataFrame:
+    """One row per point, in grid order: grid values, status, error, headline metrics."""
+    rows = []
+    for point in points:
+        record = records[point.id]
+        summary = record.get("summary")
+        row: dict[str, Any] = {"point": point.id, "name": point.name}
+        if point.variant is not None:
+            row["variant"] = point.variant
+        row |= {key: _cell(value) for key, value in point.values.items()}
+        row |= {"status": record["status"], "error": record["error"]}
+        for column, path, scale in METRICS:
+            value = _get(summary, path)
+            row[column] = None if value is None else value * scale
+        tokens, usd = row["output_tokens_per_s"], row["usd_per_hour"]
+        row[PER_USD] = tokens / usd if tokens is not None and usd else None
+        row["overloaded"] = _get(summary, ("overloaded",))
+        row["wall_s"] = record.get("wall_s")
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    floats = [c for c, _, _ in METRICS if c not in _COUNTS] + [PER_USD, "wall_s"]
+    table[floats] = table[floats].astype(float)
+    table[list(_COUNTS)] = table[list(_COUNTS)].astype("Int64")
+    table["overloaded"] = table["overloaded"].astype("boolean")
+    return table
+
+
+# ---- plots ----------------------------------------------------------------------------------
+def sweep_axes(scenario: Scenario) -> list[str]:
+    """The table columns a sweep varies: the variant, when there are variants, and the grid
+    keys."""
+    grid = scenario.sweep.grid if scenario.sweep is not None else {}
+    return (["variant"] if scenario.variants else []) + list(grid)
+
+
+def load_axis(table: pd.DataFrame, axes: Sequence[str]) -> str | None:
+    """The rate-like axis plots put on x: the arrival rate, else the first numeric axis."""
+    if RATE_AXIS in axes:
+        return RATE_AXIS
+    for axis in axes:
+        column = table[axis]
+        if pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column):
+            return axis
+    return None
+
+
+def _configurations(
+    table: pd.DataFrame, axes: Sequence[str]
+) -> tuple[str, list[tuple[str, pd.DataFrame]]]:
+    """The x column and, per configuration of the other axes, its successful points."""
+    ok = table[table["status"] == "ok"]
+    load = load_axis(table, axes)
+    if load is None:
+        return "name", [("", ok)]
+    others = [a for a in axes if a != load]
+    if not others:
+        return load, [("", ok.sort_values(load))]
+    short = _short_names(others)
+    groups = ok.groupby(others, sort=False, dropna=False)
+    return load, [
+        (" ".join(f"{short[a]}={v}" for a, v in zip(others, key, strict=True)), g.sort_values(load))
+        for key, g in groups
+    ]
+
+
+def _draw(ax: Axes, x: str, groups: list[tuple[str, pd.DataFrame]], column: str) -> None:
+    """One line per configuration; overloaded points crossed out; log y over wide spans."""
+    marked = False
+    for label, frame in groups:
+        ax.plot(frame[x], frame[column], marker="o", ls="none" if x == "name" else "-",
+                label=label or None)  # fmt: skip
+        over = frame[frame["overloaded"].fillna(False).astype(bool)]
+        ax.plot(over[x], over[column], ls="none", marker="x", color="black", ms=10)
+        marked |= not over.empty
+    if marked:
+        ax.plot([], [], ls="none", marker="x", color="black", label="overloaded")
+    values = pd.concat([g[column] for _, g in groups]).dropna()
+    positive = values[values > 0]
+    if len(positive) and positive.max() > 30 * positive.min():
+        ax.set_yscale("log")
+    ax.set_xlabel(x)
+    if x == "name":
+        ax.tick_params(axis="x", labelrotation=30)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+
+
+def latency_figure(
+    table: pd.DataFrame, axes: Sequence[str], slo: SLOSection | None = None
+) -> Figure:
+    """p99 TTFT and p99 TPOT against load, one line per configuration: where each knees."""
+    x, groups = _configurations(table, axes)
+    fig = Figure(figsize=(12, 5), layout="constrained")
+    ttft, tpot = fig.subplots(1, 2)
+    for ax, column, title, bound in (
+        (ttft, "ttft_p99_ms", "p99 TTFT (ms)", slo and slo.ttft_ms),
+        (tpot, "tpot_p99_ms", "p99 TPOT (ms)", slo and slo.tpot_ms),
+    ):
+        if bound:
+            ax.axhline(bound, color="C3", ls="--", lw=1, label=f"SLO {bound:g} ms")
+        _draw(ax, x, groups, column)
+        ax.set_title(title)
+    return fig
+
+
+def throughput_figure(table: pd.DataFrame, axes: Sequence[str]) -> Figure:
+    """Output tokens/s and output tokens/s per $/h against load, per configuration."""
+    x, groups = _configurations(table, axes)
+    fig = Figure(figsize=(12, 5), layout="constrained")
+    tokens, per_usd = fig.subplots(1, 2)
+    _draw(tokens, x, groups, "output_tokens_per_s")
+    tokens.set_title("output tokens/s")
+    _draw(per_usd, x, groups, PER_USD)
+    per_usd.set_title("output tokens/s per $/h")
+    return fig
+
+
+def _write_outputs(
+    table: pd.DataFrame, outdir: Path, scenario: Scenario, axes: Sequence[str]
+) -> None:
+    table.to_parquet(outdir / "sweep.parquet", index=False)
+    if scenario.output.csv:
+        table.to_csv(outdir / "sweep.csv", index=False)
+    if scenario.output.plots and (table["status"] == "ok").any():
+        figures = (latency_figure(table, axes, scenario.slo), throughput_figure(table, axes))
+        for name, figure in zip(PLOT_FILES, figures, strict=True):
+            figure.savefig(outdir / name, dpi=110)
+
+
+# ---- the sweep ------------------------------------------------------------------------------
+def sweep(
+    scenario: Scenario,
+    *,
+    client: Client | None = None,
+    workers: int | None = None,
+    outdir: str | Path | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Run every point of the scenario's sweep grid and return one row per point.
+
+    Points run on `workers` local processes (default: one per CPU), or on the Dask cluster
+    of `client`, whose workers must have infersim installed and see the files the scenario
+    names. With `outdir`, each point is written as it finishes, then sweep.parquet and the
+    plots; `resume` reuses the point files already there. The progress bar shows only on a
+    terminal.
+    """
+    if client is not None and workers is not None:
+        raise InfersimError("workers: give a worker count or a Dask client, not both")
+    if workers is not None and workers < 1:
+        raise InfersimError(f"workers: expected at least 1 (got {workers})")
+    points = expand_grid(scenario)
+    records: dict[str, dict[str, Any]] = {}
+    if outdir is not None:
+        outdir = Path(outdir)
+        _prepare(outdir, resume=resume, overwrite=overwrite)
+        records = _load_done(outdir, points)
+    elif resume:
+        raise InfersimError("resume: needs the outdir of the sweep to continue")
+    pending = [p for p in points if p.id not in records]
+    results = (
+        _dask(pending, client)
+        if client is not None
+        else _local(pending, workers or os.cpu_count() or 1)
+    )
+    show = progress and sys.stderr.isatty()
+    with tqdm(total=len(points), initial=len(records), desc=scenario.name, unit="point",
+              disable=not show, leave=False) as bar:  # fmt: skip
+        for point, outcome in results:
+            record = {
+                "id": point.id,
+                "name": point.name,
+                "variant": point.variant,
+                "values": point.values,
+                "scenario": point.fingerprint,
+                **outcome,
+            }
+            if outdir is not None and outcome["status"] != "lost":
+                _write_point(outdir, record)
+            records[point.id] = record
+            bar.update()
+    table = sweep_table(points, records)
+    if outdir is not None:
+        _write_outputs(table, outdir, scenario, sweep_axes(scenario))
+    return table
