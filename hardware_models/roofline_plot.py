@@ -13,13 +13,11 @@ from hardware_models.op_cost import OpCost
 
 def plot_roofline(gpu: AcceleratorSpec, costs: Sequence[OpCost] = (), ax=None):
     """Return a matplotlib Figure: attainable FLOP/s against arithmetic intensity."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     if ax is None:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        fig = Figure(figsize=(7, 4.5))
+        ax = fig.subplots()
     else:
         fig = ax.figure
     intensity = np.logspace(-2, 5, 400)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from simulator.engine.step_cost import StepBound
+from simulator.display import summary_html
 from simulator.metrics import summarize, summary_table, timeseries, write_run
 from simulator.metrics.context import RunContext
 
@@ -116,4 +117,4 @@ class Results:
         return self.summary_table()
 
     def _repr_html_(self) -> str:
-        return f"<pre>{self.summary_table()}</pre>"
+        return summary_html(self.summary())

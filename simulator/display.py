@@ -1,0 +1,104 @@
+"""A run's summary as HTML, so a notebook shows `Results` as tables rather than as text.
+
+The numbers and their formatting are the terminal table's (`simulator.metrics.summary`),
+so a run reads the same in a terminal and in Jupyter; only the layout differs: headline
+figures on the left, the latency percentiles as a real table on the right.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from html import escape
+from typing import Any
+
+from simulator.metrics.summary import PERCENTILES, _ms, _num, _pct, _slo_text, _usd
+
+_LATENCY_ROWS = ("ttft", "tpot", "itl", "e2e", "queueing")
+_LATENCY_COLS = ("mean", *(f"p{q}" for q in PERCENTILES), "max")
+
+
+def _row(cells: list[str], tag: str = "td") -> str:
+    """A table row: the label cell left-aligned, numbers right-aligned (Jupyter's default)."""
+    label, *numbers = cells
+    rest = "".join(f"<{tag}>{cell}</{tag}>" for cell in numbers)
+    return f'<tr><{tag} style="text-align:left">{label}</{tag}>{rest}</tr>'
+
+
+def _headline(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
+    c, t, g = summary["counts"], summary["throughput"], summary["goodput"]
+    u, kv, cost, e = summary["utilisation"], summary["kv"], summary["cost"], summary["energy"]
+    return [
+        ("arrived / completed", f"{c['arrived']:,} / {c['completed']:,}"),
+        ("rejected / failed", f"{c['rejected']:,} / {c['failed']:,}"),
+        ("in flight (queued, running)",
+         f"{c['in_flight']:,} ({c['in_flight_queued']:,}, {c['in_flight_running']:,})"),
+        ("throughput", f"{_num(t['requests_per_s'], ',.2f')} req/s"),
+        ("tokens/s in / out",
+         f"{_num(t['input_tokens_per_s'], ',.0f')} / {_num(t['output_tokens_per_s'], ',.0f')}"),
+        (f"goodput ({_slo_text(g['slo'])})",
+         f"{_pct(g['fraction'])}, {_num(g['goodput_requests_per_s'], ',.2f')} req/s"),
+        ("busy / MFU / MBU",
+         f"{_pct(u['gpu_busy_fraction'])} / {_pct(u['mfu'])} / {_pct(u['mbu'])}"),
+        ("KV mean / max", f"{_pct(kv['mean_utilisation'])} / {_pct(kv['max_utilisation'])}"),
+        ("preemptions", f"{kv['preemptions']:,} ({kv['requests_preempted']:,} requests)"),
+        ("cost", f"{_usd(cost['usd_per_hour'])}/h, run {_usd(cost['usd_total'])}"),
+        ("$ per request", _usd(cost["usd_per_request"])),
+        ("$ per 1M output tokens", _usd(cost["usd_per_million_output_tokens"])),
+        ("energy", f"{_num(e['energy_kwh'], ',.3f')} kWh, "
+                   f"{_num(e['joules_per_output_token'], ',.3g')} J/output token"),
+    ]  # fmt: skip
+
+
+def _breakdowns(summary: Mapping[str, Any]) -> list[str]:
+    """Rows per priority class and per pool, when the run has several."""
+    rows = []
+    classes = summary.get("priority_classes", {})
+    if classes:
+        rows.append(_row(["class", "arrived", "completed", "meets SLO",
+                          "TTFT p99 ms", "TPOT p99 ms", "E2E p99 ms"], "th"))  # fmt: skip
+    for name, c in classes.items():
+        rows.append(_row([escape(name), f"{c['arrived']:,}", f"{c['completed']:,}",
+                          _pct(c["slo_fraction"]), _ms(c["ttft"]["p99"]),
+                          _ms(c["tpot"]["p99"]), _ms(c["e2e"]["p99"])]))  # fmt: skip
+    pools = summary.get("per_pool", {})
+    if pools:
+        rows.append(_row(["pool", "replicas", "GPUs", "completed", "req/s", "out tok/s",
+                          "busy"], "th"))  # fmt: skip
+    for name, p in pools.items():
+        rows.append(_row([f"{escape(name)} ({escape(p['gpu'])})", str(p["replicas"]),
+                          str(p["gpus"]), f"{p['completed']:,}",
+                          _num(p["requests_per_s"], ",.2f"),
+                          _num(p["output_tokens_per_s"], ",.0f"),
+                          _pct(p["busy_fraction"])]))  # fmt: skip
+    return rows
+
+
+def summary_html(summary: Mapping[str, Any]) -> str:
+    """HTML for `Results._repr_html_`: a caption, an overload warning when there is one,
+    the headline figures, the latency percentiles (ms), and the priority classes and
+    pools when there are several."""
+    run = summary["run"]
+    caption = (
+        f"<b>{escape(str(run['scenario']))}</b> seed {run['seed']}, "
+        f"{run['duration_s']:,.1f} s simulated, {run['gpus']} x "
+        f"{escape('/'.join(run['gpu_types']))} in {run['replicas']} replica(s)"
+    )
+    parts = [f"<p>{caption}</p>"]
+    if summary["overloaded"]:
+        reason = escape(str(summary["overload_reason"]))
+        parts.append(f'<p style="color:#b00020"><b>Overloaded:</b> {reason}</p>')
+    headline = "".join(_row([escape(k), escape(v)]) for k, v in _headline(summary))
+    latency = summary["latency"]
+    lat_rows = [_row(["ms", *_LATENCY_COLS, "n"], "th")]
+    lat_rows += [
+        _row([name.upper(), *(_ms(latency[name][col]) for col in _LATENCY_COLS),
+              f"{latency[name]['count']:,}"])
+        for name in _LATENCY_ROWS
+    ]  # fmt: skip
+    parts.append(
+        '<div style="display:flex;gap:2em;align-items:flex-start">'
+        f"<table>{headline}</table><table>{''.join(lat_rows)}</table></div>"
+    )
+    if breakdowns := _breakdowns(summary):
+        parts.append(f"<table>{''.join(breakdowns)}</table>")
+    return "\n".join(parts)
