@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from simulator.engine.step_cost import StepBound
 from simulator.display import summary_html
+from simulator.engine.step_cost import StepBound
 from simulator.metrics import summarize, summary_table, timeseries, write_run
 from simulator.metrics.context import RunContext
 
