@@ -110,7 +110,7 @@ def expand_grid(scenario: Scenario) -> list[SweepPoint]:
             raise InfersimError(f"{where}: sweep.grid.{key}: {twice[0]!r} appears twice")
     short = _short_names(list(grid))
     return [
-        _point(base, base.name if scenario.variants else None, values, short)
+        _point(base, base.name if scenario.variants else None, values, short, where)
         for base in scenario.expand()
         for values in (dict(zip(grid, c, strict=True)) for c in itertools.product(*grid.values()))
     ]
@@ -127,7 +127,7 @@ def _text(value: Any) -> str:
 
 
 def _point(
-    base: Scenario, variant: str | None, values: dict[str, Any], short: dict[str, str]
+    base: Scenario, variant: str | None, values: dict[str, Any], short: dict[str, str], where: str
 ) -> SweepPoint:
     label = " ".join(f"{short[k]}={_text(v)}" for k, v in values.items())
     name = f"{variant}: {label}" if variant else label
@@ -135,11 +135,11 @@ def _point(
     data |= {"base_dir": base.base_dir, "name": name}
     data["output"] = {**data["output"], "progress": False}
     for key, value in values.items():
-        set_path(data, key, value, f"{base.name}: sweep.grid.{key}")
+        set_path(data, key, value, f"{where}: sweep.grid.{key}")
     try:
         Scenario.model_validate(data)
     except ValidationError as exc:
-        raise InfersimError(_grid_error(exc, values, name, base.name)) from None
+        raise InfersimError(_grid_error(exc, values, name, where)) from None
     identity = json.dumps({"variant": variant, "values": values}, sort_keys=True, default=str)
     digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
     return SweepPoint(digest, name, variant, values, data)
@@ -210,6 +210,13 @@ def _local(points: Sequence[SweepPoint], workers: int) -> Iterator[tuple[SweepPo
     try:
         for future in as_completed(futures):
             yield futures[future], _outcome(future)
+    except BaseException:
+        # ^C, or the caller stopped: end the points in flight instead of waiting for them
+        # and for the ones already queued to each worker (Python 3.14 adds
+        # ProcessPoolExecutor.terminate_workers for this).
+        for process in list((pool._processes or {}).values()):
+            process.terminate()
+        raise
     finally:
         pool.shutdown(cancel_futures=True)
 

@@ -90,7 +90,8 @@ def throughput_cost_figure(results: Mapping[str, Results]) -> Figure:
         ("tokens", "out tok/s", "output tokens/s (run mean)"),
         ("cost", "$/1M out tok", "$ per 1M output tokens"),
     ):
-        axes[key].barh(names, table[column].astype(float).fillna(0), color="C0")
+        colors = [f"C{i % 10}" for i in range(len(names))]  # as the lines above
+        axes[key].barh(names, table[column].astype(float).fillna(0), color=colors)
         axes[key].invert_yaxis()
         axes[key].set_title(title)
     for ax in axes.values():

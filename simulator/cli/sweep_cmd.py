@@ -87,7 +87,7 @@ def _connect(address: str):
         raise InfersimError(f"--dask-scheduler {address}: cannot connect ({exc})") from None
 
 
-def format_table(table: pd.DataFrame) -> str:
+def _format_table(table: pd.DataFrame) -> str:
     shown = table.set_index("name")[list(_SHOWN)].rename(columns=_SHOWN)
     shown.index.name = None
     return shown.to_string(float_format=lambda x: f"{x:,.4g}", na_rep="-")
@@ -114,7 +114,7 @@ def _sweep(args: argparse.Namespace) -> int:
             table = sweep(scenario, client=client, **options)
     else:
         table = sweep(scenario, workers=args.workers, **options)
-    print(format_table(table))
+    print(_format_table(table))
     bad = table[table["status"] != "ok"]
     for row in bad.itertuples():
         print(f"{row.status}: {row.name}: {row.error}")

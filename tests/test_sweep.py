@@ -1,0 +1,264 @@
+"""Sweeps and comparisons: grid expansion, parallel runs that match in-process runs, failed
+points kept as rows, resume, overwrite refusal, a real Dask cluster, `infersim compare`."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import yaml
+
+from hardware_models.errors import InfersimError
+from simulator.cli.main import main
+from simulator.scenario import Scenario
+from simulator.sweep import PLOT_FILES, expand_grid, run_point, sweep
+from tests.conftest import scenario_dict
+
+GRID = {"workload.arrivals.rate_per_s": [2.0, 8.0], "serving.max_num_seqs": [4, 32]}
+
+
+def tiny(grid: dict[str, list] | None = None, **sections: Any) -> dict[str, Any]:
+    """The shared test scenario cut to 30 requests, with a sweep grid."""
+    data = scenario_dict(**sections)
+    data["workload"]["num_requests"] = 30
+    data["sweep"] = {"grid": grid or GRID}
+    return data
+
+
+def write(tmp_path: Path, data: dict, name: str = "s.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def point_files(outdir: Path) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in (outdir / "points").glob("*.json")}
+
+
+def in_process(data: dict[str, Any]) -> dict[str, Any]:
+    outcome = run_point(data)
+    assert outcome["status"] == "ok", outcome["error"]
+    return outcome["summary"]
+
+
+# ---- the grid -------------------------------------------------------------------------------
+def test_grid_is_the_cartesian_product_with_stable_ids_and_names():
+    points = expand_grid(Scenario.from_dict(tiny()))
+    assert [p.name for p in points] == [
+        "rate_per_s=2.0 max_num_seqs=4",
+        "rate_per_s=2.0 max_num_seqs=32",
+        "rate_per_s=8.0 max_num_seqs=4",
+        "rate_per_s=8.0 max_num_seqs=32",
+    ]
+    last = points[-1].data
+    assert last["workload"]["arrivals"]["rate_per_s"] == 8.0
+    assert last["serving"]["max_num_seqs"] == 32 and last["output"]["progress"] is False
+    assert "sweep" not in last and last["seed"] == 3
+    ids = [p.id for p in points]
+    assert len(set(ids)) == 4 and all(len(i) == 12 for i in ids)
+    # The id names the overrides: the same on a rerun and when the base scenario changes.
+    assert [p.id for p in expand_grid(Scenario.from_dict(tiny(seed=5)))] == ids
+
+
+def test_shipped_sweep_scenario_expands():
+    path = Path(__file__).resolve().parents[1] / "scenarios" / "sweep-rate-batch.yaml"
+    points = expand_grid(Scenario.from_yaml(path))
+    assert len(points) == 8 and points[0].data["model"]["name"] == "llama-3.1-8b"
+
+
+def test_variants_times_grid_and_ambiguous_axis_names():
+    grid = {"workload.prompt_tokens.high": [512, 1024], "workload.output_tokens.high": [64]}
+    data = tiny(grid, variants={"a": {}, "b": {"serving.max_num_seqs": 8}})
+    points = expand_grid(Scenario.from_dict(data))
+    assert [p.name for p in points] == [
+        "a: workload.prompt_tokens.high=512 workload.output_tokens.high=64",
+        "a: workload.prompt_tokens.high=1024 workload.output_tokens.high=64",
+        "b: workload.prompt_tokens.high=512 workload.output_tokens.high=64",
+        "b: workload.prompt_tokens.high=1024 workload.output_tokens.high=64",
+    ]
+    assert points[2].data["serving"]["max_num_seqs"] == 8
+    assert points[0].id != points[2].id  # same values, other variant
+
+
+@pytest.mark.parametrize(
+    ("grid", "needle"),
+    [
+        ({"serving.max_num_seq": [8]}, "sweep.grid.serving.max_num_seq: unknown key; did you mean"),
+        ({"serving.max_num_seqs": [8, 0]}, "sweep.grid.serving.max_num_seqs: "),
+        ({"workload.arrivals.rate_per_s": [-1]}, "sweep.grid.workload.arrivals.rate_per_s: "),
+        ({"serving.policy.x": [1]}, "sweep.grid.serving.policy.x: policy is not a section"),
+        ({"serving.max_num_seqs": []}, "sweep.grid.serving.max_num_seqs: needs at least one"),
+        ({"serving.max_num_seqs": [4, 4]}, "4 appears twice"),
+        ({"variants.a": [1]}, "sweep.grid.variants.a: variants cannot be swept"),
+    ],
+)
+def test_bad_grid_names_the_key_before_anything_runs(tmp_path, grid, needle):
+    with pytest.raises(InfersimError) as info:
+        sweep(Scenario.from_dict(tiny(grid)), workers=1, outdir=tmp_path / "out")
+    assert needle in str(info.value) and "\n" not in str(info.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_scenario_without_a_grid_is_refused():
+    data = tiny()
+    del data["sweep"]
+    with pytest.raises(InfersimError, match=r"no sweep\.grid"):
+        sweep(Scenario.from_dict(data))
+
+
+# ---- running --------------------------------------------------------------------------------
+def test_process_pool_gives_the_in_process_summaries(tmp_path):
+    scenario = Scenario.from_dict(tiny())
+    table = sweep(scenario, workers=2, outdir=tmp_path / "out")
+    points = expand_grid(scenario)
+    assert table["point"].tolist() == [p.id for p in points]  # grid order, not finish order
+    assert (table["status"] == "ok").all() and table["error"].isna().all()
+    files = point_files(tmp_path / "out")
+    for point in points:
+        assert files[point.id]["summary"] == in_process(point.data)
+    row = table.iloc[-1]
+    assert row["workload.arrivals.rate_per_s"] == 8.0 and row["serving.max_num_seqs"] == 32
+    assert row["completed"] == 30 and row["ttft_p99_ms"] > 0 and row["usd_per_hour"] > 0
+    per_usd = row["output_tokens_per_s"] / row["usd_per_hour"]
+    assert row["output_tokens_per_s_per_usd_hour"] == pytest.approx(per_usd)
+    assert pd.read_parquet(tmp_path / "out" / "sweep.parquet").equals(table)
+
+
+def test_an_infeasible_point_is_a_failed_row_and_the_others_run(tmp_path):
+    data = tiny({"model.name": ["llama-2-7b", "llama-2-70b"]}, hardware={"gpu": "a100-40gb-sxm"})
+    table = sweep(Scenario.from_dict(data), workers=2, outdir=tmp_path / "out")
+    ok, failed = table.iloc[0], table.iloc[1]
+    assert ok["status"] == "ok" and ok["completed"] == 30
+    assert failed["status"] == "failed" and pd.isna(failed["completed"])
+    assert "llama-2-70b" in failed["error"] and "does not fit" in failed["error"]
+    assert "\n" not in failed["error"]
+    assert point_files(tmp_path / "out")[failed["point"]]["status"] == "failed"
+
+
+def test_resume_runs_only_the_missing_points(tmp_path):
+    scenario = Scenario.from_dict(tiny())
+    out = tmp_path / "out"
+    first = sweep(scenario, workers=2, outdir=out)
+    files = sorted((out / "points").glob("*.json"))
+    mtimes = {p: p.stat().st_mtime_ns for p in files}
+    files[0].unlink()  # as if the sweep had been interrupted before this point finished
+    time.sleep(0.01)
+    resumed = sweep(scenario, workers=2, outdir=out, resume=True)
+    assert files[0].is_file()
+    assert all(p.stat().st_mtime_ns == mtimes[p] for p in files[1:])
+    columns = ["wall_s"]  # the rerun point took its own wall time
+    pd.testing.assert_frame_equal(first.drop(columns=columns), resumed.drop(columns=columns))
+    changed = Scenario.from_dict(tiny(seed=4))
+    with pytest.raises(InfersimError, match=r"different scenario \(seed differs\)"):
+        sweep(changed, workers=1, outdir=out, resume=True)
+
+
+def test_a_lost_worker_is_reported_and_resume_reruns_its_point(tmp_path, monkeypatch):
+    from simulator import sweep as module
+
+    real_local = module._local
+
+    def lose_the_first(points, workers):
+        yield points[0], module._failure("lost", BrokenProcessPool("worker died"), None)
+        yield from ((p, run_point(p.data)) for p in points[1:])
+
+    scenario = Scenario.from_dict(tiny())
+    out = tmp_path / "out"
+    monkeypatch.setattr(module, "_local", lose_the_first)
+    table = sweep(scenario, workers=1, outdir=out)
+    assert table["status"].tolist() == ["lost", "ok", "ok", "ok"]
+    assert table["error"][0] == "BrokenProcessPool: worker died"
+    assert table["point"][0] not in point_files(out)  # no file: resume runs it again
+    monkeypatch.setattr(module, "_local", real_local)
+    assert (sweep(scenario, workers=1, outdir=out, resume=True)["status"] == "ok").all()
+
+
+def test_results_are_never_silently_overwritten(tmp_path):
+    scenario = Scenario.from_dict(tiny({"serving.max_num_seqs": [4]}))
+    out = tmp_path / "out"
+    (out / "points").mkdir(parents=True)
+    stale = out / "points" / "stale.json"
+    stale.write_text("{}")
+    with pytest.raises(InfersimError, match="already has results; pass --overwrite, --resume"):
+        sweep(scenario, workers=1, outdir=out)
+    assert [p.name for p in (out / "points").iterdir()] == ["stale.json"]
+    with pytest.raises(InfersimError, match="exclude each other"):
+        sweep(scenario, workers=1, outdir=out, resume=True, overwrite=True)
+    sweep(scenario, workers=1, outdir=out, overwrite=True)
+    assert not stale.exists() and len(point_files(out)) == 1
+
+
+def test_dask_local_cluster_gives_the_in_process_summaries(tmp_path, capsys):
+    distributed = pytest.importorskip("distributed", reason="needs the distributed package")
+    data = tiny({"serving.max_num_seqs": [4, 32]})
+    scenario, path = Scenario.from_dict(data), write(tmp_path, data)
+    with distributed.LocalCluster(
+        n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None
+    ) as cluster:
+        with distributed.Client(cluster) as client:
+            table = sweep(scenario, client=client, outdir=tmp_path / "api")
+        address = cluster.scheduler_address
+        argv = ["sweep", str(path), "-o", str(tmp_path / "cli"), "--dask-scheduler", address]
+        assert main([*argv, "--quiet"]) == 0
+    assert (table["status"] == "ok").all()
+    api, cli = point_files(tmp_path / "api"), point_files(tmp_path / "cli")
+    for point in expand_grid(scenario):
+        assert api[point.id]["summary"] == cli[point.id]["summary"] == in_process(point.data)
+    assert "2 of 2 points ok" in capsys.readouterr().err
+
+
+# ---- command line ---------------------------------------------------------------------------
+def test_cli_sweep_writes_table_plots_and_reports_failures(tmp_path, capsys):
+    data = tiny(
+        {"model.name": ["llama-2-7b", "llama-2-70b"], "workload.arrivals.rate_per_s": [2, 8]},
+        hardware={"gpu": "a100-40gb-sxm"},
+        output={"plots": True, "progress": False},
+    )
+    path, out = write(tmp_path, data), tmp_path / "out"
+    assert main(["sweep", str(path), "-o", str(out), "--workers", "2", "--csv", "--quiet"]) == 0
+    stdout = capsys.readouterr().out
+    assert "name=llama-2-7b rate_per_s=8" in stdout and "TTFT p99 ms" in stdout
+    assert "failed: name=llama-2-70b rate_per_s=2: llama-2-70b (bf16" in stdout
+    for name in ("sweep.parquet", "sweep.csv", *PLOT_FILES):
+        assert (out / name).stat().st_size > 0, name
+    assert main(["sweep", str(path), "-o", str(out), "--quiet"]) == 2
+    assert "already has results" in capsys.readouterr().err
+    assert main(["sweep", str(path), "-o", str(out), "--quiet", "--resume"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--set", "sweep.grid={serving.max_num_seq: [1]}"], "sweep.grid.serving.max_num_seq"),
+        (["--workers", "2", "--dask-scheduler", "tcp://x:1"], "exclude each other"),
+    ],
+)
+def test_cli_sweep_bad_input_is_one_line(tmp_path, capsys, argv, needle):
+    path = write(tmp_path, tiny())
+    assert main(["sweep", str(path), "-o", str(tmp_path / "out"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("infersim: error:") and needle in err and err.count("\n") == 1
+
+
+def test_cli_compare_files_and_variants(tmp_path, capsys):
+    a = write(tmp_path, scenario_dict(workload={"num_requests": 30}), "a.yaml")
+    variants = {"x": {"serving.max_num_seqs": 4}, "y": {}}
+    b = write(tmp_path, scenario_dict(workload={"num_requests": 30}, variants=variants), "b.yaml")
+    out = tmp_path / "cmp"
+    assert main(["compare", str(a), str(b), "-o", str(out), "--quiet"]) == 0
+    table = pd.read_csv(out / "comparison.csv", index_col="run")
+    assert table.index.tolist() == ["a", "b:x", "b:y"]
+    assert (table["completed"] == 30).all()
+    assert "b:x" in capsys.readouterr().out
+    for name in ("comparison_latency_cdfs.png", "comparison_throughput_cost.png"):
+        assert (out / name).stat().st_size > 1000
+    assert (out / "a" / "summary.json").is_file() and (out / "b" / "x" / "summary.json").is_file()
+    assert main(["compare", str(a), str(b), "-o", str(out), "--quiet"]) == 2
+    assert "already has results" in capsys.readouterr().err
+    assert main(["compare", str(a), "-o", str(tmp_path / "one")]) == 2
+    assert "two or more runs" in capsys.readouterr().err
