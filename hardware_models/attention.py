@@ -66,10 +66,11 @@ class PrefillAttention:
         math_dtype = dtype if gpu.supports(dtype) else Dtype.BF16
         self.peak = gpu.peak_flops(math_dtype)
         self.curve = eff.attention_prefill_compute
+        self._constant_eff = self.curve.values[0] if len(self.curve.sizes) == 1 else None
         self.sm_count = gpu.sm_count
         self.cta_seconds = eff.prefill_cta_latency_us * 1e-6
         self.bandwidth = gpu.memory_bandwidth * eff.memory_bandwidth
-        self.floor = eff.attention_floor_us * 1e-6
+        self.floor = eff.prefill_floor_us * 1e-6
 
     def __call__(
         self, num_seqs: int, new_tokens: int, attended_pairs: float, context_tokens: int
@@ -82,7 +83,7 @@ class PrefillAttention:
         units = max(1, num_seqs * self.num_kv_heads * math.ceil(rows / PREFILL_QUERY_BLOCK))
         waves = math.ceil(units / self.sm_count)
         wave_eff = units / (waves * self.sm_count)
-        eff = self.curve.at(flops) if len(self.curve.sizes) > 1 else self.curve.values[0]
+        eff = self._constant_eff if self._constant_eff is not None else self.curve.at(flops)
         compute = (flops + new_tokens * self.waste_per_token) / (self.peak * eff * wave_eff)
         compute = max(compute, waves * self.cta_seconds)
         memory = dram / self.bandwidth
@@ -161,7 +162,7 @@ class DecodeAttention:
         self.bandwidth = gpu.memory_bandwidth
         self.blocks_per_wave = gpu.sm_count / num_kv_heads
         self.cta_seconds = eff.decode_cta_latency_us * 1e-6
-        self.floor = eff.attention_floor_us * 1e-6
+        self.floor = eff.decode_floor_us * 1e-6
 
     def __call__(self, num_seqs, context_tokens):
         """(seconds, flops, dram_bytes) for `num_seqs` decodes attending `context_tokens`
@@ -173,8 +174,31 @@ class DecodeAttention:
         else:
             eff = self._curve.at(np.maximum(kv_bytes, 1.0))
         memory = dram / (self.bandwidth * eff)
-        fixed = np.ceil(num_seqs / self.blocks_per_wave) * self.cta_seconds
+        waves = num_seqs / self.blocks_per_wave
+        waves = math.ceil(waves) if isinstance(num_seqs, int) else np.ceil(waves)
+        fixed = waves * self.cta_seconds
         seconds = np.maximum(memory, fixed) + self.floor
+        return seconds, context_tokens * self.flops_per_key, dram
+
+    def batch_terms(self, num_seqs: int) -> tuple[float, float, float] | None:
+        """For `num_seqs` decodes and a constant efficiency: (bytes of the queries and
+        outputs, attainable bandwidth, seconds of the thread-block waves), the parts of
+        `one_step` that do not depend on the context, exactly as it computes them (None
+        when the efficiency depends on the bytes read)."""
+        if not self._constant_eff:
+            return None
+        waves = math.ceil(num_seqs / self.blocks_per_wave) * self.cta_seconds
+        return num_seqs * self.bytes_per_seq, self.bandwidth * self._curve.values[0], waves
+
+    def one_step(self, num_seqs: int, context_tokens: int) -> tuple[float, float, float]:
+        """`__call__` for one step, in plain floats: the same numbers without the cost of
+        numpy scalars (the engine prices a step this way tens of thousands of times)."""
+        kv_bytes = context_tokens * self.kv_bytes_per_key
+        dram = kv_bytes + num_seqs * self.bytes_per_seq
+        eff = self._curve.values[0] if self._constant_eff else self._curve.at(max(kv_bytes, 1.0))
+        memory = dram / (self.bandwidth * eff)
+        fixed = math.ceil(num_seqs / self.blocks_per_wave) * self.cta_seconds
+        seconds = max(memory, fixed) + self.floor
         return seconds, context_tokens * self.flops_per_key, dram
 
 
@@ -223,7 +247,7 @@ def attention_decode_cost(
         dtype=dtype,
         kv_dtype=kv_dtype,
     )
-    floor = gpu.efficiency.attention_floor_us * 1e-6
+    floor = gpu.efficiency.decode_floor_us * 1e-6
     work = float(seconds) - floor
     return OpCost(
         name="attention_decode",

@@ -11,6 +11,20 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from hardware_models.dtypes import parse_dtype
+from hardware_models.errors import InfersimError
+
+# Block-scaled formats run different kernels from their plain dtype (scales per block),
+# so a curve keyed by one of these spellings is kept apart from the plain dtype's.
+BLOCK_SCALED_SPELLINGS = frozenset({"fp8_block", "nvfp4", "mxfp4"})
+
+
+def dtype_key(dtype: object) -> str:
+    """The key a per-dtype curve is stored under: block-scaled spellings as written,
+    every other alias as its canonical name (bfloat16 -> bf16)."""
+    text = str(dtype).strip().lower()
+    return text if text in BLOCK_SCALED_SPELLINGS else parse_dtype(text).value
+
 
 class EfficiencyCurve(BaseModel):
     """Fraction of peak as a function of a size measure (FLOPs or bytes)."""
@@ -134,3 +148,78 @@ class EfficiencyProfile(BaseModel):
         ge=1,
         description="GEMM thread blocks resident per SM at once (large tiles: 1)",
     )
+    gemm_split_k_overhead_us: float = Field(
+        default=0.0,
+        ge=0,
+        description="extra time of a split-K GEMM, microseconds: the partial sums are "
+        "reduced by a second kernel or a serialised pass (cuBLAS on skinny GEMMs with a "
+        "long k measures ~1-3 us); 0 prices split-K as free, the uncalibrated default",
+    )
+    gemm_compute_by_dtype: dict[str, EfficiencyCurve] = Field(
+        default_factory=dict,
+        description="gemm_compute for one dtype (keys: bf16, fp8, fp8_block, ...); fp8 "
+        "kernels reach a lower fraction of their peak than bf16, so calibration fits them "
+        "apart. A dtype without an entry uses gemm_compute",
+    )
+    gemm_memory_by_dtype: dict[str, EfficiencyCurve] = Field(
+        default_factory=dict,
+        description="gemm_memory for one dtype; a dtype without an entry uses gemm_memory",
+    )
+    gemm_floor_us_by_dtype: dict[str, float] = Field(
+        default_factory=dict,
+        description="kernel_floor_us for GEMMs of one dtype: fp8 GEMMs in serving engines "
+        "launch scale and quantisation kernels around the matmul",
+    )
+    attention_prefill_floor_us: float | None = Field(
+        default=None,
+        ge=0,
+        description="attention_floor_us for prefill calls only (None: attention_floor_us)",
+    )
+    attention_decode_floor_us: float | None = Field(
+        default=None,
+        ge=0,
+        description="attention_floor_us for decode calls only (None: attention_floor_us)",
+    )
+
+    @field_validator("gemm_compute_by_dtype", "gemm_memory_by_dtype", "gemm_floor_us_by_dtype")
+    @classmethod
+    def _dtype_keys(cls, v: dict) -> dict:
+        out = {}
+        for key, value in v.items():
+            try:
+                out[dtype_key(key)] = value
+            except InfersimError as exc:
+                raise ValueError(str(exc)) from None
+            if isinstance(value, float | int) and value < 0:
+                raise ValueError(f"{key}: a floor must be >= 0 us, got {value}")
+        return out
+
+    def gemm_terms(self, dtype: object) -> tuple[EfficiencyCurve, EfficiencyCurve, float]:
+        """(compute curve, memory curve, floor in us) for GEMMs in `dtype`: its own entries
+        where calibration fitted them, the dtype-independent fields otherwise."""
+        keys = (dtype_key(dtype), parse_dtype(str(dtype).strip().lower()).value)
+
+        def pick(table: dict, default):
+            return next((table[k] for k in keys if k in table), default)
+
+        return (
+            pick(self.gemm_compute_by_dtype, self.gemm_compute),
+            pick(self.gemm_memory_by_dtype, self.gemm_memory),
+            pick(self.gemm_floor_us_by_dtype, self.kernel_floor_us),
+        )
+
+    @property
+    def prefill_floor_us(self) -> float:
+        return (
+            self.attention_floor_us
+            if self.attention_prefill_floor_us is None
+            else self.attention_prefill_floor_us
+        )
+
+    @property
+    def decode_floor_us(self) -> float:
+        return (
+            self.attention_floor_us
+            if self.attention_decode_floor_us is None
+            else self.attention_decode_floor_us
+        )

@@ -54,26 +54,30 @@ def gemm_cost(
 ) -> OpCost:
     """Time of one (m x k) @ (k x n) GEMM on `gpu`, computed in `dtype`.
 
+    `dtype` may name a block-scaled variant (fp8_block): it computes as its plain dtype
+    but takes the efficiency curves a calibration profile fitted for that spelling.
     `weight_dtype` is the storage type of B when it differs (weight-only quantisation,
     e.g. int4 weights dequantised to bf16 in the kernel): it changes bytes, not math.
     """
     if min(m, n, k) < 1:
         raise ValueError(f"GEMM dimensions must be >= 1, got m={m} n={n} k={k}")
-    dtype = parse_dtype(dtype)
     eff = gpu.efficiency
+    compute_curve, memory_curve, floor_us = eff.gemm_terms(dtype)
+    dtype = parse_dtype(dtype)
     bpe = bytes_per_element(dtype)
     bpe_b = bpe if weight_dtype is None else bytes_per_element(parse_dtype(weight_dtype))
     out_bpe = bytes_per_element(output_dtype(dtype))
     flops = 2.0 * m * n * k
     peak_per_sm = gpu.peak_flops(dtype) / gpu.sm_count
-    compute_eff = eff.gemm_compute.at(flops)
+    compute_eff = compute_curve.at(flops)
     concurrent = gpu.sm_count * eff.ctas_per_sm
     operands = m * k * bpe + k * n * bpe_b
     compulsory = operands + m * n * out_bpe
     fits_in_l2 = operands <= gpu.l2_bytes * L2_RESIDENT_FRACTION
-    mem_bw = gpu.memory_bandwidth * eff.gemm_memory.at(compulsory)
+    mem_bw = gpu.memory_bandwidth * memory_curve.at(compulsory)
+    split_overhead = eff.gemm_split_k_overhead_us * 1e-6
 
-    best: tuple[float, float, float, float] | None = None
+    best: tuple[float, float, float, float, float] | None = None
     for tm, tn in TILE_SHAPES:
         tiles = math.ceil(m / tm) * math.ceil(n / tn)
         for split in SPLIT_K_FACTORS:
@@ -94,15 +98,17 @@ def gemm_cost(
             l2 = tiles * split * (tm * bpe + tn * bpe_b) * k_part + m * n * out_bpe
             # Tensor-core kernels stage tiles through shared memory and (on Hopper) TMA
             # multicast, so L2 bandwidth shapes DRAM reuse but is not the binding roof.
-            work = max(compute, dram / mem_bw)
-            if best is None or work < best[0]:
-                best = (work, compute, dram, l2)
+            # Split-K pays for reducing its partial sums (a second pass) on top.
+            extra = split_overhead if split > 1 else 0.0
+            total = max(compute, dram / mem_bw) + extra
+            if best is None or total < best[0]:
+                best = (total, compute, dram, l2, extra)
     assert best is not None
-    work, compute, dram, l2 = best
-    floor = eff.kernel_floor_us * 1e-6
+    total, compute, dram, l2, extra = best
+    floor = floor_us * 1e-6 + extra
     return OpCost(
         name="gemm",
-        seconds=work + floor,
+        seconds=total + floor_us * 1e-6,
         flops=flops,
         dram_bytes=dram,
         l2_bytes=l2,

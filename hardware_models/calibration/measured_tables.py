@@ -53,6 +53,7 @@ from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.attention import attention_decode_seconds, attention_prefill_cost, causal_pairs
 from hardware_models.collectives import collective_cost
 from hardware_models.dtypes import bytes_per_element, parse_dtype
+from hardware_models.efficiency import BLOCK_SCALED_SPELLINGS
 from hardware_models.errors import InfersimError
 from hardware_models.gemm import gemm_cost
 from hardware_models.node import LinkSpec
@@ -98,7 +99,7 @@ COLUMNS: tuple[str, ...] = (
     "source",
     "source_dtype",
 )
-_NUMERIC = [c for c in SHAPE_COLUMNS if c != "kv_dtype"]
+NUMERIC_COLUMNS = [c for c in SHAPE_COLUMNS if c != "kv_dtype"]
 _NCCL_OPS = {
     "all_reduce": "all_reduce",
     "all_gather": "all_gather",
@@ -146,7 +147,7 @@ def _frame(gpu: str, op_class: pd.Series | str, n: int, source: Path) -> pd.Data
     out = pd.DataFrame(index=pd.RangeIndex(n))
     out["gpu"] = gpu
     out["op_class"] = op_class if isinstance(op_class, str) else op_class.to_numpy()
-    for col in _NUMERIC:
+    for col in NUMERIC_COLUMNS:
         out[col] = np.nan
     out["kv_dtype"] = None
     out["source"] = str(source)
@@ -319,7 +320,16 @@ def _unique_groups(sub: pd.DataFrame, cols: list[str]) -> tuple[pd.DataFrame, np
     return sub.iloc[first.to_numpy()][cols], codes
 
 
+def gemm_kernel_dtype(table: pd.DataFrame) -> pd.Series:
+    """The spelling a GEMM row is priced under: its source spelling when that names a
+    block-scaled kernel (fp8_block), which a calibration profile may hold its own curves
+    for; else its dtype."""
+    source = table["source_dtype"].astype(str).str.lower()
+    return source.where(source.isin(BLOCK_SCALED_SPELLINGS), table["dtype"].astype(str))
+
+
 def _predict_gemm(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
+    sub = sub.assign(dtype=gemm_kernel_dtype(sub))
     uniq, codes = _unique_groups(sub, ["m", "n", "k", "dtype"])
     secs = np.array(
         [

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from hardware_models.errors import InfersimError
 from simulator.cli import (
+    calibrate_cmd,
     compare_cmd,
     estimate_cmd,
     hardware_cmd,
@@ -27,6 +28,7 @@ COMMANDS = (
     estimate_cmd,
     roofline_cmd,
     schema_cmd,
+    calibrate_cmd,
 )
 
 

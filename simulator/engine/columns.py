@@ -9,30 +9,43 @@ import pandas as pd
 
 
 class ColumnStore:
-    """Named numpy columns of equal length that grow by doubling."""
+    """Named columns of equal length that grow by doubling.
+
+    The rows live in one numpy structured array, so appending a row is a single
+    assignment of a tuple (the engine appends one per step) and a run of rows is one
+    slice assignment per column.
+    """
 
     def __init__(self, dtypes: Mapping[str, str], capacity: int = 1024) -> None:
-        self._dtypes = dict(dtypes)
-        self._cols = {name: np.empty(capacity, dtype=dt) for name, dt in self._dtypes.items()}
+        self._dtype = np.dtype(list(dtypes.items()))
+        self._allocate(capacity)
         self.size = 0
+
+    def _allocate(self, capacity: int) -> None:
+        rows = np.empty(capacity, dtype=self._dtype)
+        if hasattr(self, "_rows"):
+            rows[: self.size] = self._rows[: self.size]
+        self._rows = rows
+        self._fields = {name: rows[name] for name in self._dtype.names}  # column views
 
     def _reserve(self, extra: int) -> None:
         needed = self.size + extra
-        capacity = len(next(iter(self._cols.values())))
-        if needed <= capacity:
-            return
-        new_capacity = max(needed, 2 * capacity)
-        for name, col in self._cols.items():
-            grown = np.empty(new_capacity, dtype=col.dtype)
-            grown[: self.size] = col[: self.size]
-            self._cols[name] = grown
+        capacity = len(self._rows)
+        if needed > capacity:
+            self._allocate(max(needed, 2 * capacity))
 
-    def append(self, **values: float) -> None:
-        self._reserve(1)
-        i = self.size
-        for name, value in values.items():
-            self._cols[name][i] = value
+    def append(self, row: tuple) -> None:
+        """One row, its values in column order."""
+        if self.size == len(self._rows):
+            self._reserve(1)
+        self._rows[self.size] = row
         self.size += 1
+
+    def append_rows(self, rows: list[tuple]) -> None:
+        """Rows, each a tuple of values in column order."""
+        self._reserve(len(rows))
+        self._rows[self.size : self.size + len(rows)] = rows
+        self.size += len(rows)
 
     def extend(self, count: int, **values: np.ndarray | float) -> None:
         """Append `count` rows; each value is an array of that length or a scalar."""
@@ -40,12 +53,14 @@ class ColumnStore:
             return
         self._reserve(count)
         lo, hi = self.size, self.size + count
+        fields = self._fields
         for name, value in values.items():
-            self._cols[name][lo:hi] = value
+            fields[name][lo:hi] = value
         self.size = hi
 
     def column(self, name: str) -> np.ndarray:
-        return self._cols[name][: self.size]
+        return self._rows[name][: self.size]
 
     def frame(self) -> pd.DataFrame:
-        return pd.DataFrame({name: col[: self.size] for name, col in self._cols.items()})
+        rows = self._rows[: self.size]
+        return pd.DataFrame({name: rows[name] for name in self._dtype.names})

@@ -9,6 +9,7 @@ tests compare.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -21,12 +22,14 @@ from simulator.engine.kv_cache import BlockManager
 from simulator.engine.requests import Outcome, RejectReason, RequestTable
 from simulator.engine.running import RunningSet
 from simulator.engine.scheduler import IterationPolicy, IterationScheduler, StepPlan
-from simulator.engine.step_cost import StepCostModel
+from simulator.engine.step_cost import DecodeSteps, StepCost, StepCostModel
 from simulator.engine.step_log import StepLog
 from simulator.engine.waiting import WaitingQueue
 
 Policy = Literal["static", "dynamic", "continuous", "chunked_prefill"]
 MAX_RUN_STEPS = 4096
+STEPWISE_RUN_STEPS = 32  # runs expected to be this short are priced one step at a time
+_STEP_OFFSETS = np.arange(MAX_RUN_STEPS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +49,16 @@ class ReplicaConfig:
     sliding_window: int | None = None
     priority_preemption: bool = True
     multi_step: bool = True
+
+
+def _step_times(start: float, seconds: np.ndarray) -> np.ndarray:
+    """Start of each of consecutive steps and the end of the last: a running sum added
+    one step at a time (numpy's cumsum is sequential), the same floats as a clock that
+    advances step by step."""
+    times = np.empty(len(seconds) + 1)
+    times[0] = start
+    times[1:] = seconds
+    return np.cumsum(times, out=times)
 
 
 class Clock:
@@ -71,10 +84,9 @@ class Replica:
         self.env, self.index, self.cfg, self.cost = env, index, config, cost
         self.requests, self.clock, self.on_finish = requests, clock, on_finish
         self.kv = BlockManager(config.total_blocks, config.block_size, config.watermark)
-        self.running = RunningSet(config.max_num_seqs)
+        self.running = RunningSet(config.max_num_seqs, config.block_size, requests)
         self.waiting = WaitingQueue()
         self.log = StepLog(index)
-        self.busy_seconds = 0.0
         self._wakeup: simpy.Event | None = None
         self.t = 0.0  # the replica's own clock; SimPy's may lag it (see _catch_up)
         iterative = config.policy in ("continuous", "chunked_prefill")
@@ -142,25 +154,46 @@ class Replica:
     # ---- iteration-level policies ----------------------------------------------------
     def _iteration_loop(self):
         assert self.scheduler is not None
+        schedule = self.scheduler.schedule
         while True:
             plan = None
             if self.running.count or len(self.waiting):
-                plan = self.scheduler.schedule(self.t)
+                plan = schedule(self.t)
             if plan is None or plan.empty:
                 yield from self._catch_up(self.t)
+                self.running.materialize()  # asleep, it may never step again
                 yield self._sleep()
                 self.t = self.env.now
                 continue
             if self._can_fast_forward(plan):
                 yield from self._decode_run(plan.decode_slots)
-            else:
-                yield from self._single_step(plan)
+                continue
+            seconds, completes = self._price_step(plan)
+            end = self.t + seconds
+            if completes or not self._runs_ahead(end):
+                yield from self._catch_up(end)
+            self.t = end
+            self._apply_step(plan, end, completes)
 
     def _catch_up(self, end: float):
         """Advance SimPy's clock to the replica's own: steps run ahead of it while nothing
         from outside (an arrival, the horizon) can happen before they end."""
+        if end >= self.clock.horizon:  # the run may stop there: the table must be whole
+            self.running.materialize()
         if end > self.env.now:
-            yield self.env.timeout(end - self.env.now)
+            yield self._timeout_until(end)
+
+    def _timeout_until(self, end: float) -> simpy.Timeout:
+        """A timeout that lands exactly on `end`: `now + (end - now)` can be an ulp off,
+        and the clock at a completion is what a closed-loop user's next request and the
+        run's duration are timed from, in step-by-step mode as in runs."""
+        now = self.env.now
+        delay = end - now
+        while now + delay < end:
+            delay = math.nextafter(delay, math.inf)
+        while now + delay > end:
+            delay = math.nextafter(delay, -math.inf)
+        return self.env.timeout(delay)
 
     def _runs_ahead(self, end: float) -> bool:
         return self.cfg.multi_step and end < self.clock.next_arrival and end < self.clock.horizon
@@ -174,146 +207,212 @@ class Replica:
             and len(plan.decode_slots) == self.running.count
         )
 
-    def _decode_context(self, computed: np.ndarray) -> np.ndarray | int:
-        """Keys attended by each decode (its cached tokens plus the new one)."""
-        keys = computed + 1
-        window = self.cfg.sliding_window
-        return np.minimum(keys, window) if window else keys
+    def _decode_keys(self, dec: np.ndarray) -> int:
+        """Keys the decodes of a step attend: each its cached tokens plus the new one."""
+        run, window = self.running, self.cfg.sliding_window
+        if not window and len(dec) == run.decode_count:
+            return run.decode_computed + len(dec)  # kept up to date by the running set
+        keys = run.decode_computed_of(dec) + 1
+        return int(np.sum(np.minimum(keys, window) if window else keys))
 
-    def _single_step(self, plan: StepPlan):
-        run, req, now = self.running, self.requests, self.t
+    # ---- one step ----------------------------------------------------------------------
+    def _price_step(self, plan: StepPlan) -> tuple[float, bool]:
+        """Price and log one scheduled step: (its seconds, whether it completes a request)."""
+        run, cfg = self.running, self.cfg
         dec = plan.decode_slots
-        prefill_tokens = sum(plan.prefill_chunks)
-        pairs = 0
-        context = 0
+        n = len(dec)
+        prefill_tokens = pairs = context = finishing = 0
+        completes = False
         for slot, chunk in zip(plan.prefill_slots, plan.prefill_chunks, strict=True):
             kv_len = int(run.computed[slot]) + chunk
-            pairs += causal_pairs(chunk, kv_len, self.cfg.sliding_window)
+            pairs += causal_pairs(chunk, kv_len, cfg.sliding_window)
             context += kv_len
-        finishing = sum(
-            1
-            for slot, chunk in zip(plan.prefill_slots, plan.prefill_chunks, strict=True)
-            if run.computed[slot] + chunk >= run.target[slot]
-        )
+            prefill_tokens += chunk
+            if kv_len >= run.target[slot]:
+                finishing += 1
+                completes = completes or bool(run.remaining[slot] <= 1)
+        if n and not completes:
+            if n == run.decode_count:
+                completes = run.min_remaining() <= 1
+            else:  # out of lockstep (fewer decodes than decoding requests)
+                completes = bool(run.remaining[dec].min() <= 1)
         cost = self.cost.step(
-            decode_seqs=len(dec),
-            decode_context=int(np.sum(self._decode_context(run.computed[dec]))),
+            decode_seqs=n,
+            decode_context=self._decode_keys(dec) if n else 0,
             prefill_seqs=len(plan.prefill_slots),
             prefill_tokens=prefill_tokens,
             prefill_pairs=pairs,
             prefill_context=context,
-            sampled=len(dec) + finishing,
+            sampled=n + finishing,
         )
-        seconds = cost.seconds + plan.swap_blocks * self.cfg.swap_seconds_per_block
+        seconds = cost.seconds + plan.swap_blocks * cfg.swap_seconds_per_block
         self.log.step(
-            now, seconds, len(dec) + len(plan.prefill_slots), len(dec), prefill_tokens,
-            self.kv.used, len(self.waiting), cost.flops, cost.dram_bytes, cost.bound,
+            self.t, seconds, n + len(plan.prefill_slots), n, prefill_tokens, self.kv.used,
+            len(self.waiting), cost.flops, cost.dram_bytes, cost.bound,
         )  # fmt: skip
-        end = now + seconds
-        completes = bool((run.remaining[dec] <= 1).any()) or any(
-            run.remaining[slot] <= 1 and run.computed[slot] + chunk >= run.target[slot]
-            for slot, chunk in zip(plan.prefill_slots, plan.prefill_chunks, strict=True)
-        )
-        if completes or not self._runs_ahead(end):
-            yield from self._catch_up(end)
-        self.t = end
-        self.busy_seconds += seconds
-        sampled = list(dec)
-        if len(dec):
-            run.computed[dec] += 1
+        return seconds, completes
+
+    def _apply_step(self, plan: StepPlan, end: float, completes: bool) -> None:
+        """The step's tokens, at its end: decodes advance one token, prefill chunks are
+        cached, a finished prefill samples the request's first token (or, when it was
+        recomputed after a preemption, its next one)."""
+        run, req = self.running, self.requests
+        self._decode_tokens(plan.decode_slots, end)
         for slot, chunk in zip(plan.prefill_slots, plan.prefill_chunks, strict=True):
-            run.computed[slot] += chunk
-            if run.computed[slot] >= run.target[slot]:
-                rid = int(run.rid[slot])
-                if np.isnan(req.first_token[rid]):
-                    req.first_token[rid] = end
-                    req.last_token[rid] = end
-                    req.generated[rid] += 1
-                    run.remaining[slot] -= 1
-                    continue
-                sampled.append(slot)
-        self._emit_tokens(np.asarray(sampled, dtype=np.int64), end)
+            if not run.prefill(slot, chunk):
+                continue
+            rid = int(run.rid[slot])
+            if math.isnan(req.first_token[rid]):
+                req.first_token[rid] = end
+            else:
+                self.log.gap(end - req.last_token[rid])
+            req.last_token[rid] = end
+            req.generated[rid] += 1
+            run.remaining[slot] -= 1
+            run.start_decoding(slot)
+        if completes:
+            self._finish(run.finished(), end)
 
-    def _emit_tokens(self, slots: np.ndarray, end: float) -> None:
-        """Each slot produced one token at `end`: count it, record the gap, finish."""
-        if len(slots) == 0:
-            self._finish_done(end)
+    def _decode_tokens(self, dec: np.ndarray, end: float) -> None:
+        """The step's decodes each took a token at `end`: in lockstep when they are all
+        the decoding requests, else one request at a time."""
+        run = self.running
+        every_decode = len(dec) == run.decode_count
+        if every_decode and run.lockstep:
+            if len(dec):
+                self.log.gap(end - run.lockstep_time, len(dec))
+            run.advance_lockstep(1, end)
             return
-        run, req = self.running, self.requests
-        rids = run.rid[slots]
-        self.log.gaps(end - req.last_token[rids])
-        req.last_token[rids] = end
-        req.generated[rids] += 1
-        run.remaining[slots] -= 1
-        self._finish_done(end)
+        run.materialize()
+        if len(dec):
+            run.advance(dec, 1)
+            req = self.requests
+            rids = run.rid[dec]
+            self._log_gaps(end - req.last_token[rids])
+            req.last_token[rids] = end
+            req.generated[rids] += 1
+        if every_decode:
+            run.enter_lockstep(end)
 
-    def _finish_done(self, end: float) -> None:
+    def _log_gaps(self, gaps: np.ndarray) -> None:
+        """Inter-token gaps of a step's decodes, one weighted sample per run of equal
+        values (usually one: every sequence decoded in the step before)."""
+        first = gaps[0]
+        if len(gaps) > 1 and (gaps == first).all():
+            self.log.gap(first, len(gaps))
+        else:
+            self.log.gaps(gaps)
+
+    def _finish(self, slots: list[int], end: float) -> None:
+        """Complete the requests in `slots` (ascending, as the order of `on_finish` calls
+        decides request ids in a closed loop)."""
         run, req = self.running, self.requests
-        done = np.flatnonzero(run.active & (run.remaining <= 0))
-        for slot in done.tolist():
+        for slot in slots:
             rid = int(run.rid[slot])
             req.finish[rid] = end
             req.outcome[rid] = Outcome.COMPLETED
-            self.kv.release(int(run.blocks[slot]))
+            self.kv.release(run.blocks_of(slot))
             run.remove(slot)
             self.on_finish(rid)
 
-    def _run_length(self, dec: np.ndarray, durations: np.ndarray) -> tuple[int, np.ndarray]:
-        """Steps that can run before anything could change the batch, and the extra KV
-        blocks the run needs by each step."""
-        now = self.t
-        ends = now + np.cumsum(durations)
-        starts = ends - durations
-        limit = min(
-            int(np.searchsorted(starts, self.clock.next_arrival, side="left")),
-            int(np.searchsorted(ends, self.clock.horizon, side="left")),
-        )
-        run, bs = self.running, self.kv.block_size
-        held = run.blocks[dec]
-        first_new = held * bs - run.computed[dec]  # step index of each slot's next block
-        steps = len(durations)
-        per_slot = np.maximum(0, -(-(steps - first_new) // bs))
-        offsets = np.arange(int(per_slot.max(initial=0)))
-        positions = first_new[:, None] + bs * offsets[None, :]
-        positions = positions[positions < steps]
-        cum_blocks = np.cumsum(np.bincount(positions, minlength=steps))
-        kv_limit = int(np.searchsorted(cum_blocks, self.kv.free, side="right"))
-        return max(1, min(limit, kv_limit)), cum_blocks
-
+    # ---- runs of decode steps --------------------------------------------------------
     def _decode_run(self, dec: np.ndarray):
-        run, req = self.running, self.requests
-        n = len(dec)
-        horizon = int(min(run.remaining[dec].min(), MAX_RUN_STEPS))
-        computed = run.computed[dec]
-        steps = np.arange(horizon)
-        if self.cfg.sliding_window:
-            keys = computed[:, None] + 1 + steps[None, :]
-            contexts = np.minimum(keys, self.cfg.sliding_window).sum(axis=0)
+        """Decode-only steps with the batch of this step, up to the first that could see
+        a change: a completion, an arrival, the horizon or a KV-block shortage (or
+        MAX_RUN_STEPS). A run expected to be short is priced one step at a time; a long
+        one in a vectorised call, whose fixed cost only pays off over many steps."""
+        run = self.running
+        min_remaining = run.min_remaining()
+        steps = min(min_remaining, MAX_RUN_STEPS)
+        pricer = self.cost.decode_steps(len(dec))
+        contexts = self._run_contexts(dec, steps)
+        first = pricer.one(int(contexts[0]))
+        expected = min(steps, (self.clock.next_arrival - self.t) / first.seconds)
+        if expected <= STEPWISE_RUN_STEPS:
+            ends, blocks = self._price_run_stepwise(pricer, first, contexts, steps)
         else:
-            contexts = int(computed.sum()) + n + n * steps
-        seconds, flops, dram, bound = self.cost.decode_run(n, contexts)
-        k, cum_blocks = self._run_length(dec, seconds)
-        seconds = seconds[:k]
-        now = self.t
-        ends = now + np.cumsum(seconds)
-        extra = int(cum_blocks[k - 1])
-        used = self.kv.used + cum_blocks[:k]
-        self.log.steps_many(ends - seconds, seconds, n, n, used, 0, flops[:k], dram[:k], bound)
-        end = float(ends[-1])
+            ends, blocks = self._price_run_vectorised(pricer, contexts)
+        # Each step takes its blocks when it starts: a router looking during the last
+        # step (an arrival cut the run) sees them all, as it would stepping one by one.
+        self.kv.allocate(blocks)
+        end = ends[-1]
         yield from self._catch_up(end)
         self.t = end
-        self.busy_seconds += float(seconds.sum())
-        rids = run.rid[dec]
-        self.log.gaps(ends[0] - req.last_token[rids])
+        self._decode_tokens(dec, ends[0])
+        k = len(ends)
         if k > 1:
-            self.log.gaps(seconds[1:], n)
-        self.kv.allocate(extra)
-        run.computed[dec] += k
-        run.blocks[dec] = -(-run.computed[dec] // self.kv.block_size)
-        run.remaining[dec] -= k
-        req.generated[rids] += k
-        req.last_token[rids] = end
-        self._finish_done(end)
+            # The gaps between consecutive tokens, as stepping one by one computes them.
+            self.log.gaps(np.subtract(ends[1:], ends[:-1]), len(dec))
+            run.advance_lockstep(k - 1, end)
+        if k == min_remaining:
+            self._finish(run.finished(), end)
+
+    def _run_contexts(self, dec: np.ndarray, steps: int) -> np.ndarray | range:
+        """Total keys the decodes attend at each step of a run."""
+        window = self.cfg.sliding_window
+        if window:
+            offsets = _STEP_OFFSETS[:steps]
+            keys = self.running.decode_computed_of(dec)[:, None] + 1 + offsets[None, :]
+            return np.minimum(keys, window).sum(axis=0)
+        n, first = len(dec), self._decode_keys(dec)
+        return range(first, first + n * steps, n)
+
+    def _price_run_stepwise(
+        self, pricer: DecodeSteps, first: StepCost, contexts: np.ndarray | range, steps: int
+    ) -> tuple[list[float], int]:
+        """Price and log a run step by step (`first` is step 0's price): the end of each
+        step and the KV blocks the steps after the first need."""
+        arrival, horizon = self.clock.next_arrival, self.clock.horizon
+        free, used = self.kv.free, self.kv.used
+        opens = self.running.block_need_pattern().tolist()
+        n, bs, replica = pricer.seqs, len(opens), self.index
+        start, cost, blocks = self.t, first, 0
+        rows = []
+        ends = []
+        for j in range(steps):
+            end = start + cost.seconds
+            if j:  # does step j still run before anything could change the batch?
+                need = opens[j % bs]
+                if start >= arrival or end >= horizon or blocks + need > free:
+                    break
+                blocks += need
+            rows.append((start, cost.seconds, n, n, 0, used + blocks, 0, cost.flops,
+                         cost.dram_bytes, cost.bound, replica))  # fmt: skip
+            ends.append(end)
+            if j + 1 < steps:
+                start, cost = end, pricer.one(int(contexts[j + 1]))
+        self.log.step_rows(rows)
+        return ends, blocks
+
+    def _price_run_vectorised(
+        self, pricer: DecodeSteps, contexts: np.ndarray | range
+    ) -> tuple[list[float], int]:
+        """Price and log a run in one vectorised call: the end of each step and the KV
+        blocks the steps after the first need."""
+        if isinstance(contexts, range):
+            contexts = contexts.start + contexts.step * _STEP_OFFSETS[: len(contexts)]
+        seconds, flops, dram, bound = pricer.many(contexts)
+        times = _step_times(self.t, seconds)
+        k, cum_blocks = self._run_length(times)
+        times, seconds = times[: k + 1], seconds[:k]
+        if isinstance(bound, np.ndarray):
+            bound = bound[:k]
+        n, used = pricer.seqs, self.kv.used + cum_blocks[:k]
+        self.log.steps_many(times[:-1], seconds, n, n, used, 0, flops[:k], dram[:k], bound)
+        return times[1:].tolist(), int(cum_blocks[k - 1])
+
+    def _run_length(self, times: np.ndarray) -> tuple[int, np.ndarray]:
+        """Steps that can run before anything could change the batch (of those whose
+        start and end are `times[j]` and `times[j + 1]`), and the extra KV blocks the run
+        has needed by each step."""
+        limit = len(times) - 1
+        if self.clock.next_arrival < math.inf:
+            limit = int(np.searchsorted(times[:-1], self.clock.next_arrival, side="left"))
+        if self.clock.horizon < math.inf:
+            limit = min(limit, int(np.searchsorted(times[1:], self.clock.horizon, side="left")))
+        cum_blocks = np.cumsum(self.running.run_block_needs(max(limit, 1)))
+        kv_limit = int(np.searchsorted(cum_blocks, self.kv.free, side="right"))
+        return max(1, min(limit, kv_limit)), cum_blocks
 
     # ---- run-to-completion policies (static, dynamic) ------------------------------------
     def _take_batch(self) -> list[int]:
@@ -374,7 +473,6 @@ class Replica:
                 cost.flops, cost.dram_bytes, cost.bound,
             )  # fmt: skip
             yield self.env.timeout(cost.seconds)
-            self.busy_seconds += cost.seconds
             first = self.env.now
             req.first_token[batch] = first
             req.generated[batch] = 1
@@ -390,19 +488,19 @@ class Replica:
             if self.cfg.sliding_window:
                 keys = np.minimum(keys, self.cfg.sliding_window)
             seconds, flops, dram, bound = self.cost.decode_run(n, n * keys)
-            ends = first + np.cumsum(seconds)
+            times = _step_times(first, seconds)
+            ends = times[1:]
             self.log.steps_many(
-                ends - seconds, seconds, n, n, self.kv.used, len(self.waiting),
+                times[:-1], seconds, n, n, self.kv.used, len(self.waiting),
                 flops, dram, bound,
             )  # fmt: skip
             still_generating = (outputs[None, :] - 1 > np.arange(steps)[:, None]).sum(axis=1)
-            self.log.gaps(seconds, still_generating)
+            self.log.gaps(np.diff(times), still_generating)
             if self.cfg.multi_step:
-                yield self.env.timeout(float(ends[-1] - first))
+                yield self._timeout_until(float(ends[-1]))
             else:
                 for d in seconds:
                     yield self.env.timeout(float(d))
-            self.busy_seconds += float(seconds.sum())
             finish = np.where(outputs > 1, ends[np.maximum(outputs - 2, 0)], first)
         else:
             finish = np.full(n, first)

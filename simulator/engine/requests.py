@@ -108,7 +108,8 @@ class RequestTable:
         frame["outcome"] = pd.Categorical.from_codes(
             frame["outcome"], categories=[o.name.lower() for o in Outcome]
         )
-        frame["reason"] = [REJECT_TEXT[RejectReason(r)] for r in cols["reason"]]
+        texts = np.array([REJECT_TEXT[reason] for reason in RejectReason], dtype=object)
+        frame["reason"] = texts[cols["reason"]]
         names = np.asarray(priority_names or ["default"], dtype=object)
         frame["priority_class"] = names[cols["priority_class"]]
         frame["ttft"] = frame["first_token"] - frame["arrival"]

@@ -77,19 +77,18 @@ class IterationScheduler:
     def _preempt(self, slot: int, plan: StepPlan) -> None:
         run, req = self.running, self.requests
         rid = int(run.rid[slot])
-        blocks = int(run.blocks[slot])
+        blocks = run.blocks_of(slot)
         level = int(run.priority[slot])
+        computed, target = run.computed_of(slot), int(run.target[slot])
         req.preemptions[rid] += 1
         self.kv.release(blocks)
         swap = (
             self.policy.preemption == "swap"
-            and run.computed[slot] >= run.target[slot]
+            and computed >= target
             and self.swap_used + blocks <= self.policy.swap_blocks
         )
         if swap:
-            self.swapped[rid] = _Swapped(
-                int(run.computed[slot]), int(run.target[slot]), int(run.remaining[slot]), blocks
-            )
+            self.swapped[rid] = _Swapped(computed, target, run.remaining_of(slot), blocks)
             self.swap_used += blocks
             plan.swap_blocks += blocks
         self.waiting.push_front(rid, level)
@@ -117,25 +116,30 @@ class IterationScheduler:
     # ---- the step ------------------------------------------------------------------
     def schedule(self, now: float) -> StepPlan:
         self.now = now
+        swapped = 0  # blocks copied by an admission pass whose plan is replaced
         if not self.policy.chunked_prefill and len(self.waiting):
             plan = StepPlan(np.empty(0, dtype=np.int64))
             self._admit(plan, self.policy.max_num_batched_tokens)
             if plan.prefill_slots:
                 return plan
-        return self._schedule_running_then_admit()
+            swapped = plan.swap_blocks
+        plan = self._schedule_running_then_admit()
+        if plan.empty and plan.swap_blocks:
+            # Only swaps were scheduled: the requests swapped back in decode in this
+            # step rather than leave the replica idle (asleep until the next arrival).
+            swapped += plan.swap_blocks
+            plan = self._schedule_running_then_admit()
+        plan.swap_blocks += swapped
+        return plan
 
     def _schedule_running_then_admit(self) -> StepPlan:
         run, kv = self.running, self.kv
         budget = self.policy.max_num_batched_tokens
         plan = StepPlan(self._decode_slots(budget))
         # Decodes: one token each; a new block when the context crosses a block edge.
-        need = self._decode_blocks(plan.decode_slots)
-        if need > kv.free:
-            self._make_room(need, plan)
-            need = self._decode_blocks(plan.decode_slots)
-        kv.allocate(need)
-        run.blocks[plan.decode_slots] = -(-(run.computed[plan.decode_slots] + 1) // kv.block_size)
-        budget -= len(plan.decode_slots)
+        if len(plan.decode_slots):
+            self._allocate_decode_blocks(plan)
+            budget -= len(plan.decode_slots)
         if not self.policy.chunked_prefill:
             return plan
         # Partial prefills keep going before anything new is admitted.
@@ -144,8 +148,9 @@ class IterationScheduler:
                 break
             if not run.active[slot]:
                 continue
-            chunk = int(min(run.target[slot] - run.computed[slot], budget))
-            blocks = kv.blocks_for(int(run.computed[slot]) + chunk) - int(run.blocks[slot])
+            computed = int(run.computed[slot])
+            chunk = min(int(run.target[slot]) - computed, budget)
+            blocks = kv.blocks_for(computed + chunk) - int(run.blocks[slot])
             if blocks > kv.free and not self._make_room(blocks, plan, protect=slot):
                 break
             if not run.active[slot]:
@@ -155,19 +160,29 @@ class IterationScheduler:
             plan.prefill_slots.append(slot)
             plan.prefill_chunks.append(chunk)
             budget -= chunk
-        self._admit(plan, budget)
+        if budget > 0 and len(self.waiting):
+            self._admit(plan, budget)
         return plan
 
     def _decode_slots(self, budget: int) -> np.ndarray:
-        slots = self.running.decoding()
+        run = self.running
+        slots = run.decoding()
         if len(slots) > budget:  # more sequences than tokens: oldest first
-            slots = slots[np.argsort(self.running.order[slots], kind="stable")[:budget]]
+            run.materialize()  # the others skip a step: out of lockstep
+            slots = slots[np.argsort(run.order[slots], kind="stable")[:budget]]
         return slots
 
-    def _decode_blocks(self, slots: np.ndarray) -> int:
-        run = self.running
-        needed = -(-(run.computed[slots] + 1) // self.kv.block_size) - run.blocks[slots]
-        return int(needed.sum())
+    def _allocate_decode_blocks(self, plan: StepPlan) -> None:
+        """Give each decode the block its next token needs, preempting if the cache is
+        full (which drops victims from the plan)."""
+        run, kv = self.running, self.kv
+        need = run.next_block_need(plan.decode_slots)
+        if need > kv.free:
+            self._make_room(need, plan)
+            need = run.next_block_need(plan.decode_slots)
+        kv.allocate(need)
+        if need:
+            run.take_next_blocks(plan.decode_slots)
 
     def _admit(self, plan: StepPlan, budget: int) -> None:
         """Admit waiting requests (priority, then FCFS) while budget, slots and KV allow."""

@@ -9,8 +9,10 @@ batch size. Decode-only runs of many steps are priced in one vectorised call.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import NamedTuple
 
 import numpy as np
 
@@ -44,6 +46,9 @@ class StepBound(IntEnum):
     HOST = 3
     LATENCY = 4
 
+
+_STEP_BOUNDS = tuple(StepBound)  # by value, so a list index names its bound
+_COMPUTE, _MEMORY = int(StepBound.COMPUTE), int(StepBound.MEMORY)
 
 _BOUND_OF = {
     Bound.COMPUTE: StepBound.COMPUTE,
@@ -93,13 +98,99 @@ class _Part:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class StepCost:
+class StepCost(NamedTuple):
+    """One step's price (a named tuple: the engine builds one per step)."""
+
     seconds: float
     gpu_seconds: float
     flops: float
     dram_bytes: float
     bound: StepBound
+
+
+class DecodeSteps:
+    """Decode-only steps of a fixed number of sequences: step() for them with everything
+    but the attended keys worked out once. `one` prices a step, `many` a run of steps in
+    one vectorised call; both give step()'s numbers to the last bit (the same operations
+    in the same order), so that runs match stepping one by one exactly."""
+
+    def __init__(self, model: StepCostModel, seqs: int) -> None:
+        fixed = model._fixed(seqs, seqs)
+        self.seqs = seqs
+        self.parts = tuple(fixed.seconds)  # by StepBound; attention adds to MEMORY
+        self.layers = model._layers
+        self.launch = model._launch_seconds(fixed.kernels)
+        self.host = model._host_seconds(seqs)
+        self.overlap = model._async  # host work hidden under the GPU's
+        self.fixed_flops, self.fixed_dram = fixed.flops, fixed.dram_bytes
+        self.attention = model._decode_attention
+        self._terms = self.attention.batch_terms(seqs)
+        # The bound when the memory part does not lead: the first largest other part.
+        others = list(self.parts)
+        others[_MEMORY] = -math.inf
+        self._other_bound = others.index(max(others))
+        self._before = max(self.parts[:_MEMORY])
+        self._after = max(self.parts[_MEMORY + 1 :])
+
+    def one(self, context: int) -> StepCost:
+        """The step whose decodes attend `context` keys in total."""
+        attention = self.attention
+        if self._terms is None:
+            attn_s, attn_f, attn_d = attention.one_step(self.seqs, context)
+        else:  # DecodeAttention.one_step with its constant terms worked out once
+            seq_bytes, bandwidth, waves = self._terms
+            attn_d = context * attention.kv_bytes_per_key + seq_bytes
+            memory = attn_d / bandwidth
+            attn_s = (memory if memory >= waves else waves) + attention.floor
+            attn_f = context * attention.flops_per_key
+        b0, b1, b2, b3, b4 = self.parts
+        layers = self.layers
+        memory = b1 + attn_s * layers
+        gpu_seconds = b0 + memory + b2 + b3 + b4 + self.launch  # sum() of the parts, in order
+        host = self.host
+        if self.overlap:
+            seconds = gpu_seconds if gpu_seconds >= host else host
+        else:
+            seconds = gpu_seconds + host
+        if host >= gpu_seconds:
+            bound = StepBound.HOST
+        elif memory > self._before and memory >= self._after:
+            bound = StepBound.MEMORY
+        else:
+            bound = _STEP_BOUNDS[self._other_bound]
+        flops = self.fixed_flops + attn_f * layers
+        return StepCost(seconds, gpu_seconds, flops, self.fixed_dram + attn_d * layers, bound)
+
+    def many(
+        self, contexts: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | int]:
+        """Consecutive steps, `contexts[j]` keys attended at step j: per-step (seconds,
+        flops, dram_bytes) arrays and the bound (an array, or one value for them all)."""
+        attn_s, attn_f, attn_d = self.attention(self.seqs, contexts)
+        b0, b1, b2, b3, b4 = self.parts
+        layers = self.layers
+        memory = b1 + attn_s * layers
+        gpu_seconds = b0 + memory
+        for part in (b2, b3, b4):
+            if part:  # adding an exact 0.0 changes nothing
+                gpu_seconds = gpu_seconds + part
+        gpu_seconds = gpu_seconds + self.launch
+        host = self.host
+        seconds = np.maximum(gpu_seconds, host) if self.overlap else gpu_seconds + host
+        flops = self.fixed_flops + attn_f * layers
+        dram = self.fixed_dram + attn_d * layers
+        return seconds, flops, dram, self._bounds(memory, gpu_seconds)
+
+    def _bounds(self, memory: np.ndarray, gpu_seconds: np.ndarray) -> np.ndarray | int:
+        """one()'s bound at each step. Usually the memory part leads at every step (it
+        does at the smallest) and the GPU hides the host (gpu_seconds grows with the
+        memory part, so its least is at the same step): one value then does."""
+        smallest = memory.min()
+        if smallest > self._before and smallest >= self._after and self.host < gpu_seconds.min():
+            return _MEMORY
+        leads = (memory > self._before) & (memory >= self._after)
+        bound = np.where(leads, _MEMORY, self._other_bound)
+        return np.where(self.host >= gpu_seconds, int(StepBound.HOST), bound).astype(np.int8)
 
 
 class StepCostModel:
@@ -131,9 +222,20 @@ class StepCostModel:
         self.kv_heads = arch.kv_heads_per_shard(tp)
         self.tp_link = self._link(tp, "tensor parallelism")
         self.pp_link = self._link(tp * pp, "pipeline parallelism") if pp > 1 else None
+        # Constants of every step, looked up once (step() runs tens of thousands of times).
+        self._layers = arch.num_layers
+        self._step_us, self._per_seq_us = self.overheads.step_us, self.overheads.per_seq_us
+        self._async = self.overheads.async_scheduling
+        eff = gpu.efficiency
+        self._per_kernel_us = (
+            eff.launch_overhead_graph_us
+            if self.overheads.cuda_graphs
+            else eff.launch_overhead_eager_us
+        )
         self._dense_cache: dict[int, _Part] = {}
         self._head_cache: dict[int, _Part] = {}
         self._fixed_cache: dict[tuple[int, int], _Part] = {}
+        self._decode_steps: dict[int, DecodeSteps] = {}
         self._prefill_attention = PrefillAttention(
             gpu,
             num_heads=self.heads,
@@ -235,14 +337,10 @@ class StepCostModel:
         return part
 
     def _host_seconds(self, seqs):
-        o = self.overheads
-        return (o.step_us + o.per_seq_us * seqs) * 1e-6
+        return (self._step_us + self._per_seq_us * seqs) * 1e-6
 
     def _launch_seconds(self, kernels: int) -> float:
-        eff = self.gpu.efficiency
-        graphs = self.overheads.cuda_graphs
-        per_kernel = eff.launch_overhead_graph_us if graphs else eff.launch_overhead_eager_us
-        return kernels * per_kernel * 1e-6
+        return kernels * self._per_kernel_us * 1e-6
 
     # ---- public --------------------------------------------------------------------
     def step(
@@ -261,58 +359,49 @@ class StepCostModel:
         tokens = decode_seqs + prefill_tokens
         if tokens < 1:
             raise ValueError("a step must schedule at least one token")
+        if not (prefill_tokens or prefill_seqs) and sampled in (None, decode_seqs):
+            return self.decode_steps(decode_seqs).one(decode_context)
         fixed = self._fixed(tokens, decode_seqs + prefill_seqs if sampled is None else sampled)
-        by_bound = list(fixed.seconds)
+        by_bound = fixed.seconds.copy()
         flops, dram, kernels = fixed.flops, fixed.dram_bytes, fixed.kernels
-        layers = self.arch.num_layers
+        layers = self._layers
         if prefill_tokens:
             seconds, f, d, compute, memory = self._prefill_attention(
                 prefill_seqs, prefill_tokens, prefill_pairs, prefill_context
             )
-            bound = StepBound.COMPUTE if compute >= memory else StepBound.MEMORY
-            by_bound[bound] += seconds * layers
+            by_bound[_COMPUTE if compute >= memory else _MEMORY] += seconds * layers
             flops += f * layers
             dram += d * layers
             if decode_seqs:
                 kernels += layers  # prefill and decode attention are separate kernels
         if decode_seqs:
-            seconds, f, d = self._decode_attention(decode_seqs, decode_context)
-            by_bound[StepBound.MEMORY] += float(seconds) * layers
-            flops += float(f) * layers
-            dram += float(d) * layers
+            seconds, f, d = self._decode_attention.one_step(decode_seqs, decode_context)
+            by_bound[_MEMORY] += seconds * layers
+            flops += f * layers
+            dram += d * layers
         gpu_seconds = sum(by_bound) + self._launch_seconds(kernels)
         host = self._host_seconds(decode_seqs + prefill_seqs)
-        seconds = max(gpu_seconds, host) if self.overheads.async_scheduling else gpu_seconds + host
+        seconds = max(gpu_seconds, host) if self._async else gpu_seconds + host
         if host >= gpu_seconds:
             bound = StepBound.HOST
-        else:
-            bound = StepBound(max(range(len(by_bound)), key=by_bound.__getitem__))
+        else:  # the first largest, as max(range(...), key=...) would pick
+            bound = _STEP_BOUNDS[by_bound.index(max(by_bound))]
         return StepCost(seconds, gpu_seconds, flops, dram, bound)
+
+    def decode_steps(self, seqs: int) -> DecodeSteps:
+        """Decode-only steps of `seqs` sequences (memoised: batch sizes repeat)."""
+        steps = self._decode_steps.get(seqs)
+        if steps is None:
+            steps = self._decode_steps[seqs] = DecodeSteps(self, seqs)
+        return steps
 
     def decode_run(
         self, seqs: int, contexts: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, StepBound]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | int]:
         """Consecutive decode-only steps with a fixed batch: `contexts[j]` is the total
-        keys attended at step j. Returns per-step (seconds, flops, dram_bytes) arrays and
-        the bound of the first step (a run's composition does not change)."""
-        fixed = self._fixed(seqs, seqs)
-        layers = self.arch.num_layers
-        attn_s, attn_f, attn_d = self._decode_attention(seqs, contexts)
-        gpu_seconds = sum(fixed.seconds) + self._launch_seconds(fixed.kernels) + attn_s * layers
-        host = self._host_seconds(seqs)
-        if self.overheads.async_scheduling:
-            seconds = np.maximum(gpu_seconds, host)
-        else:
-            seconds = gpu_seconds + host
-        flops = fixed.flops + attn_f * layers
-        dram = fixed.dram_bytes + attn_d * layers
-        first = list(fixed.seconds)
-        first[StepBound.MEMORY] += float(np.ravel(attn_s)[0]) * layers
-        if host >= float(np.ravel(gpu_seconds)[0]):
-            bound = StepBound.HOST
-        else:
-            bound = StepBound(max(range(len(first)), key=first.__getitem__))
-        return seconds, flops, dram, bound
+        keys attended at step j. Per-step (seconds, flops, dram_bytes) arrays and the
+        bound (an array, or one value for the whole run), as step() prices each."""
+        return self.decode_steps(seqs).many(contexts)
 
     @property
     def peak_flops(self) -> float:

@@ -31,18 +31,13 @@ class StepLog:
 
     def step(self, start, duration, batch, decodes, prefill, kv_used, waiting, flops, dram, bound):
         self.steps.append(
-            start=start,
-            duration=duration,
-            batch_size=batch,
-            decode_tokens=decodes,
-            prefill_tokens=prefill,
-            kv_blocks_used=kv_used,
-            waiting=waiting,
-            flops=flops,
-            dram_bytes=dram,
-            bound=bound,
-            replica=self.replica,
-        )
+            (start, duration, batch, decodes, prefill, kv_used, waiting, flops, dram, bound,
+             self.replica)
+        )  # fmt: skip
+
+    def step_rows(self, rows: list[tuple]) -> None:
+        """Whole rows, each with every column in order (the replica's index last)."""
+        self.steps.append_rows(rows)
 
     def steps_many(self, starts, durations, batch, decodes, kv_used, waiting, flops, dram, bound):
         self.steps.extend(
@@ -60,6 +55,9 @@ class StepLog:
             replica=self.replica,
         )
 
-    def gaps(self, seconds: np.ndarray | float, weight: np.ndarray | int = 1) -> None:
-        seconds = np.atleast_1d(seconds)
+    def gap(self, seconds: float, weight: int = 1) -> None:
+        """`weight` tokens that each came `seconds` after their request's previous one."""
+        self.itl.append((seconds, weight))
+
+    def gaps(self, seconds: np.ndarray, weight: np.ndarray | int = 1) -> None:
         self.itl.extend(len(seconds), seconds=seconds, weight=weight)

@@ -1,0 +1,242 @@
+"""Fit an EfficiencyProfile to measured operator times by inverting the cost model.
+
+For a row whose time is set by a term scaled by a curve (GEMM math, GEMM memory traffic,
+flash-attention math, decode KV streaming), the efficiency that makes the model match it
+is the current one times predicted term / (measured - floor). Those per-row values are
+binned by log size, reduced to medians and made monotone (isotonic.binned_curve); since
+which term binds (and which GEMM tile wins) depends on the efficiencies, this is iterated
+a few times. Scalars the curves cannot express (the fixed floors, per-thread-block
+latencies) are chosen by a golden-section search on the fit rows' MAPE, refitting the
+curves for each candidate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.calibration.isotonic import binned_curve
+from hardware_models.calibration.measured_tables import gemm_kernel_dtype
+from hardware_models.calibration.operator_terms import (
+    CurveLoc,
+    Terms,
+    copy_terms,
+    curve_at,
+    decode_terms,
+    gemm_terms,
+    prefill_terms,
+    with_value,
+)
+from hardware_models.efficiency import EfficiencyProfile, dtype_key
+
+CURVE_ITERATIONS = 3
+MIN_ROWS_PER_BIN = 3
+SEARCH_STEPS = 8
+SEARCH_ROWS = 3000  # scalar searches run on a seeded sample of this many rows
+GOLDEN = (np.sqrt(5) - 1) / 2
+
+Pricer = Callable[[AcceleratorSpec, pd.DataFrame], Terms]
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """A profile scalar searched over [low, high] (microseconds)."""
+
+    loc: CurveLoc
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class ClassFit:
+    """What to fit for one group of rows: how to price them and which scalars to search."""
+
+    name: str
+    rows: pd.DataFrame
+    price: Pricer
+    scalars: tuple[Scalar, ...] = ()
+
+
+def mape(measured: np.ndarray, predicted: np.ndarray) -> float:
+    return float(np.mean(np.abs(predicted - measured) / measured))
+
+
+def refit_curves(
+    gpu: AcceleratorSpec,
+    profile: EfficiencyProfile,
+    rows: pd.DataFrame,
+    price: Pricer,
+    iterations: int = CURVE_ITERATIONS,
+) -> EfficiencyProfile:
+    """Fixed-point refits of every curve `price` reports, from `profile`'s curves."""
+    measured = rows["measured_s"].to_numpy(dtype=float)
+    for _ in range(iterations):
+        terms = price(gpu.with_efficiency(profile), rows)
+        if not terms.curves:
+            break
+        work = measured - terms.floor_s
+        for loc, term in terms.curves.items():
+            ok = term.binds & (work > 0.05 * measured) & (term.seconds > 0)
+            if not ok.any():
+                continue
+            current = np.asarray(curve_at(profile, loc).at(term.size[ok]), dtype=float)
+            implied = current * term.seconds[ok] / work[ok]
+            # A small harness table has a row or two per octave: let each count.
+            min_rows = MIN_ROWS_PER_BIN if ok.sum() >= 10 * MIN_ROWS_PER_BIN else 1
+            curve = binned_curve(term.size[ok], implied, min_rows=min_rows)
+            if curve is not None:
+                profile = with_value(profile, loc, curve)
+    return profile
+
+
+def _score(
+    gpu: AcceleratorSpec, profile: EfficiencyProfile, rows: pd.DataFrame, price: Pricer
+) -> float:
+    """MAPE of `profile`'s scalars once its curves are refitted around them."""
+    fitted = refit_curves(gpu, profile, rows, price, iterations=2)
+    predicted = price(gpu.with_efficiency(fitted), rows).seconds
+    return mape(rows["measured_s"].to_numpy(dtype=float), predicted)
+
+
+def _golden(objective: Callable[[float], float], low: float, high: float) -> float:
+    """Minimise a unimodal `objective` on [low, high] in SEARCH_STEPS evaluations."""
+    a, b = low, high
+    c, d = b - GOLDEN * (b - a), a + GOLDEN * (b - a)
+    fc, fd = objective(c), objective(d)
+    for _ in range(SEARCH_STEPS - 2):
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - GOLDEN * (b - a)
+            fc = objective(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + GOLDEN * (b - a)
+            fd = objective(d)
+    return c if fc <= fd else d
+
+
+def fit_class(
+    gpu: AcceleratorSpec, profile: EfficiencyProfile, spec: ClassFit, seed: int = 0
+) -> EfficiencyProfile:
+    """Search spec's scalars (on a sample), then fit its curves on all its rows."""
+    rows = spec.rows
+    sample = rows.sample(SEARCH_ROWS, random_state=seed) if len(rows) > SEARCH_ROWS else rows
+    for _ in range(2 if len(spec.scalars) > 1 else 1):
+        for scalar in spec.scalars:
+
+            def objective(
+                value: float, scalar: Scalar = scalar, base: EfficiencyProfile = profile
+            ) -> float:
+                candidate = with_value(base, scalar.loc, float(value))
+                return _score(gpu, candidate, sample, spec.price)
+
+            best = _golden(objective, scalar.low, scalar.high)
+            profile = with_value(profile, scalar.loc, round(float(best), 3))
+    return refit_curves(gpu, profile, rows, spec.price)
+
+
+def class_fits(table: pd.DataFrame) -> list[ClassFit]:
+    """The fits a table supports: one per GEMM kernel dtype, prefill, decode, copies."""
+    fits: list[ClassFit] = []
+    gemm = table[table["op_class"] == "gemm"]
+    if len(gemm):
+        kernels = gemm_kernel_dtype(gemm).map(dtype_key)
+        # The split-K pass is one figure for every dtype: searched on the main one.
+        main = next(k for k in ("bf16", "fp16", *sorted(set(kernels))) if k in set(kernels))
+        for key, rows in sorted(gemm.groupby(kernels), key=lambda kv: kv[0] != main):
+            top = _low_time_us(rows)
+            scalars = [Scalar(("gemm_floor_us_by_dtype", key), 0.0, 3.0 * top)]
+            if key == main:
+                scalars.append(Scalar(("gemm_split_k_overhead_us", None), 0.0, 2.0 * top))
+            fits.append(
+                ClassFit(
+                    f"gemm/{key}",
+                    rows,
+                    lambda gpu, r, key=key: gemm_terms(gpu, r, key),
+                    tuple(scalars),
+                )
+            )
+    for name, price, scalars in (
+        (
+            "attention_prefill",
+            prefill_terms,
+            (("attention_prefill_floor_us", 1.0), ("prefill_cta_latency_us", 0.25)),
+        ),
+        (
+            "attention_decode",
+            decode_terms,
+            (("attention_decode_floor_us", 1.0), ("decode_cta_latency_us", 0.25)),
+        ),
+    ):
+        rows = table[table["op_class"] == name]
+        if len(rows):
+            top = _low_time_us(rows)
+            fits.append(
+                ClassFit(
+                    name,
+                    rows,
+                    price,
+                    tuple(Scalar((f, None), 0.0, share * 2.0 * top) for f, share in scalars),
+                )
+            )
+    return fits
+
+
+def _low_time_us(rows: pd.DataFrame) -> float:
+    """The 2nd percentile of measured time in us: floors and latencies lie below it."""
+    return float(np.quantile(rows["measured_s"], 0.02) * 1e6)
+
+
+def fit_copy_bandwidth(
+    gpu: AcceleratorSpec, profile: EfficiencyProfile, rows: pd.DataFrame
+) -> EfficiencyProfile:
+    """memory_bandwidth from device copies large enough that the floor is noise."""
+    if rows.empty:
+        return profile
+    terms = copy_terms(gpu.with_efficiency(profile), rows)
+    measured = rows["measured_s"].to_numpy(dtype=float)
+    big = measured > 20 * terms.floor_s
+    if not big.any():
+        return profile
+    work = terms.seconds - terms.floor_s
+    implied = profile.memory_bandwidth * work / (measured - terms.floor_s)
+    value = float(np.clip(np.median(implied[big]), 1e-3, 1.0))
+    return profile.model_copy(update={"memory_bandwidth": round(value, 4)})
+
+
+def generic_from_dtypes(profile: EfficiencyProfile) -> EfficiencyProfile:
+    """Copy the bf16 (else fp16, else only) GEMM fit into the dtype-independent fields, so
+    GEMMs in dtypes that were not measured use calibrated curves too."""
+    compute = profile.gemm_compute_by_dtype
+    for key in ("bf16", "fp16", *sorted(compute)):
+        if key in compute:
+            update: dict[str, object] = {"gemm_compute": compute[key]}
+            if key in profile.gemm_memory_by_dtype:
+                update["gemm_memory"] = profile.gemm_memory_by_dtype[key]
+            if key in profile.gemm_floor_us_by_dtype:
+                update["kernel_floor_us"] = profile.gemm_floor_us_by_dtype[key]
+            return profile.model_copy(update=update)
+    return profile
+
+
+def fit_profile(
+    gpu: AcceleratorSpec,
+    table: pd.DataFrame,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> EfficiencyProfile:
+    """An EfficiencyProfile for `gpu` fitted to the rows of `table` (one GPU's rows),
+    starting from the preset's own efficiencies for anything the table does not cover."""
+    profile = gpu.efficiency
+    for spec in class_fits(table):
+        profile = fit_class(gpu, profile, spec, seed)
+        if progress is not None:
+            progress(f"fitted {spec.name} on {len(spec.rows)} rows")
+    profile = fit_copy_bandwidth(gpu, profile, table[table["op_class"] == "memory_copy"])
+    profile = generic_from_dtypes(profile)
+    # Validate once (dict keys, value ranges) now that every field is set.
+    return EfficiencyProfile.model_validate(profile.model_dump())

@@ -1,0 +1,129 @@
+"""Where measurements come from: a harness folder, an aiconfigurator folder, or the shared
+public tables by GPU name; and which accelerator spec they are priced against."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.calibration.harness.runner import DEVICE_SPEC, METADATA
+from hardware_models.calibration.measured_tables import (
+    COLUMNS,
+    FILES,
+    GPU_FOLDERS,
+    NUMERIC_COLUMNS,
+    default_measured_dir,
+    load_measured,
+)
+from hardware_models.errors import InfersimError
+from hardware_models.presets import list_gpus, load_gpu
+
+
+@dataclass(frozen=True)
+class Measurements:
+    table: pd.DataFrame
+    source: str  # a description for reports and the profile's metadata
+    folder: Path | None  # a harness folder, when that is what was read
+
+
+def read_harness_dir(path: Path) -> pd.DataFrame:
+    """Every Parquet table of a `calibrate run` folder, checked for the long format."""
+    files = sorted(path.glob("*.parquet"))
+    if not files:
+        raise InfersimError(f"{path}: no .parquet tables (write some with `calibrate run`)")
+    frames = []
+    for file in files:
+        try:
+            frame = pd.read_parquet(file)
+        except (OSError, ValueError) as exc:
+            raise InfersimError(f"{file}: not a readable Parquet table ({exc})") from None
+        missing = [c for c in COLUMNS if c not in frame.columns]
+        if missing:
+            raise InfersimError(f"{file}: missing column {missing[0]!r} of the long format")
+        bad = frame["measured_s"].isna() | (frame["measured_s"] <= 0)
+        if bad.any():
+            raise InfersimError(f"{file}: measured_s must be > 0 (row {int(bad.idxmax())})")
+        frames.append(frame[list(COLUMNS)].astype({c: float for c in NUMERIC_COLUMNS}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def load_measurements(
+    folder: str | Path | None = None,
+    measured: str | Path | None = None,
+    from_shared: str | None = None,
+) -> Measurements:
+    """Exactly one of: a harness folder, a measured/ folder (or one GPU folder in it), or a
+    GPU preset whose public tables sit in ../shared/data/measured."""
+    given = [x is not None for x in (folder, measured, from_shared)]
+    if sum(given) != 1:
+        raise InfersimError(
+            "give exactly one input: a calibration folder, --measured DIR or --from-shared GPU"
+        )
+    if folder is not None:
+        path = Path(folder)
+        if not path.is_dir():
+            raise InfersimError(f"{path}: no such calibration folder")
+        return Measurements(read_harness_dir(path), f"harness run {path.name}", path)
+    if measured is not None:
+        path = Path(measured)
+        if path.name in GPU_FOLDERS and any((path / f).is_file() for f in FILES.values()):
+            table = load_measured(path.parent, gpus=[GPU_FOLDERS[path.name]])
+        else:
+            table = load_measured(path)
+        return Measurements(table, f"measured tables {path.name}", None)
+    known = sorted(GPU_FOLDERS.values())
+    if from_shared not in known:
+        raise InfersimError(f"--from-shared {from_shared!r}: public tables exist for {known}")
+    table = load_measured(default_measured_dir(), gpus=[from_shared])
+    return Measurements(table, f"aiconfigurator measured tables for {from_shared}", None)
+
+
+def harness_metadata(folder: Path | None) -> dict:
+    if folder is None or not (folder / METADATA).is_file():
+        return {}
+    try:
+        return json.loads((folder / METADATA).read_text())
+    except json.JSONDecodeError as exc:
+        raise InfersimError(f"{folder / METADATA}: not JSON ({exc.msg})") from None
+
+
+def resolve_spec(
+    measurements: Measurements, gpu: str | None, fallback: str | None = None
+) -> AcceleratorSpec:
+    """--gpu when given; else the harness folder's device.yaml or matched preset; else the
+    table's only GPU; else `fallback` (the GPU a profile was fitted on) if the table has it."""
+    if gpu is not None:
+        return load_gpu(gpu)
+    folder = measurements.folder
+    if folder is not None and (folder / DEVICE_SPEC).is_file():
+        return load_gpu(folder / DEVICE_SPEC)
+    preset = harness_metadata(folder).get("preset")
+    names = set(measurements.table["gpu"])
+    if preset is None and len(names) == 1:
+        preset = next(iter(names))
+    if preset is None and fallback in names:
+        preset = fallback
+    if preset is None or preset not in list_gpus():
+        raise InfersimError(
+            f"cannot tell which accelerator the rows ({sorted(names)}) ran on; pass --gpu "
+            "PRESET_OR_YAML"
+        )
+    return load_gpu(preset)
+
+
+def rows_for(measurements: Measurements, spec: AcceleratorSpec) -> pd.DataFrame:
+    """The rows measured on `spec`: all of them for a single-device table, else those
+    whose gpu column names it."""
+    table = measurements.table
+    if table["gpu"].nunique() == 1:
+        return table
+    rows = table[table["gpu"] == spec.name]
+    if rows.empty:
+        raise InfersimError(
+            f"no rows measured on {spec.name}; the input has {sorted(set(table['gpu']))}"
+        )
+    return rows

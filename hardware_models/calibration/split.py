@@ -1,0 +1,27 @@
+"""Seeded fit/holdout split by shape, the same whichever table or order the rows come in.
+
+A shape (op class, dtypes and every shape column) goes wholly to one half, so repeated
+measurements of a shape never sit on both sides. The half is decided by a hash of the
+shape and the seed, not by row order or GPU, so `fit` and `validate` agree without sharing
+state, and a shape held out on one GPU is held out on every GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from hardware_models.calibration.measured_tables import SHAPE_COLUMNS
+
+KEY_COLUMNS: tuple[str, ...] = ("op_class", "dtype", "source_dtype", *SHAPE_COLUMNS)
+
+
+def holdout_mask(table: pd.DataFrame, holdout: float, seed: int) -> pd.Series:
+    """True for rows whose shape belongs to the held-out fraction `holdout` (0..1)."""
+    if not 0.0 <= holdout < 1.0:
+        raise ValueError(f"holdout must be in [0, 1), got {holdout}")
+    cols = [c for c in KEY_COLUMNS if c in table.columns]
+    keys = table[cols].astype(str)
+    hashed = pd.util.hash_pandas_object(keys, index=False, hash_key=f"{seed:016d}"[-16:])
+    unit = (hashed.to_numpy(dtype=np.uint64) >> np.uint64(11)) / float(2**53)
+    return pd.Series(unit < holdout, index=table.index)

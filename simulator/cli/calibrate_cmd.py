@@ -1,0 +1,118 @@
+"""`infersim calibrate run | fit | validate`: measure a device, fit a profile, check it."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+
+from hardware_models.calibration.harness import run_harness
+from hardware_models.calibration.profile_file import read_profile, write_profile
+from hardware_models.calibration.sources import load_measurements, resolve_spec
+from hardware_models.calibration.workflow import (
+    fit_measurements,
+    validate_measurements,
+    write_report,
+)
+from hardware_models.errors import InfersimError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "calibrate",
+        help="measure a GPU, fit efficiency curves to it, validate them",
+        description="Calibrate the operator cost model against measurements: `run` times "
+        "micro-benchmarks with PyTorch, `fit` writes a profile YAML, `validate` reports "
+        "predicted vs measured on held-out shapes.",
+    )
+    steps = parser.add_subparsers(dest="step", required=True)
+
+    run = steps.add_parser("run", help="time GEMMs, copies, attention, NCCL and one layer")
+    run.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    run.add_argument("-o", "--out", type=Path, required=True, help="folder for the tables")
+    run.add_argument("--quick", action="store_true", help="a few shapes only (smoke test)")
+    run.set_defaults(handler=_run)
+
+    fit = steps.add_parser("fit", help="fit a calibration profile to measurements")
+    _inputs(fit)
+    fit.add_argument("-o", "--out", type=Path, required=True, help="profile YAML to write")
+    fit.add_argument("--holdout", type=float, default=0.5, help="fraction of shapes kept out")
+    fit.add_argument("--seed", type=int, default=0, help="seed of the holdout split")
+    fit.set_defaults(handler=_fit)
+
+    val = steps.add_parser("validate", help="predicted vs measured with and without a profile")
+    _inputs(val)
+    val.add_argument("--profile", type=Path, required=True, help="profile YAML from `fit`")
+    val.add_argument("-o", "--out", type=Path, help="report folder (default: beside profile)")
+    val.set_defaults(handler=_validate)
+
+
+def _inputs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("folder", nargs="?", type=Path, help="a `calibrate run` folder")
+    parser.add_argument("--measured", type=Path, help="aiconfigurator measured/ (or GPU) folder")
+    parser.add_argument("--from-shared", metavar="GPU", help="public tables: h100-sxm, ...")
+    parser.add_argument("--gpu", help="accelerator preset or YAML (default: from the input)")
+
+
+def _clock() -> Callable[[str], None]:
+    start = time.perf_counter()
+    return lambda line: print(f"[{time.perf_counter() - start:6.1f}s] {line}", flush=True)
+
+
+def _run(args: argparse.Namespace) -> int:
+    run_harness(args.device, args.out, quick=args.quick, progress=_clock())
+    return 0
+
+
+def _fit(args: argparse.Namespace) -> int:
+    if not 0.0 <= args.holdout < 1.0:
+        raise InfersimError(f"--holdout must be in [0, 1), got {args.holdout}")
+    log = _clock()
+    measurements = load_measurements(args.folder, args.measured, args.from_shared)
+    spec = resolve_spec(measurements, args.gpu)
+    log(f"{len(measurements.table)} rows from {measurements.source}; fitting against {spec.name}")
+    profile = fit_measurements(measurements, spec, args.holdout, args.seed, progress=log)
+    for fitted in profile.links:
+        log(
+            f"link for {fitted.num_gpus} GPUs: latency {fitted.link.latency_us} us, "
+            f"efficiency {fitted.link.efficiency}"
+        )
+    log(f"wrote {write_profile(profile, args.out)}")
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    log = _clock()
+    profile = read_profile(args.profile)
+    measurements = load_measurements(args.folder, args.measured, args.from_shared)
+    spec = resolve_spec(measurements, args.gpu, fallback=profile.metadata.gpu)
+    result = validate_measurements(measurements, spec, profile)
+    out = args.out or args.profile.parent / f"{args.profile.stem}-validation-{spec.name}"
+    title = f"Calibration of {spec.name} with {args.profile.name}"
+    paths = write_report(result, out, title)
+    log(f"{spec.name}: {len(result.rows)} rows, {result.which_rows}")
+    print(_summary(result.tables["by_class"]).to_string(index=False))
+    targets = result.tables["targets"]
+    for row in targets.itertuples(index=False):
+        verdict = "met" if row.met else f"MISSED by {100 * (row.mape - row.target):.1f} points"
+        limit = f"MAPE <= {100 * row.target:.0f}%:"
+        print(f"  target {row.op_class:<18} {limit} {100 * row.mape:5.1f}%  {verdict}")
+    log(f"wrote {len(paths)} files to {out}")
+    return 0
+
+
+def _summary(by_class: pd.DataFrame) -> pd.DataFrame:
+    """One line per op class: n, MAPE before and after, bias after."""
+    wide = by_class.pivot(index="op_class", columns="stage", values=["n", "mape", "bias"])
+    return pd.DataFrame(
+        {
+            "op_class": wide.index,
+            "n": wide[("n", "calibrated")].astype(int).to_numpy(),
+            "mape uncalibrated": [f"{100 * v:.1f}%" for v in wide[("mape", "uncalibrated")]],
+            "mape calibrated": [f"{100 * v:.1f}%" for v in wide[("mape", "calibrated")]],
+            "bias calibrated": [f"{100 * v:+.1f}%" for v in wide[("bias", "calibrated")]],
+        }
+    )
