@@ -66,7 +66,10 @@ class PrefillAttention:
         math_dtype = dtype if gpu.supports(dtype) else Dtype.BF16
         self.peak = gpu.peak_flops(math_dtype)
         self.curve = eff.attention_prefill_compute
-        self._constant_eff = self.curve.values[0] if len(self.curve.sizes) == 1 else None
+        # With a constant efficiency, peak x efficiency is worked out once (the same
+        # product __call__ would form first).
+        constant = len(self.curve.sizes) == 1
+        self._attainable = self.peak * self.curve.values[0] if constant else None
         self.sm_count = gpu.sm_count
         self.cta_seconds = eff.prefill_cta_latency_us * 1e-6
         self.bandwidth = gpu.memory_bandwidth * eff.memory_bandwidth
@@ -83,8 +86,10 @@ class PrefillAttention:
         units = max(1, num_seqs * self.num_kv_heads * math.ceil(rows / PREFILL_QUERY_BLOCK))
         waves = math.ceil(units / self.sm_count)
         wave_eff = units / (waves * self.sm_count)
-        eff = self._constant_eff if self._constant_eff is not None else self.curve.at(flops)
-        compute = (flops + new_tokens * self.waste_per_token) / (self.peak * eff * wave_eff)
+        attainable = self._attainable
+        if attainable is None:
+            attainable = self.peak * self.curve.at(flops)
+        compute = (flops + new_tokens * self.waste_per_token) / (attainable * wave_eff)
         compute = max(compute, waves * self.cta_seconds)
         memory = dram / self.bandwidth
         return max(compute, memory) + self.floor, flops, dram, compute, memory

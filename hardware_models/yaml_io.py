@@ -14,26 +14,96 @@ from hardware_models.errors import InfersimError, describe_validation_error
 M = TypeVar("M", bound=BaseModel)
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader (no tags that build Python objects), stricter where a silent
+    answer would mislead: a key given twice in one mapping is an error, not the last value,
+    and an integer Python cannot convert is reported with its line."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, yaml.Mark] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    earlier = first.setdefault(key, key_node.start_mark)
+                except TypeError:  # unhashable: the base class reports it
+                    continue
+                if earlier is not key_node.start_mark:
+                    raise yaml.constructor.ConstructorError(
+                        None, None,
+                        f"duplicate key {key!r} (first given on line {earlier.line + 1})",
+                        key_node.start_mark,
+                    )  # fmt: skip
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node: yaml.Node) -> int:
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError as exc:  # e.g. more digits than int() accepts (4300)
+            problem = str(exc).split(";")[0]
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read this integer: {problem}", node.start_mark
+            ) from None
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _Loader.construct_mapping)
+
+
+def _name(path: Path) -> str:
+    """A file as messages name it: quoted when its name holds a line break or another
+    unprintable character, so that every message stays one line."""
+    text = str(path)
+    return text if text.isprintable() else repr(text)
+
+
+def _line_of(data: bytes | str, offset: int) -> int:
+    newline = b"\n" if isinstance(data, bytes) else "\n"
+    return data.count(newline, 0, offset) + 1
+
+
 def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
-    """Read a YAML file that must hold a mapping; never constructs objects from tags."""
+    """Read a YAML file that must hold a mapping; never constructs objects from tags.
+    Every problem is one line naming the file, and the line where there is one."""
     path = Path(path)
     if not path.is_file():
-        raise InfersimError(f"{path}: no such file")
+        raise InfersimError(f"{_name(path)}: no such file")
+    raw = path.read_bytes()
     try:
-        text = path.read_text(encoding="utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InfersimError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+        utf16 = raw.startswith((b"\xff\xfe", b"\xfe\xff"))
+        hint = "; it looks like UTF-16, save it as UTF-8" if utf16 else ""
+        raise InfersimError(
+            f"{_name(path)}: line {_line_of(raw, exc.start)}: not UTF-8 text "
+            f"(byte {exc.start}: {raw[exc.start : exc.start + 1]!r}){hint}"
+        ) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_Loader)  # a SafeLoader: no Python object tags
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise InfersimError(f"{path}:{where}: invalid YAML: {problem}") from None
+        position = getattr(exc, "position", None)  # reader errors: bad characters
+        if mark is not None:
+            where = f" line {mark.line + 1}, column {mark.column + 1}:"
+        elif position is not None:
+            where = f" line {_line_of(text, position)}:"
+        else:
+            where = ""
+        problem = getattr(exc, "problem", None)
+        if isinstance(exc, yaml.reader.ReaderError):
+            code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+            problem = f"unacceptable character #x{code:04x}: {exc.reason}"
+        problem = problem or (str(exc).splitlines() or ["unreadable"])[0]
+        raise InfersimError(f"{_name(path)}:{where} invalid YAML: {problem}") from None
+    except RecursionError:
+        raise InfersimError(f"{_name(path)}: invalid YAML: nested too deeply") from None
     if data is None:
-        raise InfersimError(f"{path}: file is empty")
+        raise InfersimError(f"{_name(path)}: file is empty")
     if not isinstance(data, dict):
-        raise InfersimError(f"{path}: expected a mapping of fields, got {type(data).__name__}")
+        got = type(data).__name__
+        raise InfersimError(f"{_name(path)}: expected a mapping of fields, got {got}")
     return data
 
 

@@ -68,6 +68,32 @@ class PoolSection(BaseModel):
     tp: int = Field(default=1, ge=1, le=512, description="tensor-parallel degree per replica")
     pp: int = Field(default=1, ge=1, le=128, description="pipeline-parallel degree per replica")
     replicas: int = Field(default=1, ge=1, le=10_000, description="replicas in this pool")
+    role: Literal["mixed", "prefill", "decode"] = Field(
+        default="mixed",
+        description="mixed serves whole requests; prefill and decode pools split them "
+        "(Splitwise / DistServe): a prefill replica computes the prompt and first token, "
+        "then the KV cache moves over the network to a decode replica",
+    )
+
+
+class FaultEvent(BaseModel):
+    model_config = _STRICT
+    replica: int = Field(ge=0, description="index of the replica that fails (0-based)")
+    at_s: float = Field(ge=0, description="simulated time of the failure, s")
+    recover_at_s: float | None = Field(
+        default=None, gt=0, description="when it serves again (empty); default: never"
+    )
+
+
+class FaultsSection(BaseModel):
+    model_config = _STRICT
+    events: list[FaultEvent] = Field(min_length=1)
+    on_failure: Literal["retry", "fail"] = Field(
+        default="retry",
+        description="what happens to a failed replica's requests: retry them from scratch "
+        "on another replica, or count them as failed",
+    )
+    max_retries: int = Field(default=3, ge=0, description="retries per request before it fails")
 
 
 Policy = Literal["static", "dynamic", "continuous", "chunked_prefill"]
@@ -228,6 +254,9 @@ class Scenario(BaseModel):
         description="named variants to compare: each maps dotted field paths to values "
         "applied to this scenario (e.g. {fp8: {model.kv_dtype: fp8}})",
     )
+    faults: FaultsSection | None = Field(
+        default=None, description="replica failures to inject (and recoveries)"
+    )
     plan: PlanSection | None = Field(
         default=None, description="a capacity-planning search for `infersim plan`"
     )
@@ -247,6 +276,22 @@ class Scenario(BaseModel):
         names = [p.name for p in self.pools]
         if len(set(names)) != len(names):
             raise ValueError(f"pools: names must be unique, got {names}")
+        roles = {p.role for p in self.pools}
+        if roles & {"prefill", "decode"} and roles != {"prefill", "decode"}:
+            raise ValueError(
+                f"pools: a disaggregated cluster needs prefill and decode pools and no mixed "
+                f"ones, got roles {sorted(roles)}"
+            )
+        if self.faults is not None:
+            replicas = sum(p.replicas for p in self.pool_list())
+            for i, event in enumerate(self.faults.events):
+                if event.replica >= replicas:
+                    raise ValueError(
+                        f"faults.events.{i}.replica: {event.replica} is not a replica "
+                        f"(the cluster has {replicas}: 0..{replicas - 1})"
+                    )
+                if event.recover_at_s is not None and event.recover_at_s <= event.at_s:
+                    raise ValueError(f"faults.events.{i}: recover_at_s must be after at_s")
         return self
 
     def pool_list(self) -> list[PoolSection]:

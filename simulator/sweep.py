@@ -28,8 +28,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
 from pydantic import ValidationError
 from tqdm import tqdm
 
@@ -39,6 +37,8 @@ from simulator.simulation import simulate
 
 if TYPE_CHECKING:
     from distributed import Client
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 RATE_AXIS = "workload.arrivals.rate_per_s"
 PLOT_FILES = ("sweep_latency.png", "sweep_throughput.png")
@@ -408,6 +408,8 @@ def latency_figure(
 ) -> Figure:
     """p99 TTFT and p99 TPOT against load, one line per configuration: where each knees."""
     x, groups = _configurations(table, axes)
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(12, 5), layout="constrained")
     ttft, tpot = fig.subplots(1, 2)
     for ax, column, title, bound in (
@@ -424,6 +426,8 @@ def latency_figure(
 def throughput_figure(table: pd.DataFrame, axes: Sequence[str]) -> Figure:
     """Output tokens/s and output tokens/s per $/h against load, per configuration."""
     x, groups = _configurations(table, axes)
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(12, 5), layout="constrained")
     tokens, per_usd = fig.subplots(1, 2)
     _draw(tokens, x, groups, "output_tokens_per_s")

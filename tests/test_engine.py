@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from hardware_models.errors import InfeasibleError
+from simulator.engine import replica
 from simulator.simulation import simulate
 
 POLICIES = ["static", "dynamic", "continuous", "chunked_prefill"]
@@ -40,16 +41,24 @@ def test_every_request_completes_with_invariants(make_scenario, policy):
     assert (results.requests["outcome"] == "completed").all()
 
 
+def _assert_same_run(fast, slow) -> None:
+    """Bit for bit: requests, steps, and the inter-token gaps as a multiset (a sample of
+    weight n stands for n tokens, however the gaps were grouped into rows)."""
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
+
+    def gaps(results):
+        return results.itl.groupby("seconds")["weight"].sum()
+
+    pd.testing.assert_series_equal(gaps(fast), gaps(slow), check_exact=True)
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 def test_multi_step_matches_step_by_step(make_scenario, policy):
     serving = {"policy": policy, "max_num_batched_tokens": 2048}
     fast = simulate(make_scenario(serving=serving))
     slow = simulate(make_scenario(serving=serving, engine={"multi_step": False}))
-    cols = ["first_scheduled", "first_token", "finish", "generated", "preemptions"]
-    pd.testing.assert_frame_equal(fast.requests[cols], slow.requests[cols], rtol=1e-9)
-    assert len(fast.steps) == len(slow.steps)
-    np.testing.assert_allclose(fast.steps["duration"], slow.steps["duration"], rtol=1e-9)
-    np.testing.assert_array_equal(fast.steps["kv_blocks_used"], slow.steps["kv_blocks_used"])
+    _assert_same_run(fast, slow)
 
 
 def test_multi_step_matches_under_kv_pressure(make_scenario):
@@ -59,9 +68,39 @@ def test_multi_step_matches_under_kv_pressure(make_scenario):
     slow = simulate(make_scenario(serving=pressure, workload=workload,
                                   engine={"multi_step": False}))  # fmt: skip
     assert fast.requests["preemptions"].sum() > 0
-    cols = ["first_token", "finish", "preemptions"]
-    pd.testing.assert_frame_equal(fast.requests[cols], slow.requests[cols], rtol=1e-9)
+    _assert_same_run(fast, slow)
     _check_invariants(fast)
+
+
+@pytest.mark.parametrize("stepwise_up_to", [-1, 10**9])
+def test_decode_runs_priced_either_way_match_step_by_step(make_scenario, monkeypatch,
+                                                          stepwise_up_to):  # fmt: skip
+    """Runs are priced step by step in Python when short and vectorised when long: both
+    must give stepping one by one's numbers (low load, so some runs are long)."""
+    workload = {"arrivals": {"kind": "poisson", "rate_per_s": 0.5}, "num_requests": 60}
+    slow = simulate(make_scenario(workload=workload, engine={"multi_step": False}))
+    monkeypatch.setattr(replica, "STEPWISE_RUN_STEPS", stepwise_up_to)
+    _assert_same_run(simulate(make_scenario(workload=workload)), slow)
+
+
+def test_router_sees_the_same_state_in_runs(make_scenario):
+    """A run applied ahead of the clock must show a router what stepping would (KV use)."""
+    cluster = {"replicas": 2, "router": "least_kv_load"}
+    workload = {"arrivals": {"kind": "poisson", "rate_per_s": 12.0}}
+    fast = simulate(make_scenario(parallelism=cluster, workload=workload))
+    slow = simulate(make_scenario(parallelism=cluster, workload=workload,
+                                  engine={"multi_step": False}))  # fmt: skip
+    _assert_same_run(fast, slow)
+
+
+def test_swapped_in_requests_alone_keep_the_replica_busy(make_scenario):
+    """When a step's only work is swapping requests back in, they decode in it: the
+    replica used to fall asleep with them running and never wake (a stalled run)."""
+    tight = {"num_gpu_blocks": 100, "preemption": "swap", "max_num_seqs": 16}
+    results = simulate(make_scenario(serving=tight, workload={"num_requests": 120}))
+    assert results.requests["preemptions"].sum() > 0
+    assert (results.requests["outcome"] == "completed").all()
+    _check_invariants(results)
 
 
 def test_same_seed_same_results_other_seed_differs(make_scenario):

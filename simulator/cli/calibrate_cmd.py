@@ -9,14 +9,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from hardware_models.calibration.harness import run_harness
-from hardware_models.calibration.profile_file import read_profile, write_profile
-from hardware_models.calibration.sources import load_measurements, resolve_spec
-from hardware_models.calibration.workflow import (
-    fit_measurements,
-    validate_measurements,
-    write_report,
-)
 from hardware_models.errors import InfersimError
 
 
@@ -63,11 +55,17 @@ def _clock() -> Callable[[str], None]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from hardware_models.calibration.harness import run_harness
+
     run_harness(args.device, args.out, quick=args.quick, progress=_clock())
     return 0
 
 
 def _fit(args: argparse.Namespace) -> int:
+    from hardware_models.calibration.profile_file import write_profile
+    from hardware_models.calibration.sources import load_measurements, resolve_spec
+    from hardware_models.calibration.workflow import fit_measurements
+
     if not 0.0 <= args.holdout < 1.0:
         raise InfersimError(f"--holdout must be in [0, 1), got {args.holdout}")
     log = _clock()
@@ -85,6 +83,10 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from hardware_models.calibration.profile_file import read_profile
+    from hardware_models.calibration.sources import load_measurements, resolve_spec
+    from hardware_models.calibration.workflow import validate_measurements, write_report
+
     log = _clock()
     profile = read_profile(args.profile)
     measurements = load_measurements(args.folder, args.measured, args.from_shared)

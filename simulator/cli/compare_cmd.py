@@ -9,10 +9,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from hardware_models.errors import InfersimError
-from simulator.cli.run_cmd import free_results_dir
+from simulator.cli.run_cmd import folder_name, free_results_dir
 from simulator.compare import compare_table, write_comparison
 from simulator.results import Results
 from simulator.scenario import Scenario
@@ -62,7 +61,8 @@ def _runs(paths: list[Path], overrides: list[str]) -> dict[str, tuple[Path, Scen
     for path, file in zip(paths, files, strict=True):
         scenario = Scenario.from_yaml(path, overrides)
         for run in scenario.expand():
-            parts = ([file] if len(paths) > 1 else []) + ([run.name] if scenario.variants else [])
+            variant = [folder_name(run.name, "variant")] if scenario.variants else []
+            parts = ([file] if len(paths) > 1 else []) + variant
             runs[":".join(parts)] = (Path(*parts), run)
     if len(runs) < 2:
         raise InfersimError(
@@ -71,9 +71,11 @@ def _runs(paths: list[Path], overrides: list[str]) -> dict[str, tuple[Path, Scen
     return runs
 
 
-def throughput_cost_figure(results: Mapping[str, Results]) -> Figure:
+def throughput_cost_figure(results: Mapping[str, Results]):
     """Output tokens/s over simulated time overlaid, then each run's mean output tokens/s
     and $ per 1M output tokens as bars."""
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(11, 8), layout="constrained")
     axes = fig.subplot_mosaic([["time", "time"], ["tokens", "cost"]])
     for name, result in results.items():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from hardware_models.errors import InfersimError
 from simulator.compare import compare_table, write_comparison
@@ -36,9 +36,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_run)
 
 
+def folder_name(name: str, what: str = "name") -> str:
+    """A scenario or variant name as a folder below the results folder: refused when it
+    would land elsewhere (absolute, empty, or with '.' or '..' parts)."""
+    parts = PurePath(name).parts
+    if not parts or PurePath(name).is_absolute() or any(p in (".", "..") for p in parts):
+        raise InfersimError(
+            f"{what} {name!r} cannot name a results folder (it would not be a folder "
+            "inside it); rename it or pass -o"
+        )
+    return name
+
+
 def free_results_dir(name: str, root: Path = Path("results")) -> Path:
     """results/<name>, or results/<name>-2, -3, ...: earlier results are never replaced."""
-    candidate = root / name
+    candidate = root / folder_name(name)
     n = 2
     while candidate.exists() and any(candidate.iterdir()):
         candidate = root / f"{name}-{n}"
@@ -49,14 +61,22 @@ def free_results_dir(name: str, root: Path = Path("results")) -> Path:
 def _run(args: argparse.Namespace) -> int:
     scenario = Scenario.from_yaml(args.scenario, args.overrides)
     outdir = args.output or free_results_dir(scenario.name)
+    # Fail before simulating, not after.
+    if outdir.exists() and not outdir.is_dir():
+        raise InfersimError(f"{outdir} exists and is not a directory; choose another -o")
     if args.output and not args.overwrite and outdir.exists() and any(outdir.iterdir()):
-        # Fail before simulating, not after.
         raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
     runs = scenario.expand()
+    for run in runs if len(runs) > 1 else ():  # each variant writes to a subfolder
+        folder_name(run.name, "variant")
     results = {}
     written: list[Path] = []
     for run in runs:
-        result = simulate(run, progress=not args.quiet)
+        try:
+            result = simulate(run, progress=not args.quiet)
+        except InfersimError as exc:  # say which scenario (and variant) the problem is in
+            where = f"{args.scenario}: variant {run.name}" if len(runs) > 1 else args.scenario
+            raise InfersimError(f"{where}: {exc}") from None
         results[run.name] = result
         print(result.summary_table())
         target = outdir / run.name if len(runs) > 1 else outdir

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from hardware_models.errors import InfersimError
-from simulator.cli.run_cmd import free_results_dir
+from simulator.cli.run_cmd import folder_name, free_results_dir
 from simulator.scenario import Scenario
 from simulator.sweep import PER_USD, sweep
 
@@ -101,7 +101,9 @@ def _sweep(args: argparse.Namespace) -> int:
     overrides += ["output.plots=false"] if args.no_plots else []
     scenario = Scenario.from_yaml(args.scenario, overrides)
     outdir = args.output or (
-        Path("results") / scenario.name if args.resume else free_results_dir(scenario.name)
+        Path("results") / folder_name(scenario.name)
+        if args.resume
+        else free_results_dir(scenario.name)
     )
     options = {
         "outdir": outdir,

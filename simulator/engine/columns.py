@@ -18,13 +18,10 @@ class ColumnStore:
 
     def __init__(self, dtypes: Mapping[str, str], capacity: int = 1024) -> None:
         self._dtype = np.dtype(list(dtypes.items()))
-        self._allocate(capacity)
         self.size = 0
+        self._use(np.empty(capacity, dtype=self._dtype))
 
-    def _allocate(self, capacity: int) -> None:
-        rows = np.empty(capacity, dtype=self._dtype)
-        if hasattr(self, "_rows"):
-            rows[: self.size] = self._rows[: self.size]
+    def _use(self, rows: np.ndarray) -> None:
         self._rows = rows
         self._fields = {name: rows[name] for name in self._dtype.names}  # column views
 
@@ -32,7 +29,9 @@ class ColumnStore:
         needed = self.size + extra
         capacity = len(self._rows)
         if needed > capacity:
-            self._allocate(max(needed, 2 * capacity))
+            grown = np.empty(max(needed, 2 * capacity), dtype=self._dtype)
+            grown[: self.size] = self._rows[: self.size]
+            self._use(grown)
 
     def append(self, row: tuple) -> None:
         """One row, its values in column order."""
@@ -57,9 +56,6 @@ class ColumnStore:
         for name, value in values.items():
             fields[name][lo:hi] = value
         self.size = hi
-
-    def column(self, name: str) -> np.ndarray:
-        return self._rows[name][: self.size]
 
     def frame(self) -> pd.DataFrame:
         rows = self._rows[: self.size]

@@ -1,14 +1,22 @@
 """One model replica as a SimPy process: schedule a step, price it, wait, apply it.
 
-Engine steps are the events, never single tokens. When the batch cannot change before
-the next arrival, completion, KV-block shortage or the horizon, a run of decode steps is
-priced in one vectorised call and applied in one event (`multi_step`); the results are
-the same as stepping one by one, which `multi_step: false` keeps available and the
-tests compare.
+Engine steps are the events, never single tokens, and the simulation is only as fast as
+the Python work per step: that work does not grow with the batch size (the running set
+keeps its sums and counts up to date, see running.py) and most of it happens without
+SimPy. The replica keeps its own clock `t` and applies a step ahead of SimPy's clock
+when nothing from outside (an arrival, the horizon) can happen before the step ends; it
+catches up otherwise, and before a completion (whose callback may read the clock).
+
+When the batch cannot change before the next arrival, completion, KV-block shortage or
+the horizon, a run of decode steps is priced and applied as one event (`multi_step`):
+step by step in plain Python when it is short, in one vectorised call when it is long.
+Every path gives the same numbers, to the last bit, as stepping one by one, which
+`multi_step: false` keeps available and the tests compare.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,12 +30,12 @@ from simulator.engine.kv_cache import BlockManager
 from simulator.engine.requests import Outcome, RejectReason, RequestTable
 from simulator.engine.running import RunningSet
 from simulator.engine.scheduler import IterationPolicy, IterationScheduler, StepPlan
-from simulator.engine.step_cost import DecodeSteps, StepCost, StepCostModel
+from simulator.engine.step_cost import DecodeSteps, StepCostModel
 from simulator.engine.step_log import StepLog
 from simulator.engine.waiting import WaitingQueue
 
 Policy = Literal["static", "dynamic", "continuous", "chunked_prefill"]
-MAX_RUN_STEPS = 4096
+MAX_RUN_STEPS = 4096  # longest run of decode steps applied as one event
 STEPWISE_RUN_STEPS = 32  # runs expected to be this short are priced one step at a time
 _STEP_OFFSETS = np.arange(MAX_RUN_STEPS)
 
@@ -326,8 +334,8 @@ class Replica:
         steps = min(min_remaining, MAX_RUN_STEPS)
         pricer = self.cost.decode_steps(len(dec))
         contexts = self._run_contexts(dec, steps)
-        first = pricer.one(int(contexts[0]))
-        expected = min(steps, (self.clock.next_arrival - self.t) / first.seconds)
+        first = pricer.price(int(contexts[0]))
+        expected = min(steps, (self.clock.next_arrival - self.t) / first[0])
         if expected <= STEPWISE_RUN_STEPS:
             ends, blocks = self._price_run_stepwise(pricer, first, contexts, steps)
         else:
@@ -342,7 +350,8 @@ class Replica:
         k = len(ends)
         if k > 1:
             # The gaps between consecutive tokens, as stepping one by one computes them.
-            self.log.gaps(np.subtract(ends[1:], ends[:-1]), len(dec))
+            n = len(dec)
+            self.log.gap_rows([(after - before, n) for before, after in itertools.pairwise(ends)])
             run.advance_lockstep(k - 1, end)
         if k == min_remaining:
             self._finish(run.finished(), end)
@@ -358,29 +367,33 @@ class Replica:
         return range(first, first + n * steps, n)
 
     def _price_run_stepwise(
-        self, pricer: DecodeSteps, first: StepCost, contexts: np.ndarray | range, steps: int
+        self, pricer: DecodeSteps, first: tuple, contexts: np.ndarray | range, steps: int
     ) -> tuple[list[float], int]:
-        """Price and log a run step by step (`first` is step 0's price): the end of each
-        step and the KV blocks the steps after the first need."""
+        """Price and log a run step by step (`first` is step 0's DecodeSteps.price): the
+        end of each step and the KV blocks the steps after the first need."""
         arrival, horizon = self.clock.next_arrival, self.clock.horizon
         free, used = self.kv.free, self.kv.used
         opens = self.running.block_need_pattern().tolist()
         n, bs, replica = pricer.seqs, len(opens), self.index
-        start, cost, blocks = self.t, first, 0
+        price = pricer.price
+        start, blocks = self.t, 0
+        seconds, _, flops, dram, bound = first
+        end = start + seconds
         rows = []
         ends = []
         for j in range(steps):
-            end = start + cost.seconds
             if j:  # does step j still run before anything could change the batch?
                 need = opens[j % bs]
-                if start >= arrival or end >= horizon or blocks + need > free:
+                if end >= arrival or blocks + need > free:
+                    break
+                start = end
+                seconds, _, flops, dram, bound = price(int(contexts[j]))
+                end = start + seconds
+                if end >= horizon:
                     break
                 blocks += need
-            rows.append((start, cost.seconds, n, n, 0, used + blocks, 0, cost.flops,
-                         cost.dram_bytes, cost.bound, replica))  # fmt: skip
+            rows.append((start, seconds, n, n, 0, used + blocks, 0, flops, dram, bound, replica))
             ends.append(end)
-            if j + 1 < steps:
-                start, cost = end, pricer.one(int(contexts[j + 1]))
         self.log.step_rows(rows)
         return ends, blocks
 

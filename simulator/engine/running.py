@@ -8,14 +8,15 @@ from masks every step: the scheduler asks for both sets on every engine step.
 Lockstep. While every decoding request takes a token in every step (the usual case),
 the decoding requests move together: each step adds one cached token and takes one
 from what is left to produce, the block a sequence needs next follows from its length,
-and all their last tokens came at the same time. The set then keeps, for its decoding
-slots, `computed` and `remaining` as of the start of the lockstep plus an `epoch` (the
-steps taken since), counts of sequences by `computed % block_size` (so a step's new
-blocks are one lookup), and writes the request table's last-token time and generated
-count only when a request leaves. A decode step is O(1) bookkeeping, whatever the batch
-size. Anything irregular (a request swapped back in, decodes that pause or exceed the
-token budget) first writes everything out with `materialize()`, and per-slot updates
-take over until a step in which every decoding request took a token.
+and all their last tokens came at the same time. The set then counts the steps taken
+in lockstep (`epoch`) and stores, for decoding slots, `computed` less the epoch and
+`remaining` plus it (constant while they move together), counts sequences by stored
+`computed % block_size` (so a step's new blocks are one lookup), and writes the request
+table's last-token time and generated count only when a request leaves. A decode step
+is O(1) bookkeeping, whatever the batch size. Anything irregular (a request swapped back
+in, decodes that pause or exceed the token budget) first writes everything out with
+`materialize()`, and per-slot updates take over until a step in which every decoding
+request took a token.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ class RunningSet:
         self.block_size = block_size
         self.requests = requests
         self.rid = np.full(capacity, -1, dtype=np.int64)
-        # Decoding slots in lockstep hold these two as of the lockstep's start: read
-        # them through computed_of / remaining_of (or materialize() first).
+        # In lockstep, decoding slots hold these two less / plus the epoch: read them
+        # through computed_of / remaining_of (or materialize() first).
         self.computed = np.zeros(capacity, dtype=np.int64)  # tokens whose KV is cached
         self.remaining = np.zeros(capacity, dtype=np.int64)  # tokens still to produce
         self.target = np.zeros(capacity, dtype=np.int64)  # tokens to prefill before decoding
@@ -60,10 +61,6 @@ class RunningSet:
         self._edge_at = (-steps[:, None] - steps[None, :]) % block_size
         self._min_remaining: int | None = None  # least stored remaining in lockstep
         self._next_blocks_taken = False  # the scheduler gave each its next token's block
-
-    @property
-    def has_free_slot(self) -> bool:
-        return bool(self._free_slots)
 
     # ---- membership ------------------------------------------------------------------
     def admit(self, rid: int, target: int, remaining: int, priority: int, computed: int = 0) -> int:
@@ -116,7 +113,7 @@ class RunningSet:
         lockstep, at `lockstep_time`, like every other decoding request)."""
         self._prefilling.remove(slot)
         computed = int(self.computed[slot])
-        if self.lockstep:  # store it as of the lockstep's start
+        if self.lockstep:  # stored less / plus the epoch, like the others
             computed -= self._epoch
             self.computed[slot] = computed
             self.remaining[slot] += self._epoch
@@ -151,7 +148,7 @@ class RunningSet:
         """Slots whose prefill is done, ascending: each takes one token per step. The
         array is shared until the set changes; callers must not modify it."""
         if self._decoding is None:
-            self._decoding = np.flatnonzero(self.is_decoding)
+            self._decoding = self.is_decoding.nonzero()[0]
         return self._decoding
 
     def decode_computed_of(self, slots: np.ndarray) -> np.ndarray:

@@ -4,7 +4,9 @@ A step runs every layer once over all scheduled tokens: prefill chunks and decod
 the GEMMs (their cost depends only on the token count, memoised), while attention is
 priced from batch sums (decode: sequences and total context; prefill: tokens, attended
 query-key pairs and keys read). Python work per step is therefore independent of the
-batch size. Decode-only runs of many steps are priced in one vectorised call.
+batch size. Decode-only steps of a given batch size (most steps) have everything but
+their attended keys worked out once (DecodeSteps), and a run of them can be priced in
+one vectorised call; every way gives the same numbers, to the last bit.
 """
 
 from __future__ import annotations
@@ -110,9 +112,10 @@ class StepCost(NamedTuple):
 
 class DecodeSteps:
     """Decode-only steps of a fixed number of sequences: step() for them with everything
-    but the attended keys worked out once. `one` prices a step, `many` a run of steps in
-    one vectorised call; both give step()'s numbers to the last bit (the same operations
-    in the same order), so that runs match stepping one by one exactly."""
+    but the attended keys worked out once. `one` (or `price`, its plain-tuple form)
+    prices a step, `many` a run of steps in one vectorised call; all give step()'s
+    numbers to the last bit (the same operations in the same order), so that runs match
+    stepping one by one exactly."""
 
     def __init__(self, model: StepCostModel, seqs: int) -> None:
         fixed = model._fixed(seqs, seqs)
@@ -134,6 +137,11 @@ class DecodeSteps:
 
     def one(self, context: int) -> StepCost:
         """The step whose decodes attend `context` keys in total."""
+        return StepCost(*self.price(context))
+
+    def price(self, context: int) -> tuple[float, float, float, float, StepBound]:
+        """one() as a plain tuple in StepCost's order (cheaper to build, and the replica
+        prices runs of decode steps with it one step at a time)."""
         attention = self.attention
         if self._terms is None:
             attn_s, attn_f, attn_d = attention.one_step(self.seqs, context)
@@ -159,7 +167,7 @@ class DecodeSteps:
         else:
             bound = _STEP_BOUNDS[self._other_bound]
         flops = self.fixed_flops + attn_f * layers
-        return StepCost(seconds, gpu_seconds, flops, self.fixed_dram + attn_d * layers, bound)
+        return seconds, gpu_seconds, flops, self.fixed_dram + attn_d * layers, bound
 
     def many(
         self, contexts: np.ndarray
@@ -183,8 +191,8 @@ class DecodeSteps:
 
     def _bounds(self, memory: np.ndarray, gpu_seconds: np.ndarray) -> np.ndarray | int:
         """one()'s bound at each step. Usually the memory part leads at every step (it
-        does at the smallest) and the GPU hides the host (gpu_seconds grows with the
-        memory part, so its least is at the same step): one value then does."""
+        does at the smallest) and the GPU's time hides the host's at every step: one
+        value then does for the whole run."""
         smallest = memory.min()
         if smallest > self._before and smallest >= self._after and self.host < gpu_seconds.min():
             return _MEMORY
@@ -336,7 +344,7 @@ class StepCostModel:
             part.kernels += self.arch.num_layers  # the attention kernel of each layer
         return part
 
-    def _host_seconds(self, seqs):
+    def _host_seconds(self, seqs: int) -> float:
         return (self._step_us + self._per_seq_us * seqs) * 1e-6
 
     def _launch_seconds(self, kernels: int) -> float:

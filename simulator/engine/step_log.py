@@ -59,5 +59,9 @@ class StepLog:
         """`weight` tokens that each came `seconds` after their request's previous one."""
         self.itl.append((seconds, weight))
 
+    def gap_rows(self, rows: list[tuple[float, int]]) -> None:
+        """(seconds, weight) samples, as `gap` takes them one at a time."""
+        self.itl.append_rows(rows)
+
     def gaps(self, seconds: np.ndarray, weight: np.ndarray | int = 1) -> None:
         self.itl.extend(len(seconds), seconds=seconds, weight=weight)

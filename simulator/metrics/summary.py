@@ -493,7 +493,7 @@ def summary_table(summary: Mapping[str, Any]) -> str:
     g, u, kv = summary["goodput"], summary["utilisation"], summary["kv"]
     cost, e = summary["cost"], summary["energy"]
     head = (
-        f"{run['scenario']}  seed {run['seed']}  {run['duration_s']:,.1f} s simulated  "
+        f"{run['scenario']}  seed {run['seed']}  {_num(run['duration_s'])} s simulated  "
         f"{run['gpus']} x {'/'.join(run['gpu_types'])} in {run['replicas']} replica(s)"
     )
     if "wall" in run:

@@ -13,15 +13,17 @@ import numpy as np
 
 from hardware_models.errors import InfersimError
 from simulator.workload.config import (
+    MAX_REQUESTS,
+    MAX_TIME_S,
     ClosedLoopArrivals,
     ConstantArrivals,
     GammaArrivals,
     PoissonArrivals,
     RateArrivals,
 )
-from simulator.workload.traces import ARRIVAL_COLUMN, Trace
+from simulator.workload.traces import ARRIVAL_COLUMN, Trace, _name
 
-MAX_OPEN_LOOP_REQUESTS = 100_000_000
+MAX_OPEN_LOOP_REQUESTS = MAX_REQUESTS
 """Refuse larger open-loop workloads: their arrays alone would need several GB."""
 
 _MIN_CHUNK = 1024
@@ -56,14 +58,26 @@ def open_loop_arrivals(
         )
     if isinstance(spec, ConstantArrivals):
         count = int(min(limit, expected + 1))
-        times = np.arange(1, count + 1, dtype=np.float64) / spec.rate_per_s
+        with np.errstate(over="ignore"):  # a rate near 0 overflows: _check_clock says so
+            times = np.arange(1, count + 1, dtype=np.float64) / spec.rate_per_s
     elif duration_s is None:
         times = np.cumsum(interarrival_gaps(spec, rng, num_requests))
     else:
         times = _until(spec, rng, duration_s, num_requests)
     if duration_s is not None:
         times = times[: np.searchsorted(times, duration_s, side="left")]
-    return times[:num_requests] if num_requests is not None else times
+    times = times[:num_requests] if num_requests is not None else times
+    _check_clock(times, f"workload.arrivals.rate_per_s={spec.rate_per_s:g}")
+    return times
+
+
+def _check_clock(times: np.ndarray, cause: str) -> None:
+    """Arrival times the simulated clock can hold: finite and at most MAX_TIME_S."""
+    if len(times) and not times[-1] <= MAX_TIME_S:  # sorted, so the last is the latest
+        raise InfersimError(
+            f"{cause}: the last request would arrive at {times[-1]:.3g} s of simulated time, "
+            f"beyond the {MAX_TIME_S:.0e} s the simulator's clock covers"
+        )
 
 
 def _until(
@@ -73,8 +87,8 @@ def _until(
     chunks = []
     drawn, now = 0, 0.0
     while now < horizon and (limit is None or drawn < limit):
-        expected = spec.rate_per_s * (horizon - now)
-        size = int(expected + 6 * math.sqrt(expected)) + _MIN_CHUNK
+        expected = spec.rate_per_s * (horizon - now)  # may overflow to inf: capped below
+        size = int(min(expected + 6 * math.sqrt(expected), MAX_OPEN_LOOP_REQUESTS)) + _MIN_CHUNK
         if limit is not None:
             size = min(size, limit - drawn)
         chunk = now + np.cumsum(interarrival_gaps(spec, rng, size))
@@ -91,13 +105,14 @@ def trace_arrivals(
     trace that ends before num_requests (and before duration_s) is an error, not a
     silently shorter run."""
     if trace.arrived_at is None:
-        raise InfersimError(f"{trace.path}: no '{ARRIVAL_COLUMN}' column was read")
+        raise InfersimError(f"{_name(trace.path)}: no '{ARRIVAL_COLUMN}' column was read")
     times = trace.arrived_at * time_scale
+    _check_clock(times, f"{_name(trace.path)} x time_scale {time_scale:g}")
     if duration_s is not None:
         times = times[: np.searchsorted(times, duration_s, side="left")]
     if num_requests is not None and len(times) == len(trace) < num_requests:
         raise InfersimError(
-            f"{trace.path}: the trace has {len(trace):,} requests, fewer than "
+            f"{_name(trace.path)}: the trace has {len(trace):,} requests, fewer than "
             f"num_requests={num_requests:,}; lower num_requests or stop on duration_s"
         )
     return times[:num_requests] if num_requests is not None else times

@@ -12,10 +12,18 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from hardware_models.yaml_io import unknown_name_error
+from simulator.workload.traces import MAX_TOKENS
+
+MAX_REQUESTS = 100_000_000
+"""Most requests one workload may send: beyond it the request table alone needs GBs."""
+MAX_TIME_S = 10_000_000_000
+"""Longest simulated span, s (~300 years): past it a float64 clock can no longer resolve
+an engine step, so times beyond it (a horizon, a think time, an arrival) are refused."""
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf passes gt/ge bounds but no workload quantity is infinite (NaN fails them anyway)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # ---- arrivals -----------------------------------------------------------------------------
@@ -34,7 +42,8 @@ class GammaArrivals(_Strict):
     kind: Literal["gamma"] = "gamma"
     rate_per_s: float = Field(gt=0, description="mean arrival rate, requests per second")
     cv: float = Field(
-        gt=0,
+        ge=1e-3,
+        le=1000,
         description="coefficient of variation of inter-arrival times: 1 is Poisson, "
         "> 1 bursty, < 1 more regular",
     )
@@ -52,9 +61,14 @@ class ClosedLoopArrivals(_Strict):
     the previous one completes. Load adapts to the server, as in a benchmark client."""
 
     kind: Literal["closed_loop"] = "closed_loop"
-    users: int = Field(ge=1, description="concurrent users (requests in flight at most)")
+    users: int = Field(
+        ge=1, le=MAX_REQUESTS, description="concurrent users (requests in flight at most)"
+    )
     think_time_s: float = Field(
-        default=0.0, ge=0, description="mean pause between a completion and the next request"
+        default=0.0,
+        ge=0,
+        le=MAX_TIME_S,
+        description="mean pause between a completion and the next request",
     )
     think_distribution: Literal["exponential", "constant"] = Field(
         default="exponential", description="distribution of the think time around its mean"
@@ -90,6 +104,7 @@ class FixedLength(_Strict):
     kind: Literal["fixed"] = "fixed"
     tokens: int = Field(
         ge=1,
+        le=MAX_TOKENS,
         description="tokens per request (>= 1: a prompt is not empty and a generation "
         "request yields at least its first token)",
     )
@@ -99,8 +114,8 @@ class UniformLength(_Strict):
     """Lengths drawn uniformly from the integers low..high, both included."""
 
     kind: Literal["uniform"] = "uniform"
-    low: int = Field(ge=1, description="smallest length, tokens")
-    high: int = Field(ge=1, description="largest length, tokens (>= low)")
+    low: int = Field(ge=1, le=MAX_TOKENS, description="smallest length, tokens")
+    high: int = Field(ge=1, le=MAX_TOKENS, description="largest length, tokens (>= low)")
 
     @model_validator(mode="after")
     def _ordered(self) -> UniformLength:
@@ -110,9 +125,11 @@ class UniformLength(_Strict):
 
 
 class _Clipped(_Strict):
-    min: int = Field(default=1, ge=1, description="draws below this are raised to it, tokens")
+    min: int = Field(
+        default=1, ge=1, le=MAX_TOKENS, description="draws below this are raised to it, tokens"
+    )
     max: int | None = Field(
-        default=None, ge=1, description="draws above this are lowered to it, tokens"
+        default=None, ge=1, le=MAX_TOKENS, description="draws above this are lowered to it, tokens"
     )
 
     @model_validator(mode="after")
@@ -237,6 +254,7 @@ class WorkloadConfig(_Strict):
     max_total_tokens: int | None = Field(
         default=None,
         ge=2,
+        le=MAX_TOKENS,
         description="cap on prompt + output tokens per request (e.g. the model's context)",
     )
     max_total_policy: Literal["output_first", "proportional"] = Field(
@@ -251,10 +269,13 @@ class WorkloadConfig(_Strict):
         description="request classes; each request is assigned one at random by weight",
     )
     num_requests: int | None = Field(
-        default=None, ge=1, description="stop after this many requests"
+        default=None, ge=1, le=MAX_REQUESTS, description="stop after this many requests"
     )
     duration_s: float | None = Field(
-        default=None, gt=0, description="stop sending requests at this simulated time, s"
+        default=None,
+        gt=0,
+        le=MAX_TIME_S,
+        description="stop sending requests at this simulated time, s",
     )
 
     @model_validator(mode="after")

@@ -203,6 +203,7 @@ def _classes(
         index = np.zeros(n, dtype=np.int16)
     else:
         weights = np.array([c.weight for c in classes])
+        weights /= weights.max()  # first, so that a sum of huge weights cannot overflow
         index = rng.choice(len(classes), size=n, p=weights / weights.sum()).astype(np.int16)
     priorities = np.array([c.priority for c in classes], dtype=np.int8)
     return priorities[index], index

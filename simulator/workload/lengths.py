@@ -13,7 +13,9 @@ from typing import Literal
 
 import numpy as np
 
+from hardware_models.errors import InfersimError
 from simulator.workload.config import FixedLength, NormalLength, SyntheticLength, UniformLength
+from simulator.workload.traces import MAX_TOKENS
 
 
 @dataclass(frozen=True)
@@ -40,15 +42,24 @@ def draw(spec: SyntheticLength, rng: np.random.Generator, n: int) -> np.ndarray:
     if isinstance(spec, NormalLength):
         raw = rng.normal(spec.mean, spec.std, n)
     else:
-        sigma2 = math.log1p((spec.std / spec.mean) ** 2)
+        ratio = spec.std / spec.mean
+        # ln(1 + r^2), without squaring r: std/mean may be as large as 1e308 / 1e-300
+        sigma2 = math.log1p(ratio**2) if ratio < 1e150 else 2 * math.log(ratio)
+        if not math.isfinite(sigma2):
+            raise InfersimError(
+                f"lognormal length: std/mean = {spec.std:g}/{spec.mean:g} is too large"
+            )
         raw = rng.lognormal(math.log(spec.mean) - sigma2 / 2, math.sqrt(sigma2), n)
     return np.clip(raw, spec.min, spec.max, out=raw)
 
 
 def to_tokens(raw: np.ndarray, scale: float) -> np.ndarray:
     """Scaled and rounded to whole tokens, at least 1 (a prompt is never empty and a
-    generation request yields at least its first token)."""
-    return np.maximum(np.rint(raw * scale), 1).astype(np.int64)
+    generation request yields at least its first token) and at most MAX_TOKENS (longer
+    than any context, so such a request is rejected, not wrapped around in int64)."""
+    with np.errstate(over="ignore"):  # raw x scale beyond float64 is inf, clipped below
+        tokens = np.rint(raw * scale)
+    return np.clip(tokens, 1, MAX_TOKENS).astype(np.int64)
 
 
 def clip_total(

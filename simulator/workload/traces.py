@@ -60,16 +60,19 @@ def read_trace(
     elif suffix in _JSONL_SUFFIXES:
         values, lines, found = _parse_jsonl(path, text, columns)
     else:
-        raise InfersimError(f"{path}: unknown trace format {path.suffix!r}; use .csv or .jsonl")
+        raise InfersimError(
+            f"{_name(path)}: unknown trace format {path.suffix!r}; use .csv or .jsonl"
+        )
     missing = [c for c in columns if c not in found]
     if missing:
+        found = [_shown(name) for name in found]
         if arrivals and missing == [ARRIVAL_COLUMN]:
             raise InfersimError(
-                f"{path}: no '{ARRIVAL_COLUMN}' column: a lengths-only trace can give "
+                f"{_name(path)}: no '{ARRIVAL_COLUMN}' column: a lengths-only trace can give "
                 "prompt/output lengths but not arrivals"
             )
         raise InfersimError(
-            f"{path}: missing column(s) {', '.join(map(repr, missing))} "
+            f"{_name(path)}: missing column(s) {', '.join(map(repr, missing))} "
             f"(found: {', '.join(found) or 'none'})"
         )
     line_no = np.asarray(lines, dtype=np.int64)
@@ -86,7 +89,7 @@ def read_trace(
 
 def _read_text(path: Path) -> str:
     if not path.is_file():
-        raise InfersimError(f"{path}: no such trace file")
+        raise InfersimError(f"{_name(path)}: no such trace file")
     data = path.read_bytes()
     try:
         text = data.decode("utf-8-sig")
@@ -94,10 +97,11 @@ def _read_text(path: Path) -> str:
         start = exc.start + (3 if data.startswith(b"\xef\xbb\xbf") else 0)
         line = data.count(b"\n", 0, start) + 1
         raise InfersimError(
-            f"{path}: line {line}: not UTF-8 text (byte {start}: {data[start : start + 1]!r})"
+            f"{_name(path)}: line {line}: not UTF-8 text "
+            f"(byte {start}: {data[start : start + 1]!r})"
         ) from None
     if not text.strip():
-        raise InfersimError(f"{path}: file is empty")
+        raise InfersimError(f"{_name(path)}: file is empty")
     return text
 
 
@@ -109,6 +113,11 @@ def _parse_csv(
     try:
         header = [h.strip() for h in next(reader)]
         index = {name: i for i, name in enumerate(header)}
+        for name in columns:
+            if header.count(name) > 1:
+                raise InfersimError(
+                    f"{_name(path)}: line 1: column {name!r} appears more than once"
+                )
         wanted = [(c, index[c]) for c in columns if c in index]
         values: dict[str, list[Any]] = {c: [] for c, _ in wanted}
         lines: list[int] = []
@@ -120,16 +129,16 @@ def _parse_csv(
                 last = reader.line_num == text.rstrip("\r\n").count("\n") + 1
                 hint = " (truncated last line?)" if last and len(row) < width else ""
                 raise InfersimError(
-                    f"{path}: line {reader.line_num}: expected {width} fields "
-                    f"({', '.join(header)}), got {len(row)}{hint}"
+                    f"{_name(path)}: line {reader.line_num}: expected {width} fields "
+                    f"({', '.join(map(_shown, header))}), got {len(row)}{hint}"
                 )
             lines.append(reader.line_num)
             for c, i in wanted:
                 values[c].append(row[i])
     except csv.Error as exc:
-        raise InfersimError(f"{path}: line {reader.line_num}: bad CSV: {exc}") from None
+        raise InfersimError(f"{_name(path)}: line {reader.line_num}: bad CSV: {exc}") from None
     if not lines:
-        raise InfersimError(f"{path}: no data rows after the header (line 1)")
+        raise InfersimError(f"{_name(path)}: no data rows after the header (line 1)")
     return values, lines, header
 
 
@@ -149,19 +158,27 @@ def _parse_jsonl(
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             hint = " (truncated last line?)" if number == last else ""
-            raise InfersimError(f"{path}: line {number}: invalid JSON: {exc.msg}{hint}") from None
+            problem = f"{exc.msg}{hint}"
+        except ValueError as exc:  # an integer of more digits than int() accepts
+            problem = str(exc).split(";")[0]
+        except RecursionError:
+            problem = "nested too deeply"
+        else:
+            problem = None
+        if problem is not None:
+            raise InfersimError(f"{_name(path)}: line {number}: invalid JSON: {problem}")
         if not isinstance(record, dict):
             raise InfersimError(
-                f"{path}: line {number}: expected a JSON object, got {type(record).__name__}"
+                f"{_name(path)}: line {number}: expected a JSON object, got {type(record).__name__}"
             )
         if not lines and any(c not in record for c in columns):
             return values, lines, list(record)
         for c in columns:
             if c not in record:
-                raise InfersimError(f"{path}: line {number}: missing field {c!r}")
+                raise InfersimError(f"{_name(path)}: line {number}: missing field {c!r}")
             value = record[c]
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise InfersimError(f"{path}: line {number}: {c}: not a number ({value!r})")
+                raise InfersimError(f"{_name(path)}: line {number}: {c}: not a number ({value!r})")
             values[c].append(value)
         lines.append(number)
     return values, lines, columns
@@ -172,25 +189,38 @@ def _numbers(path: Path, column: str, cells: list[Any], line_no: np.ndarray) -> 
     cell is reported with its line."""
     try:
         out = np.array(cells, dtype=np.float64)
-    except ValueError:
+    except (ValueError, OverflowError):  # text that is not a number; an int beyond float64
+        out = np.empty(len(cells))
         for i, cell in enumerate(cells):
             try:
-                float(cell)
+                out[i] = float(cell)
+            except OverflowError:
+                out[i] = np.inf  # reported as not finite below, with its line
             except ValueError:
                 shown = repr(cell) if cell.strip() else "empty"
                 raise InfersimError(
-                    f"{path}: line {line_no[i]}: {column}: not a number ({shown})"
+                    f"{_name(path)}: line {line_no[i]}: {column}: not a number ({shown})"
                 ) from None
-        raise
     bad = ~np.isfinite(out)
     if bad.any():
         i = int(np.argmax(bad))
-        raise InfersimError(f"{path}: line {line_no[i]}: {column}: {out[i]} is not finite")
+        raise InfersimError(f"{_name(path)}: line {line_no[i]}: {column}: {out[i]} is not finite")
     negative = out < 0
     if negative.any():
         i = int(np.argmax(negative))
-        raise InfersimError(f"{path}: line {line_no[i]}: {column}: {out[i]:g} is negative")
+        raise InfersimError(f"{_name(path)}: line {line_no[i]}: {column}: {out[i]:g} is negative")
     return out
+
+
+def _name(path: Path | str) -> str:
+    """A file as messages name it (quoted when its name would break the line)."""
+    return _shown(str(path))
+
+
+def _shown(name: str) -> str:
+    """A column name as messages show it: as it is, or quoted when it holds a line break or
+    another unprintable character (so that every message stays one line)."""
+    return name if name.isprintable() else repr(name)
 
 
 def _whole(path: Path, column: str, values: np.ndarray, line_no: np.ndarray) -> np.ndarray:
@@ -199,7 +229,7 @@ def _whole(path: Path, column: str, values: np.ndarray, line_no: np.ndarray) -> 
     if bad.any():
         i = int(np.argmax(bad))
         why = "too large" if values[i] > MAX_TOKENS else "not a whole number"
-        raise InfersimError(f"{path}: line {line_no[i]}: {column}: {values[i]:g} is {why}")
+        raise InfersimError(f"{_name(path)}: line {line_no[i]}: {column}: {values[i]:g} is {why}")
     return values.astype(np.int64)
 
 
@@ -208,6 +238,6 @@ def _check_order(path: Path, arrived: np.ndarray, line_no: np.ndarray) -> None:
     if back.any():
         i = int(np.argmax(back)) + 1
         raise InfersimError(
-            f"{path}: line {line_no[i]}: {ARRIVAL_COLUMN} {arrived[i]:g} is earlier than "
+            f"{_name(path)}: line {line_no[i]}: {ARRIVAL_COLUMN} {arrived[i]:g} is earlier than "
             f"the previous request's {arrived[i - 1]:g}; arrival times must not decrease"
         )
