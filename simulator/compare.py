@@ -13,6 +13,7 @@ from simulator.results import Results
 _COLUMNS = (
     ("completed", ("counts", "completed"), 1),
     ("rejected", ("counts", "rejected"), 1),
+    ("failed", ("counts", "failed"), 1),
     ("req/s", ("throughput", "requests_per_s"), 1),
     ("out tok/s", ("throughput", "output_tokens_per_s"), 1),
     ("TTFT p50 ms", ("latency", "ttft", "p50"), 1000),

@@ -20,6 +20,19 @@ if TYPE_CHECKING:
     from simulator.scenario import Scenario
 
 
+def _clip_to_run(steps: pd.DataFrame, end: float) -> pd.DataFrame:
+    """Steps as far as the run went: a padded batch logs its steps ahead, and a step in
+    flight when the run stops counts only up to the stop (its work pro rata)."""
+    steps = steps[steps["start"] < end].copy()
+    over = steps["start"] + steps["duration"] > end
+    if over.any():
+        kept = (end - steps.loc[over, "start"]) / steps.loc[over, "duration"]
+        for column in ("flops", "dram_bytes"):
+            steps.loc[over, column] *= kept
+        steps.loc[over, "duration"] = end - steps.loc[over, "start"]
+    return steps
+
+
 class Results:
     """Tables of one run: `requests` (one row per request), `steps` (one row per engine
     step), `itl` (inter-token gaps with weights) and `timeseries` (binned over time)."""
@@ -50,6 +63,7 @@ class Results:
         replicas: Sequence[Replica],
     ) -> Results:
         steps = pd.concat([r.log.steps.frame() for r in replicas], ignore_index=True)
+        steps = _clip_to_run(steps, context.duration_s)
         steps = steps.sort_values(["start", "replica"], kind="stable", ignore_index=True)
         steps["bound"] = pd.Categorical.from_codes(
             steps["bound"].astype(int), categories=[b.name.lower() for b in StepBound]

@@ -16,7 +16,7 @@ from hardware_models.presets import list_nodes, load_gpu, load_node
 from hardware_models.yaml_io import load_yaml_mapping, validate_model
 from simulator.architecture import ModelArchitecture
 from simulator.engine.replica import Clock, Replica, ReplicaConfig
-from simulator.engine.requests import RequestTable
+from simulator.engine.requests import RejectReason, RequestTable
 from simulator.engine.step_cost import EngineOverheads, StepCostModel
 from simulator.memory_planner import MemoryPlan, plan_memory
 from simulator.metrics.context import SLO, ReplicaInfo, RunContext
@@ -254,7 +254,7 @@ class _Run:
                 yield env.timeout(t - env.now)
             clock.next_arrival = float(arrival[rid + 1]) if rid + 1 < n else float("inf")
             clock.arrivals_done = rid + 1 == n
-            self.router.route(rid).submit(rid)
+            self._route(rid)
 
     def _start_closed_loop(self) -> None:
         self.issued = 0
@@ -283,10 +283,63 @@ class _Run:
             yield self.env.timeout(delay)
         del self.pending[rid]
         self.clock.next_arrival = min(self.pending.values(), default=float("inf"))
-        self.router.route(rid).submit(rid)
+        self._route(rid)
+
+    def _route(self, rid: int) -> None:
+        """Send a request to a healthy replica chosen by the router (or fail it)."""
+        replica = self.router.route(rid)
+        if replica.down:
+            healthy = [r for r in self.replicas if not r.down]
+            if not healthy:
+                self.requests.fail(rid, RejectReason.NO_HEALTHY_REPLICA, self.env.now)
+                self._on_finish(rid)
+                return
+            # State-blind routers (round robin, random) may land on a dead replica.
+            replica = min(healthy, key=lambda r: r.outstanding)
+        replica.submit(rid)
+
+    # ---- faults --------------------------------------------------------------------------
+    def _start_faults(self) -> None:
+        faults = self.scenario.faults
+        if faults is None:
+            return
+        events = sorted(
+            [(e.at_s, "fail", e.replica) for e in faults.events]
+            + [(e.recover_at_s, "recover", e.replica) for e in faults.events if e.recover_at_s]
+        )
+        self.clock.next_fault = min(t for t, kind, _ in events if kind == "fail")
+        self.env.process(self._fault_process(events))
+
+    def _fault_process(self, events):
+        faults = self.scenario.faults
+        failures = sorted(t for t, kind, _ in events if kind == "fail")
+        for at, kind, index in events:
+            if at > self.env.now:
+                yield self.env.timeout(at - self.env.now)
+            replica = self.replicas[index]
+            if kind == "recover":
+                replica.recover()
+                continue
+            failures.remove(at)
+            self.clock.next_fault = failures[0] if failures else float("inf")
+            if replica.down:
+                continue
+            for rid in replica.fail():
+                if faults.on_failure == "retry" and self.requests.retries[rid] < faults.max_retries:
+                    self.requests.restart(rid)
+                    self._route(rid)
+                    continue
+                reason = (
+                    RejectReason.REPLICA_FAILED
+                    if faults.on_failure == "fail"
+                    else RejectReason.TOO_MANY_RETRIES
+                )
+                self.requests.fail(rid, reason, self.env.now)
+                self._on_finish(rid)
 
     # ---- run ---------------------------------------------------------------------------
     def run(self) -> float:
+        self._start_faults()
         if self.closed:
             self._start_closed_loop()
         else:

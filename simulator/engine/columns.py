@@ -57,6 +57,15 @@ class ColumnStore:
             fields[name][lo:hi] = value
         self.size = hi
 
+    def frame_column_end(self, start: int) -> np.ndarray:
+        """start + duration of the rows from `start` on (step tables only)."""
+        rows = self._rows[start : self.size]
+        return rows["start"] + rows["duration"]
+
+    def truncate(self, size: int) -> None:
+        """Forget rows from `size` on (a step a failure cut short never happened)."""
+        self.size = min(self.size, size)
+
     def frame(self) -> pd.DataFrame:
         rows = self._rows[: self.size]
         return pd.DataFrame({name: rows[name] for name in self._dtype.names})

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -74,6 +75,7 @@ class Clock:
 
     def __init__(self, horizon: float) -> None:
         self.next_arrival = float("inf")
+        self.next_fault = float("inf")  # steps must not run ahead across a failure
         self.horizon = horizon
         self.arrivals_done = False
 
@@ -91,12 +93,22 @@ class Replica:
     ) -> None:
         self.env, self.index, self.cfg, self.cost = env, index, config, cost
         self.requests, self.clock, self.on_finish = requests, clock, on_finish
+        self.log = StepLog(index)
+        self._wakeup: simpy.Event | None = None
+        self._recovery: simpy.Event | None = None
+        self.down = False
+        self.t = 0.0  # the replica's own clock; SimPy's may lag it (see _catch_up)
+        self._reset()
+        iterative = self.scheduler is not None
+        self.process = env.process(self._lifecycle(iterative))
+
+    def _reset(self) -> None:
+        """Empty KV cache, queues and scheduler: at start, and after a failure."""
+        config, requests = self.cfg, self.requests
         self.kv = BlockManager(config.total_blocks, config.block_size, config.watermark)
         self.running = RunningSet(config.max_num_seqs, config.block_size, requests)
         self.waiting = WaitingQueue()
-        self.log = StepLog(index)
-        self._wakeup: simpy.Event | None = None
-        self.t = 0.0  # the replica's own clock; SimPy's may lag it (see _catch_up)
+        self._batch: list[int] = []  # a run-to-completion batch in progress
         iterative = config.policy in ("continuous", "chunked_prefill")
         self.scheduler = (
             IterationScheduler(
@@ -116,8 +128,37 @@ class Replica:
             if iterative
             else None
         )
-        loop = self._iteration_loop() if iterative else self._batch_loop()
-        self.process = env.process(loop)
+
+    # ---- failures --------------------------------------------------------------------
+    def _lifecycle(self, iterative: bool):
+        """Serve until a failure interrupts, stay down until recovered, serve again."""
+        while True:
+            self._mark = self.log.mark()
+            try:
+                yield from self._iteration_loop() if iterative else self._batch_loop()
+            except simpy.Interrupt:
+                # The step in flight never finished: keep only what ended before now.
+                self.log.cut(self._mark, self.env.now)
+                self._recovery = self.env.event()
+                yield self._recovery
+                self.down = False
+                self.t = self.env.now
+
+    def fail(self) -> list[int]:
+        """The replica dies now: it stops, its KV cache is lost, and the requests it held
+        (waiting, running, in a batch) are returned for the cluster to retry or fail."""
+        self.running.materialize()
+        held = self.waiting.drain()
+        held += [int(rid) for rid in self.running.rid[self.running.active]]
+        held += self._batch
+        self.down = True
+        self._reset()
+        self.process.interrupt("replica failure")
+        return sorted(held)
+
+    def recover(self) -> None:
+        if self._recovery is not None and not self._recovery.triggered:
+            self._recovery.succeed()
 
     # ---- intake --------------------------------------------------------------------
     def rejection(self, rid: int) -> RejectReason:
@@ -157,6 +198,9 @@ class Replica:
 
     @property
     def outstanding(self) -> int:
+        """Requests held; a down replica reports itself full so routers pass it by."""
+        if self.down:
+            return sys.maxsize
         return len(self.waiting) + self.running.count
 
     # ---- iteration-level policies ----------------------------------------------------
@@ -164,6 +208,7 @@ class Replica:
         assert self.scheduler is not None
         schedule = self.scheduler.schedule
         while True:
+            self._mark = self.log.mark()
             plan = None
             if self.running.count or len(self.waiting):
                 plan = schedule(self.t)
@@ -204,7 +249,13 @@ class Replica:
         return self.env.timeout(delay)
 
     def _runs_ahead(self, end: float) -> bool:
-        return self.cfg.multi_step and end < self.clock.next_arrival and end < self.clock.horizon
+        clock = self.clock
+        return (
+            self.cfg.multi_step
+            and end < clock.next_arrival
+            and end < clock.horizon
+            and end < clock.next_fault
+        )
 
     def _can_fast_forward(self, plan: StepPlan) -> bool:
         return (
@@ -371,7 +422,7 @@ class Replica:
     ) -> tuple[list[float], int]:
         """Price and log a run step by step (`first` is step 0's DecodeSteps.price): the
         end of each step and the KV blocks the steps after the first need."""
-        arrival, horizon = self.clock.next_arrival, self.clock.horizon
+        arrival, horizon, fault = self.clock.next_arrival, self.clock.horizon, self.clock.next_fault
         free, used = self.kv.free, self.kv.used
         opens = self.running.block_need_pattern().tolist()
         n, bs, replica = pricer.seqs, len(opens), self.index
@@ -389,7 +440,7 @@ class Replica:
                 start = end
                 seconds, _, flops, dram, bound = price(int(contexts[j]))
                 end = start + seconds
-                if end >= horizon:
+                if end >= horizon or end > fault:
                     break
                 blocks += need
             rows.append((start, seconds, n, n, 0, used + blocks, 0, flops, dram, bound, replica))
@@ -423,6 +474,8 @@ class Replica:
             limit = int(np.searchsorted(times[:-1], self.clock.next_arrival, side="left"))
         if self.clock.horizon < math.inf:
             limit = min(limit, int(np.searchsorted(times[1:], self.clock.horizon, side="left")))
+        if self.clock.next_fault < math.inf:
+            limit = min(limit, int(np.searchsorted(times[1:], self.clock.next_fault, "right")))
         cum_blocks = np.cumsum(self.running.run_block_needs(max(limit, 1)))
         kv_limit = int(np.searchsorted(cum_blocks, self.kv.free, side="right"))
         return max(1, min(limit, kv_limit)), cum_blocks
@@ -460,11 +513,13 @@ class Replica:
     def _batch_loop(self):
         req = self.requests
         while True:
+            self._mark = self.log.mark()
             ready, delay = self._batch_ready()
             if not ready:
                 yield self._sleep(delay)
                 continue
-            batch = np.asarray(self._take_batch(), dtype=np.int64)
+            self._batch = self._take_batch()
+            batch = np.asarray(self._batch, dtype=np.int64)
             n = len(batch)
             prompt = int(req.prompt[batch].max())
             outputs = req.output[batch]
@@ -490,36 +545,46 @@ class Replica:
             req.first_token[batch] = first
             req.generated[batch] = 1
             yield from self._padded_decode(batch, prompt, outputs, first)
+            self._batch = []
             self.kv.release(blocks)
 
     def _padded_decode(self, batch: np.ndarray, prompt: int, outputs: np.ndarray, first: float):
-        """Decode at full batch width until the longest output is done."""
-        req, n = self.requests, len(batch)
+        """Decode at full batch width until the longest output is done; each request
+        completes when its own last token is out (the run may stop in between)."""
+        n = len(batch)
         steps = int(outputs.max()) - 1
-        if steps > 0:
-            keys = prompt + 1 + np.arange(steps)
-            if self.cfg.sliding_window:
-                keys = np.minimum(keys, self.cfg.sliding_window)
-            seconds, flops, dram, bound = self.cost.decode_run(n, n * keys)
-            times = _step_times(first, seconds)
-            ends = times[1:]
-            self.log.steps_many(
-                times[:-1], seconds, n, n, self.kv.used, len(self.waiting),
-                flops, dram, bound,
-            )  # fmt: skip
-            still_generating = (outputs[None, :] - 1 > np.arange(steps)[:, None]).sum(axis=1)
-            self.log.gaps(np.diff(times), still_generating)
-            if self.cfg.multi_step:
-                yield self._timeout_until(float(ends[-1]))
-            else:
-                for d in seconds:
-                    yield self.env.timeout(float(d))
-            finish = np.where(outputs > 1, ends[np.maximum(outputs - 2, 0)], first)
-        else:
-            finish = np.full(n, first)
-        req.finish[batch] = finish
-        req.last_token[batch] = finish
-        req.generated[batch] = outputs
-        req.outcome[batch] = Outcome.COMPLETED
-        for rid in batch.tolist():
+        if steps <= 0:
+            self._complete_batch(batch, first)
+            return
+        keys = prompt + 1 + np.arange(steps)
+        if self.cfg.sliding_window:
+            keys = np.minimum(keys, self.cfg.sliding_window)
+        seconds, flops, dram, bound = self.cost.decode_run(n, n * keys)
+        times = _step_times(first, seconds)
+        ends = times[1:]
+        self.log.steps_many(
+            times[:-1], seconds, n, n, self.kv.used, len(self.waiting), flops, dram, bound,
+        )  # fmt: skip
+        still_generating = (outputs[None, :] - 1 > np.arange(steps)[:, None]).sum(axis=1)
+        self.log.gaps(np.diff(times), still_generating)
+        finish = np.where(outputs > 1, ends[np.maximum(outputs - 2, 0)], first)
+        moments = np.unique(finish) if self.cfg.multi_step else np.concatenate(([first], ends))
+        for moment in moments.tolist():
+            if moment > self.env.now:
+                yield self._timeout_until(moment)
+            done = batch[finish == moment]
+            if len(done):
+                self._complete_batch(done, moment)
+        if ends[-1] > self.env.now:  # the padded batch holds its slots to the end
+            yield self._timeout_until(float(ends[-1]))
+
+    def _complete_batch(self, done: np.ndarray, end: float) -> None:
+        req = self.requests
+        req.finish[done] = end
+        req.last_token[done] = end
+        req.generated[done] = req.output[done]
+        req.outcome[done] = Outcome.COMPLETED
+        finished = set(done.tolist())
+        self._batch = [rid for rid in self._batch if rid not in finished]
+        for rid in sorted(finished):
             self.on_finish(rid)

@@ -25,6 +25,9 @@ class RejectReason(IntEnum):
     EXCEEDS_MAX_MODEL_LEN = 2
     EXCEEDS_TOKEN_BUDGET = 3
     QUEUE_FULL = 4
+    REPLICA_FAILED = 5
+    NO_HEALTHY_REPLICA = 6
+    TOO_MANY_RETRIES = 7
 
 
 REJECT_TEXT = {
@@ -34,6 +37,9 @@ REJECT_TEXT = {
     RejectReason.EXCEEDS_TOKEN_BUDGET: "prompt exceeds max_num_batched_tokens and the policy "
     "cannot chunk prefills",
     RejectReason.QUEUE_FULL: "the replica's waiting queue was full",
+    RejectReason.REPLICA_FAILED: "its replica failed (faults.on_failure: fail)",
+    RejectReason.NO_HEALTHY_REPLICA: "no healthy replica to route it to",
+    RejectReason.TOO_MANY_RETRIES: "its replicas failed more than faults.max_retries times",
 }
 
 _COLUMNS = {
@@ -48,6 +54,7 @@ _COLUMNS = {
     "finish": np.float64,
     "generated": np.int64,
     "preemptions": np.int32,
+    "retries": np.int16,
     "replica": np.int32,
     "outcome": np.int8,
     "reason": np.int8,
@@ -98,6 +105,17 @@ class RequestTable:
         self.outcome[rid] = Outcome.REJECTED
         self.reason[rid] = reason
         self.finish[rid] = now
+
+    def fail(self, rid: int, reason: RejectReason, now: float) -> None:
+        self.outcome[rid] = Outcome.FAILED
+        self.reason[rid] = reason
+        self.finish[rid] = now
+
+    def restart(self, rid: int) -> None:
+        """Start a request over after its replica failed: the tokens it had are lost (the
+        client saw them; the retry's first token shows as a long inter-token gap)."""
+        self.generated[rid] = 0
+        self.retries[rid] += 1
 
     def frame(self, priority_names: list[str] | None = None) -> pd.DataFrame:
         """The per-request table users read, with latencies derived."""

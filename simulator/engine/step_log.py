@@ -65,3 +65,15 @@ class StepLog:
 
     def gaps(self, seconds: np.ndarray, weight: np.ndarray | int = 1) -> None:
         self.itl.extend(len(seconds), seconds=seconds, weight=weight)
+
+    def mark(self) -> tuple[int, int]:
+        """Where the log stands now, to roll back to if what follows is cut short."""
+        return self.steps.size, self.itl.size
+
+    def cut(self, mark: tuple[int, int], now: float) -> None:
+        """Keep what was logged before `mark` plus the steps after it that ended by `now`
+        (their gaps are dropped: a failure discards those requests' tokens anyway)."""
+        steps, itl = mark
+        ends = self.steps.frame_column_end(steps)
+        self.steps.truncate(steps + int(np.searchsorted(ends, now, side="right")))
+        self.itl.truncate(itl)
