@@ -224,15 +224,34 @@ class _Run:
         self.progress = Progress(self.expected, enabled=progress, label=scenario.name)
         self.replicas: list[Replica] = []
         self.infos: list[ReplicaInfo] = []
+        roles = {pool.name: pool.role for pool in scenario.pool_list()}
+        # A replica may run ahead of SimPy's clock only when it can foresee its inputs:
+        # not a decode replica (handoffs come whenever prefills end), and not in a closed
+        # loop over several replicas (another's completion sends a request at any time).
+        blind = self.closed and sum(b.replicas for _, b in self.builds) > 1
         for pool, build in self.builds:
+            role = roles[pool]
+            config = replace(
+                build.config,
+                role=role,
+                multi_step=build.config.multi_step and not blind and role != "decode",
+            )
+            handoff = self._handoff_from(build) if role == "prefill" else None
             for _ in range(build.replicas):
                 index = len(self.replicas)
                 self.replicas.append(
-                    Replica(self.env, index, build.config, build.cost, self.requests,
-                            self.clock, self._on_finish)
+                    Replica(self.env, index, config, build.cost, self.requests, self.clock,
+                            self._on_finish, handoff)
                 )  # fmt: skip
                 self.infos.append(replace(build.info, pool=pool))
-        self.router = make_router(scenario.parallelism.router, self.replicas, scenario.seed)
+        entry = [r for r in self.replicas if r.cfg.role in ("mixed", "prefill")]
+        self.router = make_router(scenario.parallelism.router, entry, scenario.seed)
+        decoders = [r for r in self.replicas if r.cfg.role == "decode"]
+        self.decode_router = (
+            make_router(scenario.parallelism.router, decoders, scenario.seed + 1)
+            if decoders
+            else None
+        )
 
     def _on_finish(self, rid: int) -> None:
         self.terminal += 1
@@ -285,18 +304,44 @@ class _Run:
         self.clock.next_arrival = min(self.pending.values(), default=float("inf"))
         self._route(rid)
 
-    def _route(self, rid: int) -> None:
+    # ---- disaggregated serving -------------------------------------------------------
+    def _handoff_from(self, build: ReplicaBuild):
+        """A prefill replica's hand-off: the prompt's KV cache crosses the network (each
+        GPU sends its tensor-parallel shard over its own link), then a decode replica
+        takes the request."""
+        link = build.node.inter_node_link or build.node.intra_node_link
+        if link is None:
+            raise InfeasibleError(
+                f"disaggregated serving moves KV caches between replicas, but node "
+                f"{build.node.name} has no link to send them over"
+            )
+        per_token = build.memory.kv_bytes_per_token
+
+        def handoff(rid: int) -> None:
+            seconds = link.latency_us * 1e-6 + (
+                int(self.requests.prompt[rid]) * per_token / link.bytes_per_second
+            )
+            self.env.process(self._deliver(rid, seconds))
+
+        return handoff
+
+    def _deliver(self, rid: int, seconds: float):
+        yield self.env.timeout(seconds)
+        self._route(rid, self.decode_router, kv_tokens=int(self.requests.prompt[rid]))
+
+    def _route(self, rid: int, router=None, kv_tokens: int = 0) -> None:
         """Send a request to a healthy replica chosen by the router (or fail it)."""
-        replica = self.router.route(rid)
+        router = router or self.router
+        replica = router.route(rid)
         if replica.down:
-            healthy = [r for r in self.replicas if not r.down]
+            healthy = [r for r in router.replicas if not r.down]
             if not healthy:
                 self.requests.fail(rid, RejectReason.NO_HEALTHY_REPLICA, self.env.now)
                 self._on_finish(rid)
                 return
             # State-blind routers (round robin, random) may land on a dead replica.
             replica = min(healthy, key=lambda r: r.outstanding)
-        replica.submit(rid)
+        replica.submit(rid, kv_tokens)
 
     # ---- faults --------------------------------------------------------------------------
     def _start_faults(self) -> None:

@@ -95,3 +95,56 @@ def test_hardware_or_pools_not_both(make_scenario):
 
     with pytest.raises(InfersimError, match="either hardware or pools"):
         make_scenario(pools=[{"name": "x", "hardware": {"gpu": "h100-sxm"}}])
+
+
+def _disaggregated(make_scenario, **extra):
+    return make_scenario(
+        hardware=None,
+        model={"name": "llama-3.1-8b"},
+        pools=[
+            {"name": "prefill", "hardware": {"gpu": "h100-sxm"}, "replicas": 1, "role": "prefill"},
+            {"name": "decode", "hardware": {"gpu": "h100-sxm"}, "replicas": 2, "role": "decode"},
+        ],
+        parallelism={"router": "least_outstanding"},
+        workload=LOAD,
+        **extra,
+    )
+
+
+def test_disaggregated_prefill_and_decode_pools(make_scenario):
+    results = simulate(_disaggregated(make_scenario))
+    req, steps = results.requests, results.steps
+    assert (req["outcome"] == "completed").all()
+    assert set(req["replica"]) <= {1, 2}  # finished on a decode replica
+    prefill_steps = steps[steps["replica"] == 0]
+    decode_steps = steps[steps["replica"] != 0]
+    assert (prefill_steps["decode_tokens"] == 0).all() and prefill_steps["prefill_tokens"].sum()
+    assert (decode_steps["prefill_tokens"] == 0).all()
+    assert (req["generated"] == req["output"]).all()
+    # The first token comes from the prefill replica; the second only after the KV cache
+    # has crossed the network and a decode step ran.
+    two = req[req["output"] >= 2]
+    assert (two["finish"] > two["first_token"]).all()
+    pools = results.summary()["per_pool"]
+    assert set(pools) == {"prefill", "decode"} and pools["decode"]["completed"] == len(req)
+
+
+def test_disaggregated_needs_both_roles(make_scenario):
+    from hardware_models.errors import InfersimError
+
+    with pytest.raises(InfersimError, match="prefill and decode pools"):
+        make_scenario(hardware=None, pools=[{"name": "p", "hardware": {"gpu": "h100-sxm"},
+                                             "role": "prefill"}])  # fmt: skip
+
+
+def test_closed_loop_over_replicas_matches_step_by_step(make_scenario):
+    import pandas as pd
+
+    workload = {"arrivals": {"kind": "closed_loop", "users": 24, "think_time_s": 0.2},
+                "num_requests": 300}  # fmt: skip
+    par = {"replicas": 3, "router": "least_outstanding"}
+    fast = simulate(make_scenario(workload=workload, parallelism=par))
+    slow = simulate(make_scenario(workload=workload, parallelism=par,
+                                  engine={"multi_step": False}))  # fmt: skip
+    cols = ["arrival", "first_token", "finish", "replica"]
+    pd.testing.assert_frame_equal(fast.requests[cols], slow.requests[cols])

@@ -58,6 +58,7 @@ class ReplicaConfig:
     sliding_window: int | None = None
     priority_preemption: bool = True
     multi_step: bool = True
+    role: Literal["mixed", "prefill", "decode"] = "mixed"
 
 
 def _step_times(start: float, seconds: np.ndarray) -> np.ndarray:
@@ -90,9 +91,11 @@ class Replica:
         requests: RequestTable,
         clock: Clock,
         on_finish: Callable[[int], None],
+        on_handoff: Callable[[int], None] | None = None,
     ) -> None:
         self.env, self.index, self.cfg, self.cost = env, index, config, cost
         self.requests, self.clock, self.on_finish = requests, clock, on_finish
+        self.on_handoff = on_handoff  # a prefill replica passes requests on through it
         self.log = StepLog(index)
         self._wakeup: simpy.Event | None = None
         self._recovery: simpy.Event | None = None
@@ -167,7 +170,8 @@ class Replica:
         total = int(req.prompt[rid] + req.output[rid])
         if total > cfg.max_model_len:
             return RejectReason.EXCEEDS_MAX_MODEL_LEN
-        if self.kv.blocks_for(total - 1) > self.kv.total:
+        held = int(req.prompt[rid]) + 1 if cfg.role == "prefill" else total
+        if self.kv.blocks_for(held - 1) > self.kv.total:
             return RejectReason.EXCEEDS_KV_CACHE
         if cfg.policy == "continuous" and req.prompt[rid] > cfg.max_num_batched_tokens:
             return RejectReason.EXCEEDS_TOKEN_BUDGET
@@ -175,7 +179,9 @@ class Replica:
             return RejectReason.QUEUE_FULL
         return RejectReason.NONE
 
-    def submit(self, rid: int) -> None:
+    def submit(self, rid: int, kv_tokens: int = 0) -> None:
+        """Queue a request; `kv_tokens` of its KV cache arrive with it (from a prefill
+        replica), so it decodes without prefilling."""
         req = self.requests
         req.replica[rid] = self.index
         reason = self.rejection(rid)
@@ -183,6 +189,9 @@ class Replica:
             req.reject(rid, reason, self.env.now)
             self.on_finish(rid)
             return
+        if kv_tokens:
+            assert self.scheduler is not None
+            self.scheduler.arrived_with_kv[rid] = kv_tokens
         self.waiting.push(rid, int(req.priority[rid]))
         self._wake()
 
@@ -289,7 +298,8 @@ class Replica:
             prefill_tokens += chunk
             if kv_len >= run.target[slot]:
                 finishing += 1
-                completes = completes or bool(run.remaining[slot] <= 1)
+                # A prefill replica hands the request on (at SimPy's clock, like a finish).
+                completes = completes or self.on_handoff is not None or run.remaining[slot] <= 1
         if n and not completes:
             if n == run.decode_count:
                 completes = run.min_remaining() <= 1
@@ -328,6 +338,11 @@ class Replica:
             req.last_token[rid] = end
             req.generated[rid] += 1
             run.remaining[slot] -= 1
+            if self.on_handoff is not None and run.remaining[slot] > 0:
+                self.kv.release(run.blocks_of(slot))
+                run.remove(slot)
+                self.on_handoff(rid)  # its decoding happens on a decode replica
+                continue
             run.start_decoding(slot)
         if completes:
             self._finish(run.finished(), end)
@@ -368,10 +383,10 @@ class Replica:
         run, req = self.running, self.requests
         for slot in slots:
             rid = int(run.rid[slot])
-            req.finish[rid] = end
-            req.outcome[rid] = Outcome.COMPLETED
             self.kv.release(run.blocks_of(slot))
             run.remove(slot)
+            req.finish[rid] = end
+            req.outcome[rid] = Outcome.COMPLETED
             self.on_finish(rid)
 
     # ---- runs of decode steps --------------------------------------------------------

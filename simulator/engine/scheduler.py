@@ -71,6 +71,8 @@ class IterationScheduler:
         self.waiting = waiting
         self.swapped: dict[int, _Swapped] = {}
         self.swap_used = 0
+        # Requests whose KV cache arrived from a prefill replica: tokens already cached.
+        self.arrived_with_kv: dict[int, int] = {}
         self.now = 0.0
 
     # ---- preemption ----------------------------------------------------------------
@@ -185,14 +187,23 @@ class IterationScheduler:
             run.take_next_blocks(plan.decode_slots)
 
     def _admit(self, plan: StepPlan, budget: int) -> None:
-        """Admit waiting requests (priority, then FCFS) while budget, slots and KV allow."""
+        """Admit waiting requests (priority, then FCFS) while budget, slots and KV allow.
+
+        Three kinds wait: new (or recomputing) requests, which prefill a chunk now;
+        swapped-out ones, whose blocks come back over PCIe; and ones whose KV cache was
+        sent by a prefill replica (disaggregated serving). The last two decode from the
+        next step on.
+        """
         run, kv, req = self.running, self.kv, self.requests
         chunked = self.policy.chunked_prefill
         while budget > 0 and len(self.waiting) and run.count < self.policy.max_num_seqs:
             rid, level = self.waiting.peek()
             swapped = self.swapped.get(rid)
+            cached = self.arrived_with_kv.get(rid)
             if swapped is not None:
-                blocks, chunk, target = swapped.blocks, 0, swapped.target
+                blocks = swapped.blocks
+            elif cached is not None:
+                blocks = kv.blocks_for(cached)
             else:
                 target = int(req.prompt[rid] + req.generated[rid])
                 chunk = min(target, budget) if chunked else target
@@ -209,11 +220,16 @@ class IterationScheduler:
                 del self.swapped[rid]
                 self.swap_used -= blocks
                 plan.swap_blocks += blocks
-                slot = run.admit(rid, target, swapped.remaining, level, swapped.computed)
+                slot = run.admit(rid, swapped.target, swapped.remaining, level, swapped.computed)
                 run.blocks[slot] = blocks
-                # Resumed decodes take their token in the next step's decode set.
                 continue
-            slot = run.admit(rid, target, int(req.output[rid] - req.generated[rid]), level)
+            left = int(req.output[rid] - req.generated[rid])
+            if cached is not None:
+                del self.arrived_with_kv[rid]
+                slot = run.admit(rid, cached, left, level, cached)
+                run.blocks[slot] = blocks
+                continue
+            slot = run.admit(rid, target, left, level)
             run.blocks[slot] = blocks
             if np.isnan(req.first_scheduled[rid]):
                 req.first_scheduled[rid] = self.now
