@@ -148,3 +148,19 @@ def test_closed_loop_over_replicas_matches_step_by_step(make_scenario):
                                   engine={"multi_step": False}))  # fmt: skip
     cols = ["arrival", "first_token", "finish", "replica"]
     pd.testing.assert_frame_equal(fast.requests[cols], slow.requests[cols])
+
+
+@pytest.mark.parametrize("router", ["round_robin", "random"])
+def test_prerouted_replicas_match_step_by_step(make_scenario, router):
+    import pandas as pd
+
+    fast = simulate(_cluster(make_scenario, router))
+    slow = simulate(
+        make_scenario(
+            parallelism={"replicas": 4, "router": router}, workload=LOAD,
+            serving={"max_num_seqs": 32}, engine={"multi_step": False},
+        )
+    )  # fmt: skip
+    cols = ["first_token", "finish", "replica", "generated"]
+    pd.testing.assert_frame_equal(fast.requests[cols], slow.requests[cols])
+    assert len(fast.steps) == len(slow.steps)
