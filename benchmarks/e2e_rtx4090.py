@@ -64,6 +64,7 @@ def scenario_for(data: Path, measured: pd.DataFrame, out: Path, overrides: list[
                 "num_gpu_blocks": cache["num_gpu_blocks"],
                 "gpu_memory_utilization": cache["gpu_memory_utilization"],
                 "max_model_len": engine["max_model_len"],
+                "enable_prefix_caching": cache["enable_prefix_caching"],
             },
             "engine": {
                 "cuda_graphs": not meta["resolved_config"]["model_config"]["enforce_eager"],

@@ -137,6 +137,11 @@ class ServingSection(BaseModel):
     max_model_len: int | None = Field(
         default=None, ge=2, description="longest prompt + output; default: the model's context"
     )
+    enable_prefix_caching: bool = Field(
+        default=False,
+        description="keep a recompute-preempted request's full KV blocks cached while "
+        "free (LRU), so its recompute skips what was not evicted (vLLM v1's default)",
+    )
     priority_preemption: bool = Field(
         default=True, description="a waiting request may preempt less important running ones"
     )

@@ -157,6 +157,7 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
         sliding_window=arch.sliding_window,
         priority_preemption=serving.priority_preemption,
         multi_step=engine.multi_step,
+        prefix_caching=serving.enable_prefix_caching,
     )
     cost = StepCostModel(
         arch,

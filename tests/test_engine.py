@@ -267,3 +267,19 @@ def test_closed_loop_keeps_at_most_users_in_flight(make_scenario):
     req = results.requests
     assert len(req) == 200 and (req["outcome"] == "completed").all()
     assert (results.steps["batch_size"] + results.steps["waiting"]).max() <= 8
+
+
+def test_prefix_caching_spares_recomputing_what_was_not_evicted(make_scenario):
+    pressure = {"num_gpu_blocks": 300, "max_num_seqs": 64, "preemption": "recompute"}
+    workload = {"arrivals": {"kind": "poisson", "rate_per_s": 20.0}}
+    plain = simulate(make_scenario(serving=pressure, workload=workload))
+    cached = simulate(make_scenario(serving={**pressure, "enable_prefix_caching": True},
+                                    workload=workload))  # fmt: skip
+    slow = simulate(make_scenario(serving={**pressure, "enable_prefix_caching": True},
+                                  workload=workload, engine={"multi_step": False}))  # fmt: skip
+    assert plain.requests["preemptions"].sum() > 0 and cached.requests["preemptions"].sum() > 0
+    assert cached.steps["prefill_tokens"].sum() < plain.steps["prefill_tokens"].sum()
+    _check_invariants(cached)
+    assert (cached.requests["outcome"] == "completed").all()
+    cols = ["first_token", "finish", "preemptions"]
+    pd.testing.assert_frame_equal(cached.requests[cols], slow.requests[cols])

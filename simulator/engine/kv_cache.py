@@ -1,10 +1,14 @@
 """Paged KV-cache block manager (vLLM style): fixed-size blocks, a free count, a watermark.
 
-Only counts are kept: without prefix caching no decision depends on which physical
-block a request holds, so the manager is O(1) per operation.
+Only counts are kept: no decision depends on which physical block a request holds, so
+the manager is O(1) per operation. With prefix caching, the full blocks a preempted
+request leaves behind stay cached while free (vLLM v1 frees them into an LRU pool): they
+are reused if the request comes back before other allocations evict them.
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 from hardware_models.errors import InfeasibleError
 
@@ -20,6 +24,8 @@ class BlockManager:
         self.block_size = block_size
         self.free = total_blocks
         self.watermark_blocks = int(watermark * total_blocks)
+        self._cached: OrderedDict[int, int] = OrderedDict()  # request -> cached full blocks
+        self._cached_total = 0
 
     @property
     def used(self) -> int:
@@ -36,6 +42,35 @@ class BlockManager:
         if blocks > self.free:
             raise RuntimeError(f"KV over-allocation: {blocks} blocks asked, {self.free} free")
         self.free -= blocks
+        self._evict()
+
+    def keep_cached(self, rid: int, blocks: int) -> None:
+        """`rid` was preempted leaving `blocks` full blocks (already released) in the cache."""
+        if blocks > 0:
+            self._cached[rid] = blocks
+            self._cached_total += blocks
+            self._evict()
+
+    def cached_blocks(self, rid: int) -> int:
+        return self._cached.get(rid, 0)
+
+    def take_cached(self, rid: int) -> int:
+        """Full blocks of `rid` still cached (they count as free until reallocated)."""
+        blocks = self._cached.pop(rid, 0)
+        self._cached_total -= blocks
+        return blocks
+
+    def _evict(self) -> None:
+        """Allocations take free blocks, cached ones last: evict least recently freed
+        requests' blocks (each request's tail first) until the cache fits in the free."""
+        while self._cached_total > self.free:
+            rid, blocks = next(iter(self._cached.items()))
+            drop = min(blocks, self._cached_total - self.free)
+            self._cached_total -= drop
+            if drop == blocks:
+                del self._cached[rid]
+            else:
+                self._cached[rid] = blocks - drop
 
     def release(self, blocks: int) -> None:
         self.free += blocks

@@ -59,6 +59,7 @@ class ReplicaConfig:
     priority_preemption: bool = True
     multi_step: bool = True
     role: Literal["mixed", "prefill", "decode"] = "mixed"
+    prefix_caching: bool = False
 
 
 def _step_times(start: float, seconds: np.ndarray) -> np.ndarray:
@@ -122,6 +123,7 @@ class Replica:
                     preemption=config.preemption,
                     priority_preemption=config.priority_preemption,
                     swap_blocks=config.swap_blocks,
+                    prefix_caching=config.prefix_caching,
                 ),
                 requests,
                 self.running,

@@ -33,6 +33,7 @@ class IterationPolicy:
     preemption: Literal["recompute", "swap"] = "recompute"
     priority_preemption: bool = True
     swap_blocks: int = 0  # host blocks available for swapping
+    prefix_caching: bool = False  # a recomputed request reuses its still-cached blocks
 
 
 @dataclass(slots=True)
@@ -93,6 +94,8 @@ class IterationScheduler:
             self.swapped[rid] = _Swapped(computed, target, run.remaining_of(slot), blocks)
             self.swap_used += blocks
             plan.swap_blocks += blocks
+        elif self.policy.prefix_caching:
+            self.kv.keep_cached(rid, computed // self.kv.block_size)
         self.waiting.push_front(rid, level)
         run.remove(slot)
 
@@ -206,15 +209,20 @@ class IterationScheduler:
                 blocks = kv.blocks_for(cached)
             else:
                 target = int(req.prompt[rid] + req.generated[rid])
-                chunk = min(target, budget) if chunked else target
+                # Cached prefix: whole blocks, and never the last token (it is recomputed
+                # to sample from), as vLLM's prefix cache hits are.
+                hit = self._cached_tokens(rid, target)
+                chunk = min(target - hit, budget) if chunked else target - hit
                 if chunk > budget and (plan.prefill_slots or len(plan.decode_slots)):
                     break  # a whole prompt over budget runs alone
-                blocks = kv.blocks_for(chunk)
+                blocks = kv.blocks_for(hit + chunk)
             alone = run.count == 0
             fits = kv.can_admit(blocks) or (alone and blocks <= kv.free)
             if not fits and not self._preempt_for(level, blocks, plan):
                 break
             self.waiting.pop(level)
+            if swapped is None and cached is None and hit:
+                kv.take_cached(rid)  # reused in place, before anything can evict them
             kv.allocate(blocks)
             if swapped is not None:
                 del self.swapped[rid]
@@ -229,13 +237,20 @@ class IterationScheduler:
                 slot = run.admit(rid, cached, left, level, cached)
                 run.blocks[slot] = blocks
                 continue
-            slot = run.admit(rid, target, left, level)
+            slot = run.admit(rid, target, left, level, hit)
             run.blocks[slot] = blocks
             if np.isnan(req.first_scheduled[rid]):
                 req.first_scheduled[rid] = self.now
             plan.prefill_slots.append(slot)
             plan.prefill_chunks.append(chunk)
             budget -= chunk
+
+    def _cached_tokens(self, rid: int, target: int) -> int:
+        if not self.policy.prefix_caching:
+            return 0
+        blocks = self.kv.cached_blocks(rid)
+        size = self.kv.block_size
+        return min(blocks * size, (target - 1) // size * size)
 
     def _preempt_for(self, level: int, blocks: int, plan: StepPlan) -> bool:
         """Make room for a waiting request of priority `level` by preempting strictly less
