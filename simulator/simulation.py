@@ -136,9 +136,11 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
     block_bytes = serving.block_size * memory.kv_bytes_per_token
     blocks = serving.num_gpu_blocks or int(memory.kv_capacity_bytes // block_bytes)
     if blocks < 1:
+        rows = "; ".join(f"{item} {gb:.2f} GB" for item, gb in memory.breakdown())
         raise InfeasibleError(
-            f"the KV cache is smaller than one block of {serving.block_size} tokens:\n"
-            f"{memory.table()}"
+            f"the KV cache is smaller than one block of {serving.block_size} tokens (KV "
+            f"capacity {memory.kv_capacity_tokens} tokens at {memory.kv_bytes_per_token:.0f} "
+            f"B/token): {rows}"
         )
     pcie = gpu.pcie.unidirectional_gbps * 1e9
     config = ReplicaConfig(
@@ -430,6 +432,8 @@ class _Run:
         if self.expected == 0:
             return 0.0
         self.env.run(until=until)
+        for replica in self.replicas:
+            replica.settle(self.env.now)
         self.progress.close()
         return float(self.env.now)
 

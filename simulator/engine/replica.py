@@ -113,6 +113,7 @@ class Replica:
         self.running = RunningSet(config.max_num_seqs, config.block_size, requests)
         self.waiting = WaitingQueue()
         self._batch: list[int] = []  # a run-to-completion batch in progress
+        self._batch_ends: np.ndarray | None = None
         iterative = config.policy in ("continuous", "chunked_prefill")
         self.scheduler = (
             IterationScheduler(
@@ -585,6 +586,7 @@ class Replica:
         still_generating = (outputs[None, :] - 1 > np.arange(steps)[:, None]).sum(axis=1)
         self.log.gaps(np.diff(times), still_generating)
         finish = np.where(outputs > 1, ends[np.maximum(outputs - 2, 0)], first)
+        self._batch_ends = ends  # for settle(): the tokens out when a run stops midway
         moments = np.unique(finish) if self.cfg.multi_step else np.concatenate(([first], ends))
         for moment in moments.tolist():
             if moment > self.env.now:
@@ -594,6 +596,18 @@ class Replica:
                 self._complete_batch(done, moment)
         if ends[-1] > self.env.now:  # the padded batch holds its slots to the end
             yield self._timeout_until(float(ends[-1]))
+
+    def settle(self, now: float) -> None:
+        """The run stops at `now`: count the tokens in-flight requests already have."""
+        self.running.materialize()
+        if not self._batch or self._batch_ends is None:
+            return
+        batch = np.asarray(self._batch, dtype=np.int64)
+        decoded = int(np.searchsorted(self._batch_ends, now, side="right"))
+        req = self.requests
+        req.generated[batch] = np.minimum(1 + decoded, req.output[batch])
+        if decoded:
+            req.last_token[batch] = self._batch_ends[decoded - 1]
 
     def _complete_batch(self, done: np.ndarray, end: float) -> None:
         req = self.requests
