@@ -125,10 +125,8 @@ def plot_predicted_vs_measured(
     """Log-log scatter of predicted against measured seconds, one panel per op class,
     colour per GPU, with the y = x line and +/-20% bands. Large panels are subsampled
     (deterministically) to `max_points_per_panel` points."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib as mpl
+    from matplotlib.figure import Figure
 
     frame = add_errors(table, predicted)
     frame = frame[np.isfinite(frame[PREDICTED]) & (frame[PREDICTED] > 0)]
@@ -137,10 +135,11 @@ def plot_predicted_vs_measured(
         raise InfersimError("nothing to plot: no row has a prediction")
     cols = min(4, len(classes))
     rows = int(np.ceil(len(classes) / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 4.0 * rows), squeeze=False)
+    fig = Figure(figsize=(4.2 * cols, 4.0 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     # Draw the GPU with more rows first so the smaller set stays visible on top.
     gpus = list(frame["gpu"].value_counts().index)
-    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    palette = mpl.rcParams["axes.prop_cycle"].by_key()["color"]
     colours = dict(zip(sorted(gpus), palette, strict=False))
     for ax, op in zip(axes.flat, classes, strict=False):
         sub = frame[frame["op_class"] == op]
@@ -178,5 +177,4 @@ def plot_predicted_vs_measured(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path

@@ -120,10 +120,7 @@ def plot_error_vs_size(
 ) -> Path:
     """Signed error against operator size, one panel per op class, with the median error
     per octave-pair drawn over the points: where along the size axis the model drifts."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     frame = table.assign(predicted_s=predicted).dropna(subset=["predicted_s"])
     frame = frame.assign(error=(frame["predicted_s"] - frame["measured_s"]) / frame["measured_s"])
@@ -132,7 +129,8 @@ def plot_error_vs_size(
         raise InfersimError("nothing to plot: no row has a prediction")
     cols = min(4, len(classes))
     rows = int(np.ceil(len(classes) / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+    fig = Figure(figsize=(4.2 * cols, 3.4 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax, op in zip(axes.flat, classes, strict=False):
         sub = frame[frame["op_class"] == op]
         if len(sub) > max_points:
@@ -153,7 +151,6 @@ def plot_error_vs_size(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
