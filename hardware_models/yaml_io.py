@@ -64,6 +64,30 @@ def _line_of(data: bytes | str, offset: int) -> int:
     return data.count(newline, 0, offset) + 1
 
 
+def parse_yaml(text: str, source: str) -> Any:
+    """YAML text (a file's, or a --set value) as Python data, with the loader above; every
+    problem is one InfersimError line, `source: line L, column C: invalid YAML: ...`."""
+    try:
+        return yaml.load(text, Loader=_Loader)  # a SafeLoader: no Python object tags
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        position = getattr(exc, "position", None)  # reader errors: bad characters
+        if mark is not None:
+            where = f" line {mark.line + 1}, column {mark.column + 1}:"
+        elif position is not None:
+            where = f" line {_line_of(text, position)}:"
+        else:
+            where = ""
+        problem = getattr(exc, "problem", None)
+        if isinstance(exc, yaml.reader.ReaderError):
+            code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+            problem = f"unacceptable character #x{code:04x}: {exc.reason}"
+        problem = problem or (str(exc).splitlines() or ["unreadable"])[0]
+        raise InfersimError(f"{source}:{where} invalid YAML: {problem}") from None
+    except RecursionError:
+        raise InfersimError(f"{source}: invalid YAML: nested too deeply") from None
+
+
 def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
     """Read a YAML file that must hold a mapping; never constructs objects from tags.
     Every problem is one line naming the file, and the line where there is one."""
@@ -80,25 +104,7 @@ def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
             f"{_name(path)}: line {_line_of(raw, exc.start)}: not UTF-8 text "
             f"(byte {exc.start}: {raw[exc.start : exc.start + 1]!r}){hint}"
         ) from None
-    try:
-        data = yaml.load(text, Loader=_Loader)  # a SafeLoader: no Python object tags
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        position = getattr(exc, "position", None)  # reader errors: bad characters
-        if mark is not None:
-            where = f" line {mark.line + 1}, column {mark.column + 1}:"
-        elif position is not None:
-            where = f" line {_line_of(text, position)}:"
-        else:
-            where = ""
-        problem = getattr(exc, "problem", None)
-        if isinstance(exc, yaml.reader.ReaderError):
-            code = exc.character if isinstance(exc.character, int) else ord(exc.character)
-            problem = f"unacceptable character #x{code:04x}: {exc.reason}"
-        problem = problem or (str(exc).splitlines() or ["unreadable"])[0]
-        raise InfersimError(f"{_name(path)}:{where} invalid YAML: {problem}") from None
-    except RecursionError:
-        raise InfersimError(f"{_name(path)}: invalid YAML: nested too deeply") from None
+    data = parse_yaml(text, _name(path))
     if data is None:
         raise InfersimError(f"{_name(path)}: file is empty")
     if not isinstance(data, dict):
