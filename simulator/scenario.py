@@ -12,14 +12,14 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hardware_models.errors import InfersimError
-from hardware_models.yaml_io import load_yaml_mapping
+from hardware_models.yaml_io import load_yaml_mapping, parse_yaml
 from simulator.workload.config import WorkloadConfig
 
-_STRICT = ConfigDict(extra="forbid", frozen=True)
+# No NaN or infinity anywhere in a scenario: every number must be a real quantity.
+_STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 DType = Literal["fp32", "fp16", "bf16", "fp8", "int8", "int4", "fp4"]
 
 
@@ -132,7 +132,7 @@ class ServingSection(BaseModel):
         default="recompute", description="what happens to a preempted request's KV cache"
     )
     swap_space_gb: float = Field(
-        default=4.0, ge=0, description="host memory per GPU for swapped KV blocks, GB"
+        default=4.0, ge=0, le=1e5, description="host memory per GPU for swapped KV blocks, GB"
     )
     max_model_len: int | None = Field(
         default=None, ge=2, description="longest prompt + output; default: the model's context"
@@ -160,13 +160,13 @@ class EngineSection(BaseModel):
         default=True, description="overlap host scheduling with the GPU step (vLLM v1)"
     )
     host_overhead_step_us: float = Field(
-        default=150.0, ge=0, description="host time per step: scheduling, input preparation"
+        default=150.0, ge=0, le=1e7, description="host time per step: scheduling, input preparation"
     )
     host_overhead_per_seq_us: float = Field(
-        default=4.0, ge=0, description="extra host time per scheduled sequence"
+        default=4.0, ge=0, le=1e6, description="extra host time per scheduled sequence"
     )
     framework_overhead_gb: float = Field(
-        default=1.5, ge=0, description="CUDA context, allocator, graphs: memory per GPU"
+        default=1.5, ge=0, le=1e4, description="CUDA context, allocator, graphs: memory per GPU"
     )
     multi_step: bool = Field(
         default=True,
@@ -233,7 +233,7 @@ class PlanSection(BaseModel):
 class Scenario(BaseModel):
     """Everything one simulation needs; defaults are vLLM's where it has one."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     name: str = Field(default="scenario", description="label used in outputs and comparisons")
     description: str = Field(default="", description="the question this scenario answers")
     seed: int = Field(default=0, ge=0, description="random seed: same seed, same results")
@@ -348,9 +348,11 @@ class Scenario(BaseModel):
             data["base_dir"] = self.base_dir
             data["name"] = name
             if not isinstance(changes, dict):
-                raise InfersimError(f"variants.{name}: expected a mapping of field: value")
+                raise InfersimError(
+                    f"{source or self.name}: variants.{name}: expected a mapping of field: value"
+                )
             for key, value in changes.items():
-                set_path(data, key, value, f"variants.{name}.{key}")
+                set_path(data, key, value, f"{source or self.name}: variants.{name}.{key}")
             try:
                 expanded.append(Scenario.model_validate(data))
             except ValidationError as exc:
@@ -391,10 +393,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> None:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise InfersimError(f"--set {item!r}: expected key.path=value")
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError:
-            raise InfersimError(f"--set {item!r}: value is not valid YAML") from None
+        value = parse_yaml(raw, f"--set {key.strip()}")
         set_path(data, key, value, f"--set {item!r}")
 
 
@@ -448,7 +447,7 @@ def describe_errors(exc: ValidationError, model: type[BaseModel]) -> str:
     lines = []
     for item in exc.errors():
         loc = tuple(item["loc"])
-        where = ".".join(str(p) for p in loc) or "(top level)"
+        where = ".".join(repr(p) if "\n" in str(p) else str(p) for p in loc) or "(top level)"
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             parent = _model_at(model, loc[:-1])

@@ -10,7 +10,7 @@ import simpy
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.efficiency import EfficiencyProfile
-from hardware_models.errors import InfeasibleError
+from hardware_models.errors import InfeasibleError, InfersimError
 from hardware_models.node import NodeSpec
 from hardware_models.presets import list_nodes, load_gpu, load_node
 from hardware_models.yaml_io import load_yaml_mapping, validate_model
@@ -44,13 +44,21 @@ class ReplicaBuild:
 
 def resolve_gpu(scenario: Scenario) -> AcceleratorSpec:
     hw = scenario.hardware
-    gpu = load_gpu(_maybe_path(scenario, hw.gpu))
+    gpu = _named_field("hardware.gpu", load_gpu, _maybe_path(scenario, hw.gpu))
     if hw.calibration:
         path = scenario.resolve_path(hw.calibration)
         data = load_yaml_mapping(path)
         profile = validate_model(EfficiencyProfile, data.get("efficiency", data), str(path))
         gpu = gpu.with_efficiency(profile)
     return gpu
+
+
+def _named_field(field: str, load, value: str):
+    """Load a preset, naming the scenario field when the name or file is bad."""
+    try:
+        return load(value)
+    except InfersimError as exc:
+        raise InfersimError(f"{field}: {exc}") from None
 
 
 def _maybe_path(scenario: Scenario, name: str) -> str:
@@ -117,7 +125,7 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
     the configuration cannot run."""
     gpu = resolve_gpu(scenario)
     node = resolve_node(scenario, gpu)
-    arch = load_model(_maybe_path(scenario, scenario.model.name))
+    arch = _named_field("model.name", load_model, _maybe_path(scenario, scenario.model.name))
     par, serving, engine = scenario.parallelism, scenario.serving, scenario.engine
     gpus = par.tp * par.pp
     check_placement(scenario, arch, node)
@@ -277,6 +285,12 @@ class _Run:
             clock.next_arrival = float(arrival[rid + 1]) if rid + 1 < n else float("inf")
             clock.arrivals_done = rid + 1 == n
             self._route(rid)
+        self._nudge_all()
+
+    def _nudge_all(self) -> None:
+        """No arrival is in sight: replicas holding partial batches may start them."""
+        for replica in self.replicas:
+            replica.nudge()
 
     def _routing_is_foreseeable(self) -> bool:
         """Round robin and random routing do not look at replica state, so every
@@ -338,6 +352,8 @@ class _Run:
         del self.pending[rid]
         self.clock.next_arrival = min(self.pending.values(), default=float("inf"))
         self._route(rid)
+        if not self.pending:
+            self._nudge_all()
 
     # ---- disaggregated serving -------------------------------------------------------
     def _handoff_from(self, build: ReplicaBuild):

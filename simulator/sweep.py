@@ -226,7 +226,8 @@ def _dask(points: Sequence[SweepPoint], client: Client) -> Iterator[tuple[SweepP
 
     if not points:
         return
-    futures = client.map(run_point, [p.data for p in points])
+    # pure=False: a repeat sweep on the same client must not share (and cancel) tasks.
+    futures = client.map(run_point, [p.data for p in points], pure=False)
     by_key = {f.key: p for f, p in zip(futures, points, strict=True)}
     try:
         for future in dask_completed(futures):

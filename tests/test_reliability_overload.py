@@ -201,13 +201,6 @@ def test_a_request_done_before_the_horizon_is_completed_in_a_cut_batch(tmp_path,
     assert req.loc[1, "generated"] > 1  # tokens decoded before the horizon are counted
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="Replica.settle: a static/dynamic batch cut by the horizon during its prefill is "
-    "credited with the previous batch's decode steps (_batch_ends not reset): the request "
-    "has all its tokens but no first token, in flight",
-)
 @pytest.mark.parametrize("policy", ["static", "dynamic"])
 def test_a_batch_cut_in_its_prefill_has_produced_nothing(tmp_path, policy):
     trace = tmp_path / "t.csv"  # the second batch's 3000-token prefill outlasts the horizon

@@ -252,7 +252,7 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         "output_tokens": {"kind": "trace", "path": "t.csv", "column": "num_decode_tokens"},
     },
 }  # fmt: skip
-# Fields outside the workload whose extreme values hit bugs owned elsewhere (xfail below).
+# Fields outside the workload whose extreme values once crashed a run (regression cases).
 KNOWN_BAD = {
     ("serving.swap_space_gb", math.inf),
     ("serving.swap_space_gb", 1e308),
@@ -300,8 +300,6 @@ def test_every_field_with_every_bad_value_runs_or_is_one_line(tmp_path, capsys):
     (tmp_path / "t.csv").write_text(HEADER + TRACE_ROWS)
     outcomes = {0: 0, 2: 0}
     for i, (name, field, bad) in enumerate(FIELD_SWEEP):
-        if any(field == f and repr(bad) == repr(v) for f, v in KNOWN_BAD):
-            continue
         data = small(workload=WORKLOADS[name])
         data = _every_field(data) if name == "poisson" else data
         _set(data, field, bad)
@@ -315,19 +313,11 @@ def test_every_field_with_every_bad_value_runs_or_is_one_line(tmp_path, capsys):
         else:
             assert err.strip().startswith("wrote "), f"{case}: {err!r}"
         outcomes[rc] += 1
-    skipped = len(FIELD_SWEEP) - outcomes[0] - outcomes[2]
     print(f"\nfield sweep: {len(FIELD_SWEEP)} cases: {outcomes[0]} ran, {outcomes[2]} refused "
-          f"in one line (exit 2), {skipped} known bugs skipped, 0 internal errors")  # fmt: skip
+          f"in one line (exit 2), 0 internal errors")  # fmt: skip
     assert len(FIELD_SWEEP) > 1500 and outcomes[2] > 1000 and outcomes[0] > 100
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="scenario.py accepts inf/1e308 for serving and engine floats (no allow_inf_nan=False, "
-    "no upper bounds): swap_space_gb=.inf crashes build_replica's int(), "
-    "host_overhead_*_us=.inf or 1e308 an infinite run (timeseries bins)",
-)
 @pytest.mark.parametrize(("field", "value"), sorted(KNOWN_BAD, key=str))
 def test_infinite_serving_and_engine_floats_are_input_errors(tmp_path, capsys, field, value):
     path = tmp_path / "s.yaml"
@@ -336,12 +326,6 @@ def test_infinite_serving_and_engine_floats_are_input_errors(tmp_path, capsys, f
     assert_input_error(rc, err, field)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="scenario.describe_errors prints a key as str(): an unknown key holding a line "
-    "break makes the error two lines",
-)
 @pytest.mark.parametrize("where", ["top", "nested"])
 def test_unknown_key_with_a_line_break_is_one_line(tmp_path, capsys, where):
     path = tmp_path / "s.yaml"
@@ -355,12 +339,6 @@ def test_unknown_key_with_a_line_break_is_one_line(tmp_path, capsys, where):
     assert_input_error(rc, err, str(path))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="an unknown hardware.gpu or model.name is reported as 'unknown gpu ...' without "
-    "the field that named it (and, outside `infersim run`, without the scenario file)",
-)
 @pytest.mark.parametrize(("field", "value"), [("hardware.gpu", "h10"), ("model.name", "llama-2-7")])
 def test_unknown_preset_names_the_file_and_field(tmp_path, capsys, field, value):
     path = tmp_path / "s.yaml"
@@ -372,12 +350,6 @@ def test_unknown_preset_names_the_file_and_field(tmp_path, capsys, field, value)
     assert str(path) in err and field in err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="Scenario.expand: a variant key through a non-section ('name.x') is reported as "
-    "'variants.a.name.x: name is not a section' without the scenario file",
-)
 def test_bad_variant_path_names_the_file(tmp_path, capsys):
     path = tmp_path / "s.yaml"
     path.write_text(GOOD + "variants: {a: {name.x: 5}}\n")
@@ -397,19 +369,13 @@ def test_bad_variant_path_names_the_file(tmp_path, capsys):
     ],
 )
 def test_parse_yaml_is_one_line_naming_its_source(text, needle):
-    """What the loader of every YAML file uses, and --set values could (see the xfail)."""
+    """What the loader of every YAML file uses, and --set values too."""
     with pytest.raises(InfersimError) as exc:
         parse_yaml(text, "--set 'x=...'")
     one_line_naming(str(exc.value), "--set 'x=...'")
     assert needle in str(exc.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="scenario.apply_overrides parses --set values with yaml.safe_load and catches only "
-    "YAMLError: 5000 digits (ValueError) or deep nesting (RecursionError) exit 3",
-)
 @pytest.mark.parametrize("value", ["9" * 5000, "[" * 100_000])
 def test_a_bad_set_value_is_one_line(tmp_path, capsys, value):
     path = tmp_path / "s.yaml"
@@ -455,8 +421,8 @@ scalars = st.one_of(
     st.text(max_size=12),
     st.sampled_from(["poisson", "uniform", "static", "h100-sxm", "llama-2-7b", "fp8", ".inf"]),
 )
-# Keys without control characters: a key holding a line break hits a known bug of
-# scenario.describe_errors (xfail: test_unknown_key_with_a_line_break_is_one_line).
+# Keys without control characters (a key holding a line break has its own test:
+# test_unknown_key_with_a_line_break_is_one_line).
 printable = st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp"))
 keys = st.one_of(st.sampled_from(FIELD_NAMES), st.text(printable, min_size=1, max_size=10))
 junk = st.recursive(

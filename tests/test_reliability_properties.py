@@ -100,12 +100,10 @@ def check_invariants(results: Any, scenario: Scenario) -> dict[str, Any]:
     assert (done["finish"] >= done["first_token"]).all()
     assert (done["finish"] <= ctx.duration_s + 1e-9).all()
     # Requests still in flight have not produced all their tokens, and none before their
-    # first. Known bug (xfail in test_reliability_overload.py): Replica.settle credits a
-    # static/dynamic batch cut in its prefill with the previous batch's decode steps.
+    # first.
     live = req[outcome == "in_flight"]
-    if scenario.serving.policy not in ("static", "dynamic"):
-        assert (live["generated"] < live["output"]).all()
-        assert (live.loc[live["first_token"].isna(), "generated"] == 0).all()
+    assert (live["generated"] < live["output"]).all()
+    assert (live.loc[live["first_token"].isna(), "generated"] == 0).all()
     assert (req["generated"] <= req["output"]).all() and (req["generated"] >= 0).all()
     started = req["first_scheduled"].notna()
     assert (req.loc[started, "first_scheduled"] >= req.loc[started, "arrival"] - 1e-12).all()
@@ -137,27 +135,6 @@ def one_line(message: str) -> bool:
     return "\n" not in message.strip() and "\r" not in message
 
 
-# Two known bugs put a replica to sleep with work it could do, so SimPy stops with this
-# RuntimeError; strict xfail tests below track them, and until they are fixed the property
-# counts such cases as 'known bug' instead of failing on them:
-# - a static-batching replica waiting for a full batch is woken only by an arrival routed
-#   to it: when the arrivals end without one (a rejected last request, a closed loop
-#   smaller than the batch) it sleeps forever;
-# - `continuous`: when every running decode needs a new KV block at once, _make_room
-#   preempts for the whole step's need and so preempts them all, and the empty step is
-#   not followed by an admission: the replica sleeps with its requests waiting;
-# - with fewer budget tokens than running sequences, the decodes left out of the step are
-#   forgotten when the one planned is preempted for a KV block: the step is empty.
-STRANDED = "No scheduled events left"
-
-
-def known_stranding(data: dict[str, Any]) -> bool:
-    serving = data["serving"]
-    return serving["policy"] in ("static", "continuous") or (
-        serving["max_num_batched_tokens"] < serving["max_num_seqs"]
-    )
-
-
 CASE_TIME_LIMIT_S = 60  # a case takes milliseconds: one that runs a minute does not end
 
 
@@ -178,16 +155,11 @@ def time_limit(seconds: int) -> Iterator[None]:
 
 
 def run_or_refuse(data: dict[str, Any]) -> str:
-    """Validate and simulate; returns 'ran', 'refused' or 'known bug', asserting the
-    contract of each."""
+    """Validate and simulate; returns 'ran' or 'refused', asserting the contract of each."""
     try:
         with time_limit(CASE_TIME_LIMIT_S):
             scenario = Scenario.from_dict(data)
             results = simulate(scenario, progress=False)
-    except RuntimeError as exc:
-        if STRANDED in str(exc) and known_stranding(data):
-            return "known bug"
-        raise
     except InfersimError as exc:
         message = str(exc)
         assert message.strip(), "an InfersimError must say what is wrong"
@@ -366,21 +338,12 @@ def _static(tmp_path, case: str) -> dict[str, Any]:
     return scenario_dict(serving=serving, workload=wl)
 
 
-STRANDED_STATIC = pytest.mark.xfail(
-    strict=True,
-    raises=RuntimeError,
-    reason="static replica with a partial batch is only woken by an arrival routed to it: "
-    "when the arrivals end without one (a closed loop smaller than the batch, a last arrival "
-    "that is rejected) it sleeps forever and SimPy raises 'No scheduled events left'",
-)
-
-
 @pytest.mark.parametrize(
     "case",
     [
         "two replicas",
-        pytest.param("closed loop", marks=STRANDED_STATIC),
-        pytest.param("last arrival rejected", marks=STRANDED_STATIC),
+        "closed loop",
+        "last arrival rejected",
     ],
 )
 def test_static_batch_is_not_stranded_when_arrivals_end(tmp_path, case):
@@ -390,13 +353,6 @@ def test_static_batch_is_not_stranded_when_arrivals_end(tmp_path, case):
     assert results.requests["outcome"].astype(str).isin(["completed", "rejected"]).all()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuntimeError,
-    reason="IterationScheduler: when the token budget admits fewer decodes than running "
-    "sequences and the one planned decode is preempted for its next KV block, the step is "
-    "empty though another request could decode; the replica sleeps forever",
-)
 def test_a_preempted_decode_does_not_empty_the_step_of_a_tiny_budget():
     data = {
         "name": "prop", "seed": 0, "hardware": {"gpu": "l4"}, "model": {"name": "llama-2-7b"},
@@ -419,13 +375,6 @@ def test_a_preempted_decode_does_not_empty_the_step_of_a_tiny_budget():
     assert (results.requests["outcome"] == "completed").all()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuntimeError,
-    reason="continuous: when all running decodes need a KV block in the same step, _make_room "
-    "preempts them all (need not recomputed per victim) and the empty step admits nobody: "
-    "the replica sleeps with its requests waiting",
-)
 def test_continuous_does_not_preempt_everyone_and_sleep():
     loop = {"arrivals": {"kind": "closed_loop", "users": 16},
             "prompt_tokens": {"kind": "fixed", "tokens": 8},

@@ -129,13 +129,6 @@ def test_a_point_that_kills_every_worker_is_lost_reported_and_resumed(tmp_path, 
     assert (resumed["status"] == "ok").all() and len(point_files(out)) == 4
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="sweep._dask: client.map keys are content hashes (pure) and each sweep cancels its "
-    "futures when it ends: when that cancel reaches the scheduler after the next sweep (or "
-    "a resume) on the same Client resubmitted the same keys, its points come back 'lost'",
-)
 def test_the_same_sweep_twice_on_one_client_loses_nothing(dask_cluster, monkeypatch):
     """The race made deterministic: each sweep's closing cancel is delivered just after the
     next sweep's submission (as a busy scheduler may order them); about one time in three

@@ -191,11 +191,16 @@ class Replica:
         if reason != RejectReason.NONE:
             req.reject(rid, reason, self.env.now)
             self.on_finish(rid)
+            self._wake()  # a batcher waiting for more may now know none will come
             return
         if kv_tokens:
             assert self.scheduler is not None
             self.scheduler.arrived_with_kv[rid] = kv_tokens
         self.waiting.push(rid, int(req.priority[rid]))
+        self._wake()
+
+    def nudge(self) -> None:
+        """Re-check now: no arrival is in sight any more, so a partial batch may go."""
         self._wake()
 
     def _wake(self) -> None:
@@ -519,7 +524,11 @@ class Replica:
         waiting = len(self.waiting)
         if waiting == 0:
             return False, None
+        # A partial batch goes when no arrival is in sight (the last one came, or a closed
+        # loop's users all wait on this queue): waiting for more would wait forever.
         if waiting >= self.cfg.max_num_seqs or self.clock.arrivals_done:
+            return True, None
+        if self.clock.next_arrival == math.inf:
             return True, None
         if self.cfg.policy == "static":
             return False, None
@@ -537,6 +546,7 @@ class Replica:
                 yield self._sleep(delay)
                 continue
             self._batch = self._take_batch()
+            self._batch_ends = None  # no decode step of this batch has run yet
             batch = np.asarray(self._batch, dtype=np.int64)
             n = len(batch)
             prompt = int(req.prompt[batch].max())

@@ -143,7 +143,7 @@ class IterationScheduler:
         plan = StepPlan(self._decode_slots(budget))
         # Decodes: one token each; a new block when the context crosses a block edge.
         if len(plan.decode_slots):
-            self._allocate_decode_blocks(plan)
+            self._allocate_decode_blocks(plan, budget)
             budget -= len(plan.decode_slots)
         if not self.policy.chunked_prefill:
             return plan
@@ -177,13 +177,20 @@ class IterationScheduler:
             slots = slots[np.argsort(run.order[slots], kind="stable")[:budget]]
         return slots
 
-    def _allocate_decode_blocks(self, plan: StepPlan) -> None:
-        """Give each decode the block its next token needs, preempting if the cache is
-        full (which drops victims from the plan)."""
+    def _allocate_decode_blocks(self, plan: StepPlan, budget: int) -> None:
+        """Give each decode the block its next token needs, preempting one victim at a
+        time while the cache is short (each frees blocks and drops a need), so no more
+        requests are preempted than the step needs."""
         run, kv = self.running, self.kv
         need = run.next_block_need(plan.decode_slots)
-        if need > kv.free:
-            self._make_room(need, plan)
+        while need > kv.free:
+            victim = run.victim()
+            if victim < 0:
+                break
+            self._drop_from_plan(victim, plan)
+            self._preempt(victim, plan)
+            if not len(plan.decode_slots) and run.decode_count:
+                plan.decode_slots = self._decode_slots(budget)  # the budget's next in line
             need = run.next_block_need(plan.decode_slots)
         kv.allocate(need)
         if need:
