@@ -144,7 +144,7 @@ class Replica:
                 yield from self._iteration_loop() if iterative else self._batch_loop()
             except simpy.Interrupt:
                 # The step in flight never finished: keep only what ended before now.
-                self.log.cut(self._mark, self.env.now)
+                self.log.cut(self._mark, self.env.now, gaps=not iterative)
                 self._recovery = self.env.event()
                 yield self._recovery
                 self.down = False
@@ -225,7 +225,6 @@ class Replica:
         assert self.scheduler is not None
         schedule = self.scheduler.schedule
         while True:
-            self._mark = self.log.mark()
             plan = None
             if self.running.count or len(self.waiting):
                 plan = schedule(self.t)

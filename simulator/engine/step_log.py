@@ -70,10 +70,12 @@ class StepLog:
         """Where the log stands now, to roll back to if what follows is cut short."""
         return self.steps.size, self.itl.size
 
-    def cut(self, mark: tuple[int, int], now: float) -> None:
-        """Keep what was logged before `mark` plus the steps after it that ended by `now`
-        (their gaps are dropped: a failure discards those requests' tokens anyway)."""
+    def cut(self, mark: tuple[int, int], now: float, *, gaps: bool) -> None:
+        """Keep what was logged before `mark` plus the steps after it that ended by `now`;
+        with `gaps`, forget the inter-token gaps logged since `mark` too (a padded batch
+        logs its gaps ahead; an iteration-level replica only for steps applied)."""
         steps, itl = mark
         ends = self.steps.frame_column_end(steps)
         self.steps.truncate(steps + int(np.searchsorted(ends, now, side="right")))
-        self.itl.truncate(itl)
+        if gaps:
+            self.itl.truncate(itl)
