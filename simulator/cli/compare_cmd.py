@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from hardware_models.errors import InfersimError
+from simulator.cli.options import add_output_flags, add_overrides
 from simulator.cli.run_cmd import folder_name, free_results_dir
 from simulator.compare import compare_table, write_comparison
 from simulator.results import Results
@@ -35,17 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=Path,
         help="results folder (default: results/compare, or the next free results/compare-N)",
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="override a field in every scenario, e.g. --set workload.num_requests=500",
-    )
-    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    parser.add_argument("--overwrite", action="store_true", help="replace existing results")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_overrides(parser, "a field in every scenario")
+    add_output_flags(parser)
     parser.set_defaults(handler=_compare)
 
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from hardware_models.errors import InfersimError
+from simulator.cli.options import add_overrides
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,8 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("scenario", type=Path, help="scenario YAML with a `plan:` section")
     parser.add_argument("-o", "--output", type=Path, help="folder for plan.csv and plots")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="KEY.PATH=VALUE", help="override a scenario field")  # fmt: skip
+    add_overrides(parser)
     parser.add_argument("--workers", type=int, help="local processes (default: all cores)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing plan")
     parser.set_defaults(handler=_run)

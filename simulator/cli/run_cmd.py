@@ -7,6 +7,7 @@ import sys
 from pathlib import Path, PurePath
 
 from hardware_models.errors import InfersimError
+from simulator.cli.options import add_output_flags, add_overrides
 from simulator.compare import compare_table, write_comparison
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
@@ -21,18 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=Path,
         help="results folder (default: results/<name>, or the next free results/<name>-N)",
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="override a scenario field, e.g. --set serving.max_num_seqs=64 (repeatable)",
-    )
-    parser.add_argument("--csv", action="store_true", help="also write CSV tables")
-    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    parser.add_argument("--overwrite", action="store_true", help="replace existing results")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_overrides(parser)
+    add_output_flags(parser, csv="also write CSV tables")
     parser.set_defaults(handler=_run)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from hardware_models.errors import InfersimError
+from simulator.cli.options import add_output_flags, add_overrides
 from simulator.cli.run_cmd import folder_name, free_results_dir
 from simulator.scenario import Scenario
 from simulator.sweep import PER_USD, sweep
@@ -59,18 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--resume", action="store_true", help="keep finished points in -o, run the rest"
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace existing results")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="override a scenario field for every point (repeatable)",
-    )
-    parser.add_argument("--csv", action="store_true", help="also write sweep.csv")
-    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_overrides(parser, "a scenario field for every point")
+    add_output_flags(parser, csv="also write sweep.csv")
     parser.set_defaults(handler=_sweep)
 
 

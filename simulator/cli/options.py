@@ -1,0 +1,26 @@
+"""Options several subcommands share, defined once so they read and behave the same."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_overrides(parser: argparse.ArgumentParser, what: str = "a scenario field") -> None:
+    """--set KEY.PATH=VALUE, repeatable, collected in args.overrides."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help=f"override {what}, e.g. --set serving.max_num_seqs=64 (repeatable)",
+    )
+
+
+def add_output_flags(parser: argparse.ArgumentParser, *, csv: str | None = None) -> None:
+    """--no-plots, --overwrite, --quiet (and --csv when `csv` describes what it adds)."""
+    if csv:
+        parser.add_argument("--csv", action="store_true", help=csv)
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--overwrite", action="store_true", help="replace existing results")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
