@@ -87,10 +87,10 @@ def check_invariants(results: Any, scenario: Scenario) -> dict[str, Any]:
         assert ctx.duration_s <= wl.duration_s + 1e-9
     assert (req["arrival"].diff().dropna() >= -1e-12).all() or wl.arrivals.kind == "closed_loop"
     assert (req["prompt"] >= 1).all() and (req["output"] >= 1).all()
-    # Rejections carry a reason, nothing else does.
-    rejected = outcome == "rejected"
-    assert (req.loc[rejected, "reason"].str.len() > 0).all()
-    assert (req.loc[~rejected, "reason"] == "").all()
+    # Rejections and failures carry a reason, nothing else does.
+    explained = outcome.isin(["rejected", "failed"])
+    assert (req.loc[explained, "reason"].str.len() > 0).all()
+    assert (req.loc[~explained, "reason"] == "").all()
     # Completed requests: all their tokens, in causal order.
     done = req[outcome == "completed"]
     assert (done["generated"] == done["output"]).all()
@@ -285,16 +285,32 @@ def scenarios(draw: st.DrawFn, max_requests: int = MAX_REQUESTS) -> dict[str, An
         "workload": workload,
         "output": {"plots": False, "progress": False},
     }
-    if draw(st.integers(0, 5)) == 0:  # a heterogeneous cluster instead of one GPU type
+    if draw(st.integers(0, 5)) == 0:  # a heterogeneous or disaggregated cluster
         par = data.pop("parallelism")
         data.pop("hardware")
         data["parallelism"] = {"router": par["router"]}
+        roles = draw(st.sampled_from([("mixed", "mixed"), ("prefill", "decode")]))
         data["pools"] = [
             {"name": "big", "hardware": {"gpu": gpu}, "tp": par["tp"], "pp": par["pp"],
-             "replicas": draw(st.integers(1, 8))},
+             "replicas": draw(st.integers(1, 8)), "role": roles[0]},
             {"name": "small", "hardware": {"gpu": draw(st.sampled_from(GPUS))},
-             "tp": draw(st.sampled_from([1, 2, 4, 8])), "replicas": draw(st.integers(1, 8))},
+             "tp": draw(st.sampled_from([1, 2, 4, 8])), "replicas": draw(st.integers(1, 8)),
+             "role": roles[1]},
         ]  # fmt: skip
+    if draw(st.integers(0, 4)) == 0:  # replica failures, with or without recovery
+        replicas = (
+            sum(p["replicas"] for p in data["pools"])
+            if "pools" in data
+            else data["parallelism"]["replicas"]
+        )
+        events = []
+        for _ in range(draw(st.integers(1, 3))):
+            at = draw(_log_uniform(0.01, 100.0))
+            recover = draw(st.one_of(st.none(), _log_uniform(0.01, 100.0)))
+            events.append({"replica": draw(st.integers(0, replicas - 1)), "at_s": at,
+                           "recover_at_s": None if recover is None else at + recover})  # fmt: skip
+        data["faults"] = {"events": events, "on_failure": draw(st.sampled_from(["retry", "fail"])),
+                          "max_retries": draw(st.integers(0, 3))}  # fmt: skip
     return data
 
 
