@@ -287,6 +287,12 @@ class Scenario(BaseModel):
                 f"pools: a disaggregated cluster needs prefill and decode pools and no mixed "
                 f"ones, got roles {sorted(roles)}"
             )
+        if roles & {"prefill", "decode"} and self.serving.policy in ("static", "dynamic"):
+            raise ValueError(
+                f"pools: disaggregated serving hands requests over step by step; "
+                f"serving.policy {self.serving.policy!r} runs whole batches (use continuous "
+                "or chunked_prefill)"
+            )
         if self.faults is not None:
             replicas = sum(p.replicas for p in self.pool_list())
             for i, event in enumerate(self.faults.events):

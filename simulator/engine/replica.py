@@ -228,6 +228,10 @@ class Replica:
             plan = None
             if self.running.count or len(self.waiting):
                 plan = schedule(self.t)
+                if plan.empty and self.running.decode_count:
+                    # Only admissions that decode from the next step on (their KV cache
+                    # arrived from a prefill replica): that next step is now.
+                    plan = schedule(self.t)
             if plan is None or plan.empty:
                 yield from self._catch_up(self.t)
                 self.running.materialize()  # asleep, it may never step again
