@@ -138,6 +138,35 @@ def attention_prefill_cost(
     )
 
 
+def uniform_prefill_cost(
+    gpu: AcceleratorSpec,
+    *,
+    batch: int,
+    q_len: int,
+    kv_len: int,
+    window: int | None,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: str | Dtype = "bf16",
+    kv_dtype: str | Dtype = "bf16",
+) -> OpCost:
+    """Prefill of `batch` equal sequences (q_len new tokens after kv_len - q_len cached):
+    the shape benchmarks and the `roofline` command describe."""
+    return attention_prefill_cost(
+        gpu,
+        num_seqs=batch,
+        new_tokens=batch * q_len,
+        attended_pairs=batch * causal_pairs(q_len, kv_len, window),
+        context_tokens=batch * kv_len,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        kv_dtype=kv_dtype,
+    )
+
+
 class DecodeAttention:
     """Paged decode attention for one head configuration, with its coefficients worked
     out once: the simulator prices it every engine step, often for many steps at once.

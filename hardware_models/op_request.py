@@ -10,7 +10,10 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hardware_models.accelerator import AcceleratorSpec
-from hardware_models.attention import attention_decode_cost, attention_prefill_cost, causal_pairs
+from hardware_models.attention import (
+    attention_decode_cost,
+    uniform_prefill_cost,
+)
 from hardware_models.collectives import collective_cost
 from hardware_models.dtypes import Dtype
 from hardware_models.errors import InfersimError
@@ -81,12 +84,12 @@ class OperatorRequest(BaseModel):
             return gemm_cost(gpu, self.m, self.n, self.k, self.dtype)
         if self.op == "attention_prefill":
             kv_len = self.kv_len or self.q_len
-            return attention_prefill_cost(
+            return uniform_prefill_cost(
                 gpu,
-                num_seqs=self.batch,
-                new_tokens=self.batch * self.q_len,
-                attended_pairs=self.batch * causal_pairs(self.q_len, kv_len, self.window),
-                context_tokens=self.batch * kv_len,
+                batch=self.batch,
+                q_len=self.q_len,
+                kv_len=kv_len,
+                window=self.window,
                 num_heads=self.heads,
                 num_kv_heads=kv_heads,
                 head_dim=self.head_dim,

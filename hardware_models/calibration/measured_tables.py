@@ -50,7 +50,11 @@ import numpy as np
 import pandas as pd
 
 from hardware_models.accelerator import AcceleratorSpec
-from hardware_models.attention import attention_decode_seconds, attention_prefill_cost, causal_pairs
+from hardware_models.attention import (
+    attention_decode_seconds,
+    causal_pairs,
+    uniform_prefill_cost,
+)
 from hardware_models.collectives import collective_cost
 from hardware_models.dtypes import bytes_per_element, parse_dtype
 from hardware_models.efficiency import BLOCK_SCALED_SPELLINGS
@@ -347,13 +351,12 @@ def _predict_prefill(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
     uniq, codes = _unique_groups(sub, ["batch", "q_len", "kv_len", "window", *_ATTN_COLS])
     secs = np.empty(len(uniq))
     for i, row in enumerate(uniq.itertuples(index=False)):
-        b, q, kv, w = int(row.batch), int(row.q_len), int(row.kv_len), int(row.window)
-        secs[i] = attention_prefill_cost(
+        secs[i] = uniform_prefill_cost(
             gpu,
-            num_seqs=b,
-            new_tokens=b * q,
-            attended_pairs=b * causal_pairs(q, kv, w if w > 0 else None),
-            context_tokens=b * kv,
+            batch=int(row.batch),
+            q_len=int(row.q_len),
+            kv_len=int(row.kv_len),
+            window=int(row.window) or None,
             num_heads=int(row.num_heads),
             num_kv_heads=int(row.num_kv_heads),
             head_dim=int(row.head_dim),

@@ -15,7 +15,10 @@ import numpy as np
 import pandas as pd
 
 from hardware_models.accelerator import AcceleratorSpec
-from hardware_models.attention import attention_decode_seconds, attention_prefill_cost, causal_pairs
+from hardware_models.attention import (
+    attention_decode_seconds,
+    uniform_prefill_cost,
+)
 from hardware_models.dtypes import bytes_per_element, parse_dtype
 from hardware_models.efficiency import EfficiencyProfile, dtype_key
 from hardware_models.errors import InfersimError
@@ -80,13 +83,12 @@ _ATTN = ["num_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype"]
 def _prefill_seconds(gpu: AcceleratorSpec, uniq: pd.DataFrame) -> np.ndarray:
     out = np.empty((len(uniq), 3))
     for i, row in enumerate(uniq.itertuples(index=False)):
-        b, q, kv, w = int(row.batch), int(row.q_len), int(row.kv_len), int(row.window)
-        cost = attention_prefill_cost(
+        cost = uniform_prefill_cost(
             gpu,
-            num_seqs=b,
-            new_tokens=b * q,
-            attended_pairs=b * causal_pairs(q, kv, w if w > 0 else None),
-            context_tokens=b * kv,
+            batch=int(row.batch),
+            q_len=int(row.q_len),
+            kv_len=int(row.kv_len),
+            window=int(row.window) or None,
             num_heads=int(row.num_heads),
             num_kv_heads=int(row.num_kv_heads),
             head_dim=int(row.head_dim),
