@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from hardware_models.errors import InfersimError
 from simulator.display import summary_html
 from simulator.engine.step_cost import StepBound
 from simulator.metrics import summarize, summary_table, timeseries, write_run
 from simulator.metrics.context import RunContext
+from simulator.metrics.step_totals import StepTotals
 
 if TYPE_CHECKING:
     from simulator.engine.replica import Replica
@@ -20,37 +22,28 @@ if TYPE_CHECKING:
     from simulator.scenario import Scenario
 
 
-def _clip_to_run(steps: pd.DataFrame, end: float) -> pd.DataFrame:
-    """Steps as far as the run went: a padded batch logs its steps ahead, and a step in
-    flight when the run stops counts only up to the stop (its work pro rata)."""
-    steps = steps[steps["start"] < end].copy()
-    over = steps["start"] + steps["duration"] > end
-    if over.any():
-        kept = (end - steps.loc[over, "start"]) / steps.loc[over, "duration"]
-        for column in ("flops", "dram_bytes"):
-            steps.loc[over, column] *= kept
-        steps.loc[over, "duration"] = end - steps.loc[over, "start"]
-    return steps
-
-
 class Results:
     """Tables of one run: `requests` (one row per request), `steps` (one row per engine
-    step), `itl` (inter-token gaps with weights) and `timeseries` (binned over time)."""
+    step, when the scenario keeps them: `output.step_table`), `itl` (inter-token gaps
+    with weights; binned 0.1% wide without a step table) and `timeseries` (binned over
+    time). `totals` are the per-replica step sums the summary is computed from."""
 
     def __init__(
         self,
         scenario: Scenario,
         context: RunContext,
         requests: pd.DataFrame,
-        steps: pd.DataFrame,
+        totals: StepTotals,
         itl: pd.DataFrame,
+        steps: pd.DataFrame | None = None,
         memory_table: str = "",
     ) -> None:
         self.scenario = scenario
         self.context = context
         self.requests = requests
-        self.steps = steps
+        self.totals = totals
         self.itl = itl
+        self._steps = steps
         self.memory_table = memory_table
 
     @classmethod
@@ -62,32 +55,44 @@ class Results:
         requests: RequestTable,
         replicas: Sequence[Replica],
     ) -> Results:
-        steps = pd.concat([r.log.steps.frame() for r in replicas], ignore_index=True)
-        steps = _clip_to_run(steps, context.duration_s)
-        steps = steps.sort_values(["start", "replica"], kind="stable", ignore_index=True)
-        steps["bound"] = pd.Categorical.from_codes(
-            steps["bound"].astype(int), categories=[b.name.lower() for b in StepBound]
-        )
-        itl = pd.concat([r.log.itl.frame() for r in replicas], ignore_index=True)
+        tables, gaps = zip(*(r.log.close(context.duration_s) for r in replicas), strict=True)
+        totals = StepTotals.merge([r.log.totals for r in replicas])
+        steps = None
+        if scenario.output.step_table:
+            steps = pd.concat(tables, ignore_index=True)
+            steps = steps.sort_values(["start", "replica"], kind="stable", ignore_index=True)
+            steps["bound"] = pd.Categorical.from_codes(
+                steps["bound"].astype(int), categories=[b.name.lower() for b in StepBound]
+            )
         return cls(
             scenario,
             context,
             requests.frame(list(context.priority_names)),
+            totals,
+            pd.concat(gaps, ignore_index=True),
             steps,
-            itl,
             memory_table,
         )
 
+    @property
+    def steps(self) -> pd.DataFrame:
+        if self._steps is None:
+            raise InfersimError(
+                f"scenario {self.scenario.name!r} kept no per-step table "
+                "(output.step_table: false); its summary and time series are complete"
+            )
+        return self._steps
+
     @cached_property
     def timeseries(self) -> pd.DataFrame:
-        return timeseries(self.requests, self.steps, self.context)
+        return timeseries(self.requests, self.totals, self.context)
 
     def summary(self) -> dict[str, Any]:
         return self._summary
 
     @cached_property
     def _summary(self) -> dict[str, Any]:
-        return summarize(self.requests, self.steps, self.itl, self.context)
+        return summarize(self.requests, self.totals, self.itl, self.context)
 
     def summary_table(self) -> str:
         return summary_table(self.summary())
@@ -118,7 +123,7 @@ class Results:
             Path(outdir),
             self.summary(),
             self.requests,
-            self.steps,
+            self._steps,
             self.timeseries,
             self.itl,
             csv=out.csv if csv is None else csv,

@@ -6,11 +6,12 @@ Every router is deterministic for a given seed; ties go to the lowest replica in
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Literal, Protocol, get_args
 
 import numpy as np
 
 from hardware_models.errors import InfersimError
+from simulator.engine.requests import RejectReason
 
 
 class _Blocks(Protocol):
@@ -20,9 +21,16 @@ class _Blocks(Protocol):
 
 class Routable(Protocol):
     kv: _Blocks
+    down: bool
 
     @property
     def outstanding(self) -> int: ...
+
+    def rejection(self, rid: int) -> RejectReason: ...
+
+
+class _Sessions(Protocol):
+    session: np.ndarray
 
 
 class RoundRobin:
@@ -81,12 +89,84 @@ class PowerOfTwo:
         return second if second.outstanding < first.outstanding else first
 
 
-ROUTERS = ("round_robin", "random", "least_outstanding", "least_kv_load", "power_of_two")
+class SessionAffinity:
+    """Every turn of a multi-turn session goes to the replica that served the session's
+    previous turn, where its conversation's KV blocks may still be cached (a prefix cache
+    hit skips their prefill); requests outside sessions go to the least loaded replica.
+
+    A session is placed, when it starts, on the replica with the fewest live sessions,
+    then fewest outstanding requests. Sticky sessions make the session the unit of load:
+    placing by outstanding requests alone sends every session that starts while the
+    cluster is idle to replica 0, and they stay there. Consistent hashing would need no
+    state, which matters for a fleet of routers, not for one simulated router, and it
+    ignores load.
+
+    A session leaves its replica when that replica is down or would refuse the turn (the
+    conversation outgrew its pool's context or KV cache, or its waiting queue is full):
+    the turn goes to the best other replica that takes it, which becomes the session's
+    home (its cache now holds the conversation)."""
+
+    def __init__(self, replicas: Sequence[Routable], requests: _Sessions) -> None:
+        self.replicas = replicas
+        self._requests = requests  # read at each route: its arrays grow (reallocate)
+        self._home: dict[int, int] = {}  # live session -> replica index
+        self._sessions = [0] * len(replicas)  # live sessions homed on each replica
+
+    def route(self, rid: int) -> Routable:
+        session = int(self._requests.session[rid])
+        home = self._home.get(session)
+        if home is not None:
+            replica = self.replicas[home]
+            if not replica.down and replica.rejection(rid) == RejectReason.NONE:
+                return replica
+        candidates = [i for i, r in enumerate(self.replicas) if not r.down] or list(
+            range(len(self.replicas))
+        )
+        if session < 0:
+            return self.replicas[min(candidates, key=self._outstanding)]
+        if home is not None:  # leaving: prefer a replica that takes the turn
+            taking = [i for i in candidates if self.replicas[i].rejection(rid) == RejectReason.NONE]
+            candidates = taking or candidates
+        best = min(candidates, key=self._load)
+        self.end(session)
+        self._home[session] = best
+        self._sessions[best] += 1
+        return self.replicas[best]
+
+    def _outstanding(self, index: int) -> int:
+        return self.replicas[index].outstanding
+
+    def _load(self, index: int) -> tuple[int, int]:
+        return self._sessions[index], self.replicas[index].outstanding
+
+    def end(self, session: int) -> None:
+        """`session` sends no more turns: it no longer weighs on its replica."""
+        home = self._home.pop(session, None)
+        if home is not None:
+            self._sessions[home] -= 1
 
 
-def make_router(kind: str, replicas: Sequence[Routable], seed: int):
+RouterName = Literal[
+    "round_robin",
+    "random",
+    "least_outstanding",
+    "least_kv_load",
+    "power_of_two",
+    "session_affinity",
+]
+ROUTERS: tuple[str, ...] = get_args(RouterName)
+
+
+def make_router(
+    kind: str, replicas: Sequence[Routable], seed: int, requests: _Sessions | None = None
+):
+    """The router `kind` over `replicas`; session_affinity reads sessions from `requests`."""
     if not replicas:
         raise InfersimError("a cluster needs at least one replica to route to")
+    if kind == "session_affinity":
+        if requests is None:
+            raise InfersimError("router session_affinity needs the request table")
+        return SessionAffinity(replicas, requests)
     if kind == "round_robin":
         return RoundRobin(replicas)
     if kind == "random":

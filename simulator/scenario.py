@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from hardware_models.errors import InfersimError
 from hardware_models.yaml_io import load_yaml_mapping, parse_yaml
+from simulator.router import RouterName
 from simulator.workload.config import WorkloadConfig
 
 # No NaN or infinity anywhere in a scenario: every number must be a real quantity.
@@ -49,9 +50,11 @@ class ParallelismSection(BaseModel):
     tp: int = Field(default=1, ge=1, le=512, description="tensor-parallel degree per replica")
     pp: int = Field(default=1, ge=1, le=128, description="pipeline-parallel degree per replica")
     replicas: int = Field(default=1, ge=1, le=10_000, description="model copies serving traffic")
-    router: Literal[
-        "round_robin", "random", "least_outstanding", "least_kv_load", "power_of_two"
-    ] = Field(default="round_robin", description="how arrivals are spread over replicas")
+    router: RouterName = Field(
+        default="round_robin",
+        description="how arrivals are spread over replicas; session_affinity keeps every "
+        "turn of a multi-turn session on the replica holding its cached conversation",
+    )
     nodes: int | None = Field(
         default=None,
         ge=1,
@@ -196,6 +199,12 @@ class OutputSection(BaseModel):
     plots: bool = Field(default=True, description="write PNG plots next to the tables")
     csv: bool = Field(default=False, description="also write CSV copies of the tables")
     progress: bool = Field(default=True, description="show a progress bar on a terminal")
+    step_table: bool = Field(
+        default=True,
+        description="keep one row per engine step (steps.parquet, Results.steps); the "
+        "summary and time series are aggregated as the run goes either way, so turn it "
+        "off for runs of millions of requests to keep memory bounded",
+    )
 
 
 class SweepSection(BaseModel):
@@ -227,6 +236,12 @@ class PlanSection(BaseModel):
     max_replicas: int = Field(default=512, ge=1, description="give up on a candidate beyond")
     requests_per_probe: int = Field(
         default=400, ge=50, le=100_000, description="requests per capacity probe"
+    )
+    disaggregation: bool = Field(
+        default=False,
+        description="also try each candidate split into a prefill pool and a decode pool "
+        "(same GPU, tp and pp; continuous and chunked_prefill policies), each pool sized "
+        "by bisection on the simulated fleet",
     )
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import heapq
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import simpy
@@ -16,16 +17,16 @@ from hardware_models.presets import list_nodes, load_gpu, load_node
 from hardware_models.yaml_io import load_yaml_mapping, validate_model
 from simulator.architecture import ModelArchitecture
 from simulator.engine.replica import Clock, Replica, ReplicaConfig
-from simulator.engine.requests import RejectReason, RequestTable
+from simulator.engine.requests import Outcome, RejectReason, RequestTable
 from simulator.engine.step_cost import EngineOverheads, StepCostModel
 from simulator.memory_planner import MemoryPlan, plan_memory
 from simulator.metrics.context import SLO, ReplicaInfo, RunContext
 from simulator.model_catalog import load_model
 from simulator.progress import Progress
 from simulator.results import Results
-from simulator.router import make_router
+from simulator.router import SessionAffinity, make_router
 from simulator.scenario import Scenario
-from simulator.workload import ClosedLoopSampler, generate_requests
+from simulator.workload import ClosedLoopSampler, Session, SessionSampler, generate_requests
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,7 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
         priority_preemption=serving.priority_preemption,
         multi_step=engine.multi_step,
         prefix_caching=serving.enable_prefix_caching,
+        step_table=scenario.output.step_table,
     )
     cost = StepCostModel(
         arch,
@@ -199,6 +201,26 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
     return ReplicaBuild(arch, gpu, node, memory, config, cost, info, par.replicas)
 
 
+@dataclass
+class _LiveSession:
+    """A session that may still send turns."""
+
+    session: Session
+    turn: int = 0  # index of the next turn to send (0-based)
+    in_flight: bool = False  # a turn is queued or running; otherwise the user thinks
+
+
+@dataclass
+class _SessionState:
+    """The multi-turn traffic of a run: which sessions are live, which turns are due."""
+
+    live: dict[int, _LiveSession] = field(default_factory=dict)
+    due: dict[int, float] = field(default_factory=dict)  # session -> its next turn's time
+    heap: list[tuple[float, int]] = field(default_factory=list)  # (time, session), lazily
+    next_start: float = float("inf")
+    starts_done: bool = False  # no session starts any more (all started, or count reached)
+
+
 class _Run:
     """The live state of one simulation: environment, replicas, request accounting."""
 
@@ -212,8 +234,15 @@ class _Run:
         self.horizon = wl.duration_s if wl.duration_s is not None else float("inf")
         self.clock = Clock(self.horizon)
         self.closed = wl.arrivals.kind == "closed_loop"
+        self.session_sampler: SessionSampler | None = None
         base_dir = scenario.base_dir
-        if self.closed:
+        if wl.sessions is not None:
+            context = min(build.config.max_model_len for _, build in self.builds)
+            self.session_sampler = SessionSampler(wl, scenario.seed, base_dir, context)
+            self.expected = wl.num_requests if len(self.session_sampler.starts) else 0
+            self.class_names = list(self.session_sampler.class_names)
+            self.requests = RequestTable(min(wl.num_requests or 4096, 1 << 20))
+        elif self.closed:
             self.sampler = ClosedLoopSampler(wl, scenario.seed, base_dir)
             self.expected = wl.num_requests
             self.class_names = list(self.sampler.class_names)
@@ -238,8 +267,10 @@ class _Run:
         roles = {pool.name: pool.role for pool in scenario.pool_list()}
         # A replica may run ahead of SimPy's clock only when it can foresee its inputs:
         # not a decode replica (handoffs come whenever prefills end), and not in a closed
-        # loop over several replicas (another's completion sends a request at any time).
-        blind = self.closed and sum(b.replicas for _, b in self.builds) > 1
+        # loop or sessions over several replicas (another's completion sends a request
+        # at any time).
+        feedback = self.closed or self.session_sampler is not None
+        blind = feedback and sum(b.replicas for _, b in self.builds) > 1
         for pool, build in self.builds:
             role = roles[pool]
             config = replace(
@@ -256,12 +287,11 @@ class _Run:
                 )  # fmt: skip
                 self.infos.append(replace(build.info, pool=pool))
         entry = [r for r in self.replicas if r.cfg.role in ("mixed", "prefill")]
-        self.router = make_router(scenario.parallelism.router, entry, scenario.seed)
+        router = scenario.parallelism.router
+        self.router = make_router(router, entry, scenario.seed, self.requests)
         decoders = [r for r in self.replicas if r.cfg.role == "decode"]
         self.decode_router = (
-            make_router(scenario.parallelism.router, decoders, scenario.seed + 1)
-            if decoders
-            else None
+            make_router(router, decoders, scenario.seed + 1, self.requests) if decoders else None
         )
 
     def _on_finish(self, rid: int) -> None:
@@ -269,7 +299,10 @@ class _Run:
         self.progress.update(self.terminal)
         if self.closed:
             self._schedule_user(float(self.sampler.think_time(1)[0]))
-        finished = self.expected is not None and self.terminal >= self.expected
+        if self.session_sampler is not None:
+            finished = self._turn_done(rid)
+        else:
+            finished = self.expected is not None and self.terminal >= self.expected
         if finished and not self.done.triggered:
             self.done.succeed()
 
@@ -299,6 +332,7 @@ class _Run:
         (the difference between a 64-replica run being event-per-step or not)."""
         return (
             self.scenario.parallelism.router in ("round_robin", "random")
+            and self.session_sampler is None  # later turns arrive after completions
             and self.scenario.faults is None
             and len(self.router.replicas) > 1
         )
@@ -354,6 +388,106 @@ class _Run:
         self._route(rid)
         if not self.pending:
             self._nudge_all()
+
+    # ---- multi-turn sessions ------------------------------------------------------------
+    def _session_starts(self):
+        """Start sessions at their drawn times; each sends its first turn at once."""
+        sampler, state, env = self.session_sampler, self.sessions, self.env
+        assert sampler is not None
+        starts = sampler.starts.tolist()
+        for index, t in enumerate(starts):
+            state.next_start = t
+            self._update_session_clock()
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            if state.starts_done:  # num_requests was reached by earlier turns
+                break
+            state.next_start = starts[index + 1] if index + 1 < len(starts) else float("inf")
+            state.live[index] = _LiveSession(sampler.session(index))
+            self._send_turn(index)
+        state.starts_done = True
+        state.next_start = float("inf")
+        self._update_session_clock()
+        if self._sessions_over() and not self.done.triggered:
+            self.done.succeed()
+
+    def _send_turn(self, session: int) -> None:
+        """The session's next turn arrives now: register it and route it."""
+        state, wl = self.sessions, self.scenario.workload
+        live = state.live[session]
+        s, k = live.session, live.turn
+        rid = int(
+            self.requests.add(
+                np.array([self.env.now]), s.prompt[k : k + 1], s.output[k : k + 1],
+                np.array([s.priority]), s.priority_class, session, k + 1,
+            )[0]
+        )  # fmt: skip
+        self.issued += 1
+        live.in_flight = True
+        if wl.num_requests is not None and self.issued >= wl.num_requests:
+            self._stop_sessions()
+        self._update_session_clock()
+        self._route(rid)
+        if not state.due and state.next_start == float("inf"):
+            self._nudge_all()  # no arrival in sight: partial batches may start
+
+    def _stop_sessions(self) -> None:
+        """num_requests turns were sent: no session starts or sends a turn any more."""
+        state = self.sessions
+        state.starts_done = True
+        state.next_start = float("inf")
+        for session in [s for s, live in state.live.items() if not live.in_flight]:
+            self._end_session(session)
+        state.due.clear()
+        state.heap.clear()
+        self.clock.arrivals_done = True
+
+    def _turn_done(self, rid: int) -> bool:
+        """A turn reached its outcome: schedule the session's next turn a think time
+        after a completion, or end the session (last turn, the turn was rejected or
+        failed, no more turns may be sent, or the next would come after the horizon).
+        Returns whether the whole run is over."""
+        state = self.sessions
+        session = int(self.requests.session[rid])
+        live = state.live[session]
+        live.in_flight = False
+        live.turn += 1
+        s = live.session
+        completed = self.requests.outcome[rid] == Outcome.COMPLETED
+        if completed and live.turn < s.turns and not self.clock.arrivals_done:
+            at = self.env.now + float(s.think_s[live.turn - 1])
+            if at < self.horizon:
+                state.due[session] = at
+                heapq.heappush(state.heap, (at, session))
+                self._update_session_clock()
+                self.env.process(self._next_turn(session, at - self.env.now))
+                return False
+        self._end_session(session)
+        return self._sessions_over()
+
+    def _next_turn(self, session: int, delay: float):
+        yield self.env.timeout(delay)
+        if self.sessions.due.pop(session, None) is not None:  # else stopped meanwhile
+            self._send_turn(session)
+
+    def _end_session(self, session: int) -> None:
+        del self.sessions.live[session]
+        for router in (self.router, self.decode_router):
+            if isinstance(router, SessionAffinity):
+                router.end(session)
+
+    def _update_session_clock(self) -> None:
+        """The next arrival any replica may see: a session start or a due turn."""
+        state = self.sessions
+        heap = state.heap
+        while heap and state.due.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)  # sent or cancelled
+        due = heap[0][0] if heap else float("inf")
+        self.clock.next_arrival = min(state.next_start, due)
+
+    def _sessions_over(self) -> bool:
+        state = self.sessions
+        return state.starts_done and not state.live and self.terminal >= self.issued
 
     # ---- disaggregated serving -------------------------------------------------------
     def _handoff_from(self, build: ReplicaBuild):
@@ -436,7 +570,11 @@ class _Run:
     # ---- run ---------------------------------------------------------------------------
     def run(self) -> float:
         self._start_faults()
-        if self.closed:
+        if self.session_sampler is not None:
+            self.issued = 0
+            self.sessions = _SessionState()
+            self.env.process(self._session_starts())
+        elif self.closed:
             self._start_closed_loop()
         elif self._routing_is_foreseeable():
             self.env.process(self._open_loop_prerouted())

@@ -4,9 +4,10 @@ end with every invariant holding, or are refused up front with a one-line Infers
 Generated: models from llama-2-7b to llama-3.1-405b and mixtral, GPUs from L4 to B200,
 tp 1..8, rates from 0.01/s to 1000/s, prompts from 1 token to beyond the context window,
 one-token outputs, fixed/uniform/normal/lognormal lengths, the four policies, recompute and
-swap, tiny KV caches, 1..16 replicas, count- or duration-limited workloads, open and
-closed loop. Work is bounded (<= 150 requests, short horizons) so every case takes
-milliseconds and the default run stays within seconds; `-m slow` runs many more cases.
+swap, prefix caching, tiny KV caches, 1..16 replicas, count- or duration-limited
+workloads, open and closed loop, multi-turn sessions. Work is bounded (<= 150 requests,
+short horizons) so every case takes milliseconds and the default run stays within
+seconds; `-m slow` runs many more cases.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from hardware_models.errors import InfersimError
+from simulator.router import ROUTERS as ROUTER_NAMES
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
 from tests.conftest import scenario_dict
@@ -52,7 +54,8 @@ GPUS = [
     "b200",
 ]
 POLICIES = ["static", "dynamic", "continuous", "chunked_prefill"]
-ROUTERS = ["round_robin", "random", "least_outstanding", "least_kv_load", "power_of_two"]
+ROUTERS = list(ROUTER_NAMES)
+MAX_TURNS = 4  # a session's prompts grow to MAX_TURNS x (prompt + output) at most
 DTYPES = ["bf16", "fp16", "fp8", "int8", "int4", "fp4", "fp32"]
 MAX_REQUESTS = 150
 # Largest prompt tokens one case may ask the engine to prefill, over all its requests and
@@ -107,6 +110,11 @@ def check_invariants(results: Any, scenario: Scenario) -> dict[str, Any]:
     assert (req["generated"] <= req["output"]).all() and (req["generated"] >= 0).all()
     started = req["first_scheduled"].notna()
     assert (req.loc[started, "first_scheduled"] >= req.loc[started, "arrival"] - 1e-12).all()
+    # Prefix-cache hits are whole prompts' prefixes, never the last token.
+    cached = req["cached_prompt_tokens"]
+    assert (cached >= 0).all() and (cached < req["prompt"]).all()
+    assert (cached[~started] == 0).all()
+    _check_sessions(req)
     # KV blocks within [0, total] in every step of every replica; one step at a time.
     if len(steps):
         totals = np.array([r.kv_total_blocks for r in ctx.replicas])
@@ -129,6 +137,25 @@ def check_invariants(results: Any, scenario: Scenario) -> dict[str, Any]:
     assert isinstance(summary["overloaded"], bool)
     assert bool(summary["overload_reason"]) == summary["overloaded"]
     return summary
+
+
+def _check_sessions(req: Any) -> None:
+    """Turns of a session are numbered 1, 2, ...; each follows a completed turn and
+    arrives after it finished, with the conversation so far in its prompt."""
+    turns = req[req["session"] >= 0].sort_values(["session", "turn"])
+    assert (req.loc[req["session"] < 0, "turn"] == 0).all()
+    if turns.empty:
+        return
+    session = turns["session"].to_numpy()
+    turn = turns["turn"].to_numpy()
+    same = session[1:] == session[:-1]
+    assert (turn[1:][same] == turn[:-1][same] + 1).all()
+    assert (turn[1:][~same] == 1).all() and turn[0] == 1
+    before, after = turns.iloc[:-1][same], turns.iloc[1:][same]
+    assert (before["outcome"].astype(str).to_numpy() == "completed").all()
+    assert (after["arrival"].to_numpy() >= before["finish"].to_numpy()).all()
+    grown = before["prompt"].to_numpy() + before["output"].to_numpy()
+    assert (after["prompt"].to_numpy() > grown).all()
 
 
 def one_line(message: str) -> bool:
@@ -201,8 +228,10 @@ def scenarios(draw: st.DrawFn, max_requests: int = MAX_REQUESTS) -> dict[str, An
     prompt_high = draw(st.sampled_from([1, 8, 512, 4096, 40_000, 200_000]))  # beyond context
     output_high = draw(st.sampled_from([1, 2, 16, 256, 1024]))
     budget = draw(st.sampled_from([1, 16, 256, 2048, 8192, 65536]))
+    sessions = draw(st.integers(0, 3)) == 0  # multi-turn, when the arrivals are a rate
+    longest = MAX_TURNS * (prompt_high + output_high) if sessions else prompt_high
     # Bound the prefill work of one case: raise the budget rather than drop the case.
-    while num_requests * prompt_high / budget > MAX_PREFILL_STEPS:
+    while num_requests * longest / budget > MAX_PREFILL_STEPS:
         budget *= 4
     serving: dict[str, Any] = {
         "policy": policy,
@@ -213,6 +242,7 @@ def scenarios(draw: st.DrawFn, max_requests: int = MAX_REQUESTS) -> dict[str, An
         "watermark": draw(st.sampled_from([0.0, 0.01, 0.2])),
         "max_queue_delay_ms": draw(st.sampled_from([0.0, 10.0, 500.0])),
         "priority_preemption": draw(st.booleans()),
+        "enable_prefix_caching": draw(st.booleans()),
     }
     if draw(st.booleans()):
         serving["num_gpu_blocks"] = draw(st.sampled_from([1, 2, 5, 40, 300, 2000]))
@@ -253,6 +283,13 @@ def scenarios(draw: st.DrawFn, max_requests: int = MAX_REQUESTS) -> dict[str, An
             workload["duration_s"] = min(workload["duration_s"], max_requests / rate)
         elif stop == "duration":
             workload["num_requests"] = None
+    if sessions and kind != "closed_loop":
+        workload["sessions"] = {
+            "turns": draw(lengths(MAX_TURNS)),
+            "think_time_s": draw(st.sampled_from([0.0, 0.01, 1.0])),
+            "think_distribution": draw(st.sampled_from(["exponential", "constant"])),
+        }
+        workload["num_requests"] = num_requests  # duration alone: turns multiply starts
     if draw(st.booleans()):
         workload["priorities"] = [
             {"name": "interactive", "weight": 1, "priority": 0},

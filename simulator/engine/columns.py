@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -16,18 +16,27 @@ class ColumnStore:
     slice assignment per column.
     """
 
-    def __init__(self, dtypes: Mapping[str, str], capacity: int = 1024) -> None:
+    def __init__(
+        self,
+        dtypes: Mapping[str, str],
+        capacity: int = 1024,
+        on_full: Callable[[], None] | None = None,
+    ) -> None:
         self._dtype = np.dtype(list(dtypes.items()))
         self.size = 0
         self._use(np.empty(capacity, dtype=self._dtype))
+        # Called when the rows fill the store, before it grows: it may `drain` rows.
+        self._on_full = on_full
 
     def _use(self, rows: np.ndarray) -> None:
         self._rows = rows
         self._fields = {name: rows[name] for name in self._dtype.names}  # column views
 
     def _reserve(self, extra: int) -> None:
-        needed = self.size + extra
         capacity = len(self._rows)
+        if self.size + extra > capacity and self._on_full is not None:
+            self._on_full()
+        needed = self.size + extra
         if needed > capacity:
             grown = np.empty(max(needed, 2 * capacity), dtype=self._dtype)
             grown[: self.size] = self._rows[: self.size]
@@ -57,15 +66,25 @@ class ColumnStore:
             fields[name][lo:hi] = value
         self.size = hi
 
-    def frame_column_end(self, start: int) -> np.ndarray:
-        """start + duration of the rows from `start` on (step tables only)."""
-        rows = self._rows[start : self.size]
-        return rows["start"] + rows["duration"]
+    def rows(self) -> np.ndarray:
+        """The stored rows (a view: valid until the next append)."""
+        return self._rows[: self.size]
+
+    def drain(self, count: int) -> np.ndarray:
+        """Remove the first `count` rows and return them (a copy)."""
+        taken = self._rows[:count].copy()
+        self._rows[: self.size - count] = self._rows[count : self.size]
+        self.size -= count
+        return taken
 
     def truncate(self, size: int) -> None:
         """Forget rows from `size` on (a step a failure cut short never happened)."""
         self.size = min(self.size, size)
 
     def frame(self) -> pd.DataFrame:
-        rows = self._rows[: self.size]
-        return pd.DataFrame({name: rows[name] for name in self._dtype.names})
+        return frame_of(self.rows())
+
+
+def frame_of(rows: np.ndarray) -> pd.DataFrame:
+    """A structured array as a DataFrame, one column per field."""
+    return pd.DataFrame({name: rows[name] for name in rows.dtype.names})

@@ -1,9 +1,11 @@
 """Paged KV-cache block manager (vLLM style): fixed-size blocks, a free count, a watermark.
 
 Only counts are kept: no decision depends on which physical block a request holds, so
-the manager is O(1) per operation. With prefix caching, the full blocks a preempted
-request leaves behind stay cached while free (vLLM v1 frees them into an LRU pool): they
-are reused if the request comes back before other allocations evict them.
+the manager is O(1) per operation. With prefix caching, full blocks that were released
+stay cached while free (vLLM v1 frees them into an LRU pool) and are reused if asked for
+before other allocations evict them. Two kinds of owners leave blocks behind: a request
+preempted by recompute (it reuses them when it comes back), and a multi-turn session whose
+turn finished (its next turn's prompt starts with that conversation, so it reuses them).
 """
 
 from __future__ import annotations
@@ -11,6 +13,17 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from hardware_models.errors import InfeasibleError
+
+CacheKey = tuple[str, int]
+"""Whose blocks: ("request", request id) or ("session", session id)."""
+
+
+def request_key(rid: int) -> CacheKey:
+    return ("request", rid)
+
+
+def session_key(session: int) -> CacheKey:
+    return ("session", session)
 
 
 class BlockManager:
@@ -24,12 +37,18 @@ class BlockManager:
         self.block_size = block_size
         self.free = total_blocks
         self.watermark_blocks = int(watermark * total_blocks)
-        self._cached: OrderedDict[int, int] = OrderedDict()  # request -> cached full blocks
+        # owner -> cached full blocks, least recently freed first
+        self._cached: OrderedDict[CacheKey, int] = OrderedDict()
         self._cached_total = 0
 
     @property
     def used(self) -> int:
         return self.total - self.free
+
+    @property
+    def cached_total(self) -> int:
+        """Free blocks that still hold a reusable prefix."""
+        return self._cached_total
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
@@ -44,33 +63,36 @@ class BlockManager:
         self.free -= blocks
         self._evict()
 
-    def keep_cached(self, rid: int, blocks: int) -> None:
-        """`rid` was preempted leaving `blocks` full blocks (already released) in the cache."""
+    def keep_cached(self, key: CacheKey, blocks: int) -> None:
+        """`key` left `blocks` full blocks (already released) in the cache; they replace
+        what it had cached before (the same prefix, or a shorter one) and are the most
+        recently freed."""
+        self.take_cached(key)
         if blocks > 0:
-            self._cached[rid] = blocks
+            self._cached[key] = blocks
             self._cached_total += blocks
             self._evict()
 
-    def cached_blocks(self, rid: int) -> int:
-        return self._cached.get(rid, 0)
+    def cached_blocks(self, key: CacheKey) -> int:
+        return self._cached.get(key, 0)
 
-    def take_cached(self, rid: int) -> int:
-        """Full blocks of `rid` still cached (they count as free until reallocated)."""
-        blocks = self._cached.pop(rid, 0)
+    def take_cached(self, key: CacheKey) -> int:
+        """Full blocks of `key` still cached (they count as free until reallocated)."""
+        blocks = self._cached.pop(key, 0)
         self._cached_total -= blocks
         return blocks
 
     def _evict(self) -> None:
         """Allocations take free blocks, cached ones last: evict least recently freed
-        requests' blocks (each request's tail first) until the cache fits in the free."""
+        owners' blocks (each owner's tail first) until the cache fits in the free."""
         while self._cached_total > self.free:
-            rid, blocks = next(iter(self._cached.items()))
+            key, blocks = next(iter(self._cached.items()))
             drop = min(blocks, self._cached_total - self.free)
             self._cached_total -= drop
             if drop == blocks:
-                del self._cached[rid]
+                del self._cached[key]
             else:
-                self._cached[rid] = blocks - drop
+                self._cached[key] = blocks - drop
 
     def release(self, blocks: int) -> None:
         self.free += blocks

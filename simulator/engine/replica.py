@@ -34,6 +34,7 @@ from simulator.engine.scheduler import IterationPolicy, IterationScheduler, Step
 from simulator.engine.step_cost import DecodeSteps, StepCostModel
 from simulator.engine.step_log import StepLog
 from simulator.engine.waiting import WaitingQueue
+from simulator.metrics.step_totals import StepTotals
 
 Policy = Literal["static", "dynamic", "continuous", "chunked_prefill"]
 MAX_RUN_STEPS = 4096  # longest run of decode steps applied as one event
@@ -60,6 +61,12 @@ class ReplicaConfig:
     multi_step: bool = True
     role: Literal["mixed", "prefill", "decode"] = "mixed"
     prefix_caching: bool = False
+    step_table: bool = True  # keep per-step rows (and exact ITL samples), not only totals
+
+    @property
+    def iterative(self) -> bool:
+        """Scheduled iteration by iteration (vLLM style), not in run-to-completion batches."""
+        return self.policy in ("continuous", "chunked_prefill")
 
 
 def _step_times(start: float, seconds: np.ndarray) -> np.ndarray:
@@ -97,7 +104,13 @@ class Replica:
         self.env, self.index, self.cfg, self.cost = env, index, config, cost
         self.requests, self.clock, self.on_finish = requests, clock, on_finish
         self.on_handoff = on_handoff  # a prefill replica passes requests on through it
-        self.log = StepLog(index)
+        self.log = StepLog(
+            index,
+            StepTotals([cost.peak_flops], [cost.peak_bandwidth], [config.total_blocks]),
+            lambda: env.now,
+            keep_rows=config.step_table,
+            gaps_final=config.iterative,
+        )
         self._wakeup: simpy.Event | None = None
         self._recovery: simpy.Event | None = None
         self.down = False
@@ -114,7 +127,6 @@ class Replica:
         self.waiting = WaitingQueue()
         self._batch: list[int] = []  # a run-to-completion batch in progress
         self._batch_ends: np.ndarray | None = None
-        iterative = config.policy in ("continuous", "chunked_prefill")
         self.scheduler = (
             IterationScheduler(
                 IterationPolicy(
@@ -131,7 +143,7 @@ class Replica:
                 self.kv,
                 self.waiting,
             )
-            if iterative
+            if config.iterative
             else None
         )
 
@@ -350,8 +362,7 @@ class Replica:
             req.generated[rid] += 1
             run.remaining[slot] -= 1
             if self.on_handoff is not None and run.remaining[slot] > 0:
-                self.kv.release(run.blocks_of(slot))
-                run.remove(slot)
+                self._free(slot)
                 self.on_handoff(rid)  # its decoding happens on a decode replica
                 continue
             run.start_decoding(slot)
@@ -394,11 +405,15 @@ class Replica:
         run, req = self.running, self.requests
         for slot in slots:
             rid = int(run.rid[slot])
-            self.kv.release(run.blocks_of(slot))
-            run.remove(slot)
+            self._free(slot)
             req.finish[rid] = end
             req.outcome[rid] = Outcome.COMPLETED
             self.on_finish(rid)
+
+    def _free(self, slot: int) -> None:
+        """Release a slot that is done here (the scheduler keeps a session's prefix)."""
+        assert self.scheduler is not None  # slots exist only under iteration-level policies
+        self.scheduler.free(slot)
 
     # ---- runs of decode steps --------------------------------------------------------
     def _decode_run(self, dec: np.ndarray):

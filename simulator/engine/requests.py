@@ -58,7 +58,11 @@ _COLUMNS = {
     "replica": np.int32,
     "outcome": np.int8,
     "reason": np.int8,
+    "session": np.int64,  # -1 outside multi-turn sessions
+    "turn": np.int32,  # 1-based within its session; 0 outside sessions
+    "cached_prompt_tokens": np.int64,  # prompt tokens found in the prefix cache
 }
+_MINUS_ONE = ("replica", "session")
 
 
 class RequestTable:
@@ -72,7 +76,7 @@ class RequestTable:
     def _allocate(self, capacity: int) -> None:
         for name, dtype in _COLUMNS.items():
             fresh = np.full(capacity, np.nan if dtype == np.float64 else 0, dtype=dtype)
-            if name in ("replica",):
+            if name in _MINUS_ONE:
                 fresh[:] = -1
             old = self._arrays.get(name)
             if old is not None:
@@ -87,6 +91,8 @@ class RequestTable:
         output: np.ndarray,
         priority: np.ndarray,
         priority_class: np.ndarray | int = 0,
+        session: np.ndarray | int = -1,
+        turn: np.ndarray | int = 0,
     ) -> np.ndarray:
         """Register requests; returns their ids."""
         count = len(arrival)
@@ -98,6 +104,8 @@ class RequestTable:
         self.output[ids] = output
         self.priority[ids] = priority
         self.priority_class[ids] = priority_class
+        self.session[ids] = session
+        self.turn[ids] = turn
         self.size += count
         return ids
 

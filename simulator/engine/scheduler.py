@@ -19,7 +19,7 @@ from typing import Literal
 
 import numpy as np
 
-from simulator.engine.kv_cache import BlockManager
+from simulator.engine.kv_cache import BlockManager, CacheKey, request_key, session_key
 from simulator.engine.requests import RequestTable
 from simulator.engine.running import RunningSet
 from simulator.engine.waiting import WaitingQueue
@@ -33,7 +33,7 @@ class IterationPolicy:
     preemption: Literal["recompute", "swap"] = "recompute"
     priority_preemption: bool = True
     swap_blocks: int = 0  # host blocks available for swapping
-    prefix_caching: bool = False  # a recomputed request reuses its still-cached blocks
+    prefix_caching: bool = False  # recomputes and a session's next turn reuse cached blocks
 
 
 @dataclass(slots=True)
@@ -95,7 +95,7 @@ class IterationScheduler:
             self.swap_used += blocks
             plan.swap_blocks += blocks
         elif self.policy.prefix_caching:
-            self.kv.keep_cached(rid, computed // self.kv.block_size)
+            self.kv.keep_cached(request_key(rid), computed // self.kv.block_size)
         self.waiting.push_front(rid, level)
         run.remove(slot)
 
@@ -218,7 +218,7 @@ class IterationScheduler:
                 target = int(req.prompt[rid] + req.generated[rid])
                 # Cached prefix: whole blocks, and never the last token (it is recomputed
                 # to sample from), as vLLM's prefix cache hits are.
-                hit = self._cached_tokens(rid, target)
+                hit, key = self._cached_tokens(rid, target)
                 chunk = min(target - hit, budget) if chunked else target - hit
                 if chunk > budget and (plan.prefill_slots or len(plan.decode_slots)):
                     break  # a whole prompt over budget runs alone
@@ -229,7 +229,7 @@ class IterationScheduler:
                 break
             self.waiting.pop(level)
             if swapped is None and cached is None and hit:
-                kv.take_cached(rid)  # reused in place, before anything can evict them
+                kv.take_cached(key)  # reused in place, before anything can evict them
             kv.allocate(blocks)
             if swapped is not None:
                 del self.swapped[rid]
@@ -248,16 +248,36 @@ class IterationScheduler:
             run.blocks[slot] = blocks
             if np.isnan(req.first_scheduled[rid]):
                 req.first_scheduled[rid] = self.now
+                req.cached_prompt_tokens[rid] = hit
             plan.prefill_slots.append(slot)
             plan.prefill_chunks.append(chunk)
             budget -= chunk
 
-    def _cached_tokens(self, rid: int, target: int) -> int:
+    def _cached_tokens(self, rid: int, target: int) -> tuple[int, CacheKey]:
+        """Tokens of `rid`'s first `target` found cached, and whose blocks they are: its
+        own (left by a preemption), else its session's (left by the previous turn, whose
+        prompt and output open this turn's prompt)."""
+        key = request_key(rid)
         if not self.policy.prefix_caching:
-            return 0
-        blocks = self.kv.cached_blocks(rid)
+            return 0, key
+        blocks = self.kv.cached_blocks(key)
+        session = int(self.requests.session[rid])
+        if not blocks and session >= 0:
+            key = session_key(session)
+            blocks = self.kv.cached_blocks(key)
         size = self.kv.block_size
-        return min(blocks * size, (target - 1) // size * size)
+        return min(blocks * size, (target - 1) // size * size), key
+
+    def free(self, slot: int) -> None:
+        """`slot` is done here (finished, or handed to a decode replica): release its
+        blocks; with prefix caching the full ones of a session's turn stay cached for its
+        next turn, whose prompt starts with everything this one computed."""
+        run, kv = self.running, self.kv
+        kv.release(run.blocks_of(slot))
+        session = int(self.requests.session[int(run.rid[slot])])
+        if self.policy.prefix_caching and session >= 0:
+            kv.keep_cached(session_key(session), run.computed_of(slot) // kv.block_size)
+        run.remove(slot)
 
     def _preempt_for(self, level: int, blocks: int, plan: StepPlan) -> bool:
         """Make room for a waiting request of priority `level` by preempting strictly less

@@ -1,10 +1,22 @@
-"""Per-step records and inter-token-latency samples, in growable numpy columns."""
+"""Per-step records and inter-token-latency samples of one replica, folded as the run goes.
+
+Steps go into a small columnar buffer; whenever it fills, the steps that can no longer
+change (those that ended by the SimPy clock: a failure later cuts only steps still in
+flight) are folded into the replica's StepTotals, and kept as table rows only when the
+scenario asks for a step table. Without one, inter-token gaps are folded into a log
+histogram too, so memory stays bounded however long the run.
+"""
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Callable
 
-from simulator.engine.columns import ColumnStore
+import numpy as np
+import pandas as pd
+
+from simulator.engine.columns import ColumnStore, frame_of
+from simulator.metrics.log_histogram import LogHistogram
+from simulator.metrics.step_totals import StepTotals, clip_to
 
 STEP_COLUMNS = {
     "start": "f8",
@@ -19,16 +31,37 @@ STEP_COLUMNS = {
     "bound": "i1",
     "replica": "i4",
 }
+GAP_COLUMNS = {"seconds": "f8", "weight": "i4"}
+CHUNK_ROWS = 8192  # rows buffered per replica between folds
 
 
 class StepLog:
-    def __init__(self, replica: int) -> None:
+    def __init__(
+        self,
+        replica: int,
+        totals: StepTotals,
+        now: Callable[[], float],
+        *,
+        keep_rows: bool = True,
+        gaps_final: bool = True,
+    ) -> None:
+        """`totals` covers this replica alone; `now` is the SimPy clock; `gaps_final`
+        says a failure never takes back logged gaps (only a padded batch logs them
+        ahead of its steps)."""
         self.replica = replica
-        self.steps = ColumnStore(STEP_COLUMNS, capacity=4096)
+        self.totals, self._now, self._keep = totals, now, keep_rows
+        self._gaps_final = gaps_final
+        self.steps = ColumnStore(STEP_COLUMNS, CHUNK_ROWS, on_full=self._fold_steps)
         # ITL samples as (seconds, how many tokens saw that gap): a decode step of n
         # sequences is one value with weight n, so storage grows with steps, not tokens.
-        self.itl = ColumnStore({"seconds": "f8", "weight": "i4"}, capacity=4096)
+        fold_gaps = None if keep_rows else self._fold_gaps
+        self.itl = ColumnStore(GAP_COLUMNS, CHUNK_ROWS, on_full=fold_gaps)
+        self.histogram = LogHistogram()
+        self._kept_steps: list[np.ndarray] = []
+        self._folded = [0, 0]  # steps, gaps no longer in the buffers
+        self._gap_mark = 0  # gaps before the latest mark can no longer be taken back
 
+    # ---- logging (the engine's hot path) --------------------------------------------------
     def step(self, start, duration, batch, decodes, prefill, kv_used, waiting, flops, dram, bound):
         self.steps.append(
             (start, duration, batch, decodes, prefill, kv_used, waiting, flops, dram, bound,
@@ -66,16 +99,54 @@ class StepLog:
     def gaps(self, seconds: np.ndarray, weight: np.ndarray | int = 1) -> None:
         self.itl.extend(len(seconds), seconds=seconds, weight=weight)
 
+    # ---- failures ---------------------------------------------------------------------------
     def mark(self) -> tuple[int, int]:
         """Where the log stands now, to roll back to if what follows is cut short."""
-        return self.steps.size, self.itl.size
+        mark = self._folded[0] + self.steps.size, self._folded[1] + self.itl.size
+        self._gap_mark = mark[1]
+        return mark
 
     def cut(self, mark: tuple[int, int], now: float, *, gaps: bool) -> None:
         """Keep what was logged before `mark` plus the steps after it that ended by `now`;
         with `gaps`, forget the inter-token gaps logged since `mark` too (a padded batch
         logs its gaps ahead; an iteration-level replica only for steps applied)."""
-        steps, itl = mark
-        ends = self.steps.frame_column_end(steps)
-        self.steps.truncate(steps + int(np.searchsorted(ends, now, side="right")))
+        # Folded steps ended by an earlier clock, so they are all kept.
+        first = max(mark[0] - self._folded[0], 0)
+        rows = self.steps.rows()[first:]
+        ends = rows["start"] + rows["duration"]
+        self.steps.truncate(first + int(np.searchsorted(ends, now, side="right")))
         if gaps:
-            self.itl.truncate(itl)
+            self.itl.truncate(mark[1] - self._folded[1])
+
+    # ---- folding ----------------------------------------------------------------------------
+    def _fold_steps(self) -> None:
+        """Fold the buffered steps that ended by the SimPy clock."""
+        rows = self.steps.rows()
+        ends = rows["start"] + rows["duration"]
+        done = int(np.searchsorted(ends, self._now(), side="right"))
+        if done:
+            self._take(self.steps.drain(done))
+            self._folded[0] += done
+
+    def _take(self, rows: np.ndarray) -> None:
+        self.totals.fold(rows, replica=0)
+        if self._keep:
+            self._kept_steps.append(rows)
+
+    def _fold_gaps(self) -> None:
+        done = self.itl.size if self._gaps_final else self._gap_mark - self._folded[1]
+        if done > 0:
+            rows = self.itl.drain(done)
+            self.histogram.add(rows["seconds"], rows["weight"])
+            self._folded[1] += done
+
+    def close(self, end: float) -> tuple[pd.DataFrame | None, pd.DataFrame]:
+        """The run stopped at `end`: fold what is left (a step in flight counts up to
+        `end`) and return this replica's step table (None unless kept) and its gap
+        samples (binned into a histogram unless steps are kept)."""
+        self._take(clip_to(self.steps.drain(self.steps.size), end))
+        if self._keep:
+            return frame_of(np.concatenate(self._kept_steps)), self.itl.frame()
+        self._gaps_final = True
+        self._fold_gaps()
+        return None, self.histogram.frame()

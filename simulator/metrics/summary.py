@@ -46,6 +46,7 @@ import pandas as pd
 from simulator.engine.requests import REJECT_TEXT, RejectReason
 from simulator.engine.step_cost import StepBound
 from simulator.metrics.context import RunContext
+from simulator.metrics.step_totals import StepTotals
 
 PERCENTILES = (50, 90, 95, 99)
 OVERLOAD_SHORTFALL = 0.10
@@ -211,32 +212,17 @@ def _per_class(
     return blocks
 
 
-def _bound_codes(steps: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
-    """Bound as int codes and their names, whether the column holds codes or names."""
-    bound = steps["bound"]
-    if isinstance(bound.dtype, pd.CategoricalDtype):
-        return bound.cat.codes.to_numpy(), [str(c) for c in bound.cat.categories]
-    return bound.to_numpy().astype(np.int64), [b.name.lower() for b in StepBound]
-
-
-def _step_replica(steps: pd.DataFrame) -> np.ndarray:
-    return steps["replica"].to_numpy().astype(np.int64)
-
-
 def _replica_arrays(ctx: RunContext) -> Arrays:
     fields = ("gpus", "peak_flops", "peak_bandwidth", "kv_total_blocks")
     fields += ("idle_power_w", "tdp_w", "usd_per_gpu_hour")
     return {f: np.array([getattr(r, f) for r in ctx.replicas], np.float64) for f in fields}
 
 
-def _utilisation(steps: pd.DataFrame, ctx: RunContext, rep: Arrays) -> dict[str, Any]:
+def _utilisation(totals: StepTotals, ctx: RunContext, rep: Arrays) -> dict[str, Any]:
     n, d = len(ctx.replicas), ctx.duration_s
-    replica = _step_replica(steps)
-    dur = steps["duration"].to_numpy()
-    busy = np.bincount(replica, weights=dur, minlength=n)[:n]
-    flops, dram = steps["flops"].to_numpy().sum(), steps["dram_bytes"].to_numpy().sum()
-    codes, names = _bound_codes(steps)
-    by_bound = np.bincount(codes, weights=dur, minlength=len(names))
+    busy = totals.busy
+    flops, dram = totals.flops.sum(), totals.dram_bytes.sum()
+    names = [b.name.lower() for b in StepBound]
     total_busy = float(busy.sum())
     return {
         "gpu_busy_fraction": _ratio(busy.sum() / n, d) if n else None,
@@ -245,47 +231,39 @@ def _utilisation(steps: pd.DataFrame, ctx: RunContext, rep: Arrays) -> dict[str,
         "mfu_busy": _ratio(flops, np.dot(rep["peak_flops"], busy)),
         "mbu_busy": _ratio(dram, np.dot(rep["peak_bandwidth"], busy)),
         "bound_share": {
-            name: _ratio(t, total_busy) for name, t in zip(names, by_bound, strict=True)
+            name: _ratio(t, total_busy) for name, t in zip(names, totals.bound_time, strict=True)
         },
     }
 
 
-def _kv(steps: pd.DataFrame, requests: pd.DataFrame, rep: Arrays) -> dict[str, Any]:
-    total = rep["kv_total_blocks"][_step_replica(steps)]
-    used = steps["kv_blocks_used"].to_numpy()
-    frac = np.divide(used, total, out=np.zeros(len(used)), where=total > 0)
-    dur = steps["duration"].to_numpy()
+def _kv(totals: StepTotals, requests: pd.DataFrame) -> dict[str, Any]:
     preemptions = requests["preemptions"].to_numpy()
     return {
-        "mean_utilisation": _ratio(np.dot(frac, dur), dur.sum()),
-        "max_utilisation": float(frac.max()) if len(frac) else None,
+        "mean_utilisation": _ratio(totals.kv_time.sum(), totals.busy.sum()),
+        "max_utilisation": float(totals.kv_max) if totals.steps.sum() else None,
         "preemptions": int(preemptions.sum()),
         "requests_preempted": int((preemptions > 0).sum()),
     }
 
 
-def _activity(steps: pd.DataFrame, rep: Arrays) -> np.ndarray:
-    """Each step's fraction of its replica's peak, the larger of compute and DRAM."""
-    replica = _step_replica(steps)
-    dur = steps["duration"].to_numpy()
-    seconds_at_peak = np.maximum(
-        steps["flops"].to_numpy() / rep["peak_flops"][replica],
-        steps["dram_bytes"].to_numpy() / rep["peak_bandwidth"][replica],
-    )
-    ratio = np.divide(seconds_at_peak, dur, out=np.zeros(len(dur)), where=dur > 0)
-    return np.clip(np.nan_to_num(ratio), 0.0, 1.0)
+def _prefix_cache(requests: pd.DataFrame) -> dict[str, Any]:
+    """Prompt tokens found in the prefix cache when each request was first scheduled (a
+    session's earlier turns), over the prompt tokens of the requests scheduled."""
+    scheduled = requests["first_scheduled"].notna().to_numpy()
+    prompt = int(requests["prompt"].to_numpy()[scheduled].sum())
+    cached = int(requests["cached_prompt_tokens"].to_numpy()[scheduled].sum())
+    return {
+        "prompt_tokens": prompt,
+        "cached_prompt_tokens": cached,
+        "hit_rate": _ratio(cached, prompt),
+    }
 
 
 def _energy(
-    steps: pd.DataFrame, ctx: RunContext, rep: Arrays, output_tokens: float, completed: int
+    totals: StepTotals, ctx: RunContext, rep: Arrays, output_tokens: float, completed: int
 ) -> dict[str, Any]:
-    n, d = len(ctx.replicas), ctx.duration_s
-    active = np.bincount(
-        _step_replica(steps),
-        weights=_activity(steps, rep) * steps["duration"].to_numpy(),
-        minlength=n,
-    )[:n]
-    gpu_joules = rep["idle_power_w"] * d + (rep["tdp_w"] - rep["idle_power_w"]) * active
+    d = ctx.duration_s
+    gpu_joules = rep["idle_power_w"] * d + (rep["tdp_w"] - rep["idle_power_w"]) * totals.active
     it_joules = float(np.dot(rep["gpus"], gpu_joules))
     facility = it_joules * ctx.pue
     kwh = facility / 3.6e6
@@ -315,7 +293,7 @@ def _cost(
 
 
 def _per_replica(
-    requests: pd.DataFrame, steps: pd.DataFrame, ctx: RunContext, completed: np.ndarray
+    requests: pd.DataFrame, totals: StepTotals, ctx: RunContext, completed: np.ndarray
 ) -> list[dict[str, Any]]:
     n, d = len(ctx.replicas), ctx.duration_s
     if n < 2:
@@ -326,7 +304,7 @@ def _per_replica(
     tokens = np.bincount(
         replica[mine], weights=requests["generated"].to_numpy()[mine], minlength=n
     )[:n]
-    busy = np.bincount(_step_replica(steps), weights=steps["duration"].to_numpy(), minlength=n)[:n]
+    busy = totals.busy
     return [
         {
             "replica": i,
@@ -395,10 +373,14 @@ def _jsonable(value: Any) -> Any:
 
 
 def summarize(
-    requests: pd.DataFrame, steps: pd.DataFrame, itl: pd.DataFrame, ctx: RunContext
+    requests: pd.DataFrame,
+    steps: StepTotals | pd.DataFrame,
+    itl: pd.DataFrame,
+    ctx: RunContext,
 ) -> dict[str, Any]:
     """The run's headline numbers as a JSON-serialisable dict; definitions in the module
-    docstring."""
+    docstring. `steps` is the run's step totals, or a step table to total."""
+    totals = steps if isinstance(steps, StepTotals) else StepTotals.from_frame(steps, ctx)
     d = ctx.duration_s
     masks = _masks(requests)
     completed = masks["completed"]
@@ -430,14 +412,15 @@ def summarize(
             "fraction_of_arrived": _ratio(ok.sum(), len(requests)),
             "goodput_requests_per_s": _ratio(ok.sum(), d),
         },
-        "utilisation": _utilisation(steps, ctx, rep),
-        "kv": _kv(steps, requests, rep),
+        "utilisation": _utilisation(totals, ctx, rep),
+        "kv": _kv(totals, requests),
+        "prefix_cache": _prefix_cache(requests),
         "cost": _cost(ctx, rep, n_completed, input_tokens, output_tokens),
-        "energy": _energy(steps, ctx, rep, output_tokens, n_completed),
+        "energy": _energy(totals, ctx, rep, output_tokens, n_completed),
     }
     if classes := _per_class(requests, ctx, masks, ok):
         summary["priority_classes"] = classes
-    if replicas := _per_replica(requests, steps, ctx, completed):
+    if replicas := _per_replica(requests, totals, ctx, completed):
         summary["per_replica"] = replicas
         if pools := _per_pool(replicas, ctx):
             summary["per_pool"] = pools
@@ -470,12 +453,12 @@ def _usd(x: float | None) -> str:
 
 def _latency_table(latency: Mapping[str, Any], rows: tuple[str, ...], indent: str) -> list[str]:
     cols = ("mean", *(f"p{q}" for q in PERCENTILES), "max")
-    head = f"{indent}{'(ms)':<10}" + "".join(f"{c:>10}" for c in cols) + f"{'n':>10}"
+    head = f"{indent}{'(ms)':<10}" + "".join(f"{c:>10}" for c in cols) + f"{'n':>13}"
     lines = [head]
     for name in rows:
         block = latency[name]
         cells = "".join(f"{_ms(block[c]):>10}" for c in cols)
-        lines.append(f"{indent}{name.upper():<10}{cells}{block['count']:>10,}")
+        lines.append(f"{indent}{name.upper():<10}{cells}{block['count']:>13,}")
     return lines
 
 

@@ -53,7 +53,7 @@ def write_run(
     outdir: str | Path,
     summary: Mapping[str, Any],
     requests: pd.DataFrame,
-    steps: pd.DataFrame,
+    steps: pd.DataFrame | None,
     timeseries: pd.DataFrame,
     itl: pd.DataFrame,
     *,
@@ -62,8 +62,9 @@ def write_run(
     overwrite: bool = False,
     include_wall_time: bool = True,
 ) -> list[Path]:
-    """Write summary.json, <table>.parquet (and .csv when `csv`) for requests, steps,
-    timeseries and itl, and the run plots when `plots`; returns the paths written."""
+    """Write summary.json, <table>.parquet (and .csv when `csv`) for requests, steps
+    (unless None: the run kept none), timeseries and itl, and the run plots when
+    `plots`; returns the paths written."""
     outdir = Path(outdir)
     _prepare(outdir, overwrite)
     path = outdir / "summary.json"
@@ -71,6 +72,8 @@ def write_run(
     written = [path]
     frames = dict(zip(TABLES, (requests, steps, timeseries, itl), strict=True))
     for name, frame in frames.items():
+        if frame is None:
+            continue
         path = outdir / f"{name}.parquet"
         frame.to_parquet(path)
         written.append(path)

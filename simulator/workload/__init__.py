@@ -9,12 +9,19 @@ from simulator.workload.config import (
     NormalLength,
     PoissonArrivals,
     PriorityClass,
+    SessionConfig,
     TraceArrivals,
     TraceLength,
     UniformLength,
     WorkloadConfig,
 )
-from simulator.workload.generate import ClosedLoopSampler, RequestBatch, generate_requests
+from simulator.workload.generate import (
+    ClosedLoopSampler,
+    RequestBatch,
+    Session,
+    SessionSampler,
+    generate_requests,
+)
 from simulator.workload.traces import Trace, read_trace
 
 __all__ = [
@@ -28,6 +35,9 @@ __all__ = [
     "PoissonArrivals",
     "PriorityClass",
     "RequestBatch",
+    "Session",
+    "SessionConfig",
+    "SessionSampler",
     "Trace",
     "TraceArrivals",
     "TraceLength",

@@ -20,6 +20,7 @@ from simulator.workload.config import (
     GammaArrivals,
     PoissonArrivals,
     RateArrivals,
+    SessionConfig,
 )
 from simulator.workload.traces import ARRIVAL_COLUMN, Trace, _name
 
@@ -118,7 +119,9 @@ def trace_arrivals(
     return times[:num_requests] if num_requests is not None else times
 
 
-def think_times(spec: ClosedLoopArrivals, rng: np.random.Generator, n: int) -> np.ndarray:
+def think_times(
+    spec: ClosedLoopArrivals | SessionConfig, rng: np.random.Generator, n: int
+) -> np.ndarray:
     """n pauses between a user's completion and its next request, seconds."""
     if spec.think_distribution == "constant" or spec.think_time_s == 0:
         return np.full(n, spec.think_time_s)

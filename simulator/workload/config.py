@@ -56,6 +56,21 @@ class ConstantArrivals(_Strict):
     rate_per_s: float = Field(gt=0, description="arrival rate, requests per second")
 
 
+ThinkTime = Annotated[
+    float,
+    Field(
+        default=0.0,
+        ge=0,
+        le=MAX_TIME_S,
+        description="mean pause between a completion and the next request",
+    ),
+]
+ThinkDistribution = Annotated[
+    Literal["exponential", "constant"],
+    Field(default="exponential", description="distribution of the think time around its mean"),
+]
+
+
 class ClosedLoopArrivals(_Strict):
     """A fixed population of users, each sending its next request a think time after
     the previous one completes. Load adapts to the server, as in a benchmark client."""
@@ -64,15 +79,8 @@ class ClosedLoopArrivals(_Strict):
     users: int = Field(
         ge=1, le=MAX_REQUESTS, description="concurrent users (requests in flight at most)"
     )
-    think_time_s: float = Field(
-        default=0.0,
-        ge=0,
-        le=MAX_TIME_S,
-        description="mean pause between a completion and the next request",
-    )
-    think_distribution: Literal["exponential", "constant"] = Field(
-        default="exponential", description="distribution of the think time around its mean"
-    )
+    think_time_s: ThinkTime
+    think_distribution: ThinkDistribution
 
 
 class TraceArrivals(_Strict):
@@ -173,7 +181,8 @@ class TraceLength(_Strict):
     )
 
 
-LENGTH_KINDS = ("fixed", "uniform", "normal", "lognormal", "trace")
+SYNTHETIC_LENGTH_KINDS = ("fixed", "uniform", "normal", "lognormal")
+LENGTH_KINDS = (*SYNTHETIC_LENGTH_KINDS, "trace")
 
 SyntheticLength = FixedLength | UniformLength | NormalLength | LognormalLength
 """The length distributions that need no file."""
@@ -209,6 +218,48 @@ LengthSpec = Annotated[
 ]
 
 
+# ---- multi-turn sessions ------------------------------------------------------------------
+
+
+def _turns_shorthand(value: Any) -> Any:
+    """`turns: 4` means every session has 4 turns."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number of turns or a distribution, got {value!r}")
+    if isinstance(value, int):
+        return {"kind": "fixed", "tokens": value}
+    return value
+
+
+_TurnDistribution = Annotated[SyntheticLength, Field(discriminator="kind")]
+TurnSpec = Annotated[
+    _TurnDistribution,
+    _known_kind("turns", SYNTHETIC_LENGTH_KINDS),
+    BeforeValidator(_turns_shorthand, json_schema_input_type=int | _TurnDistribution),
+]
+
+
+class SessionConfig(_Strict):
+    """Multi-turn chat sessions. `arrivals` then starts sessions (its rate is sessions per
+    second); each session sends its turns one after another, turn k + 1 a think time after
+    turn k's response completed. Turn 1's prompt is drawn from prompt_tokens; turn k + 1's
+    prompt is the whole conversation so far (turn k's prompt and output) plus new user
+    tokens drawn from prompt_tokens. Every turn is one request (num_requests counts turns).
+
+    A session ends early, without sending the turn, when that turn's prompt + output
+    would exceed the context: the smaller of max_total_tokens and the smallest
+    max_model_len of the cluster (turn 1 is drawn and clipped like any request). It also
+    ends when a turn is rejected or fails (the user gives up), and when the next turn
+    would arrive at or after duration_s or beyond num_requests."""
+
+    turns: TurnSpec = Field(
+        description="turns per session: a number, or a distribution (fixed, uniform, "
+        "normal, lognormal; its `tokens`, `mean`, `min`... are read as turns), rounded "
+        "to 1..100,000"
+    )
+    think_time_s: ThinkTime
+    think_distribution: ThinkDistribution
+
+
 # ---- the workload ------------------------------------------------------------------------
 
 
@@ -237,8 +288,8 @@ class WorkloadConfig(_Strict):
     arrivals: Arrivals = Field(description="when requests arrive")
     prompt_tokens: LengthSpec | None = Field(
         default=None,
-        description="prompt length distribution; default: the arrivals trace's "
-        "num_prefill_tokens, row by row",
+        description="prompt length distribution (with sessions: the new user tokens of "
+        "each turn); default: the arrivals trace's num_prefill_tokens, row by row",
     )
     output_tokens: LengthSpec | None = Field(
         default=None,
@@ -268,8 +319,16 @@ class WorkloadConfig(_Strict):
         min_length=1,
         description="request classes; each request is assigned one at random by weight",
     )
+    sessions: SessionConfig | None = Field(
+        default=None,
+        description="multi-turn chat: arrivals start sessions whose turns follow each "
+        "other, each prompt holding the conversation so far",
+    )
     num_requests: int | None = Field(
-        default=None, ge=1, le=MAX_REQUESTS, description="stop after this many requests"
+        default=None,
+        ge=1,
+        le=MAX_REQUESTS,
+        description="stop after this many requests (with sessions: turns)",
     )
     duration_s: float | None = Field(
         default=None,
@@ -291,6 +350,11 @@ class WorkloadConfig(_Strict):
                         f"{role} is required unless arrivals.kind is 'trace' "
                         f"(arrivals.kind is {self.arrivals.kind!r})"
                     )
+        if self.sessions is not None and self.arrivals.kind not in ("poisson", "gamma", "constant"):
+            raise ValueError(
+                f"sessions: sessions start by a rate process (arrivals.kind poisson, gamma "
+                f"or constant: sessions per second), got arrivals.kind {self.arrivals.kind!r}"
+            )
         names = [c.name for c in self.priorities]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:

@@ -1,9 +1,11 @@
 """Turn a WorkloadConfig and a seed into requests: all at once for open-loop arrivals,
-on demand (ClosedLoopSampler) when each request waits for the previous one to finish.
+on demand (ClosedLoopSampler) when each request waits for the previous one to finish,
+and one conversation at a time (SessionSampler) for multi-turn sessions.
 
 Randomness: the seed spawns independent streams for arrivals (or think times), prompt
-lengths, output lengths and classes, so changing one distribution leaves the others'
-draws unchanged, and the same config and seed always give identical arrays.
+lengths, output lengths and classes (and, for sessions, think times and turn counts), so
+changing one distribution leaves the others' draws unchanged, and the same config and
+seed always give identical arrays.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ from simulator.workload.arrivals import open_loop_arrivals, think_times, trace_a
 from simulator.workload.config import (
     ClosedLoopArrivals,
     PriorityClass,
+    RateArrivals,
     TraceArrivals,
     TraceLength,
     WorkloadConfig,
 )
-from simulator.workload.lengths import LengthSampler, LengthSource, TableLengths
-from simulator.workload.traces import OUTPUT_COLUMN, PROMPT_COLUMN, Trace, read_trace
+from simulator.workload.lengths import LengthSampler, LengthSource, TableLengths, draw, to_tokens
+from simulator.workload.traces import MAX_TOKENS, OUTPUT_COLUMN, PROMPT_COLUMN, Trace, read_trace
 
 _ROLES = (("prompt_tokens", PROMPT_COLUMN), ("output_tokens", OUTPUT_COLUMN))
 
@@ -70,6 +73,11 @@ def generate_requests(
         raise InfersimError(
             "workload: closed_loop arrivals depend on completions; the engine draws them "
             "with ClosedLoopSampler, not generate_requests"
+        )
+    if config.sessions is not None:
+        raise InfersimError(
+            "workload: a session's later turns arrive after earlier ones complete; the "
+            "engine draws them with SessionSampler, not generate_requests"
         )
     arrival_rng, prompt_rng, output_rng, class_rng = _streams(seed)
     traces = _read_traces(config, Path(base_dir))
@@ -132,15 +140,101 @@ class ClosedLoopSampler:
         return _classes(self._priorities, self._class_rng, n)
 
 
-def _streams(seed: int) -> list[np.random.Generator]:
-    """Independent generators for arrivals, prompt lengths, output lengths, classes."""
+MAX_TURNS = 100_000
+"""Turns one session may have; longer draws are lowered to it (a conversation that long
+outgrows any context window first)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Session:
+    """One conversation, drawn in full when it starts, so that what the user says does not
+    depend on the cluster (only when the later turns arrive does). Arrays are per turn."""
+
+    prompt: np.ndarray
+    """int64: the conversation so far (earlier prompts and outputs) plus new user tokens."""
+    output: np.ndarray
+    """int64, >= 1: tokens each turn generates."""
+    think_s: np.ndarray
+    """float64, one fewer than the turns: the pause before each turn after the first."""
+    priority: int
+    priority_class: int
+    drawn_turns: int
+    """Turns drawn before the context limit cut the conversation short."""
+
+    @property
+    def turns(self) -> int:
+        return len(self.prompt)
+
+
+class SessionSampler:
+    """What an engine needs to run multi-turn sessions: when sessions start (drawn up
+    front, like open-loop arrivals), and each session's turns, drawn when it starts.
+
+    A session never sends a turn whose prompt + output exceeds `context_limit`: it ends
+    before that turn. Turn 1 is drawn (and clipped by max_total_tokens) like any request,
+    so a replica may still reject it."""
+
+    def __init__(
+        self,
+        config: WorkloadConfig,
+        seed: int,
+        base_dir: str | Path = ".",
+        context_limit: int | None = None,
+    ) -> None:
+        spec = config.sessions
+        if spec is None or not isinstance(config.arrivals, RateArrivals):
+            raise InfersimError(
+                "workload: SessionSampler needs a sessions section and poisson, gamma or "
+                f"constant arrivals, got arrivals.kind {config.arrivals.kind!r}"
+            )
+        self._spec = spec
+        start_rng, self._prompt_rng, self._output_rng, class_rng, self._think_rng, turn_rng = (
+            _streams(seed, 6)
+        )
+        # At most num_requests sessions can start: each sends at least one turn.
+        self.starts: np.ndarray = open_loop_arrivals(
+            config.arrivals, start_rng, config.num_requests, config.duration_s
+        )
+        n = len(self.starts)
+        most = min(MAX_TURNS, config.num_requests or MAX_TURNS)
+        self._turns = np.minimum(to_tokens(draw(spec.turns, turn_rng, n), 1.0), most)
+        self._priority, self._class = _classes(config.priorities, class_rng, n)
+        traces = _read_traces(config, Path(base_dir))
+        self._lengths = _length_sampler(config, Path(base_dir), traces, None)
+        limits = [config.max_total_tokens, context_limit, MAX_TOKENS]
+        self.context_limit: int = min(x for x in limits if x is not None)
+        self.class_names: tuple[str, ...] = tuple(c.name for c in config.priorities)
+
+    def session(self, index: int) -> Session:
+        """Session `index` (in start order; draw them in that order for reproducibility)."""
+        turns = int(self._turns[index])
+        user, output = self._lengths.sample(self._prompt_rng, self._output_rng, turns)
+        think = think_times(self._spec, self._think_rng, turns - 1)
+        prompt = np.cumsum(user)
+        prompt[1:] += np.cumsum(output[:-1])
+        # prompt + output grows strictly with the turn: keep the turns within the limit.
+        fits = int(np.searchsorted(prompt + output, self.context_limit, side="right"))
+        keep = max(fits, 1)
+        return Session(
+            prompt=prompt[:keep],
+            output=output[:keep],
+            think_s=think[: keep - 1],
+            priority=int(self._priority[index]),
+            priority_class=int(self._class[index]),
+            drawn_turns=turns,
+        )
+
+
+def _streams(seed: int, count: int = 4) -> list[np.random.Generator]:
+    """Independent generators: arrivals, prompt lengths, output lengths, classes, then
+    (sessions) think times and turn counts. The first four are the same whatever `count`."""
     try:
         value = operator.index(seed)
     except TypeError:
         raise InfersimError(f"workload: seed must be an integer, got {seed!r}") from None
     if value < 0:
         raise InfersimError(f"workload: seed must be >= 0, got {value}")
-    return [np.random.default_rng(s) for s in np.random.SeedSequence(value).spawn(4)]
+    return [np.random.default_rng(s) for s in np.random.SeedSequence(value).spawn(count)]
 
 
 def _resolve(base_dir: str | Path, path: str) -> Path:

@@ -1,0 +1,199 @@
+"""Everything the summary and the time series need from the engine steps, as running sums.
+
+A cluster serving a million requests runs tens of millions of engine steps; a table of
+them takes gigabytes. The summary needs only per-replica sums (busy time, FLOPs, DRAM
+bytes, activity and KV occupancy weighted by time, time per limiting resource) and the
+time series only per-bin sums, so steps are folded in chunks as the run goes and the
+table is kept only when a user asks for it (`output.step_table`).
+
+Time bins: sums are kept in at most FINE_BINS bins of width 0.5 x 10^m s, m the
+smallest that covers the run so far (when the run outgrows them, ten bins merge into
+one). Every width the time series may choose (1, 2, 2.5 or 5 x 10^k s, at most 200 bins
+over the run) is then a whole number of these bins, so regrouping them is exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from simulator.engine.step_cost import StepBound
+from simulator.metrics.bins import integrals, uniform_bin_index
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from simulator.metrics.context import RunContext
+
+FINE_BINS = 5000  # a multiple of 10, so merging ten bins into one leaves no remainder
+_FIRST_WIDTH = 0.5e-9
+# per-bin sums: decode and prefill tokens of steps ending in the bin, then integrals
+# over the bin of 1 (busy time), batch size, KV fraction and waiting requests
+BIN_ROWS = ("decode_tokens", "prefill_tokens", "busy", "batch", "kv", "waiting")
+Rows = Any  # a numpy structured array or a DataFrame with the step-table columns
+
+
+def clip_to(rows: np.ndarray, end: float) -> np.ndarray:
+    """Steps as far as a run that stopped at `end` went: a step in flight then counts only
+    up to `end`, its FLOPs and bytes pro rata; steps that had not started are dropped."""
+    rows = rows[rows["start"] < end]
+    stop = rows["start"] + rows["duration"]
+    over = stop > end
+    if not over.any():
+        return rows
+    rows = rows.copy()
+    kept = (end - rows["start"][over]) / rows["duration"][over]
+    for column in ("flops", "dram_bytes"):
+        rows[column][over] *= kept
+    rows["duration"][over] = end - rows["start"][over]
+    return rows
+
+
+class StepTotals:
+    """Per-replica sums over steps and cluster-wide per-bin sums over time."""
+
+    def __init__(self, peak_flops: Sequence[float], peak_bandwidth: Sequence[float],
+                 kv_total_blocks: Sequence[float]) -> None:  # fmt: skip
+        self.peak_flops = np.asarray(peak_flops, np.float64)
+        self.peak_bandwidth = np.asarray(peak_bandwidth, np.float64)
+        self.kv_total_blocks = np.asarray(kv_total_blocks, np.float64)
+        n = len(self.peak_flops)
+        self.steps = np.zeros(n, np.int64)
+        self.busy = np.zeros(n)  # seconds of steps
+        self.flops = np.zeros(n)
+        self.dram_bytes = np.zeros(n)
+        self.active = np.zeros(n)  # seconds x activity (fraction of peak), for energy
+        self.kv_time = np.zeros(n)  # seconds x used / total KV blocks
+        self.kv_max = 0.0
+        self.bound_time = np.zeros(len(StepBound))  # seconds by StepBound code
+        self.bin_width = _FIRST_WIDTH
+        self.bins = np.zeros((len(BIN_ROWS), FINE_BINS))
+
+    @classmethod
+    def for_context(cls, ctx: RunContext) -> StepTotals:
+        reps = ctx.replicas
+        return cls(
+            [r.peak_flops for r in reps],
+            [r.peak_bandwidth for r in reps],
+            [r.kv_total_blocks for r in reps],
+        )
+
+    @classmethod
+    def from_frame(cls, steps: pd.DataFrame, ctx: RunContext) -> StepTotals:
+        """Totals of a step table (as `Results.steps` has it), clipped to the run's end."""
+        totals = cls.for_context(ctx)
+        columns = list(steps.columns)
+        rows = np.rec.fromarrays([_codes(steps[c]) for c in columns], names=columns)
+        totals.fold(clip_to(rows, ctx.duration_s))
+        return totals
+
+    # ---- folding -------------------------------------------------------------------------
+    def fold(self, rows: Rows, replica: np.ndarray | int | None = None) -> None:
+        """Add steps; `replica` (an index into this object's replicas) defaults to the
+        rows' own `replica` column."""
+        start = np.asarray(rows["start"], np.float64)
+        if not len(start):
+            return
+        dur = np.asarray(rows["duration"], np.float64)
+        stop = start + dur
+        n = len(self.busy)
+        if replica is None:
+            replica = np.asarray(rows["replica"], np.int64)
+        rep = np.broadcast_to(np.asarray(replica, np.int64), start.shape)
+        flops = np.asarray(rows["flops"], np.float64)
+        dram = np.asarray(rows["dram_bytes"], np.float64)
+        total = self.kv_total_blocks[rep]
+        used = np.asarray(rows["kv_blocks_used"], np.float64)
+        kv = np.divide(used, total, out=np.zeros(len(used)), where=total > 0)
+        at_peak = np.maximum(flops / self.peak_flops[rep], dram / self.peak_bandwidth[rep])
+        ratio = np.divide(at_peak, dur, out=np.zeros(len(dur)), where=dur > 0)
+        activity = np.clip(np.nan_to_num(ratio), 0.0, 1.0)
+
+        self.steps += np.bincount(rep, minlength=n)
+        self.busy += np.bincount(rep, dur, n)
+        self.flops += np.bincount(rep, flops, n)
+        self.dram_bytes += np.bincount(rep, dram, n)
+        self.active += np.bincount(rep, activity * dur, n)
+        self.kv_time += np.bincount(rep, kv * dur, n)
+        self.kv_max = max(self.kv_max, float(kv.max()))
+        bound = np.asarray(rows["bound"], np.int64)
+        self.bound_time += np.bincount(bound, dur, len(StepBound))
+
+        self._cover(float(stop.max()))
+        edges = np.arange(FINE_BINS + 1) * self.bin_width
+        ended = uniform_bin_index(stop, edges)
+        for row, column in enumerate(("decode_tokens", "prefill_tokens")):
+            tokens = np.asarray(rows[column], np.float64)
+            self.bins[row] += np.bincount(ended, tokens, FINE_BINS)
+        signals = np.stack(
+            [
+                np.ones(len(start)),
+                np.asarray(rows["batch_size"], np.float64),
+                kv,
+                np.asarray(rows["waiting"], np.float64),
+            ]
+        )
+        self.bins[2:] += integrals(start, stop, signals, edges, uniform_bin_index)
+
+    def _cover(self, t: float) -> None:
+        """Widen the bins (ten into one) until they reach past time t."""
+        while t >= FINE_BINS * self.bin_width:
+            self._coarsen()
+
+    def _coarsen(self) -> None:
+        rows = len(BIN_ROWS)
+        self.bins = self.bins.reshape(rows, FINE_BINS // 10, 10).sum(axis=2)
+        self.bins = np.concatenate([self.bins, np.zeros((rows, FINE_BINS - FINE_BINS // 10))], 1)
+        self.bin_width *= 10
+
+    # ---- combining and reading ----------------------------------------------------------
+    @classmethod
+    def merge(cls, parts: Sequence[StepTotals]) -> StepTotals:
+        """One object for the cluster from per-replica ones, replicas in order."""
+        merged = cls(
+            np.concatenate([p.peak_flops for p in parts]),
+            np.concatenate([p.peak_bandwidth for p in parts]),
+            np.concatenate([p.kv_total_blocks for p in parts]),
+        )
+        for name in ("steps", "busy", "flops", "dram_bytes", "active", "kv_time"):
+            setattr(merged, name, np.concatenate([getattr(p, name) for p in parts]))
+        merged.kv_max = max((p.kv_max for p in parts), default=0.0)
+        merged.bound_time = np.sum([p.bound_time for p in parts], axis=0)
+        merged.bin_width = max((p.bin_width for p in parts), default=_FIRST_WIDTH)
+        for part in parts:
+            while part.bin_width < merged.bin_width * (1 - 1e-9):
+                part._coarsen()
+            merged.bins += part.bins
+        return merged
+
+    def binned(self, edges: np.ndarray) -> np.ndarray:
+        """The per-bin sums regrouped onto `edges` (multiples of a width that is a whole
+        number of fine bins, the last edge the run's end)."""
+        width = edges[1] - edges[0] if len(edges) > 1 else self.bin_width
+        ratio = width / self.bin_width
+        if len(edges) > 2 and abs(ratio - round(ratio)) > 1e-6 * ratio:
+            raise ValueError(
+                f"bin width {width:g} s is not a multiple of the {self.bin_width:g} s the "
+                "run's totals were kept in"
+            )
+        groups = np.arange(FINE_BINS) // max(round(ratio), 1)
+        groups = np.minimum(groups, len(edges) - 2)
+        out = np.zeros((len(BIN_ROWS), len(edges) - 1))
+        for row, fine in zip(out, self.bins, strict=True):
+            row += np.bincount(groups, fine, len(edges) - 1)
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"StepTotals({len(self.busy)} replicas, {int(self.steps.sum()):,} steps, "
+            f"bins of {self.bin_width:g} s)"
+        )
+
+
+def _codes(column: pd.Series) -> np.ndarray:
+    """A column as numbers: a categorical bound as its codes."""
+    if hasattr(column, "cat"):
+        return column.cat.codes.to_numpy()
+    return column.to_numpy()

@@ -1,0 +1,129 @@
+"""Step totals folded as the run goes: the same summary and time series as a step table,
+with memory that does not grow with the number of steps."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from hardware_models.errors import InfersimError
+from simulator.engine import step_log
+from simulator.metrics import latency_stats, nice_bin_width, timeseries
+from simulator.metrics.log_histogram import RELATIVE_WIDTH, LogHistogram
+from simulator.metrics.step_totals import FINE_BINS, StepTotals
+from simulator.simulation import simulate
+
+CASES = {
+    "chunked, two replicas, a failure": dict(
+        parallelism={"replicas": 2, "router": "least_outstanding"},
+        faults={"events": [{"replica": 1, "at_s": 20.0, "recover_at_s": 35.0}]},
+    ),
+    "static batches, a failure, gaps cut": dict(
+        serving={"policy": "static", "max_num_seqs": 16},
+        faults={"events": [{"replica": 0, "at_s": 15.0, "recover_at_s": 25.0}]},
+    ),
+    "dynamic, stopped at a horizon": dict(
+        serving={"policy": "dynamic", "max_num_seqs": 16, "max_queue_delay_ms": 50},
+        workload={"num_requests": None, "duration_s": 30.0},
+    ),
+}
+
+
+def _flat(block, prefix=""):
+    items = block.items() if isinstance(block, dict) else enumerate(block)
+    out = {}
+    for key, value in items:
+        if isinstance(value, dict | list):
+            out |= _flat(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_totals_without_a_table_match_the_table(make_scenario, monkeypatch, case):
+    """Folding every 16 rows (so through failures, padded batches and the end of the run)
+    gives the summary a step table gives; only ITL percentiles move, within a bin."""
+    monkeypatch.setattr(step_log, "CHUNK_ROWS", 16)
+    kept = simulate(make_scenario(**CASES[case]))
+    folded = simulate(make_scenario(**CASES[case], output={"step_table": False}))
+    pd.testing.assert_frame_equal(kept.requests, folded.requests)
+    assert len(kept.steps) > 100  # many folds happened
+
+    exact, binned = _flat(kept.summary()), _flat(folded.summary())
+    assert exact.keys() == binned.keys()
+    for key, value in exact.items():
+        if key.startswith("run.wall"):
+            continue
+        if key.startswith("latency.itl.") and isinstance(value, float):
+            assert binned[key] == pytest.approx(value, rel=RELATIVE_WIDTH / 2), key
+        elif isinstance(value, float):
+            assert binned[key] == pytest.approx(value, rel=1e-12, abs=1e-12), key
+        else:
+            assert binned[key] == value, key
+    pd.testing.assert_frame_equal(kept.timeseries, folded.timeseries)
+
+    # The online totals equal totals of the finished table, and so does the time series.
+    table = StepTotals.from_frame(kept.steps, kept.context)
+    for name in ("steps", "busy", "flops", "dram_bytes", "active", "kv_time"):
+        np.testing.assert_allclose(getattr(folded.totals, name), getattr(table, name), rtol=1e-12)
+    np.testing.assert_allclose(folded.totals.bound_time, table.bound_time, rtol=1e-12)
+    from_table = timeseries(kept.requests, kept.steps, kept.context)
+    pd.testing.assert_frame_equal(from_table, folded.timeseries, rtol=1e-9)
+
+
+def test_a_run_without_a_table_says_so_and_writes_none(make_scenario, tmp_path):
+    results = simulate(make_scenario(output={"step_table": False}))
+    with pytest.raises(InfersimError, match=r"output\.step_table: false"):
+        results.steps  # noqa: B018
+    written = {p.name for p in results.write(tmp_path / "run")}
+    assert "steps.parquet" not in written
+    assert {"summary.json", "requests.parquet", "timeseries.parquet", "itl.parquet"} <= written
+
+
+def test_log_histogram_percentiles_within_half_a_bin():
+    rng = np.random.default_rng(0)
+    values = np.concatenate([rng.lognormal(-4, 1.5, 20_000), np.zeros(30)])
+    weights = rng.integers(1, 64, len(values))
+    parts = [LogHistogram(), LogHistogram()]
+    for part, half in zip(parts, np.array_split(np.arange(len(values)), 2), strict=True):
+        part.add(values[half], weights[half])
+    parts[0].merge(parts[1])
+    frame = parts[0].frame()
+    assert len(frame) < 20_000 and frame["weight"].sum() == weights.sum()
+    exact = latency_stats(values, weights)
+    binned = latency_stats(frame["seconds"].to_numpy(), frame["weight"].to_numpy())
+    assert binned["count"] == exact["count"] and binned["max"] == exact["max"]
+    for key in ("mean", "p50", "p90", "p95", "p99"):
+        assert binned[key] == pytest.approx(exact[key], rel=RELATIVE_WIDTH / 2), key
+
+
+def test_fine_bins_merge_into_any_width_the_series_picks():
+    """A run of any length ends with bins that every nice series width is a multiple of,
+    and a step crossing many of them is split exactly."""
+    for duration in (0.37, 9.0, 123.4, 86_400.0 * 3):
+        totals = StepTotals([1e15], [1e12], [100])
+        rows = pd.DataFrame(
+            {
+                "start": [0.0, duration / 3],
+                "duration": [duration / 3, duration * 2 / 3],
+                "batch_size": [2, 4],
+                "decode_tokens": [1, 1],
+                "prefill_tokens": [0, 0],
+                "kv_blocks_used": [10, 50],
+                "waiting": [0, 1],
+                "flops": [0.0, 0.0],
+                "dram_bytes": [0.0, 0.0],
+                "bound": [1, 1],
+                "replica": [0, 0],
+            }
+        )
+        totals.fold(rows)
+        assert FINE_BINS * totals.bin_width > duration
+        width = nice_bin_width(duration)
+        edges = np.minimum(np.arange(math.ceil(duration / width) + 1) * width, duration)
+        busy = totals.binned(edges)[2]  # the two steps cover the run without a gap
+        np.testing.assert_allclose(busy, np.diff(edges), rtol=1e-9)
