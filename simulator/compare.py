@@ -25,6 +25,7 @@ _COLUMNS = (
     ("goodput %", ("goodput", "fraction"), 100),
     ("preemptions", ("kv", "preemptions"), 1),
     ("KV max %", ("kv", "max_utilisation"), 100),
+    ("prefix hit %", ("prefix_cache", "hit_rate"), 100),
     ("MFU %", ("utilisation", "mfu"), 100),
     ("$/1M out tok", ("cost", "usd_per_million_output_tokens"), 1),
     ("J/out tok", ("energy", "joules_per_output_token"), 1),

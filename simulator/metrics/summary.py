@@ -475,6 +475,7 @@ def summary_table(summary: Mapping[str, Any]) -> str:
     run, c, t = summary["run"], summary["counts"], summary["throughput"]
     g, u, kv = summary["goodput"], summary["utilisation"], summary["kv"]
     cost, e = summary["cost"], summary["energy"]
+    prefix = summary.get("prefix_cache", {"hit_rate": None})
     head = (
         f"{run['scenario']}  seed {run['seed']}  {_num(run['duration_s'])} s simulated  "
         f"{run['gpus']} x {'/'.join(run['gpu_types'])} in {run['replicas']} replica(s)"
@@ -502,7 +503,8 @@ def summary_table(summary: Mapping[str, Any]) -> str:
         f"(busy {_pct(u['mfu_busy'])})  MBU {_pct(u['mbu'])} (busy {_pct(u['mbu_busy'])})  "
         "bound " + ", ".join(f"{k} {_pct(v)}" for k, v in u["bound_share"].items() if v),
         f"kv cache    mean {_pct(kv['mean_utilisation'])}  max {_pct(kv['max_utilisation'])}  "
-        f"preemptions {kv['preemptions']:,} ({kv['requests_preempted']:,} requests)",
+        f"preemptions {kv['preemptions']:,} ({kv['requests_preempted']:,} requests)"
+        + (f"  prefix hits {_pct(hits)} of prompt tokens" if (hits := prefix["hit_rate"]) else ""),
         f"cost        {_usd(cost['usd_per_hour'])}/h  run {_usd(cost['usd_total'])}  "
         f"{_usd(cost['usd_per_request'])}/request  "
         f"{_usd(cost['usd_per_million_output_tokens'])}/1M output tok  "
