@@ -34,6 +34,13 @@ def causal_pairs(q_len: int, kv_len: int, window: int | None = None) -> int:
     return ramp + (kv_len - full_from + 1) * window if kv_len >= full_from else ramp
 
 
+def keys_per_query(attended_pairs, new_tokens):
+    """Mean keys each query attends: the length of a flash thread block's inner loop, which
+    sets how well its fixed prologue and epilogue are amortised (the prefill curve's axis).
+    Scalars or numpy arrays."""
+    return np.maximum(attended_pairs / np.maximum(new_tokens, 1), 1.0)
+
+
 class PrefillAttention:
     """Flash-style prefill attention for one head configuration, constants worked out
     once (the simulator prices it every engine step).
@@ -52,15 +59,20 @@ class PrefillAttention:
         head_dim: int,
         dtype: str | Dtype = "bf16",
         kv_dtype: str | Dtype = "bf16",
+        window: int | None = None,
     ) -> None:
         dtype, kv_dtype = parse_dtype(dtype), parse_dtype(kv_dtype)
         eff = gpu.efficiency
         self.group = num_heads / num_kv_heads
         self.num_kv_heads = num_kv_heads
         self.flops_per_pair = 4.0 * num_heads * head_dim  # QK^T and PV
-        # Diagonal (query block x key block) tiles are computed whole: about half a key
-        # block of wasted work per query row.
-        self.waste_per_token = self.flops_per_pair * PREFILL_QUERY_BLOCK / 2
+        # Work is done in (query block x key block) tiles. Query rows are the new tokens
+        # of one sequence, times the query heads of a KV head when the kernel packs them
+        # (FlashAttention-3's pack-GQA; FA2 runs one query head per thread block).
+        self.pack_gqa = eff.prefill_pack_gqa
+        self.row_group = self.group if self.pack_gqa else 1.0
+        self.row_heads = num_kv_heads if self.pack_gqa else num_heads
+        self.window = window or 0
         self.q_bytes_per_token = num_heads * head_dim * bytes_per_element(dtype)
         self.kv_bytes_per_token = 2.0 * num_kv_heads * head_dim * bytes_per_element(kv_dtype)
         math_dtype = dtype if gpu.supports(dtype) else Dtype.BF16
@@ -82,15 +94,30 @@ class PrefillAttention:
         flops = self.flops_per_pair * attended_pairs
         q_bytes = new_tokens * self.q_bytes_per_token
         dram = 2.0 * q_bytes + context_tokens * self.kv_bytes_per_token
-        rows = new_tokens / max(num_seqs, 1) * self.group
-        units = max(1, num_seqs * self.num_kv_heads * math.ceil(rows / PREFILL_QUERY_BLOCK))
+        tokens = new_tokens / max(num_seqs, 1)
+        # FA2 packs the query heads too when each sequence brings one token (its swap of
+        # the head and query axes for single-token queries).
+        rows = tokens * (self.group if tokens <= 1 else self.row_group)
+        row_heads = self.num_kv_heads if tokens <= 1 else self.row_heads
+        blocks = math.ceil(rows / PREFILL_QUERY_BLOCK)
+        units = max(1, num_seqs * row_heads * blocks)
         waves = math.ceil(units / self.sm_count)
         wave_eff = units / (waves * self.sm_count)
+        keys = keys_per_query(attended_pairs, new_tokens)
         attainable = self._attainable
         if attainable is None:
-            attainable = self.peak * self.curve.at(flops)
-        compute = (flops + new_tokens * self.waste_per_token) / (attainable * wave_eff)
-        compute = max(compute, waves * self.cta_seconds)
+            attainable = self.peak * self.curve.at(keys)
+        # Key blocks are computed whole where a row's key range ends inside one: about
+        # half a block per row at the causal diagonal, and half a block more at a sliding
+        # window's far edge for rows past the window (exact for prompts without earlier
+        # context).
+        wasted = new_tokens * PREFILL_QUERY_BLOCK / 2
+        if self.window:
+            wasted += max(new_tokens - num_seqs * self.window, 0) * PREFILL_QUERY_BLOCK / 2
+        tiles = flops + wasted * self.flops_per_pair
+        # Each thread block pays a fixed prologue/epilogue (Q load, O store) besides its
+        # key loop; an SM runs its blocks one after another, so the two add up.
+        compute = tiles / (attainable * wave_eff) + waves * self.cta_seconds
         memory = dram / self.bandwidth
         return max(compute, memory) + self.floor, flops, dram, compute, memory
 
@@ -107,11 +134,13 @@ def attention_prefill_cost(
     head_dim: int,
     dtype: str | Dtype = "bf16",
     kv_dtype: str | Dtype = "bf16",
+    window: int | None = None,
 ) -> OpCost:
     """Flash attention over `num_seqs` sequences with `new_tokens` queries in total.
 
     `attended_pairs` is the sum of query-key pairs (see causal_pairs); `context_tokens`
-    the sum of keys each sequence reads (its full kv length).
+    the sum of keys each sequence reads (its full kv length); `window` the sliding window
+    the pairs were counted with (None: full causal).
     """
     model = PrefillAttention(
         gpu,
@@ -120,6 +149,7 @@ def attention_prefill_cost(
         head_dim=head_dim,
         dtype=dtype,
         kv_dtype=kv_dtype,
+        window=window,
     )
     seconds, flops, dram, compute, memory = model(
         num_seqs, new_tokens, attended_pairs, context_tokens
@@ -164,6 +194,7 @@ def uniform_prefill_cost(
         head_dim=head_dim,
         dtype=dtype,
         kv_dtype=kv_dtype,
+        window=window,
     )
 
 

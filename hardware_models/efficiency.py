@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from hardware_models.dtypes import parse_dtype
 from hardware_models.errors import InfersimError
+from hardware_models.node import LinkSpec
 
 # Block-scaled formats run different kernels from their plain dtype (scales per block),
 # so a curve keyed by one of these spellings is kept apart from the plain dtype's.
@@ -69,6 +70,16 @@ def _const(value: float) -> EfficiencyCurve:
     return EfficiencyCurve.constant(value)
 
 
+class CollectiveFit(BaseModel):
+    """How NCCL uses a node's GPU-to-GPU link for one group size, as calibration fits it:
+    its fixed cost and its bus bandwidth both change with the number of ranks."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    latency_us: float = Field(ge=0, description="per algorithm step (alpha), microseconds")
+    efficiency: float = Field(gt=0, le=1, description="fraction of the link bandwidth attained")
+
+
 class EfficiencyProfile(BaseModel):
     """How close real kernels on one chip come to its roofline.
 
@@ -91,8 +102,10 @@ class EfficiencyProfile(BaseModel):
     )
     attention_prefill_compute: EfficiencyCurve = Field(
         default_factory=lambda: _const(0.65),
-        description="fraction of tensor peak FlashAttention-2/3 forward sustains, against "
-        "FLOPs (FA2 ~50-70% on A100, FA3 ~60-75% on H100)",
+        description="fraction of tensor peak FlashAttention-2/3 forward sustains on the "
+        "tiles it computes, against the mean keys attended per query (the length of a "
+        "thread block's key loop; FA2 ~50-70% on A100, FA3 ~60-75% on H100 on long "
+        "prompts)",
     )
     attention_decode_memory: EfficiencyCurve = Field(
         default_factory=lambda: _const(0.80),
@@ -132,6 +145,12 @@ class EfficiencyProfile(BaseModel):
         ge=0,
         description="fixed time of one prefill-attention thread block (a sequence x head x "
         "query block) beyond its math: Q/O tile load and store, softmax rescale",
+    )
+    prefill_pack_gqa: bool = Field(
+        default=True,
+        description="whether prefill attention packs the query heads sharing a KV head "
+        "into one thread block's rows (FlashAttention-3 on Hopper does; FlashAttention-2 "
+        "runs one query head per block, so short prompts fill its 128-row tiles poorly)",
     )
     launch_overhead_eager_us: float = Field(
         default=4.5,
@@ -181,6 +200,13 @@ class EfficiencyProfile(BaseModel):
         description="attention_floor_us for decode calls only (None: attention_floor_us)",
     )
 
+    collective_by_gpus: dict[int, CollectiveFit] = Field(
+        default_factory=dict,
+        description="per number of GPUs in a collective: latency and bandwidth fraction "
+        "over the node's GPU-to-GPU link in place of the link's own (calibration fits them "
+        "to all-reduce rows); a group size without an entry uses the node preset's link",
+    )
+
     @field_validator("gemm_compute_by_dtype", "gemm_memory_by_dtype", "gemm_floor_us_by_dtype")
     @classmethod
     def _dtype_keys(cls, v: dict) -> dict:
@@ -206,6 +232,15 @@ class EfficiencyProfile(BaseModel):
             pick(self.gemm_compute_by_dtype, self.gemm_compute),
             pick(self.gemm_memory_by_dtype, self.gemm_memory),
             pick(self.gemm_floor_us_by_dtype, self.kernel_floor_us),
+        )
+
+    def link_for(self, num_gpus: int, link: LinkSpec) -> LinkSpec:
+        """`link` with the fitted latency and efficiency for `num_gpus` GPUs, if any."""
+        fitted = self.collective_by_gpus.get(int(num_gpus))
+        if fitted is None:
+            return link
+        return link.model_copy(
+            update={"latency_us": fitted.latency_us, "efficiency": fitted.efficiency}
         )
 
     @property

@@ -20,6 +20,7 @@ from hardware_models import (
     load_gpu,
     load_node,
 )
+from hardware_models.efficiency import EfficiencyCurve
 from hardware_models.errors import InfersimError
 
 H100 = load_gpu("h100-sxm")
@@ -99,6 +100,71 @@ def test_long_prefill_is_compute_bound_and_quadratic():
     short, long = _prefill(1, 8192), _prefill(1, 16384)
     assert long.bound == Bound.COMPUTE
     assert 3.0 < long.seconds / short.seconds < 4.5
+
+
+def test_sliding_window_prefill_pays_for_the_tiles_at_both_edges_of_the_window():
+    def cost(window):
+        return attention_prefill_cost(
+            H100,
+            num_seqs=1,
+            new_tokens=8192,
+            attended_pairs=causal_pairs(8192, 8192, window),
+            context_tokens=8192,
+            num_heads=32,
+            num_kv_heads=8,
+            head_dim=128,
+            window=window,
+        )
+
+    windowed, full = cost(128), cost(None)
+    assert windowed.seconds < full.seconds
+    # Work per query: 128 keys attended, but two 128-key blocks computed (~256 keys).
+    per_pair = windowed.compute_seconds / windowed.flops * 32 * 128 * 4
+    per_pair_full = full.compute_seconds / full.flops * 32 * 128 * 4
+    assert per_pair / per_pair_full > 1.7
+
+
+def test_prefill_efficiency_follows_keys_per_query_not_flops():
+    curve = EfficiencyCurve(sizes=[16.0, 4096.0], values=[0.1, 0.7])
+    gpu = H100.with_efficiency(
+        H100.efficiency.model_copy(update={"attention_prefill_compute": curve})
+    )
+
+    def per_token(batch, q):
+        cost = attention_prefill_cost(
+            gpu,
+            num_seqs=batch,
+            new_tokens=batch * q,
+            attended_pairs=batch * causal_pairs(q, q),
+            context_tokens=batch * q,
+            num_heads=32,
+            num_kv_heads=8,
+            head_dim=128,
+        )
+        return cost.compute_seconds / (batch * q)
+
+    # Same prompt length, 8x the FLOPs: the same efficiency (up to wave quantisation).
+    assert per_token(64, 2048) == pytest.approx(per_token(8, 2048), rel=0.05)
+    # Same FLOPs, longer prompts: each query's key loop is longer and runs faster.
+    assert per_token(1, 8192) / 4 < per_token(16, 2048) * 1.0
+
+
+def test_unpacked_gqa_runs_one_query_head_per_thread_block():
+    def cost(pack):
+        eff = H100.efficiency.model_copy(update={"prefill_pack_gqa": pack})
+        return attention_prefill_cost(
+            H100.with_efficiency(eff),
+            num_seqs=256,
+            new_tokens=256 * 16,
+            attended_pairs=256 * causal_pairs(16, 16),
+            context_tokens=256 * 16,
+            num_heads=32,
+            num_kv_heads=8,
+            head_dim=128,
+        )
+
+    # 256 x 8 packed blocks against 256 x 32: four times the waves of fixed block cost.
+    assert cost(False).compute_seconds > cost(True).compute_seconds
 
 
 def test_decode_attention_reads_the_kv_cache():

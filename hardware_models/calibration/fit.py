@@ -59,6 +59,8 @@ class ClassFit:
     rows: pd.DataFrame
     price: Pricer
     scalars: tuple[Scalar, ...] = ()
+    # Discrete kernel properties (a profile field and its options), chosen first.
+    choices: tuple[tuple[CurveLoc, tuple[object, ...]], ...] = ()
 
 
 def mape(measured: np.ndarray, predicted: np.ndarray) -> float:
@@ -122,9 +124,24 @@ def _golden(objective: Callable[[float], float], low: float, high: float) -> flo
 def fit_class(
     gpu: AcceleratorSpec, profile: EfficiencyProfile, spec: ClassFit, seed: int = 0
 ) -> EfficiencyProfile:
-    """Search spec's scalars (on a sample), then fit its curves on all its rows."""
+    """Search spec's scalars (on a sample), then fit its curves on all its rows; with
+    discrete choices, do that for each option and keep the best on the sample."""
     rows = spec.rows
     sample = rows.sample(SEARCH_ROWS, random_state=seed) if len(rows) > SEARCH_ROWS else rows
+    candidates = [profile]
+    for loc, options in spec.choices:
+        candidates = [with_value(c, loc, o) for c in candidates for o in options]
+    fitted = [_fit_scalars_and_curves(gpu, c, spec, sample) for c in candidates]
+    if len(fitted) == 1:
+        return fitted[0]
+    measured = sample["measured_s"].to_numpy(dtype=float)
+    scores = [mape(measured, spec.price(gpu.with_efficiency(f), sample).seconds) for f in fitted]
+    return fitted[int(np.argmin(scores))]
+
+
+def _fit_scalars_and_curves(
+    gpu: AcceleratorSpec, profile: EfficiencyProfile, spec: ClassFit, sample: pd.DataFrame
+) -> EfficiencyProfile:
     for _ in range(2 if len(spec.scalars) > 1 else 1):
         for scalar in spec.scalars:
 
@@ -136,7 +153,7 @@ def fit_class(
 
             best = _golden(objective, scalar.low, scalar.high)
             profile = with_value(profile, scalar.loc, round(float(best), 3))
-    return refit_curves(gpu, profile, rows, spec.price)
+    return refit_curves(gpu, profile, spec.rows, spec.price)
 
 
 def class_fits(table: pd.DataFrame) -> list[ClassFit]:
@@ -160,16 +177,18 @@ def class_fits(table: pd.DataFrame) -> list[ClassFit]:
                     tuple(scalars),
                 )
             )
-    for name, price, scalars in (
+    for name, price, scalars, choices in (
         (
             "attention_prefill",
             prefill_terms,
             (("attention_prefill_floor_us", 1.0), ("prefill_cta_latency_us", 0.25)),
+            ((("prefill_pack_gqa", None), (True, False)),),
         ),
         (
             "attention_decode",
             decode_terms,
             (("attention_decode_floor_us", 1.0), ("decode_cta_latency_us", 0.25)),
+            (),
         ),
     ):
         rows = table[table["op_class"] == name]
@@ -181,6 +200,7 @@ def class_fits(table: pd.DataFrame) -> list[ClassFit]:
                     rows,
                     price,
                     tuple(Scalar((f, None), 0.0, share * 2.0 * top) for f, share in scalars),
+                    choices,
                 )
             )
     return fits

@@ -17,6 +17,7 @@ import pandas as pd
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.attention import (
     attention_decode_seconds,
+    keys_per_query,
     uniform_prefill_cost,
 )
 from hardware_models.dtypes import bytes_per_element, parse_dtype
@@ -102,14 +103,18 @@ def _prefill_seconds(gpu: AcceleratorSpec, uniq: pd.DataFrame) -> np.ndarray:
 def prefill_terms(gpu: AcceleratorSpec, rows: pd.DataFrame) -> Terms:
     uniq, codes = _unique(rows, ["batch", "q_len", "kv_len", "window", *_ATTN])
     priced = _prefill_seconds(gpu, uniq)[codes]
-    # Priced again without the per-thread-block latency: where the math alone is as slow,
-    # the math (and so the efficiency curve) set the time.
+    # Priced again without the per-thread-block latency, which adds to the math: the rest
+    # of the compute term is what the efficiency curve scales.
     no_cta = gpu.with_efficiency(gpu.efficiency.model_copy(update={"prefill_cta_latency_us": 0}))
     math_only = _prefill_seconds(no_cta, uniq)[codes][:, 1]
     seconds, compute, memory = priced.T
-    binds = (math_only >= compute * (1 - 1e-9)) & (compute >= memory)
-    floor = np.full(len(rows), gpu.efficiency.prefill_floor_us * 1e-6)
-    size = rows["size"].to_numpy(dtype=float)  # attended-pair FLOPs, the curve's size
+    binds = compute >= memory
+    floor = gpu.efficiency.prefill_floor_us * 1e-6 + (compute - math_only)
+    # attention.py's curve axis: mean keys attended per query (size counts pair FLOPs)
+    pairs = rows["size"].to_numpy(dtype=float) / (
+        4.0 * rows["num_heads"].to_numpy(dtype=float) * rows["head_dim"].to_numpy(dtype=float)
+    )
+    size = keys_per_query(pairs, rows["batch"].to_numpy(dtype=float) * rows["q_len"].to_numpy())
     return Terms(
         seconds,
         floor,

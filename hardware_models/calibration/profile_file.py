@@ -1,9 +1,8 @@
 """The calibration profile file: fitted efficiencies, fitted links and where they came from.
 
 A scenario reads it with `hardware: {gpu: ..., calibration: profile.yaml}`; the simulator
-takes the `efficiency:` block. `links:` holds the alpha-beta fit per GPU count; the
-simulator does not read it yet (collectives use the node preset's link), so it is
-applied by `infersim calibrate validate` and kept for a user to copy into a node file.
+takes the `efficiency:` block, whose `collective_by_gpus` carries the fitted links.
+`links:` is the record of that fit (the collective and rows it used, per GPU count).
 """
 
 from __future__ import annotations
@@ -24,10 +23,9 @@ HEADER = """\
 # infersim calibration profile, written by `infersim calibrate fit`.
 # `efficiency:` is an EfficiencyProfile: use it from a scenario with
 #   hardware: {gpu: <preset>, calibration: <this file>}
-# `links:` are alpha-beta parameters fitted to all-reduce rows per GPU count. The
-# simulator does not read them yet (collectives are priced over the node preset's
-# intra_node_link); `infersim calibrate validate` applies them, and a node YAML can take
-# their latency_us and efficiency by hand.
+# `links:` records the alpha-beta parameters fitted to all-reduce rows per GPU count;
+# the same figures sit in `efficiency.collective_by_gpus`, which is what the simulator
+# applies to the node's GPU-to-GPU link for a collective over that many GPUs.
 """
 
 
@@ -57,15 +55,7 @@ class CalibrationProfile(BaseModel):
     def link_for(self, num_gpus: int, base: LinkSpec) -> LinkSpec:
         """`base` (the target's own link) with the fitted latency and efficiency for
         `num_gpus`, or `base` unchanged when that GPU count was not fitted."""
-        for fitted in self.links:
-            if fitted.num_gpus == num_gpus:
-                return base.model_copy(
-                    update={
-                        "latency_us": fitted.link.latency_us,
-                        "efficiency": fitted.link.efficiency,
-                    }
-                )
-        return base
+        return self.efficiency.link_for(num_gpus, base)
 
 
 def write_profile(profile: CalibrationProfile, path: str | Path) -> Path:

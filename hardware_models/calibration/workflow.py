@@ -26,6 +26,7 @@ from hardware_models.calibration.validate import (
     predict_all,
     validation_tables,
 )
+from hardware_models.efficiency import CollectiveFit
 from hardware_models.errors import InfersimError
 
 LINK_FIT_OP = "all_reduce"
@@ -53,6 +54,11 @@ def fit_measurements(
             FittedLink(num_gpus=p, fitted_on=LINK_FIT_OP, rows=int(counts[p]), link=fitted[p])
             for p in sorted(fitted)
         ]
+        collective = {
+            p: CollectiveFit(latency_us=f.latency_us, efficiency=f.efficiency)
+            for p, f in fitted.items()
+        }
+        efficiency = efficiency.model_copy(update={"collective_by_gpus": collective})
     used = fit_rows.groupby("op_class").size()
     return CalibrationProfile(
         metadata=ProfileMetadata(

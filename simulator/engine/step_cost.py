@@ -275,7 +275,8 @@ class StepCostModel:
                     f"{purpose} over {group} GPUs needs a GPU-to-GPU link, but node "
                     f"{self.node.name} has none ({self.node.gpus_per_node} GPU per node)"
                 )
-            return self.node.intra_node_link
+            # A calibration profile's links were fitted inside one node, per group size.
+            return self.gpu.efficiency.link_for(group, self.node.intra_node_link)
         if self.node.inter_node_link is None:
             raise InfeasibleError(
                 f"{purpose} over {group} GPUs spans nodes of {self.node.gpus_per_node} GPUs, "
