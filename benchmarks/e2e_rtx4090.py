@@ -9,7 +9,12 @@ block size, num_gpu_blocks, CUDA graphs, async scheduling) on the `rtx-4090` pre
     python benchmarks/e2e_rtx4090.py [--data DIR] [--out DIR] [--set key=value ...]
 
 Prints simulated vs measured TTFT, TPOT and end-to-end latency (mean, p50, p90, p99)
-with % error, and writes the table and overlaid CDFs under the output folder.
+with % error, and writes the table and overlaid CDFs under the output folder. It also
+lines the run up second by second against the engine's own log (`timeseries.csv`:
+running and waiting requests, KV cache use, prompt and generation throughput), writes
+that as `timeline.csv` and `timeline.png`, and prints the decode step time both imply in
+the seconds where neither prefilled anything, which separates the cost model's error
+from the scheduler's.
 """
 
 from __future__ import annotations
@@ -107,6 +112,73 @@ def compare(measured: pd.DataFrame, simulated: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def timeline(data: Path, results) -> pd.DataFrame:
+    """Per engine-log tick (1 s), measured and simulated side by side, each as vLLM logs
+    it: prompt tokens counted when a request's first token comes out, generated tokens,
+    and running / waiting / KV use sampled at the tick."""
+    measured = pd.read_csv(data / "timeseries.csv")
+    ticks = measured["t"].to_numpy()
+    requests, steps = results.requests, results.steps
+    total_blocks = results.context.replicas[0].kv_total_blocks
+    first = requests["first_token"].to_numpy()
+    ends = (steps["start"] + steps["duration"]).to_numpy()
+    # the step running at each tick (the last one started by then)
+    at = np.clip(np.searchsorted(steps["start"].to_numpy(), ticks, side="right") - 1, 0, None)
+    edges = np.concatenate(([ticks[0] - 1], ticks))
+    prefill = steps["prefill_tokens"].to_numpy()
+    generated = np.histogram(ends, edges, weights=steps["decode_tokens"])[0]
+    generated += np.histogram(first, edges)[0]  # each request's first token
+    return pd.DataFrame(
+        {
+            "t": ticks,
+            "measured_prompt_tok_s": measured["prompt_throughput"],
+            "simulated_prompt_tok_s": np.histogram(first, edges, weights=requests["prompt"])[0],
+            "measured_gen_tok_s": measured["gen_throughput"],
+            "simulated_gen_tok_s": generated,
+            "measured_running": measured["running"],
+            "simulated_running": steps["batch_size"].to_numpy()[at],
+            "measured_waiting": measured["waiting"],
+            "simulated_waiting": steps["waiting"].to_numpy()[at],
+            "measured_kv_pct": measured["kv_cache_pct"],
+            "simulated_kv_pct": 100 * steps["kv_blocks_used"].to_numpy()[at] / total_blocks,
+            "simulated_prefill_tok_s": np.histogram(ends, edges, weights=prefill)[0],
+        }
+    )
+
+
+def decode_only_step_ms(line: pd.DataFrame) -> tuple[float, float, int]:
+    """Mean decode step time implied by running / generated tokens per second, measured
+    and simulated, over the ticks in which neither prefilled anything."""
+    quiet = (
+        (line["measured_prompt_tok_s"] == 0)
+        & (line["simulated_prefill_tok_s"] == 0)
+        & (line["measured_running"] > 0)
+    )
+    line = line[quiet]
+    measured = 1000 * line["measured_running"].sum() / line["measured_gen_tok_s"].sum()
+    simulated = 1000 * line["simulated_running"].sum() / line["simulated_gen_tok_s"].sum()
+    return measured, simulated, int(quiet.sum())
+
+
+def plot_timeline(line: pd.DataFrame):
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(12, 7), layout="constrained")
+    panels = (
+        ("gen_tok_s", "generated tokens / s"),
+        ("running", "running requests"),
+        ("waiting", "waiting requests"),
+        ("kv_pct", "KV cache used (%)"),
+    )
+    for ax, (column, title) in zip(figure.subplots(2, 2).flat, panels, strict=True):
+        ax.plot(line["t"], line[f"measured_{column}"], label="measured (vLLM log)")
+        ax.plot(line["t"], line[f"simulated_{column}"], label="simulated")
+        ax.set_title(title)
+        ax.set_xlabel("s")
+    figure.axes[0].legend()
+    return figure
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
@@ -133,6 +205,15 @@ def main(argv: list[str] | None = None) -> int:
 
     figure = latency_cdfs({"measured": measured, "simulated": simulated})
     figure.savefig(args.out / "latency_cdfs.png", dpi=110)
+    line = timeline(args.data, results)
+    line.to_csv(args.out / "timeline.csv", index=False)
+    plot_timeline(line).savefig(args.out / "timeline.png", dpi=110)
+    prefill = int(results.steps["prefill_tokens"].sum())
+    print(f"prefill tokens simulated: {prefill:,} for {int(measured['input_toks'].sum()):,} "
+          "prompt tokens (the rest is recomputation after preemption)")  # fmt: skip
+    m_ms, s_ms, ticks = decode_only_step_ms(line)
+    print(f"decode step implied in the {ticks} ticks without prefill: measured {m_ms:.1f} ms, "
+          f"simulated {s_ms:.1f} ms ({100 * (s_ms - m_ms) / m_ms:+.1f}%)")  # fmt: skip
     return 0
 
 
