@@ -524,3 +524,31 @@ def test_plots_of_an_empty_run(tmp_path: Path):
     ts = timeseries(requests(0), NO_STEPS, context(duration=0.0))
     for path in save_run_plots(requests(0), NO_ITL, ts, tmp_path):
         assert path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_short_run_of_long_requests_is_not_overloaded():
+    """Requests take 40 s, arrivals span 20 s, none ever waits: nothing completes in the
+    second half of the arrivals, which must not read as overload."""
+    arrival = np.arange(200) * 0.1
+    frame = completed(arrival, arrival + 0.1, arrival + 40.0, np.full(200, 10))
+    s = summarize(frame, NO_STEPS, NO_ITL, context(duration=60.0))
+    assert s["load"]["shortfall"] == 1.0
+    assert s["load"]["queueing_growth"] == pytest.approx(0.0)
+    assert not s["overloaded"]
+
+
+def test_growing_queue_is_overload_even_in_a_short_run():
+    """The server admits one request per second of 2 offered: queueing grows at 1 s/s."""
+    arrival = np.arange(200) * 0.5
+    scheduled = np.arange(200) * 1.0
+    served = scheduled + 40.0 <= 110.0
+    finish = np.where(served, scheduled + 40.0, np.nan)
+    s = summarize(
+        requests(200, arrival=arrival, first_scheduled=scheduled, first_token=scheduled + 0.1,
+                 finish=finish, generated=np.full(200, 10),
+                 outcome=np.where(served, Outcome.COMPLETED, Outcome.IN_FLIGHT)),
+        NO_STEPS, NO_ITL, context(duration=110.0),
+    )  # fmt: skip
+    assert s["overloaded"]
+    assert s["load"]["queueing_growth"] == pytest.approx(1.0, rel=0.05)
+    assert "queueing delay grew" in s["overload_reason"]

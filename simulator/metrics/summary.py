@@ -16,11 +16,12 @@ Definitions (all times in seconds of simulated time, D = ctx.duration_s):
 - goodput: completed requests for which every bound the SLO gives holds (a one-token
   output meets any TPOT bound).
 - overload: the cluster is `overloaded` when, over the second half of the arrival window,
-  it completed fewer than 90% of the servable requests that arrived in that half (so the
-  backlog grew by more than 10% of the offered load; judged only on >= 50 such arrivals),
-  or when more than 1% of arrivals were rejected because a waiting queue was full.
-  Comparing completion and arrival rates in steady state, rather than in-flight counts at
-  the end, keeps drained runs and latency lag from reading as overload.
+  it completed fewer than 90% of the servable requests that arrived in that half (judged
+  on >= 50 such arrivals, and only when the window is at least one median time in system
+  long, so a short run of long requests is not mistaken for one), when the median
+  queueing delay grew by more than 0.111 s per s of arrivals from the second to the last
+  quarter of the arrivals, or when more than 1% of arrivals were rejected because a
+  waiting queue was full. docs/METRICS.md has the reasoning.
 - utilisation: busy fraction = step time of a replica / D, averaged over replicas; MFU =
   sum of step FLOPs / (sum of replica peak FLOP/s x D); MBU the same with DRAM bytes and
   peak bandwidth; the `_busy` variants divide by each replica's busy time instead of D;
@@ -127,8 +128,8 @@ def _counts(requests: pd.DataFrame, masks: dict[str, np.ndarray]) -> dict[str, A
     }
 
 
-def _load(requests: pd.DataFrame, masks: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Offered vs served rate over the second half of the arrival window; see module doc."""
+def _load(requests: pd.DataFrame, masks: dict[str, np.ndarray], end: float) -> dict[str, Any]:
+    """Offered vs served rate, and queueing delay against arrival time; see module doc."""
     arrival = requests["arrival"].to_numpy()
     queue_full = int((requests["reason"] == _QUEUE_FULL).to_numpy().sum())
     load: dict[str, Any] = {
@@ -136,34 +137,72 @@ def _load(requests: pd.DataFrame, masks: dict[str, np.ndarray]) -> dict[str, Any
         "offered_requests_per_s": None,
         "served_requests_per_s": None,
         "shortfall": None,
+        "median_time_in_system_s": None,
+        "queueing_growth": None,
         "queue_full_rejections": queue_full,
     }
     reasons = []
     if len(arrival) >= 2 and arrival.max() > arrival.min():
-        last = float(arrival.max())
-        mid = (float(arrival.min()) + last) / 2
-        unservable = masks["rejected"] & (requests["reason"] != _QUEUE_FULL).to_numpy()
-        offered = int(((arrival >= mid) & ~unservable).sum())
+        first, last = float(arrival.min()), float(arrival.max())
+        mid = (first + last) / 2
+        servable = ~(masks["rejected"] & (requests["reason"] != _QUEUE_FULL).to_numpy())
+        offered = int(((arrival >= mid) & servable).sum())
         finish = requests["finish"].to_numpy()
-        served = int((masks["completed"] & (finish >= mid) & (finish <= last)).sum())
+        completed = masks["completed"]
+        served = int((completed & (finish >= mid) & (finish <= last)).sum())
         window = last - mid
         shortfall = 1 - served / offered if offered else 0.0
+        settle = (
+            float(np.median(finish[completed] - arrival[completed])) if completed.any() else 0.0
+        )
         load |= {
             "window_s": window,
             "offered_requests_per_s": offered / window,
             "served_requests_per_s": served / window,
             "shortfall": shortfall,
+            "median_time_in_system_s": settle,
         }
-        if offered >= OVERLOAD_MIN_ARRIVALS and shortfall > OVERLOAD_SHORTFALL:
+        # Completions in the window come from arrivals a time in system earlier: when
+        # that reaches back before the first arrival, the window still sees the warm-up.
+        if offered >= OVERLOAD_MIN_ARRIVALS and shortfall > OVERLOAD_SHORTFALL and settle <= window:
             reasons.append(
                 f"served {served / offered:.0%} of the offered load in the second half of "
                 f"the arrivals ({served / window:.3g} of {offered / window:.3g} req/s)"
+            )
+        growth = _queueing_growth(requests, arrival[servable], servable, first, last, end)
+        load["queueing_growth"] = growth
+        if growth is not None and growth > OVERLOAD_SHORTFALL / (1 - OVERLOAD_SHORTFALL):
+            reasons.append(
+                f"queueing delay grew by {growth:.2f} s per second of arrivals (the queue "
+                "kept growing)"
             )
     if queue_full > QUEUE_FULL_SHARE * len(arrival):
         reasons.append(f"waiting queue full: {queue_full} requests rejected")
     load["overloaded"] = bool(reasons)
     load["reason"] = "; ".join(reasons)
     return load
+
+
+def _queueing_growth(
+    requests: pd.DataFrame,
+    arrival: np.ndarray,
+    servable: np.ndarray,
+    first: float,
+    last: float,
+    end: float,
+) -> float | None:
+    """Slope of the median queueing delay from the second to the last quarter of the
+    arrival window (a request never scheduled counts as waiting until the run's end);
+    None when either quarter holds too few requests to say."""
+    scheduled = requests["first_scheduled"].to_numpy()[servable]
+    delay = np.where(np.isnan(scheduled), end, scheduled) - arrival
+    span = last - first
+    second = (arrival >= first + span / 4) & (arrival < first + span / 2)
+    fourth = arrival >= first + 3 * span / 4
+    if min(second.sum(), fourth.sum()) < OVERLOAD_MIN_ARRIVALS // 2:
+        return None
+    rise = np.median(delay[fourth]) - np.median(delay[second])
+    return float(rise / (np.median(arrival[fourth]) - np.median(arrival[second])))
 
 
 def _meets_slo(requests: pd.DataFrame, ctx: RunContext, completed: np.ndarray) -> np.ndarray:
@@ -390,7 +429,7 @@ def summarize(
     output_tokens = float(requests["generated"].to_numpy().sum())
     ok = _meets_slo(requests, ctx, completed)
     rep = _replica_arrays(ctx)
-    load = _load(requests, masks)
+    load = _load(requests, masks, d)
     latency = _latency_blocks(requests, completed)
     latency["itl"] = latency_stats(itl["seconds"].to_numpy(), itl["weight"].to_numpy())
     summary = {
