@@ -394,11 +394,26 @@ class Scenario(BaseModel):
 
 
 # ---- overrides ----------------------------------------------------------------------------
+# Mappings whose keys are themselves dotted field paths (`sweep.grid.serving.max_num_seqs`
+# is the grid key `serving.max_num_seqs`); "*" matches any name.
+_PATH_KEYED = (("sweep", "grid"), ("variants", "*"))
+
+
+def _path_keyed(prefix: list[str]) -> bool:
+    return any(
+        len(prefix) == len(keyed) and all(k in ("*", p) for p, k in zip(prefix, keyed, strict=True))
+        for keyed in _PATH_KEYED
+    )
+
+
 def set_path(data: dict[str, Any], dotted: str, value: Any, label: str) -> None:
     """Set `a.b.c` in nested dicts, creating sections that are absent."""
     node = data
     parts = dotted.strip().split(".")
-    for part in parts[:-1]:
+    for depth, part in enumerate(parts[:-1]):
+        if _path_keyed(parts[:depth]):
+            node[".".join(parts[depth:])] = value
+            return
         child = node.get(part)
         if child is None:
             child = node[part] = {}

@@ -59,7 +59,9 @@ Every field a scenario YAML file may hold, section by section. The field column 
 dotted path that `--set`, `variants` and sweep grids use (`--set serving.max_num_seqs=64`);
 `[]` stands for each item of a list. A field marked required has no default; in the
 allowed column, x is the value. Unknown keys are errors, reported with the closest known
-name. `infersim schema` prints the same schema as JSON Schema for editors.
+name. `infersim schema` prints the same schema as JSON Schema for editors. Sweep grid and
+variant keys are such paths themselves, so `--set sweep.grid.serving.max_num_seqs=[64,256]`
+sets the one grid key `serving.max_num_seqs`.
 """
 _HEADER = "| field | type | default | allowed | description |\n|---|---|---|---|---|"
 

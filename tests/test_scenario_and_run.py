@@ -119,3 +119,13 @@ def test_run_bad_input_is_one_line(tmp_path, capsys):
     assert err.startswith("infersim: error:") and "does not fit" in err
     assert main(["run", str(tmp_path / "missing.yaml")]) == 2
     assert main(["run", str(path), "--set", "nonsense"]) == 2
+
+
+def test_set_addresses_one_sweep_grid_key_and_one_variant_field():
+    """Grid and variant keys are dotted paths themselves: what follows is one key."""
+    scenario = Scenario.from_yaml(REPO / "scenarios" / "sweep-rate-batch.yaml").with_overrides(
+        ["sweep.grid.serving.max_num_seqs=[8, 16]", "variants.small.serving.max_num_seqs=4"]
+    )
+    assert scenario.sweep.grid["serving.max_num_seqs"] == [8, 16]
+    assert scenario.sweep.grid["workload.arrivals.rate_per_s"]  # the file's key is kept
+    assert scenario.variants == {"small": {"serving.max_num_seqs": 4}}
