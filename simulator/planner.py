@@ -6,25 +6,46 @@ For every candidate (GPU type, tp, pp, batching policy) the planner
    SLO bounds at the chosen percentile (bisection over simulated runs);
 3. sizes the fleet: replicas = ceil(target x (1 + headroom) / capacity);
 4. verifies the fleet by simulating it at target x (1 + headroom) behind a
-   least-outstanding router, adding replicas until the SLOs hold;
-and ranks the survivors by $/hour. Candidates run in parallel on local processes.
+   least-outstanding router, adding replicas until the SLOs hold.
+
+With `plan.disaggregation` it also tries the candidate as a prefill pool and a decode pool
+(Splitwise / DistServe). The two pools load different resources (prompts: compute and
+TTFT; decodes: memory bandwidth and TPOT), so each is sized on its own: both pools start
+at the colocated fleet's size, which is ample for either (neither phase slows the other
+any more), doubling if not; then the decode pool is bisected down with the prefill pool
+kept ample, and the prefill pool bisected down with that decode pool. Every size reported
+was simulated as a whole fleet at the target rate and met the SLOs.
+
+Survivors are ranked by $/hour. Candidates run in parallel through the sweep's executor,
+on local processes or a Dask cluster.
 """
 
 from __future__ import annotations
 
 import math
-import os
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from hardware_models.errors import InfersimError
 from simulator.scenario import PlanSection, Scenario
+from simulator.sweep import JobError, run_parallel
+
+if TYPE_CHECKING:
+    from distributed import Client
+    from matplotlib.figure import Figure
 
 BISECTION_STEPS = 7
 VERIFY_ATTEMPTS = 4
+# Policies that hand a request over step by step (static and dynamic run whole batches).
+DISAGGREGATED_POLICIES = ("continuous", "chunked_prefill")
+# Doubling both pools must improve the tightest SLO margin by this factor to go on: below
+# it the bound is under the latency floor and more replicas cannot reach it.
+MIN_GAIN = 1.05
+
+Fleet = int | tuple[int, int]  # replicas, or (prefill replicas, decode replicas)
 
 
 @dataclass(frozen=True)
@@ -46,15 +67,25 @@ def _base_rate(scenario: Scenario) -> float:
     return float(rate)
 
 
-def _at(scenario: Scenario, candidate: Candidate, rate: float, replicas: int, n: int):
-    """`scenario` as one probe: this candidate, this rate, n requests."""
+def _size(fleet: Fleet) -> int:
+    return fleet if isinstance(fleet, int) else sum(fleet)
+
+
+def _at(scenario: Scenario, candidate: Candidate, rate: float, fleet: Fleet, n: int) -> Scenario:
+    """`scenario` as one probe: this candidate as `fleet`, this rate, n requests."""
     data = scenario.model_dump(mode="json", exclude={"plan", "sweep", "variants", "pools"})
     data["base_dir"] = scenario.base_dir
-    data["hardware"] = {**(data.get("hardware") or {}), "gpu": candidate.gpu, "node": None}
-    data["parallelism"] = {
-        **data["parallelism"], "tp": candidate.tp, "pp": candidate.pp, "replicas": replicas,
-        "router": "least_outstanding",
-    }  # fmt: skip
+    hardware = {**(data.pop("hardware", None) or {}), "gpu": candidate.gpu, "node": None}
+    shape = {"tp": candidate.tp, "pp": candidate.pp}
+    data["parallelism"] = {**data["parallelism"], **shape, "router": "least_outstanding"}
+    if isinstance(fleet, int):
+        data["hardware"] = hardware
+        data["parallelism"]["replicas"] = fleet
+    else:
+        data["pools"] = [
+            {"name": role, "hardware": hardware, **shape, "replicas": replicas, "role": role}
+            for role, replicas in zip(("prefill", "decode"), fleet, strict=True)
+        ]
     data["serving"] = {**data["serving"], "policy": candidate.policy}
     data["workload"] = {**data["workload"], "num_requests": n, "duration_s": None}
     data["workload"]["arrivals"] = {**data["workload"]["arrivals"], "rate_per_s": rate}
@@ -86,15 +117,27 @@ def _run(scenario: Scenario) -> dict[str, Any]:
     return simulate(scenario, progress=False).summary()
 
 
+def _probe(
+    scenario: Scenario, c: Candidate, rate: float, fleet: Fleet, n: int | None = None
+) -> tuple[bool, dict[str, Any]]:
+    """Simulate the fleet at `rate`: does it meet the SLOs, and its summary. A fleet gets
+    requests_per_probe per replica, up to 8 replicas' worth."""
+    plan = scenario.plan
+    assert plan is not None
+    n = n or plan.requests_per_probe * min(_size(fleet), 8)
+    summary = _run(_at(scenario, c, rate, fleet, n))
+    return _meets(summary, scenario, plan.percentile), summary
+
+
 def _replica_capacity(scenario: Scenario, c: Candidate, plan: PlanSection, hi: float) -> float:
     """Highest rate one replica serves within the SLOs (0 if none)."""
     n = plan.requests_per_probe
     lo = 0.0
-    if _meets(_run(_at(scenario, c, hi, 1, n)), scenario, plan.percentile):
+    if _probe(scenario, c, hi, 1, n)[0]:
         return hi
     for _ in range(BISECTION_STEPS):
         mid = (lo + hi) / 2 if lo else hi / 2 ** (BISECTION_STEPS // 2)
-        if _meets(_run(_at(scenario, c, mid, 1, n)), scenario, plan.percentile):
+        if _probe(scenario, c, mid, 1, n)[0]:
             lo = mid
         else:
             hi = mid
@@ -103,47 +146,116 @@ def _replica_capacity(scenario: Scenario, c: Candidate, plan: PlanSection, hi: f
     return lo
 
 
-def evaluate(scenario: Scenario, candidate: Candidate) -> dict[str, Any]:
-    """One candidate's row of the plan table (status 'infeasible' with the reason)."""
+def _colocated(
+    scenario: Scenario, c: Candidate, plan: PlanSection, target: float, capacity: float
+) -> tuple[int, dict[str, Any]]:
+    """The verified fleet of colocated replicas, starting from the capacity estimate."""
+    if capacity <= 0:
+        raise InfersimError("one replica misses the SLO even at the lowest probed rate")
+    replicas = math.ceil(target / capacity)
+    for _ in range(VERIFY_ATTEMPTS):
+        if replicas > plan.max_replicas:
+            raise InfersimError(f"needs more than {plan.max_replicas} replicas")
+        ok, summary = _probe(scenario, c, target, replicas)
+        if ok:
+            return replicas, summary
+        replicas += max(1, replicas // 10)
+    raise InfersimError("fleet never met the SLO")
+
+
+def _smallest(
+    probe: Callable[[int], tuple[bool, dict[str, Any]]], hi: int, summary: dict[str, Any]
+) -> tuple[int, dict[str, Any]]:
+    """The fewest replicas in 1..hi that pass `probe`, given that hi passes (with
+    `summary`); bisection, so it assumes more replicas never hurt."""
+    lo = 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        ok, found = probe(mid)
+        if ok:
+            hi, summary = mid, found
+        else:
+            lo = mid
+    return hi, summary
+
+
+def _disaggregated(
+    scenario: Scenario, c: Candidate, plan: PlanSection, target: float, start: int
+) -> tuple[tuple[int, int], dict[str, Any]]:
+    """The smallest verified (prefill, decode) pools; see the module docstring."""
+    ample, tightest = max(1, start), 0.0
+    while True:
+        ok, summary = _probe(scenario, c, target, (ample, ample))
+        if ok:
+            break
+        margin = min(_margins(summary, scenario, plan.percentile).values())
+        if 4 * ample > plan.max_replicas:
+            raise InfersimError(f"needs more than {plan.max_replicas} replicas")
+        if tightest and margin < MIN_GAIN * tightest:
+            raise InfersimError(
+                f"{2 * ample} replicas miss the SLO and doubling the pools did not help"
+            )
+        ample, tightest = 2 * ample, margin
+    decode, summary = _smallest(lambda d: _probe(scenario, c, target, (ample, d)), ample, summary)
+    prefill, summary = _smallest(lambda p: _probe(scenario, c, target, (p, decode)), ample, summary)
+    return (prefill, decode), summary
+
+
+def _layouts(plan: PlanSection, candidate: Candidate) -> list[str]:
+    disaggregated = plan.disaggregation and candidate.policy in DISAGGREGATED_POLICIES
+    return ["colocated", "disaggregated"] if disaggregated else ["colocated"]
+
+
+def _row(
+    scenario: Scenario, candidate: Candidate, fleet: Fleet, summary: dict[str, Any]
+) -> dict[str, Any]:
+    """A feasible fleet's row: its size, cost and latency at the planned load."""
     plan = scenario.plan
     assert plan is not None
-    row: dict[str, Any] = asdict(candidate)
-    target = (plan.target_rate_per_s or _base_rate(scenario)) * (1 + plan.headroom)
-    try:
-        capacity = _replica_capacity(scenario, candidate, plan, target)
-        if capacity <= 0:
-            return {**row, "status": "infeasible", "reason": "one replica misses the SLO "
-                    "even at the lowest probed rate"}  # fmt: skip
-        replicas = math.ceil(target / capacity)
-        for _ in range(VERIFY_ATTEMPTS):
-            if replicas > plan.max_replicas:
-                return {**row, "status": "infeasible",
-                        "reason": f"needs more than {plan.max_replicas} replicas"}  # fmt: skip
-            n = plan.requests_per_probe * min(replicas, 8)
-            verify = _at(scenario, candidate, target, replicas, n)
-            summary = _run(verify)
-            if _meets(summary, scenario, plan.percentile):
-                break
-            replicas += max(1, replicas // 10)
-        else:
-            return {**row, "status": "infeasible", "reason": "fleet never met the SLO"}
-    except InfersimError as exc:
-        return {**row, "status": "infeasible", "reason": str(exc).splitlines()[0]}
-    margins = _margins(summary, scenario, plan.percentile)
-    gpus = replicas * candidate.tp * candidate.pp
+    pct = plan.percentile
+    split = {} if isinstance(fleet, int) else dict(zip(("prefill", "decode"), fleet, strict=True))
     return {
-        **row,
         "status": "ok",
-        "replica_capacity_rps": capacity,
-        "replicas": replicas,
-        "gpus": gpus,
+        "replicas": _size(fleet),
+        "prefill_replicas": split.get("prefill"),
+        "decode_replicas": split.get("decode"),
+        "gpus": _size(fleet) * candidate.tp * candidate.pp,
         "usd_per_hour": summary["cost"]["usd_per_hour"],
         "usd_per_million_output_tokens": summary["cost"]["usd_per_million_output_tokens"],
-        f"ttft_{plan.percentile}_ms": 1000 * summary["latency"]["ttft"][plan.percentile],
-        f"tpot_{plan.percentile}_ms": 1000 * summary["latency"]["tpot"][plan.percentile],
-        **{f"{k}_margin": v for k, v in margins.items()},
+        f"ttft_{pct}_ms": 1000 * summary["latency"]["ttft"][pct],
+        f"tpot_{pct}_ms": 1000 * summary["latency"]["tpot"][pct],
+        **{f"{k}_margin": v for k, v in _margins(summary, scenario, pct).items()},
         "reason": "",
     }
+
+
+def evaluate(scenario: Scenario, candidate: Candidate) -> list[dict[str, Any]]:
+    """The candidate's rows of the plan table, one per layout (colocated, and
+    disaggregated when planned); an infeasible one has status 'infeasible' and the reason."""
+    plan = scenario.plan
+    assert plan is not None
+    target = (plan.target_rate_per_s or _base_rate(scenario)) * (1 + plan.headroom)
+    base = asdict(candidate)
+    rows = []
+    start = 1  # where the disaggregated search starts: the colocated size, when known
+    try:
+        capacity = _replica_capacity(scenario, candidate, plan, target)
+        start = math.ceil(target / capacity) if capacity else 1
+        replicas, summary = _colocated(scenario, candidate, plan, target, capacity)
+        start = replicas
+        row = {"replica_capacity_rps": capacity, **_row(scenario, candidate, replicas, summary)}
+    except InfersimError as exc:
+        row = {"status": "infeasible", "reason": str(exc).splitlines()[0]}
+    rows.append({**base, "layout": "colocated", **row})
+    if "disaggregated" in _layouts(plan, candidate):
+        try:
+            start = min(start, max(1, plan.max_replicas // 2))
+            pools, summary = _disaggregated(scenario, candidate, plan, target, start)
+            row = _row(scenario, candidate, pools, summary)
+        except InfersimError as exc:
+            row = {"status": "infeasible", "reason": str(exc).splitlines()[0]}
+        rows.append({**base, "layout": "disaggregated", **row})
+    return rows
 
 
 def candidates(plan: PlanSection) -> list[Candidate]:
@@ -156,55 +268,82 @@ def candidates(plan: PlanSection) -> list[Candidate]:
     ]
 
 
-def _evaluate_packed(args: tuple[dict[str, Any], Candidate]) -> dict[str, Any]:
+def _evaluate_packed(args: tuple[dict[str, Any], Candidate]) -> list[dict[str, Any]]:
     data, candidate = args
     return evaluate(Scenario.model_validate(data), candidate)
 
 
-def plan_capacity(scenario: Scenario, *, workers: int | None = None) -> pd.DataFrame:
-    """The ranked plan table: feasible candidates cheapest first, then the rest."""
+def plan_capacity(
+    scenario: Scenario, *, workers: int | None = None, client: Client | None = None
+) -> pd.DataFrame:
+    """The ranked plan table: feasible candidates cheapest first, then the rest.
+
+    Candidates run on `workers` local processes (default: one per CPU; 1 runs them in this
+    process) or on the Dask cluster of `client`, as sweep points do.
+    """
     if scenario.plan is None:
         raise InfersimError(f"{scenario.name}: no `plan:` section to search")
     if not any((scenario.slo.ttft_ms, scenario.slo.tpot_ms, scenario.slo.e2e_ms)):
         raise InfersimError("plan: give at least one SLO bound (slo.ttft_ms, tpot_ms, e2e_ms)")
+    if client is not None and workers is not None:
+        raise InfersimError("workers: give a worker count or a Dask client, not both")
+    if workers is not None and workers < 1:
+        raise InfersimError(f"workers: expected at least 1 (got {workers})")
     _base_rate(scenario)
-    todo = candidates(scenario.plan)
-    data = scenario.model_dump(mode="json")
-    data["base_dir"] = scenario.base_dir
-    workers = workers or os.cpu_count() or 1
+    plan, todo = scenario.plan, candidates(scenario.plan)
     if workers == 1:
-        rows = [evaluate(scenario, c) for c in todo]
+        results = list(enumerate(evaluate(scenario, c) for c in todo))
     else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            rows = list(pool.map(_evaluate_packed, [(data, c) for c in todo]))
+        data = scenario.model_dump(mode="json")
+        data["base_dir"] = scenario.base_dir
+        payloads = [(data, c) for c in todo]
+        results = sorted(run_parallel(_evaluate_packed, payloads, workers=workers, client=client))
+    rows = []
+    for index, result in results:
+        candidate = todo[index]
+        if isinstance(result, JobError):  # its worker died on every try, or Dask lost it
+            result = [
+                {**asdict(candidate), "layout": layout, "status": result.status,
+                 "reason": result.error}
+                for layout in _layouts(plan, candidate)
+            ]  # fmt: skip
+        rows.extend(result)
     table = pd.DataFrame(rows)
     if "usd_per_hour" not in table:  # nothing feasible
         table["usd_per_hour"] = float("nan")
     table["rank"] = table["usd_per_hour"].where(table["status"] == "ok").rank(method="first")
-    return table.sort_values(["rank", "gpu", "tp"], na_position="last", ignore_index=True)
+    return table.sort_values(["rank", "gpu", "tp", "layout"], na_position="last", ignore_index=True)
 
 
-def pareto_figure(table: pd.DataFrame, percentile: str = "p99"):
-    """$/hour against the latency percentile per feasible candidate; the Pareto front
-    (nothing both cheaper and faster) is joined by a line."""
+_MARKERS = {"colocated": "o", "disaggregated": "^"}
+
+
+def pareto_figure(table: pd.DataFrame, percentile: str = "p99") -> Figure:
+    """$/hour against the latency percentile per feasible candidate (colour: GPU; marker:
+    colocated or disaggregated); the Pareto front (nothing both cheaper and faster) is
+    joined by a line."""
     from matplotlib.figure import Figure
 
     ok = table[table["status"] == "ok"]
     fig = Figure(figsize=(9, 4), layout="constrained")
     axes = fig.subplots(1, 2)
+    colours = {gpu: f"C{i}" for i, gpu in enumerate(sorted(ok["gpu"].unique()))}
     for ax, metric in zip(axes, ("ttft", "tpot"), strict=True):
         column = f"{metric}_{percentile}_ms"
         if ok.empty or column not in ok:
             ax.text(0.5, 0.5, "no feasible candidate", ha="center", transform=ax.transAxes)
             continue
-        for gpu, group in ok.groupby("gpu"):
-            ax.scatter(group[column], group["usd_per_hour"], label=gpu, s=30)
+        for (gpu, layout), group in ok.groupby(["gpu", "layout"]):
+            label = gpu if layout == "colocated" else f"{gpu} ({layout})"
+            ax.scatter(group[column], group["usd_per_hour"], label=label, s=30,
+                       color=colours[gpu], marker=_MARKERS[layout])  # fmt: skip
         ordered = ok.sort_values(column)
         front = ordered[ordered["usd_per_hour"] <= ordered["usd_per_hour"].cummin()]
         ax.plot(front[column], front["usd_per_hour"], color="black", lw=1, ls="--")
         ax.set_xlabel(f"{metric.upper()} {percentile} (ms)")
         ax.set_ylabel("$ / hour")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize="small")
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize="small")
     fig.suptitle("Capacity plan: cost against latency (dashed: Pareto front)")
     return fig

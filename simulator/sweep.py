@@ -6,9 +6,12 @@ Points run on local processes (a ProcessPoolExecutor) or on a Dask cluster (a
 dict, never DataFrames, so a point costs kilobytes to ship. Each finished point is written
 at once to <outdir>/points/<id>.json (atomically), so an interrupted sweep loses nothing and
 `resume` runs only the points without a file. A point that raises (the model does not
-fit, ...) is a row with status 'failed' and its one-line error, and the others carry on; a
-point whose worker was lost is a row with status 'lost' and no file, so `resume` reruns it.
-Every point uses the scenario's seed: its summary is the same whichever worker runs it.
+fit, ...) is a row with status 'failed' and its one-line error, and the others carry on.
+A local worker that dies (SIGKILL, out of memory) breaks its pool: the points it left are
+rerun on a fresh one, and a point that kills its worker on every try ends 'failed' with
+that reason. A point Dask gives up on is a row with status 'lost' and no file, so
+`resume` reruns it. Every point uses the scenario's seed: its summary is the same whichever
+worker runs it. `run_parallel`, the executor, also runs the capacity planner's candidates.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -164,7 +168,7 @@ def _grid_error(exc: ValidationError, values: Mapping[str, Any], name: str, wher
 def run_point(data: dict[str, Any]) -> dict[str, Any]:
     """Simulate one point wherever it is sent. Never raises: any exception becomes a failed
     outcome, so one bad point costs one row, not the sweep."""
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     try:
         summary = simulate(Scenario.model_validate(data), progress=False).summary()
     except Exception as exc:
@@ -175,43 +179,97 @@ def run_point(data: dict[str, Any]) -> dict[str, Any]:
         "error": None,
         "detail": None,
         "wall_s": time.perf_counter() - started,
+        # CPU seconds of the worker: below wall_s when workers outnumber free cores.
+        "cpu_s": time.process_time() - cpu,
         "summary": {**summary, "run": run},
     }
 
 
 def _failure(status: str, exc: BaseException, wall_s: float | None) -> dict[str, Any]:
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else ""
-    if isinstance(exc, InfersimError):
-        error, detail = first, text
-    else:
-        error = f"{type(exc).__name__}: {first}".rstrip(": ")
-        detail = "".join(traceback.format_exception(exc))
-    return {"status": status, "error": error, "detail": detail, "wall_s": wall_s, "summary": None}
+    return _outcome(_job_error(status, exc), wall_s)
 
 
-def _outcome(future: Any) -> dict[str, Any]:
-    """run_point never raises, so an exception here means the worker itself was lost."""
-    try:
-        return future.result()
-    except Exception as exc:
-        return _failure("lost", exc, None)
+def _outcome(error: JobError, wall_s: float | None = None) -> dict[str, Any]:
+    """A point that did not simulate, as the record fields of one that did."""
+    return {"status": error.status, "error": error.error, "detail": error.detail,
+            "wall_s": wall_s, "cpu_s": None, "summary": None}  # fmt: skip
 
 
 # ---- executors ------------------------------------------------------------------------------
-def _local(points: Sequence[SweepPoint], workers: int) -> Iterator[tuple[SweepPoint, dict]]:
-    if not points:
-        return
+# A local job whose worker process dies (SIGKILL, the OOM killer) is retried on a fresh pool;
+# after this many deaths it fails. Dask's default allowed-failures is the same 3.
+WORKER_RETRIES = 3
+
+
+@dataclass(frozen=True)
+class JobError:
+    """What run_parallel yields instead of a job's result when the job did not return:
+    'failed' (it raised, or killed its worker on every try) or 'lost' (Dask gave up on it;
+    worth rerunning)."""
+
+    status: str
+    error: str
+    detail: str | None
+
+
+def _job_error(status: str, exc: BaseException) -> JobError:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    if isinstance(exc, InfersimError):
+        return JobError(status, first, text)
+    error = f"{type(exc).__name__}: {first}".rstrip(": ")
+    return JobError(status, error, "".join(traceback.format_exception(exc)))
+
+
+_started: Any = None  # in a local worker: the queue it reports each job's start on
+
+
+def _init_worker(started: Any) -> None:
+    global _started
+    _started = started
+
+
+def _call(fn: Callable[[Any], Any], index: int, payload: Any) -> Any:
+    """Report the start first: when the pool breaks, the jobs that had started are the
+    ones that may have killed it."""
+    _started.put(index)
+    return fn(payload)
+
+
+def _drain(started: Any, into: set[int]) -> None:
+    while not started.empty():
+        into.add(started.get())
+
+
+def _pool_round(
+    fn: Callable[[Any], Any], payloads: Sequence[Any], batch: list[int], width: int
+) -> Generator[tuple[int, Any], None, tuple[list[int], list[int]]]:
+    """Run `batch` on a fresh pool of `width` processes, yielding results as they come.
+    Returns what a broken pool left: (not started, started but unfinished)."""
+    context = multiprocessing.get_context(_START_METHOD)
+    started = context.SimpleQueue()
     pool = ProcessPoolExecutor(
-        max_workers=min(workers, len(points)),
-        mp_context=multiprocessing.get_context(_START_METHOD),
+        max_workers=min(width, len(batch)),
+        mp_context=context,
+        initializer=_init_worker,
+        initargs=(started,),
     )
-    futures: dict[Future, SweepPoint] = {pool.submit(run_point, p.data): p for p in points}
+    futures: dict[Future, int] = {pool.submit(_call, fn, i, payloads[i]): i for i in batch}
+    unfinished: list[int] = []
+    began: set[int] = set()
     try:
         for future in as_completed(futures):
-            yield futures[future], _outcome(future)
+            _drain(started, began)  # a full pipe would block the workers' next report
+            try:
+                result = future.result()
+            except BrokenProcessPool:
+                unfinished.append(futures[future])
+                continue
+            except Exception as exc:  # fn raised: the job's own failure, not the pool's
+                result = _job_error("failed", exc)
+            yield futures[future], result
     except BaseException:
-        # ^C, or the caller stopped: end the points in flight instead of waiting for them
+        # ^C, or the caller stopped: end the jobs in flight instead of waiting for them
         # and for the ones already queued to each worker (Python 3.14 adds
         # ProcessPoolExecutor.terminate_workers for this).
         for process in list((pool._processes or {}).values()):
@@ -219,21 +277,76 @@ def _local(points: Sequence[SweepPoint], workers: int) -> Iterator[tuple[SweepPo
         raise
     finally:
         pool.shutdown(cancel_futures=True)
+    _drain(started, began)
+    started.close()
+    order = {i: n for n, i in enumerate(batch)}
+    unfinished.sort(key=order.__getitem__)
+    # No start reported (killed before it could say): blame the jobs workers took first.
+    suspects = [i for i in unfinished if i in began] or unfinished[:width]
+    return [i for i in unfinished if i not in suspects], suspects
 
 
-def _dask(points: Sequence[SweepPoint], client: Client) -> Iterator[tuple[SweepPoint, dict]]:
+def _local(
+    fn: Callable[[Any], Any], payloads: Sequence[Any], workers: int
+) -> Iterator[tuple[int, Any]]:
+    """Jobs on local processes. When a worker dies the pool is broken; the jobs that had
+    not started go on a fresh pool, and those that had (the culprit and any job sharing
+    the pool at the time) are retried one at a time, where a death names its job."""
+    deaths = [0] * len(payloads)
+    together, alone = list(range(len(payloads))), []
+    while together or alone:
+        batch, width = (together, workers) if together else (alone, 1)
+        rest, suspects = yield from _pool_round(fn, payloads, batch, width)
+        if batch is together:
+            together, alone = rest, alone + suspects
+        else:
+            alone = rest + suspects
+        for i in suspects:
+            deaths[i] += 1
+            if deaths[i] > WORKER_RETRIES:
+                alone.remove(i)
+                reason = (f"its worker process died on each of {deaths[i]} tries (killed by "
+                          "a signal, e.g. out of memory); not retried")  # fmt: skip
+                yield i, JobError("failed", reason, None)
+
+
+def _dask(
+    fn: Callable[[Any], Any], payloads: Sequence[Any], client: Client
+) -> Iterator[tuple[int, Any]]:
+    """Jobs on a Dask cluster, which retries a job whose worker died (allowed-failures)
+    and then gives it up: that job is 'lost'."""
     from distributed import as_completed as dask_completed
 
-    if not points:
+    if not payloads:
         return
-    # pure=False: a repeat sweep on the same client must not share (and cancel) tasks.
-    futures = client.map(run_point, [p.data for p in points], pure=False)
-    by_key = {f.key: p for f, p in zip(futures, points, strict=True)}
+    # pure=False: a repeat run on the same client must not share (and cancel) tasks.
+    futures = client.map(fn, list(payloads), pure=False)
+    index = {f.key: i for i, f in enumerate(futures)}
     try:
         for future in dask_completed(futures):
-            yield by_key[future.key], _outcome(future)
+            try:
+                result = future.result()
+            except Exception as exc:
+                result = _job_error("lost", exc)
+            yield index[future.key], result
     finally:
         client.cancel(futures)
+
+
+def run_parallel(
+    fn: Callable[[Any], Any],
+    payloads: Sequence[Any],
+    *,
+    workers: int | None = None,
+    client: Client | None = None,
+) -> Iterator[tuple[int, Any]]:
+    """`fn(payload)` for each payload, on `workers` local processes (default: one per CPU)
+    or on the Dask cluster of `client`; yields (index, result) in finishing order, with a
+    JobError as the result of a job that did not return. `fn` must be a module-level
+    function; sweeps and capacity plans both run here."""
+    if client is not None:
+        return _dask(fn, payloads, client)
+    return _local(fn, payloads, workers or os.cpu_count() or 1)
 
 
 # ---- point files ----------------------------------------------------------------------------
@@ -334,9 +447,10 @@ def sweep_table(points: Sequence[SweepPoint], records: Mapping[str, Mapping]) ->
         row[PER_USD] = tokens / usd if tokens is not None and usd else None
         row["overloaded"] = _get(summary, ("overloaded",))
         row["wall_s"] = record.get("wall_s")
+        row["cpu_s"] = record.get("cpu_s")
         rows.append(row)
     table = pd.DataFrame(rows)
-    floats = [c for c, _, _ in METRICS if c not in _COUNTS] + [PER_USD, "wall_s"]
+    floats = [c for c, _, _ in METRICS if c not in _COUNTS] + [PER_USD, "wall_s", "cpu_s"]
     table[floats] = table[floats].astype(float)
     table[list(_COUNTS)] = table[list(_COUNTS)].astype("Int64")
     table["overloaded"] = table["overloaded"].astype("boolean")
@@ -482,15 +596,13 @@ def sweep(
     elif resume:
         raise InfersimError("resume: needs the outdir of the sweep to continue")
     pending = [p for p in points if p.id not in records]
-    results = (
-        _dask(pending, client)
-        if client is not None
-        else _local(pending, workers or os.cpu_count() or 1)
-    )
+    results = run_parallel(run_point, [p.data for p in pending], workers=workers, client=client)
     show = progress and sys.stderr.isatty()
     with tqdm(total=len(points), initial=len(records), desc=scenario.name, unit="point",
               disable=not show, leave=False) as bar:  # fmt: skip
-        for point, outcome in results:
+        for index, result in results:
+            point = pending[index]
+            outcome = _outcome(result) if isinstance(result, JobError) else result
             record = {
                 "id": point.id,
                 "name": point.name,

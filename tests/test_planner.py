@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
+import yaml
 
 from hardware_models.errors import InfersimError
+from simulator.cli.main import main
 from simulator.planner import plan_capacity
+from simulator.scenario import Scenario
 from simulator.simulation import simulate
+from tests.conftest import scenario_dict
 
 
 def _plan_scenario(make_scenario, **plan):
@@ -50,3 +55,103 @@ def test_plan_needs_a_plan_section_slo_and_a_rate(make_scenario):
         plan_capacity(make_scenario())
     with pytest.raises(InfersimError, match="SLO"):
         plan_capacity(make_scenario(plan={"gpus": ["l4"]}))
+
+
+def _check_fleet(scenario, row, rate: float) -> dict:
+    """Re-simulate a planned fleet as a user would write it: pools when disaggregated."""
+    data = scenario.model_dump(mode="json", exclude={"plan"})
+    data["parallelism"] = {"router": "least_outstanding", "tp": int(row["tp"])}
+    hardware = {"gpu": row["gpu"]}
+    if row["layout"] == "disaggregated":
+        del data["hardware"]
+        data["pools"] = [
+            {"name": role, "hardware": hardware, "tp": int(row["tp"]), "role": role,
+             "replicas": int(row[f"{role}_replicas"])}
+            for role in ("prefill", "decode")
+        ]  # fmt: skip
+    else:
+        data["hardware"] = hardware
+        data["parallelism"]["replicas"] = int(row["replicas"])
+    data["workload"] |= {"num_requests": 120, "arrivals": {"kind": "poisson", "rate_per_s": rate}}
+    return simulate(Scenario.from_dict(data)).summary()
+
+
+def test_disaggregated_fleets_are_sized_per_pool_ranked_and_verified(make_scenario):
+    scenario = _plan_scenario(
+        make_scenario, gpus=["a100-80gb-sxm"], policies=["chunked_prefill", "static"],
+        disaggregation=True,
+    )  # fmt: skip
+    table = plan_capacity(scenario, workers=1)
+    # static batches run whole, so they cannot be handed over: no disaggregated row
+    assert sorted(zip(table["policy"], table["layout"], strict=True)) == [
+        ("chunked_prefill", "colocated"), ("chunked_prefill", "disaggregated"),
+        ("static", "colocated"),
+    ]  # fmt: skip
+    split = table[table["layout"] == "disaggregated"].iloc[0]
+    assert split["status"] == "ok", split["reason"]
+    assert split["prefill_replicas"] >= 1 and split["decode_replicas"] >= 1
+    assert split["replicas"] == split["prefill_replicas"] + split["decode_replicas"]
+    assert split["gpus"] == split["replicas"] and split["tpot_margin"] >= 1
+    assert table.loc[table["layout"] == "colocated", "prefill_replicas"].isna().all()
+    ok = table[table["status"] == "ok"]
+    assert list(ok["usd_per_hour"]) == sorted(ok["usd_per_hour"])
+    summary = _check_fleet(scenario, split, 6.6)
+    assert summary["latency"]["ttft"]["p99"] <= 1.5 and summary["latency"]["tpot"]["p99"] <= 0.06
+    # the smallest: one replica fewer in either pool misses the SLO (or leaves it empty)
+    assert (
+        split["prefill_replicas"] == 1
+        or split["decode_replicas"] == 1
+        or not all(_meets_at(scenario, split, pool) for pool in ("prefill", "decode"))
+    )
+
+
+def _meets_at(scenario, row, pool: str) -> bool:
+    from simulator.planner import Candidate, _probe
+
+    fleet = [int(row["prefill_replicas"]), int(row["decode_replicas"])]
+    fleet[pool == "decode"] -= 1
+    c = Candidate(row["gpu"], int(row["tp"]), int(row["pp"]), row["policy"])
+    return _probe(scenario, c, 6.6, tuple(fleet))[0]
+
+
+def test_parallel_plan_uses_the_sweep_executor_and_matches_in_process(make_scenario):
+    scenario = _plan_scenario(make_scenario, gpus=["a100-80gb-sxm", "l4"], disaggregation=True)
+    local = plan_capacity(scenario, workers=1)
+    parallel = plan_capacity(scenario, workers=2)
+    pd.testing.assert_frame_equal(local, parallel)
+    # l4 nodes have no network to send a KV cache over: said, not dropped
+    l4 = parallel[(parallel["gpu"] == "l4") & (parallel["layout"] == "disaggregated")]
+    assert l4["status"].tolist() == ["infeasible"] and l4["reason"].iloc[0]
+
+
+def test_plan_cli_shows_both_layouts_and_bad_settings_are_one_line(tmp_path, capsys):
+    path = tmp_path / "plan.yaml"
+    data = scenario_dict(
+        slo={"ttft_ms": 1500, "tpot_ms": 60},
+        plan={"gpus": ["a100-80gb-sxm"], "tp": [1], "requests_per_probe": 60,
+              "disaggregation": True},
+    )  # fmt: skip
+    path.write_text(yaml.safe_dump(data))
+    argv = ["plan", str(path), "-o", str(tmp_path / "out"), "--workers", "1"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "disaggregated" in out and "colocated" in out and "prefill_replicas" in out
+    assert (tmp_path / "out" / "pareto.png").stat().st_size > 1000
+    assert main([*argv, "--overwrite", "--set", "plan.disaggregation=maybe"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "plan.disaggregation" in err
+
+
+def test_plan_on_a_dask_cluster_matches_in_process(make_scenario):
+    distributed = pytest.importorskip("distributed", reason="needs the distributed package")
+    scenario = _plan_scenario(make_scenario, gpus=["a100-80gb-sxm"], disaggregation=True)
+    with (
+        distributed.LocalCluster(
+            n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        on_dask = plan_capacity(scenario, client=client)
+    pd.testing.assert_frame_equal(on_dask, plan_capacity(scenario, workers=1))
+    with pytest.raises(InfersimError, match="not both"):
+        plan_capacity(scenario, client=client, workers=2)

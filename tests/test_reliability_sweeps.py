@@ -2,10 +2,11 @@
 
 Faults injected: a Dask worker process killed as it starts a point (a real
 LocalCluster(processes=True) whose nanny restarts it), a worker killed on every try of one
-point, a local worker process killed mid-sweep, the whole `infersim sweep` process killed
-mid-sweep then resumed, a half-written and a corrupt point file. Determinism: one scenario
-and seed give byte-identical summary.json in-process, in two `python -m simulator.cli.main
-run` processes with different hash seeds, and from a sweep worker.
+point (on Dask and on local processes), a local worker process killed mid-sweep, the whole
+`infersim sweep` process killed mid-sweep then resumed, a half-written and a corrupt point
+file. Determinism: one scenario and seed give byte-identical summary.json in-process, in
+two `python -m simulator.cli.main run` processes with different hash seeds, and from a
+sweep worker.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from simulator.cli.main import main
 from simulator.metrics.writer import summary_json
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
-from simulator.sweep import expand_grid, sweep
+from simulator.sweep import WORKER_RETRIES, expand_grid, run_point, sweep
 from tests.conftest import scenario_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,14 +165,9 @@ def _pool_workers(timeout: float = 20.0) -> list:
     raise AssertionError("no pool workers appeared")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="sweep._local: one killed worker breaks the ProcessPoolExecutor and every "
-    "unfinished point, on healthy workers and never started ones alike, comes back 'lost' "
-    "instead of being retried on a fresh pool",
-)
 def test_a_killed_local_worker_costs_a_retry_not_the_sweep(tmp_path):
+    """One SIGKILL breaks the ProcessPoolExecutor; every point it left is rerun on a fresh
+    pool and the numbers are those of an undisturbed run."""
     scenario = Scenario.from_dict(grid_scenario(3000, {"serving.max_num_seqs": [4, 8, 16, 32]}))
     result: dict[str, pd.DataFrame] = {}
     thread = threading.Thread(
@@ -188,6 +184,37 @@ def test_a_killed_local_worker_costs_a_retry_not_the_sweep(tmp_path):
         thread.join(timeout=120)
     table = result["table"]
     assert (table["status"] == "ok").all(), table["status"].value_counts().to_dict()
+    files = point_files(tmp_path / "out")
+    assert len(files) == 4 and not list((tmp_path / "out" / "points").glob("*.partial"))
+    point = expand_grid(scenario)[0]  # one of the two the kill interrupted
+    alone = simulate(Scenario.model_validate(point.data)).summary()
+    assert files[point.id]["summary"]["latency"] == alone["latency"]
+
+
+def kill_the_worker_on_8(data: dict[str, Any]) -> dict[str, Any]:
+    """run_point, except that the point with max_num_seqs 8 kills its worker process, as
+    the OOM killer would, every time it starts."""
+    if data["serving"]["max_num_seqs"] == 8:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return run_point(data)
+
+
+def test_a_point_that_kills_every_local_worker_fails_with_the_reason(tmp_path, monkeypatch,
+                                                                     capsys):  # fmt: skip
+    from simulator import sweep as module
+
+    monkeypatch.setattr(module, "run_point", kill_the_worker_on_8)
+    path, out = tmp_path / "s.yaml", tmp_path / "out"
+    path.write_text(yaml.safe_dump(grid_scenario(20)))
+    argv = ["sweep", str(path), "-o", str(out), "--workers", "2", "--quiet", "--no-plots"]
+    assert main(argv) == 0  # a failed point is a row, as one that raises
+    table = pd.read_parquet(out / "sweep.parquet").set_index("serving.max_num_seqs")
+    assert table["status"].to_dict() == {4: "ok", 8: "failed", 16: "ok", 32: "ok"}
+    error = table.loc[8, "error"]
+    assert error.startswith(f"its worker process died on each of {WORKER_RETRIES + 1} tries")
+    assert "out of memory" in error and "\n" not in error
+    assert point_files(out)[table.loc[8, "point"]]["status"] == "failed"  # resume keeps it
+    assert f"failed: max_num_seqs=8: {error}" in capsys.readouterr().out
 
 
 def test_a_killed_sweep_process_resumes_from_its_point_files(tmp_path):
@@ -221,9 +248,10 @@ def test_a_killed_sweep_process_resumes_from_its_point_files(tmp_path):
     for p, (content, mtime) in before.items():
         assert p.read_bytes() == content and p.stat().st_mtime_ns == mtime
     assert len(point_files(out)) == len(grid["serving.max_num_seqs"])
-    resumed = pd.read_parquet(out / "sweep.parquet").drop(columns="wall_s")
+    timings = ["wall_s", "cpu_s"]
+    resumed = pd.read_parquet(out / "sweep.parquet").drop(columns=timings)
     fresh = sweep(Scenario.from_yaml(path), workers=2, outdir=tmp_path / "fresh", progress=False)
-    pd.testing.assert_frame_equal(resumed, fresh.drop(columns="wall_s"))
+    pd.testing.assert_frame_equal(resumed, fresh.drop(columns=timings))
 
 
 def test_a_corrupt_point_file_stops_resume_with_one_line(tmp_path, capsys):

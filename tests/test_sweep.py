@@ -4,8 +4,8 @@ points kept as rows, resume, overwrite refusal, a real Dask cluster, `infersim c
 from __future__ import annotations
 
 import json
+import math
 import time
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ import yaml
 from hardware_models.errors import InfersimError
 from simulator.cli.main import main
 from simulator.scenario import Scenario
-from simulator.sweep import PLOT_FILES, expand_grid, run_point, sweep
+from simulator.sweep import PLOT_FILES, JobError, expand_grid, run_parallel, run_point, sweep
 from tests.conftest import scenario_dict
 
 GRID = {"workload.arrivals.rate_per_s": [2.0, 8.0], "serving.max_num_seqs": [4, 32]}
@@ -151,30 +151,43 @@ def test_resume_runs_only_the_missing_points(tmp_path):
     resumed = sweep(scenario, workers=2, outdir=out, resume=True)
     assert files[0].is_file()
     assert all(p.stat().st_mtime_ns == mtimes[p] for p in files[1:])
-    columns = ["wall_s"]  # the rerun point took its own wall time
+    columns = ["wall_s", "cpu_s"]  # the rerun point took its own time
     pd.testing.assert_frame_equal(first.drop(columns=columns), resumed.drop(columns=columns))
     changed = Scenario.from_dict(tiny(seed=4))
     with pytest.raises(InfersimError, match=r"different scenario \(seed differs\)"):
         sweep(changed, workers=1, outdir=out, resume=True)
 
 
-def test_a_lost_worker_is_reported_and_resume_reruns_its_point(tmp_path, monkeypatch):
+def test_run_parallel_returns_every_job_once_and_a_raising_one_as_failed():
+    """5,000 jobs: more start reports than a pipe holds undrained (~4,000), so a pool
+    that did not read them as it went would hang here."""
+    jobs = [float(i) for i in range(5000)] + [-1.0]
+    results = dict(run_parallel(math.sqrt, jobs, workers=2))
+    assert sorted(results) == list(range(len(jobs)))
+    assert results[4] == 2.0
+    raised = results[5000]
+    assert isinstance(raised, JobError) and raised.status == "failed"
+    assert raised.error == "ValueError: math domain error" and "Traceback" in raised.detail
+
+
+def test_a_lost_point_is_reported_and_resume_reruns_it(tmp_path, monkeypatch):
+    """'lost' (what Dask reports past its allowed failures) leaves no point file."""
     from simulator import sweep as module
 
-    real_local = module._local
+    real = module.run_parallel
 
-    def lose_the_first(points, workers):
-        yield points[0], module._failure("lost", BrokenProcessPool("worker died"), None)
-        yield from ((p, run_point(p.data)) for p in points[1:])
+    def lose_the_first(fn, payloads, **_):
+        yield 0, module._job_error("lost", RuntimeError("KilledWorker: worker died"))
+        yield from ((i, fn(p)) for i, p in enumerate(payloads) if i)
 
     scenario = Scenario.from_dict(tiny())
     out = tmp_path / "out"
-    monkeypatch.setattr(module, "_local", lose_the_first)
+    monkeypatch.setattr(module, "run_parallel", lose_the_first)
     table = sweep(scenario, workers=1, outdir=out)
     assert table["status"].tolist() == ["lost", "ok", "ok", "ok"]
-    assert table["error"][0] == "BrokenProcessPool: worker died"
+    assert table["error"][0] == "RuntimeError: KilledWorker: worker died"
     assert table["point"][0] not in point_files(out)  # no file: resume runs it again
-    monkeypatch.setattr(module, "_local", real_local)
+    monkeypatch.setattr(module, "run_parallel", real)
     assert (sweep(scenario, workers=1, outdir=out, resume=True)["status"] == "ok").all()
 
 

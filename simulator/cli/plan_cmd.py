@@ -8,17 +8,19 @@ from pathlib import Path
 
 from hardware_models.errors import InfersimError
 from simulator.cli.options import add_overrides
+from simulator.cli.sweep_cmd import add_executor_flags, connect
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "plan",
-        help="capacity planner: cheapest GPU type, tp/pp, replicas and policy meeting SLOs",
+        help="capacity planner: cheapest GPU type, tp/pp, replicas, policy (and "
+        "disaggregation) meeting SLOs",
     )
     parser.add_argument("scenario", type=Path, help="scenario YAML with a `plan:` section")
     parser.add_argument("-o", "--output", type=Path, help="folder for plan.csv and plots")
     add_overrides(parser)
-    parser.add_argument("--workers", type=int, help="local processes (default: all cores)")
+    add_executor_flags(parser, "candidates", "; 1 runs them in this process")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing plan")
     parser.set_defaults(handler=_run)
 
@@ -32,17 +34,19 @@ def _run(args: argparse.Namespace) -> int:
     outdir = args.output or free_results_dir(f"plan-{scenario.name}")
     if outdir.exists() and any(outdir.iterdir()) and not args.overwrite:
         raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
-    table = plan_capacity(scenario, workers=args.workers)
+    with connect(args) as client:
+        table = plan_capacity(scenario, workers=args.workers, client=client)
     plan = scenario.plan
     pct = plan.percentile
-    shown = ["rank", "gpu", "tp", "pp", "policy", "replicas", "gpus", "usd_per_hour",
-             "usd_per_million_output_tokens", f"ttft_{pct}_ms", f"tpot_{pct}_ms", "status",
-             "reason"]  # fmt: skip
+    split = ["prefill_replicas", "decode_replicas"] if plan.disaggregation else []
+    shown = ["rank", "gpu", "tp", "pp", "policy", "layout", "replicas", *split, "gpus",
+             "usd_per_hour", "usd_per_million_output_tokens", f"ttft_{pct}_ms",
+             f"tpot_{pct}_ms", "status", "reason"]  # fmt: skip
     print(f"Plan for {scenario.model.name}: "
           f"{plan.target_rate_per_s or scenario.workload.arrivals.rate_per_s} req/s "
           f"+{plan.headroom:.0%} headroom, SLO at {pct}")  # fmt: skip
     print(table[[c for c in shown if c in table]].to_string(
-        index=False, float_format=lambda x: f"{x:,.3g}"))  # fmt: skip
+        index=False, float_format=lambda x: f"{x:,.3g}", na_rep="-"))  # fmt: skip
     outdir.mkdir(parents=True, exist_ok=True)
     table.to_csv(outdir / "plan.csv", index=False)
     pareto_figure(table, pct).savefig(outdir / "pareto.png", dpi=110)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -13,6 +15,9 @@ from simulator.cli.options import add_output_flags, add_overrides
 from simulator.cli.run_cmd import folder_name, free_results_dir
 from simulator.scenario import Scenario
 from simulator.sweep import PER_USD, sweep
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 # Columns printed at the end (all of them are in sweep.parquet), with short headers.
 _SHOWN = {
@@ -34,6 +39,18 @@ def _positive(text: str) -> int:
     return value
 
 
+def add_executor_flags(parser: argparse.ArgumentParser, what: str, note: str = "") -> None:
+    """--workers and --dask-scheduler: where `run_parallel` runs (sweep and plan)."""
+    parser.add_argument(
+        "--workers", type=_positive, help=f"local worker processes (default: one per CPU{note})"
+    )
+    parser.add_argument(
+        "--dask-scheduler",
+        metavar="tcp://host:port",
+        help=f"run the {what} on this Dask cluster instead of local processes",
+    )
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "sweep",
@@ -49,14 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="results folder (default: results/<name>, or the next free results/<name>-N; "
         "with --resume, results/<name>)",
     )
-    parser.add_argument(
-        "--workers", type=_positive, help="local worker processes (default: one per CPU)"
-    )
-    parser.add_argument(
-        "--dask-scheduler",
-        metavar="tcp://host:port",
-        help="run the points on this Dask cluster instead of local processes",
-    )
+    add_executor_flags(parser, "points")
     parser.add_argument(
         "--resume", action="store_true", help="keep finished points in -o, run the rest"
     )
@@ -65,7 +75,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_sweep)
 
 
-def _connect(address: str):
+def connect(args: argparse.Namespace) -> contextlib.AbstractContextManager[Client | None]:
+    """`with connect(args) as client`: the Dask client --dask-scheduler names, or None."""
+    if args.workers is not None and args.dask_scheduler:
+        raise InfersimError("--workers and --dask-scheduler exclude each other")
+    return _connect(args.dask_scheduler) if args.dask_scheduler else contextlib.nullcontext()
+
+
+def _connect(address: str) -> Client:
     try:
         from distributed import Client
     except ImportError:
@@ -85,8 +102,6 @@ def _format_table(table: pd.DataFrame) -> str:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    if args.workers is not None and args.dask_scheduler:
-        raise InfersimError("--workers and --dask-scheduler exclude each other")
     overrides = list(args.overrides)
     overrides += ["output.csv=true"] if args.csv else []
     overrides += ["output.plots=false"] if args.no_plots else []
@@ -102,11 +117,8 @@ def _sweep(args: argparse.Namespace) -> int:
         "overwrite": args.overwrite,
         "progress": not args.quiet,
     }
-    if args.dask_scheduler:
-        with _connect(args.dask_scheduler) as client:
-            table = sweep(scenario, client=client, **options)
-    else:
-        table = sweep(scenario, workers=args.workers, **options)
+    with connect(args) as client:
+        table = sweep(scenario, client=client, workers=args.workers, **options)
     print(_format_table(table))
     bad = table[table["status"] != "ok"]
     for row in bad.itertuples():
