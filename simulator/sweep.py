@@ -10,8 +10,10 @@ fit, ...) is a row with status 'failed' and its one-line error, and the others c
 A local worker that dies (SIGKILL, out of memory) breaks its pool: the points it left are
 rerun on a fresh one, and a point that kills its worker on every try ends 'failed' with
 that reason. A point Dask gives up on is a row with status 'lost' and no file, so
-`resume` reruns it. Every point uses the scenario's seed: its summary is the same whichever
-worker runs it. `run_parallel`, the executor, also runs the capacity planner's candidates.
+`resume` reruns it; resume refuses point files of another scenario or another build of
+infersim (`simulator.build_id`). Every point uses the scenario's seed: its summary is the
+same whichever worker runs it. `run_parallel`, the executor, also runs the capacity
+planner's candidates.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from pydantic import ValidationError
 from tqdm import tqdm
 
 from hardware_models.errors import InfersimError
+from simulator.build_id import build_id
 from simulator.scenario import Scenario, SLOSection, describe_errors, set_path
 from simulator.simulation import simulate
 
@@ -388,6 +391,12 @@ def _load_done(outdir: Path, points: Iterable[SweepPoint]) -> dict[str, dict[str
                 f"{path} was written for a different scenario ({changed} differs); "
                 "pass --overwrite or another -o"
             )
+        if (written_by := record.get("build")) != build_id():
+            raise InfersimError(
+                f"{path} was written by infersim {written_by or 'of an earlier version'}, "
+                f"this is {build_id()}: its numbers may differ from this build's; pass "
+                "--overwrite or another -o"
+            )
         done[point.id] = record
     return done
 
@@ -609,6 +618,7 @@ def sweep(
                 "variant": point.variant,
                 "values": point.values,
                 "scenario": point.fingerprint,
+                "build": build_id(),
                 **outcome,
             }
             if outdir is not None and outcome["status"] != "lost":

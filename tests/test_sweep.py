@@ -156,6 +156,11 @@ def test_resume_runs_only_the_missing_points(tmp_path):
     changed = Scenario.from_dict(tiny(seed=4))
     with pytest.raises(InfersimError, match=r"different scenario \(seed differs\)"):
         sweep(changed, workers=1, outdir=out, resume=True)
+    # A point file from another build of infersim is refused, not mixed in.
+    record = json.loads(files[1].read_text())
+    files[1].write_text(json.dumps(record | {"build": "0.0.9+000000000000"}))
+    with pytest.raises(InfersimError, match=r"written by infersim 0\.0\.9\+0+, this is"):
+        sweep(scenario, workers=1, outdir=out, resume=True)
 
 
 def test_run_parallel_returns_every_job_once_and_a_raising_one_as_failed():
