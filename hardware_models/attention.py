@@ -8,6 +8,7 @@ with the batch size. Arguments may be numpy arrays to price many steps at once.
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -17,6 +18,8 @@ from hardware_models.op_cost import Bound, OpCost, classify
 
 # FlashAttention processes queries in blocks of this many rows per thread block.
 PREFILL_QUERY_BLOCK = 128
+# Keys in one decode key tile: a split-KV slice is never shorter.
+DECODE_KEY_BLOCK = 128
 
 
 def causal_pairs(q_len: int, kv_len: int, window: int | None = None) -> int:
@@ -198,12 +201,38 @@ def uniform_prefill_cost(
     )
 
 
+def decode_keys_read(kv_len, window):
+    """Keys a decoding sequence's kernel reads: its cache or, with a sliding window (> 0),
+    the window plus half a key tile on average, since the tile holding the window's far
+    edge is read whole. Scalars or numpy arrays."""
+    kv = np.asarray(kv_len, dtype=float)
+    window = np.nan_to_num(np.asarray(window, dtype=float))
+    windowed = (window > 0) & (kv > window)
+    return np.where(windowed, np.minimum(kv, window + DECODE_KEY_BLOCK / 2), kv)
+
+
+class DecodeParts(NamedTuple):
+    """A decode call's time and the terms it is made of (scalars or numpy arrays)."""
+
+    seconds: Any
+    memory: Any  # the KV stream at the bandwidth that serves it
+    fixed: Any  # thread-block waves: fixed latency plus each block's own stream
+    overhead: Any  # the call's floor plus the split-KV combine pass
+    kv_bytes: Any  # KV cache bytes read: the bandwidth curve's axis
+
+
 class DecodeAttention:
     """Paged decode attention for one head configuration, with its coefficients worked
     out once: the simulator prices it every engine step, often for many steps at once.
 
     Each sequence reads its whole KV cache once (memory-bound), and each (sequence, KV
-    head) thread block has a fixed cost, run in waves over the SMs.
+    head) thread block has a fixed cost, run in waves over the SMs. When there are fewer
+    such blocks than SMs, the kernel splits each cache into slices to fill them
+    (flash-decoding) and combines the partial results in a second pass; one block streams
+    its slice at a capped rate, so a kernel that cannot split (FlashAttention-2 without
+    GQA) leaves HBM idle on few long caches. Every read is priced from HBM: a warm L2 for
+    a micro-benchmark's repeated call on one small cache was tried, and the fit on both
+    public tables (H100, A100) chose no L2 share once the split terms were modelled.
     """
 
     def __init__(
@@ -228,12 +257,50 @@ class DecodeAttention:
         self.blocks_per_wave = gpu.sm_count / num_kv_heads
         self.cta_seconds = eff.decode_cta_latency_us * 1e-6
         self.floor = eff.decode_floor_us * 1e-6
+        # Split-KV and per-block streaming (see the class docstring).
+        self.num_kv_heads = num_kv_heads
+        self.sm_count = gpu.sm_count
+        self.splits_kv = eff.decode_split_kv == "always" or num_heads > num_kv_heads
+        self.cta_seconds_per_byte = eff.decode_cta_us_per_mb * 1e-12
+        self.split_seconds = eff.decode_split_overhead_us * 1e-6
+        # Without those terms the original closed form holds (and the engine's fast path).
+        self._plain = not (self.cta_seconds_per_byte or self.split_seconds)
+
+    def parts(self, num_seqs, context_tokens) -> DecodeParts:
+        """The call's time term by term; numpy arrays price many calls at once."""
+        seqs = np.asarray(num_seqs, dtype=float)
+        context = np.asarray(context_tokens, dtype=float)
+        kv_bytes = context * self.kv_bytes_per_key
+        dram = kv_bytes + seqs * self.bytes_per_seq
+        eff = self._curve.at(np.maximum(kv_bytes, 1.0))
+        memory = dram / (self.bandwidth * eff)
+        waves = np.ceil(seqs / self.blocks_per_wave)
+        blocks = np.maximum(seqs * self.num_kv_heads, 1.0)
+        keys = context / np.maximum(seqs, 1.0)
+        splits = np.ones_like(blocks)
+        if self.splits_kv:
+            # As many slices as fill the SMs once, none shorter than one key tile.
+            tiles = np.maximum(np.ceil(keys / DECODE_KEY_BLOCK), 1.0)
+            splits = np.minimum(np.maximum(np.floor(self.sm_count / blocks), 1.0), tiles)
+        # A block's first key tile loads with its fixed latency; the rest stream at its rate.
+        streamed = np.maximum(keys / splits - DECODE_KEY_BLOCK, 0.0)
+        slice_bytes = streamed * (self.kv_bytes_per_key / self.num_kv_heads)
+        fixed = waves * (self.cta_seconds + slice_bytes * self.cta_seconds_per_byte)
+        overhead = self.floor + np.where(splits > 1.0, self.split_seconds, 0.0)
+        seconds = np.maximum(memory, fixed) + overhead
+        return DecodeParts(seconds, memory, fixed, overhead, kv_bytes)
 
     def __call__(self, num_seqs, context_tokens):
         """(seconds, flops, dram_bytes) for `num_seqs` decodes attending `context_tokens`
         keys in total; numpy arrays price many steps at once."""
         kv_bytes = context_tokens * self.kv_bytes_per_key
         dram = kv_bytes + num_seqs * self.bytes_per_seq
+        if not self._plain:
+            return (
+                self.parts(num_seqs, context_tokens).seconds,
+                context_tokens * self.flops_per_key,
+                dram,
+            )
         if self._constant_eff:
             eff = self._curve.values[0]
         else:
@@ -249,8 +316,8 @@ class DecodeAttention:
         """For `num_seqs` decodes and a constant efficiency: (bytes of the queries and
         outputs, attainable bandwidth, seconds of the thread-block waves), the parts of
         `one_step` that do not depend on the context, exactly as it computes them (None
-        when the efficiency depends on the bytes read)."""
-        if not self._constant_eff:
+        when the efficiency, the splits or the block streams depend on the context)."""
+        if not (self._constant_eff and self._plain):
             return None
         waves = math.ceil(num_seqs / self.blocks_per_wave) * self.cta_seconds
         return num_seqs * self.bytes_per_seq, self.bandwidth * self._curve.values[0], waves
@@ -260,6 +327,9 @@ class DecodeAttention:
         numpy scalars (the engine prices a step this way tens of thousands of times)."""
         kv_bytes = context_tokens * self.kv_bytes_per_key
         dram = kv_bytes + num_seqs * self.bytes_per_seq
+        if not self._plain:
+            seconds = float(self.parts(num_seqs, context_tokens).seconds)
+            return seconds, context_tokens * self.flops_per_key, dram
         eff = self._curve.values[0] if self._constant_eff else self._curve.at(max(kv_bytes, 1.0))
         memory = dram / (self.bandwidth * eff)
         fixed = math.ceil(num_seqs / self.blocks_per_wave) * self.cta_seconds

@@ -8,6 +8,8 @@ clamped at the edges of the range it was fitted on.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -78,6 +80,34 @@ class CollectiveFit(BaseModel):
 
     latency_us: float = Field(ge=0, description="per algorithm step (alpha), microseconds")
     efficiency: float = Field(gt=0, le=1, description="fraction of the link bandwidth attained")
+
+
+class GemmKernel(BaseModel):
+    """How one dtype's GEMM library lays the work out: which tiles it runs, whether it
+    splits k, and what it does before the matmul. Curves cannot express these: at the same
+    FLOPs a padded tile or an unsplit k loop changes the time by several times."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dispatch: Literal["fastest", "by_m", "fixed"] = Field(
+        default="fastest",
+        description="fastest: the tile and split-K factor fastest for the shape (cuBLAS "
+        "heuristics); by_m: one CUTLASS configuration per bucket of m (64x64 up to m = 64, "
+        "128x64 up to 128, then 128x128), no split-K; fixed: 128x128 tiles matching "
+        "128x128 scale blocks, no split-K (block-scaled fp8)",
+    )
+    quantize_activations: bool = Field(
+        default=False,
+        description="a pass first reads the 16-bit activations and writes them in the GEMM "
+        "dtype with their scales (dynamic fp8 scaling in serving engines): m x k x 3 bytes "
+        "at the streaming bandwidth, which makes an fp8 GEMM's time follow k at small n",
+    )
+    align_m: int = Field(
+        default=1,
+        ge=1,
+        description="rows the kernel needs m to be a multiple of; other m are first padded "
+        "by a copy kernel (block-scaled fp8 needs 4, for 16-byte aligned per-row scales)",
+    )
 
 
 class EfficiencyProfile(BaseModel):
@@ -152,6 +182,26 @@ class EfficiencyProfile(BaseModel):
         "into one thread block's rows (FlashAttention-3 on Hopper does; FlashAttention-2 "
         "runs one query head per block, so short prompts fill its 128-row tiles poorly)",
     )
+    decode_split_kv: Literal["always", "gqa"] = Field(
+        default="always",
+        description="when decode attention splits a sequence's KV cache across thread "
+        "blocks to fill the SMs (flash-decoding): always (FlashAttention-3), or only when "
+        "query heads share a KV head (FlashAttention-2's varlen path splits only its "
+        "GQA-swapped decode; with one query head per KV head a block streams a whole cache)",
+    )
+    decode_cta_us_per_mb: float = Field(
+        default=0.0,
+        ge=0,
+        description="time one decode thread block takes to stream 1 MB of its KV slice, "
+        "microseconds: a single block's memory-level parallelism caps its rate (~20-50 "
+        "GB/s), so few blocks over long caches leave HBM idle; 0 does not cap it",
+    )
+    decode_split_overhead_us: float = Field(
+        default=0.0,
+        ge=0,
+        description="extra time of a split-KV decode call, microseconds: the pass that "
+        "combines the partial softmax results of the splits",
+    )
     launch_overhead_eager_us: float = Field(
         default=4.5,
         ge=0,
@@ -189,6 +239,22 @@ class EfficiencyProfile(BaseModel):
         description="kernel_floor_us for GEMMs of one dtype: fp8 GEMMs in serving engines "
         "launch scale and quantisation kernels around the matmul",
     )
+    gemm_wave_latency_us: float = Field(
+        default=0.0,
+        ge=0,
+        description="fixed time of each wave of GEMM tiles beyond its k loop, microseconds: "
+        "pipeline fill and the epilogue's store of the output tile. It makes short k loops "
+        "relatively slow at the same FLOPs; 0 is the uncalibrated default",
+    )
+    gemm_wave_latency_us_by_dtype: dict[str, float] = Field(
+        default_factory=dict,
+        description="gemm_wave_latency_us for GEMMs of one dtype",
+    )
+    gemm_kernel_by_dtype: dict[str, GemmKernel] = Field(
+        default_factory=dict,
+        description="the GEMM kernel family of one dtype (see GemmKernel); a dtype without "
+        "an entry runs as cuBLAS does (fastest tile, split-K, no quantisation pass)",
+    )
     attention_prefill_floor_us: float | None = Field(
         default=None,
         ge=0,
@@ -207,7 +273,13 @@ class EfficiencyProfile(BaseModel):
         "to all-reduce rows); a group size without an entry uses the node preset's link",
     )
 
-    @field_validator("gemm_compute_by_dtype", "gemm_memory_by_dtype", "gemm_floor_us_by_dtype")
+    @field_validator(
+        "gemm_compute_by_dtype",
+        "gemm_memory_by_dtype",
+        "gemm_floor_us_by_dtype",
+        "gemm_wave_latency_us_by_dtype",
+        "gemm_kernel_by_dtype",
+    )
     @classmethod
     def _dtype_keys(cls, v: dict) -> dict:
         out = {}
@@ -220,18 +292,26 @@ class EfficiencyProfile(BaseModel):
                 raise ValueError(f"{key}: a floor must be >= 0 us, got {value}")
         return out
 
+    @staticmethod
+    def _for_dtype(table: dict, dtype: object, default):
+        """`table`'s entry for `dtype` (its own spelling first, then its plain dtype)."""
+        keys = (dtype_key(dtype), parse_dtype(str(dtype).strip().lower()).value)
+        return next((table[k] for k in keys if k in table), default)
+
     def gemm_terms(self, dtype: object) -> tuple[EfficiencyCurve, EfficiencyCurve, float]:
         """(compute curve, memory curve, floor in us) for GEMMs in `dtype`: its own entries
         where calibration fitted them, the dtype-independent fields otherwise."""
-        keys = (dtype_key(dtype), parse_dtype(str(dtype).strip().lower()).value)
-
-        def pick(table: dict, default):
-            return next((table[k] for k in keys if k in table), default)
-
         return (
-            pick(self.gemm_compute_by_dtype, self.gemm_compute),
-            pick(self.gemm_memory_by_dtype, self.gemm_memory),
-            pick(self.gemm_floor_us_by_dtype, self.kernel_floor_us),
+            self._for_dtype(self.gemm_compute_by_dtype, dtype, self.gemm_compute),
+            self._for_dtype(self.gemm_memory_by_dtype, dtype, self.gemm_memory),
+            self._for_dtype(self.gemm_floor_us_by_dtype, dtype, self.kernel_floor_us),
+        )
+
+    def gemm_kernel(self, dtype: object) -> tuple[GemmKernel, float]:
+        """(kernel family, wave latency in us) of GEMMs in `dtype`."""
+        return (
+            self._for_dtype(self.gemm_kernel_by_dtype, dtype, GemmKernel()),
+            self._for_dtype(self.gemm_wave_latency_us_by_dtype, dtype, self.gemm_wave_latency_us),
         )
 
     def link_for(self, num_gpus: int, link: LinkSpec) -> LinkSpec:

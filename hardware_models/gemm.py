@@ -11,15 +11,24 @@ operands fit in L2 they are read once.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
+from hardware_models.efficiency import GemmKernel
 from hardware_models.op_cost import OpCost, classify
 
 # (tile_m, tile_n) shapes cuBLAS/CUTLASS kernels commonly use on tensor cores.
 TILE_SHAPES: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128), (64, 128), (64, 64))
 SPLIT_K_FACTORS: tuple[int, ...] = (1, 2, 4, 8, 16)
+# CUTLASS dispatch by m bucket (vLLM's fp8 scaled_mm on Hopper): (largest m, tile).
+TILES_BY_M: tuple[tuple[int, tuple[int, int]], ...] = ((64, (64, 64)), (128, (128, 64)))
+TILE_LARGE = (128, 128)
+# Bytes a quantisation pass moves per activation element: read 16-bit, write 8-bit.
+QUANT_PASS_BYTES = 3.0
+# Bytes a padding copy moves per activation element: read and write 16-bit.
+PAD_PASS_BYTES = 4.0
 # Share of L2 a GEMM can count on for keeping its operands resident.
 L2_RESIDENT_FRACTION = 0.5
 
@@ -43,26 +52,53 @@ def _wave_traffic(
     return a_panel_loads * bpe_a + b_panel_loads * bpe_b
 
 
-@lru_cache(maxsize=65536)
-def gemm_cost(
+def candidate_layouts(kernel: GemmKernel, m: int) -> list[tuple[tuple[int, int], int]]:
+    """The (tile, split-K factor) pairs a kernel family may run for `m` rows: every pair
+    for cuBLAS-style heuristics, one tile and no split-K for CUTLASS dispatch."""
+    if kernel.dispatch == "fastest":
+        return [(tile, split) for tile in TILE_SHAPES for split in SPLIT_K_FACTORS]
+    if kernel.dispatch == "by_m":
+        tile = next((t for top, t in TILES_BY_M if m <= top), TILE_LARGE)
+        return [(tile, 1)]
+    return [(TILE_LARGE, 1)]
+
+
+@dataclass(frozen=True, slots=True)
+class GemmParts:
+    """A GEMM's time term by term, so a fit can tell what each efficiency scales."""
+
+    math_s: float  # the tiles' k loops at the compute efficiency
+    latency_s: float  # waves x wave latency, in series with the math
+    memory_s: float  # DRAM traffic at the memory efficiency
+    fixed_s: float  # floor + split-K reduction + quantisation and padding passes
+    flops: float
+    dram_bytes: float
+    l2_bytes: float
+    kernels: int
+
+    @property
+    def compute_s(self) -> float:
+        return self.math_s + self.latency_s
+
+    @property
+    def seconds(self) -> float:
+        return max(self.compute_s, self.memory_s) + self.fixed_s
+
+
+def gemm_parts(
     gpu: AcceleratorSpec,
     m: int,
     n: int,
     k: int,
     dtype: str | Dtype = "bf16",
     weight_dtype: str | Dtype | None = None,
-) -> OpCost:
-    """Time of one (m x k) @ (k x n) GEMM on `gpu`, computed in `dtype`.
-
-    `dtype` may name a block-scaled variant (fp8_block): it computes as its plain dtype
-    but takes the efficiency curves a calibration profile fitted for that spelling.
-    `weight_dtype` is the storage type of B when it differs (weight-only quantisation,
-    e.g. int4 weights dequantised to bf16 in the kernel): it changes bytes, not math.
-    """
+) -> GemmParts:
+    """gemm_cost's terms, uncached (see gemm_cost)."""
     if min(m, n, k) < 1:
         raise ValueError(f"GEMM dimensions must be >= 1, got m={m} n={n} k={k}")
     eff = gpu.efficiency
     compute_curve, memory_curve, floor_us = eff.gemm_terms(dtype)
+    kernel, wave_latency_us = eff.gemm_kernel(dtype)
     dtype = parse_dtype(dtype)
     bpe = bytes_per_element(dtype)
     bpe_b = bpe if weight_dtype is None else bytes_per_element(parse_dtype(weight_dtype))
@@ -75,45 +111,78 @@ def gemm_cost(
     compulsory = operands + m * n * out_bpe
     fits_in_l2 = operands <= gpu.l2_bytes * L2_RESIDENT_FRACTION
     mem_bw = gpu.memory_bandwidth * memory_curve.at(compulsory)
-    split_overhead = eff.gemm_split_k_overhead_us * 1e-6
+    # Dynamic scaling streams the activations once more, in a kernel of its own, and a
+    # kernel that needs aligned rows gets them padded by a copy first.
+    # (The quantisation kernel's launch is part of the dtype's fitted floor.)
+    pad = m % kernel.align_m != 0
+    passes = [QUANT_PASS_BYTES] * kernel.quantize_activations + [PAD_PASS_BYTES] * pad
+    pass_bytes = m * k * sum(passes)
+    pass_s = pass_bytes / (gpu.memory_bandwidth * eff.memory_bandwidth)
+    pass_s += eff.kernel_floor_us * 1e-6 * pad
 
-    best: tuple[float, float, float, float, float] | None = None
-    for tm, tn in TILE_SHAPES:
+    best: tuple[float, GemmParts] | None = None
+    for (tm, tn), split in candidate_layouts(kernel, m):
         tiles = math.ceil(m / tm) * math.ceil(n / tn)
-        for split in SPLIT_K_FACTORS:
-            if split > 1 and (tiles * split > 2 * concurrent or k // split < 256):
-                continue
-            k_part = math.ceil(k / split)
-            waves = math.ceil(tiles * split / concurrent)
-            compute = waves * 2.0 * tm * tn * k_part / (peak_per_sm * compute_eff)
-            partials = 0.0 if split == 1 else 2 * m * n * split * 4.0  # fp32 workspace
-            if fits_in_l2:
-                dram = compulsory + partials
-            else:
-                dram = (
-                    _wave_traffic(m, n, k, tm, tn, concurrent, bpe, bpe_b)
-                    + m * n * out_bpe
-                    + partials
-                )
-            l2 = tiles * split * (tm * bpe + tn * bpe_b) * k_part + m * n * out_bpe
-            # Tensor-core kernels stage tiles through shared memory and (on Hopper) TMA
-            # multicast, so L2 bandwidth shapes DRAM reuse but is not the binding roof.
-            # Split-K pays for reducing its partial sums (a second pass) on top.
-            extra = split_overhead if split > 1 else 0.0
-            total = max(compute, dram / mem_bw) + extra
-            if best is None or total < best[0]:
-                best = (total, compute, dram, l2, extra)
+        if split > 1 and (tiles * split > 2 * concurrent or k // split < 256):
+            continue
+        k_part = math.ceil(k / split)
+        waves = math.ceil(tiles * split / concurrent)
+        math_s = waves * 2.0 * tm * tn * k_part / (peak_per_sm * compute_eff)
+        partials = 0.0 if split == 1 else 2 * m * n * split * 4.0  # fp32 workspace
+        if fits_in_l2:
+            dram = compulsory + partials
+        else:
+            dram = (
+                _wave_traffic(m, n, k, tm, tn, concurrent, bpe, bpe_b) + m * n * out_bpe + partials
+            )
+        l2 = tiles * split * (tm * bpe + tn * bpe_b) * k_part + m * n * out_bpe
+        # Tensor-core kernels stage tiles through shared memory and (on Hopper) TMA
+        # multicast, so L2 bandwidth shapes DRAM reuse but is not the binding roof.
+        # Split-K pays for reducing its partial sums (a second pass) on top; each wave
+        # fills its pipeline and stores its tiles besides its k loop.
+        extra = eff.gemm_split_k_overhead_us if split > 1 else 0.0
+        parts = GemmParts(
+            math_s=math_s,
+            latency_s=waves * wave_latency_us * 1e-6,
+            memory_s=dram / mem_bw,
+            fixed_s=(floor_us + extra) * 1e-6 + pass_s,
+            flops=flops,
+            dram_bytes=dram + pass_bytes,
+            l2_bytes=l2,
+            kernels=1 + len(passes),
+        )
+        if best is None or parts.seconds < best[0]:
+            best = (parts.seconds, parts)
     assert best is not None
-    total, compute, dram, l2, extra = best
-    floor = floor_us * 1e-6 + extra
+    return best[1]
+
+
+@lru_cache(maxsize=65536)
+def gemm_cost(
+    gpu: AcceleratorSpec,
+    m: int,
+    n: int,
+    k: int,
+    dtype: str | Dtype = "bf16",
+    weight_dtype: str | Dtype | None = None,
+) -> OpCost:
+    """Time of one (m x k) @ (k x n) GEMM on `gpu`, computed in `dtype`.
+
+    `dtype` may name a block-scaled variant (fp8_block): it computes as its plain dtype
+    but takes the curves and kernel family a calibration profile fitted for that spelling.
+    `weight_dtype` is the storage type of B when it differs (weight-only quantisation,
+    e.g. int4 weights dequantised to bf16 in the kernel): it changes bytes, not math.
+    """
+    parts = gemm_parts(gpu, m, n, k, dtype, weight_dtype)
     return OpCost(
         name="gemm",
-        seconds=total + floor_us * 1e-6,
-        flops=flops,
-        dram_bytes=dram,
-        l2_bytes=l2,
-        bound=classify(compute, dram / mem_bw, 0.0, floor),
-        compute_seconds=compute,
-        memory_seconds=dram / mem_bw,
-        overhead_seconds=floor,
+        seconds=parts.seconds,
+        flops=parts.flops,
+        dram_bytes=parts.dram_bytes,
+        l2_bytes=parts.l2_bytes,
+        bound=classify(parts.compute_s, parts.memory_s, 0.0, parts.fixed_s),
+        compute_seconds=parts.compute_s,
+        memory_seconds=parts.memory_s,
+        overhead_seconds=parts.fixed_s,
+        kernels=parts.kernels,
     )

@@ -302,6 +302,20 @@ def test_prefill_fit_on_public_h100_rows_indexes_efficiency_by_keys_per_query() 
     assert curve.at(8000) > curve.at(64)
 
 
+@needs_data
+def test_decode_fit_on_public_a100_rows_finds_the_unsplit_mha_kernel() -> None:
+    """vLLM's FlashAttention-2 on the A100 splits a long cache only for GQA decode; one
+    query head per KV head streams the cache from one block (3 ms for 131k keys)."""
+    gpu = load_gpu("a100-80gb-sxm")
+    table = load_measured(MEASURED, gpus=["a100-80gb-sxm"], op_classes=["attention_decode"])
+    profile = fit_measurements(Measurements(table, "a100", None), gpu, holdout=0.5)
+    assert profile.efficiency.decode_split_kv == "gqa"
+    assert profile.efficiency.decode_split_overhead_us > 1.0
+    result = validate_measurements(Measurements(table, "a100", None), gpu, profile)
+    by_class = result.tables["by_class"].set_index(["op_class", "stage"])["mape"]
+    assert by_class[("attention_decode", "calibrated")] <= 0.14
+
+
 # ------------------------------------------------------------------ PyTorch harness
 
 
@@ -325,3 +339,33 @@ def test_cpu_harness_runs_fit_and_validate_end_to_end(tmp_path: Path, capsys) ->
     assert main(argv) == 0
     assert (report / "report.md").is_file()
     assert main(["calibrate", "run", "--device", "cpu", "-o", str(folder)]) == 2
+
+
+def test_fit_finds_the_gemm_kernel_family_of_fp8_rows() -> None:
+    from hardware_models.calibration.fit import class_fits, fit_class
+    from hardware_models.efficiency import GemmKernel
+
+    gpu = load_gpu("h100-sxm")
+    cutlass = GemmKernel(dispatch="by_m", quantize_activations=True)
+    truth = EfficiencyProfile(
+        gemm_kernel_by_dtype={"fp8": cutlass},
+        gemm_floor_us_by_dtype={"fp8": 4.0},
+        gemm_wave_latency_us_by_dtype={"fp8": 1.0},
+    )
+    rows = [
+        _row(op_class="gemm", dtype="fp8", source_dtype="fp8", m=m, n=n, k=k, size=2.0 * m * n * k)
+        for m in (1, 16, 64, 128, 256, 1024, 4096)
+        for n in (32, 1024, 8192)
+        for k in (256, 4096, 65536)
+    ]
+    table = pd.DataFrame(rows)
+    table["measured_s"] = predict_all(table, gpu.with_efficiency(truth))
+    (spec,) = class_fits(table)
+    fitted = fit_class(gpu, gpu.efficiency, spec)
+    assert fitted.gemm_kernel("fp8")[0] == cutlass
+    predicted = predict_all(table, gpu.with_efficiency(fitted))
+    assert _mape(table["measured_s"], predicted) < 0.05
+    # Per-dtype keys are normalised; a profile without them reads as cuBLAS.
+    renamed = EfficiencyProfile(gemm_kernel_by_dtype={"fp8_e4m3": cutlass})
+    assert renamed.gemm_kernel("fp8")[0] == cutlass
+    assert EfficiencyProfile().gemm_kernel("fp8") == (GemmKernel(), 0.0)

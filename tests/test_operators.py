@@ -188,6 +188,43 @@ def test_decode_attention_reads_the_kv_cache():
     assert decode(8192, "fp8").seconds < 0.6 * decode(8192).seconds
 
 
+def test_decode_splits_long_caches_unless_the_kernel_cannot():
+    """Few long caches: a kernel that splits them over the SMs pays the combine pass; one
+    that cannot (FlashAttention-2 without GQA) streams each cache from one block."""
+    import numpy as np
+
+    from hardware_models.attention import DecodeAttention, decode_keys_read
+
+    def model(split: str, heads: int = 8) -> DecodeAttention:
+        eff = A100.efficiency.model_copy(
+            update={
+                "decode_split_kv": split,
+                "decode_cta_us_per_mb": 45.0,
+                "decode_split_overhead_us": 5.0,
+            }
+        )
+        return DecodeAttention(
+            A100.with_efficiency(eff), num_heads=heads, num_kv_heads=8, head_dim=128
+        )
+
+    long_cache = 131072
+    unsplit = model("gqa").one_step(1, long_cache)[0]
+    split = model("always").one_step(1, long_cache)[0]
+    # 8 blocks stream 67 MB each at ~22 GB/s: 3.0 ms (measured: 3.0 ms), against 0.34 ms
+    # in 13 slices a cache.
+    assert unsplit == pytest.approx(3.0e-3, rel=0.05) and unsplit > 8 * split
+    assert model("gqa", heads=32).one_step(1, long_cache)[0] == pytest.approx(split, rel=1e-3)
+    # The combine pass only when a cache is split; short caches are one tile.
+    short = model("always").parts(1, 64)
+    assert short.overhead == pytest.approx(A100.efficiency.decode_floor_us * 1e-6)
+    # The engine prices one step in floats and runs of steps in arrays: same numbers.
+    contexts = np.array([64, 4096, 40000, long_cache])
+    many = model("always")(4, contexts)[0]
+    assert list(many) == [model("always").one_step(4, int(c))[0] for c in contexts]
+    # A sliding window reads its keys plus the partial tile at its far edge.
+    assert list(decode_keys_read(np.array([100, 4096]), 128)) == [100, 192]
+
+
 def test_fusion_saves_round_trips_and_launches():
     chain = [RESIDUAL_ADD, RMSNORM]
     unfused = elementwise_cost(H100, chain, 4096 * 8192)
@@ -224,3 +261,52 @@ def test_collective_bad_input():
         collective_cost("broadcastish", 1024, 8, link)
     with pytest.raises(InfersimError, match="num_gpus"):
         collective_cost("all_reduce", 1024, 0, link)
+
+
+# ------------------------------------------------------------------ GEMM kernel families
+
+
+def _with_fp8_kernel(gpu, **kernel):
+    from hardware_models.efficiency import GemmKernel
+
+    eff = gpu.efficiency.model_copy(update={"gemm_kernel_by_dtype": {"fp8": GemmKernel(**kernel)}})
+    return gpu.with_efficiency(eff)
+
+
+def test_cutlass_dispatch_by_m_pads_tiles_and_never_splits_k():
+    # vLLM's fp8 scaled_mm at m = 256, n = 32, k = 65536 runs two 128x128 tiles over the
+    # whole k loop (171 us measured): no split-K, n padded to 128.
+    gpu = _with_fp8_kernel(H100, dispatch="by_m")
+    eff = gpu.efficiency.gemm_compute.at(2.0 * 256 * 32 * 65536)
+    tile_math = 2.0 * 128 * 128 * 65536 / (H100.peak_flops(Dtype.FP8) / H100.sm_count * eff)
+    cost = gemm_cost(gpu, 256, 32, 65536, "fp8")
+    assert cost.compute_seconds == pytest.approx(tile_math)
+    assert cost.seconds > 5 * gemm_cost(H100, 256, 32, 65536, "fp8").seconds
+    # Up to 64 rows the kernel takes 64x64 tiles: a quarter of the padded work.
+    small = gemm_cost(gpu, 64, 32, 65536, "fp8").compute_seconds
+    assert small == pytest.approx(tile_math / 4, rel=0.01)
+
+
+def test_activation_quantisation_and_row_padding_passes():
+    plain = gemm_cost(H100, 4096, 32, 16384, "fp8")
+    quant = gemm_cost(_with_fp8_kernel(H100, quantize_activations=True), 4096, 32, 16384, "fp8")
+    stream = H100.memory_bandwidth * H100.efficiency.memory_bandwidth
+    assert quant.seconds - plain.seconds == pytest.approx(4096 * 16384 * 3 / stream)
+    assert quant.kernels == 2 and quant.dram_bytes > plain.dram_bytes
+    aligned = _with_fp8_kernel(H100, align_m=4)
+    padded = gemm_cost(aligned, 257, 4096, 4096, "fp8").seconds
+    pad = padded - gemm_cost(H100, 257, 4096, 4096, "fp8").seconds
+    assert pad == pytest.approx(H100.efficiency.kernel_floor_us * 1e-6 + 257 * 4096 * 4 / stream)
+    assert gemm_cost(aligned, 256, 4096, 4096, "fp8") == gemm_cost(H100, 256, 4096, 4096, "fp8")
+
+
+def test_wave_latency_is_paid_once_per_wave():
+    from hardware_models.gemm import gemm_parts
+
+    eff = H100.efficiency.model_copy(update={"gemm_wave_latency_us": 2.0})
+    slow = H100.with_efficiency(eff)
+    parts = gemm_parts(slow, 8192, 8192, 8192)
+    waves = parts.latency_s / 2e-6
+    assert waves == pytest.approx(round(waves)) and waves >= 8192 * 8192 / (256 * 128 * 132)
+    # It stretches the compute side only: the time exceeds the latency-free price.
+    assert gemm_cost(slow, 8192, 8192, 8192).seconds > gemm_cost(H100, 8192, 8192, 8192).seconds

@@ -31,7 +31,8 @@ from hardware_models.calibration.operator_terms import (
     prefill_terms,
     with_value,
 )
-from hardware_models.efficiency import EfficiencyProfile, dtype_key
+from hardware_models.dtypes import bytes_per_element, parse_dtype
+from hardware_models.efficiency import EfficiencyProfile, GemmKernel, dtype_key
 
 CURVE_ITERATIONS = 3
 MIN_ROWS_PER_BIN = 3
@@ -166,7 +167,10 @@ def class_fits(table: pd.DataFrame) -> list[ClassFit]:
         main = next(k for k in ("bf16", "fp16", *sorted(set(kernels))) if k in set(kernels))
         for key, rows in sorted(gemm.groupby(kernels), key=lambda kv: kv[0] != main):
             top = _low_time_us(rows)
-            scalars = [Scalar(("gemm_floor_us_by_dtype", key), 0.0, 3.0 * top)]
+            scalars = [
+                Scalar(("gemm_floor_us_by_dtype", key), 0.0, 3.0 * top),
+                Scalar(("gemm_wave_latency_us_by_dtype", key), 0.0, top),
+            ]
             if key == main:
                 scalars.append(Scalar(("gemm_split_k_overhead_us", None), 0.0, 2.0 * top))
             fits.append(
@@ -175,6 +179,7 @@ def class_fits(table: pd.DataFrame) -> list[ClassFit]:
                     rows,
                     lambda gpu, r, key=key: gemm_terms(gpu, r, key),
                     tuple(scalars),
+                    gemm_kernel_choices(key),
                 )
             )
     for name, price, scalars, choices in (
@@ -187,8 +192,14 @@ def class_fits(table: pd.DataFrame) -> list[ClassFit]:
         (
             "attention_decode",
             decode_terms,
-            (("attention_decode_floor_us", 1.0), ("decode_cta_latency_us", 0.25)),
-            (),
+            (
+                ("attention_decode_floor_us", 1.0),
+                ("decode_cta_latency_us", 0.25),
+                ("decode_split_overhead_us", 0.5),
+                # us per MB one block streams: ~10 us call times x 10 reach ~10 GB/s
+                ("decode_cta_us_per_mb", 5.0),
+            ),
+            ((("decode_split_kv", None), ("always", "gqa")),),
         ),
     ):
         rows = table[table["op_class"] == name]
@@ -204,6 +215,23 @@ def class_fits(table: pd.DataFrame) -> list[ClassFit]:
                 )
             )
     return fits
+
+
+def gemm_kernel_choices(key: str) -> tuple[tuple[CurveLoc, tuple[object, ...]], ...]:
+    """The kernel families an 8-bit GEMM may run (16-bit ones run cuBLAS): cuBLASLt
+    (torch._scaled_mm, inputs already quantised), or a serving engine's path that first
+    quantises the activations, then runs cuBLAS-style, CUTLASS-by-m or 128x128
+    block-scaled tiles (which need m padded to 4 rows). The fit picks the one the table
+    measured."""
+    if bytes_per_element(parse_dtype(key)) >= 2:
+        return ()
+    options = (
+        GemmKernel(),
+        GemmKernel(quantize_activations=True),
+        GemmKernel(dispatch="by_m", quantize_activations=True),
+        GemmKernel(dispatch="fixed", quantize_activations=True, align_m=4),
+    )
+    return ((("gemm_kernel_by_dtype", key), options),)
 
 
 def _low_time_us(rows: pd.DataFrame) -> float:
@@ -239,6 +267,8 @@ def generic_from_dtypes(profile: EfficiencyProfile) -> EfficiencyProfile:
                 update["gemm_memory"] = profile.gemm_memory_by_dtype[key]
             if key in profile.gemm_floor_us_by_dtype:
                 update["kernel_floor_us"] = profile.gemm_floor_us_by_dtype[key]
+            if key in profile.gemm_wave_latency_us_by_dtype:
+                update["gemm_wave_latency_us"] = profile.gemm_wave_latency_us_by_dtype[key]
             return profile.model_copy(update=update)
     return profile
 

@@ -51,8 +51,10 @@ import pandas as pd
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.attention import (
-    attention_decode_seconds,
+    DecodeAttention,
+    DecodeParts,
     causal_pairs,
+    decode_keys_read,
     uniform_prefill_cost,
 )
 from hardware_models.collectives import collective_cost
@@ -366,24 +368,29 @@ def _predict_prefill(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
     return secs[codes]
 
 
-def _predict_decode(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
-    out = np.empty(len(sub))
-    seen = _decode_seen(sub)
+def decode_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> DecodeParts:
+    """Every decode row priced term by term, as the fit and the predictions need it."""
+    seen = decode_keys_read(sub["kv_len"], sub["window"])
     batch = sub["batch"].to_numpy(dtype=float)
+    out = DecodeParts(*(np.empty(len(sub)) for _ in DecodeParts._fields))
     for key, pos in sub.groupby(_ATTN_COLS, sort=False).indices.items():
         heads, kv_heads, head_dim, dtype, kv_dtype = key
-        seconds, _, _ = attention_decode_seconds(
+        model = DecodeAttention(
             gpu,
-            num_seqs=batch[pos],
-            context_tokens=batch[pos] * seen[pos],
             num_heads=int(heads),
             num_kv_heads=int(kv_heads),
             head_dim=int(head_dim),
             dtype=dtype,
             kv_dtype=kv_dtype,
         )
-        out[pos] = seconds
+        parts = model.parts(batch[pos], batch[pos] * seen[pos])
+        for column, values in zip(out, parts, strict=True):
+            column[pos] = values
     return out
+
+
+def _predict_decode(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
+    return decode_parts(sub, gpu).seconds
 
 
 def _predict_collective(sub: pd.DataFrame, link: LinkSpec) -> np.ndarray:

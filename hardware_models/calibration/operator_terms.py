@@ -15,15 +15,12 @@ import numpy as np
 import pandas as pd
 
 from hardware_models.accelerator import AcceleratorSpec
-from hardware_models.attention import (
-    attention_decode_seconds,
-    keys_per_query,
-    uniform_prefill_cost,
-)
+from hardware_models.attention import keys_per_query, uniform_prefill_cost
+from hardware_models.calibration.measured_tables import decode_parts
 from hardware_models.dtypes import bytes_per_element, parse_dtype
 from hardware_models.efficiency import EfficiencyProfile, dtype_key
 from hardware_models.errors import InfersimError
-from hardware_models.gemm import gemm_cost, output_dtype
+from hardware_models.gemm import gemm_parts, output_dtype
 
 # A curve's place in an EfficiencyProfile: (field, None) or (dict field, dtype key).
 CurveLoc = tuple[str, str | None]
@@ -54,15 +51,17 @@ def _unique(sub: pd.DataFrame, cols: list[str]) -> tuple[pd.DataFrame, np.ndarra
 def gemm_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, kernel: str) -> Terms:
     """GEMM rows all of one kernel dtype `kernel` (see gemm_kernel_dtype)."""
     uniq, codes = _unique(rows, ["m", "n", "k"])
-    # Uncached: a fit prices each shape under many candidate profiles once each.
-    costs = [
-        gemm_cost.__wrapped__(gpu, int(m), int(n), int(k), kernel)
+    parts = [
+        gemm_parts(gpu, int(m), int(n), int(k), kernel)
         for m, n, k in zip(uniq["m"], uniq["n"], uniq["k"], strict=True)
     ]
-    seconds = np.array([c.seconds for c in costs])[codes]
-    compute = np.array([c.compute_seconds for c in costs])[codes]
-    memory = np.array([c.memory_seconds for c in costs])[codes]
-    floor = np.array([c.overhead_seconds for c in costs])[codes]  # floor + split-K pass
+    seconds, math_s, latency, memory, fixed = (
+        np.array([getattr(p, f) for p in parts])[codes]
+        for f in ("seconds", "math_s", "latency_s", "memory_s", "fixed_s")
+    )
+    compute_binds = math_s + latency >= memory
+    # The wave latency is in series with the math: fixed where the math binds.
+    floor = fixed + np.where(compute_binds, latency, 0.0)
     dtype = parse_dtype(kernel)
     bpe, out_bpe = bytes_per_element(dtype), bytes_per_element(output_dtype(dtype))
     m, n, k = (rows[c].to_numpy(dtype=float) for c in ("m", "n", "k"))
@@ -72,8 +71,8 @@ def gemm_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, kernel: str) -> Terms:
         seconds=seconds,
         floor_s=floor,
         curves={
-            ("gemm_compute_by_dtype", key): CurveTerm(2.0 * m * n * k, compute, compute >= memory),
-            ("gemm_memory_by_dtype", key): CurveTerm(compulsory, memory, memory > compute),
+            ("gemm_compute_by_dtype", key): CurveTerm(2.0 * m * n * k, math_s, compute_binds),
+            ("gemm_memory_by_dtype", key): CurveTerm(compulsory, memory, ~compute_binds),
         },
     )
 
@@ -122,48 +121,13 @@ def prefill_terms(gpu: AcceleratorSpec, rows: pd.DataFrame) -> Terms:
     )
 
 
-def _decode_seen(rows: pd.DataFrame) -> np.ndarray:
-    kv = rows["kv_len"].to_numpy(dtype=float)
-    window = rows["window"].fillna(0).to_numpy(dtype=float)
-    return np.where(window > 0, np.minimum(kv, window), kv)
-
-
 def decode_terms(gpu: AcceleratorSpec, rows: pd.DataFrame) -> Terms:
-    no_cta = gpu.with_efficiency(gpu.efficiency.model_copy(update={"decode_cta_latency_us": 0}))
-    seconds = np.empty(len(rows))
-    memory_only = np.empty(len(rows))
-    kv_bytes = np.empty(len(rows))
-    seen = _decode_seen(rows)
-    batch = rows["batch"].to_numpy(dtype=float)
-    floor_s = gpu.efficiency.decode_floor_us * 1e-6
-    for key, pos in rows.groupby(_ATTN, sort=False).indices.items():
-        heads, kv_heads, head_dim, dtype, kv_dtype = key
-        shape = {
-            "num_heads": int(heads),
-            "num_kv_heads": int(kv_heads),
-            "head_dim": int(head_dim),
-            "dtype": dtype,
-            "kv_dtype": kv_dtype,
-        }
-        ctx = batch[pos] * seen[pos]
-        seconds[pos] = attention_decode_seconds(
-            gpu, num_seqs=batch[pos], context_tokens=ctx, **shape
-        )[0]
-        memory_only[pos] = attention_decode_seconds(
-            no_cta, num_seqs=batch[pos], context_tokens=ctx, **shape
-        )[0]
-        # attention.py's curve size: the KV bytes read
-        kv_bytes[pos] = ctx * 2.0 * int(kv_heads) * int(head_dim) * bytes_per_element(kv_dtype)
-    binds = memory_only >= seconds * (1 - 1e-9)
-    return Terms(
-        seconds,
-        np.full(len(rows), floor_s),
-        {
-            ("attention_decode_memory", None): CurveTerm(
-                np.maximum(kv_bytes, 1.0), memory_only - floor_s, binds
-            )
-        },
-    )
+    """The KV-bandwidth curve scales the stream from HBM: it binds where that stream, not
+    the thread-block waves, sets the time."""
+    parts = decode_parts(rows, gpu)
+    binds = parts.memory >= parts.fixed
+    curve = CurveTerm(np.maximum(parts.kv_bytes, 1.0), parts.memory, binds)
+    return Terms(parts.seconds, parts.overhead, {("attention_decode_memory", None): curve})
 
 
 def copy_terms(gpu: AcceleratorSpec, rows: pd.DataFrame) -> Terms:
