@@ -51,6 +51,9 @@ class PrefillAttention:
     Work units are (sequence, KV head, query block) with the query heads that share a KV
     head packed into the block's rows (FlashAttention's pack-GQA), so a short prompt
     does not pay one thread block per query head; a partly empty last wave idles SMs.
+    A call in which every sequence brings one token runs the decode kernel (the
+    libraries dispatch on the longest query, 1) and is priced as one: on the public H100
+    and A100 tables such calls measure within 1% of decode calls of the same shape.
     """
 
     def __init__(
@@ -66,14 +69,12 @@ class PrefillAttention:
     ) -> None:
         dtype, kv_dtype = parse_dtype(dtype), parse_dtype(kv_dtype)
         eff = gpu.efficiency
-        self.group = num_heads / num_kv_heads
-        self.num_kv_heads = num_kv_heads
         self.flops_per_pair = 4.0 * num_heads * head_dim  # QK^T and PV
         # Work is done in (query block x key block) tiles. Query rows are the new tokens
         # of one sequence, times the query heads of a KV head when the kernel packs them
         # (FlashAttention-3's pack-GQA; FA2 runs one query head per thread block).
         self.pack_gqa = eff.prefill_pack_gqa
-        self.row_group = self.group if self.pack_gqa else 1.0
+        self.row_group = num_heads / num_kv_heads if self.pack_gqa else 1.0
         self.row_heads = num_kv_heads if self.pack_gqa else num_heads
         self.window = window or 0
         self.q_bytes_per_token = num_heads * head_dim * bytes_per_element(dtype)
@@ -87,23 +88,30 @@ class PrefillAttention:
         self._attainable = self.peak * self.curve.values[0] if constant else None
         self.sm_count = gpu.sm_count
         self.cta_seconds = eff.prefill_cta_latency_us * 1e-6
-        self.bandwidth = gpu.memory_bandwidth * eff.memory_bandwidth
+        self.bandwidth = gpu.memory_bandwidth
+        self.memory_curve = eff.prefill_memory
         self.floor = eff.prefill_floor_us * 1e-6
+        # One token a sequence runs the decode kernel (see the class docstring).
+        heads = {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim}
+        self.decode = DecodeAttention(gpu, **heads, dtype=dtype, kv_dtype=kv_dtype)
 
     def __call__(
         self, num_seqs: int, new_tokens: int, attended_pairs: float, context_tokens: int
     ) -> tuple[float, float, float, float, float]:
-        """(seconds, flops, dram_bytes, compute_seconds, memory_seconds)."""
+        """(seconds, flops, dram_bytes, compute_seconds, memory_seconds); for a call of
+        one token per sequence the decode kernel's time, thread-block waves and KV stream."""
         flops = self.flops_per_pair * attended_pairs
+        if new_tokens <= num_seqs:
+            seqs = max(num_seqs, 1)
+            keys = decode_keys_read(context_tokens / seqs, self.window)
+            parts = self.decode.parts(seqs, seqs * float(keys))
+            dram = context_tokens * self.kv_bytes_per_token + new_tokens * self.decode.bytes_per_seq
+            return float(parts.seconds), flops, dram, float(parts.fixed), float(parts.memory)
         q_bytes = new_tokens * self.q_bytes_per_token
         dram = 2.0 * q_bytes + context_tokens * self.kv_bytes_per_token
-        tokens = new_tokens / max(num_seqs, 1)
-        # FA2 packs the query heads too when each sequence brings one token (its swap of
-        # the head and query axes for single-token queries).
-        rows = tokens * (self.group if tokens <= 1 else self.row_group)
-        row_heads = self.num_kv_heads if tokens <= 1 else self.row_heads
+        rows = new_tokens / max(num_seqs, 1) * self.row_group
         blocks = math.ceil(rows / PREFILL_QUERY_BLOCK)
-        units = max(1, num_seqs * row_heads * blocks)
+        units = max(1, num_seqs * self.row_heads * blocks)
         waves = math.ceil(units / self.sm_count)
         wave_eff = units / (waves * self.sm_count)
         keys = keys_per_query(attended_pairs, new_tokens)
@@ -121,7 +129,7 @@ class PrefillAttention:
         # Each thread block pays a fixed prologue/epilogue (Q load, O store) besides its
         # key loop; an SM runs its blocks one after another, so the two add up.
         compute = tiles / (attainable * wave_eff) + waves * self.cta_seconds
-        memory = dram / self.bandwidth
+        memory = dram / (self.bandwidth * self.memory_curve.at(max(dram, 1.0)))
         return max(compute, memory) + self.floor, flops, dram, compute, memory
 
 
@@ -158,16 +166,17 @@ def attention_prefill_cost(
         num_seqs, new_tokens, attended_pairs, context_tokens
     )
     query_blocks = max(1, math.ceil(new_tokens / max(num_seqs, 1) / PREFILL_QUERY_BLOCK))
+    floor = model.decode.floor if new_tokens <= num_seqs else model.floor
     return OpCost(
         name="attention_prefill",
         seconds=seconds,
         flops=flops,
         dram_bytes=dram,
         l2_bytes=dram + context_tokens * model.kv_bytes_per_token * (query_blocks - 1),
-        bound=classify(compute, memory, 0.0, model.floor),
+        bound=classify(compute, memory, 0.0, floor),
         compute_seconds=compute,
         memory_seconds=memory,
-        overhead_seconds=model.floor,
+        overhead_seconds=floor,
     )
 
 
@@ -263,8 +272,13 @@ class DecodeAttention:
         self.splits_kv = eff.decode_split_kv == "always" or num_heads > num_kv_heads
         self.cta_seconds_per_byte = eff.decode_cta_us_per_mb * 1e-12
         self.split_seconds = eff.decode_split_overhead_us * 1e-6
+        # FA2's swapped GQA path reshapes (batch, 1, kv_heads x group) queries to (batch x
+        # group, kv_heads): a view only for one sequence or one KV head, else a copy of
+        # the queries and one of the outputs, each a kernel of its own.
+        swaps = eff.decode_split_kv == "gqa" and num_heads > num_kv_heads > 1
+        self.copy_seconds = eff.decode_gqa_copy_us * 1e-6 if swaps else 0.0
         # Without those terms the original closed form holds (and the engine's fast path).
-        self._plain = not (self.cta_seconds_per_byte or self.split_seconds)
+        self._plain = not (self.cta_seconds_per_byte or self.split_seconds or self.copy_seconds)
 
     def parts(self, num_seqs, context_tokens) -> DecodeParts:
         """The call's time term by term; numpy arrays price many calls at once."""
@@ -286,7 +300,11 @@ class DecodeAttention:
         streamed = np.maximum(keys / splits - DECODE_KEY_BLOCK, 0.0)
         slice_bytes = streamed * (self.kv_bytes_per_key / self.num_kv_heads)
         fixed = waves * (self.cta_seconds + slice_bytes * self.cta_seconds_per_byte)
-        overhead = self.floor + np.where(splits > 1.0, self.split_seconds, 0.0)
+        overhead = (
+            self.floor
+            + np.where(splits > 1.0, self.split_seconds, 0.0)
+            + np.where(seqs > 1.0, self.copy_seconds, 0.0)
+        )
         seconds = np.maximum(memory, fixed) + overhead
         return DecodeParts(seconds, memory, fixed, overhead, kv_bytes)
 

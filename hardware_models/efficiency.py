@@ -92,8 +92,9 @@ class GemmKernel(BaseModel):
     dispatch: Literal["fastest", "by_m", "fixed"] = Field(
         default="fastest",
         description="fastest: the tile and split-K factor fastest for the shape (cuBLAS "
-        "heuristics); by_m: one CUTLASS configuration per bucket of m (64x64 up to m = 64, "
-        "128x64 up to 128, then 128x128), no split-K; fixed: 128x128 tiles matching "
+        "heuristics); by_m: one CUTLASS configuration per bucket of m (vLLM on Hopper: A "
+        "and B swapped up to m = 64, 16 rows of m by 64 of n a tile, 64x64 past m = 16 "
+        "when n > 1280; 64x128 up to 128, then 128x128), no split-K; fixed: 128x128 tiles matching "
         "128x128 scale blocks, no split-K (block-scaled fp8)",
     )
     quantize_activations: bool = Field(
@@ -136,6 +137,13 @@ class EfficiencyProfile(BaseModel):
         "tiles it computes, against the mean keys attended per query (the length of a "
         "thread block's key loop; FA2 ~50-70% on A100, FA3 ~60-75% on H100 on long "
         "prompts)",
+    )
+    attention_prefill_memory: EfficiencyCurve | None = Field(
+        default=None,
+        description="fraction of memory bandwidth prefill attention sustains on its HBM "
+        "traffic (queries in, outputs out, each KV head's keys and values once), against "
+        "those bytes: short prompts load a tile, compute one key block and store, with "
+        "little to overlap the loads with. None: memory_bandwidth",
     )
     attention_decode_memory: EfficiencyCurve = Field(
         default_factory=lambda: _const(0.80),
@@ -202,6 +210,14 @@ class EfficiencyProfile(BaseModel):
         description="extra time of a split-KV decode call, microseconds: the pass that "
         "combines the partial softmax results of the splits",
     )
+    decode_gqa_copy_us: float = Field(
+        default=0.0,
+        ge=0,
+        description="extra time of a GQA decode call on FlashAttention-2's swapped path "
+        "(decode_split_kv: gqa) with more than one sequence and more than one KV head, "
+        "microseconds: the swap of the query-head and token axes is then no view, so the "
+        "queries and the outputs are each copied by a kernel of their own",
+    )
     launch_overhead_eager_us: float = Field(
         default=4.5,
         ge=0,
@@ -242,13 +258,21 @@ class EfficiencyProfile(BaseModel):
     gemm_wave_latency_us: float = Field(
         default=0.0,
         ge=0,
-        description="fixed time of each wave of GEMM tiles beyond its k loop, microseconds: "
-        "pipeline fill and the epilogue's store of the output tile. It makes short k loops "
+        description="fixed time of each wave of GEMM tiles after the first beyond its k "
+        "loop, microseconds (the first fills under the kernel floor): pipeline fill and "
+        "the epilogue's store of the output tile. It makes short k loops "
         "relatively slow at the same FLOPs; 0 is the uncalibrated default",
     )
     gemm_wave_latency_us_by_dtype: dict[str, float] = Field(
         default_factory=dict,
         description="gemm_wave_latency_us for GEMMs of one dtype",
+    )
+    gemm_cta_us_per_mb_by_dtype: dict[str, float] = Field(
+        default_factory=dict,
+        description="time one GEMM thread block takes to stream 1 MB of its A and B "
+        "panels, microseconds, for GEMMs of one dtype: a block's loads in flight cap its "
+        "rate (~100-200 GB/s on an H100 SM), which binds when few small tiles run long k "
+        "loops (vLLM's 16-row fp8 tiles at small m); no entry: no cap",
     )
     gemm_kernel_by_dtype: dict[str, GemmKernel] = Field(
         default_factory=dict,
@@ -278,6 +302,7 @@ class EfficiencyProfile(BaseModel):
         "gemm_memory_by_dtype",
         "gemm_floor_us_by_dtype",
         "gemm_wave_latency_us_by_dtype",
+        "gemm_cta_us_per_mb_by_dtype",
         "gemm_kernel_by_dtype",
     )
     @classmethod
@@ -307,11 +332,12 @@ class EfficiencyProfile(BaseModel):
             self._for_dtype(self.gemm_floor_us_by_dtype, dtype, self.kernel_floor_us),
         )
 
-    def gemm_kernel(self, dtype: object) -> tuple[GemmKernel, float]:
-        """(kernel family, wave latency in us) of GEMMs in `dtype`."""
+    def gemm_kernel(self, dtype: object) -> tuple[GemmKernel, float, float]:
+        """(kernel family, wave latency in us, thread block us per MB) of GEMMs in `dtype`."""
         return (
             self._for_dtype(self.gemm_kernel_by_dtype, dtype, GemmKernel()),
             self._for_dtype(self.gemm_wave_latency_us_by_dtype, dtype, self.gemm_wave_latency_us),
+            self._for_dtype(self.gemm_cta_us_per_mb_by_dtype, dtype, 0.0),
         )
 
     def link_for(self, num_gpus: int, link: LinkSpec) -> LinkSpec:
@@ -322,6 +348,13 @@ class EfficiencyProfile(BaseModel):
         return link.model_copy(
             update={"latency_us": fitted.latency_us, "efficiency": fitted.efficiency}
         )
+
+    @property
+    def prefill_memory(self) -> EfficiencyCurve:
+        """attention_prefill_memory, or memory_bandwidth where it is not fitted."""
+        if self.attention_prefill_memory is None:
+            return EfficiencyCurve.constant(self.memory_bandwidth)
+        return self.attention_prefill_memory
 
     @property
     def prefill_floor_us(self) -> float:

@@ -22,8 +22,15 @@ from hardware_models.op_cost import OpCost, classify
 # (tile_m, tile_n) shapes cuBLAS/CUTLASS kernels commonly use on tensor cores.
 TILE_SHAPES: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128), (64, 128), (64, 64))
 SPLIT_K_FACTORS: tuple[int, ...] = (1, 2, 4, 8, 16)
-# CUTLASS dispatch by m bucket (vLLM's fp8 scaled_mm on Hopper): (largest m, tile).
-TILES_BY_M: tuple[tuple[int, tuple[int, int]], ...] = ((64, (64, 64)), (128, (128, 64)))
+# CUTLASS dispatch by m bucket (vLLM's fp8 scaled_mm on Hopper): (largest m, tile for
+# n <= NARROW_N, tile for wider n). Up to m = 64 it swaps A and B, so that a 16- or
+# 64-wide side of the tile covers m and a 64-row side covers n.
+TILES_BY_M: tuple[tuple[int, tuple[int, int], tuple[int, int]], ...] = (
+    (16, (16, 64), (16, 64)),
+    (64, (16, 64), (64, 64)),
+    (128, (64, 128), (64, 128)),
+)
+NARROW_N = 1280
 TILE_LARGE = (128, 128)
 # Bytes a quantisation pass moves per activation element: read 16-bit, write 8-bit.
 QUANT_PASS_BYTES = 3.0
@@ -52,13 +59,16 @@ def _wave_traffic(
     return a_panel_loads * bpe_a + b_panel_loads * bpe_b
 
 
-def candidate_layouts(kernel: GemmKernel, m: int) -> list[tuple[tuple[int, int], int]]:
-    """The (tile, split-K factor) pairs a kernel family may run for `m` rows: every pair
-    for cuBLAS-style heuristics, one tile and no split-K for CUTLASS dispatch."""
+def candidate_layouts(kernel: GemmKernel, m: int, n: int) -> list[tuple[tuple[int, int], int]]:
+    """The (tile, split-K factor) pairs a kernel family may run for an m x n output: every
+    pair for cuBLAS-style heuristics, one tile and no split-K for CUTLASS dispatch."""
     if kernel.dispatch == "fastest":
         return [(tile, split) for tile in TILE_SHAPES for split in SPLIT_K_FACTORS]
     if kernel.dispatch == "by_m":
-        tile = next((t for top, t in TILES_BY_M if m <= top), TILE_LARGE)
+        tile = next(
+            (narrow if n <= NARROW_N else wide for top, narrow, wide in TILES_BY_M if m <= top),
+            TILE_LARGE,
+        )
         return [(tile, 1)]
     return [(TILE_LARGE, 1)]
 
@@ -68,7 +78,8 @@ class GemmParts:
     """A GEMM's time term by term, so a fit can tell what each efficiency scales."""
 
     math_s: float  # the tiles' k loops at the compute efficiency
-    latency_s: float  # waves x wave latency, in series with the math
+    stream_s: float  # the tiles' k loops at one thread block's streaming rate
+    latency_s: float  # waves after the first x wave latency, in series with the k loops
     memory_s: float  # DRAM traffic at the memory efficiency
     fixed_s: float  # floor + split-K reduction + quantisation and padding passes
     flops: float
@@ -78,7 +89,7 @@ class GemmParts:
 
     @property
     def compute_s(self) -> float:
-        return self.math_s + self.latency_s
+        return max(self.math_s, self.stream_s) + self.latency_s
 
     @property
     def seconds(self) -> float:
@@ -98,7 +109,7 @@ def gemm_parts(
         raise ValueError(f"GEMM dimensions must be >= 1, got m={m} n={n} k={k}")
     eff = gpu.efficiency
     compute_curve, memory_curve, floor_us = eff.gemm_terms(dtype)
-    kernel, wave_latency_us = eff.gemm_kernel(dtype)
+    kernel, wave_latency_us, cta_us_per_mb = eff.gemm_kernel(dtype)
     dtype = parse_dtype(dtype)
     bpe = bytes_per_element(dtype)
     bpe_b = bpe if weight_dtype is None else bytes_per_element(parse_dtype(weight_dtype))
@@ -121,13 +132,16 @@ def gemm_parts(
     pass_s += eff.kernel_floor_us * 1e-6 * pad
 
     best: tuple[float, GemmParts] | None = None
-    for (tm, tn), split in candidate_layouts(kernel, m):
+    for (tm, tn), split in candidate_layouts(kernel, m, n):
         tiles = math.ceil(m / tm) * math.ceil(n / tn)
         if split > 1 and (tiles * split > 2 * concurrent or k // split < 256):
             continue
         k_part = math.ceil(k / split)
         waves = math.ceil(tiles * split / concurrent)
         math_s = waves * 2.0 * tm * tn * k_part / (peak_per_sm * compute_eff)
+        # One thread block pulls its A and B panels at a capped rate (its loads in
+        # flight), which a small tile over a long k cannot hide behind its math.
+        stream_s = waves * (tm * bpe + tn * bpe_b) * k_part * cta_us_per_mb * 1e-12
         partials = 0.0 if split == 1 else 2 * m * n * split * 4.0  # fp32 workspace
         if fits_in_l2:
             dram = compulsory + partials
@@ -143,7 +157,8 @@ def gemm_parts(
         extra = eff.gemm_split_k_overhead_us if split > 1 else 0.0
         parts = GemmParts(
             math_s=math_s,
-            latency_s=waves * wave_latency_us * 1e-6,
+            stream_s=stream_s,
+            latency_s=(waves - 1) * wave_latency_us * 1e-6,
             memory_s=dram / mem_bw,
             fixed_s=(floor_us + extra) * 1e-6 + pass_s,
             flops=flops,

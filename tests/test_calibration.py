@@ -311,9 +311,26 @@ def test_decode_fit_on_public_a100_rows_finds_the_unsplit_mha_kernel() -> None:
     profile = fit_measurements(Measurements(table, "a100", None), gpu, holdout=0.5)
     assert profile.efficiency.decode_split_kv == "gqa"
     assert profile.efficiency.decode_split_overhead_us > 1.0
+    # Its GQA swap copies the queries and outputs when it is no view (~6 us measured).
+    assert 3.0 < profile.efficiency.decode_gqa_copy_us < 9.0
     result = validate_measurements(Measurements(table, "a100", None), gpu, profile)
     by_class = result.tables["by_class"].set_index(["op_class", "stage"])["mape"]
-    assert by_class[("attention_decode", "calibrated")] <= 0.14
+    assert by_class[("attention_decode", "calibrated")] <= 0.10
+
+
+@needs_data
+def test_attention_fit_on_public_a100_rows_meets_the_prefill_target() -> None:
+    """One-token prefill rows priced as the decode kernel they run (fitted first) and a
+    fitted prefill memory curve (short prompts in big MHA batches stream Q, O and the KV
+    at well under HBM rate) bring held-out A100 prefill within 12%."""
+    gpu = load_gpu("a100-80gb-sxm")
+    classes = ["attention_prefill", "attention_decode"]
+    table = load_measured(MEASURED, gpus=["a100-80gb-sxm"], op_classes=classes)
+    profile = fit_measurements(Measurements(table, "a100", None), gpu, holdout=0.5)
+    assert profile.efficiency.attention_prefill_memory is not None
+    result = validate_measurements(Measurements(table, "a100", None), gpu, profile)
+    by_class = result.tables["by_class"].set_index(["op_class", "stage"])["mape"]
+    assert by_class[("attention_prefill", "calibrated")] <= 0.12
 
 
 # ------------------------------------------------------------------ PyTorch harness
@@ -368,4 +385,4 @@ def test_fit_finds_the_gemm_kernel_family_of_fp8_rows() -> None:
     # Per-dtype keys are normalised; a profile without them reads as cuBLAS.
     renamed = EfficiencyProfile(gemm_kernel_by_dtype={"fp8_e4m3": cutlass})
     assert renamed.gemm_kernel("fp8")[0] == cutlass
-    assert EfficiencyProfile().gemm_kernel("fp8") == (GemmKernel(), 0.0)
+    assert EfficiencyProfile().gemm_kernel("fp8") == (GemmKernel(), 0.0, 0.0)

@@ -89,8 +89,10 @@ def _prefill(batch, q, heads=32, kv_heads=8, kv_dtype="bf16"):
 
 
 @settings(max_examples=100, deadline=None)
-@given(batch=st.integers(1, 64), q=st.integers(1, 8192))
+@given(batch=st.integers(1, 64), q=st.integers(2, 8192))
 def test_prefill_attention_grows_with_length(batch, q):
+    # From 2 tokens: one token a sequence runs the decode kernel, which need not be
+    # faster (A100, 2 sequences: 18.4 us for 1 token each, 11.8 us for 16).
     assert _prefill(batch, 2 * q).seconds >= _prefill(batch, q).seconds
     cost = _prefill(batch, q)
     assert cost.seconds >= cost.flops / H100.peak_flops(Dtype.BF16)
@@ -282,9 +284,12 @@ def test_cutlass_dispatch_by_m_pads_tiles_and_never_splits_k():
     cost = gemm_cost(gpu, 256, 32, 65536, "fp8")
     assert cost.compute_seconds == pytest.approx(tile_math)
     assert cost.seconds > 5 * gemm_cost(H100, 256, 32, 65536, "fp8").seconds
-    # Up to 64 rows the kernel takes 64x64 tiles: a quarter of the padded work.
+    # Up to 64 rows it swaps A and B: 16 rows of m by 64 of n a tile (four of them, side
+    # by side, at m = 64), a sixteenth of the padded work; 64x64 for wider n.
     small = gemm_cost(gpu, 64, 32, 65536, "fp8").compute_seconds
-    assert small == pytest.approx(tile_math / 4, rel=0.01)
+    assert small == pytest.approx(tile_math / 16, rel=0.01)
+    wide = gemm_cost(gpu, 64, 2048, 65536, "fp8").compute_seconds  # 32 tiles: one wave
+    assert wide == pytest.approx(tile_math / 4, rel=0.01)
 
 
 def test_activation_quantisation_and_row_padding_passes():
@@ -300,13 +305,113 @@ def test_activation_quantisation_and_row_padding_passes():
     assert gemm_cost(aligned, 256, 4096, 4096, "fp8") == gemm_cost(H100, 256, 4096, 4096, "fp8")
 
 
-def test_wave_latency_is_paid_once_per_wave():
+def test_wave_latency_is_paid_once_per_wave_after_the_first():
     from hardware_models.gemm import gemm_parts
 
     eff = H100.efficiency.model_copy(update={"gemm_wave_latency_us": 2.0})
     slow = H100.with_efficiency(eff)
     parts = gemm_parts(slow, 8192, 8192, 8192)
-    waves = parts.latency_s / 2e-6
+    waves = parts.latency_s / 2e-6 + 1
     assert waves == pytest.approx(round(waves)) and waves >= 8192 * 8192 / (256 * 128 * 132)
+    # The first wave fills its pipeline under the kernel's floor: a one-wave kernel
+    # (A100, n = k = 32: 2.5 us measured, like an empty kernel) pays no wave latency.
+    assert gemm_parts(slow, 1, 32, 32).latency_s == 0.0
     # It stretches the compute side only: the time exceeds the latency-free price.
     assert gemm_cost(slow, 8192, 8192, 8192).seconds > gemm_cost(H100, 8192, 8192, 8192).seconds
+
+
+def test_one_thread_block_streams_its_panels_at_a_capped_rate():
+    from hardware_models.gemm import gemm_parts
+
+    # vLLM's fp8 kernel at m = 1, n = 32, k = 65536 runs one 16x64 tile for 33 us on an
+    # H100 where its math takes 9 us at peak: one block pulls its panels at ~160 GB/s.
+    gpu = _with_fp8_kernel(H100, dispatch="by_m")
+    update = {"gemm_cta_us_per_mb_by_dtype": {"fp8": 6.0}}
+    capped = gpu.with_efficiency(gpu.efficiency.model_copy(update=update))
+    parts = gemm_parts(capped, 1, 32, 65536, "fp8")
+    assert parts.stream_s == pytest.approx((16 + 64) * 65536 * 6.0e-12)
+    assert parts.compute_s == pytest.approx(parts.stream_s) and parts.stream_s > parts.math_s
+    # Large tiles over many waves: the math outlasts the stream, which does not show.
+    big = (4096, 8192, 8192, "fp8")
+    assert gemm_cost(capped, *big).seconds == gemm_cost(gpu, *big).seconds
+
+
+def test_one_token_prefill_is_priced_as_the_decode_kernel():
+    """A prefill call in which every sequence brings one token runs the decode kernel (the
+    libraries dispatch on the longest query): on the public tables the two measure within
+    1%, so the prefill model prices it as that decode call."""
+    for gpu in (H100, A100):
+        for batch, heads, kv_heads in ((1, 32, 8), (64, 64, 1), (256, 8, 8)):
+            prefill = attention_prefill_cost(
+                gpu,
+                num_seqs=batch,
+                new_tokens=batch,
+                attended_pairs=batch,
+                context_tokens=batch,
+                num_heads=heads,
+                num_kv_heads=kv_heads,
+                head_dim=128,
+            )
+            decode = attention_decode_cost(
+                gpu,
+                num_seqs=batch,
+                context_tokens=batch,
+                num_heads=heads,
+                num_kv_heads=kv_heads,
+                head_dim=128,
+            )
+            assert prefill.seconds == pytest.approx(decode.seconds)
+            assert prefill.overhead_seconds == decode.overhead_seconds
+    # Two tokens a sequence is a prefill again.
+    two = attention_decode_cost(
+        H100, num_seqs=4, context_tokens=8, num_heads=32, num_kv_heads=8, head_dim=128
+    )
+    assert _prefill(4, 2).seconds != two.seconds
+
+
+def test_fa2_gqa_decode_copies_queries_and_outputs_unless_the_swap_is_a_view():
+    """FlashAttention-2's swapped GQA decode reshapes (batch, kv_heads x group) queries to
+    (batch x group, kv_heads): a view for one sequence or one KV head, otherwise a copy in
+    and a copy out (A100: 18.3 us against 12.4 us at 2 keys)."""
+    from hardware_models.attention import DecodeAttention
+
+    def seconds(batch: int, heads: int, kv_heads: int, split: str = "gqa") -> float:
+        eff = A100.efficiency.model_copy(
+            update={"decode_split_kv": split, "decode_gqa_copy_us": 6.0}
+        )
+        model = DecodeAttention(
+            A100.with_efficiency(eff), num_heads=heads, num_kv_heads=kv_heads, head_dim=128
+        )
+        return model.one_step(batch, 2 * batch)[0]
+
+    copies = seconds(4, 32, 8) - seconds(4, 32, 8, split="always")
+    assert copies == pytest.approx(6.0e-6)
+    for batch, heads, kv_heads in ((1, 32, 8), (4, 32, 1), (4, 8, 8)):  # views, or no swap
+        assert seconds(batch, heads, kv_heads) == seconds(batch, heads, kv_heads, "always")
+
+
+def test_prefill_memory_curve_defaults_to_the_streaming_bandwidth():
+    """Unfitted, prefill streams at memory_bandwidth; a fitted attention_prefill_memory
+    slows the memory-bound calls (short prompts in large MHA batches) and only those."""
+    eff = A100.efficiency
+    assert eff.prefill_memory.at(1e9) == eff.memory_bandwidth
+    slow = A100.with_efficiency(
+        eff.model_copy(update={"attention_prefill_memory": EfficiencyCurve.constant(0.3)})
+    )
+
+    def cost(gpu, batch, q):
+        return attention_prefill_cost(
+            gpu,
+            num_seqs=batch,
+            new_tokens=batch * q,
+            attended_pairs=batch * q * (q + 1) // 2,
+            context_tokens=batch * q,
+            num_heads=64,
+            num_kv_heads=64,
+            head_dim=128,
+        )
+
+    short = cost(slow, 128, 128)
+    assert short.seconds > 1.5 * cost(A100, 128, 128).seconds
+    assert short.memory_seconds > short.compute_seconds
+    assert cost(slow, 1, 16384).seconds == cost(A100, 1, 16384).seconds

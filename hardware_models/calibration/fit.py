@@ -62,6 +62,8 @@ class ClassFit:
     scalars: tuple[Scalar, ...] = ()
     # Discrete kernel properties (a profile field and its options), chosen first.
     choices: tuple[tuple[CurveLoc, tuple[object, ...]], ...] = ()
+    # How many of `scalars` are searched for each option before the options are ranked.
+    rank_scalars: int = 1
 
 
 def mape(measured: np.ndarray, predicted: np.ndarray) -> float:
@@ -126,35 +128,45 @@ def fit_class(
     gpu: AcceleratorSpec, profile: EfficiencyProfile, spec: ClassFit, seed: int = 0
 ) -> EfficiencyProfile:
     """Search spec's scalars (on a sample), then fit its curves on all its rows; with
-    discrete choices, do that for each option and keep the best on the sample."""
+    discrete choices, first keep the option best on the sample with only the floor
+    searched, then search every scalar for that option alone."""
     rows = spec.rows
     sample = rows.sample(SEARCH_ROWS, random_state=seed) if len(rows) > SEARCH_ROWS else rows
     candidates = [profile]
     for loc, options in spec.choices:
         candidates = [with_value(c, loc, o) for c in candidates for o in options]
-    fitted = [_fit_scalars_and_curves(gpu, c, spec, sample) for c in candidates]
-    if len(fitted) == 1:
-        return fitted[0]
-    measured = sample["measured_s"].to_numpy(dtype=float)
-    scores = [mape(measured, spec.price(gpu.with_efficiency(f), sample).seconds) for f in fitted]
-    return fitted[int(np.argmin(scores))]
+    if len(candidates) > 1:
+        # Options are told apart by terms that vary with the shape, which no fixed cost
+        # absorbs: searching the first `rank_scalars` (by default the floor alone) ranks
+        # them as the full search does, at a fraction of its cost per option.
+        ranked = spec.scalars[: spec.rank_scalars]
+        trials = [_search_scalars(gpu, c, ranked, spec.price, sample) for c in candidates]
+        scores = [_score(gpu, t, sample, spec.price) for t in trials]
+        profile = candidates[int(np.argmin(scores))]
+    profile = _search_scalars(gpu, profile, spec.scalars, spec.price, sample)
+    return refit_curves(gpu, profile, spec.rows, spec.price)
 
 
-def _fit_scalars_and_curves(
-    gpu: AcceleratorSpec, profile: EfficiencyProfile, spec: ClassFit, sample: pd.DataFrame
+def _search_scalars(
+    gpu: AcceleratorSpec,
+    profile: EfficiencyProfile,
+    scalars: tuple[Scalar, ...],
+    price: Pricer,
+    sample: pd.DataFrame,
 ) -> EfficiencyProfile:
-    for _ in range(2 if len(spec.scalars) > 1 else 1):
-        for scalar in spec.scalars:
+    """Coordinate descent over `scalars` (twice round when there are several)."""
+    for _ in range(2 if len(scalars) > 1 else 1):
+        for scalar in scalars:
 
             def objective(
                 value: float, scalar: Scalar = scalar, base: EfficiencyProfile = profile
             ) -> float:
                 candidate = with_value(base, scalar.loc, float(value))
-                return _score(gpu, candidate, sample, spec.price)
+                return _score(gpu, candidate, sample, price)
 
             best = _golden(objective, scalar.low, scalar.high)
             profile = with_value(profile, scalar.loc, round(float(best), 3))
-    return refit_curves(gpu, profile, spec.rows, spec.price)
+    return profile
 
 
 def class_fits(table: pd.DataFrame) -> list[ClassFit]:
@@ -173,6 +185,9 @@ def class_fits(table: pd.DataFrame) -> list[ClassFit]:
             ]
             if key == main:
                 scalars.append(Scalar(("gemm_split_k_overhead_us", None), 0.0, 2.0 * top))
+            if gemm_kernel_choices(key):
+                # us per MB one thread block streams: 0 (no cap) to 20 (50 GB/s).
+                scalars.append(Scalar(("gemm_cta_us_per_mb_by_dtype", key), 0.0, 20.0))
             fits.append(
                 ClassFit(
                     f"gemm/{key}",
@@ -184,22 +199,23 @@ def class_fits(table: pd.DataFrame) -> list[ClassFit]:
             )
     for name, price, scalars, choices in (
         (
-            "attention_prefill",
-            prefill_terms,
-            (("attention_prefill_floor_us", 1.0), ("prefill_cta_latency_us", 0.25)),
-            ((("prefill_pack_gqa", None), (True, False)),),
-        ),
-        (
             "attention_decode",
             decode_terms,
             (
                 ("attention_decode_floor_us", 1.0),
                 ("decode_cta_latency_us", 0.25),
                 ("decode_split_overhead_us", 0.5),
+                ("decode_gqa_copy_us", 0.5),
                 # us per MB one block streams: ~10 us call times x 10 reach ~10 GB/s
                 ("decode_cta_us_per_mb", 5.0),
             ),
             ((("decode_split_kv", None), ("always", "gqa")),),
+        ),
+        (
+            "attention_prefill",
+            prefill_terms,
+            (("attention_prefill_floor_us", 1.0), ("prefill_cta_latency_us", 0.25)),
+            ((("prefill_pack_gqa", None), (True, False)),),
         ),
     ):
         rows = table[table["op_class"] == name]
@@ -212,6 +228,9 @@ def class_fits(table: pd.DataFrame) -> list[ClassFit]:
                     price,
                     tuple(Scalar((f, None), 0.0, share * 2.0 * top) for f, share in scalars),
                     choices,
+                    # An attention layout changes which fixed costs apply (a split's
+                    # combine pass, FA2's GQA copies): rank the layouts with all of them.
+                    rank_scalars=len(scalars),
                 )
             )
     return fits

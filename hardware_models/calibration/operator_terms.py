@@ -55,13 +55,15 @@ def gemm_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, kernel: str) -> Terms:
         gemm_parts(gpu, int(m), int(n), int(k), kernel)
         for m, n, k in zip(uniq["m"], uniq["n"], uniq["k"], strict=True)
     ]
-    seconds, math_s, latency, memory, fixed = (
+    seconds, math_s, stream, compute, memory, fixed = (
         np.array([getattr(p, f) for p in parts])[codes]
-        for f in ("seconds", "math_s", "latency_s", "memory_s", "fixed_s")
+        for f in ("seconds", "math_s", "stream_s", "compute_s", "memory_s", "fixed_s")
     )
-    compute_binds = math_s + latency >= memory
-    # The wave latency is in series with the math: fixed where the math binds.
-    floor = fixed + np.where(compute_binds, latency, 0.0)
+    compute_binds = compute >= memory
+    # The wave latency (and a block's capped stream, where it outlasts the math) is in
+    # series with the math: fixed where the compute term binds.
+    floor = fixed + np.where(compute_binds, compute - math_s, 0.0)
+    math_binds = compute_binds & (math_s >= stream)
     dtype = parse_dtype(kernel)
     bpe, out_bpe = bytes_per_element(dtype), bytes_per_element(output_dtype(dtype))
     m, n, k = (rows[c].to_numpy(dtype=float) for c in ("m", "n", "k"))
@@ -71,7 +73,7 @@ def gemm_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, kernel: str) -> Terms:
         seconds=seconds,
         floor_s=floor,
         curves={
-            ("gemm_compute_by_dtype", key): CurveTerm(2.0 * m * n * k, math_s, compute_binds),
+            ("gemm_compute_by_dtype", key): CurveTerm(2.0 * m * n * k, math_s, math_binds),
             ("gemm_memory_by_dtype", key): CurveTerm(compulsory, memory, ~compute_binds),
         },
     )
@@ -81,7 +83,7 @@ _ATTN = ["num_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype"]
 
 
 def _prefill_seconds(gpu: AcceleratorSpec, uniq: pd.DataFrame) -> np.ndarray:
-    out = np.empty((len(uniq), 3))
+    out = np.empty((len(uniq), 4))
     for i, row in enumerate(uniq.itertuples(index=False)):
         cost = uniform_prefill_cost(
             gpu,
@@ -95,7 +97,7 @@ def _prefill_seconds(gpu: AcceleratorSpec, uniq: pd.DataFrame) -> np.ndarray:
             dtype=row.dtype,
             kv_dtype=row.kv_dtype,
         )
-        out[i] = cost.seconds, cost.compute_seconds, cost.memory_seconds
+        out[i] = cost.seconds, cost.compute_seconds, cost.memory_seconds, cost.dram_bytes
     return out
 
 
@@ -106,9 +108,13 @@ def prefill_terms(gpu: AcceleratorSpec, rows: pd.DataFrame) -> Terms:
     # of the compute term is what the efficiency curve scales.
     no_cta = gpu.with_efficiency(gpu.efficiency.model_copy(update={"prefill_cta_latency_us": 0}))
     math_only = _prefill_seconds(no_cta, uniq)[codes][:, 1]
-    seconds, compute, memory = priced.T
+    seconds, compute, memory, dram = priced.T
+    # Calls of one token per sequence are priced as decode calls: no prefill term binds.
+    prefill = (rows["q_len"] > 1).to_numpy()
     binds = compute >= memory
-    floor = gpu.efficiency.prefill_floor_us * 1e-6 + (compute - math_only)
+    floor = np.where(
+        prefill, gpu.efficiency.prefill_floor_us * 1e-6 + (compute - math_only), seconds
+    )
     # attention.py's curve axis: mean keys attended per query (size counts pair FLOPs)
     pairs = rows["size"].to_numpy(dtype=float) / (
         4.0 * rows["num_heads"].to_numpy(dtype=float) * rows["head_dim"].to_numpy(dtype=float)
@@ -117,7 +123,12 @@ def prefill_terms(gpu: AcceleratorSpec, rows: pd.DataFrame) -> Terms:
     return Terms(
         seconds,
         floor,
-        {("attention_prefill_compute", None): CurveTerm(size, math_only, binds)},
+        {
+            ("attention_prefill_compute", None): CurveTerm(size, math_only, binds & prefill),
+            ("attention_prefill_memory", None): CurveTerm(
+                np.maximum(dram, 1.0), memory, ~binds & prefill
+            ),
+        },
     )
 
 
@@ -143,8 +154,11 @@ def copy_seconds(gpu: AcceleratorSpec, nbytes: np.ndarray) -> tuple[np.ndarray, 
 
 
 def curve_at(profile: EfficiencyProfile, loc: CurveLoc):
-    """The curve at `loc`; a per-dtype entry not fitted yet reads its generic field."""
+    """The curve at `loc`; a per-dtype entry not fitted yet reads its generic field, an
+    unfitted prefill memory curve the streaming bandwidth."""
     name, key = loc
+    if name == "attention_prefill_memory":
+        return profile.prefill_memory
     if key is None:
         return getattr(profile, name)
     table = getattr(profile, name)
