@@ -90,6 +90,10 @@ class PrefillAttention:
         self.cta_seconds = eff.prefill_cta_latency_us * 1e-6
         self.bandwidth = gpu.memory_bandwidth
         self.memory_curve = eff.prefill_memory
+        constant_memory = len(self.memory_curve.sizes) == 1
+        self._memory_rate = (
+            self.bandwidth * self.memory_curve.values[0] if constant_memory else None
+        )
         self.floor = eff.prefill_floor_us * 1e-6
         # One token a sequence runs the decode kernel (see the class docstring).
         heads = {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim}
@@ -114,10 +118,9 @@ class PrefillAttention:
         units = max(1, num_seqs * self.row_heads * blocks)
         waves = math.ceil(units / self.sm_count)
         wave_eff = units / (waves * self.sm_count)
-        keys = keys_per_query(attended_pairs, new_tokens)
         attainable = self._attainable
         if attainable is None:
-            attainable = self.peak * self.curve.at(keys)
+            attainable = self.peak * self.curve.at(keys_per_query(attended_pairs, new_tokens))
         # Key blocks are computed whole where a row's key range ends inside one: about
         # half a block per row at the causal diagonal, and half a block more at a sliding
         # window's far edge for rows past the window (exact for prompts without earlier
@@ -129,7 +132,10 @@ class PrefillAttention:
         # Each thread block pays a fixed prologue/epilogue (Q load, O store) besides its
         # key loop; an SM runs its blocks one after another, so the two add up.
         compute = tiles / (attainable * wave_eff) + waves * self.cta_seconds
-        memory = dram / (self.bandwidth * self.memory_curve.at(max(dram, 1.0)))
+        rate = self._memory_rate
+        if rate is None:
+            rate = self.bandwidth * self.memory_curve.at(max(dram, 1.0))
+        memory = dram / rate
         return max(compute, memory) + self.floor, flops, dram, compute, memory
 
 

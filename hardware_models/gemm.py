@@ -16,7 +16,7 @@ from functools import lru_cache
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
-from hardware_models.efficiency import GemmKernel
+from hardware_models.efficiency import EfficiencyCurve, GemmKernel
 from hardware_models.op_cost import OpCost, classify
 
 # (tile_m, tile_n) shapes cuBLAS/CUTLASS kernels commonly use on tensor cores.
@@ -96,6 +96,48 @@ class GemmParts:
         return max(self.compute_s, self.memory_s) + self.fixed_s
 
 
+@dataclass(frozen=True, slots=True)
+class _Setup:
+    """What gemm_parts needs of a GPU and a dtype pair, looked up once: the engine prices
+    a few thousand GEMM shapes per run, and the per-dtype lookups cost more than the math."""
+
+    compute_curve: EfficiencyCurve
+    memory_curve: EfficiencyCurve
+    floor_us: float
+    kernel: GemmKernel
+    wave_latency_us: float
+    cta_us_per_mb: float
+    bpe: float
+    bpe_b: float
+    out_bpe: float
+    peak_per_sm: float
+    concurrent: int
+    pass_bandwidth: float  # the quantisation and padding copies stream at this rate
+
+
+@lru_cache(maxsize=256)
+def _setup(gpu: AcceleratorSpec, dtype: str | Dtype, weight_dtype: str | Dtype | None) -> _Setup:
+    eff = gpu.efficiency
+    compute_curve, memory_curve, floor_us = eff.gemm_terms(dtype)
+    kernel, wave_latency_us, cta_us_per_mb = eff.gemm_kernel(dtype)
+    plain = parse_dtype(dtype)
+    bpe = bytes_per_element(plain)
+    return _Setup(
+        compute_curve=compute_curve,
+        memory_curve=memory_curve,
+        floor_us=floor_us,
+        kernel=kernel,
+        wave_latency_us=wave_latency_us,
+        cta_us_per_mb=cta_us_per_mb,
+        bpe=bpe,
+        bpe_b=bpe if weight_dtype is None else bytes_per_element(parse_dtype(weight_dtype)),
+        out_bpe=bytes_per_element(output_dtype(plain)),
+        peak_per_sm=gpu.peak_flops(plain) / gpu.sm_count,
+        concurrent=gpu.sm_count * eff.ctas_per_sm,
+        pass_bandwidth=gpu.memory_bandwidth * eff.memory_bandwidth,
+    )
+
+
 def gemm_parts(
     gpu: AcceleratorSpec,
     m: int,
@@ -108,40 +150,33 @@ def gemm_parts(
     if min(m, n, k) < 1:
         raise ValueError(f"GEMM dimensions must be >= 1, got m={m} n={n} k={k}")
     eff = gpu.efficiency
-    compute_curve, memory_curve, floor_us = eff.gemm_terms(dtype)
-    kernel, wave_latency_us, cta_us_per_mb = eff.gemm_kernel(dtype)
-    dtype = parse_dtype(dtype)
-    bpe = bytes_per_element(dtype)
-    bpe_b = bpe if weight_dtype is None else bytes_per_element(parse_dtype(weight_dtype))
-    out_bpe = bytes_per_element(output_dtype(dtype))
+    c = _setup(gpu, dtype, weight_dtype)
+    bpe, bpe_b, out_bpe, concurrent = c.bpe, c.bpe_b, c.out_bpe, c.concurrent
     flops = 2.0 * m * n * k
-    peak_per_sm = gpu.peak_flops(dtype) / gpu.sm_count
-    compute_eff = compute_curve.at(flops)
-    concurrent = gpu.sm_count * eff.ctas_per_sm
+    compute_eff = c.compute_curve.at(flops)
     operands = m * k * bpe + k * n * bpe_b
     compulsory = operands + m * n * out_bpe
     fits_in_l2 = operands <= gpu.l2_bytes * L2_RESIDENT_FRACTION
-    mem_bw = gpu.memory_bandwidth * memory_curve.at(compulsory)
+    mem_bw = gpu.memory_bandwidth * c.memory_curve.at(compulsory)
     # Dynamic scaling streams the activations once more, in a kernel of its own, and a
     # kernel that needs aligned rows gets them padded by a copy first.
     # (The quantisation kernel's launch is part of the dtype's fitted floor.)
-    pad = m % kernel.align_m != 0
-    passes = [QUANT_PASS_BYTES] * kernel.quantize_activations + [PAD_PASS_BYTES] * pad
+    pad = m % c.kernel.align_m != 0
+    passes = [QUANT_PASS_BYTES] * c.kernel.quantize_activations + [PAD_PASS_BYTES] * pad
     pass_bytes = m * k * sum(passes)
-    pass_s = pass_bytes / (gpu.memory_bandwidth * eff.memory_bandwidth)
-    pass_s += eff.kernel_floor_us * 1e-6 * pad
+    pass_s = pass_bytes / c.pass_bandwidth + eff.kernel_floor_us * 1e-6 * pad
 
-    best: tuple[float, GemmParts] | None = None
-    for (tm, tn), split in candidate_layouts(kernel, m, n):
+    best: tuple[float, tuple] | None = None
+    for (tm, tn), split in candidate_layouts(c.kernel, m, n):
         tiles = math.ceil(m / tm) * math.ceil(n / tn)
         if split > 1 and (tiles * split > 2 * concurrent or k // split < 256):
             continue
         k_part = math.ceil(k / split)
         waves = math.ceil(tiles * split / concurrent)
-        math_s = waves * 2.0 * tm * tn * k_part / (peak_per_sm * compute_eff)
+        math_s = waves * 2.0 * tm * tn * k_part / (c.peak_per_sm * compute_eff)
         # One thread block pulls its A and B panels at a capped rate (its loads in
         # flight), which a small tile over a long k cannot hide behind its math.
-        stream_s = waves * (tm * bpe + tn * bpe_b) * k_part * cta_us_per_mb * 1e-12
+        stream_s = waves * (tm * bpe + tn * bpe_b) * k_part * c.cta_us_per_mb * 1e-12
         partials = 0.0 if split == 1 else 2 * m * n * split * 4.0  # fp32 workspace
         if fits_in_l2:
             dram = compulsory + partials
@@ -149,27 +184,31 @@ def gemm_parts(
             dram = (
                 _wave_traffic(m, n, k, tm, tn, concurrent, bpe, bpe_b) + m * n * out_bpe + partials
             )
-        l2 = tiles * split * (tm * bpe + tn * bpe_b) * k_part + m * n * out_bpe
         # Tensor-core kernels stage tiles through shared memory and (on Hopper) TMA
         # multicast, so L2 bandwidth shapes DRAM reuse but is not the binding roof.
         # Split-K pays for reducing its partial sums (a second pass) on top; each wave
         # fills its pipeline and stores its tiles besides its k loop.
-        extra = eff.gemm_split_k_overhead_us if split > 1 else 0.0
-        parts = GemmParts(
-            math_s=math_s,
-            stream_s=stream_s,
-            latency_s=(waves - 1) * wave_latency_us * 1e-6,
-            memory_s=dram / mem_bw,
-            fixed_s=(floor_us + extra) * 1e-6 + pass_s,
-            flops=flops,
-            dram_bytes=dram + pass_bytes,
-            l2_bytes=l2,
-            kernels=1 + len(passes),
-        )
-        if best is None or parts.seconds < best[0]:
-            best = (parts.seconds, parts)
+        latency_s = (waves - 1) * c.wave_latency_us * 1e-6
+        memory_s = dram / mem_bw
+        fixed_s = (c.floor_us + (eff.gemm_split_k_overhead_us if split > 1 else 0.0)) * 1e-6
+        fixed_s += pass_s
+        seconds = max(max(math_s, stream_s) + latency_s, memory_s) + fixed_s
+        if best is None or seconds < best[0]:
+            l2 = tiles * split * (tm * bpe + tn * bpe_b) * k_part + m * n * out_bpe
+            best = (seconds, (math_s, stream_s, latency_s, memory_s, fixed_s, dram, l2))
     assert best is not None
-    return best[1]
+    math_s, stream_s, latency_s, memory_s, fixed_s, dram, l2 = best[1]
+    return GemmParts(
+        math_s=math_s,
+        stream_s=stream_s,
+        latency_s=latency_s,
+        memory_s=memory_s,
+        fixed_s=fixed_s,
+        flops=flops,
+        dram_bytes=dram + pass_bytes,
+        l2_bytes=l2,
+        kernels=1 + len(passes),
+    )
 
 
 @lru_cache(maxsize=65536)
