@@ -13,6 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
+
+import numpy as np
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
@@ -209,6 +212,102 @@ def gemm_parts(
         l2_bytes=l2,
         kernels=1 + len(passes),
     )
+
+
+class GemmPartsArray(NamedTuple):
+    """GemmParts of many shapes at once (numpy arrays), with its derived terms."""
+
+    math_s: np.ndarray
+    stream_s: np.ndarray
+    latency_s: np.ndarray
+    memory_s: np.ndarray
+    fixed_s: np.ndarray
+    compute_s: np.ndarray
+    seconds: np.ndarray
+
+
+def _layouts_many(kernel: GemmKernel, m: np.ndarray, n: np.ndarray):
+    """candidate_layouts for many shapes: (tile, split, rows that may run it) per layout,
+    in the scalar loop's order."""
+    if kernel.dispatch == "fastest":
+        every = np.ones(len(m), dtype=bool)
+        return [(tile, split, every) for tile in TILE_SHAPES for split in SPLIT_K_FACTORS]
+    if kernel.dispatch == "fixed":
+        return [(TILE_LARGE, 1, np.ones(len(m), dtype=bool))]
+    bucket = np.full(len(m), len(TILES_BY_M))  # past the last bucket: TILE_LARGE
+    for i in reversed(range(len(TILES_BY_M))):
+        bucket = np.where(m <= TILES_BY_M[i][0], i, bucket)
+    chosen: dict[tuple[int, int], np.ndarray] = {TILE_LARGE: bucket == len(TILES_BY_M)}
+    for i, (_, narrow, wide) in enumerate(TILES_BY_M):
+        for tile, side in ((narrow, n <= NARROW_N), (wide, n > NARROW_N)):
+            rows = (bucket == i) & side
+            chosen[tile] = chosen.get(tile, np.zeros(len(m), dtype=bool)) | rows
+    return [(tile, 1, rows) for tile, rows in chosen.items()]
+
+
+def gemm_parts_many(
+    gpu: AcceleratorSpec,
+    m: np.ndarray,
+    n: np.ndarray,
+    k: np.ndarray,
+    dtype: str | Dtype = "bf16",
+    weight_dtype: str | Dtype | None = None,
+) -> GemmPartsArray:
+    """gemm_parts over arrays of shapes, the same arithmetic in the same order (so the
+    same floats and the same layout wins): a calibration fit prices thousands of shapes
+    for every candidate it tries, which one shape at a time takes minutes."""
+    m, n, k = (np.asarray(a, dtype=float) for a in (m, n, k))
+    eff = gpu.efficiency
+    c = _setup(gpu, dtype, weight_dtype)
+    bpe, bpe_b, out_bpe, concurrent = c.bpe, c.bpe_b, c.out_bpe, c.concurrent
+    flops = 2.0 * m * n * k
+    compute_eff = c.compute_curve.at(flops)
+    operands = m * k * bpe + k * n * bpe_b
+    compulsory = operands + m * n * out_bpe
+    fits_in_l2 = operands <= gpu.l2_bytes * L2_RESIDENT_FRACTION
+    mem_bw = gpu.memory_bandwidth * c.memory_curve.at(compulsory)
+    pad = m % c.kernel.align_m != 0
+    pass_bytes = m * k * (QUANT_PASS_BYTES * c.kernel.quantize_activations + PAD_PASS_BYTES * pad)
+    pass_s = pass_bytes / c.pass_bandwidth + eff.kernel_floor_us * 1e-6 * pad
+    layouts = _layouts_many(c.kernel, m, n)
+    shape = (len(layouts), len(m))
+    terms = {name: np.empty(shape) for name in GemmPartsArray._fields}
+    for i, ((tm, tn), split, allowed) in enumerate(layouts):
+        tiles = np.ceil(m / tm) * np.ceil(n / tn)
+        if split > 1:
+            allowed = allowed & ~((tiles * split > 2 * concurrent) | (k // split < 256))
+        k_part = np.ceil(k / split)
+        waves = np.ceil(tiles * split / concurrent)
+        math_s = waves * 2.0 * tm * tn * k_part / (c.peak_per_sm * compute_eff)
+        stream_s = waves * (tm * bpe + tn * bpe_b) * k_part * c.cta_us_per_mb * 1e-12
+        partials = 0.0 if split == 1 else 2 * m * n * split * 4.0
+        traffic = _wave_traffic_many(m, n, k, tm, tn, concurrent, bpe, bpe_b)
+        dram = np.where(fits_in_l2, compulsory + partials, traffic + m * n * out_bpe + partials)
+        latency_s = (waves - 1) * c.wave_latency_us * 1e-6
+        memory_s = dram / mem_bw
+        fixed_s = (c.floor_us + (eff.gemm_split_k_overhead_us if split > 1 else 0.0)) * 1e-6
+        fixed_s = fixed_s + pass_s
+        compute_s = np.maximum(math_s, stream_s) + latency_s
+        seconds = np.maximum(compute_s, memory_s) + fixed_s
+        for name, value in zip(
+            GemmPartsArray._fields,
+            (math_s, stream_s, latency_s, memory_s, fixed_s, compute_s, seconds),
+            strict=True,
+        ):
+            terms[name][i] = value
+        terms["seconds"][i] = np.where(allowed, seconds, np.inf)
+    best = np.argmin(terms["seconds"], axis=0)  # the first of equals, as the loop keeps
+    rows = np.arange(len(m))
+    return GemmPartsArray(**{name: terms[name][best, rows] for name in GemmPartsArray._fields})
+
+
+def _wave_traffic_many(m, n, k, tm: int, tn: int, concurrent: int, bpe_a, bpe_b) -> np.ndarray:
+    """_wave_traffic over arrays of shapes."""
+    tiles_m, tiles_n = np.ceil(m / tm), np.ceil(n / tn)
+    side_n = np.minimum(tiles_n, max(1, round(math.sqrt(concurrent))))
+    side_m = np.minimum(tiles_m, np.maximum(1, concurrent // side_n))
+    waves_m, waves_n = np.ceil(tiles_m / side_m), np.ceil(tiles_n / side_n)
+    return waves_n * m * k * bpe_a + waves_m * n * k * bpe_b
 
 
 @lru_cache(maxsize=65536)

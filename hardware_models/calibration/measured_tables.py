@@ -61,7 +61,7 @@ from hardware_models.collectives import collective_cost
 from hardware_models.dtypes import bytes_per_element, parse_dtype
 from hardware_models.efficiency import BLOCK_SCALED_SPELLINGS
 from hardware_models.errors import InfersimError
-from hardware_models.gemm import gemm_cost
+from hardware_models.gemm import gemm_parts_many
 from hardware_models.node import LinkSpec
 from hardware_models.presets import load_gpu, load_node
 
@@ -337,12 +337,10 @@ def gemm_kernel_dtype(table: pd.DataFrame) -> pd.Series:
 def _predict_gemm(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
     sub = sub.assign(dtype=gemm_kernel_dtype(sub))
     uniq, codes = _unique_groups(sub, ["m", "n", "k", "dtype"])
-    secs = np.array(
-        [
-            gemm_cost(gpu, int(m), int(n), int(k), d).seconds
-            for m, n, k, d in zip(uniq["m"], uniq["n"], uniq["k"], uniq["dtype"], strict=True)
-        ]
-    )
+    secs = np.empty(len(uniq))
+    for dtype, pos in uniq.groupby("dtype", sort=False).indices.items():
+        shapes = uniq.iloc[pos]
+        secs[pos] = gemm_parts_many(gpu, shapes["m"], shapes["n"], shapes["k"], dtype).seconds
     return secs[codes]
 
 

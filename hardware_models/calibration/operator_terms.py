@@ -20,7 +20,7 @@ from hardware_models.calibration.measured_tables import decode_parts
 from hardware_models.dtypes import bytes_per_element, parse_dtype
 from hardware_models.efficiency import EfficiencyProfile, dtype_key
 from hardware_models.errors import InfersimError
-from hardware_models.gemm import gemm_parts, output_dtype
+from hardware_models.gemm import gemm_parts_many, output_dtype
 
 # A curve's place in an EfficiencyProfile: (field, None) or (dict field, dtype key).
 CurveLoc = tuple[str, str | None]
@@ -51,12 +51,9 @@ def _unique(sub: pd.DataFrame, cols: list[str]) -> tuple[pd.DataFrame, np.ndarra
 def gemm_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, kernel: str) -> Terms:
     """GEMM rows all of one kernel dtype `kernel` (see gemm_kernel_dtype)."""
     uniq, codes = _unique(rows, ["m", "n", "k"])
-    parts = [
-        gemm_parts(gpu, int(m), int(n), int(k), kernel)
-        for m, n, k in zip(uniq["m"], uniq["n"], uniq["k"], strict=True)
-    ]
+    parts = gemm_parts_many(gpu, uniq["m"], uniq["n"], uniq["k"], kernel)
     seconds, math_s, stream, compute, memory, fixed = (
-        np.array([getattr(p, f) for p in parts])[codes]
+        getattr(parts, f)[codes]
         for f in ("seconds", "math_s", "stream_s", "compute_s", "memory_s", "fixed_s")
     )
     compute_binds = compute >= memory
