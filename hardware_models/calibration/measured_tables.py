@@ -53,9 +53,9 @@ from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.attention import (
     DecodeAttention,
     DecodeParts,
+    PrefillAttention,
     causal_pairs,
     decode_keys_read,
-    uniform_prefill_cost,
 )
 from hardware_models.collectives import collective_cost
 from hardware_models.dtypes import bytes_per_element, parse_dtype
@@ -347,23 +347,36 @@ def _predict_gemm(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
 _ATTN_COLS = ["num_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype"]
 
 
+def prefill_table(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
+    """(seconds, compute s, memory s, DRAM bytes) of each prefill row as the benchmark
+    ran it (uniform_prefill_cost), one attention model per head layout and window: a fit
+    prices every row for each candidate it tries."""
+    out = np.empty((len(sub), 4))
+    batch, q_len, kv_len, window = (
+        sub[c].to_numpy(dtype=float) for c in ("batch", "q_len", "kv_len", "window")
+    )
+    for key, pos in sub.groupby([*_ATTN_COLS, "window"], sort=False, dropna=False).indices.items():
+        heads, kv_heads, head_dim, dtype, kv_dtype, win = key
+        model = PrefillAttention(
+            gpu,
+            num_heads=int(heads),
+            num_kv_heads=int(kv_heads),
+            head_dim=int(head_dim),
+            dtype=dtype,
+            kv_dtype=kv_dtype,
+            window=int(win) or None,
+        )
+        for i in pos:
+            b, q, kv = int(batch[i]), int(q_len[i]), int(kv_len[i])
+            pairs = b * causal_pairs(q, kv, int(window[i]) or None)
+            seconds, _, dram, compute, memory = model(b, b * q, pairs, b * kv)
+            out[i] = seconds, compute, memory, dram
+    return out
+
+
 def _predict_prefill(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
     uniq, codes = _unique_groups(sub, ["batch", "q_len", "kv_len", "window", *_ATTN_COLS])
-    secs = np.empty(len(uniq))
-    for i, row in enumerate(uniq.itertuples(index=False)):
-        secs[i] = uniform_prefill_cost(
-            gpu,
-            batch=int(row.batch),
-            q_len=int(row.q_len),
-            kv_len=int(row.kv_len),
-            window=int(row.window) or None,
-            num_heads=int(row.num_heads),
-            num_kv_heads=int(row.num_kv_heads),
-            head_dim=int(row.head_dim),
-            dtype=row.dtype,
-            kv_dtype=row.kv_dtype,
-        ).seconds
-    return secs[codes]
+    return prefill_table(uniq, gpu)[:, 0][codes]
 
 
 def decode_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> DecodeParts:

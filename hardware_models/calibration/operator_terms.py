@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 
 from hardware_models.accelerator import AcceleratorSpec
-from hardware_models.attention import keys_per_query, uniform_prefill_cost
-from hardware_models.calibration.measured_tables import decode_parts
+from hardware_models.attention import keys_per_query
+from hardware_models.calibration.measured_tables import decode_parts, prefill_table
 from hardware_models.dtypes import bytes_per_element, parse_dtype
 from hardware_models.efficiency import EfficiencyProfile, dtype_key
 from hardware_models.errors import InfersimError
@@ -79,32 +79,13 @@ def gemm_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, kernel: str) -> Terms:
 _ATTN = ["num_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype"]
 
 
-def _prefill_seconds(gpu: AcceleratorSpec, uniq: pd.DataFrame) -> np.ndarray:
-    out = np.empty((len(uniq), 4))
-    for i, row in enumerate(uniq.itertuples(index=False)):
-        cost = uniform_prefill_cost(
-            gpu,
-            batch=int(row.batch),
-            q_len=int(row.q_len),
-            kv_len=int(row.kv_len),
-            window=int(row.window) or None,
-            num_heads=int(row.num_heads),
-            num_kv_heads=int(row.num_kv_heads),
-            head_dim=int(row.head_dim),
-            dtype=row.dtype,
-            kv_dtype=row.kv_dtype,
-        )
-        out[i] = cost.seconds, cost.compute_seconds, cost.memory_seconds, cost.dram_bytes
-    return out
-
-
 def prefill_terms(gpu: AcceleratorSpec, rows: pd.DataFrame) -> Terms:
     uniq, codes = _unique(rows, ["batch", "q_len", "kv_len", "window", *_ATTN])
-    priced = _prefill_seconds(gpu, uniq)[codes]
+    priced = prefill_table(uniq, gpu)[codes]
     # Priced again without the per-thread-block latency, which adds to the math: the rest
     # of the compute term is what the efficiency curve scales.
     no_cta = gpu.with_efficiency(gpu.efficiency.model_copy(update={"prefill_cta_latency_us": 0}))
-    math_only = _prefill_seconds(no_cta, uniq)[codes][:, 1]
+    math_only = prefill_table(uniq, no_cta)[codes][:, 1]
     seconds, compute, memory, dram = priced.T
     # Calls of one token per sequence are priced as decode calls: no prefill term binds.
     prefill = (rows["q_len"] > 1).to_numpy()
