@@ -59,18 +59,25 @@ def compare_table(results: Mapping[str, Results]) -> pd.DataFrame:
 def write_comparison(
     results: Mapping[str, Results], outdir: Path, *, plots: bool = True
 ) -> list[Path]:
-    """comparison.csv and overlaid latency CDFs next to the per-run folders."""
+    """comparison.csv, overlaid latency CDFs and throughput / cost next to the per-run
+    folders."""
     outdir.mkdir(parents=True, exist_ok=True)
     table_path = outdir / "comparison.csv"
     compare_table(results).to_csv(table_path)
     if not plots:
         return [table_path]
     from simulator.metrics.plots import latency_cdfs
+    from simulator.plotting import plot_throughput_and_cost
 
-    figure = latency_cdfs(
-        {name: r.requests for name, r in results.items()},
-        {name: r.itl for name, r in results.items()},
-    )
-    plot_path = outdir / "comparison_latency_cdfs.png"
-    figure.savefig(plot_path, dpi=110)
-    return [table_path, plot_path]
+    figures = {
+        "comparison_latency_cdfs.png": latency_cdfs(
+            {name: r.requests for name, r in results.items()},
+            {name: r.itl for name, r in results.items()},
+        ),
+        "comparison_throughput_cost.png": plot_throughput_and_cost(results),
+    }
+    paths = [table_path]
+    for name, figure in figures.items():
+        figure.savefig(outdir / name, dpi=110)
+        paths.append(outdir / name)
+    return paths

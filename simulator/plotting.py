@@ -162,3 +162,31 @@ def plot_rooflines(
     for ax in axes.flat[len(gpus) :]:
         ax.set_visible(False)
     return fig
+
+
+def plot_throughput_and_cost(results: Mapping[str, Results]) -> Figure:
+    """Output tokens/s over simulated time overlaid, then each run's mean output tokens/s
+    and $ per 1M output tokens as bars."""
+    fig = Figure(figsize=(11, 8), layout="constrained")
+    axes = fig.subplot_mosaic([["time", "time"], ["tokens", "cost"]])
+    for name, result in results.items():
+        ts = result.timeseries
+        if not ts.empty:
+            edges = np.append(ts["t_start"].to_numpy(), ts["t_end"].to_numpy()[-1:])
+            axes["time"].stairs(ts["output_tokens_per_s"].to_numpy(), edges, label=name,
+                                baseline=None)  # fmt: skip
+    axes["time"].set(title="output tokens/s", xlabel="simulated time (s)")
+    axes["time"].legend(fontsize="small")
+    table = compare_table(results)
+    names = [str(n) for n in table.index]
+    for key, column, title in (
+        ("tokens", "out tok/s", "output tokens/s (run mean)"),
+        ("cost", "$/1M out tok", "$ per 1M output tokens"),
+    ):
+        colors = [f"C{i % 10}" for i in range(len(names))]  # as the lines above
+        axes[key].barh(names, table[column].astype(float).fillna(0), color=colors)
+        axes[key].invert_yaxis()
+        axes[key].set_title(title)
+    for ax in axes.values():
+        ax.grid(alpha=0.3)
+    return fig

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping
 from pathlib import Path
-
-import numpy as np
 
 from hardware_models.errors import InfersimError
 from simulator.cli.options import add_output_flags, add_overrides
@@ -17,8 +14,6 @@ from simulator.compare import compare_table, write_comparison
 from simulator.results import Results
 from simulator.scenario import Scenario
 from simulator.simulation import build_replica, simulate
-
-PLOT_FILE = "comparison_throughput_cost.png"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -63,36 +58,6 @@ def _runs(paths: list[Path], overrides: list[str]) -> dict[str, tuple[Path, Scen
     return runs
 
 
-def throughput_cost_figure(results: Mapping[str, Results]):
-    """Output tokens/s over simulated time overlaid, then each run's mean output tokens/s
-    and $ per 1M output tokens as bars."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(11, 8), layout="constrained")
-    axes = fig.subplot_mosaic([["time", "time"], ["tokens", "cost"]])
-    for name, result in results.items():
-        ts = result.timeseries
-        if not ts.empty:
-            edges = np.append(ts["t_start"].to_numpy(), ts["t_end"].to_numpy()[-1:])
-            axes["time"].stairs(ts["output_tokens_per_s"].to_numpy(), edges, label=name,
-                                baseline=None)  # fmt: skip
-    axes["time"].set(title="output tokens/s", xlabel="simulated time (s)")
-    axes["time"].legend(fontsize="small")
-    table = compare_table(results)
-    names = [str(n) for n in table.index]
-    for key, column, title in (
-        ("tokens", "out tok/s", "output tokens/s (run mean)"),
-        ("cost", "$/1M out tok", "$ per 1M output tokens"),
-    ):
-        colors = [f"C{i % 10}" for i in range(len(names))]  # as the lines above
-        axes[key].barh(names, table[column].astype(float).fillna(0), color=colors)
-        axes[key].invert_yaxis()
-        axes[key].set_title(title)
-    for ax in axes.values():
-        ax.grid(alpha=0.3)
-    return fig
-
-
 def _compare(args: argparse.Namespace) -> int:
     runs = _runs(args.scenarios, args.overrides)
     outdir = args.output or free_results_dir("compare")
@@ -112,9 +77,5 @@ def _compare(args: argparse.Namespace) -> int:
         )
     print(compare_table(results).to_string(float_format=lambda x: f"{x:,.3g}"))
     written += write_comparison(results, outdir, plots=not args.no_plots)
-    if not args.no_plots:
-        path = outdir / PLOT_FILE
-        throughput_cost_figure(results).savefig(path, dpi=110)
-        written.append(path)
     print(f"\nwrote {len(written)} files to {outdir}/", file=sys.stderr)
     return 0
