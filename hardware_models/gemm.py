@@ -168,6 +168,20 @@ def gemm_parts(
     passes = [QUANT_PASS_BYTES] * c.kernel.quantize_activations + [PAD_PASS_BYTES] * pad
     pass_bytes = m * k * sum(passes)
     pass_s = pass_bytes / c.pass_bandwidth + eff.kernel_floor_us * 1e-6 * pad
+    if c.kernel.gemv and m == 1:
+        # No tiles: every SM streams its share of B once. Two FLOPs per weight element
+        # read is far below any GPU's machine balance, so no compute term.
+        return GemmParts(
+            math_s=0.0,
+            stream_s=0.0,
+            latency_s=0.0,
+            memory_s=compulsory / mem_bw,
+            fixed_s=c.floor_us * 1e-6 + pass_s,
+            flops=flops,
+            dram_bytes=compulsory + pass_bytes,
+            l2_bytes=compulsory,
+            kernels=1 + len(passes),
+        )
 
     best: tuple[float, tuple] | None = None
     for (tm, tn), split in candidate_layouts(c.kernel, m, n):
@@ -298,7 +312,22 @@ def gemm_parts_many(
         terms["seconds"][i] = np.where(allowed, seconds, np.inf)
     best = np.argmin(terms["seconds"], axis=0)  # the first of equals, as the loop keeps
     rows = np.arange(len(m))
-    return GemmPartsArray(**{name: terms[name][best, rows] for name in GemmPartsArray._fields})
+    out = {name: terms[name][best, rows] for name in GemmPartsArray._fields}
+    if c.kernel.gemv:
+        gemv = m == 1
+        memory_s = compulsory / mem_bw
+        fixed_s = c.floor_us * 1e-6 + pass_s
+        gemv_terms = {
+            "math_s": 0.0,
+            "stream_s": 0.0,
+            "latency_s": 0.0,
+            "memory_s": memory_s,
+            "fixed_s": fixed_s,
+            "compute_s": 0.0,
+            "seconds": np.maximum(0.0, memory_s) + fixed_s,
+        }
+        out = {name: np.where(gemv, gemv_terms[name], out[name]) for name in out}
+    return GemmPartsArray(**out)
 
 
 def _wave_traffic_many(m, n, k, tm: int, tn: int, concurrent: int, bpe_a, bpe_b) -> np.ndarray:

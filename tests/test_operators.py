@@ -415,3 +415,43 @@ def test_prefill_memory_curve_defaults_to_the_streaming_bandwidth():
     assert short.seconds > 1.5 * cost(A100, 128, 128).seconds
     assert short.memory_seconds > short.compute_seconds
     assert cost(slow, 1, 16384).seconds == cost(A100, 1, 16384).seconds
+
+
+@pytest.mark.parametrize("gpu", [H100, A100], ids=["h100", "a100"])
+def test_scalar_and_array_gemm_pricing_give_the_same_floats(gpu):
+    """The simulator (gemm_parts) and the fitter (gemm_parts_many) price GEMMs apart for
+    speed; a calibrated profile is only valid for both if every term agrees exactly."""
+    import numpy as np
+
+    from hardware_models.efficiency import GemmKernel
+    from hardware_models.gemm import gemm_parts, gemm_parts_many
+
+    rng = np.random.default_rng(0)
+    shapes = np.exp(rng.uniform(0, np.log(65536), size=(300, 3))).astype(int)
+    shapes[:40, 0] = 1  # one-row products take the matrix-vector path where enabled
+    m, n, k = shapes.T
+    curve = EfficiencyCurve(sizes=[1e6, 1e12], values=[0.3, 0.85])
+    dtype = "fp8" if gpu is H100 else "bf16"  # 8-bit operands and 16-bit output where it has them
+    for kernel in (
+        GemmKernel(),
+        GemmKernel(gemv=True),
+        GemmKernel(quantize_activations=True),
+        GemmKernel(dispatch="by_m", quantize_activations=True),
+        GemmKernel(dispatch="fixed", quantize_activations=True, align_m=4),
+    ):
+        eff = gpu.efficiency.model_copy(
+            update={
+                "gemm_kernel_by_dtype": {dtype: kernel},
+                "gemm_compute_by_dtype": {dtype: curve},
+                "gemm_floor_us_by_dtype": {dtype: 3.0},
+                "gemm_wave_latency_us_by_dtype": {dtype: 0.7},
+                "gemm_cta_us_per_mb_by_dtype": {dtype: 5.0},
+                "gemm_split_k_overhead_us": 1.5,
+            }
+        )
+        priced = gpu.with_efficiency(eff)
+        many = gemm_parts_many(priced, m, n, k, dtype)
+        for i in range(len(m)):
+            one = gemm_parts(priced, int(m[i]), int(n[i]), int(k[i]), dtype)
+            for name in many._fields:
+                assert getattr(many, name)[i] == getattr(one, name), (kernel, name, shapes[i])

@@ -185,7 +185,7 @@ def class_fits(table: pd.DataFrame) -> list[ClassFit]:
             ]
             if key == main:
                 scalars.append(Scalar(("gemm_split_k_overhead_us", None), 0.0, 2.0 * top))
-            if gemm_kernel_choices(key):
+            if bytes_per_element(parse_dtype(key)) < 2:
                 # us per MB one thread block streams: 0 (no cap) to 20 (50 GB/s).
                 scalars.append(Scalar(("gemm_cta_us_per_mb_by_dtype", key), 0.0, 20.0))
             fits.append(
@@ -237,13 +237,14 @@ def class_fits(table: pd.DataFrame) -> list[ClassFit]:
 
 
 def gemm_kernel_choices(key: str) -> tuple[tuple[CurveLoc, tuple[object, ...]], ...]:
-    """The kernel families an 8-bit GEMM may run (16-bit ones run cuBLAS): cuBLASLt
-    (torch._scaled_mm, inputs already quantised), or a serving engine's path that first
-    quantises the activations, then runs cuBLAS-style, CUTLASS-by-m or 128x128
-    block-scaled tiles (which need m padded to 4 rows). The fit picks the one the table
-    measured."""
+    """The kernel families a GEMM may run. 16-bit ones run cuBLAS, with or without its
+    matrix-vector kernel for one-row products (the A100's cuBLAS has one, the H100 table
+    shows m = 1 as slow as m = 2). 8-bit ones run cuBLASLt (torch._scaled_mm, inputs
+    already quantised), or a serving engine's path that first quantises the
+    activations, then runs cuBLAS-style, CUTLASS-by-m or 128x128 block-scaled tiles
+    (which need m padded to 4 rows). The fit picks the one the table measured."""
     if bytes_per_element(parse_dtype(key)) >= 2:
-        return ()
+        return ((("gemm_kernel_by_dtype", key), (GemmKernel(), GemmKernel(gemv=True))),)
     options = (
         GemmKernel(),
         GemmKernel(quantize_activations=True),
