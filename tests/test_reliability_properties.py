@@ -115,6 +115,12 @@ def check_invariants(results: Any, scenario: Scenario) -> dict[str, Any]:
     assert (cached >= 0).all() and (cached < req["prompt"]).all()
     assert (cached[~started] == 0).all()
     _check_sessions(req)
+    # Every token after a request's first saw exactly one inter-token gap (a padded batch
+    # cut by the horizon keeps only the gaps of the steps that ran). With failures, the
+    # gaps a retried request saw before its replica died stay while its count restarts.
+    if not scenario.faults:
+        after_first = int((req["generated"] - 1).clip(lower=0).sum())
+        assert int(results.itl["weight"].sum()) == after_first
     # KV blocks within [0, total] in every step of every replica; one step at a time.
     if len(steps):
         totals = np.array([r.kv_total_blocks for r in ctx.replicas])

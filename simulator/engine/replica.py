@@ -632,6 +632,7 @@ class Replica:
             return
         batch = np.asarray(self._batch, dtype=np.int64)
         decoded = int(np.searchsorted(self._batch_ends, now, side="right"))
+        self.log.keep_gaps(self._mark, decoded)  # its gaps past `now` never happened
         req = self.requests
         req.generated[batch] = np.minimum(1 + decoded, req.output[batch])
         if decoded:

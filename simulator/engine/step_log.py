@@ -118,6 +118,11 @@ class StepLog:
         if gaps:
             self.itl.truncate(mark[1] - self._folded[1])
 
+    def keep_gaps(self, mark: tuple[int, int], kept: int) -> None:
+        """Keep only the first `kept` gaps logged since `mark`: a padded batch logs one per
+        decode step ahead of time, and the run stopped after `kept` of its steps."""
+        self.itl.truncate(mark[1] - self._folded[1] + kept)
+
     # ---- folding ----------------------------------------------------------------------------
     def _fold_steps(self) -> None:
         """Fold the buffered steps that ended by the SimPy clock."""
