@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -347,6 +348,18 @@ def _predict_gemm(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
 _ATTN_COLS = ["num_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype"]
 
 
+def _head_layout(key: tuple) -> dict[str, Any]:
+    """The attention model's arguments for one group key of _ATTN_COLS."""
+    heads, kv_heads, head_dim, dtype, kv_dtype = key
+    return {
+        "num_heads": int(heads),
+        "num_kv_heads": int(kv_heads),
+        "head_dim": int(head_dim),
+        "dtype": dtype,
+        "kv_dtype": kv_dtype,
+    }
+
+
 def prefill_table(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
     """(seconds, compute s, memory s, DRAM bytes) of each prefill row as the benchmark
     ran it (uniform_prefill_cost), one attention model per head layout and window: a fit
@@ -356,16 +369,7 @@ def prefill_table(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
         sub[c].to_numpy(dtype=float) for c in ("batch", "q_len", "kv_len", "window")
     )
     for key, pos in sub.groupby([*_ATTN_COLS, "window"], sort=False, dropna=False).indices.items():
-        heads, kv_heads, head_dim, dtype, kv_dtype, win = key
-        model = PrefillAttention(
-            gpu,
-            num_heads=int(heads),
-            num_kv_heads=int(kv_heads),
-            head_dim=int(head_dim),
-            dtype=dtype,
-            kv_dtype=kv_dtype,
-            window=int(win) or None,
-        )
+        model = PrefillAttention(gpu, **_head_layout(key[:-1]), window=int(key[-1]) or None)
         for i in pos:
             b, q, kv = int(batch[i]), int(q_len[i]), int(kv_len[i])
             pairs = b * causal_pairs(q, kv, int(window[i]) or None)
@@ -385,15 +389,7 @@ def decode_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> DecodeParts:
     batch = sub["batch"].to_numpy(dtype=float)
     out = DecodeParts(*(np.empty(len(sub)) for _ in DecodeParts._fields))
     for key, pos in sub.groupby(_ATTN_COLS, sort=False).indices.items():
-        heads, kv_heads, head_dim, dtype, kv_dtype = key
-        model = DecodeAttention(
-            gpu,
-            num_heads=int(heads),
-            num_kv_heads=int(kv_heads),
-            head_dim=int(head_dim),
-            dtype=dtype,
-            kv_dtype=kv_dtype,
-        )
+        model = DecodeAttention(gpu, **_head_layout(key))
         parts = model.parts(batch[pos], batch[pos] * seen[pos])
         for column, values in zip(out, parts, strict=True):
             column[pos] = values
