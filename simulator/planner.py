@@ -311,7 +311,8 @@ def plan_capacity(
     table = pd.DataFrame(rows)
     if "usd_per_hour" not in table:  # nothing feasible
         table["usd_per_hour"] = float("nan")
-    table["rank"] = table["usd_per_hour"].where(table["status"] == "ok").rank(method="first")
+    feasible = table["usd_per_hour"].where(table["status"] == "ok")
+    table["rank"] = feasible.rank(method="first").astype("Int64")  # none for the infeasible
     return table.sort_values(["rank", "gpu", "tp", "layout"], na_position="last", ignore_index=True)
 
 
