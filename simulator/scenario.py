@@ -235,7 +235,11 @@ class PlanSection(BaseModel):
     )
     max_replicas: int = Field(default=512, ge=1, description="give up on a candidate beyond")
     requests_per_probe: int = Field(
-        default=400, ge=50, le=100_000, description="requests per capacity probe"
+        default=400,
+        ge=100,
+        le=100_000,
+        description="requests per capacity probe; at least 100, the fewest with which a "
+        "run's overload tests can tell a queue that keeps growing",
     )
     disaggregation: bool = Field(
         default=False,

@@ -18,7 +18,7 @@ def _plan_scenario(make_scenario, **plan):
     return make_scenario(
         slo={"ttft_ms": 1500, "tpot_ms": 60},
         workload={"arrivals": {"kind": "poisson", "rate_per_s": 6.0}},
-        plan={"gpus": ["a100-80gb-sxm", "l4"], "tp": [1], "requests_per_probe": 60,
+        plan={"gpus": ["a100-80gb-sxm", "l4"], "tp": [1], "requests_per_probe": 100,
               "headroom": 0.1, **plan},
     )  # fmt: skip
 
@@ -128,7 +128,7 @@ def test_plan_cli_shows_both_layouts_and_bad_settings_are_one_line(tmp_path, cap
     path = tmp_path / "plan.yaml"
     data = scenario_dict(
         slo={"ttft_ms": 1500, "tpot_ms": 60},
-        plan={"gpus": ["a100-80gb-sxm"], "tp": [1], "requests_per_probe": 60,
+        plan={"gpus": ["a100-80gb-sxm"], "tp": [1], "requests_per_probe": 100,
               "disaggregation": True},
     )  # fmt: skip
     path.write_text(yaml.safe_dump(data))
