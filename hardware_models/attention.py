@@ -186,6 +186,14 @@ def attention_prefill_cost(
     )
 
 
+def uniform_prefill_args(
+    batch: int, q_len: int, kv_len: int, window: int | None
+) -> tuple[int, int, float, int]:
+    """(num_seqs, new_tokens, attended_pairs, context_tokens) of `batch` equal sequences,
+    as PrefillAttention and attention_prefill_cost take them."""
+    return batch, batch * q_len, batch * causal_pairs(q_len, kv_len, window), batch * kv_len
+
+
 def uniform_prefill_cost(
     gpu: AcceleratorSpec,
     *,
@@ -201,12 +209,13 @@ def uniform_prefill_cost(
 ) -> OpCost:
     """Prefill of `batch` equal sequences (q_len new tokens after kv_len - q_len cached):
     the shape benchmarks and the `roofline` command describe."""
+    seqs, new_tokens, pairs, context = uniform_prefill_args(batch, q_len, kv_len, window)
     return attention_prefill_cost(
         gpu,
-        num_seqs=batch,
-        new_tokens=batch * q_len,
-        attended_pairs=batch * causal_pairs(q_len, kv_len, window),
-        context_tokens=batch * kv_len,
+        num_seqs=seqs,
+        new_tokens=new_tokens,
+        attended_pairs=pairs,
+        context_tokens=context,
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,

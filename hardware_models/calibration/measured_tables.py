@@ -57,6 +57,7 @@ from hardware_models.attention import (
     PrefillAttention,
     causal_pairs,
     decode_keys_read,
+    uniform_prefill_args,
 )
 from hardware_models.collectives import collective_cost
 from hardware_models.dtypes import bytes_per_element, parse_dtype
@@ -371,9 +372,10 @@ def prefill_table(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
     for key, pos in sub.groupby([*_ATTN_COLS, "window"], sort=False, dropna=False).indices.items():
         model = PrefillAttention(gpu, **_head_layout(key[:-1]), window=int(key[-1]) or None)
         for i in pos:
-            b, q, kv = int(batch[i]), int(q_len[i]), int(kv_len[i])
-            pairs = b * causal_pairs(q, kv, int(window[i]) or None)
-            seconds, _, dram, compute, memory = model(b, b * q, pairs, b * kv)
+            args = uniform_prefill_args(
+                int(batch[i]), int(q_len[i]), int(kv_len[i]), int(window[i]) or None
+            )
+            seconds, _, dram, compute, memory = model(*args)
             out[i] = seconds, compute, memory, dram
     return out
 
