@@ -169,7 +169,7 @@ def _load(requests: pd.DataFrame, masks: dict[str, np.ndarray], end: float) -> d
                 f"served {served / offered:.0%} of the offered load in the second half of "
                 f"the arrivals ({served / window:.3g} of {offered / window:.3g} req/s)"
             )
-        growth = _queueing_growth(requests, arrival[servable], servable, first, last, end)
+        growth = _queueing_growth(requests, servable, end)
         load["queueing_growth"] = growth
         if growth is not None and growth > OVERLOAD_SHORTFALL / (1 - OVERLOAD_SHORTFALL):
             reasons.append(
@@ -183,17 +183,13 @@ def _load(requests: pd.DataFrame, masks: dict[str, np.ndarray], end: float) -> d
     return load
 
 
-def _queueing_growth(
-    requests: pd.DataFrame,
-    arrival: np.ndarray,
-    servable: np.ndarray,
-    first: float,
-    last: float,
-    end: float,
-) -> float | None:
+def _queueing_growth(requests: pd.DataFrame, servable: np.ndarray, end: float) -> float | None:
     """Slope of the median queueing delay from the second to the last quarter of the
     arrival window (a request never scheduled counts as waiting until the run's end);
     None when either quarter holds too few requests to say."""
+    all_arrivals = requests["arrival"].to_numpy()
+    first, last = float(all_arrivals.min()), float(all_arrivals.max())
+    arrival = all_arrivals[servable]
     scheduled = requests["first_scheduled"].to_numpy()[servable]
     delay = np.where(np.isnan(scheduled), end, scheduled) - arrival
     span = last - first
