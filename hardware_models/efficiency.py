@@ -109,6 +109,15 @@ class GemmKernel(BaseModel):
         description="rows the kernel needs m to be a multiple of; other m are first padded "
         "by a copy kernel (block-scaled fp8 needs 4, for 16-byte aligned per-row scales)",
     )
+    cluster_m: int = Field(
+        default=1,
+        ge=1,
+        le=4,
+        description="thread blocks a CUTLASS cluster stacks along m (by_m past its swapped "
+        "buckets, and fixed): a cluster is launched whole, so tile rows round up to a "
+        "multiple of it (vLLM's Hopper fp8 kernels use 2x1 clusters: m = 257 computes four "
+        "128-row tiles). cuBLAS-style dispatch picks its own and ignores this",
+    )
     gemv: bool = Field(
         default=False,
         description="a one-row product (m = 1) runs a matrix-vector kernel instead of "
@@ -247,6 +256,14 @@ class EfficiencyProfile(BaseModel):
         "reduced by a second kernel or a serialised pass (cuBLAS on skinny GEMMs with a "
         "long k measures ~1-3 us); 0 prices split-K as free, the uncalibrated default",
     )
+    gemm_pad_us: float | None = Field(
+        default=None,
+        ge=0,
+        description="fixed time of the copies that pad m to a kernel's align_m, "
+        "microseconds (vLLM's block-scaled fp8 path launches four small kernels: zeroed "
+        "padded activations, a row copy, padded scales and their copy; the H100 table "
+        "shows m = 5 ~5 us slower than m = 4); none: one kernel_floor_us",
+    )
     gemm_compute_by_dtype: dict[str, EfficiencyCurve] = Field(
         default_factory=dict,
         description="gemm_compute for one dtype (keys: bf16, fp8, fp8_block, ...); fp8 "
@@ -280,6 +297,13 @@ class EfficiencyProfile(BaseModel):
         "panels, microseconds, for GEMMs of one dtype: a block's loads in flight cap its "
         "rate (~100-200 GB/s on an H100 SM), which binds when few small tiles run long k "
         "loops (vLLM's 16-row fp8 tiles at small m); no entry: no cap",
+    )
+    gemm_quant_bandwidth_by_dtype: dict[str, float] = Field(
+        default_factory=dict,
+        description="fraction of memory bandwidth the activation-quantisation pass of one "
+        "dtype streams at (a GemmKernel with quantize_activations): a per-token-group "
+        "quantiser writing column-major scales runs well below a plain copy; no entry: "
+        "memory_bandwidth",
     )
     gemm_kernel_by_dtype: dict[str, GemmKernel] = Field(
         default_factory=dict,
@@ -346,6 +370,10 @@ class EfficiencyProfile(BaseModel):
             self._for_dtype(self.gemm_wave_latency_us_by_dtype, dtype, self.gemm_wave_latency_us),
             self._for_dtype(self.gemm_cta_us_per_mb_by_dtype, dtype, 0.0),
         )
+
+    def gemm_quant_bandwidth(self, dtype: object) -> float:
+        """Fraction of memory bandwidth `dtype`'s activation-quantisation pass reaches."""
+        return self._for_dtype(self.gemm_quant_bandwidth_by_dtype, dtype, self.memory_bandwidth)
 
     def link_for(self, num_gpus: int, link: LinkSpec) -> LinkSpec:
         """`link` with the fitted latency and efficiency for `num_gpus` GPUs, if any."""

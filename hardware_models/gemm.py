@@ -35,10 +35,14 @@ TILES_BY_M: tuple[tuple[int, tuple[int, int], tuple[int, int]], ...] = (
 )
 NARROW_N = 1280
 TILE_LARGE = (128, 128)
+# Past the swapped buckets m lies along the kernel's M, where a thread-block cluster
+# (GemmKernel.cluster_m) rounds the tile rows up to a whole number of clusters.
+SWAPPED_UP_TO_M = TILES_BY_M[1][0]
 # Bytes a quantisation pass moves per activation element: read 16-bit, write 8-bit.
 QUANT_PASS_BYTES = 3.0
-# Bytes a padding copy moves per activation element: read and write 16-bit.
-PAD_PASS_BYTES = 4.0
+# Elements the padding copies move per quantised activation element: zero the padded
+# buffer, then read and write the rows into it.
+PAD_PASS_ELEMENTS = 3.0
 # Share of L2 a GEMM can count on for keeping its operands resident.
 L2_RESIDENT_FRACTION = 0.5
 
@@ -62,18 +66,35 @@ def _wave_traffic(
     return a_panel_loads * bpe_a + b_panel_loads * bpe_b
 
 
-def candidate_layouts(kernel: GemmKernel, m: int, n: int) -> list[tuple[tuple[int, int], int]]:
-    """The (tile, split-K factor) pairs a kernel family may run for an m x n output: every
-    pair for cuBLAS-style heuristics, one tile and no split-K for CUTLASS dispatch."""
+class Layout(NamedTuple):
+    """How a kernel lays an m x n x k GEMM out on the SMs."""
+
+    tile: tuple[int, int]  # (rows of m, columns of n) per thread block
+    split: int  # split-K factor
+    cluster_m: int  # tiles a cluster stacks along m
+
+
+def candidate_layouts(kernel: GemmKernel, m: int, n: int) -> list[Layout]:
+    """The layouts a kernel family may run: every tile and split for cuBLAS-style
+    heuristics (which pick their own clusters), one clustered tile and no split-K for
+    CUTLASS dispatch."""
     if kernel.dispatch == "fastest":
-        return [(tile, split) for tile in TILE_SHAPES for split in SPLIT_K_FACTORS]
+        return [Layout(tile, split, 1) for tile in TILE_SHAPES for split in SPLIT_K_FACTORS]
     if kernel.dispatch == "by_m":
         tile = next(
             (narrow if n <= NARROW_N else wide for top, narrow, wide in TILES_BY_M if m <= top),
             TILE_LARGE,
         )
-        return [(tile, 1)]
-    return [(TILE_LARGE, 1)]
+        return [Layout(tile, 1, 1 if m <= SWAPPED_UP_TO_M else kernel.cluster_m)]
+    return [Layout(TILE_LARGE, 1, kernel.cluster_m)]
+
+
+def tile_rows(m, tm: int, cluster_m: int):
+    """Tile rows launched for m rows: a cluster of `cluster_m` tiles is launched whole, so
+    m = 257 on 128-row tiles in pairs computes 4 tile rows, twice m = 256's 2 (the H100
+    fp8 table: 2.0-2.3x at n >= 8192). Ints or float arrays (ceil as negated floor)."""
+    rows = -(-m // tm)
+    return -(-rows // cluster_m) * cluster_m
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +136,9 @@ class _Setup:
     out_bpe: float
     peak_per_sm: float
     concurrent: int
-    pass_bandwidth: float  # the quantisation and padding copies stream at this rate
+    pass_bandwidth: float  # the padding copies stream at this rate
+    quant_bandwidth: float  # the activation-quantisation pass streams at this rate
+    pad_s: float  # fixed time of the padding copies
 
 
 @lru_cache(maxsize=256)
@@ -138,7 +161,20 @@ def _setup(gpu: AcceleratorSpec, dtype: str | Dtype, weight_dtype: str | Dtype |
         peak_per_sm=gpu.peak_flops(plain) / gpu.sm_count,
         concurrent=gpu.sm_count * eff.ctas_per_sm,
         pass_bandwidth=gpu.memory_bandwidth * eff.memory_bandwidth,
+        quant_bandwidth=gpu.memory_bandwidth * eff.gemm_quant_bandwidth(dtype),
+        pad_s=(eff.kernel_floor_us if eff.gemm_pad_us is None else eff.gemm_pad_us) * 1e-6,
     )
+
+
+def _pre_passes(c: _Setup, m, k, pad) -> tuple:
+    """(DRAM bytes, seconds) of the kernels before the matmul: dynamic scaling streams
+    the activations once more in a kernel of its own (its launch is part of the dtype's
+    fitted floor), and a kernel that needs aligned rows gets them padded by copies
+    first. Scalars or arrays (`pad` a bool or a bool array)."""
+    quant_bytes = m * k * QUANT_PASS_BYTES * c.kernel.quantize_activations
+    pad_bytes = m * k * PAD_PASS_ELEMENTS * c.bpe * pad
+    seconds = quant_bytes / c.quant_bandwidth + pad_bytes / c.pass_bandwidth + c.pad_s * pad
+    return quant_bytes + pad_bytes, seconds
 
 
 def gemm_parts(
@@ -161,13 +197,8 @@ def gemm_parts(
     compulsory = operands + m * n * out_bpe
     fits_in_l2 = operands <= gpu.l2_bytes * L2_RESIDENT_FRACTION
     mem_bw = gpu.memory_bandwidth * c.memory_curve.at(compulsory)
-    # Dynamic scaling streams the activations once more, in a kernel of its own, and a
-    # kernel that needs aligned rows gets them padded by a copy first.
-    # (The quantisation kernel's launch is part of the dtype's fitted floor.)
     pad = m % c.kernel.align_m != 0
-    passes = [QUANT_PASS_BYTES] * c.kernel.quantize_activations + [PAD_PASS_BYTES] * pad
-    pass_bytes = m * k * sum(passes)
-    pass_s = pass_bytes / c.pass_bandwidth + eff.kernel_floor_us * 1e-6 * pad
+    pass_bytes, pass_s = _pre_passes(c, m, k, pad)
     if c.kernel.gemv and m == 1:
         # No tiles: every SM streams its share of B once. Two FLOPs per weight element
         # read is far below any GPU's machine balance, so no compute term.
@@ -180,12 +211,12 @@ def gemm_parts(
             flops=flops,
             dram_bytes=compulsory + pass_bytes,
             l2_bytes=compulsory,
-            kernels=1 + len(passes),
+            kernels=1 + c.kernel.quantize_activations + pad,
         )
 
     best: tuple[float, tuple] | None = None
-    for (tm, tn), split in candidate_layouts(c.kernel, m, n):
-        tiles = math.ceil(m / tm) * math.ceil(n / tn)
+    for (tm, tn), split, cluster_m in candidate_layouts(c.kernel, m, n):
+        tiles = tile_rows(m, tm, cluster_m) * math.ceil(n / tn)
         if split > 1 and (tiles * split > 2 * concurrent or k // split < 256):
             continue
         k_part = math.ceil(k / split)
@@ -224,7 +255,7 @@ def gemm_parts(
         flops=flops,
         dram_bytes=dram + pass_bytes,
         l2_bytes=l2,
-        kernels=1 + len(passes),
+        kernels=1 + c.kernel.quantize_activations + pad,
     )
 
 
@@ -241,22 +272,26 @@ class GemmPartsArray(NamedTuple):
 
 
 def _layouts_many(kernel: GemmKernel, m: np.ndarray, n: np.ndarray):
-    """candidate_layouts for many shapes: (tile, split, rows that may run it) per layout,
-    in the scalar loop's order."""
+    """candidate_layouts for many shapes: (layout, rows that may run it) per layout, in
+    the scalar loop's order."""
+    every = np.ones(len(m), dtype=bool)
     if kernel.dispatch == "fastest":
-        every = np.ones(len(m), dtype=bool)
-        return [(tile, split, every) for tile in TILE_SHAPES for split in SPLIT_K_FACTORS]
+        return [
+            (Layout(tile, split, 1), every) for tile in TILE_SHAPES for split in SPLIT_K_FACTORS
+        ]
     if kernel.dispatch == "fixed":
-        return [(TILE_LARGE, 1, np.ones(len(m), dtype=bool))]
+        return [(Layout(TILE_LARGE, 1, kernel.cluster_m), every)]
     bucket = np.full(len(m), len(TILES_BY_M))  # past the last bucket: TILE_LARGE
     for i in reversed(range(len(TILES_BY_M))):
         bucket = np.where(m <= TILES_BY_M[i][0], i, bucket)
-    chosen: dict[tuple[int, int], np.ndarray] = {TILE_LARGE: bucket == len(TILES_BY_M)}
-    for i, (_, narrow, wide) in enumerate(TILES_BY_M):
+    chosen = {(TILE_LARGE, kernel.cluster_m): bucket == len(TILES_BY_M)}
+    for i, (top, narrow, wide) in enumerate(TILES_BY_M):
+        cluster_m = 1 if top <= SWAPPED_UP_TO_M else kernel.cluster_m
         for tile, side in ((narrow, n <= NARROW_N), (wide, n > NARROW_N)):
             rows = (bucket == i) & side
-            chosen[tile] = chosen.get(tile, np.zeros(len(m), dtype=bool)) | rows
-    return [(tile, 1, rows) for tile, rows in chosen.items()]
+            key = (tile, cluster_m)
+            chosen[key] = chosen.get(key, np.zeros(len(m), dtype=bool)) | rows
+    return [(Layout(tile, 1, cluster_m), rows) for (tile, cluster_m), rows in chosen.items()]
 
 
 def gemm_parts_many(
@@ -281,13 +316,12 @@ def gemm_parts_many(
     fits_in_l2 = operands <= gpu.l2_bytes * L2_RESIDENT_FRACTION
     mem_bw = gpu.memory_bandwidth * c.memory_curve.at(compulsory)
     pad = m % c.kernel.align_m != 0
-    pass_bytes = m * k * (QUANT_PASS_BYTES * c.kernel.quantize_activations + PAD_PASS_BYTES * pad)
-    pass_s = pass_bytes / c.pass_bandwidth + eff.kernel_floor_us * 1e-6 * pad
+    _, pass_s = _pre_passes(c, m, k, pad)
     layouts = _layouts_many(c.kernel, m, n)
     shape = (len(layouts), len(m))
     terms = {name: np.empty(shape) for name in GemmPartsArray._fields}
-    for i, ((tm, tn), split, allowed) in enumerate(layouts):
-        tiles = np.ceil(m / tm) * np.ceil(n / tn)
+    for i, (((tm, tn), split, cluster_m), allowed) in enumerate(layouts):
+        tiles = tile_rows(m, tm, cluster_m) * np.ceil(n / tn)
         if split > 1:
             allowed = allowed & ~((tiles * split > 2 * concurrent) | (k // split < 256))
         k_part = np.ceil(k / split)

@@ -301,8 +301,45 @@ def test_activation_quantisation_and_row_padding_passes():
     aligned = _with_fp8_kernel(H100, align_m=4)
     padded = gemm_cost(aligned, 257, 4096, 4096, "fp8").seconds
     pad = padded - gemm_cost(H100, 257, 4096, 4096, "fp8").seconds
-    assert pad == pytest.approx(H100.efficiency.kernel_floor_us * 1e-6 + 257 * 4096 * 4 / stream)
+    # Zero the padded fp8 buffer, copy the rows in: 3 bytes an element, plus the copies'
+    # launches (one kernel floor unless a profile fitted gemm_pad_us).
+    assert pad == pytest.approx(H100.efficiency.kernel_floor_us * 1e-6 + 257 * 4096 * 3 / stream)
     assert gemm_cost(aligned, 256, 4096, 4096, "fp8") == gemm_cost(H100, 256, 4096, 4096, "fp8")
+    fitted = aligned.with_efficiency(aligned.efficiency.model_copy(update={"gemm_pad_us": 5.0}))
+    extra = gemm_cost(fitted, 257, 4096, 4096, "fp8").seconds - padded
+    assert extra == pytest.approx((5.0 - H100.efficiency.kernel_floor_us) * 1e-6)
+
+
+def test_a_slow_quantiser_stretches_only_the_quantisation_pass():
+    # The H100 table's block-scaled fp8 GEMMs at n = 256, k = 4096 take 169 us at m =
+    # 16384 against 58 us in bf16: the per-token-group quantiser (column-major scales)
+    # streams the activations at about half the copy rate.
+    quant = _with_fp8_kernel(H100, quantize_activations=True)
+    half = quant.with_efficiency(
+        quant.efficiency.model_copy(update={"gemm_quant_bandwidth_by_dtype": {"fp8": 0.425}})
+    )
+    pass_s = 16384 * 4096 * 3 / (H100.memory_bandwidth * 0.85)
+    slow = gemm_cost(half, 16384, 256, 4096, "fp8").seconds
+    assert slow - gemm_cost(quant, 16384, 256, 4096, "fp8").seconds == pytest.approx(pass_s)
+    assert gemm_cost(half, 16384, 256, 4096, "bf16") == gemm_cost(H100, 16384, 256, 4096, "bf16")
+
+
+def test_a_cluster_launches_whole_so_tile_rows_round_up_to_it():
+    # vLLM's Hopper fp8 kernel past m = 128: 128x128 tiles in 2x1 clusters. m = 257 needs
+    # three tile rows and launches four, so at n = 16384 (128 tile columns) it runs four
+    # waves where m = 256 runs two (measured 261 us vs 116 us at k = 16384).
+    paired = _with_fp8_kernel(H100, dispatch="by_m", cluster_m=2)
+    single = _with_fp8_kernel(H100, dispatch="by_m")
+    from hardware_models.gemm import gemm_parts
+
+    assert gemm_parts(paired, 257, 16384, 16384, "fp8").math_s == pytest.approx(
+        2 * gemm_parts(paired, 256, 16384, 16384, "fp8").math_s
+    )
+    assert gemm_parts(single, 257, 16384, 16384, "fp8").math_s == pytest.approx(
+        1.5 * gemm_parts(single, 256, 16384, 16384, "fp8").math_s
+    )
+    # The swapped buckets (m <= 64) lay m along the kernel's N: no rounding there.
+    assert gemm_cost(paired, 33, 4096, 4096, "fp8") == gemm_cost(single, 33, 4096, 4096, "fp8")
 
 
 def test_wave_latency_is_paid_once_per_wave_after_the_first():
@@ -437,7 +474,9 @@ def test_scalar_and_array_gemm_pricing_give_the_same_floats(gpu):
         GemmKernel(gemv=True),
         GemmKernel(quantize_activations=True),
         GemmKernel(dispatch="by_m", quantize_activations=True),
+        GemmKernel(dispatch="by_m", quantize_activations=True, cluster_m=2),
         GemmKernel(dispatch="fixed", quantize_activations=True, align_m=4),
+        GemmKernel(dispatch="fixed", quantize_activations=True, align_m=4, cluster_m=2),
     ):
         eff = gpu.efficiency.model_copy(
             update={
@@ -447,6 +486,8 @@ def test_scalar_and_array_gemm_pricing_give_the_same_floats(gpu):
                 "gemm_wave_latency_us_by_dtype": {dtype: 0.7},
                 "gemm_cta_us_per_mb_by_dtype": {dtype: 5.0},
                 "gemm_split_k_overhead_us": 1.5,
+                "gemm_pad_us": 4.0,
+                "gemm_quant_bandwidth_by_dtype": {dtype: 0.5},
             }
         )
         priced = gpu.with_efficiency(eff)

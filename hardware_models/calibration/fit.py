@@ -143,6 +143,8 @@ def fit_class(
         trials = [_search_scalars(gpu, c, ranked, spec.price, sample) for c in candidates]
         scores = [_score(gpu, t, sample, spec.price) for t in trials]
         profile = candidates[int(np.argmin(scores))]
+    else:
+        profile = candidates[0]
     profile = _search_scalars(gpu, profile, spec.scalars, spec.price, sample)
     return refit_curves(gpu, profile, spec.rows, spec.price)
 
@@ -188,6 +190,10 @@ def class_fits(table: pd.DataFrame) -> list[ClassFit]:
             if bytes_per_element(parse_dtype(key)) < 2:
                 # us per MB one thread block streams: 0 (no cap) to 20 (50 GB/s).
                 scalars.append(Scalar(("gemm_cta_us_per_mb_by_dtype", key), 0.0, 20.0))
+                # Only a kernel that pads m uses it; for others the search is flat.
+                scalars.append(Scalar(("gemm_pad_us", None), 0.0, top))
+                # The quantisation pass's share of bandwidth (flat without the pass).
+                scalars.append(Scalar(("gemm_quant_bandwidth_by_dtype", key), 0.2, 1.0))
             fits.append(
                 ClassFit(
                     f"gemm/{key}",
@@ -242,13 +248,14 @@ def gemm_kernel_choices(key: str) -> tuple[tuple[CurveLoc, tuple[object, ...]], 
     shows m = 1 as slow as m = 2). 8-bit ones run cuBLASLt (torch._scaled_mm, inputs
     already quantised), or a serving engine's path that first quantises the
     activations, then runs cuBLAS-style, CUTLASS-by-m or 128x128 block-scaled tiles
-    (which need m padded to 4 rows). The fit picks the one the table measured."""
+    (which need m padded to 4 rows); CUTLASS-by-m in single or paired thread-block
+    clusters. The fit picks the one the table measured."""
     if bytes_per_element(parse_dtype(key)) >= 2:
         return ((("gemm_kernel_by_dtype", key), (GemmKernel(), GemmKernel(gemv=True))),)
     options = (
         GemmKernel(),
         GemmKernel(quantize_activations=True),
-        GemmKernel(dispatch="by_m", quantize_activations=True),
+        *(GemmKernel(dispatch="by_m", quantize_activations=True, cluster_m=c) for c in (1, 2)),
         GemmKernel(dispatch="fixed", quantize_activations=True, align_m=4),
     )
     return ((("gemm_kernel_by_dtype", key), options),)
