@@ -129,7 +129,11 @@ class ServingSection(BaseModel):
         default=None, ge=1, description="override the KV-cache size the memory planner derives"
     )
     watermark: float = Field(
-        default=0.01, ge=0, lt=1, description="share of KV blocks admission keeps free"
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="share of KV blocks admission keeps free for running requests to grow "
+        "into (vLLM v1 keeps none; v0's block manager kept 0.01)",
     )
     preemption: Literal["recompute", "swap"] = Field(
         default="recompute", description="what happens to a preempted request's KV cache"

@@ -27,7 +27,7 @@ def session_key(session: int) -> CacheKey:
 
 
 class BlockManager:
-    def __init__(self, total_blocks: int, block_size: int, watermark: float = 0.01) -> None:
+    def __init__(self, total_blocks: int, block_size: int, watermark: float = 0.0) -> None:
         if total_blocks < 1:
             raise InfeasibleError(
                 f"the KV cache holds {total_blocks} blocks of {block_size} tokens: no room "

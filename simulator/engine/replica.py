@@ -50,7 +50,7 @@ class ReplicaConfig:
     block_size: int
     total_blocks: int
     max_model_len: int
-    watermark: float = 0.01
+    watermark: float = 0.0
     preemption: Literal["recompute", "swap"] = "recompute"
     swap_blocks: int = 0
     swap_seconds_per_block: float = 0.0

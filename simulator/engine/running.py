@@ -172,10 +172,9 @@ class RunningSet:
         dec = self.decoding()
         return dec[self.remaining[dec] - self._epoch <= 0].tolist()
 
-    def victim(self, protect: int = -1) -> int:
+    def victim(self) -> int:
         """Slot to preempt: the least important, most recently admitted request."""
         slots = np.flatnonzero(self.active)
-        slots = slots[slots != protect]
         if len(slots) == 0:
             return -1
         # Highest priority number first, then latest admission.

@@ -6,10 +6,12 @@ a plain StepPlan within a token budget, prefill and decode unified.
 - `chunked_prefill`: decodes first, then prefill chunks (partial ones first, then new
   admissions) fill what is left of the token budget (Sarathi-Serve / vLLM v1).
 
-Both admit by priority class then arrival, keep a KV watermark free for running requests,
-and preempt the least important, most recently admitted request when the cache runs out
-(by recompute, or by swapping its blocks to host memory). A waiting request of a more
-important class may preempt a less important running one to get in.
+Both admit by priority class then arrival, keep a KV watermark free for running requests
+(none by default, as vLLM v1), and preempt the least important, most recently admitted
+request when the cache runs out (by recompute, or by swapping its blocks to host memory),
+even when that is the request asking for blocks; a step that preempted admits nothing
+new. A waiting request of a more important class may preempt a less important running
+one to get in.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class StepPlan:
     prefill_slots: list[int] = field(default_factory=list)
     prefill_chunks: list[int] = field(default_factory=list)
     swap_blocks: int = 0  # blocks copied over PCIe this step (out + in)
+    preempted: bool = False  # a running request was preempted for this step's blocks
 
     @property
     def empty(self) -> bool:
@@ -84,6 +87,7 @@ class IterationScheduler:
         level = int(run.priority[slot])
         computed, target = run.computed_of(slot), int(run.target[slot])
         req.preemptions[rid] += 1
+        plan.preempted = True
         self.kv.release(blocks)
         swap = (
             self.policy.preemption == "swap"
@@ -99,14 +103,16 @@ class IterationScheduler:
         self.waiting.push_front(rid, level)
         run.remove(slot)
 
-    def _make_room(self, blocks: int, plan: StepPlan, protect: int = -1) -> bool:
-        """Preempt victims until `blocks` are free; False if only `protect` is left."""
+    def _make_room(self, blocks: int, plan: StepPlan, requester: int) -> bool:
+        """Preempt victims until `blocks` are free for `requester`; False when the
+        requester itself was the victim (the most recently admitted of the least
+        important class is preempted whoever asks, as vLLM v1 pops its running list)."""
         while self.kv.free < blocks:
-            victim = self.running.victim(protect)
-            if victim < 0:
-                return False
+            victim = self.running.victim()
             self._drop_from_plan(victim, plan)
             self._preempt(victim, plan)
+            if victim == requester:
+                return False
         return True
 
     @staticmethod
@@ -156,16 +162,16 @@ class IterationScheduler:
             computed = int(run.computed[slot])
             chunk = min(int(run.target[slot]) - computed, budget)
             blocks = kv.blocks_for(computed + chunk) - int(run.blocks[slot])
-            if blocks > kv.free and not self._make_room(blocks, plan, protect=slot):
+            if blocks > kv.free and not self._make_room(blocks, plan, requester=slot):
                 break
-            if not run.active[slot]:
-                continue
             kv.allocate(blocks)
             run.blocks[slot] += blocks
             plan.prefill_slots.append(slot)
             plan.prefill_chunks.append(chunk)
             budget -= chunk
-        if budget > 0 and len(self.waiting):
+        # Nothing new gets in on a step that had to preempt (vLLM v1): the blocks just
+        # freed are for the requests already running.
+        if budget > 0 and len(self.waiting) and not plan.preempted:
             self._admit(plan, budget)
         return plan
 
