@@ -152,6 +152,13 @@ class ServingSection(BaseModel):
     priority_preemption: bool = Field(
         default=True, description="a waiting request may preempt less important running ones"
     )
+    reserve_full_sequence: bool = Field(
+        default=True,
+        description="admit a waiting request only while the KV blocks for its whole "
+        "sequence are free, not just its first chunk's, unless nothing else runs (vLLM "
+        "0.19's scheduler_reserve_full_isl): a long prompt does not start what it cannot "
+        "finish",
+    )
     max_waiting: int | None = Field(
         default=None, ge=0, description="reject arrivals beyond this many waiting per replica"
     )

@@ -167,6 +167,7 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
         max_waiting=serving.max_waiting,
         sliding_window=arch.sliding_window,
         priority_preemption=serving.priority_preemption,
+        reserve_full_sequence=serving.reserve_full_sequence,
         multi_step=engine.multi_step,
         prefix_caching=serving.enable_prefix_caching,
         step_table=scenario.output.step_table,

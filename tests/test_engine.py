@@ -283,3 +283,38 @@ def test_prefix_caching_spares_recomputing_what_was_not_evicted(make_scenario):
     assert (cached.requests["outcome"] == "completed").all()
     cols = ["first_token", "finish", "preemptions"]
     pd.testing.assert_frame_equal(cached.requests[cols], slow.requests[cols])
+
+
+@pytest.mark.parametrize("reserve", [True, False])
+def test_admission_reserves_the_whole_sequence(make_scenario, tmp_path, reserve):
+    # 100 blocks of 16 tokens. A (800-token prompt, 600 out) grows to 88 blocks; B (800
+    # tokens, 50 blocks) arrives while A holds ~51. vLLM 0.19 keeps B waiting until its
+    # whole prompt fits, so nobody is preempted; admitting on its first chunk's blocks
+    # starts B, and A's growth then has to preempt.
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,800,600\n0.5,800,10\n")
+    results = simulate(
+        make_scenario(
+            serving={
+                "num_gpu_blocks": 100,
+                "max_num_batched_tokens": 256,
+                "reserve_full_sequence": reserve,
+            },
+            workload={
+                "arrivals": {"kind": "trace", "path": str(trace)},
+                "prompt_tokens": None,  # the trace's lengths
+                "output_tokens": None,
+                "num_requests": 2,
+            },
+        )
+    )
+    _check_invariants(results)
+    req = results.requests.sort_values("arrival")
+    assert (req["outcome"] == "completed").all()
+    a, b = req.iloc[0], req.iloc[1]
+    if reserve:
+        assert req["preemptions"].sum() == 0
+        assert b["first_scheduled"] >= a["finish"] - 1e-9
+    else:
+        assert b["first_scheduled"] < a["finish"]
+        assert req["preemptions"].sum() > 0

@@ -58,6 +58,7 @@ class ReplicaConfig:
     max_waiting: int | None = None
     sliding_window: int | None = None
     priority_preemption: bool = True
+    reserve_full_sequence: bool = True
     multi_step: bool = True
     role: Literal["mixed", "prefill", "decode"] = "mixed"
     prefix_caching: bool = False
@@ -135,6 +136,7 @@ class Replica:
                     max_num_batched_tokens=config.max_num_batched_tokens,
                     preemption=config.preemption,
                     priority_preemption=config.priority_preemption,
+                    reserve_full_sequence=config.reserve_full_sequence,
                     swap_blocks=config.swap_blocks,
                     prefix_caching=config.prefix_caching,
                 ),

@@ -10,8 +10,9 @@ Both admit by priority class then arrival, keep a KV watermark free for running 
 (none by default, as vLLM v1), and preempt the least important, most recently admitted
 request when the cache runs out (by recompute, or by swapping its blocks to host memory),
 even when that is the request asking for blocks; a step that preempted admits nothing
-new. A waiting request of a more important class may preempt a less important running
-one to get in.
+new, and a request is admitted only while the blocks for its whole sequence are free
+(vLLM 0.19). A waiting request of a more important class may preempt a less important
+running one to get in.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class IterationPolicy:
     max_num_batched_tokens: int
     preemption: Literal["recompute", "swap"] = "recompute"
     priority_preemption: bool = True
+    reserve_full_sequence: bool = True  # admission needs the whole sequence's blocks free
     swap_blocks: int = 0  # host blocks available for swapping
     prefix_caching: bool = False  # recomputes and a session's next turn reuse cached blocks
 
@@ -217,9 +219,9 @@ class IterationScheduler:
             swapped = self.swapped.get(rid)
             cached = self.arrived_with_kv.get(rid)
             if swapped is not None:
-                blocks = swapped.blocks
+                blocks = need = swapped.blocks
             elif cached is not None:
-                blocks = kv.blocks_for(cached)
+                blocks = need = kv.blocks_for(cached)
             else:
                 target = int(req.prompt[rid] + req.generated[rid])
                 # Cached prefix: whole blocks, and never the last token (it is recomputed
@@ -229,9 +231,10 @@ class IterationScheduler:
                 if chunk > budget and (plan.prefill_slots or len(plan.decode_slots)):
                     break  # a whole prompt over budget runs alone
                 blocks = kv.blocks_for(hit + chunk)
+                need = kv.blocks_for(target) if self.policy.reserve_full_sequence else blocks
             alone = run.count == 0
-            fits = kv.can_admit(blocks) or (alone and blocks <= kv.free)
-            if not fits and not self._preempt_for(level, blocks, plan):
+            fits = kv.can_admit(need) or (alone and blocks <= kv.free)
+            if not fits and not self._preempt_for(level, need, plan):
                 break
             self.waiting.pop(level)
             if swapped is None and cached is None and hit:
