@@ -256,13 +256,12 @@ class EfficiencyProfile(BaseModel):
         "reduced by a second kernel or a serialised pass (cuBLAS on skinny GEMMs with a "
         "long k measures ~1-3 us); 0 prices split-K as free, the uncalibrated default",
     )
-    gemm_pad_us: float | None = Field(
-        default=None,
-        ge=0,
-        description="fixed time of the copies that pad m to a kernel's align_m, "
-        "microseconds (vLLM's block-scaled fp8 path launches four small kernels: zeroed "
-        "padded activations, a row copy, padded scales and their copy; the H100 table "
-        "shows m = 5 ~5 us slower than m = 4); none: one kernel_floor_us",
+    gemm_pad_us_by_dtype: dict[str, float] = Field(
+        default_factory=dict,
+        description="fixed time of the copies that pad m to the align_m of one dtype's "
+        "kernel, microseconds (vLLM's block-scaled fp8 path launches four small kernels: "
+        "zeroed padded activations, a row copy, padded scales and their copy; the H100 "
+        "table shows m = 5 ~5 us slower than m = 4); no entry: one kernel_floor_us",
     )
     gemm_compute_by_dtype: dict[str, EfficiencyCurve] = Field(
         default_factory=dict,
@@ -371,9 +370,13 @@ class EfficiencyProfile(BaseModel):
             self._for_dtype(self.gemm_cta_us_per_mb_by_dtype, dtype, 0.0),
         )
 
-    def gemm_quant_bandwidth(self, dtype: object) -> float:
-        """Fraction of memory bandwidth `dtype`'s activation-quantisation pass reaches."""
-        return self._for_dtype(self.gemm_quant_bandwidth_by_dtype, dtype, self.memory_bandwidth)
+    def gemm_passes(self, dtype: object) -> tuple[float, float]:
+        """(fraction of memory bandwidth the activation-quantisation pass reaches, fixed
+        us of the padding copies) of GEMMs in `dtype`."""
+        return (
+            self._for_dtype(self.gemm_quant_bandwidth_by_dtype, dtype, self.memory_bandwidth),
+            self._for_dtype(self.gemm_pad_us_by_dtype, dtype, self.kernel_floor_us),
+        )
 
     def link_for(self, num_gpus: int, link: LinkSpec) -> LinkSpec:
         """`link` with the fitted latency and efficiency for `num_gpus` GPUs, if any."""

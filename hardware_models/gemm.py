@@ -146,6 +146,7 @@ def _setup(gpu: AcceleratorSpec, dtype: str | Dtype, weight_dtype: str | Dtype |
     eff = gpu.efficiency
     compute_curve, memory_curve, floor_us = eff.gemm_terms(dtype)
     kernel, wave_latency_us, cta_us_per_mb = eff.gemm_kernel(dtype)
+    quant_fraction, pad_us = eff.gemm_passes(dtype)
     plain = parse_dtype(dtype)
     bpe = bytes_per_element(plain)
     return _Setup(
@@ -161,8 +162,8 @@ def _setup(gpu: AcceleratorSpec, dtype: str | Dtype, weight_dtype: str | Dtype |
         peak_per_sm=gpu.peak_flops(plain) / gpu.sm_count,
         concurrent=gpu.sm_count * eff.ctas_per_sm,
         pass_bandwidth=gpu.memory_bandwidth * eff.memory_bandwidth,
-        quant_bandwidth=gpu.memory_bandwidth * eff.gemm_quant_bandwidth(dtype),
-        pad_s=(eff.kernel_floor_us if eff.gemm_pad_us is None else eff.gemm_pad_us) * 1e-6,
+        quant_bandwidth=gpu.memory_bandwidth * quant_fraction,
+        pad_s=pad_us * 1e-6,
     )
 
 

@@ -24,6 +24,9 @@ _STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 DType = Literal["fp32", "fp16", "bf16", "fp8", "int8", "int4", "fp4"]
 
 
+VLLM_V0_WATERMARK = 0.01  # share of KV blocks vLLM v0's block manager kept free
+
+
 class HardwareSection(BaseModel):
     model_config = _STRICT
     gpu: str = Field(description="GPU preset name (`infersim hardware list`) or YAML path")
@@ -128,12 +131,13 @@ class ServingSection(BaseModel):
     num_gpu_blocks: int | None = Field(
         default=None, ge=1, description="override the KV-cache size the memory planner derives"
     )
-    watermark: float = Field(
-        default=0.0,
+    watermark: float | None = Field(
+        default=None,
         ge=0,
         lt=1,
         description="share of KV blocks admission keeps free for running requests to grow "
-        "into (vLLM v1 keeps none; v0's block manager kept 0.01)",
+        "into; default: as the engine each policy models does, none for chunked_prefill "
+        "(vLLM v1) and 0.01 for continuous (vLLM v0's block manager)",
     )
     preemption: Literal["recompute", "swap"] = Field(
         default="recompute", description="what happens to a preempted request's KV cache"
@@ -162,6 +166,13 @@ class ServingSection(BaseModel):
     max_waiting: int | None = Field(
         default=None, ge=0, description="reject arrivals beyond this many waiting per replica"
     )
+
+    @property
+    def kv_watermark(self) -> float:
+        """The watermark given, else the one of the engine the policy models."""
+        if self.watermark is not None:
+            return self.watermark
+        return VLLM_V0_WATERMARK if self.policy == "continuous" else 0.0
 
 
 class EngineSection(BaseModel):

@@ -159,7 +159,7 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
         block_size=serving.block_size,
         total_blocks=blocks,
         max_model_len=serving.max_model_len or arch.max_position_embeddings,
-        watermark=serving.watermark,
+        watermark=serving.kv_watermark,
         preemption=serving.preemption,
         swap_blocks=int(serving.swap_space_gb * 1e9 // block_bytes),
         swap_seconds_per_block=block_bytes / pcie,

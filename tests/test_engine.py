@@ -318,3 +318,53 @@ def test_admission_reserves_the_whole_sequence(make_scenario, tmp_path, reserve)
     else:
         assert b["first_scheduled"] < a["finish"]
         assert req["preemptions"].sum() > 0
+
+
+def test_a_request_submitted_while_the_replica_catches_up_wakes_it(make_scenario):
+    # Summed step times can put the replica's own clock one ulp past SimPy's; a
+    # closed-loop user answering that step submits while the replica catches up, and the
+    # replica then slept through it ("No scheduled events left"). Found at seed 54.
+    sections = {
+        "seed": 54,
+        "serving": {
+            "max_num_seqs": 1,
+            "max_num_batched_tokens": 1,
+            "num_gpu_blocks": 7,
+            "priority_preemption": False,
+        },
+        "workload": {
+            "arrivals": {"kind": "closed_loop", "users": 1, "think_time_s": 0.0},
+            "prompt_tokens": {"kind": "uniform", "low": 1, "high": 1},
+            "output_tokens": {"kind": "uniform", "low": 1, "high": 112},
+            "num_requests": 3,
+        },
+    }
+    runs = simulate(make_scenario(**sections))
+    slow = simulate(make_scenario(**sections, engine={"multi_step": False}))
+    assert (runs.requests["outcome"] == "completed").all()
+    pd.testing.assert_frame_equal(runs.requests, slow.requests)
+
+
+def test_priority_preemption_only_when_it_makes_room(make_scenario, tmp_path):
+    # 100 blocks with a 20-block watermark. A batch-class request (320 + 100 tokens) runs;
+    # an interactive one of 1,400 + 10 tokens (88 blocks) arrives: beside anything it
+    # cannot be admitted (88 > 100 - 20), alone it can. Preempting the batch request must
+    # let it in alone, not leave both waiting on an idle replica.
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.0,320,100\n0.2,1400,10\n")
+    workload = {
+        "arrivals": {"kind": "trace", "path": str(trace)},
+        "prompt_tokens": None,
+        "output_tokens": None,
+        "num_requests": 2,
+        "priorities": [
+            {"name": "interactive", "weight": 1, "priority": 0},
+            {"name": "batch", "weight": 1, "priority": 5},
+        ],
+    }
+    serving = {"num_gpu_blocks": 100, "max_num_batched_tokens": 256, "watermark": 0.2}
+    results = simulate(make_scenario(seed=4, serving=serving, workload=workload))
+    req = results.requests.sort_values("arrival")
+    assert req["priority"].tolist() == [5, 0]  # the seed draws these classes
+    assert (req["outcome"] == "completed").all()
+    assert req["preemptions"].tolist() == [1, 0]

@@ -302,10 +302,11 @@ def test_activation_quantisation_and_row_padding_passes():
     padded = gemm_cost(aligned, 257, 4096, 4096, "fp8").seconds
     pad = padded - gemm_cost(H100, 257, 4096, 4096, "fp8").seconds
     # Zero the padded fp8 buffer, copy the rows in: 3 bytes an element, plus the copies'
-    # launches (one kernel floor unless a profile fitted gemm_pad_us).
+    # launches (one kernel floor unless a profile fitted gemm_pad_us_by_dtype).
     assert pad == pytest.approx(H100.efficiency.kernel_floor_us * 1e-6 + 257 * 4096 * 3 / stream)
     assert gemm_cost(aligned, 256, 4096, 4096, "fp8") == gemm_cost(H100, 256, 4096, 4096, "fp8")
-    fitted = aligned.with_efficiency(aligned.efficiency.model_copy(update={"gemm_pad_us": 5.0}))
+    pad = {"gemm_pad_us_by_dtype": {"fp8": 5.0}}
+    fitted = aligned.with_efficiency(aligned.efficiency.model_copy(update=pad))
     extra = gemm_cost(fitted, 257, 4096, 4096, "fp8").seconds - padded
     assert extra == pytest.approx((5.0 - H100.efficiency.kernel_floor_us) * 1e-6)
 
@@ -486,7 +487,7 @@ def test_scalar_and_array_gemm_pricing_give_the_same_floats(gpu):
                 "gemm_wave_latency_us_by_dtype": {dtype: 0.7},
                 "gemm_cta_us_per_mb_by_dtype": {dtype: 5.0},
                 "gemm_split_k_overhead_us": 1.5,
-                "gemm_pad_us": 4.0,
+                "gemm_pad_us_by_dtype": {dtype: 4.0},
                 "gemm_quant_bandwidth_by_dtype": {dtype: 0.5},
             }
         )

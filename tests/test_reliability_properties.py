@@ -245,10 +245,11 @@ def scenarios(draw: st.DrawFn, max_requests: int = MAX_REQUESTS) -> dict[str, An
         "max_num_batched_tokens": budget,
         "block_size": draw(st.sampled_from([1, 8, 16, 32, 256])),
         "preemption": draw(st.sampled_from(["recompute", "swap"])),
-        "watermark": draw(st.sampled_from([0.0, 0.01, 0.2])),
+        "watermark": draw(st.sampled_from([None, 0.0, 0.01, 0.2])),
         "max_queue_delay_ms": draw(st.sampled_from([0.0, 10.0, 500.0])),
         "priority_preemption": draw(st.booleans()),
         "enable_prefix_caching": draw(st.booleans()),
+        "reserve_full_sequence": draw(st.booleans()),
     }
     if draw(st.booleans()):
         serving["num_gpu_blocks"] = draw(st.sampled_from([1, 2, 5, 40, 300, 2000]))

@@ -45,11 +45,13 @@ Pricer = Callable[[AcceleratorSpec, pd.DataFrame], Terms]
 
 @dataclass(frozen=True)
 class Scalar:
-    """A profile scalar searched over [low, high] (microseconds)."""
+    """A profile scalar searched over [low, high] (microseconds), where `applies` says
+    the chosen kernel uses it (a flat search would store a meaningless value)."""
 
     loc: CurveLoc
     low: float
     high: float
+    applies: Callable[[EfficiencyProfile], bool] = lambda profile: True
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,8 @@ def fit_class(
         profile = candidates[int(np.argmin(scores))]
     else:
         profile = candidates[0]
-    profile = _search_scalars(gpu, profile, spec.scalars, spec.price, sample)
+    scalars = tuple(scalar for scalar in spec.scalars if scalar.applies(profile))
+    profile = _search_scalars(gpu, profile, scalars, spec.price, sample)
     return refit_curves(gpu, profile, spec.rows, spec.price)
 
 
@@ -190,10 +193,23 @@ def class_fits(table: pd.DataFrame) -> list[ClassFit]:
             if bytes_per_element(parse_dtype(key)) < 2:
                 # us per MB one thread block streams: 0 (no cap) to 20 (50 GB/s).
                 scalars.append(Scalar(("gemm_cta_us_per_mb_by_dtype", key), 0.0, 20.0))
-                # Only a kernel that pads m uses it; for others the search is flat.
-                scalars.append(Scalar(("gemm_pad_us", None), 0.0, top))
-                # The quantisation pass's share of bandwidth (flat without the pass).
-                scalars.append(Scalar(("gemm_quant_bandwidth_by_dtype", key), 0.2, 1.0))
+                kernel = _kernel_of(key)
+                # The padding copies' time and the quantisation pass's share of bandwidth,
+                # for the kernels that pad m or quantise their activations.
+                scalars += [
+                    Scalar(
+                        ("gemm_pad_us_by_dtype", key),
+                        0.0,
+                        top,
+                        lambda p, kernel=kernel: kernel(p).align_m > 1,
+                    ),
+                    Scalar(
+                        ("gemm_quant_bandwidth_by_dtype", key),
+                        0.2,
+                        1.0,
+                        lambda p, kernel=kernel: kernel(p).quantize_activations,
+                    ),
+                ]
             fits.append(
                 ClassFit(
                     f"gemm/{key}",
@@ -259,6 +275,11 @@ def gemm_kernel_choices(key: str) -> tuple[tuple[CurveLoc, tuple[object, ...]], 
         GemmKernel(dispatch="fixed", quantize_activations=True, align_m=4),
     )
     return ((("gemm_kernel_by_dtype", key), options),)
+
+
+def _kernel_of(key: str) -> Callable[[EfficiencyProfile], GemmKernel]:
+    """The GEMM kernel family a profile gives dtype `key`."""
+    return lambda profile: profile.gemm_kernel(key)[0]
 
 
 def _low_time_us(rows: pd.DataFrame) -> float:

@@ -247,9 +247,12 @@ class Replica:
                     # arrived from a prefill replica): that next step is now.
                     plan = schedule(self.t)
             if plan is None or plan.empty:
+                # Armed before catching up: a request submitted meanwhile (a closed-loop
+                # user answering the step that just ended) must wake it.
+                wakeup = self._sleep()
                 yield from self._catch_up(self.t)
                 self.running.materialize()  # asleep, it may never step again
-                yield self._sleep()
+                yield wakeup
                 self.t = self.env.now
                 continue
             if self._can_fast_forward(plan):

@@ -234,7 +234,7 @@ class IterationScheduler:
                 need = kv.blocks_for(target) if self.policy.reserve_full_sequence else blocks
             alone = run.count == 0
             fits = kv.can_admit(need) or (alone and blocks <= kv.free)
-            if not fits and not self._preempt_for(level, need, plan):
+            if not fits and not self._preempt_for(level, need, blocks, plan):
                 break
             self.waiting.pop(level)
             if swapped is None and cached is None and hit:
@@ -288,16 +288,21 @@ class IterationScheduler:
             kv.keep_cached(session_key(session), run.computed_of(slot) // kv.block_size)
         run.remove(slot)
 
-    def _preempt_for(self, level: int, blocks: int, plan: StepPlan) -> bool:
-        """Make room for a waiting request of priority `level` by preempting strictly less
-        important running requests; False when there are none to preempt."""
+    def _preempt_for(self, level: int, need: int, blocks: int, plan: StepPlan) -> bool:
+        """Make room for a waiting request of priority `level` (`need` blocks to be
+        admitted beside others, `blocks` to run alone) by preempting strictly less
+        important running requests; False, preempting nobody, when even all of them
+        would not make room."""
         if not self.policy.priority_preemption:
             return False
         run, kv = self.running, self.kv
-        while not kv.can_admit(blocks):
+        lower = np.flatnonzero(run.active & (run.priority > level))
+        freed = kv.free + sum(run.blocks_of(int(slot)) for slot in lower)
+        alone = len(lower) == run.count
+        if freed - need < kv.watermark_blocks and not (alone and blocks <= freed):
+            return False
+        while not (kv.can_admit(need) or (run.count == 0 and blocks <= kv.free)):
             victim = run.victim()
-            if victim < 0 or run.priority[victim] <= level:
-                return False
             self._drop_from_plan(victim, plan)
             self._preempt(victim, plan)
         return True
