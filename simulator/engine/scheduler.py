@@ -7,7 +7,8 @@ a plain StepPlan within a token budget, prefill and decode unified.
   admissions) fill what is left of the token budget (Sarathi-Serve / vLLM v1).
 
 Both admit by priority class then arrival, keep a KV watermark free for running requests
-(none by default, as vLLM v1), and preempt the least important, most recently admitted
+(by default none for chunked prefill, as vLLM v1, and 1% for continuous, as vLLM v0),
+and preempt the least important, most recently admitted
 request when the cache runs out (by recompute, or by swapping its blocks to host memory),
 even when that is the request asking for blocks; a step that preempted admits nothing
 new, and a request is admitted only while the blocks for its whole sequence are free
