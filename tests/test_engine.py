@@ -368,3 +368,47 @@ def test_priority_preemption_only_when_it_makes_room(make_scenario, tmp_path):
     assert req["priority"].tolist() == [5, 0]  # the seed draws these classes
     assert (req["outcome"] == "completed").all()
     assert req["preemptions"].tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("policy", ["continuous", "chunked_prefill"])
+def test_a_request_swapped_in_is_not_swapped_out_by_the_same_step(
+    make_scenario, monkeypatch, policy
+):
+    # Swapping a request back in also keeps free the block its next token opens (and,
+    # prefill-first, those of the running decodes): without it the step could preempt it
+    # straight back out, paying the PCIe copy twice for nothing.
+    from simulator.engine.scheduler import IterationScheduler
+
+    original = IterationScheduler.schedule
+    bounced = []
+
+    def schedule(self, now):
+        waiting = {rid for queue in self.waiting._queues.values() for rid in queue}
+        before = self.requests.preemptions.copy()
+        plan = original(self, now)
+        preempted = np.flatnonzero(self.requests.preemptions[: len(before)] != before)
+        bounced.extend(set(preempted.tolist()) & waiting)
+        return plan
+
+    monkeypatch.setattr(IterationScheduler, "schedule", schedule)
+    results = simulate(
+        make_scenario(
+            serving={
+                "policy": policy,
+                "num_gpu_blocks": 2000,
+                "preemption": "swap",
+                "max_num_seqs": 256,
+                "max_num_batched_tokens": 4096 if policy == "continuous" else 512,
+                "watermark": 0.0,
+                "swap_space_gb": 16,
+            },
+            workload={
+                "arrivals": {"kind": "poisson", "rate_per_s": 30.0},
+                "num_requests": 600,
+                "prompt_tokens": {"kind": "uniform", "low": 200, "high": 2000},
+                "output_tokens": {"kind": "uniform", "low": 100, "high": 1500},
+            },
+        )
+    )
+    assert results.requests["preemptions"].sum() > 100  # swaps do happen
+    assert bounced == []

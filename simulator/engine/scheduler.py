@@ -215,14 +215,23 @@ class IterationScheduler:
         """
         run, kv, req = self.running, self.kv, self.requests
         chunked = self.policy.chunked_prefill
+        # Blocks the next tokens of decoding requests will open: kept free, or such a
+        # token could preempt a request just swapped in straight back out. Chunked
+        # prefill has given the running decodes theirs before admitting.
+        lookahead = 0 if chunked else run.next_block_need(run.decoding())
         while budget > 0 and len(self.waiting) and run.count < self.policy.max_num_seqs:
             rid, level = self.waiting.peek()
             swapped = self.swapped.get(rid)
             cached = self.arrived_with_kv.get(rid)
+            ahead = 0
             if swapped is not None:
-                blocks = need = swapped.blocks
+                blocks = swapped.blocks
+                ahead = max(0, kv.blocks_for(swapped.computed + 1) - blocks)
+                need = blocks + ahead
             elif cached is not None:
-                blocks = need = kv.blocks_for(cached)
+                blocks = kv.blocks_for(cached)
+                ahead = kv.blocks_for(cached + 1) - blocks
+                need = blocks + ahead
             else:
                 target = int(req.prompt[rid] + req.generated[rid])
                 # Cached prefix: whole blocks, and never the last token (it is recomputed
@@ -234,9 +243,11 @@ class IterationScheduler:
                 blocks = kv.blocks_for(hit + chunk)
                 need = kv.blocks_for(target) if self.policy.reserve_full_sequence else blocks
             alone = run.count == 0
-            fits = kv.can_admit(need) or (alone and blocks <= kv.free)
-            if not fits and not self._preempt_for(level, need, blocks, plan):
+            first = blocks + ahead  # what it needs to run alone
+            fits = kv.can_admit(need + lookahead) or (alone and first <= kv.free)
+            if not fits and not self._preempt_for(level, need + lookahead, first, plan):
                 break
+            lookahead += ahead
             self.waiting.pop(level)
             if swapped is None and cached is None and hit:
                 kv.take_cached(key)  # reused in place, before anything can evict them
