@@ -167,15 +167,43 @@ def _setup(gpu: AcceleratorSpec, dtype: str | Dtype, weight_dtype: str | Dtype |
     )
 
 
-def _pre_passes(c: _Setup, m, k, pad) -> tuple:
-    """(DRAM bytes, seconds) of the kernels before the matmul: dynamic scaling streams
-    the activations once more in a kernel of its own (its launch is part of the dtype's
-    fitted floor), and a kernel that needs aligned rows gets them padded by copies
-    first. Scalars or arrays (`pad` a bool or a bool array)."""
+Num = float | np.ndarray  # one shape's value, or one per shape
+
+
+class _ShapeTerms(NamedTuple):
+    """What a GEMM shape costs whatever its layout (scalars, or arrays of shapes)."""
+
+    flops: Num
+    compute_eff: Num
+    compulsory: Num  # operand and output bytes, each moved once
+    fits_in_l2: bool | np.ndarray
+    mem_bw: Num
+    pad: bool | np.ndarray  # m is not a multiple of the kernel's align_m
+    pass_bytes: Num
+    pass_s: Num  # the kernels before the matmul
+
+
+def _shape_terms(gpu: AcceleratorSpec, c: _Setup, m, n, k) -> _ShapeTerms:
+    """The layout-independent terms, one arithmetic for the scalar and array paths.
+    Before the matmul, dynamic scaling streams the activations once more in a kernel of
+    its own (its launch is part of the dtype's fitted floor), and a kernel that needs
+    aligned rows gets them padded by copies."""
+    flops = 2.0 * m * n * k
+    operands = m * k * c.bpe + k * n * c.bpe_b
+    compulsory = operands + m * n * c.out_bpe
+    pad = m % c.kernel.align_m != 0
     quant_bytes = m * k * QUANT_PASS_BYTES * c.kernel.quantize_activations
     pad_bytes = m * k * PAD_PASS_ELEMENTS * c.bpe * pad
-    seconds = quant_bytes / c.quant_bandwidth + pad_bytes / c.pass_bandwidth + c.pad_s * pad
-    return quant_bytes + pad_bytes, seconds
+    return _ShapeTerms(
+        flops=flops,
+        compute_eff=c.compute_curve.at(flops),
+        compulsory=compulsory,
+        fits_in_l2=operands <= gpu.l2_bytes * L2_RESIDENT_FRACTION,
+        mem_bw=gpu.memory_bandwidth * c.memory_curve.at(compulsory),
+        pad=pad,
+        pass_bytes=quant_bytes + pad_bytes,
+        pass_s=quant_bytes / c.quant_bandwidth + pad_bytes / c.pass_bandwidth + c.pad_s * pad,
+    )
 
 
 def gemm_parts(
@@ -192,14 +220,9 @@ def gemm_parts(
     eff = gpu.efficiency
     c = _setup(gpu, dtype, weight_dtype)
     bpe, bpe_b, out_bpe, concurrent = c.bpe, c.bpe_b, c.out_bpe, c.concurrent
-    flops = 2.0 * m * n * k
-    compute_eff = c.compute_curve.at(flops)
-    operands = m * k * bpe + k * n * bpe_b
-    compulsory = operands + m * n * out_bpe
-    fits_in_l2 = operands <= gpu.l2_bytes * L2_RESIDENT_FRACTION
-    mem_bw = gpu.memory_bandwidth * c.memory_curve.at(compulsory)
-    pad = m % c.kernel.align_m != 0
-    pass_bytes, pass_s = _pre_passes(c, m, k, pad)
+    flops, compute_eff, compulsory, fits_in_l2, mem_bw, pad, pass_bytes, pass_s = _shape_terms(
+        gpu, c, m, n, k
+    )
     if c.kernel.gemv and m == 1:
         # No tiles: every SM streams its share of B once. Two FLOPs per weight element
         # read is far below any GPU's machine balance, so no compute term.
@@ -310,14 +333,7 @@ def gemm_parts_many(
     eff = gpu.efficiency
     c = _setup(gpu, dtype, weight_dtype)
     bpe, bpe_b, out_bpe, concurrent = c.bpe, c.bpe_b, c.out_bpe, c.concurrent
-    flops = 2.0 * m * n * k
-    compute_eff = c.compute_curve.at(flops)
-    operands = m * k * bpe + k * n * bpe_b
-    compulsory = operands + m * n * out_bpe
-    fits_in_l2 = operands <= gpu.l2_bytes * L2_RESIDENT_FRACTION
-    mem_bw = gpu.memory_bandwidth * c.memory_curve.at(compulsory)
-    pad = m % c.kernel.align_m != 0
-    _, pass_s = _pre_passes(c, m, k, pad)
+    _, compute_eff, compulsory, fits_in_l2, mem_bw, _, _, pass_s = _shape_terms(gpu, c, m, n, k)
     layouts = _layouts_many(c.kernel, m, n)
     shape = (len(layouts), len(m))
     terms = {name: np.empty(shape) for name in GemmPartsArray._fields}
