@@ -8,12 +8,11 @@ a plain StepPlan within a token budget, prefill and decode unified.
 
 Both admit by priority class then arrival, keep a KV watermark free for running requests
 (by default none for chunked prefill, as vLLM v1, and 1% for continuous, as vLLM v0),
-and preempt the least important, most recently admitted
-request when the cache runs out (by recompute, or by swapping its blocks to host memory),
-even when that is the request asking for blocks; a step that preempted admits nothing
-new, and a request is admitted only while the blocks for its whole sequence are free
-(vLLM 0.19). A waiting request of a more important class may preempt a less important
-running one to get in.
+and preempt the least important, most recently admitted request when the cache runs out
+(by recompute, or by swapping its blocks to host memory), even when that is the request
+asking for blocks; a step that preempted admits nothing new, and a request is admitted
+only while the blocks for its whole sequence are free (vLLM 0.19). A waiting request of
+a more important class may preempt a less important running one to get in.
 """
 
 from __future__ import annotations
