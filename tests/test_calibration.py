@@ -358,6 +358,25 @@ def test_cpu_harness_runs_fit_and_validate_end_to_end(tmp_path: Path, capsys) ->
     assert main(["calibrate", "run", "--device", "cpu", "-o", str(folder)]) == 2
 
 
+@pytest.mark.torch
+def test_a_failing_benchmark_family_costs_only_itself(tmp_path: Path, monkeypatch) -> None:
+    # On a borrowed GPU a run must not lose every table to one family's error.
+    pytest.importorskip("torch", reason="PyTorch is not installed (the `calibrate` extra)")
+    from hardware_models.calibration.harness import benches
+    from hardware_models.calibration.harness.runner import run_harness
+
+    def out_of_memory(self, progress):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(benches.Bench, "attention", out_of_memory)
+    folder = run_harness("cpu", tmp_path / "calib", quick=True, progress=lambda line: None)
+    meta = json.loads((folder / "metadata.json").read_text())
+    assert meta["errors"] == {"attention": "RuntimeError: CUDA out of memory (simulated)"}
+    assert meta["rows"]["attention"] == 0 and meta["rows"]["gemm"] > 0
+    assert (folder / "gemm.parquet").is_file() and (folder / "transformer_layer.parquet").is_file()
+    assert not (folder / "attention.parquet").exists()
+
+
 def test_fit_finds_the_gemm_kernel_family_of_fp8_rows() -> None:
     from hardware_models.calibration.fit import class_fits, fit_class
     from hardware_models.efficiency import GemmKernel

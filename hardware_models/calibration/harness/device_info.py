@@ -101,6 +101,7 @@ def metadata(torch: ModuleType, device: str, quick: bool) -> dict:
             "device_count": torch.cuda.device_count(),
             "memory_gib": round(props.total_memory / 2**30, 1),
             "sm_count": props.multi_processor_count,
+            "l2_cache_bytes": getattr(props, "L2_cache_size", None),
             "compute_capability": f"{props.major}.{props.minor}",
             "cuda_version": torch.version.cuda,
             "cudnn_version": torch.backends.cudnn.version(),

@@ -47,6 +47,9 @@ def run_harness(
     meta = metadata(torch, device, quick)
     label = meta["preset"] or "unknown-gpu"
     bench = Bench(torch, device, plan_for(device, quick), label)
+    # Written first and rewritten at the end: a run cut short still says what it ran on.
+    _write_metadata(out, meta)
+    bench.warm_up()
     families = {
         "gemm": bench.gemm,
         "memory_copy": bench.copy,
@@ -54,16 +57,24 @@ def run_harness(
         "collectives": lambda p: all_reduce(bench, p),
         "transformer_layer": bench.layer,
     }
-    counts = {}
+    counts, errors = {}, {}
     for name, run in families.items():
-        rows = run(progress)
+        # On a borrowed GPU one family's failure (out of memory, a kernel the build
+        # lacks) must not cost the others: it is recorded and the run goes on.
+        try:
+            rows = run(progress)
+        except Exception as exc:
+            errors[name] = f"{type(exc).__name__}: {exc}"
+            progress(f"{name}: failed ({errors[name]}); going on with the rest")
+            rows = []
         counts[name] = len(rows)
         if rows:
             table = pd.DataFrame(rows, columns=list(COLUMNS))
             table[NUMERIC_COLUMNS] = table[NUMERIC_COLUMNS].astype(float)
             table.to_parquet(out / f"{name}.parquet")
     meta["rows"] = counts
-    (out / METADATA).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    meta["errors"] = errors
+    _write_metadata(out, meta)
     if device == "cpu":
         spec = cpu_spec(torch.get_num_threads())
         (out / DEVICE_SPEC).write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -74,6 +85,10 @@ def run_harness(
         )
     progress(f"wrote {sum(counts.values())} rows to {out}")
     return out
+
+
+def _write_metadata(out: Path, meta: dict) -> None:
+    (out / METADATA).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
 
 __all__ = ["CPU_SPEC_NAME", "DEVICE_SPEC", "METADATA", "run_harness"]
