@@ -290,13 +290,17 @@ class IterationScheduler:
 
     def free(self, slot: int) -> None:
         """`slot` is done here (finished, or handed to a decode replica): release its
-        blocks; with prefix caching the full ones of a session's turn stay cached for its
-        next turn, whose prompt starts with everything this one computed."""
+        blocks. With prefix caching its full ones stay cached, the most recently freed,
+        as vLLM v1 queues them at the tail of its free queue: a session's next turn,
+        whose prompt starts with everything this one computed, reuses them, and blocks
+        freed earlier (a preempted request's) are evicted before them."""
         run, kv = self.running, self.kv
         kv.release(run.blocks_of(slot))
-        session = int(self.requests.session[int(run.rid[slot])])
-        if self.policy.prefix_caching and session >= 0:
-            kv.keep_cached(session_key(session), run.computed_of(slot) // kv.block_size)
+        if self.policy.prefix_caching:
+            rid = int(run.rid[slot])
+            session = int(self.requests.session[rid])
+            key = session_key(session) if session >= 0 else request_key(rid)
+            kv.keep_cached(key, run.computed_of(slot) // kv.block_size)
         run.remove(slot)
 
     def _preempt_for(self, level: int, need: int, blocks: int, plan: StepPlan) -> bool:
