@@ -334,6 +334,8 @@ class EfficiencyProfile(BaseModel):
         "gemm_wave_latency_us_by_dtype",
         "gemm_cta_us_per_mb_by_dtype",
         "gemm_kernel_by_dtype",
+        "gemm_pad_us_by_dtype",
+        "gemm_quant_bandwidth_by_dtype",
     )
     @classmethod
     def _dtype_keys(cls, v: dict) -> dict:
@@ -346,6 +348,14 @@ class EfficiencyProfile(BaseModel):
             if isinstance(value, float | int) and value < 0:
                 raise ValueError(f"{key}: a floor must be >= 0 us, got {value}")
         return out
+
+    @field_validator("gemm_quant_bandwidth_by_dtype")
+    @classmethod
+    def _fractions(cls, v: dict) -> dict:
+        for key, value in v.items():
+            if not 0 < value <= 1:
+                raise ValueError(f"{key}: a share of memory bandwidth is in (0, 1], got {value}")
+        return v
 
     @staticmethod
     def _for_dtype(table: dict, dtype: object, default):

@@ -497,3 +497,22 @@ def test_scalar_and_array_gemm_pricing_give_the_same_floats(gpu):
             one = gemm_parts(priced, int(m[i]), int(n[i]), int(k[i]), dtype)
             for name in many._fields:
                 assert getattr(many, name)[i] == getattr(one, name), (kernel, name, shapes[i])
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("gemm_quant_bandwidth_by_dtype", {"fp8": 1.5}, "fp8: a share of memory bandwidth"),
+        ("gemm_quant_bandwidth_by_dtype", {"fp8": 0.0}, "in (0, 1]"),
+        ("gemm_pad_us_by_dtype", {"fp8_block": -1.0}, "must be >= 0 us"),
+        ("gemm_pad_us_by_dtype", {"fp9": 1.0}, "fp9"),
+    ],
+)
+def test_bad_pass_fields_name_the_dtype_and_the_rule(field, value, words):
+    from pydantic import ValidationError
+
+    from hardware_models.efficiency import EfficiencyProfile
+
+    with pytest.raises(ValidationError) as info:
+        EfficiencyProfile.model_validate({field: value})
+    assert field in str(info.value) and words in str(info.value)
