@@ -4,9 +4,12 @@ Reference: `../shared/data/e2e/rtx4090-llama-3.1-8b-vllm-0.19/` (LLMServingSim, 
 vLLM 0.19.0 serving Llama-3.1-8B (bf16, TP1) on one GeForce RTX 4090, 300 ShareGPT
 requests. The replay uses the run's own arrivals (engine queue times), prompt and output
 lengths, and engine configuration (max_num_seqs, max_num_batched_tokens, chunked prefill,
-block size, num_gpu_blocks, CUDA graphs, async scheduling) on the `rtx-4090` preset.
+block size, num_gpu_blocks, CUDA graphs, async scheduling) on the `rtx-4090` preset with
+its shipped calibration (`hardware_models/presets/calibrations/rtx-4090.yaml`: GEMM
+efficiency fitted to published RTX 4090 matmul figures, nothing from this run).
 
-    python benchmarks/e2e_rtx4090.py [--data DIR] [--out DIR] [--set key=value ...]
+    python benchmarks/e2e_rtx4090.py [--data DIR] [--out DIR] [--uncalibrated]
+                                     [--set key=value ...]
 
 Prints simulated vs measured TTFT, TPOT and end-to-end latency (mean, p50, p90, p99)
 with % error, and writes the table and overlaid CDFs under the output folder. It also
@@ -42,7 +45,9 @@ def load_measured(data: Path) -> pd.DataFrame:
     return frame.sort_values("arrival", kind="stable", ignore_index=True)
 
 
-def scenario_for(data: Path, measured: pd.DataFrame, out: Path, overrides: list[str]):
+def scenario_for(
+    data: Path, measured: pd.DataFrame, out: Path, overrides: list[str], calibrated: bool = True
+):
     from simulator.scenario import Scenario
 
     meta = json.loads((data / "meta.json").read_text())
@@ -59,7 +64,7 @@ def scenario_for(data: Path, measured: pd.DataFrame, out: Path, overrides: list[
     scenario = Scenario.from_dict(
         {
             "name": "e2e-rtx4090-llama-3.1-8b",
-            "hardware": {"gpu": "rtx-4090"},
+            "hardware": {"gpu": "rtx-4090", "calibration": "rtx-4090" if calibrated else None},
             "model": {"name": "llama-3.1-8b", "weight_dtype": "bf16", "kv_dtype": "bf16"},
             "serving": {
                 "policy": "chunked_prefill" if sched["enable_chunked_prefill"] else "continuous",
@@ -160,6 +165,27 @@ def decode_only_step_ms(line: pd.DataFrame) -> tuple[float, float, int]:
     return measured, simulated, int(quiet.sum())
 
 
+def before_cache_fills(
+    data: Path, measured: pd.DataFrame, simulated: pd.DataFrame
+) -> tuple[int, float, float, float]:
+    """(requests, tick, measured s, simulated s): the requests whose first token came
+    before the engine log first shows the KV cache 99% full, and when the last of them
+    got it in each. The cache is not full yet, so this times the prefill steps with next
+    to nothing of preemption in it: the cost model apart from the scheduler."""
+    log = pd.read_csv(data / "timeseries.csv")
+    tick = float(log.loc[log["kv_cache_pct"] >= 99, "t"].min())
+    start = measured["queued_ts"].min()
+    first = (measured["first_token_ts"] - start).to_numpy()
+    early = first < tick
+    simulated = simulated.sort_values("arrival", kind="stable", ignore_index=True)
+    return (
+        int(early.sum()),
+        tick,
+        float(first[early].max()),
+        float(simulated["first_token"].to_numpy()[early].max()),
+    )
+
+
 def plot_timeline(line: pd.DataFrame):
     from matplotlib.figure import Figure
 
@@ -184,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/e2e_rtx4090")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument(
+        "--uncalibrated", action="store_true", help="the preset's default efficiencies"
+    )
     args = parser.parse_args(argv)
     if not (args.data / "requests.jsonl").is_file():
         print(f"skipped: no measured run at {args.data}", file=sys.stderr)
@@ -192,12 +221,14 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     measured = load_measured(args.data)
-    scenario = scenario_for(args.data, measured, args.out, args.overrides)
+    scenario = scenario_for(args.data, measured, args.out, args.overrides, not args.uncalibrated)
     results = simulate(scenario, progress=False)
     simulated = results.requests
     table = compare(measured, simulated)
     table.to_csv(args.out / "comparison.csv", index=False)
-    print(f"RTX 4090, Llama-3.1-8B, vLLM 0.19.0, {len(measured)} requests")
+    calibration = scenario.hardware.calibration or "none (uncalibrated)"
+    print(f"RTX 4090, Llama-3.1-8B, vLLM 0.19.0, {len(measured)} requests; "
+          f"calibration: {calibration}")  # fmt: skip
     print(f"simulated completed: {(simulated['outcome'] == 'completed').sum()}, "
           f"preemptions: {int(simulated['preemptions'].sum())}")  # fmt: skip
     print(table.to_string(index=False, float_format=lambda x: f"{x:,.3f}"))
@@ -211,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     prefill = int(results.steps["prefill_tokens"].sum())
     print(f"prefill tokens simulated: {prefill:,} for {int(measured['input_toks'].sum()):,} "
           "prompt tokens (the rest is recomputation after preemption)")  # fmt: skip
+    count, tick, m_s, s_s = before_cache_fills(args.data, measured, simulated)
+    print(f"the {count} requests served before the KV cache first fills (log: t = {tick:.0f} s) "
+          f"have their first tokens by {m_s:.2f} s measured, {s_s:.2f} s simulated "
+          f"({100 * (s_s - m_s) / m_s:+.1f}%)")  # fmt: skip
     m_ms, s_ms, ticks = decode_only_step_ms(line)
     print(f"decode step implied in the {ticks} ticks without prefill: measured {m_ms:.1f} ms, "
           f"simulated {s_ms:.1f} ms ({100 * (s_ms - m_ms) / m_ms:+.1f}%)")  # fmt: skip

@@ -1,4 +1,5 @@
-"""Find accelerator and node descriptions by preset name or by a user's YAML path."""
+"""Find accelerator and node descriptions, and shipped calibration profiles, by preset name
+or by a user's YAML path."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ def list_gpus() -> list[str]:
 
 def list_nodes() -> list[str]:
     return _preset_names("nodes")
+
+
+def list_calibrations() -> list[str]:
+    return _preset_names("calibrations")
 
 
 def _resolve(kind: str, name_or_path: str | Path) -> Path:
@@ -51,3 +56,8 @@ def load_gpu(name_or_path: str | Path) -> AcceleratorSpec:
 
 def load_node(name_or_path: str | Path) -> NodeSpec:
     return _load_node_path(_resolve("nodes", name_or_path).resolve())
+
+
+def calibration_path(name_or_path: str | Path) -> Path:
+    """The file of a shipped calibration profile (`rtx-4090`), or the path given."""
+    return _resolve("calibrations", name_or_path)

@@ -36,7 +36,10 @@ class HardwareSection(BaseModel):
         "this GPU, or a single-GPU machine",
     )
     calibration: str | None = Field(
-        default=None, description="calibration profile (YAML) replacing the GPU's efficiencies"
+        default=None,
+        description="calibration profile replacing the GPU's efficiencies: a shipped "
+        "profile's name (`infersim hardware list`, e.g. rtx-4090) or a YAML path written by "
+        "`infersim calibrate fit`",
     )
 
 

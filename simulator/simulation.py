@@ -13,7 +13,7 @@ from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.efficiency import EfficiencyProfile
 from hardware_models.errors import InfeasibleError, InfersimError
 from hardware_models.node import NodeSpec
-from hardware_models.presets import list_nodes, load_gpu, load_node
+from hardware_models.presets import calibration_path, list_nodes, load_gpu, load_node
 from hardware_models.yaml_io import load_yaml_mapping, validate_model
 from simulator.architecture import ModelArchitecture
 from simulator.engine.replica import Clock, Replica, ReplicaConfig
@@ -47,7 +47,9 @@ def resolve_gpu(scenario: Scenario) -> AcceleratorSpec:
     hw = scenario.hardware
     gpu = _named_field("hardware.gpu", load_gpu, _maybe_path(scenario, hw.gpu))
     if hw.calibration:
-        path = scenario.resolve_path(hw.calibration)
+        path = _named_field(
+            "hardware.calibration", calibration_path, _maybe_path(scenario, hw.calibration)
+        )
         data = load_yaml_mapping(path)
         profile = validate_model(EfficiencyProfile, data.get("efficiency", data), str(path))
         gpu = gpu.with_efficiency(profile)

@@ -326,12 +326,21 @@ def fit_profile(
     table: pd.DataFrame,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    curves_only: bool = False,
 ) -> EfficiencyProfile:
     """An EfficiencyProfile for `gpu` fitted to the rows of `table` (one GPU's rows),
-    starting from the preset's own efficiencies for anything the table does not cover."""
+    starting from the preset's own efficiencies for anything the table does not cover.
+
+    `curves_only` keeps the preset's fixed costs and kernel choices and fits only the
+    efficiency curves: a table of large shapes alone (published peak-throughput figures)
+    cannot tell a floor or a per-wave latency from noise, and a search would still move
+    them, into values that then misprice every small kernel the table never measured."""
     profile = gpu.efficiency
     for spec in class_fits(table):
-        profile = fit_class(gpu, profile, spec, seed)
+        if curves_only:
+            profile = refit_curves(gpu, profile, spec.rows, spec.price)
+        else:
+            profile = fit_class(gpu, profile, spec, seed)
         if progress is not None:
             progress(f"fitted {spec.name} on {len(spec.rows)} rows")
     profile = fit_copy_bandwidth(gpu, profile, table[table["op_class"] == "memory_copy"])

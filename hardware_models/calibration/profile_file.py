@@ -44,6 +44,11 @@ class ProfileMetadata(BaseModel):
     rows_used: dict[str, int] = Field(description="fit rows per op class")
     holdout: float = Field(ge=0, lt=1, description="fraction of shapes held out")
     seed: int
+    curves_only: bool = Field(
+        default=False,
+        description="only the efficiency curves were fitted; fixed costs, kernel choices "
+        "and links are the preset's",
+    )
 
 
 class CalibrationProfile(BaseModel):

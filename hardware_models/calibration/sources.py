@@ -1,5 +1,6 @@
-"""Where measurements come from: a harness folder, an aiconfigurator folder, or the shared
-public tables by GPU name; and which accelerator spec they are priced against."""
+"""Where measurements come from: a harness folder, a CSV of GEMM timings, an aiconfigurator
+folder, or the shared public tables by GPU name; and which accelerator spec they are
+priced against."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.calibration.gemm_csv import read_gemm_csv
 from hardware_models.calibration.harness.runner import DEVICE_SPEC, METADATA
 from hardware_models.calibration.measured_tables import (
     COLUMNS,
@@ -56,8 +58,8 @@ def load_measurements(
     measured: str | Path | None = None,
     from_shared: str | None = None,
 ) -> Measurements:
-    """Exactly one of: a harness folder, a measured/ folder (or one GPU folder in it), or a
-    GPU preset whose public tables sit in ../shared/data/measured."""
+    """Exactly one of: a harness folder or a CSV of GEMM timings, a measured/ folder (or one
+    GPU folder in it), or a GPU preset whose public tables sit in ../shared/data/measured."""
     given = [x is not None for x in (folder, measured, from_shared)]
     if sum(given) != 1:
         raise InfersimError(
@@ -65,8 +67,10 @@ def load_measurements(
         )
     if folder is not None:
         path = Path(folder)
+        if path.suffix.lower() == ".csv" and path.is_file():
+            return Measurements(read_gemm_csv(path), f"GEMM table {path.name}", None)
         if not path.is_dir():
-            raise InfersimError(f"{path}: no such calibration folder")
+            raise InfersimError(f"{path}: no such calibration folder or GEMM CSV")
         return Measurements(read_harness_dir(path), f"harness run {path.name}", path)
     if measured is not None:
         path = Path(measured)

@@ -38,16 +38,18 @@ def fit_measurements(
     holdout: float = 0.5,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    curves_only: bool = False,
 ) -> CalibrationProfile:
-    """A profile fitted to the shapes outside the seeded held-out fraction."""
+    """A profile fitted to the shapes outside the seeded held-out fraction; with
+    `curves_only`, only its efficiency curves (see `fit_profile`), links left as they are."""
     rows = rows_for(measurements, spec)
     fit_rows = rows[~holdout_mask(rows, holdout, seed)]
     if fit_rows.empty:
         raise InfersimError("no rows left to fit after the holdout split")
-    efficiency = fit_profile(spec, fit_rows, seed=seed, progress=progress)
+    efficiency = fit_profile(spec, fit_rows, seed, progress, curves_only)
     links = []
     link = base_link(spec)
-    if link is not None:
+    if link is not None and not curves_only:
         fitted = fit_links(fit_rows, link, LINK_FIT_OP)
         counts = fit_rows[fit_rows["op_class"] == LINK_FIT_OP].groupby("num_gpus").size()
         links = [
@@ -67,6 +69,7 @@ def fit_measurements(
             rows_used={str(k): int(v) for k, v in used.items()},
             holdout=holdout,
             seed=seed,
+            curves_only=curves_only,
         ),
         efficiency=efficiency,
         links=links,

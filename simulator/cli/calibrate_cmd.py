@@ -33,6 +33,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     fit.add_argument("-o", "--out", type=Path, required=True, help="profile YAML to write")
     fit.add_argument("--holdout", type=float, default=0.5, help="fraction of shapes kept out")
     fit.add_argument("--seed", type=int, default=0, help="seed of the holdout split")
+    fit.add_argument(
+        "--curves-only",
+        action="store_true",
+        help="fit only the efficiency curves and keep the preset's fixed costs, kernel "
+        "choices and links (for tables of large shapes only, e.g. published TFLOPS figures)",
+    )
     fit.set_defaults(handler=_fit)
 
     val = steps.add_parser("validate", help="predicted vs measured with and without a profile")
@@ -43,7 +49,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _inputs(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("folder", nargs="?", type=Path, help="a `calibrate run` folder")
+    parser.add_argument(
+        "folder",
+        nargs="?",
+        type=Path,
+        help="a `calibrate run` folder, or a CSV of GEMM timings (m, n, k, dtype, measured_s "
+        "or tflops; optional gpu, source)",
+    )
     parser.add_argument("--measured", type=Path, help="aiconfigurator measured/ (or GPU) folder")
     parser.add_argument("--from-shared", metavar="GPU", help="public tables: h100-sxm, ...")
     parser.add_argument("--gpu", help="accelerator preset or YAML (default: from the input)")
@@ -72,7 +84,9 @@ def _fit(args: argparse.Namespace) -> int:
     measurements = load_measurements(args.folder, args.measured, args.from_shared)
     spec = resolve_spec(measurements, args.gpu)
     log(f"{len(measurements.table)} rows from {measurements.source}; fitting against {spec.name}")
-    profile = fit_measurements(measurements, spec, args.holdout, args.seed, progress=log)
+    profile = fit_measurements(
+        measurements, spec, args.holdout, args.seed, progress=log, curves_only=args.curves_only
+    )
     for fitted in profile.links:
         log(
             f"link for {fitted.num_gpus} GPUs: latency {fitted.link.latency_us} us, "

@@ -6,14 +6,22 @@ import argparse
 
 import pandas as pd
 
+from hardware_models.calibration.profile_file import read_profile
 from hardware_models.dtypes import Dtype
-from hardware_models.presets import list_gpus, list_nodes, load_gpu, load_node
+from hardware_models.presets import (
+    calibration_path,
+    list_calibrations,
+    list_gpus,
+    list_nodes,
+    load_gpu,
+    load_node,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("hardware", help="list and inspect accelerator and node presets")
     actions = parser.add_subparsers(dest="action", required=True)
-    lister = actions.add_parser("list", help="all GPU and node presets")
+    lister = actions.add_parser("list", help="all GPU, node and calibration presets")
     lister.set_defaults(handler=_list)
     show = actions.add_parser("show", help="one GPU: spec, derived peaks, ridge points")
     show.add_argument("gpu", help="preset name (see `hardware list`) or path to a YAML file")
@@ -58,7 +66,18 @@ def _list(args: argparse.Namespace) -> int:
             }
         )
     print(pd.DataFrame(rows).to_string(index=False))
+    print("\nCalibrations (hardware: {gpu: ..., calibration: NAME}):")
+    print(calibration_table().to_string(index=False))
     return 0
+
+
+def calibration_table() -> pd.DataFrame:
+    rows = []
+    for name in list_calibrations():
+        meta = read_profile(calibration_path(name)).metadata
+        fitted = "curves only" if meta.curves_only else "all terms"
+        rows.append({"calibration": name, "gpu": meta.gpu, "fitted": fitted, "on": meta.source})
+    return pd.DataFrame(rows)
 
 
 def _show(args: argparse.Namespace) -> int:

@@ -1,0 +1,118 @@
+"""Calibration from a CSV of GEMM timings (published figures), curves-only fits, and the
+calibration profiles shipped as presets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from hardware_models.calibration.gemm_csv import read_gemm_csv
+from hardware_models.calibration.profile_file import read_profile
+from hardware_models.calibration.sources import load_measurements
+from hardware_models.calibration.workflow import fit_measurements
+from hardware_models.efficiency import EfficiencyCurve, EfficiencyProfile
+from hardware_models.errors import InfersimError
+from hardware_models.gemm import gemm_cost
+from hardware_models.presets import PRESET_DIR, calibration_path, list_calibrations, load_gpu
+from simulator.cli.main import main
+
+PUBLISHED = PRESET_DIR / "calibrations" / "published"
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_a_gemm_csv_becomes_gemm_rows_of_the_long_table(tmp_path: Path) -> None:
+    csv = _write(
+        tmp_path / "g.csv",
+        "m,n,k,dtype,tflops,source\n4096,4096,4096,bfloat16,150,paper\n1024,512,256,FP16,2,x\n",
+    )
+    table = read_gemm_csv(csv)
+    assert list(table["op_class"]) == ["gemm", "gemm"]
+    assert list(table["dtype"]) == ["bf16", "fp16"]
+    assert table["size"].iloc[0] == 2.0 * 4096**3
+    assert table["measured_s"].iloc[0] == pytest.approx(2.0 * 4096**3 / 150e12)
+    assert list(table["source"]) == ["paper", "x"]
+    seconds = _write(tmp_path / "s.csv", "m,n,k,dtype,measured_s\n8,8,8,bf16,2e-6\n")
+    assert read_gemm_csv(seconds)["measured_s"].iloc[0] == 2e-6
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("m,n,dtype,tflops\n1,2,bf16,3\n", "missing column 'k'"),
+        ("m,n,k,dtype,tflops,measured_s\n1,2,3,bf16,3,1\n", "exactly one of the columns"),
+        ("m,n,k,dtype,tflops\n1,2,3,bf16,3\n1,2,-3,bf16,3\n", "row 3, column k: must be"),
+        ("m,n,k,dtype,tflops\n1,2,3,bf16,fast\n", "row 2, column tflops: must be"),
+        ("m,n,k,dtype,tflops\n1,2,3,bf17,3\n", "row 2, column dtype: unknown dtype 'bf17'"),
+        ("m,n,k,dtype,tflops\n", "no rows"),
+    ],
+)
+def test_a_bad_gemm_csv_is_refused_naming_row_and_column(
+    tmp_path: Path, capsys, body: str, message: str
+) -> None:
+    csv = _write(tmp_path / "bad.csv", body)
+    argv = ["calibrate", "fit", str(csv), "--gpu", "rtx-4090", "-o", str(tmp_path / "p.yaml")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "bad.csv" in err and message in err
+
+
+def _large_squares(profile: EfficiencyProfile) -> pd.DataFrame:
+    """Published-style rows: large square GEMMs only, timed under `profile` on an RTX 4090."""
+    sizes = (1024, 2048, 4096, 8192)
+    csv = pd.DataFrame({"m": sizes, "n": sizes, "k": sizes, "dtype": "bf16", "measured_s": 1.0})
+    gpu = load_gpu("rtx-4090").with_efficiency(profile)
+    csv["measured_s"] = [gemm_cost(gpu, s, s, s, "bf16").seconds for s in sizes]
+    return csv
+
+
+def test_curves_only_fits_the_curve_and_keeps_every_fixed_cost(tmp_path: Path) -> None:
+    truth = EfficiencyProfile(gemm_compute=EfficiencyCurve.constant(0.95))
+    csv = tmp_path / "squares.csv"
+    _large_squares(truth).to_csv(csv, index=False)
+    measurements = load_measurements(csv)
+    gpu = load_gpu("rtx-4090")
+    profile = fit_measurements(measurements, gpu, holdout=0.0, curves_only=True)
+    fitted = profile.efficiency
+    assert profile.metadata.curves_only and profile.links == []
+    for size in (2.0 * 1024**3, 2.0 * 8192**3):
+        assert fitted.gemm_compute.at(size) == pytest.approx(0.95, rel=0.01)
+    defaults = gpu.efficiency
+    assert fitted.kernel_floor_us == defaults.kernel_floor_us
+    assert fitted.gemm_wave_latency_us == defaults.gemm_wave_latency_us
+    assert fitted.gemm_split_k_overhead_us == defaults.gemm_split_k_overhead_us
+    assert fitted.gemm_floor_us_by_dtype == {} and fitted.gemm_kernel_by_dtype == {}
+    # Small GEMMs, which the table never measured, keep their uncalibrated price.
+    small = gemm_cost(gpu.with_efficiency(fitted), 1, 4096, 4096, "bf16").seconds
+    assert small == gemm_cost(gpu, 1, 4096, 4096, "bf16").seconds
+
+
+def test_the_shipped_rtx_4090_profile_is_the_fit_of_its_published_table() -> None:
+    shipped = read_profile(calibration_path("rtx-4090"))
+    assert shipped.metadata.curves_only and shipped.metadata.holdout == 0.0
+    measurements = load_measurements(PUBLISHED / "rtx-4090-gemm.csv")
+    refit = fit_measurements(measurements, load_gpu("rtx-4090"), holdout=0.0, curves_only=True)
+    assert refit.efficiency == shipped.efficiency
+    assert "rtx-4090" in list_calibrations()
+
+
+def test_every_published_row_names_where_it_comes_from() -> None:
+    for csv in PUBLISHED.glob("*.csv"):
+        table = read_gemm_csv(csv)
+        assert table["source"].str.startswith("https://").all(), csv.name
+
+
+def test_a_scenario_names_a_shipped_calibration(make_scenario) -> None:
+    from simulator.simulation import resolve_gpu
+
+    scenario = make_scenario(hardware={"gpu": "rtx-4090", "calibration": "rtx-4090"})
+    shipped = read_profile(calibration_path("rtx-4090")).efficiency
+    assert resolve_gpu(scenario).efficiency == shipped
+    wrong = make_scenario(hardware={"gpu": "rtx-4090", "calibration": "rtx-4080"})
+    with pytest.raises(InfersimError, match=r"hardware.calibration: unknown calibration"):
+        resolve_gpu(wrong)
