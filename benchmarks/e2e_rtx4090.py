@@ -167,16 +167,19 @@ def decode_only_step_ms(line: pd.DataFrame) -> tuple[float, float, int]:
 
 def before_cache_fills(
     data: Path, measured: pd.DataFrame, simulated: pd.DataFrame
-) -> tuple[int, float, float, float]:
+) -> tuple[int, float, float, float] | None:
     """(requests, tick, measured s, simulated s): the requests whose first token came
     before the engine log first shows the KV cache 99% full, and when the last of them
     got it in each. The cache is not full yet, so this times the prefill steps with next
-    to nothing of preemption in it: the cost model apart from the scheduler."""
+    to nothing of preemption in it: the cost model apart from the scheduler. None when
+    the cache never fills or nothing came before."""
     log = pd.read_csv(data / "timeseries.csv")
     tick = float(log.loc[log["kv_cache_pct"] >= 99, "t"].min())
     start = measured["queued_ts"].min()
     first = (measured["first_token_ts"] - start).to_numpy()
-    early = first < tick
+    early = first < tick  # all False when tick is NaN
+    if not early.any():
+        return None
     simulated = simulated.sort_values("arrival", kind="stable", ignore_index=True)
     return (
         int(early.sum()),
@@ -242,10 +245,12 @@ def main(argv: list[str] | None = None) -> int:
     prefill = int(results.steps["prefill_tokens"].sum())
     print(f"prefill tokens simulated: {prefill:,} for {int(measured['input_toks'].sum()):,} "
           "prompt tokens (the rest is recomputation after preemption)")  # fmt: skip
-    count, tick, m_s, s_s = before_cache_fills(args.data, measured, simulated)
-    print(f"the {count} requests served before the KV cache first fills (log: t = {tick:.0f} s) "
-          f"have their first tokens by {m_s:.2f} s measured, {s_s:.2f} s simulated "
-          f"({100 * (s_s - m_s) / m_s:+.1f}%)")  # fmt: skip
+    early = before_cache_fills(args.data, measured, simulated)
+    if early is not None:
+        count, tick, m_s, s_s = early
+        print(f"the {count} requests served before the KV cache first fills "
+              f"(log: t = {tick:.0f} s) have their first tokens by {m_s:.2f} s measured, "
+              f"{s_s:.2f} s simulated ({100 * (s_s - m_s) / m_s:+.1f}%)")  # fmt: skip
     m_ms, s_ms, ticks = decode_only_step_ms(line)
     print(f"decode step implied in the {ticks} ticks without prefill: measured {m_ms:.1f} ms, "
           f"simulated {s_ms:.1f} ms ({100 * (s_ms - m_ms) / m_ms:+.1f}%)")  # fmt: skip

@@ -47,13 +47,24 @@ def resolve_gpu(scenario: Scenario) -> AcceleratorSpec:
     hw = scenario.hardware
     gpu = _named_field("hardware.gpu", load_gpu, _maybe_path(scenario, hw.gpu))
     if hw.calibration:
-        path = _named_field(
-            "hardware.calibration", calibration_path, _maybe_path(scenario, hw.calibration)
-        )
-        data = load_yaml_mapping(path)
-        profile = validate_model(EfficiencyProfile, data.get("efficiency", data), str(path))
+        value = _maybe_path(scenario, hw.calibration)
+        profile = _named_field("hardware.calibration", lambda v: _calibration(v, gpu), value)
         gpu = gpu.with_efficiency(profile)
     return gpu
+
+
+def _calibration(name_or_path: str, gpu: AcceleratorSpec) -> EfficiencyProfile:
+    """A profile's efficiencies. A shipped profile is named for the GPU it was fitted on
+    and refused on another; a file by path may be applied anywhere (a transfer)."""
+    path = calibration_path(name_or_path)
+    data = load_yaml_mapping(path)
+    fitted_on = (data.get("metadata") or {}).get("gpu")
+    if str(path) != name_or_path and fitted_on != gpu.name:
+        raise InfersimError(
+            f"{name_or_path!r} was fitted on {fitted_on}, not {gpu.name}; to apply it to "
+            f"another GPU anyway (a transfer), give its path: {path}"
+        )
+    return validate_model(EfficiencyProfile, data.get("efficiency", data), str(path))
 
 
 def _named_field(field: str, load, value: str):

@@ -39,6 +39,9 @@ def test_a_gemm_csv_becomes_gemm_rows_of_the_long_table(tmp_path: Path) -> None:
     assert list(table["source"]) == ["paper", "x"]
     seconds = _write(tmp_path / "s.csv", "m,n,k,dtype,measured_s\n8,8,8,bf16,2e-6\n")
     assert read_gemm_csv(seconds)["measured_s"].iloc[0] == 2e-6
+    # Spaces after commas, a trailing comma and blank lines are what hand-typed files hold.
+    loose = _write(tmp_path / "l.csv", "m, n, k, dtype, tflops\n\n64, 64, 64, BF16, 1,\n")
+    assert read_gemm_csv(loose)[["m", "dtype"]].values.tolist() == [[64.0, "bf16"]]
 
 
 @pytest.mark.parametrize(
@@ -46,13 +49,20 @@ def test_a_gemm_csv_becomes_gemm_rows_of_the_long_table(tmp_path: Path) -> None:
     [
         ("m,n,dtype,tflops\n1,2,bf16,3\n", "missing column 'k'"),
         ("m,n,k,dtype,tflops,measured_s\n1,2,3,bf16,3,1\n", "exactly one of the columns"),
-        ("m,n,k,dtype,tflops\n1,2,3,bf16,3\n1,2,-3,bf16,3\n", "row 3, column k: must be"),
-        ("m,n,k,dtype,tflops\n1,2,3,bf16,fast\n", "row 2, column tflops: must be"),
-        ("m,n,k,dtype,tflops\n1,2,3,bf17,3\n", "row 2, column dtype: unknown dtype 'bf17'"),
+        ("m,n,k,dtype,tflops\n1,2,3,bf16,3\n\n1,2,-3,bf16,3\n", "line 4, column k: must be"),
+        ("m,n,k,dtype,tflops\n1,2,3,bf16,fast\n", "line 2, column tflops: must be"),
+        ("m,n,k,dtype,tflops\n1,2,3,bf16,inf\n", "line 2, column tflops: must be a finite"),
+        ("m,n,k,dtype,tflops\n1,2,3,bf16,\n", "tflops: must be a finite number > 0, got an empty"),
+        ("m,n,k,dtype,tflops\n1,2.5,3,bf16,3\n", "line 2, column n: must be a whole number"),
+        ("m,n,k,dtype,tflops\n1,2,3,bf17,3\n", "line 2, column dtype: unknown dtype 'bf17'"),
+        ("gpu,m,n,k,dtype,tflops\n,1,2,3,bf16,3\n", "line 2, column gpu: empty"),
         ("m,n,k,dtype,tflops\n", "no rows"),
+        ("m,n,k,dtype,tflops\n4096,4096,4096,bf16,1650\n", "a unit slip"),
+        ("m,n,k,dtype,measured_s\n4096,4096,4096,bf16,850\n", "is measured_s in seconds"),
+        ("gpu,m,n,k,dtype,tflops\nh100-sxm,1,2,3,bf16,3\n", "measured on ['h100-sxm']"),
     ],
 )
-def test_a_bad_gemm_csv_is_refused_naming_row_and_column(
+def test_a_bad_gemm_csv_is_refused_naming_line_and_column(
     tmp_path: Path, capsys, body: str, message: str
 ) -> None:
     csv = _write(tmp_path / "bad.csv", body)
@@ -87,7 +97,7 @@ def test_curves_only_fits_the_curve_and_keeps_every_fixed_cost(tmp_path: Path) -
     assert fitted.gemm_wave_latency_us == defaults.gemm_wave_latency_us
     assert fitted.gemm_split_k_overhead_us == defaults.gemm_split_k_overhead_us
     assert fitted.gemm_floor_us_by_dtype == {} and fitted.gemm_kernel_by_dtype == {}
-    # Small GEMMs, which the table never measured, keep their uncalibrated price.
+    # A one-row GEMM is memory-bound, which no row of the table measured: its price stays.
     small = gemm_cost(gpu.with_efficiency(fitted), 1, 4096, 4096, "bf16").seconds
     assert small == gemm_cost(gpu, 1, 4096, 4096, "bf16").seconds
 
@@ -116,3 +126,28 @@ def test_a_scenario_names_a_shipped_calibration(make_scenario) -> None:
     wrong = make_scenario(hardware={"gpu": "rtx-4090", "calibration": "rtx-4080"})
     with pytest.raises(InfersimError, match=r"hardware.calibration: unknown calibration"):
         resolve_gpu(wrong)
+    missing = make_scenario(hardware={"gpu": "rtx-4090", "calibration": "/no/such.yaml"})
+    with pytest.raises(InfersimError, match=r"hardware.calibration: .*no such file"):
+        resolve_gpu(missing)
+
+
+def test_a_shipped_profile_by_name_only_fits_its_own_gpu(make_scenario) -> None:
+    from simulator.simulation import resolve_gpu
+
+    other = make_scenario(hardware={"gpu": "h100-sxm", "calibration": "rtx-4090"})
+    with pytest.raises(InfersimError, match=r"fitted on rtx-4090, not h100-sxm; .*give its path"):
+        resolve_gpu(other)
+    path = str(calibration_path("rtx-4090"))
+    transfer = make_scenario(hardware={"gpu": "h100-sxm", "calibration": path})
+    assert resolve_gpu(transfer).efficiency == read_profile(path).efficiency
+
+
+def test_validate_takes_a_shipped_profile_by_name(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    csv = str(PUBLISHED / "rtx-4090-gemm.csv")
+    assert main(["calibrate", "validate", csv, "--profile", "rtx-4090"]) == 2
+    assert "no rows to validate on" in capsys.readouterr().err  # fitted on every row
+    half = tmp_path / "half.yaml"
+    assert main(["calibrate", "fit", csv, "--curves-only", "-o", str(half)]) == 0
+    assert main(["calibrate", "validate", csv, "--profile", str(half)]) == 0
+    assert (tmp_path / "half-validation-rtx-4090" / "report.md").is_file()

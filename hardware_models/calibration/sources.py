@@ -30,6 +30,7 @@ class Measurements:
     table: pd.DataFrame
     source: str  # a description for reports and the profile's metadata
     folder: Path | None  # a harness folder, when that is what was read
+    hand_made: bool = False  # typed rows (a CSV): checked for unit slips once priced
 
 
 def read_harness_dir(path: Path) -> pd.DataFrame:
@@ -67,8 +68,8 @@ def load_measurements(
         )
     if folder is not None:
         path = Path(folder)
-        if path.suffix.lower() == ".csv" and path.is_file():
-            return Measurements(read_gemm_csv(path), f"GEMM table {path.name}", None)
+        if path.suffix.lower() == ".csv":
+            return Measurements(read_gemm_csv(path), f"GEMM table {path.name}", None, True)
         if not path.is_dir():
             raise InfersimError(f"{path}: no such calibration folder or GEMM CSV")
         return Measurements(read_harness_dir(path), f"harness run {path.name}", path)
@@ -100,13 +101,27 @@ def resolve_spec(
 ) -> AcceleratorSpec:
     """--gpu when given; else the harness folder's device.yaml or matched preset; else the
     table's only GPU; else `fallback` (the GPU a profile was fitted on) if the table has it."""
+    names = set(measurements.table["gpu"]) - {""}
     if gpu is not None:
-        return load_gpu(gpu)
+        spec = load_gpu(gpu)
+        # Rows labelled with other presets (never the harness's device names) priced on
+        # this one would fit one chip's kernels to another's spec.
+        known = names <= set(list_gpus())
+        if measurements.folder is None and names and spec.name not in names and known:
+            raise InfersimError(
+                f"{measurements.source}: --gpu {gpu}: the rows were measured on "
+                f"{sorted(names)}, not {spec.name}; "
+                "to apply a profile to another GPU, fit on its own rows and validate there"
+            )
+        return spec
     folder = measurements.folder
     if folder is not None and (folder / DEVICE_SPEC).is_file():
         return load_gpu(folder / DEVICE_SPEC)
     preset = harness_metadata(folder).get("preset")
-    names = set(measurements.table["gpu"])
+    if not names:
+        raise InfersimError(
+            "the rows name no GPU: add a gpu column (a preset name) or pass --gpu PRESET_OR_YAML"
+        )
     if preset is None and len(names) == 1:
         preset = next(iter(names))
     if preset is None and fallback in names:

@@ -12,6 +12,7 @@ from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.calibration.error_report import to_markdown
 from hardware_models.calibration.fit import fit_profile
 from hardware_models.calibration.fit_links import fit_links
+from hardware_models.calibration.gemm_csv import implausible_row
 from hardware_models.calibration.profile_file import (
     CalibrationProfile,
     FittedLink,
@@ -42,7 +43,7 @@ def fit_measurements(
 ) -> CalibrationProfile:
     """A profile fitted to the shapes outside the seeded held-out fraction; with
     `curves_only`, only its efficiency curves (see `fit_profile`), links left as they are."""
-    rows = rows_for(measurements, spec)
+    rows = checked_rows(measurements, spec)
     fit_rows = rows[~holdout_mask(rows, holdout, seed)]
     if fit_rows.empty:
         raise InfersimError("no rows left to fit after the holdout split")
@@ -76,6 +77,15 @@ def fit_measurements(
     )
 
 
+def checked_rows(measurements: Measurements, spec: AcceleratorSpec) -> pd.DataFrame:
+    """The rows measured on `spec`; a hand-made table's first impossible row is refused."""
+    rows = rows_for(measurements, spec)
+    problem = implausible_row(rows, spec) if measurements.hand_made else None
+    if problem is not None:
+        raise InfersimError(f"{measurements.source}: {problem}")
+    return rows
+
+
 @dataclass(frozen=True)
 class Validation:
     rows: pd.DataFrame
@@ -91,7 +101,7 @@ def validate_measurements(
     """Errors before and after applying `profile` to `spec`. On the GPU the profile was
     fitted on, only the held-out shapes count; on another GPU (a transfer) no row was
     seen by the fit, so all count."""
-    rows = rows_for(measurements, spec)
+    rows = checked_rows(measurements, spec)
     meta = profile.metadata
     transfer = spec.name != meta.gpu
     if not transfer:

@@ -43,7 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     val = steps.add_parser("validate", help="predicted vs measured with and without a profile")
     _inputs(val)
-    val.add_argument("--profile", type=Path, required=True, help="profile YAML from `fit`")
+    val.add_argument(
+        "--profile", type=Path, required=True, help="profile YAML from `fit`, or a shipped name"
+    )
     val.add_argument("-o", "--out", type=Path, help="report folder (default: beside profile)")
     val.set_defaults(handler=_validate)
 
@@ -100,14 +102,18 @@ def _validate(args: argparse.Namespace) -> int:
     from hardware_models.calibration.profile_file import read_profile
     from hardware_models.calibration.sources import load_measurements, resolve_spec
     from hardware_models.calibration.workflow import validate_measurements, write_report
+    from hardware_models.presets import calibration_path
 
     log = _clock()
-    profile = read_profile(args.profile)
+    path = calibration_path(args.profile)
+    profile = read_profile(path)
     measurements = load_measurements(args.folder, args.measured, args.from_shared)
     spec = resolve_spec(measurements, args.gpu, fallback=profile.metadata.gpu)
     result = validate_measurements(measurements, spec, profile)
-    out = args.out or args.profile.parent / f"{args.profile.stem}-validation-{spec.name}"
-    title = f"Calibration of {spec.name} with {args.profile.name}"
+    # A shipped profile's report goes to the working folder, not into the package.
+    beside = path.parent if path == args.profile else Path()
+    out = args.out or beside / f"{path.stem}-validation-{spec.name}"
+    title = f"Calibration of {spec.name} with {path.name}"
     paths = write_report(result, out, title)
     log(f"{spec.name}: {len(result.rows)} rows, {result.which_rows}")
     print(_summary(result.tables["by_class"]).to_string(index=False))
