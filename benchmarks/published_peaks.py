@@ -9,10 +9,7 @@ were fitted to.
 
     python benchmarks/published_peaks.py
 
-The H100 and A100 profiles are the ones "Calibration" in benchmarks/README.md fits
-(`infersim calibrate fit --from-shared h100-sxm -o benchmarks/results/calibration/h100-sxm.yaml`,
-the same for a100-80gb-sxm); a GPU whose profile is not there yet is skipped with that
-command.
+The profiles are the shipped ones (`hardware_models/presets/calibrations/`).
 """
 
 from __future__ import annotations
@@ -25,19 +22,12 @@ from hardware_models.calibration.profile_file import read_profile
 from hardware_models.gemm import gemm_cost
 from hardware_models.presets import calibration_path, load_gpu
 
-REPO = Path(__file__).resolve().parents[1]
-FITTED = REPO / "benchmarks" / "results" / "calibration"
 SIZES = (1024, 2048, 4096, 8192, 10240)
 # database.md rows for these cards (24 GB RTX 4090s only; the 48 GB rebuilds are left out).
 PUBLISHED_TFLOPS = {
     "rtx-4090": (170.06, 173.31, 162.39, 163.09),
     "h100-sxm": (789.24, 783.66),
     "a100-80gb-sxm": (264.53,),
-}
-PROFILES = {
-    "rtx-4090": calibration_path("rtx-4090"),
-    "h100-sxm": FITTED / "h100-sxm.yaml",
-    "a100-80gb-sxm": FITTED / "a100-80gb-sxm.yaml",
 }
 
 
@@ -52,13 +42,8 @@ def main() -> int:
     print(f"{'gpu':<15}{'published (median)':>20}{'uncalibrated':>14}{'profile':>10}{'error':>8}")
     for gpu_name, figures in PUBLISHED_TFLOPS.items():
         published = statistics.median(figures)
-        profile = PROFILES[gpu_name]
-        if not profile.is_file():
-            fit = f"infersim calibrate fit --from-shared {gpu_name} -o {profile.relative_to(REPO)}"
-            print(f"{gpu_name:<15}skipped: no profile yet; run `{fit}`")
-            continue
         plain = best_square_tflops(gpu_name, None)
-        fitted = best_square_tflops(gpu_name, profile)
+        fitted = best_square_tflops(gpu_name, calibration_path(gpu_name))
         error = 100 * (fitted - published) / published
         print(f"{gpu_name:<15}{published:>20.1f}{plain:>14.1f}{fitted:>10.1f}{error:>+7.1f}%")
     return 0
