@@ -220,12 +220,18 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.data / "requests.jsonl").is_file():
         print(f"skipped: no measured run at {args.data}", file=sys.stderr)
         return 0
+    from hardware_models.errors import InfersimError
     from simulator.simulation import simulate
 
     args.out.mkdir(parents=True, exist_ok=True)
     measured = load_measured(args.data)
-    scenario = scenario_for(args.data, measured, args.out, args.overrides, not args.uncalibrated)
-    results = simulate(scenario, progress=False)
+    try:
+        calibrated = not args.uncalibrated
+        scenario = scenario_for(args.data, measured, args.out, args.overrides, calibrated)
+        results = simulate(scenario, progress=False)
+    except InfersimError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     simulated = results.requests
     table = compare(measured, simulated)
     table.to_csv(args.out / "comparison.csv", index=False)
