@@ -43,6 +43,11 @@ QUANT_PASS_BYTES = 3.0
 # Elements the padding copies move per quantised activation element: zero the padded
 # buffer, then read and write the rows into it.
 PAD_PASS_ELEMENTS = 3.0
+# NVIDIA architectures before Hopper, whose GEMM kernels (mma.sync, one large-tile thread
+# block per SM) store each output tile after its k loop; Hopper's and Blackwell's
+# warp-specialised kernels store one tile while computing the next, and other vendors'
+# are not measured here, so they keep the overlapped pricing.
+SERIAL_EPILOGUE_ARCHITECTURES = frozenset({"Volta", "Turing", "Ampere", "Ada"})
 # Share of L2 a GEMM can count on for keeping its operands resident.
 L2_RESIDENT_FRACTION = 0.5
 
@@ -104,6 +109,7 @@ class GemmParts:
     math_s: float  # the tiles' k loops at the compute efficiency
     stream_s: float  # the tiles' k loops at one thread block's streaming rate
     latency_s: float  # waves after the first x wave latency, in series with the k loops
+    epilogue_s: float  # output-tile stores in series with the k loops (serial_epilogue)
     memory_s: float  # DRAM traffic at the memory efficiency
     fixed_s: float  # floor + split-K reduction + quantisation and padding passes
     flops: float
@@ -113,7 +119,7 @@ class GemmParts:
 
     @property
     def compute_s(self) -> float:
-        return max(self.math_s, self.stream_s) + self.latency_s
+        return max(self.math_s, self.stream_s) + self.latency_s + self.epilogue_s
 
     @property
     def seconds(self) -> float:
@@ -136,9 +142,10 @@ class _Setup:
     out_bpe: float
     peak_per_sm: float
     concurrent: int
-    pass_bandwidth: float  # the padding copies stream at this rate
+    pass_bandwidth: float  # the padding copies and serial epilogue stores stream at this rate
     quant_bandwidth: float  # the activation-quantisation pass streams at this rate
     pad_s: float  # fixed time of the padding copies
+    serial_epilogue: bool  # output stores in series with the k loops (GemmKernel)
 
 
 @lru_cache(maxsize=256)
@@ -164,6 +171,11 @@ def _setup(gpu: AcceleratorSpec, dtype: str | Dtype, weight_dtype: str | Dtype |
         pass_bandwidth=gpu.memory_bandwidth * eff.memory_bandwidth,
         quant_bandwidth=gpu.memory_bandwidth * quant_fraction,
         pad_s=pad_us * 1e-6,
+        serial_epilogue=(
+            kernel.serial_epilogue
+            if kernel.serial_epilogue is not None
+            else gpu.architecture in SERIAL_EPILOGUE_ARCHITECTURES
+        ),
     )
 
 
@@ -230,6 +242,7 @@ def gemm_parts(
             math_s=0.0,
             stream_s=0.0,
             latency_s=0.0,
+            epilogue_s=0.0,
             memory_s=compulsory / mem_bw,
             fixed_s=c.floor_us * 1e-6 + pass_s,
             flops=flops,
@@ -259,21 +272,24 @@ def gemm_parts(
         # Tensor-core kernels stage tiles through shared memory and (on Hopper) TMA
         # multicast, so L2 bandwidth shapes DRAM reuse but is not the binding roof.
         # Split-K pays for reducing its partial sums (a second pass) on top; each wave
-        # fills its pipeline and stores its tiles besides its k loop.
+        # fills its pipeline besides its k loop, and before Hopper the tiles' stores
+        # follow their k loops (a serial epilogue) instead of overlapping them.
         latency_s = (waves - 1) * c.wave_latency_us * 1e-6
+        epilogue_s = _epilogue_s(c, m, n, split)
         memory_s = dram / mem_bw
         fixed_s = (c.floor_us + (eff.gemm_split_k_overhead_us if split > 1 else 0.0)) * 1e-6
         fixed_s += pass_s
-        seconds = max(max(math_s, stream_s) + latency_s, memory_s) + fixed_s
+        seconds = max(max(math_s, stream_s) + latency_s + epilogue_s, memory_s) + fixed_s
         if best is None or seconds < best[0]:
             l2 = tiles * split * (tm * bpe + tn * bpe_b) * k_part + m * n * out_bpe
-            best = (seconds, (math_s, stream_s, latency_s, memory_s, fixed_s, dram, l2))
+            best = (seconds, (math_s, stream_s, latency_s, epilogue_s, memory_s, fixed_s, dram, l2))
     assert best is not None
-    math_s, stream_s, latency_s, memory_s, fixed_s, dram, l2 = best[1]
+    math_s, stream_s, latency_s, epilogue_s, memory_s, fixed_s, dram, l2 = best[1]
     return GemmParts(
         math_s=math_s,
         stream_s=stream_s,
         latency_s=latency_s,
+        epilogue_s=epilogue_s,
         memory_s=memory_s,
         fixed_s=fixed_s,
         flops=flops,
@@ -289,6 +305,7 @@ class GemmPartsArray(NamedTuple):
     math_s: np.ndarray
     stream_s: np.ndarray
     latency_s: np.ndarray
+    epilogue_s: np.ndarray
     memory_s: np.ndarray
     fixed_s: np.ndarray
     compute_s: np.ndarray
@@ -349,14 +366,15 @@ def gemm_parts_many(
         traffic = _wave_traffic_many(m, n, k, tm, tn, concurrent, bpe, bpe_b)
         dram = np.where(fits_in_l2, compulsory + partials, traffic + m * n * out_bpe + partials)
         latency_s = (waves - 1) * c.wave_latency_us * 1e-6
+        epilogue_s = np.zeros_like(m) + _epilogue_s(c, m, n, split)
         memory_s = dram / mem_bw
         fixed_s = (c.floor_us + (eff.gemm_split_k_overhead_us if split > 1 else 0.0)) * 1e-6
         fixed_s = fixed_s + pass_s
-        compute_s = np.maximum(math_s, stream_s) + latency_s
+        compute_s = np.maximum(math_s, stream_s) + latency_s + epilogue_s
         seconds = np.maximum(compute_s, memory_s) + fixed_s
         for name, value in zip(
             GemmPartsArray._fields,
-            (math_s, stream_s, latency_s, memory_s, fixed_s, compute_s, seconds),
+            (math_s, stream_s, latency_s, epilogue_s, memory_s, fixed_s, compute_s, seconds),
             strict=True,
         ):
             terms[name][i] = value
@@ -372,6 +390,7 @@ def gemm_parts_many(
             "math_s": 0.0,
             "stream_s": 0.0,
             "latency_s": 0.0,
+            "epilogue_s": 0.0,
             "memory_s": memory_s,
             "fixed_s": fixed_s,
             "compute_s": 0.0,
@@ -379,6 +398,18 @@ def gemm_parts_many(
         }
         out = {name: np.where(gemv, gemv_terms[name], out[name]) for name in out}
     return GemmPartsArray(**out)
+
+
+def _epilogue_s(c: _Setup, m, n, split: int):
+    """Time of the output-tile stores where they run after each tile's k loop rather than
+    under the next one's (GemmKernel.serial_epilogue): the result (fp32 partial sums
+    per split under split-K) at the streaming bandwidth. Once L2 holds dirty output
+    lines, each store waits on a DRAM write, and an SM with one thread block has no k
+    loop running meanwhile."""
+    if not c.serial_epilogue:
+        return 0.0
+    out_bytes = m * n * (c.out_bpe if split == 1 else 4.0 * split)
+    return out_bytes / c.pass_bandwidth
 
 
 def _wave_traffic_many(m, n, k, tm: int, tn: int, concurrent: int, bpe_a, bpe_b) -> np.ndarray:

@@ -455,6 +455,26 @@ def test_prefill_memory_curve_defaults_to_the_streaming_bandwidth():
     assert cost(slow, 1, 16384).seconds == cost(A100, 1, 16384).seconds
 
 
+def test_before_hopper_output_stores_follow_the_k_loop():
+    """Ampere's GEMM kernels store each output tile after its k loop (the A100 table pays
+    store + math at short k); Hopper's store one tile while computing the next."""
+    from hardware_models.efficiency import GemmKernel
+    from hardware_models.gemm import gemm_parts
+
+    m, n, k = 4096, 8192, 256
+    stores = m * n * 2 / (A100.memory_bandwidth * A100.efficiency.memory_bandwidth)
+    ampere = gemm_parts(A100, m, n, k, "bf16")
+    assert ampere.epilogue_s == pytest.approx(stores)
+    assert ampere.compute_s == pytest.approx(
+        max(ampere.math_s, ampere.stream_s) + ampere.latency_s + stores
+    )
+    assert gemm_parts(H100, m, n, k, "bf16").epilogue_s == 0.0
+    overlapped = GemmKernel(serial_epilogue=False)
+    eff = A100.efficiency.model_copy(update={"gemm_kernel_by_dtype": {"bf16": overlapped}})
+    plain = gemm_parts(A100.with_efficiency(eff), m, n, k, "bf16")
+    assert plain.epilogue_s == 0.0 and plain.seconds < ampere.seconds
+
+
 @pytest.mark.parametrize("gpu", [H100, A100], ids=["h100", "a100"])
 def test_scalar_and_array_gemm_pricing_give_the_same_floats(gpu):
     """The simulator (gemm_parts) and the fitter (gemm_parts_many) price GEMMs apart for
@@ -478,6 +498,8 @@ def test_scalar_and_array_gemm_pricing_give_the_same_floats(gpu):
         GemmKernel(dispatch="by_m", quantize_activations=True, cluster_m=2),
         GemmKernel(dispatch="fixed", quantize_activations=True, align_m=4),
         GemmKernel(dispatch="fixed", quantize_activations=True, align_m=4, cluster_m=2),
+        GemmKernel(serial_epilogue=True),
+        GemmKernel(serial_epilogue=False),
     ):
         eff = gpu.efficiency.model_copy(
             update={
