@@ -88,7 +88,11 @@ class AcceleratorSpec(BaseModel):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$", description="preset id")
     display_name: str
     vendor: Literal["nvidia", "amd", "intel", "google", "other"]
-    architecture: str = Field(description="Ampere, Ada, Hopper, Blackwell, CDNA3, ...")
+    architecture: str = Field(
+        description="Ampere, Ada, Hopper, Blackwell, CDNA3, ... It prices GEMMs: on Volta, "
+        "Turing, Ampere and Ada (any case) output stores follow the k loops "
+        "(GemmKernel.serial_epilogue); any other name overlaps them, as Hopper does"
+    )
     sm_count: int = Field(gt=0, description="streaming multiprocessors (NVIDIA) or CUs (AMD)")
     tensor_cores_per_sm: int = Field(gt=0)
     boost_clock_mhz: float = Field(gt=0, description="max boost clock, MHz")

@@ -296,8 +296,9 @@ class EfficiencyProfile(BaseModel):
         default=0.0,
         ge=0,
         description="fixed time of each wave of GEMM tiles after the first beyond its k "
-        "loop, microseconds (the first fills under the kernel floor): pipeline fill and "
-        "the epilogue's store of the output tile. It makes short k loops "
+        "loop, microseconds (the first fills under the kernel floor): pipeline fill and, "
+        "where stores overlap the math (serial_epilogue off), the last tile's store. It "
+        "makes short k loops "
         "relatively slow at the same FLOPs; 0 is the uncalibrated default",
     )
     gemm_wave_latency_us_by_dtype: dict[str, float] = Field(

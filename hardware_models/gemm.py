@@ -47,7 +47,7 @@ PAD_PASS_ELEMENTS = 3.0
 # block per SM) store each output tile after its k loop; Hopper's and Blackwell's
 # warp-specialised kernels store one tile while computing the next, and other vendors'
 # are not measured here, so they keep the overlapped pricing.
-SERIAL_EPILOGUE_ARCHITECTURES = frozenset({"Volta", "Turing", "Ampere", "Ada"})
+SERIAL_EPILOGUE_ARCHITECTURES = frozenset({"volta", "turing", "ampere", "ada"})
 # Share of L2 a GEMM can count on for keeping its operands resident.
 L2_RESIDENT_FRACTION = 0.5
 
@@ -174,7 +174,7 @@ def _setup(gpu: AcceleratorSpec, dtype: str | Dtype, weight_dtype: str | Dtype |
         serial_epilogue=(
             kernel.serial_epilogue
             if kernel.serial_epilogue is not None
-            else gpu.architecture in SERIAL_EPILOGUE_ARCHITECTURES
+            else gpu.architecture.strip().lower() in SERIAL_EPILOGUE_ARCHITECTURES
         ),
     )
 

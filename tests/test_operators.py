@@ -473,6 +473,9 @@ def test_before_hopper_output_stores_follow_the_k_loop():
     eff = A100.efficiency.model_copy(update={"gemm_kernel_by_dtype": {"bf16": overlapped}})
     plain = gemm_parts(A100.with_efficiency(eff), m, n, k, "bf16")
     assert plain.epilogue_s == 0.0 and plain.seconds < ampere.seconds
+    # A user's accelerator file may spell the architecture in any case.
+    spelled = A100.model_copy(update={"architecture": " ampere"})
+    assert gemm_parts(spelled, m, n, k, "bf16").epilogue_s == ampere.epilogue_s
 
 
 @pytest.mark.parametrize("gpu", [H100, A100], ids=["h100", "a100"])
@@ -500,6 +503,8 @@ def test_scalar_and_array_gemm_pricing_give_the_same_floats(gpu):
         GemmKernel(dispatch="fixed", quantize_activations=True, align_m=4, cluster_m=2),
         GemmKernel(serial_epilogue=True),
         GemmKernel(serial_epilogue=False),
+        GemmKernel(dispatch="by_m", quantize_activations=True, serial_epilogue=True),
+        GemmKernel(dispatch="fixed", quantize_activations=True, align_m=4, serial_epilogue=True),
     ):
         eff = gpu.efficiency.model_copy(
             update={
