@@ -7,6 +7,8 @@ from functools import cache
 from pathlib import Path
 
 from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.efficiency import EfficiencyProfile
+from hardware_models.errors import InfersimError
 from hardware_models.node import NodeSpec
 from hardware_models.yaml_io import load_yaml_mapping, unknown_name_error, validate_model
 
@@ -49,9 +51,11 @@ def _load_node_path(path: Path) -> NodeSpec:
     return validate_model(NodeSpec, load_yaml_mapping(path), str(path))
 
 
-def load_gpu(name_or_path: str | Path) -> AcceleratorSpec:
-    """A preset name (`h100-sxm`) or a path to a YAML file of the same schema."""
-    return _load_gpu_path(_resolve("gpus", name_or_path).resolve())
+def load_gpu(name_or_path: str | Path, calibration: str | Path | None = None) -> AcceleratorSpec:
+    """A preset name (`h100-sxm`) or a path to a YAML file of the same schema; with
+    `calibration`, its efficiencies replaced by a profile's (see `with_calibration`)."""
+    gpu = _load_gpu_path(_resolve("gpus", name_or_path).resolve())
+    return gpu if calibration is None else with_calibration(gpu, calibration)
 
 
 def load_node(name_or_path: str | Path) -> NodeSpec:
@@ -61,3 +65,19 @@ def load_node(name_or_path: str | Path) -> NodeSpec:
 def calibration_path(name_or_path: str | Path) -> Path:
     """The file of a shipped calibration profile (`rtx-4090`), or the path given."""
     return _resolve("calibrations", name_or_path)
+
+
+def with_calibration(gpu: AcceleratorSpec, name_or_path: str | Path) -> AcceleratorSpec:
+    """`gpu` with a calibration profile's efficiencies. A shipped profile, given by name,
+    was fitted on one GPU and is refused on another; a file given by path may be applied
+    anywhere (a transfer). A file holding a bare EfficiencyProfile works too."""
+    path = calibration_path(name_or_path)
+    data = load_yaml_mapping(path)
+    fitted_on = (data.get("metadata") or {}).get("gpu")
+    if str(path) != str(name_or_path) and fitted_on != gpu.name:
+        raise InfersimError(
+            f"{str(name_or_path)!r} was fitted on {fitted_on}, not {gpu.name}; to apply it "
+            f"to another GPU anyway (a transfer), give its path: {path}"
+        )
+    profile = validate_model(EfficiencyProfile, data.get("efficiency", data), str(path))
+    return gpu.with_efficiency(profile)

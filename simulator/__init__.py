@@ -18,7 +18,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from hardware_models.presets import list_gpus, list_nodes, load_gpu, load_node
+    from hardware_models.presets import (
+        list_calibrations,
+        list_gpus,
+        list_nodes,
+        load_gpu,
+        load_node,
+    )
     from simulator.compare import compare_table
     from simulator.memory_planner import plan_memory
     from simulator.model_catalog import list_models, load_model
@@ -38,12 +44,14 @@ _SOURCES: dict[str, str] = {
     "list_gpus": "hardware_models.presets",
     "load_node": "hardware_models.presets",
     "list_nodes": "hardware_models.presets",
+    "list_calibrations": "hardware_models.presets",
 }
 
 __all__ = [
     "Results",
     "Scenario",
     "compare_table",
+    "list_calibrations",
     "list_gpus",
     "list_models",
     "list_nodes",

@@ -10,11 +10,9 @@ import numpy as np
 import simpy
 
 from hardware_models.accelerator import AcceleratorSpec
-from hardware_models.efficiency import EfficiencyProfile
 from hardware_models.errors import InfeasibleError, InfersimError
 from hardware_models.node import NodeSpec
-from hardware_models.presets import calibration_path, list_nodes, load_gpu, load_node
-from hardware_models.yaml_io import load_yaml_mapping, validate_model
+from hardware_models.presets import list_nodes, load_gpu, load_node, with_calibration
 from simulator.architecture import ModelArchitecture
 from simulator.engine.replica import Clock, Replica, ReplicaConfig
 from simulator.engine.requests import Outcome, RejectReason, RequestTable
@@ -48,23 +46,8 @@ def resolve_gpu(scenario: Scenario) -> AcceleratorSpec:
     gpu = _named_field("hardware.gpu", load_gpu, _maybe_path(scenario, hw.gpu))
     if hw.calibration:
         value = _maybe_path(scenario, hw.calibration)
-        profile = _named_field("hardware.calibration", lambda v: _calibration(v, gpu), value)
-        gpu = gpu.with_efficiency(profile)
+        gpu = _named_field("hardware.calibration", lambda v: with_calibration(gpu, v), value)
     return gpu
-
-
-def _calibration(name_or_path: str, gpu: AcceleratorSpec) -> EfficiencyProfile:
-    """A profile's efficiencies. A shipped profile is named for the GPU it was fitted on
-    and refused on another; a file by path may be applied anywhere (a transfer)."""
-    path = calibration_path(name_or_path)
-    data = load_yaml_mapping(path)
-    fitted_on = (data.get("metadata") or {}).get("gpu")
-    if str(path) != name_or_path and fitted_on != gpu.name:
-        raise InfersimError(
-            f"{name_or_path!r} was fitted on {fitted_on}, not {gpu.name}; to apply it to "
-            f"another GPU anyway (a transfer), give its path: {path}"
-        )
-    return validate_model(EfficiencyProfile, data.get("efficiency", data), str(path))
 
 
 def _named_field(field: str, load, value: str):

@@ -146,6 +146,10 @@ def test_a_shipped_profile_by_name_only_fits_its_own_gpu(make_scenario) -> None:
     path = str(calibration_path("rtx-4090"))
     transfer = make_scenario(hardware={"gpu": "h100-sxm", "calibration": path})
     assert resolve_gpu(transfer).efficiency == read_profile(path).efficiency
+    # The same rule from Python.
+    assert load_gpu("rtx-4090", calibration="rtx-4090").efficiency == read_profile(path).efficiency
+    with pytest.raises(InfersimError, match="fitted on rtx-4090, not h100-sxm"):
+        load_gpu("h100-sxm", calibration="rtx-4090")
 
 
 def test_validate_takes_a_shipped_profile_by_name(tmp_path: Path, capsys, monkeypatch) -> None:
