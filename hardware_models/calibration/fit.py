@@ -37,6 +37,7 @@ from hardware_models.efficiency import EfficiencyProfile, GemmKernel, dtype_key
 CURVE_ITERATIONS = 3
 MIN_ROWS_PER_BIN = 3
 SEARCH_STEPS = 8
+SCALAR_ROUNDS = 3
 SEARCH_ROWS = 3000  # scalar searches run on a seeded sample of this many rows
 GOLDEN = (np.sqrt(5) - 1) / 2
 
@@ -159,8 +160,11 @@ def _search_scalars(
     price: Pricer,
     sample: pd.DataFrame,
 ) -> EfficiencyProfile:
-    """Coordinate descent over `scalars` (twice round when there are several)."""
-    for _ in range(2 if len(scalars) > 1 else 1):
+    """Coordinate descent over `scalars`, three times round when there are several: the
+    floor, the per-wave latency and the split-K pass trade off against each other on
+    skinny GEMMs, and two rounds stopped short of the synthetic truth (split-K 1.5 us
+    recovered as 4.0) once split-K ran to 64 slices."""
+    for _ in range(SCALAR_ROUNDS if len(scalars) > 1 else 1):
         for scalar in scalars:
 
             def objective(
