@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import statistics
 import sys
-from pathlib import Path
 
-from hardware_models.calibration.profile_file import read_profile
 from hardware_models.gemm import gemm_cost
-from hardware_models.presets import calibration_path, load_gpu
+from hardware_models.presets import load_gpu
 
 SIZES = (1024, 2048, 4096, 8192, 10240)
 # database.md rows for these cards (24 GB RTX 4090s only; the 48 GB rebuilds are left out).
@@ -31,10 +29,8 @@ PUBLISHED_TFLOPS = {
 }
 
 
-def best_square_tflops(gpu_name: str, profile: Path | None) -> float:
-    gpu = load_gpu(gpu_name)
-    if profile is not None:
-        gpu = gpu.with_efficiency(read_profile(profile).efficiency)
+def best_square_tflops(gpu_name: str, calibration: str | None) -> float:
+    gpu = load_gpu(gpu_name, calibration=calibration)
     return max(2 * s**3 / gemm_cost(gpu, s, s, s, "bf16").seconds / 1e12 for s in SIZES)
 
 
@@ -43,7 +39,7 @@ def main() -> int:
     for gpu_name, figures in PUBLISHED_TFLOPS.items():
         published = statistics.median(figures)
         plain = best_square_tflops(gpu_name, None)
-        fitted = best_square_tflops(gpu_name, calibration_path(gpu_name))
+        fitted = best_square_tflops(gpu_name, gpu_name)
         error = 100 * (fitted - published) / published
         print(f"{gpu_name:<15}{published:>20.1f}{plain:>14.1f}{fitted:>10.1f}{error:>+7.1f}%")
     return 0

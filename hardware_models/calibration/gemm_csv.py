@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from hardware_models.accelerator import AcceleratorSpec
-from hardware_models.calibration.measured_tables import COLUMNS, NUMERIC_COLUMNS
+from hardware_models.calibration.measured_tables import COLUMNS, long_rows
 from hardware_models.dtypes import parse_dtype
 from hardware_models.errors import InfersimError
 from hardware_models.gemm import gemm_cost
@@ -60,25 +60,24 @@ def read_gemm_csv(path: str | Path) -> pd.DataFrame:
         )
     if raw.empty:
         raise InfersimError(f"{path}: no rows")
-    out = pd.DataFrame({c: np.nan for c in NUMERIC_COLUMNS}, index=raw.index)
+    gpu = _text(raw, "gpu", "")
+    if "gpu" in raw.columns and (gpu == "").any():
+        line = int(raw.index[int(np.argmax((gpu == "").to_numpy()))])
+        raise InfersimError(
+            f"{path}: line {line}, column gpu: empty (name the preset the row ran on, or "
+            "leave the column out and pass --gpu)"
+        )
+    out = long_rows("", "gemm", len(raw), path)
     for column in SHAPE:
         out[column] = _numbers(path, raw, column, whole=True)
     value = _numbers(path, raw, times[0], whole=False)
     out["dtype"] = [_dtype(path, line, v) for line, v in zip(raw.index, raw["dtype"], strict=True)]
     out["size"] = 2.0 * out["m"] * out["n"] * out["k"]
     out["measured_s"] = value if times[0] == "measured_s" else out["size"] / (value * 1e12)
-    out["gpu"] = _text(raw, "gpu", "")
-    if "gpu" in raw.columns and (out["gpu"] == "").any():
-        line = int(raw.index[int(np.argmax((out["gpu"] == "").to_numpy()))])
-        raise InfersimError(
-            f"{path}: line {line}, column gpu: empty (name the preset the row ran on, or "
-            "leave the column out and pass --gpu)"
-        )
-    out["op_class"] = "gemm"
-    out["kv_dtype"] = None
-    out["source"] = _text(raw, "source", str(path))
-    out["source_dtype"] = raw["dtype"].str.strip().str.lower()
-    return out[list(COLUMNS)].reset_index(drop=True)
+    out["gpu"] = gpu.to_numpy()
+    out["source"] = _text(raw, "source", str(path)).to_numpy()
+    out["source_dtype"] = raw["dtype"].str.strip().str.lower().to_numpy()
+    return out[list(COLUMNS)]
 
 
 def _numbers(path: Path, raw: pd.DataFrame, column: str, whole: bool) -> np.ndarray:

@@ -151,7 +151,9 @@ def _dtype_names(values: pd.Series) -> pd.Series:
     return values.map(mapping).astype(object)
 
 
-def _frame(gpu: str, op_class: pd.Series | str, n: int, source: Path) -> pd.DataFrame:
+def long_rows(gpu: str, op_class: pd.Series | str, n: int, source: Path) -> pd.DataFrame:
+    """`n` rows of the long table with their identity set and every shape column empty,
+    for a reader to fill in."""
     out = pd.DataFrame(index=pd.RangeIndex(n))
     out["gpu"] = gpu
     out["op_class"] = op_class if isinstance(op_class, str) else op_class.to_numpy()
@@ -164,7 +166,7 @@ def _frame(gpu: str, op_class: pd.Series | str, n: int, source: Path) -> pd.Data
 
 def read_gemm(path: Path, gpu: str) -> pd.DataFrame:
     raw = pd.read_parquet(path)
-    out = _frame(gpu, "gemm", len(raw), path)
+    out = long_rows(gpu, "gemm", len(raw), path)
     for col in ("m", "n", "k"):
         out[col] = raw[col].to_numpy(dtype=float)
     out["dtype"] = _dtype_names(raw["gemm_dtype"]).to_numpy()
@@ -202,7 +204,7 @@ def _prefill_pairs(q_len: np.ndarray, window: np.ndarray) -> np.ndarray:
 
 def read_context_attention(path: Path, gpu: str) -> pd.DataFrame:
     raw = pd.read_parquet(path)
-    out = _frame(gpu, "attention_prefill", len(raw), path)
+    out = long_rows(gpu, "attention_prefill", len(raw), path)
     _attention_common(raw, out)
     isl = raw["isl"].to_numpy(dtype=float)
     out["q_len"] = isl
@@ -214,7 +216,7 @@ def read_context_attention(path: Path, gpu: str) -> pd.DataFrame:
 
 def read_generation_attention(path: Path, gpu: str) -> pd.DataFrame:
     raw = pd.read_parquet(path)
-    out = _frame(gpu, "attention_decode", len(raw), path)
+    out = long_rows(gpu, "attention_decode", len(raw), path)
     _attention_common(raw, out)
     out["q_len"] = 1.0
     out["kv_len"] = (raw["isl"] + raw["step"]).to_numpy(dtype=float)
@@ -227,7 +229,7 @@ def read_nccl(path: Path, gpu: str) -> pd.DataFrame:
     unknown = sorted(set(raw["op_name"]) - set(_NCCL_OPS))
     if unknown:
         raise InfersimError(f"{path}: unknown collective op_name {unknown}")
-    out = _frame(gpu, raw["op_name"].map(_NCCL_OPS), len(raw), path)
+    out = long_rows(gpu, raw["op_name"].map(_NCCL_OPS), len(raw), path)
     out["dtype"] = _dtype_names(raw["nccl_dtype"]).to_numpy()
     out["source_dtype"] = raw["nccl_dtype"].astype(object).to_numpy()
     element_bytes = out["dtype"].map(bytes_per_element).to_numpy(dtype=float)
