@@ -91,7 +91,9 @@ class AcceleratorSpec(BaseModel):
     architecture: str = Field(
         description="Ampere, Ada, Hopper, Blackwell, CDNA3, ... It prices GEMMs: on Volta, "
         "Turing, Ampere and Ada (any case) output stores follow the k loops "
-        "(GemmKernel.serial_epilogue); any other name overlaps them, as Hopper does"
+        "(GemmKernel.serial_epilogue) and each warp loads its operands from shared memory, "
+        "which caps small tiles; any other name overlaps the stores and has no such cap, "
+        "as Hopper's kernels do"
     )
     sm_count: int = Field(gt=0, description="streaming multiprocessors (NVIDIA) or CUs (AMD)")
     tensor_cores_per_sm: int = Field(gt=0)
@@ -110,6 +112,13 @@ class AcceleratorSpec(BaseModel):
     )
     register_file_kb_per_sm: float = Field(gt=0)
     shared_memory_kb_per_sm: float = Field(gt=0, description="max shared memory per SM, KB")
+    shared_memory_bytes_per_clock_per_sm: float = Field(
+        default=128.0,
+        gt=0,
+        description="shared-memory bandwidth per SM per clock: 32 banks of 4 bytes on NVIDIA "
+        "GPUs since Volta (CUDA C Programming Guide, shared memory). Before Hopper it caps "
+        "small GEMM tiles, whose warps each load their own operand fragments from it",
+    )
     l2: L2Spec
     memory: MemorySpec
     nvlink: NVLinkSpec | None = None
@@ -160,6 +169,12 @@ class AcceleratorSpec(BaseModel):
             )
         clock = self.tensor_clock_mhz or self.boost_clock_mhz
         return self.sm_count * self.tensor_cores_per_sm * rate * clock * 1e6
+
+    @property
+    def shared_memory_bandwidth_per_sm(self) -> float:
+        """Bytes/s one SM's shared memory serves, at the clock the tensor peaks use."""
+        clock = self.tensor_clock_mhz or self.boost_clock_mhz
+        return self.shared_memory_bytes_per_clock_per_sm * clock * 1e6
 
     def peak_vector_flops(self) -> float:
         """CUDA-core FP32 rate: softmax, norms and activations run here, not on tensor cores."""

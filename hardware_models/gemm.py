@@ -25,8 +25,11 @@ from hardware_models.op_cost import OpCost, classify
 # (tile_m, tile_n) shapes cuBLAS/CUTLASS kernels commonly use on tensor cores.
 TILE_SHAPES: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128), (64, 128), (64, 64))
 # cuBLAS splits the k loop of skinny GEMMs widely: on the A100, m = 2-64, n = 32-128,
-# k = 65536 runs in the time 32-64 slices give (16 left them 20-134% slow).
-SPLIT_K_FACTORS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+# k = 65536 runs in the time 32-64 slices give (16 left them 20-134% slow). It splits in
+# whatever count fills the SMs, not only in powers of two: m = 512, n = 1024,
+# k = 10240 runs at 203 TFLOPS, which its 32 tiles of 128 x 128 reach only as 96 slices
+# on the 108 SMs (two slices each leave 41% of them idle, four take two waves).
+SPLIT_K_FACTORS: tuple[int, ...] = (*range(1, 17), 24, 32, 48, 64)
 # CUTLASS dispatch by m bucket (vLLM's fp8 scaled_mm on Hopper): (largest m, tile for
 # n <= NARROW_N, tile for wider n). Up to m = 64 it swaps A and B, so that a 16- or
 # 64-wide side of the tile covers m and a 64-row side covers n.
@@ -45,13 +48,33 @@ QUANT_PASS_BYTES = 3.0
 # Elements the padding copies move per quantised activation element: zero the padded
 # buffer, then read and write the rows into it.
 PAD_PASS_ELEMENTS = 3.0
-# NVIDIA architectures before Hopper, whose GEMM kernels (mma.sync, one large-tile thread
-# block per SM) store each output tile after its k loop; Hopper's and Blackwell's
-# warp-specialised kernels store one tile while computing the next, and other vendors'
-# are not measured here, so they keep the overlapped pricing.
-SERIAL_EPILOGUE_ARCHITECTURES = frozenset({"volta", "turing", "ampere", "ada"})
+# NVIDIA architectures before Hopper, whose GEMM kernels run warp-level mma.sync: each
+# thread block stores its output tile after its k loop, and each warp loads its own A and
+# B fragments from shared memory. Hopper's and Blackwell's warp-specialised kernels store
+# one tile while computing the next and feed a warpgroup's MMAs from shared memory
+# directly; other vendors' are not measured here, so they keep that pricing.
+WARP_MMA_ARCHITECTURES = frozenset({"volta", "turing", "ampere", "ada"})
 # Share of L2 a GEMM can count on for keeping its operands resident.
 L2_RESIDENT_FRACTION = 0.5
+
+
+def warp_tile(tm: int, tn: int) -> tuple[int, int]:
+    """The part of a (tm, tn) tile one warp computes: CUTLASS's Ampere tensor-op tiles
+    split each side in two, a side over 128 in four (128 x 128 in 64 x 64 warps, 64 x 64
+    in 32 x 32, 256 x 128 in 64 x 64), and an MMA is at least 16 x 8."""
+    return max(16, tm // (4 if tm > 128 else 2)), max(8, tn // (4 if tn > 128 else 2))
+
+
+def shared_memory_share(
+    tm: int, tn: int, bpe_a: float, bpe_b: float, peak_per_sm: float, smem_per_sm: float
+) -> float:
+    """The share of the tensor peak a warp-MMA tile can reach before shared memory caps
+    it: per step of k the tile's A and B columns are written into shared memory once and
+    read by every warp that uses them. A 64 x 64 bf16 tile on the A100 moves 768 bytes
+    per step, 6 clocks at 128 bytes/clock, for 4 clocks of tensor math: 2/3 of peak."""
+    wm, wn = warp_tile(tm, tn)
+    per_k_bytes = bpe_a * tm * (1 + tn / wn) + bpe_b * tn * (1 + tm / wm)
+    return min(1.0, (2.0 * tm * tn / peak_per_sm) / (per_k_bytes / smem_per_sm))
 
 
 def output_dtype(dtype: Dtype) -> Dtype:
@@ -148,6 +171,7 @@ class _Setup:
     quant_bandwidth: float  # the activation-quantisation pass streams at this rate
     pad_s: float  # fixed time of the padding copies
     serial_epilogue: bool  # output stores in series with the k loops (GemmKernel)
+    tile_share: dict[tuple[int, int], float]  # shared_memory_share by tile (1 if uncapped)
 
 
 @lru_cache(maxsize=256)
@@ -158,6 +182,10 @@ def _setup(gpu: AcceleratorSpec, dtype: str | Dtype, weight_dtype: str | Dtype |
     quant_fraction, pad_us = eff.gemm_passes(dtype)
     plain = parse_dtype(dtype)
     bpe = bytes_per_element(plain)
+    bpe_b = bpe if weight_dtype is None else bytes_per_element(parse_dtype(weight_dtype))
+    peak_per_sm = gpu.peak_flops(plain) / gpu.sm_count
+    warp_mma = gpu.architecture.strip().lower() in WARP_MMA_ARCHITECTURES
+    tiles = {*TILE_SHAPES, TILE_LARGE, *(t for _, *pair in TILES_BY_M for t in pair)}
     return _Setup(
         compute_curve=compute_curve,
         memory_curve=memory_curve,
@@ -166,18 +194,22 @@ def _setup(gpu: AcceleratorSpec, dtype: str | Dtype, weight_dtype: str | Dtype |
         wave_latency_us=wave_latency_us,
         cta_us_per_mb=cta_us_per_mb,
         bpe=bpe,
-        bpe_b=bpe if weight_dtype is None else bytes_per_element(parse_dtype(weight_dtype)),
+        bpe_b=bpe_b,
         out_bpe=bytes_per_element(output_dtype(plain)),
-        peak_per_sm=gpu.peak_flops(plain) / gpu.sm_count,
+        peak_per_sm=peak_per_sm,
         concurrent=gpu.sm_count * eff.ctas_per_sm,
         pass_bandwidth=gpu.memory_bandwidth * eff.memory_bandwidth,
         quant_bandwidth=gpu.memory_bandwidth * quant_fraction,
         pad_s=pad_us * 1e-6,
-        serial_epilogue=(
-            kernel.serial_epilogue
-            if kernel.serial_epilogue is not None
-            else gpu.architecture.strip().lower() in SERIAL_EPILOGUE_ARCHITECTURES
-        ),
+        serial_epilogue=warp_mma if kernel.serial_epilogue is None else kernel.serial_epilogue,
+        tile_share={
+            (tm, tn): shared_memory_share(
+                tm, tn, bpe, bpe_b, peak_per_sm, gpu.shared_memory_bandwidth_per_sm
+            )
+            if warp_mma
+            else 1.0
+            for tm, tn in tiles
+        },
     )
 
 
@@ -259,8 +291,9 @@ def gemm_parts(
         if split > 1 and (tiles * split > 2 * concurrent or k // split < 256):
             continue
         k_part = math.ceil(k / split)
+        share = c.tile_share[(tm, tn)]
         waves = math.ceil(tiles * split / concurrent)
-        math_s = waves * 2.0 * tm * tn * k_part / (c.peak_per_sm * compute_eff)
+        math_s = waves * 2.0 * tm * tn * k_part / (c.peak_per_sm * share * compute_eff)
         # One thread block pulls its A and B panels at a capped rate (its loads in
         # flight), which a small tile over a long k cannot hide behind its math.
         stream_s = waves * (tm * bpe + tn * bpe_b) * k_part * c.cta_us_per_mb * 1e-12
@@ -361,8 +394,9 @@ def gemm_parts_many(
         if split > 1:
             allowed = allowed & ~((tiles * split > 2 * concurrent) | (k // split < 256))
         k_part = np.ceil(k / split)
+        share = c.tile_share[(tm, tn)]
         waves = np.ceil(tiles * split / concurrent)
-        math_s = waves * 2.0 * tm * tn * k_part / (c.peak_per_sm * compute_eff)
+        math_s = waves * 2.0 * tm * tn * k_part / (c.peak_per_sm * share * compute_eff)
         stream_s = waves * (tm * bpe + tn * bpe_b) * k_part * c.cta_us_per_mb * 1e-12
         partials = 0.0 if split == 1 else 2 * m * n * split * 4.0
         traffic = _wave_traffic_many(m, n, k, tm, tn, concurrent, bpe, bpe_b)

@@ -478,6 +478,39 @@ def test_before_hopper_output_stores_follow_the_k_loop():
     assert gemm_parts(spelled, m, n, k, "bf16").epilogue_s == ampere.epilogue_s
 
 
+def test_before_hopper_shared_memory_caps_small_tiles():
+    """Each warp of an mma.sync tile loads its own fragments from shared memory: a 64 x 64
+    bf16 tile on the A100 moves 768 bytes per step of k (6 clocks at 128 bytes/clock) for
+    4 clocks of tensor math. Hopper's warpgroup MMAs read shared memory directly."""
+    from hardware_models.gemm import _setup, gemm_parts, shared_memory_share
+
+    smem = A100.shared_memory_bandwidth_per_sm
+    peak = A100.peak_flops(Dtype.BF16) / A100.sm_count
+    assert shared_memory_share(64, 64, 2, 2, peak, smem) == pytest.approx(2 / 3)
+    assert shared_memory_share(64, 128, 2, 2, peak, smem) == pytest.approx(8 / 9)
+    assert shared_memory_share(128, 128, 2, 2, peak, smem) == 1.0
+    assert set(_setup(H100, "bf16", None).tile_share.values()) == {1.0}
+    # Only shapes that run small tiles pay, by at most the cap.
+    wide = A100.model_copy(update={"shared_memory_bytes_per_clock_per_sm": 1e6})
+    slowdown = gemm_parts(A100, 512, 4096, 1024).seconds / gemm_parts(wide, 512, 4096, 1024).seconds
+    assert 1.1 < slowdown <= 1.5
+    big = (8192, 8192, 8192)
+    assert gemm_parts(A100, *big).seconds == gemm_parts(wide, *big).seconds
+
+
+def test_split_k_fills_the_sms_in_any_count(monkeypatch):
+    """m = 512, n = 1024 is 32 tiles of 128 x 128 on 108 SMs: three slices each fill 96
+    of them in one wave, where two leave 44 idle and four take two waves."""
+    from hardware_models import gemm
+
+    shape = (512, 1024, 10240)
+    any_count = gemm.gemm_parts(A100, *shape).seconds
+    monkeypatch.setattr(gemm, "SPLIT_K_FACTORS", (3,))
+    assert gemm.gemm_parts(A100, *shape).seconds == any_count
+    monkeypatch.setattr(gemm, "SPLIT_K_FACTORS", (1, 2, 4, 8, 16, 32, 64))
+    assert gemm.gemm_parts(A100, *shape).seconds > 1.3 * any_count
+
+
 @pytest.mark.parametrize("gpu", [H100, A100], ids=["h100", "a100"])
 def test_scalar_and_array_gemm_pricing_give_the_same_floats(gpu):
     """The simulator (gemm_parts) and the fitter (gemm_parts_many) price GEMMs apart for

@@ -167,7 +167,7 @@ def test_validate_takes_a_shipped_profile_by_name(tmp_path: Path, capsys, monkey
 @pytest.mark.slow
 @pytest.mark.parametrize("gpu", ["h100-sxm", "a100-80gb-sxm"])
 def test_a_shipped_profile_is_the_fit_of_the_public_tables(gpu: str) -> None:
-    """45 s for the H100, 29 s for the A100: the command in the presets' README."""
+    """53 s for the H100, 34 s for the A100: the command in the presets' README."""
     refit = fit_measurements(load_measurements(from_shared=gpu), load_gpu(gpu))
     assert refit == read_profile(calibration_path(gpu))
 
@@ -179,7 +179,7 @@ def test_the_shipped_a100_profile_gives_the_documented_held_out_errors() -> None
     result = validate_measurements(load_measurements(from_shared=gpu), load_gpu(gpu), profile)
     by_class = result.tables["by_class"]
     mape = by_class[by_class["stage"] == "calibrated"].set_index("op_class")["mape"]
-    documented = {"gemm": 0.086, "attention_prefill": 0.100, "attention_decode": 0.072}
+    documented = {"gemm": 0.078, "attention_prefill": 0.100, "attention_decode": 0.072}
     for op_class, value in documented.items():
         assert mape[op_class] == pytest.approx(value, abs=0.0005), op_class
     assert mape["all_reduce"] == pytest.approx(0.143, abs=0.0005)
