@@ -115,6 +115,7 @@ class AcceleratorSpec(BaseModel):
     shared_memory_bytes_per_clock_per_sm: float = Field(
         default=128.0,
         gt=0,
+        allow_inf_nan=False,
         description="shared-memory bandwidth per SM per clock: 32 banks of 4 bytes on NVIDIA "
         "GPUs since Volta (CUDA C Programming Guide, shared memory). Before Hopper it caps "
         "small GEMM tiles, whose warps each load their own operand fragments from it",

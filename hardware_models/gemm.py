@@ -74,7 +74,10 @@ def shared_memory_share(
     per step, 6 clocks at 128 bytes/clock, for 4 clocks of tensor math: 2/3 of peak."""
     wm, wn = warp_tile(tm, tn)
     per_k_bytes = bpe_a * tm * (1 + tn / wn) + bpe_b * tn * (1 + tm / wm)
-    return min(1.0, (2.0 * tm * tn / peak_per_sm) / (per_k_bytes / smem_per_sm))
+    smem_s = per_k_bytes / smem_per_sm
+    if smem_s == 0.0:  # a bandwidth so large that its time underflows: no cap
+        return 1.0
+    return min(1.0, (2.0 * tm * tn / peak_per_sm) / smem_s)
 
 
 def output_dtype(dtype: Dtype) -> Dtype:
@@ -471,7 +474,8 @@ def gemm_cost(
     `dtype` may name a block-scaled variant (fp8_block): it computes as its plain dtype
     but takes the curves and kernel family a calibration profile fitted for that spelling.
     `weight_dtype` is the storage type of B when it differs (weight-only quantisation,
-    e.g. int4 weights dequantised to bf16 in the kernel): it changes bytes, not math.
+    e.g. int4 weights dequantised to bf16 in the kernel): it changes bytes, not the FLOPs,
+    though before Hopper fewer bytes through shared memory can lift a small tile's cap.
     """
     parts = gemm_parts(gpu, m, n, k, dtype, weight_dtype)
     return OpCost(

@@ -482,7 +482,7 @@ def test_before_hopper_shared_memory_caps_small_tiles():
     """Each warp of an mma.sync tile loads its own fragments from shared memory: a 64 x 64
     bf16 tile on the A100 moves 768 bytes per step of k (6 clocks at 128 bytes/clock) for
     4 clocks of tensor math. Hopper's warpgroup MMAs read shared memory directly."""
-    from hardware_models.gemm import _setup, gemm_parts, shared_memory_share
+    from hardware_models.gemm import TILE_SHAPES, _setup, gemm_parts, shared_memory_share
 
     smem = A100.shared_memory_bandwidth_per_sm
     peak = A100.peak_flops(Dtype.BF16) / A100.sm_count
@@ -490,6 +490,10 @@ def test_before_hopper_shared_memory_caps_small_tiles():
     assert shared_memory_share(64, 128, 2, 2, peak, smem) == pytest.approx(8 / 9)
     assert shared_memory_share(128, 128, 2, 2, peak, smem) == 1.0
     assert set(_setup(H100, "bf16", None).tile_share.values()) == {1.0}
+    # The RTX 4090 has a quarter of the A100's tensor rate per SM and clock: no cuBLAS tile
+    # reaches the cap (only by-m dispatch's 16-row tile would).
+    ada = _setup(load_gpu("rtx-4090"), "bf16", None).tile_share
+    assert all(ada[tile] == 1.0 for tile in TILE_SHAPES)
     # Only shapes that run small tiles pay, by at most the cap.
     wide = A100.model_copy(update={"shared_memory_bytes_per_clock_per_sm": 1e6})
     slowdown = gemm_parts(A100, 512, 4096, 1024).seconds / gemm_parts(wide, 512, 4096, 1024).seconds
