@@ -37,6 +37,22 @@ def causal_pairs(q_len: int, kv_len: int, window: int | None = None) -> int:
     return ramp + (kv_len - full_from + 1) * window if kv_len >= full_from else ramp
 
 
+def causal_pairs_many(q_len, kv_len, window) -> np.ndarray:
+    """causal_pairs over arrays of sequences (window 0 or NaN: none), in closed form: the
+    ramp below a sliding window is an arithmetic series. Exact while the counts stay
+    below 2^53, as the integer version's products do."""
+    q, kv = np.asarray(q_len, dtype=float), np.asarray(kv_len, dtype=float)
+    window = np.nan_to_num(np.asarray(window, dtype=float))
+    context = kv - q
+    full = q * context + q * (q + 1) // 2
+    first = context + 1
+    full_from = np.maximum(first, window)
+    ramp_end = np.minimum(full_from, kv + 1)  # the ramp is first .. ramp_end - 1
+    ramp = np.where(ramp_end > first, (first + ramp_end - 1) * (ramp_end - first) // 2, 0.0)
+    windowed = ramp + np.where(kv >= full_from, (kv - full_from + 1) * window, 0.0)
+    return np.where((window > 0) & (window < kv), windowed, full)
+
+
 def keys_per_query(attended_pairs, new_tokens):
     """Mean keys each query attends: the length of a flash thread block's inner loop, which
     sets how well its fixed prologue and epilogue are amortised (the prefill curve's axis).
@@ -99,6 +115,12 @@ class PrefillAttention:
         heads = {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim}
         self.decode = DecodeAttention(gpu, **heads, dtype=dtype, kv_dtype=kv_dtype)
 
+    def _attainable_rate(self, attended_pairs, new_tokens):
+        """FLOP/s the key loops run at: the curve's efficiency at the mean keys per query."""
+        if self._attainable is not None:
+            return self._attainable
+        return self.peak * self.curve.at(keys_per_query(attended_pairs, new_tokens))
+
     def __call__(
         self, num_seqs: int, new_tokens: int, attended_pairs: float, context_tokens: int
     ) -> tuple[float, float, float, float, float]:
@@ -118,9 +140,7 @@ class PrefillAttention:
         units = max(1, num_seqs * self.row_heads * blocks)
         waves = math.ceil(units / self.sm_count)
         wave_eff = units / (waves * self.sm_count)
-        attainable = self._attainable
-        if attainable is None:
-            attainable = self.peak * self.curve.at(keys_per_query(attended_pairs, new_tokens))
+        attainable = self._attainable_rate(attended_pairs, new_tokens)
         # Key blocks are computed whole where a row's key range ends inside one: about
         # half a block per row at the causal diagonal, and half a block more at a sliding
         # window's far edge for rows past the window (exact for prompts without earlier
@@ -137,6 +157,42 @@ class PrefillAttention:
             rate = self.bandwidth * self.memory_curve.at(max(dram, 1.0))
         memory = dram / rate
         return max(compute, memory) + self.floor, flops, dram, compute, memory
+
+    def many(self, num_seqs, new_tokens, attended_pairs, context_tokens) -> tuple[np.ndarray, ...]:
+        """__call__ over arrays of calls, the same arithmetic in the same order (so the
+        same floats): a calibration fit prices every prefill row for each candidate."""
+        seqs, new, pairs, context = (
+            np.asarray(a, dtype=float)
+            for a in (num_seqs, new_tokens, attended_pairs, context_tokens)
+        )
+        flops = self.flops_per_pair * pairs
+        q_bytes = new * self.q_bytes_per_token
+        dram = 2.0 * q_bytes + context * self.kv_bytes_per_token
+        rows = new / np.maximum(seqs, 1) * self.row_group
+        units = np.maximum(1, seqs * self.row_heads * np.ceil(rows / PREFILL_QUERY_BLOCK))
+        waves = np.ceil(units / self.sm_count)
+        wave_eff = units / (waves * self.sm_count)
+        attainable = self._attainable_rate(pairs, new)
+        wasted = new * PREFILL_QUERY_BLOCK / 2
+        if self.window:
+            wasted = wasted + np.maximum(new - seqs * self.window, 0) * PREFILL_QUERY_BLOCK / 2
+        compute = (flops + wasted * self.flops_per_pair) / (attainable * wave_eff)
+        compute = compute + waves * self.cta_seconds
+        rate = self._memory_rate
+        if rate is None:
+            rate = self.bandwidth * self.memory_curve.at(np.maximum(dram, 1.0))
+        memory = dram / rate
+        seconds = np.maximum(compute, memory) + self.floor
+        # One token a sequence: the decode kernel's terms, as __call__ prices it.
+        one = new <= seqs
+        if one.any():
+            calls = np.maximum(seqs[one], 1)
+            keys = decode_keys_read(context[one] / calls, self.window)
+            decode = self.decode.parts(calls, calls * keys)
+            seconds[one], compute[one], memory[one] = decode.seconds, decode.fixed, decode.memory
+            kv_bytes = context[one] * self.kv_bytes_per_token
+            dram[one] = kv_bytes + new[one] * self.decode.bytes_per_seq
+        return seconds, flops, dram, compute, memory
 
 
 def attention_prefill_cost(

@@ -389,38 +389,49 @@ def gemm_parts_many(
     c = _setup(gpu, dtype, weight_dtype)
     bpe, bpe_b, out_bpe, concurrent = c.bpe, c.bpe_b, c.out_bpe, c.concurrent
     _, compute_eff, compulsory, fits_in_l2, mem_bw, _, _, pass_s = _shape_terms(gpu, c, m, n, k)
-    layouts = _layouts_many(c.kernel, m, n)
-    shape = (len(layouts), len(m))
-    terms = {name: np.empty(shape) for name in GemmPartsArray._fields}
-    for i, (((tm, tn), split, cluster_m), allowed) in enumerate(layouts):
-        tiles = tile_rows(m, tm, cluster_m) * np.ceil(n / tn)
+    # The fastest layout so far per shape, updated only where a later one is strictly
+    # faster (the first of equals wins, as in the scalar loop). Tile counts depend on the
+    # tile alone, so splits of one tile share them.
+    out = {name: np.zeros(len(m)) for name in GemmPartsArray._fields}
+    out["seconds"].fill(np.inf)
+    tile_counts: dict[tuple[int, int, int], np.ndarray] = {}
+    for ((tm, tn), split, cluster_m), allowed in _layouts_many(c.kernel, m, n):
+        key = (tm, tn, cluster_m)
+        if key not in tile_counts:
+            tile_counts[key] = tile_rows(m, tm, cluster_m) * np.ceil(n / tn)
+        tiles = tile_counts[key]
         if split > 1:
             allowed = allowed & ~((tiles * split > 2 * concurrent) | (k // split < 256))
-        k_part = np.ceil(k / split)
+        # Price only the shapes that may run this layout: most splits suit few of them.
+        sel = np.flatnonzero(allowed)
+        if sel.size == 0:
+            continue
+        ms, ns, ks, tiles = m[sel], n[sel], k[sel], tiles[sel]
+        k_part = np.ceil(ks / split)
         share = c.tile_share[(tm, tn)]
         waves = np.ceil(tiles * split / concurrent)
-        math_s = waves * 2.0 * tm * tn * k_part / (c.peak_per_sm * share * compute_eff)
+        math_s = waves * 2.0 * tm * tn * k_part / (c.peak_per_sm * share * compute_eff[sel])
         stream_s = waves * (tm * bpe + tn * bpe_b) * k_part * c.cta_us_per_mb * 1e-12
-        partials = 0.0 if split == 1 else 2 * m * n * split * 4.0
-        traffic = _wave_traffic_many(m, n, k, tm, tn, concurrent, bpe, bpe_b)
-        dram = np.where(fits_in_l2, compulsory + partials, traffic + m * n * out_bpe + partials)
+        partials = 0.0 if split == 1 else 2 * ms * ns * split * 4.0
+        traffic = _wave_traffic_many(ms, ns, ks, tm, tn, concurrent, bpe, bpe_b)
+        dram = np.where(
+            fits_in_l2[sel], compulsory[sel] + partials, traffic + ms * ns * out_bpe + partials
+        )
         latency_s = (waves - 1) * c.wave_latency_us * 1e-6
-        epilogue_s = np.zeros_like(m) + _epilogue_s(c, m, n, split)
-        memory_s = dram / mem_bw
+        epilogue_s = np.zeros_like(ms) + _epilogue_s(c, ms, ns, split)
+        memory_s = dram / mem_bw[sel]
         fixed_s = (c.floor_us + (eff.gemm_split_k_overhead_us if split > 1 else 0.0)) * 1e-6
-        fixed_s = fixed_s + pass_s
+        fixed_s = fixed_s + pass_s[sel]
         compute_s = np.maximum(math_s, stream_s) + latency_s + epilogue_s
         seconds = np.maximum(compute_s, memory_s) + fixed_s
+        faster = seconds < out["seconds"][sel]
+        won = sel[faster]
         for name, value in zip(
             GemmPartsArray._fields,
             (math_s, stream_s, latency_s, epilogue_s, memory_s, fixed_s, compute_s, seconds),
             strict=True,
         ):
-            terms[name][i] = value
-        terms["seconds"][i] = np.where(allowed, seconds, np.inf)
-    best = np.argmin(terms["seconds"], axis=0)  # the first of equals, as the loop keeps
-    rows = np.arange(len(m))
-    out = {name: terms[name][best, rows] for name in GemmPartsArray._fields}
+            out[name][won] = value[faster]
     if c.kernel.gemv:
         gemv = m == 1
         memory_s = compulsory / mem_bw

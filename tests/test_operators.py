@@ -566,6 +566,70 @@ def test_scalar_and_array_gemm_pricing_give_the_same_floats(gpu):
                     assert got == getattr(one, name), (kernel, weights, name, shapes[i])
 
 
+def test_causal_pairs_in_closed_form_match_the_sum():
+    import numpy as np
+
+    from hardware_models.attention import causal_pairs, causal_pairs_many
+
+    rng = np.random.default_rng(2)
+    q = rng.integers(1, 5000, size=400)
+    kv = q + rng.integers(0, 5000, size=400) * (rng.random(400) < 0.5)
+    window = rng.choice([0, 1, 127, 128, 1024, 4096, 20000], size=400)
+    many = causal_pairs_many(q, kv, window)
+    for i in range(len(q)):
+        one = causal_pairs(int(q[i]), int(kv[i]), int(window[i]) or None)
+        assert many[i] == one, (q[i], kv[i], window[i])
+
+
+@pytest.mark.parametrize("calibration", [None, "h100-sxm"], ids=["preset", "calibrated"])
+@pytest.mark.parametrize("pack_gqa", [True, False], ids=["packed", "per-head"])
+def test_scalar_and_array_prefill_pricing_give_the_same_floats(calibration, pack_gqa):
+    """The simulator prices prefill one call at a time, the fitter a table at once
+    (prefill_table): a profile is only valid for both if every term agrees exactly."""
+    import numpy as np
+    import pandas as pd
+
+    from hardware_models.attention import uniform_prefill_cost
+    from hardware_models.calibration.measured_tables import prefill_table
+
+    gpu = load_gpu("h100-sxm", calibration=calibration)
+    gpu = gpu.with_efficiency(gpu.efficiency.model_copy(update={"prefill_pack_gqa": pack_gqa}))
+    rng = np.random.default_rng(3)
+    size = 240
+    q = np.exp(rng.uniform(0, np.log(16384), size)).astype(int)
+    q[:40] = 1  # one token a sequence: the decode kernel
+    heads = rng.choice([(32, 8), (64, 8), (32, 32), (48, 1)], size)
+    table = pd.DataFrame(
+        {
+            "batch": rng.integers(1, 65, size),
+            "q_len": q,
+            "kv_len": q + rng.integers(0, 8192, size) * (rng.random(size) < 0.5),
+            "window": rng.choice([0, 0, 1024, 4096], size),
+            "num_heads": [h for h, _ in heads],
+            "num_kv_heads": [kv for _, kv in heads],
+            "head_dim": rng.choice([64, 128], size),
+            "dtype": "bf16",
+            "kv_dtype": rng.choice(["bf16", "fp8"], size),
+        }
+    )
+    many = prefill_table(table, gpu)
+    for i, row in enumerate(table.itertuples(index=False)):
+        one = uniform_prefill_cost(
+            gpu,
+            batch=int(row.batch),
+            q_len=int(row.q_len),
+            kv_len=int(row.kv_len),
+            window=int(row.window) or None,
+            num_heads=int(row.num_heads),
+            num_kv_heads=int(row.num_kv_heads),
+            head_dim=int(row.head_dim),
+            dtype=row.dtype,
+            kv_dtype=row.kv_dtype,
+        )
+        expected = (one.seconds, one.compute_seconds, one.memory_seconds, one.dram_bytes)
+        assert tuple(many[i]) == expected, row
+
+
 @pytest.mark.parametrize(
     ("field", "value", "words"),
     [

@@ -167,7 +167,7 @@ def test_validate_takes_a_shipped_profile_by_name(tmp_path: Path, capsys, monkey
 @pytest.mark.slow
 @pytest.mark.parametrize("gpu", ["h100-sxm", "a100-80gb-sxm"])
 def test_a_shipped_profile_is_the_fit_of_the_public_tables(gpu: str) -> None:
-    """53 s for the H100, 34 s for the A100: the command in the presets' README."""
+    """38 s for the H100, 13 s for the A100: the command in the presets' README."""
     refit = fit_measurements(load_measurements(from_shared=gpu), load_gpu(gpu))
     assert refit == read_profile(calibration_path(gpu))
 

@@ -56,8 +56,8 @@ from hardware_models.attention import (
     DecodeParts,
     PrefillAttention,
     causal_pairs,
+    causal_pairs_many,
     decode_keys_read,
-    uniform_prefill_args,
 )
 from hardware_models.collectives import collective_cost
 from hardware_models.dtypes import bytes_per_element, parse_dtype
@@ -371,14 +371,13 @@ def prefill_table(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
     batch, q_len, kv_len, window = (
         sub[c].to_numpy(dtype=float) for c in ("batch", "q_len", "kv_len", "window")
     )
+    pairs = batch * causal_pairs_many(q_len, kv_len, window)
     for key, pos in sub.groupby([*_ATTN_COLS, "window"], sort=False, dropna=False).indices.items():
         model = PrefillAttention(gpu, **_head_layout(key[:-1]), window=int(key[-1]) or None)
-        for i in pos:
-            args = uniform_prefill_args(
-                int(batch[i]), int(q_len[i]), int(kv_len[i]), int(window[i]) or None
-            )
-            seconds, _, dram, compute, memory = model(*args)
-            out[i] = seconds, compute, memory, dram
+        seqs = batch[pos]
+        args = (seqs, seqs * q_len[pos], pairs[pos], seqs * kv_len[pos])
+        seconds, _, dram, compute, memory = model.many(*args)
+        out[pos] = np.column_stack((seconds, compute, memory, dram))
     return out
 
 
