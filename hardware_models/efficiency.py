@@ -263,12 +263,14 @@ class EfficiencyProfile(BaseModel):
         ge=1,
         description="GEMM thread blocks resident per SM at once (large tiles: 1)",
     )
-    gemm_split_k_overhead_us: float = Field(
-        default=0.0,
+    gemm_split_k_overhead_us: float | None = Field(
+        default=None,
         ge=0,
         description="extra time of a split-K GEMM, microseconds: the partial sums are "
         "reduced by a second kernel or a serialised pass (cuBLAS on skinny GEMMs with a "
-        "long k measures ~1-3 us); 0 prices split-K as free, the uncalibrated default",
+        "long k measures ~1-3 us). None: one kernel_floor_us, the reduction kernel's launch "
+        "(a free pass made a GEMM of twice the k loop up to 6% faster than the shorter one, "
+        "by splitting it where the shorter one could not)",
     )
     gemm_pad_us_by_dtype: dict[str, float] = Field(
         default_factory=dict,
@@ -386,6 +388,13 @@ class EfficiencyProfile(BaseModel):
             self._for_dtype(self.gemm_memory_by_dtype, dtype, self.gemm_memory),
             self._for_dtype(self.gemm_floor_us_by_dtype, dtype, self.kernel_floor_us),
         )
+
+    @property
+    def split_k_pass_us(self) -> float:
+        """gemm_split_k_overhead_us, or one kernel floor where it is not set."""
+        if self.gemm_split_k_overhead_us is None:
+            return self.kernel_floor_us
+        return self.gemm_split_k_overhead_us
 
     def gemm_kernel(self, dtype: object) -> tuple[GemmKernel, float, float]:
         """(kernel family, wave latency in us, thread block us per MB) of GEMMs in `dtype`."""

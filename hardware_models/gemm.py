@@ -315,7 +315,7 @@ def gemm_parts(
         latency_s = (waves - 1) * c.wave_latency_us * 1e-6
         epilogue_s = _epilogue_s(c, m, n, split)
         memory_s = dram / mem_bw
-        fixed_s = (c.floor_us + (eff.gemm_split_k_overhead_us if split > 1 else 0.0)) * 1e-6
+        fixed_s = (c.floor_us + (eff.split_k_pass_us if split > 1 else 0.0)) * 1e-6
         fixed_s += pass_s
         seconds = max(max(math_s, stream_s) + latency_s + epilogue_s, memory_s) + fixed_s
         if best is None or seconds < best[0]:
@@ -420,7 +420,7 @@ def gemm_parts_many(
         latency_s = (waves - 1) * c.wave_latency_us * 1e-6
         epilogue_s = np.zeros_like(ms) + _epilogue_s(c, ms, ns, split)
         memory_s = dram / mem_bw[sel]
-        fixed_s = (c.floor_us + (eff.gemm_split_k_overhead_us if split > 1 else 0.0)) * 1e-6
+        fixed_s = (c.floor_us + (eff.split_k_pass_us if split > 1 else 0.0)) * 1e-6
         fixed_s = fixed_s + pass_s[sel]
         compute_s = np.maximum(math_s, stream_s) + latency_s + epilogue_s
         seconds = np.maximum(compute_s, memory_s) + fixed_s

@@ -1,7 +1,7 @@
 """Roofline properties of the operator costs, checked over generated shapes."""
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hardware_models import (
@@ -42,6 +42,9 @@ def test_gemm_never_beats_its_roofline(m, n, k, gpu):
 
 @settings(max_examples=200, deadline=None)
 @given(m=dims, n=dims, k=dims, grow=st.sampled_from(["m", "n", "k"]))
+# Splitting k = 768 in three (256-long slices) where k = 384 cannot split at all was 6%
+# faster while the split-K reduction kernel was priced as free.
+@example(m=1, n=1, k=384, grow="k")
 def test_gemm_time_is_monotone_in_each_dimension(m, n, k, grow):
     base = gemm_cost(H100, m, n, k).seconds
     bigger = {"m": (2 * m, n, k), "n": (m, 2 * n, k), "k": (m, n, 2 * k)}[grow]
