@@ -175,6 +175,7 @@ class _Setup:
     pad_s: float  # fixed time of the padding copies
     serial_epilogue: bool  # output stores in series with the k loops (GemmKernel)
     tile_share: dict[tuple[int, int], float]  # shared_memory_share by tile (1 if uncapped)
+    split_pass_us: float  # the split-K reduction pass (EfficiencyProfile.split_k_pass_us)
 
 
 @lru_cache(maxsize=256)
@@ -205,6 +206,7 @@ def _setup(gpu: AcceleratorSpec, dtype: str | Dtype, weight_dtype: str | Dtype |
         quant_bandwidth=gpu.memory_bandwidth * quant_fraction,
         pad_s=pad_us * 1e-6,
         serial_epilogue=warp_mma if kernel.serial_epilogue is None else kernel.serial_epilogue,
+        split_pass_us=eff.split_k_pass_us,
         tile_share={
             (tm, tn): shared_memory_share(
                 tm, tn, bpe, bpe_b, peak_per_sm, gpu.shared_memory_bandwidth_per_sm
@@ -266,7 +268,6 @@ def gemm_parts(
     """gemm_cost's terms, uncached (see gemm_cost)."""
     if min(m, n, k) < 1:
         raise ValueError(f"GEMM dimensions must be >= 1, got m={m} n={n} k={k}")
-    eff = gpu.efficiency
     c = _setup(gpu, dtype, weight_dtype)
     bpe, bpe_b, out_bpe, concurrent = c.bpe, c.bpe_b, c.out_bpe, c.concurrent
     flops, compute_eff, compulsory, fits_in_l2, mem_bw, pad, pass_bytes, pass_s = _shape_terms(
@@ -315,7 +316,7 @@ def gemm_parts(
         latency_s = (waves - 1) * c.wave_latency_us * 1e-6
         epilogue_s = _epilogue_s(c, m, n, split)
         memory_s = dram / mem_bw
-        fixed_s = (c.floor_us + (eff.split_k_pass_us if split > 1 else 0.0)) * 1e-6
+        fixed_s = (c.floor_us + (c.split_pass_us if split > 1 else 0.0)) * 1e-6
         fixed_s += pass_s
         seconds = max(max(math_s, stream_s) + latency_s + epilogue_s, memory_s) + fixed_s
         if best is None or seconds < best[0]:
@@ -385,7 +386,6 @@ def gemm_parts_many(
     same floats and the same layout wins): a calibration fit prices thousands of shapes
     for every candidate it tries, which one shape at a time takes minutes."""
     m, n, k = (np.asarray(a, dtype=float) for a in (m, n, k))
-    eff = gpu.efficiency
     c = _setup(gpu, dtype, weight_dtype)
     bpe, bpe_b, out_bpe, concurrent = c.bpe, c.bpe_b, c.out_bpe, c.concurrent
     _, compute_eff, compulsory, fits_in_l2, mem_bw, _, _, pass_s = _shape_terms(gpu, c, m, n, k)
@@ -420,7 +420,7 @@ def gemm_parts_many(
         latency_s = (waves - 1) * c.wave_latency_us * 1e-6
         epilogue_s = np.zeros_like(ms) + _epilogue_s(c, ms, ns, split)
         memory_s = dram / mem_bw[sel]
-        fixed_s = (c.floor_us + (eff.split_k_pass_us if split > 1 else 0.0)) * 1e-6
+        fixed_s = (c.floor_us + (c.split_pass_us if split > 1 else 0.0)) * 1e-6
         fixed_s = fixed_s + pass_s[sel]
         compute_s = np.maximum(math_s, stream_s) + latency_s + epilogue_s
         seconds = np.maximum(compute_s, memory_s) + fixed_s

@@ -55,7 +55,6 @@ from hardware_models.attention import (
     DecodeAttention,
     DecodeParts,
     PrefillAttention,
-    causal_pairs,
     causal_pairs_many,
     decode_keys_read,
 )
@@ -191,17 +190,6 @@ def _attention_common(raw: pd.DataFrame, out: pd.DataFrame) -> None:
     out["measured_s"] = raw["latency"].to_numpy(dtype=float) / 1e3
 
 
-def _prefill_pairs(q_len: np.ndarray, window: np.ndarray) -> np.ndarray:
-    """Causal query-key pairs per sequence (no earlier context), one causal_pairs per shape."""
-    keys = pd.DataFrame({"q": q_len.astype(np.int64), "w": window.astype(np.int64)})
-    uniq = keys.drop_duplicates()
-    values = {
-        (q, w): causal_pairs(q, q, w if w > 0 else None)
-        for q, w in zip(uniq["q"], uniq["w"], strict=True)
-    }
-    return np.array([values[(q, w)] for q, w in zip(keys["q"], keys["w"], strict=True)], float)
-
-
 def read_context_attention(path: Path, gpu: str) -> pd.DataFrame:
     raw = pd.read_parquet(path)
     out = long_rows(gpu, "attention_prefill", len(raw), path)
@@ -209,7 +197,7 @@ def read_context_attention(path: Path, gpu: str) -> pd.DataFrame:
     isl = raw["isl"].to_numpy(dtype=float)
     out["q_len"] = isl
     out["kv_len"] = isl  # no earlier context: the isl tokens attend to themselves
-    pairs = _prefill_pairs(isl, out["window"].to_numpy())
+    pairs = causal_pairs_many(isl, isl, out["window"].to_numpy())
     out["size"] = 4.0 * out["num_heads"] * out["head_dim"] * out["batch"] * pairs
     return out
 
