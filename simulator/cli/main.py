@@ -13,6 +13,7 @@ from simulator.cli import (
     estimate_cmd,
     hardware_cmd,
     plan_cmd,
+    replay_cmd,
     roofline_cmd,
     run_cmd,
     schema_cmd,
@@ -29,6 +30,7 @@ COMMANDS = (
     roofline_cmd,
     schema_cmd,
     calibrate_cmd,
+    replay_cmd,
 )
 
 

@@ -24,3 +24,13 @@ def add_output_flags(parser: argparse.ArgumentParser, *, csv: str | None = None)
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--overwrite", action="store_true", help="replace existing results")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def add_hardware_flags(parser: argparse.ArgumentParser) -> None:
+    """--gpu, --node, --calibration: the scenario's hardware section from the command line."""
+    parser.add_argument("--gpu", help="GPU preset name or YAML path (`infersim hardware list`)")
+    parser.add_argument("--node", help="node preset or YAML path (default: the GPU's)")
+    parser.add_argument(
+        "--calibration",
+        help="calibration profile: a shipped profile's name, a YAML path, or 'none'",
+    )

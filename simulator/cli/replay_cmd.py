@@ -1,0 +1,63 @@
+"""`infersim replay`: simulate a measured serving run and compare, figure by figure."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from hardware_models.errors import InfersimError
+from simulator.cli.options import add_hardware_flags, add_output_flags, add_overrides
+from simulator.cli.run_cmd import free_results_dir
+from simulator.replay import ReplayOptions, read_run, replay, report_text
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "replay",
+        help="replay a measured vLLM run and compare latencies",
+        description="Replay a measured serving run (a folder with meta.json, requests.jsonl "
+        "and optionally timeseries.csv, or the JSON of `vllm bench serve --save-result "
+        "--save-detailed`) with its own arrivals, lengths and engine settings, vLLM's "
+        "defaults for its version where it is silent; print simulated against measured "
+        "TTFT, TPOT, ITL and E2E; write replay.json, CDFs and the timeline.",
+    )
+    parser.add_argument("run", type=Path, help="run folder or vLLM bench serve JSON")
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        help="results folder (default: results/replay-<run>, or the next free one)",
+    )
+    parser.add_argument("--model", help="catalog name or config.json (default: the run's)")
+    add_hardware_flags(parser)
+    parser.add_argument(
+        "--vllm-version",
+        help="vLLM version whose defaults fill what the run does not record "
+        "(default: the run's meta.json vllm_version)",
+    )
+    add_overrides(parser)
+    add_output_flags(parser)
+    parser.set_defaults(handler=_replay)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    run = read_run(args.run)
+    outdir = args.output or free_results_dir(f"replay-{run.name}")
+    if outdir.exists() and not outdir.is_dir():
+        raise InfersimError(f"{outdir} exists and is not a directory; choose another -o")
+    if args.output and not args.overwrite and outdir.exists() and any(outdir.iterdir()):
+        raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
+    options = ReplayOptions(
+        model=args.model,
+        gpu=args.gpu,
+        node=args.node,
+        calibration=args.calibration,
+        vllm_version=args.vllm_version,
+        overrides=tuple(args.overrides),
+    )
+    result = replay(run, outdir, options)
+    print(report_text(result))
+    written = result.write(outdir, plots=not args.no_plots)
+    print(f"\nwrote {len(written)} files to {outdir}/", file=sys.stderr)
+    return 0

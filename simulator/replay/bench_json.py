@@ -1,0 +1,150 @@
+"""Read the JSON of `vllm bench serve --save-result --save-detailed`: a client's view of a
+run (per request: lengths, TTFT, every inter-token gap, latency). Arrivals are the
+recorded send times where the file has them; otherwise they are drawn as the client drew
+them: gamma inter-arrival gaps at the recorded rate and burstiness (Poisson at
+burstiness 1), seeded, and stretched so the last lands at n / rate."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from hardware_models.errors import InfersimError
+from simulator.replay import bench_keys as key
+from simulator.replay.measured import MeasuredRun
+from simulator.replay.run_folder import read_json_object
+
+BENCH_DEFAULT_SEED = 0  # `vllm bench serve --seed` default
+
+
+def _list(data: dict[str, Any], name: str, path: Path, length: int | None) -> list[Any]:
+    values = data.get(name)
+    if not isinstance(values, list):
+        raise InfersimError(f"{path}: {name!r} must be a list, got {type(values).__name__}")
+    if length is not None and len(values) != length:
+        raise InfersimError(f"{path}: {name!r} has {len(values)} entries, input_lens {length}")
+    return values
+
+
+def _number(value: Any, what: str, path: Path) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InfersimError(f"{path}: {what} is {value!r}; expected a finite number")
+    return float(value)
+
+
+def vllm_client_arrivals(count: int, rate: float, burstiness: float, seed: int) -> np.ndarray:
+    """Send times as vLLM's client spaces them (`get_request`): each gap drawn from a
+    gamma of shape `burstiness` and mean 1 / rate from NumPy's seeded global generator,
+    summed from the first gap on, then scaled so the last is at count / rate. The client
+    seeds that generator before sampling its dataset, which may draw from it first, so
+    these equal the run's own times only where the dataset drew nothing."""
+    gaps = np.random.RandomState(seed).gamma(burstiness, 1.0 / (rate * burstiness), count)
+    times = np.cumsum(gaps)
+    return times * (count / rate) / times[-1]
+
+
+def _arrivals(data: dict[str, Any], count: int, path: Path) -> tuple[np.ndarray, str]:
+    if isinstance(data.get(key.START_TIMES), list):
+        starts = [_number(v, f"{key.START_TIMES} entry", path) for v in data[key.START_TIMES]]
+        if len(starts) != count:
+            raise InfersimError(f"{path}: {key.START_TIMES!r} has {len(starts)} entries")
+        starts = np.asarray(starts)
+        return starts - starts.min(), "arrivals: the client's recorded send times (start_times)"
+    if data.get(key.RAMP_UP_STRATEGY):
+        raise InfersimError(
+            f"{path}: no {key.START_TIMES!r} and a ramp-up ({data[key.RAMP_UP_STRATEGY]}): "
+            "infersim cannot place these arrivals; save the run with a vLLM recent enough to "
+            "record start_times"
+        )
+    if data.get(key.MAX_CONCURRENCY) is not None:
+        raise InfersimError(
+            f"{path}: no {key.START_TIMES!r} and the client capped concurrency at "
+            f"{data[key.MAX_CONCURRENCY]}: when each request was sent depends on the server, "
+            "so it cannot be replayed; save the run with a vLLM that records start_times"
+        )
+    rate = data.get(key.REQUEST_RATE)
+    if rate in ("inf", float("inf")):
+        return np.zeros(count), "arrivals: all at once (request_rate inf, no start_times)"
+    rate = _number(rate, key.REQUEST_RATE, path)
+    burstiness = _number(data.get(key.BURSTINESS, 1.0), key.BURSTINESS, path)
+    if rate <= 0 or burstiness <= 0:
+        raise InfersimError(f"{path}: request_rate and burstiness must be > 0")
+    seed = data.get(key.SEED)
+    seed_note = f"seed {seed}"
+    if seed is None:
+        seed, seed_note = BENCH_DEFAULT_SEED, f"seed {BENCH_DEFAULT_SEED} (bench's default; "
+        seed_note += "the file records none)"
+    elif isinstance(seed, str) and seed.isdigit():
+        seed = int(seed)  # --metadata values are strings
+    elif not isinstance(seed, int) or isinstance(seed, bool):
+        raise InfersimError(f"{path}: seed {seed!r} is not a whole number")
+    process = "Poisson" if burstiness == 1 else f"gamma (burstiness {burstiness:g})"
+    note = (
+        f"arrivals: the file has no start_times; drawn {process} at the recorded "
+        f"{rate:g} requests/s with {seed_note}, as vLLM's client draws them: the same "
+        "process, not necessarily the same times"
+    )
+    return vllm_client_arrivals(count, rate, burstiness, int(seed)), note
+
+
+def read_bench_json(path: Path) -> MeasuredRun:
+    """A `vllm bench serve --save-result --save-detailed` file. Failed requests (a
+    non-empty entry in `errors`) are left out of both sides and counted in the notes."""
+    data = read_json_object(path)
+    missing = [name for name in key.DETAILED if name not in data]
+    if missing:
+        raise InfersimError(
+            f"{path}: no {', '.join(map(repr, missing))}: not a vLLM bench serve result saved "
+            "with --save-result --save-detailed"
+        )
+    prompts = _list(data, key.INPUT_LENS, path, None)
+    count = len(prompts)
+    if not count:
+        raise InfersimError(f"{path}: no requests (input_lens is empty)")
+    outputs = _list(data, key.OUTPUT_LENS, path, count)
+    ttfts = _list(data, key.TTFTS, path, count)
+    itls = _list(data, key.ITLS, path, count)
+    errors = _list(data, key.ERRORS, path, count) if key.ERRORS in data else [""] * count
+    latencies = _list(data, key.LATENCIES, path, count) if key.LATENCIES in data else None
+    arrivals, arrival_note = _arrivals(data, count, path)
+    rows, gaps = [], []
+    for i in range(count):
+        if errors[i]:
+            continue
+        where = f"request {i}"
+        prompt = _number(prompts[i], f"{where}: input_lens", path)
+        output = _number(outputs[i], f"{where}: output_lens", path)
+        if prompt < 1 or output < 1 or prompt != int(prompt) or output != int(output):
+            raise InfersimError(f"{path}: {where}: lengths must be whole numbers >= 1")
+        ttft = _number(ttfts[i], f"{where}: ttft", path)
+        if not isinstance(itls[i], list):
+            raise InfersimError(f"{path}: {where}: itls entry must be a list")
+        request_gaps = [_number(g, f"{where}: itl", path) for g in itls[i]]
+        gaps += request_gaps
+        if latencies is not None:
+            e2e = _number(latencies[i], f"{where}: latency", path)
+        else:
+            e2e = ttft + sum(request_gaps)
+        tpot = (e2e - ttft) / (output - 1) if output > 1 else math.nan
+        rows.append((arrivals[i], int(prompt), int(output), ttft, tpot, e2e))
+    if not rows:
+        raise InfersimError(f"{path}: every request failed (see 'errors')")
+    requests = pd.DataFrame(rows, columns=["arrival", "prompt", "output", "ttft", "tpot", "e2e"])
+    requests["arrival"] -= requests["arrival"].min()
+    notes = [arrival_note]
+    if len(rows) < count:
+        notes.append(f"{count - len(rows)} failed requests (non-empty 'errors') left out")
+    itl = pd.DataFrame({"seconds": np.asarray(gaps, np.float64), "weight": 1.0})
+    return MeasuredRun(
+        source=path,
+        kind="vLLM bench serve JSON",
+        requests=requests.sort_values("arrival", kind="stable", ignore_index=True),
+        model=data.get(key.MODEL_ID),
+        itl=itl,
+        itl_mean=float(np.mean(gaps)) if gaps else None,
+        notes=tuple(notes),
+    )

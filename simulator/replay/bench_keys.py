@@ -1,0 +1,21 @@
+"""Key names of the JSON `vllm bench serve --save-result --save-detailed` writes
+(vllm/benchmarks/serve.py; benchmarks/benchmark_serving.py before it moved). The
+per-request lists are only saved with --save-detailed; `start_times` only by recent
+versions. Times are in seconds, each list in request order."""
+
+INPUT_LENS = "input_lens"
+OUTPUT_LENS = "output_lens"
+TTFTS = "ttfts"
+ITLS = "itls"
+LATENCIES = "latencies"
+START_TIMES = "start_times"
+ERRORS = "errors"
+MODEL_ID = "model_id"
+REQUEST_RATE = "request_rate"  # a number, or the string "inf"
+BURSTINESS = "burstiness"
+MAX_CONCURRENCY = "max_concurrency"
+RAMP_UP_STRATEGY = "ramp_up_strategy"
+SEED = "seed"  # not written by vLLM itself; present when passed with --metadata seed=N
+
+DETAILED = (INPUT_LENS, OUTPUT_LENS, TTFTS, ITLS)
+"""The lists a replay needs: present only when the run was saved with --save-detailed."""

@@ -1,0 +1,318 @@
+"""Turn a measured run into the scenario that replays it: the GPU, model and engine
+settings the run recorded, vLLM's defaults for its version where it recorded nothing
+(each one said), and the run's own arrivals and lengths as a trace."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from hardware_models.errors import InfersimError
+from hardware_models.presets import list_calibrations, load_gpu
+from simulator.model_catalog import CATALOG_DIR, list_models, load_model
+from simulator.replay.measured import MeasuredRun
+from simulator.replay.vllm_defaults import parse_version, vllm_default
+from simulator.scenario import Scenario
+
+NO_CALIBRATION = "none"
+
+# torch's device name -> GPU preset, first match wins (None: no preset for that part).
+_DEVICE_PRESETS: tuple[tuple[str, str | None], ...] = (
+    (r"rtx 4090", "rtx-4090"),
+    (r"h200", "h200-sxm"),
+    (r"h100.*pcie", "h100-pcie"),
+    (r"h100", "h100-sxm"),
+    (r"a100.*pcie", None),
+    (r"a100.*40gb", "a100-40gb-sxm"),
+    (r"a100", "a100-80gb-sxm"),
+    (r"l40s", "l40s"),
+    (r"\bl4\b", "l4"),
+    (r"b200", "b200"),
+    (r"mi300x", "mi300x"),
+)
+# where vLLM's resolved configuration keeps each engine setting
+_RESOLVED = {
+    "tensor_parallel_size": "parallel_config",
+    "pipeline_parallel_size": "parallel_config",
+    "data_parallel_size": "parallel_config",
+    "enable_expert_parallel": "parallel_config",
+    "max_num_seqs": "scheduler_config",
+    "max_num_batched_tokens": "scheduler_config",
+    "enable_chunked_prefill": "scheduler_config",
+    "async_scheduling": "scheduler_config",
+    "block_size": "cache_config",
+    "gpu_memory_utilization": "cache_config",
+    "enable_prefix_caching": "cache_config",
+    "num_gpu_blocks": "cache_config",
+    "max_model_len": "model_config",
+    "enforce_eager": "model_config",
+    "dtype": "model_config",
+    "quantization": "model_config",
+    "kv_cache_dtype": "cache_config",
+}
+_RESOLVED_NAME = {"kv_cache_dtype": "cache_dtype"}
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """What the command line may set instead of the run: None means "from the run"."""
+
+    model: str | None = None
+    gpu: str | None = None
+    node: str | None = None
+    calibration: str | None = None
+    vllm_version: str | None = None
+    overrides: tuple[str, ...] = ()
+
+
+class _Settings:
+    """The run's engine settings, looked up where vLLM runs record them: the engine
+    arguments, the KV-cache summary, then the resolved configuration."""
+
+    def __init__(self, meta: dict[str, Any]) -> None:
+        self.places: list[tuple[str, dict[str, Any]]] = []
+        for name in ("engine_kwargs", "kv_cache"):
+            self._add(meta, name, name)
+        resolved = meta.get("resolved_config")
+        if resolved is not None and not isinstance(resolved, dict):
+            raise InfersimError("meta.json: 'resolved_config' must be an object")
+        for section in sorted(set(_RESOLVED.values())):
+            self._add(resolved or {}, section, f"resolved_config.{section}")
+
+    def _add(self, parent: dict[str, Any], name: str, shown: str) -> None:
+        value = parent.get(name)
+        if value is None:
+            return
+        if not isinstance(value, dict):
+            raise InfersimError(f"meta.json: {shown!r} must be an object, got {value!r}")
+        self.places.append((shown, value))
+
+    def get(self, field: str) -> tuple[Any, str] | None:
+        """(value, where) of the first place recording `field` (not as null)."""
+        for shown, values in self.places:
+            name = field
+            if shown.startswith("resolved_config."):
+                if _RESOLVED.get(field) != shown.split(".", 1)[1]:
+                    continue
+                name = _RESOLVED_NAME.get(field, field)
+            if values.get(name) is not None:
+                return values[name], f"{shown}.{name}"
+        return None
+
+
+def gpu_preset_for(device_name: str) -> str | None:
+    lowered = device_name.lower()
+    for pattern, preset in _DEVICE_PRESETS:
+        if re.search(pattern, lowered):
+            return preset
+    return None
+
+
+def catalog_name_for(model_id: str) -> str | None:
+    """The catalog entry whose source is this HuggingFace id, or whose name is its last
+    part in lower case (meta-llama/Llama-3.1-8B -> llama-3.1-8b)."""
+    wanted = f"huggingface.co/{model_id.strip('/')}/".lower()
+    for path in sorted(CATALOG_DIR.glob("*.yaml")):
+        if wanted in path.read_text(encoding="utf-8").lower():
+            return path.stem
+    last = model_id.rstrip("/").rsplit("/", 1)[-1].lower()
+    return last if last in list_models() else None
+
+
+def _dtype(text: Any, where: str) -> str:
+    value = str(text).lower().removeprefix("torch.")
+    names = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "fp16",
+             "fp16": "fp16", "float32": "fp32", "float": "fp32", "fp32": "fp32"}  # fmt: skip
+    if value not in names:
+        raise InfersimError(
+            f"{where} {text!r} is not a dtype infersim models (bfloat16, float16, float32)"
+        )
+    return names[value]
+
+
+class _Resolver:
+    """Settings from the run, else vLLM's default; each default is recorded."""
+
+    def __init__(self, run: MeasuredRun, version: tuple[int, int, int] | None, gpu_name: str,
+                 gpu_gib: float) -> None:  # fmt: skip
+        self.settings = _Settings(run.meta)
+        self.version, self.gpu_name, self.gpu_gib = version, gpu_name, gpu_gib
+        self.assumptions: list[str] = []
+
+    def __call__(self, field: str) -> Any:
+        found = self.settings.get(field)
+        if found is not None:
+            return found[0]
+        if self.version is None:
+            raise InfersimError(
+                f"{field}: not recorded in the run and its vLLM version is unknown; pass "
+                "--vllm-version so infersim can use that version's defaults"
+            )
+        default = vllm_default(field, self.version, self.gpu_name, self.gpu_gib)
+        self.assumptions.append(f"{field} = {default.value} ({default.reason})")
+        return default.value
+
+    def optional(self, field: str) -> Any:
+        found = self.settings.get(field)
+        return None if found is None else found[0]
+
+
+def _hardware(
+    run: MeasuredRun, options: ReplayOptions, notes: list[str]
+) -> tuple[dict, str, float]:
+    """The hardware section, and the GPU's name and memory as vLLM would have seen them."""
+    device = run.meta.get("hardware") if isinstance(run.meta.get("hardware"), dict) else {}
+    device_name = str(device.get("device_name") or "")
+    gpu = options.gpu
+    if gpu is None:
+        if not device_name:
+            raise InfersimError(f"{run.source}: the run does not name its GPU; pass --gpu")
+        gpu = gpu_preset_for(device_name)
+        if gpu is None:
+            raise InfersimError(
+                f"meta.json hardware.device_name {device_name!r} matches no GPU preset; pass "
+                "--gpu (`infersim hardware list`)"
+            )
+        notes.append(f"GPU: {gpu} (meta.json hardware.device_name {device_name!r})")
+    spec = load_gpu(gpu)
+    memory = device.get("device_total_memory_bytes")
+    gib = (
+        memory / 2**30
+        if isinstance(memory, int | float) and memory > 0
+        else spec.memory.capacity_gb
+    )
+    calibration = options.calibration
+    if calibration is None:
+        calibration = spec.name if spec.name in list_calibrations() else NO_CALIBRATION
+        why = "its shipped profile" if calibration != NO_CALIBRATION else "none shipped for it"
+        notes.append(f"calibration: {calibration} ({why}; --calibration to choose)")
+    hardware = {"gpu": gpu, "calibration": None if calibration == NO_CALIBRATION else calibration}
+    if options.node:
+        hardware["node"] = options.node
+    return hardware, device_name or spec.display_name, gib
+
+
+def _model(run: MeasuredRun, options: ReplayOptions, notes: list[str]) -> str:
+    if options.model:
+        return options.model
+    if not run.model:
+        raise InfersimError(f"{run.source}: the run does not name its model; pass --model")
+    name = catalog_name_for(str(run.model))
+    if name is None:
+        raise InfersimError(
+            f"model {run.model!r} is not in the catalog (known: {', '.join(list_models())}); "
+            "pass --model with a catalog name or a config.json"
+        )
+    notes.append(f"model: {name} (the run's {run.model!r})")
+    return name
+
+
+def replay_scenario(
+    run: MeasuredRun, trace: Path, options: ReplayOptions
+) -> tuple[Scenario, list[str]]:
+    """The scenario replaying `run` (its arrivals and lengths written to `trace`), and
+    the lines saying what was taken from where and what was assumed."""
+    notes: list[str] = []
+    hardware, gpu_name, gpu_gib = _hardware(run, options, notes)
+    model_name = _model(run, options, notes)
+    arch = load_model(model_name)
+    text = options.vllm_version or run.vllm_version
+    version = parse_version(text) if text else None
+    setting = _Resolver(run, version, gpu_name, gpu_gib)
+    if setting("data_parallel_size") != 1:
+        raise InfersimError(
+            f"data_parallel_size {setting('data_parallel_size')}: infersim's engine has no "
+            "data parallelism inside one vLLM server yet; replay a run with dp = 1"
+        )
+    if setting("enable_expert_parallel"):
+        if arch.is_moe:
+            raise InfersimError(
+                "enable_expert_parallel: infersim's engine has no expert parallelism yet "
+                f"({arch.display_name} is a mixture of experts); replay a run without it"
+            )
+        notes.append("enable_expert_parallel is on but the model is dense: vLLM ignores it")
+    quantization = setting.optional("quantization")
+    if quantization not in (None, "fp8"):
+        raise InfersimError(
+            f"quantization {quantization!r}: infersim replays bf16/fp16 or fp8 weights only"
+        )
+    dtype = setting.optional("dtype")
+    activation = "bf16" if dtype in (None, "auto") else _dtype(dtype, "dtype")
+    if dtype in (None, "auto"):
+        setting.assumptions.append(
+            "dtype = bf16 (the checkpoint's own dtype, 'auto': assumed bf16)"
+        )
+    kv = str(setting.optional("kv_cache_dtype") or "auto")
+    kv_dtype = (
+        activation
+        if kv == "auto"
+        else "fp8"
+        if kv.startswith("fp8")
+        else _dtype(kv, "kv_cache_dtype")
+    )
+    pp = setting("pipeline_parallel_size")
+    chunked = setting("enable_chunked_prefill")
+    if not chunked:
+        notes.append(
+            "chunked prefill off: replayed with infersim's `continuous` policy, which "
+            "models vLLM v0's prefill-first scheduler"
+        )
+    serving = {
+        "policy": "chunked_prefill" if chunked else "continuous",
+        "max_num_seqs": setting("max_num_seqs"),
+        "max_num_batched_tokens": setting("max_num_batched_tokens"),
+        "block_size": setting("block_size"),
+        "gpu_memory_utilization": setting("gpu_memory_utilization"),
+        "enable_prefix_caching": setting("enable_prefix_caching"),
+    }
+    for field in ("num_gpu_blocks", "max_model_len"):
+        value = setting.optional(field)
+        if value is not None:
+            serving[field] = value
+    if "num_gpu_blocks" not in serving:
+        notes.append(
+            "num_gpu_blocks not recorded: the KV cache is sized by infersim's memory planner"
+        )
+    if "max_model_len" not in serving:
+        notes.append(
+            f"max_model_len not recorded: the model's context ({arch.max_position_embeddings:,})"
+        )
+    async_scheduling = setting("async_scheduling") and pp == 1
+    pd.DataFrame(
+        {
+            "arrived_at": run.requests["arrival"],
+            "num_prefill_tokens": run.requests["prompt"],
+            "num_decode_tokens": run.requests["output"],
+        }
+    ).to_csv(trace, index=False)
+    scenario = Scenario.from_dict(
+        {
+            "name": f"replay-{run.name}",
+            "hardware": hardware,
+            "model": {
+                "name": model_name,
+                "weight_dtype": "fp8" if quantization else activation,
+                "kv_dtype": kv_dtype,
+                "activation_dtype": activation if activation != "fp32" else "bf16",
+            },
+            "parallelism": {"tp": setting("tensor_parallel_size"), "pp": pp},
+            "serving": serving,
+            "engine": {
+                "cuda_graphs": not setting("enforce_eager"),
+                "async_scheduling": async_scheduling,
+            },
+            "workload": {
+                "arrivals": {"kind": "trace", "path": str(trace.resolve())},
+                "num_requests": len(run.requests),
+            },
+            "output": {"plots": False, "progress": False},
+        },
+        source=str(run.source),
+    )
+    scenario = scenario.with_overrides(list(options.overrides))
+    notes += [f"assumed {line}" for line in setting.assumptions]
+    return scenario, notes

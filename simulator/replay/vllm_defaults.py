@@ -1,0 +1,96 @@
+"""What vLLM (the V1 engine, `vllm serve`) sets when a run's configuration is silent.
+
+A measured run records what its user passed and sometimes what the engine resolved; the
+rest is vLLM's default for that version and, for the batch limits, for that GPU. Each
+entry below names where it comes from in vLLM, so a replay can say what it assumed.
+Sources (vLLM repository and release notes):
+
+- V1 is the default engine from 0.8.0; it always chunks prefills and turns prefix
+  caching on unless told otherwise (`EngineArgs._set_default_args_v1`).
+- Batch limits, `vllm serve` (UsageContext.OPENAI_API_SERVER):
+  0.8.0-0.8.3: max_num_seqs 1024 everywhere; max_num_batched_tokens 8192 on H100/H200
+  (by device name), else 2048. 0.8.4 (PR #16158) put max_num_seqs back to 256 except on
+  H100/H200. From 0.9.0 (PR #17885, `EngineArgs.get_batch_defaults`): a GPU with at
+  least 70 GiB that is not an A100 gets 8192 tokens and 1024 sequences, every other GPU
+  2048 and 256.
+- block_size 16 on CUDA; gpu_memory_utilization 0.9 (`CacheConfig`), every version.
+- Async scheduling: an opt-in flag from 0.10.0 (PR #19970), on by default from 0.14.0
+  (release notes: "Async scheduling is now enabled by default", PR #27614), except with
+  pipeline parallelism.
+- CUDA graphs: on unless `enforce_eager` (`ModelConfig.enforce_eager = False`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from hardware_models.errors import InfersimError
+
+FIRST_V1 = (0, 8, 0)
+_BIG_GPU_GIB = 70  # vLLM's threshold for its larger batch defaults (from 0.9.0)
+
+
+@dataclass(frozen=True)
+class Default:
+    """A value vLLM would have used, and why."""
+
+    value: object
+    reason: str
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    """'0.19.0', 'v0.8.5.post1', '0.10.1rc2+cu128' -> (major, minor, patch)."""
+    found = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", str(text).strip())
+    if not found:
+        raise InfersimError(f"vllm_version {text!r} is not a version number (expected e.g. 0.19.0)")
+    major, minor, patch = found.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+def _shown(version: tuple[int, int, int]) -> str:
+    return ".".join(map(str, version))
+
+
+def vllm_default(
+    field: str, version: tuple[int, int, int], gpu_name: str, gpu_memory_gib: float
+) -> Default:
+    """vLLM's default for `field` in `version` on the GPU named `gpu_name` (as vLLM sees
+    it: the device name) with `gpu_memory_gib` of memory. Versions before the V1 engine
+    (0.8.0) are not tabled: their defaults depended on max_model_len and the V0 scheduler."""
+    if version < FIRST_V1:
+        raise InfersimError(
+            f"{field}: not recorded in the run, and vLLM {_shown(version)} predates the V1 "
+            "engine (0.8.0) whose defaults infersim knows; give it with --set"
+        )
+    where = f"vLLM {_shown(version)} default"
+    name = gpu_name.lower()
+    if version < (0, 9, 0):
+        big = "h100" in name or "h200" in name
+        big_why = "an H100/H200" if big else "not an H100/H200"
+    else:
+        big = gpu_memory_gib >= _BIG_GPU_GIB and "a100" not in name
+        big_why = f"{gpu_memory_gib:.0f} GiB, {'' if big else 'not '}>= 70 GiB and not an A100"
+    if field == "max_num_batched_tokens":
+        return Default(8192 if big else 2048, f"{where} for `vllm serve` on this GPU ({big_why})")
+    if field == "max_num_seqs":
+        if version < (0, 8, 4):
+            return Default(1024, f"{where} for `vllm serve`")
+        return Default(1024 if big else 256, f"{where} for `vllm serve` on this GPU ({big_why})")
+    if field == "async_scheduling":
+        return Default(version >= (0, 14, 0), f"{where} (on by default from 0.14.0)")
+    fixed = {
+        "enable_chunked_prefill": (True, "the V1 engine always chunks prefills"),
+        "enable_prefix_caching": (True, "the V1 engine's default"),
+        "block_size": (16, "the default on CUDA"),
+        "gpu_memory_utilization": (0.9, "the default"),
+        "enforce_eager": (False, "the default: CUDA graphs on"),
+        "tensor_parallel_size": (1, "the default"),
+        "pipeline_parallel_size": (1, "the default"),
+        "data_parallel_size": (1, "the default"),
+        "enable_expert_parallel": (False, "the default"),
+    }
+    if field not in fixed:
+        raise KeyError(field)
+    value, why = fixed[field]
+    return Default(value, f"{where}: {why}")
