@@ -70,6 +70,7 @@ class Replay:
             "latency": self.table,
             "decode_only_step": self.decode_step,
             "before_cache_fills": self.before_cache_fills,
+            "scenario": self.scenario.model_dump(mode="json"),
         }
 
     def write(self, outdir: Path, *, plots: bool = True) -> list[Path]:

@@ -1,0 +1,295 @@
+"""`infersim replay`: run folders with and without the engine's resolved settings, TP2,
+vLLM bench serve JSON, vLLM's defaults by version, bad input as one line, and the real
+RTX 4090 run against the figures benchmarks/README.md quotes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hardware_models.errors import InfersimError
+from simulator.cli.main import main
+from simulator.replay.bench_json import vllm_client_arrivals
+from simulator.replay.vllm_defaults import parse_version, vllm_default
+from tests.conftest import SHARED_DATA, needs_shared_data
+
+RTX_4090 = {"device_name": "NVIDIA GeForce RTX 4090", "device_total_memory_bytes": 25250627584}
+H100 = {"device_name": "NVIDIA H100 80GB HBM3", "device_total_memory_bytes": 85520809984}
+
+
+def write_run(folder: Path, meta: dict[str, Any], count: int = 24, log: bool = True) -> Path:
+    """A small run folder: `count` requests 0.2 s apart with made-up engine timestamps."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "meta.json").write_text(json.dumps(meta))
+    rng = np.random.default_rng(7)
+    lines = []
+    for i in range(count):
+        queued = 100.0 + 0.2 * i
+        output = int(rng.integers(8, 64))
+        first = queued + 0.05 + 0.001 * i
+        lines.append(
+            json.dumps(
+                {
+                    "request_id": f"r{i}",
+                    "input_toks": int(rng.integers(64, 512)),
+                    "output_toks": output,
+                    "queued_ts": queued,
+                    "first_token_ts": first,
+                    "last_token_ts": first + 0.02 * (output - 1),
+                }
+            )
+        )
+    (folder / "requests.jsonl").write_text("\n".join(lines) + "\n")
+    if log:
+        rows = ["t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct"]
+        rows += [f"{t}.0,{500 if t < 5 else 0},{300},{4},{0},{5.0}" for t in range(1, 9)]
+        (folder / "timeseries.csv").write_text("\n".join(rows) + "\n")
+    return folder
+
+
+def replay(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["replay", *argv, "--no-plots"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def written(out: Path) -> dict[str, Any]:
+    return json.loads((out / "replay.json").read_text())
+
+
+def test_folder_without_kv_cache_or_resolved_config_uses_vllm_defaults(tmp_path, capsys):
+    run = write_run(
+        tmp_path / "run",
+        {"model": "meta-llama/Llama-3.1-8B", "vllm_version": "0.19.0", "hardware": RTX_4090,
+         "engine_kwargs": {"max_model_len": 4096}},
+    )  # fmt: skip
+    code, out, err = replay(capsys, str(run), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    for line in (
+        "assumed max_num_seqs = 256 (vLLM 0.19.0 default",
+        "assumed max_num_batched_tokens = 2048",
+        "assumed enable_prefix_caching = True",
+        "assumed block_size = 16",
+        "assumed gpu_memory_utilization = 0.9",
+        "assumed async_scheduling = True",
+        "assumed enforce_eager = False",
+        "num_gpu_blocks not recorded",
+        "GPU: rtx-4090",
+        "model: llama-3.1-8b",
+    ):
+        assert line in out
+    data = written(tmp_path / "out")
+    serving = data["scenario"]["serving"]
+    assert (serving["max_num_seqs"], serving["max_num_batched_tokens"]) == (256, 2048)
+    assert serving["policy"] == "chunked_prefill" and serving["max_model_len"] == 4096
+    assert data["simulated_completed"] == 24 and data["calibration"] == "rtx-4090"
+    rows = {(r["metric"], r["stat"]): r for r in data["latency"]}
+    assert len(rows) == 16
+    ttft = rows["ttft", "mean"]
+    assert ttft["measured_s"] == pytest.approx(0.05 + 0.001 * 11.5)
+    assert ttft["error_pct"] == pytest.approx(
+        100 * (ttft["simulated_s"] - ttft["measured_s"]) / ttft["measured_s"]
+    )
+    assert rows["itl", "mean"]["measured_s"] == pytest.approx(0.02)
+    assert rows["itl", "p50"]["measured_s"] is None  # the folder has no per-token times
+    assert data["decode_only_step"] is not None
+    assert (tmp_path / "out" / "timeline.csv").is_file()
+
+
+def test_replay_is_deterministic(tmp_path, capsys):
+    run = write_run(
+        tmp_path / "run",
+        {"model": "meta-llama/Llama-3.1-8B", "vllm_version": "0.19.0", "hardware": RTX_4090},
+        log=False,
+    )
+    for out in ("a", "b"):
+        assert replay(capsys, str(run), "-o", str(tmp_path / out))[0] == 0
+    a, b = written(tmp_path / "a"), written(tmp_path / "b")
+    a["scenario"]["workload"] = b["scenario"]["workload"] = None  # the trace's own path
+    assert a == b
+    assert "no engine log" in " ".join(a["notes"]) and a["decode_only_step"] is None
+
+
+def test_tp2_run_on_h100_takes_the_big_gpu_defaults(tmp_path, capsys):
+    run = write_run(
+        tmp_path / "run",
+        {"model": "meta-llama/Llama-3.1-70B", "vllm_version": "0.10.1", "hardware": H100,
+         "engine_kwargs": {"tensor_parallel_size": 2, "enforce_eager": True,
+                           "dtype": "bfloat16"}},
+    )  # fmt: skip
+    code, out, err = replay(capsys, str(run), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    assert "assumed max_num_batched_tokens = 8192" in out
+    assert "assumed max_num_seqs = 1024" in out
+    assert "assumed async_scheduling = False" in out  # opt-in before 0.14
+    scenario = written(tmp_path / "out")["scenario"]
+    assert scenario["parallelism"]["tp"] == 2 and scenario["hardware"]["gpu"] == "h100-sxm"
+    assert scenario["engine"]["cuda_graphs"] is False
+    assert scenario["hardware"]["calibration"] == "h100-sxm"
+
+
+def test_overrides_and_flags_replace_the_run(tmp_path, capsys):
+    run = write_run(
+        tmp_path / "run",
+        {"model": "meta-llama/Llama-3.1-8B", "vllm_version": "0.19.0", "hardware": RTX_4090},
+        log=False,
+    )
+    code, _, err = replay(
+        capsys, str(run), "-o", str(tmp_path / "out"), "--gpu", "l40s", "--calibration",
+        "none", "--model", "llama-2-7b", "--set", "serving.max_num_seqs=8",
+    )  # fmt: skip
+    assert code == 0, err
+    data = written(tmp_path / "out")
+    assert data["gpu"] == "l40s" and data["calibration"] is None
+    assert data["model"] == "llama-2-7b"
+    assert data["scenario"]["serving"]["max_num_seqs"] == 8
+
+
+def test_vllm_defaults_by_version_and_gpu():
+    def batch(version: str, name: str, gib: float) -> tuple[object, object]:
+        v = parse_version(version)
+        return (
+            vllm_default("max_num_batched_tokens", v, name, gib).value,
+            vllm_default("max_num_seqs", v, name, gib).value,
+        )
+
+    assert batch("0.8.2", "NVIDIA GeForce RTX 4090", 23.5) == (2048, 1024)
+    assert batch("0.8.5.post1", "NVIDIA GeForce RTX 4090", 23.5) == (2048, 256)
+    assert batch("0.8.5", "NVIDIA H100 80GB HBM3", 79.6) == (8192, 1024)
+    assert batch("0.9.0", "NVIDIA A100-SXM4-80GB", 79.2) == (2048, 256)
+    assert batch("0.19.0", "AMD Instinct MI300X", 191.5) == (8192, 1024)
+    assert batch("v0.11.0rc1", "NVIDIA L40S", 44.4) == (2048, 256)
+    assert not vllm_default("async_scheduling", (0, 13, 0), "x", 1).value
+    assert vllm_default("async_scheduling", (0, 14, 0), "x", 1).value
+    with pytest.raises(InfersimError, match="predates the V1 engine"):
+        vllm_default("max_num_seqs", (0, 7, 3), "x", 1)
+    with pytest.raises(InfersimError, match="not a version number"):
+        parse_version("latest")
+
+
+def bench_result(count: int = 20, **extra: Any) -> dict[str, Any]:
+    rng = np.random.default_rng(3)
+    outputs = [int(n) for n in rng.integers(4, 40, count)]
+    itls = [[0.02 + 0.001 * (j % 3) for j in range(n - 1)] for n in outputs]
+    return {
+        "model_id": "meta-llama/Llama-3.1-8B",
+        "request_rate": 4.0,
+        "burstiness": 1.0,
+        "max_concurrency": None,
+        "input_lens": [int(n) for n in rng.integers(32, 400, count)],
+        "output_lens": outputs,
+        "ttfts": [0.04] * count,
+        "itls": itls,
+        "latencies": [0.04 + sum(gaps) for gaps in itls],
+        "errors": [""] * count,
+        **extra,
+    }
+
+
+def test_bench_json_with_poisson_arrivals(tmp_path, capsys):
+    data = bench_result()
+    data["errors"][3] = "Connection reset"
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(data))
+    args = (str(path), "-o", str(tmp_path / "out"), "--gpu", "rtx-4090")
+    code, _, err = replay(capsys, *args)
+    assert code == 2 and "pass --vllm-version" in err and len(err.splitlines()) == 1
+    code, out, err = replay(capsys, *args, "--vllm-version", "0.19.0")
+    assert code == 0, err
+    assert "drawn Poisson at the recorded 4 requests/s with seed 0" in out
+    assert "1 failed requests" in out
+    result = written(tmp_path / "out")
+    assert result["requests"] == 19 and result["simulated_completed"] == 19
+    rows = {(r["metric"], r["stat"]): r for r in result["latency"]}
+    gaps = [g for i, request in enumerate(data["itls"]) if i != 3 for g in request]
+    assert rows["itl", "p50"]["measured_s"] == pytest.approx(np.percentile(gaps, 50))
+    assert rows["ttft", "p99"]["measured_s"] == pytest.approx(0.04)
+
+
+def test_bench_json_start_times_are_the_arrivals(tmp_path, capsys):
+    data = bench_result(start_times=[10.0 + 0.5 * i for i in range(20)])
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(data))
+    code, out, err = replay(
+        capsys, str(path), "-o", str(tmp_path / "out"), "--gpu", "rtx-4090",
+        "--vllm-version", "0.19.0",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "recorded send times" in out
+    trace = (tmp_path / "out" / "trace.csv").read_text().splitlines()
+    assert trace[2].startswith("0.5,")
+
+
+def test_client_arrivals_follow_vllm():
+    times = vllm_client_arrivals(50, rate=5.0, burstiness=1.0, seed=0)
+    np.random.seed(0)
+    gaps = np.cumsum([np.random.gamma(shape=1.0, scale=0.2) for _ in range(50)])
+    assert times == pytest.approx(gaps * 10.0 / gaps[-1])
+    assert times[-1] == pytest.approx(10.0)
+
+
+def _meta(**changes: Any) -> dict[str, Any]:
+    meta = {"model": "meta-llama/Llama-3.1-8B", "vllm_version": "0.19.0", "hardware": RTX_4090}
+    return {**meta, **changes}
+
+
+MIXTRAL_EP = {"enable_expert_parallel": True}
+
+
+@pytest.mark.parametrize(
+    ("meta", "edit", "needle"),
+    [
+        (_meta(), ("requests.jsonl", None), "requests.jsonl: no such file"),
+        (_meta(), ("meta.json", None), "no meta.json"),
+        (_meta(), ("meta.json", "{oops"), "meta.json: invalid JSON"),
+        (_meta(), ("requests.jsonl", '{"input_toks": 3}\n{not json\n'), "line 1: 'output_toks'"),
+        (_meta(), ("requests.jsonl", "\n{not json\n"), "line 2: invalid JSON"),
+        (_meta(), ("timeseries.csv", "t,running\n1,2\n"), "missing column(s) prompt_through"),
+        (_meta(model="acme/NotAModel-1B"), None, "model 'acme/NotAModel-1B' is not in the"),
+        (_meta(hardware={"device_name": "Acme X1"}), None, "'Acme X1' matches no GPU preset"),
+        (_meta(engine_kwargs={"data_parallel_size": 2}), None, "data_parallel_size 2"),
+        (_meta(model="mistralai/Mixtral-8x7B-v0.1", engine_kwargs=MIXTRAL_EP), None, "no expert"),
+        (_meta(vllm_version="0.6.3"), None, "predates the V1 engine"),
+    ],
+)
+def test_bad_run_folders_are_one_line(tmp_path, capsys, meta, edit, needle):
+    run = write_run(tmp_path / "run", meta)
+    if edit is not None:
+        name, text = edit
+        if text is None:
+            (run / name).unlink()
+        else:
+            (run / name).write_text(text)
+    code, _, err = replay(capsys, str(run), "-o", str(tmp_path / "out"))
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and err.startswith("infersim: error:")
+    assert needle in err
+
+
+def test_bench_json_without_detail_is_refused(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"model_id": "x", "request_rate": 1.0, "mean_ttft_ms": 3.0}))
+    code, _, err = replay(capsys, str(path), "--gpu", "rtx-4090")
+    assert code == 2 and "--save-detailed" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.shared_data
+@needs_shared_data
+def test_real_rtx4090_run_reproduces_the_published_figures(tmp_path, capsys):
+    run = SHARED_DATA / "e2e" / "rtx4090-llama-3.1-8b-vllm-0.19"
+    figures = {}
+    for label, extra in (("calibrated", ()), ("uncalibrated", ("--calibration", "none"))):
+        code, _, err = replay(capsys, str(run), "-o", str(tmp_path / label), *extra)
+        assert code == 0, err
+        data = written(tmp_path / label)
+        rows = {(r["metric"], r["stat"]): r["error_pct"] for r in data["latency"]}
+        figures[label] = [round(rows[m, "mean"], 1) for m in ("ttft", "tpot", "e2e")]
+        figures[label] += [data["preemptions"]]
+    # benchmarks/README.md, "End to end"
+    assert figures == {"calibrated": [8.9, 6.3, 8.3, 177], "uncalibrated": [14.9, 10.5, 13.8, 176]}
+    step = data["decode_only_step"]
+    assert (step["ticks"], round(step["error_pct"], 1)) == (39, 1.4)
