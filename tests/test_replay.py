@@ -159,12 +159,15 @@ def test_vllm_defaults_by_version_and_gpu():
 
     assert batch("0.8.2", "NVIDIA GeForce RTX 4090", 23.5) == (2048, 1024)
     assert batch("0.8.5.post1", "NVIDIA GeForce RTX 4090", 23.5) == (2048, 256)
-    assert batch("0.8.5", "NVIDIA H100 80GB HBM3", 79.6) == (8192, 1024)
+    assert batch("0.8.4", "NVIDIA H100 80GB HBM3", 79.6) == (8192, 1024)
+    assert batch("0.8.4", "NVIDIA A100-SXM4-80GB", 79.2) == (2048, 256)
+    assert batch("0.8.5", "NVIDIA A100-SXM4-80GB", 79.2) == (8192, 1024)
     assert batch("0.9.0", "NVIDIA A100-SXM4-80GB", 79.2) == (2048, 256)
     assert batch("0.19.0", "AMD Instinct MI300X", 191.5) == (8192, 1024)
     assert batch("v0.11.0rc1", "NVIDIA L40S", 44.4) == (2048, 256)
     assert not vllm_default("async_scheduling", (0, 13, 0), "x", 1).value
     assert vllm_default("async_scheduling", (0, 14, 0), "x", 1).value
+    assert "checked up to 0.28.0" in vllm_default("block_size", (0, 30, 1), "x", 1).reason
     with pytest.raises(InfersimError, match="predates the V1 engine"):
         vllm_default("max_num_seqs", (0, 7, 3), "x", 1)
     with pytest.raises(InfersimError, match="not a version number"):
@@ -293,3 +296,45 @@ def test_real_rtx4090_run_reproduces_the_published_figures(tmp_path, capsys):
     assert figures == {"calibrated": [8.9, 6.3, 8.3, 177], "uncalibrated": [14.9, 10.5, 13.8, 176]}
     step = data["decode_only_step"]
     assert (step["ticks"], round(step["error_pct"], 1)) == (39, 1.4)
+
+
+@pytest.mark.shared_data
+@needs_shared_data
+def test_vllm_defaults_rebuild_the_real_runs_recorded_settings(tmp_path, capsys):
+    """The RTX 4090 run's meta.json cut to model, version and GPU: the defaults table must
+    give the engine settings vLLM 0.19 resolved and recorded (all but the KV cache size,
+    which the memory planner derives instead)."""
+    source = SHARED_DATA / "e2e" / "rtx4090-llama-3.1-8b-vllm-0.19"
+    meta = json.loads((source / "meta.json").read_text())
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    keep = ("model", "vllm_version", "hardware")
+    (bare / "meta.json").write_text(json.dumps({k: meta[k] for k in keep}))
+    (bare / "requests.jsonl").write_text((source / "requests.jsonl").read_text())
+    scenarios = {}
+    for label, run in (("full", source), ("bare", bare)):
+        code, _, err = replay(capsys, str(run), "-o", str(tmp_path / f"out-{label}"))
+        assert code == 0, err
+        scenario = written(tmp_path / f"out-{label}")["scenario"]
+        scenarios[label] = (scenario["serving"], scenario["engine"], scenario["model"])
+    full, bare_ = scenarios["full"], scenarios["bare"]
+    for recorded in ("num_gpu_blocks", "max_model_len"):
+        full[0].pop(recorded), bare_[0].pop(recorded)
+    assert full == bare_
+
+
+def test_requests_the_simulation_rejects_are_said(tmp_path, capsys):
+    run = write_run(
+        tmp_path / "run",
+        {"model": "meta-llama/Llama-3.1-8B", "vllm_version": "0.19.0", "hardware": RTX_4090},
+        log=False,
+    )
+    code, out, err = replay(
+        capsys, str(run), "-o", str(tmp_path / "out"), "--set", "serving.max_model_len=300"
+    )
+    assert code == 0, err
+    rejected = (
+        written(tmp_path / "out")["requests"] - written(tmp_path / "out")["simulated_completed"]
+    )
+    assert rejected > 0 and f"({rejected} rejected)" in out
+    assert "--set serving.max_model_len=300 (applied last)" in out

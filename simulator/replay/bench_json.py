@@ -135,7 +135,11 @@ def read_bench_json(path: Path) -> MeasuredRun:
         raise InfersimError(f"{path}: every request failed (see 'errors')")
     requests = pd.DataFrame(rows, columns=["arrival", "prompt", "output", "ttft", "tpot", "e2e"])
     requests["arrival"] -= requests["arrival"].min()
-    notes = [arrival_note]
+    notes = [
+        arrival_note,
+        "latencies as the client measured them: HTTP, tokenisation and streaming "
+        "included, which infersim (the engine alone) does not model",
+    ]
     if len(rows) < count:
         notes.append(f"{count - len(rows)} failed requests (non-empty 'errors') left out")
     itl = pd.DataFrame({"seconds": np.asarray(gaps, np.float64), "weight": 1.0})

@@ -13,6 +13,7 @@ import pandas as pd
 
 from hardware_models.errors import InfersimError
 from hardware_models.presets import list_calibrations, load_gpu
+from simulator.architecture import ModelArchitecture
 from simulator.model_catalog import CATALOG_DIR, list_models, load_model
 from simulator.replay.measured import MeasuredRun
 from simulator.replay.vllm_defaults import parse_version, vllm_default
@@ -124,13 +125,11 @@ def catalog_name_for(model_id: str) -> str | None:
 
 
 def _dtype(text: Any, where: str) -> str:
+    """vLLM's dtype spelling ('bfloat16', 'torch.float16', 'half') as infersim's."""
     value = str(text).lower().removeprefix("torch.")
-    names = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "fp16",
-             "fp16": "fp16", "float32": "fp32", "float": "fp32", "fp32": "fp32"}  # fmt: skip
+    names = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "fp16", "fp16": "fp16"}
     if value not in names:
-        raise InfersimError(
-            f"{where} {text!r} is not a dtype infersim models (bfloat16, float16, float32)"
-        )
+        raise InfersimError(f"{where} {text!r}: infersim replays bfloat16 or float16 runs only")
     return names[value]
 
 
@@ -211,22 +210,13 @@ def _model(run: MeasuredRun, options: ReplayOptions, notes: list[str]) -> str:
     return name
 
 
-def replay_scenario(
-    run: MeasuredRun, trace: Path, options: ReplayOptions
-) -> tuple[Scenario, list[str]]:
-    """The scenario replaying `run` (its arrivals and lengths written to `trace`), and
-    the lines saying what was taken from where and what was assumed."""
-    notes: list[str] = []
-    hardware, gpu_name, gpu_gib = _hardware(run, options, notes)
-    model_name = _model(run, options, notes)
-    arch = load_model(model_name)
-    text = options.vllm_version or run.vllm_version
-    version = parse_version(text) if text else None
-    setting = _Resolver(run, version, gpu_name, gpu_gib)
-    if setting("data_parallel_size") != 1:
+def _parallelism(setting: _Resolver, arch: ModelArchitecture, notes: list[str]) -> dict:
+    """tp and pp; data and expert parallelism, which the engine does not model, refused."""
+    dp = setting("data_parallel_size")
+    if dp != 1:
         raise InfersimError(
-            f"data_parallel_size {setting('data_parallel_size')}: infersim's engine has no "
-            "data parallelism inside one vLLM server yet; replay a run with dp = 1"
+            f"data_parallel_size {dp}: infersim's engine has no data parallelism inside one "
+            "vLLM server yet; replay a run with data_parallel_size 1"
         )
     if setting("enable_expert_parallel"):
         if arch.is_moe:
@@ -235,26 +225,32 @@ def replay_scenario(
                 f"({arch.display_name} is a mixture of experts); replay a run without it"
             )
         notes.append("enable_expert_parallel is on but the model is dense: vLLM ignores it")
+    return {"tp": setting("tensor_parallel_size"), "pp": setting("pipeline_parallel_size")}
+
+
+def _dtypes(setting: _Resolver) -> dict[str, str]:
+    """Weight, KV-cache and activation types from dtype, quantization and kv_cache_dtype."""
     quantization = setting.optional("quantization")
     if quantization not in (None, "fp8"):
         raise InfersimError(
-            f"quantization {quantization!r}: infersim replays bf16/fp16 or fp8 weights only"
+            f"quantization {quantization!r}: infersim replays unquantized or fp8 weights only"
         )
     dtype = setting.optional("dtype")
-    activation = "bf16" if dtype in (None, "auto") else _dtype(dtype, "dtype")
     if dtype in (None, "auto"):
-        setting.assumptions.append(
-            "dtype = bf16 (the checkpoint's own dtype, 'auto': assumed bf16)"
-        )
+        setting.assumptions.append("dtype = bf16 (the checkpoint's own type, 'auto': assumed bf16)")
+        activation = "bf16"
+    else:
+        activation = _dtype(dtype, "dtype")
     kv = str(setting.optional("kv_cache_dtype") or "auto")
-    kv_dtype = (
-        activation
-        if kv == "auto"
-        else "fp8"
-        if kv.startswith("fp8")
-        else _dtype(kv, "kv_cache_dtype")
-    )
-    pp = setting("pipeline_parallel_size")
+    if kv == "auto":
+        kv_dtype = activation
+    else:
+        kv_dtype = "fp8" if kv.startswith("fp8") else _dtype(kv, "kv_cache_dtype")
+    weights = "fp8" if quantization else activation
+    return {"weight_dtype": weights, "kv_dtype": kv_dtype, "activation_dtype": activation}
+
+
+def _serving(setting: _Resolver, arch: ModelArchitecture, notes: list[str]) -> dict[str, Any]:
     chunked = setting("enable_chunked_prefill")
     if not chunked:
         notes.append(
@@ -269,19 +265,31 @@ def replay_scenario(
         "gpu_memory_utilization": setting("gpu_memory_utilization"),
         "enable_prefix_caching": setting("enable_prefix_caching"),
     }
-    for field in ("num_gpu_blocks", "max_model_len"):
-        value = setting.optional(field)
-        if value is not None:
-            serving[field] = value
-    if "num_gpu_blocks" not in serving:
-        notes.append(
-            "num_gpu_blocks not recorded: the KV cache is sized by infersim's memory planner"
-        )
-    if "max_model_len" not in serving:
-        notes.append(
-            f"max_model_len not recorded: the model's context ({arch.max_position_embeddings:,})"
-        )
-    async_scheduling = setting("async_scheduling") and pp == 1
+    blocks, max_len = setting.optional("num_gpu_blocks"), setting.optional("max_model_len")
+    if blocks is not None:
+        serving["num_gpu_blocks"] = blocks
+    else:
+        notes.append("num_gpu_blocks not recorded: the KV cache is sized by infersim's planner")
+    if max_len is not None:
+        serving["max_model_len"] = max_len
+    else:
+        context = arch.max_position_embeddings
+        notes.append(f"max_model_len not recorded: the model's context ({context:,})")
+    return serving
+
+
+def _engine(setting: _Resolver, pp: int, notes: list[str]) -> dict[str, bool]:
+    async_scheduling = setting("async_scheduling")
+    if async_scheduling and pp > 1:
+        notes.append("async scheduling off: vLLM does not run it with pipeline parallelism")
+    return {
+        "cuda_graphs": not setting("enforce_eager"),
+        "async_scheduling": bool(async_scheduling and pp == 1),
+    }
+
+
+def write_trace(run: MeasuredRun, trace: Path) -> None:
+    """The run's arrivals and lengths as an infersim trace, in arrival order."""
     pd.DataFrame(
         {
             "arrived_at": run.requests["arrival"],
@@ -289,30 +297,35 @@ def replay_scenario(
             "num_decode_tokens": run.requests["output"],
         }
     ).to_csv(trace, index=False)
-    scenario = Scenario.from_dict(
-        {
-            "name": f"replay-{run.name}",
-            "hardware": hardware,
-            "model": {
-                "name": model_name,
-                "weight_dtype": "fp8" if quantization else activation,
-                "kv_dtype": kv_dtype,
-                "activation_dtype": activation if activation != "fp32" else "bf16",
-            },
-            "parallelism": {"tp": setting("tensor_parallel_size"), "pp": pp},
-            "serving": serving,
-            "engine": {
-                "cuda_graphs": not setting("enforce_eager"),
-                "async_scheduling": async_scheduling,
-            },
-            "workload": {
-                "arrivals": {"kind": "trace", "path": str(trace.resolve())},
-                "num_requests": len(run.requests),
-            },
-            "output": {"plots": False, "progress": False},
+
+
+def replay_scenario(
+    run: MeasuredRun, trace: Path, options: ReplayOptions
+) -> tuple[Scenario, list[str]]:
+    """The scenario replaying `run` (its arrivals and lengths written to `trace`), and
+    the lines saying what was taken from where and what was assumed."""
+    notes: list[str] = []
+    hardware, gpu_name, gpu_gib = _hardware(run, options, notes)
+    model_name = _model(run, options, notes)
+    arch = load_model(model_name)
+    text = options.vllm_version or run.vllm_version
+    setting = _Resolver(run, parse_version(text) if text else None, gpu_name, gpu_gib)
+    parallelism = _parallelism(setting, arch, notes)
+    sections = {
+        "name": f"replay-{run.name}",
+        "hardware": hardware,
+        "model": {"name": model_name, **_dtypes(setting)},
+        "parallelism": parallelism,
+        "serving": _serving(setting, arch, notes),
+        "engine": _engine(setting, parallelism["pp"], notes),
+        "workload": {
+            "arrivals": {"kind": "trace", "path": str(trace.resolve())},
+            "num_requests": len(run.requests),
         },
-        source=str(run.source),
-    )
-    scenario = scenario.with_overrides(list(options.overrides))
+        "output": {"plots": False, "progress": False},
+    }
+    write_trace(run, trace)
+    scenario = Scenario.from_dict(sections, source=str(run.source))
     notes += [f"assumed {line}" for line in setting.assumptions]
-    return scenario, notes
+    notes += [f"--set {item} (applied last)" for item in options.overrides]
+    return scenario.with_overrides(list(options.overrides)), notes

@@ -97,6 +97,13 @@ def replay(run: MeasuredRun, outdir: Path, options: ReplayOptions) -> Replay:
     outdir.mkdir(parents=True, exist_ok=True)
     scenario, notes = replay_scenario(run, outdir / "trace.csv", options)
     results = simulate(scenario, progress=False)
+    outcomes = results.requests["outcome"].value_counts()
+    if outcomes.get("completed", 0) < len(results.requests):
+        counts = ", ".join(
+            f"{n} {name}" for name, n in outcomes.items() if n and name != "completed"
+        )
+        notes.append(f"not every request completed in the simulation ({counts}): the "
+                     "simulated figures leave those out")  # fmt: skip
     line = early = step = None
     if run.timeline is not None:
         line = timeline(run.timeline, results)

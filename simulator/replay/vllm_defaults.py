@@ -7,12 +7,14 @@ Sources (vLLM repository and release notes):
 
 - V1 is the default engine from 0.8.0; it always chunks prefills and turns prefix
   caching on unless told otherwise (`EngineArgs._set_default_args_v1`).
-- Batch limits, `vllm serve` (UsageContext.OPENAI_API_SERVER):
-  0.8.0-0.8.3: max_num_seqs 1024 everywhere; max_num_batched_tokens 8192 on H100/H200
-  (by device name), else 2048. 0.8.4 (PR #16158) put max_num_seqs back to 256 except on
-  H100/H200. From 0.9.0 (PR #17885, `EngineArgs.get_batch_defaults`): a GPU with at
-  least 70 GiB that is not an A100 gets 8192 tokens and 1024 sequences, every other GPU
-  2048 and 256.
+- Batch limits for `vllm serve` (UsageContext.OPENAI_API_SERVER), by the GPU as vLLM sees
+  it: a "big" GPU gets max_num_batched_tokens 8192 and max_num_seqs 1024, any other 2048
+  and 256. Which GPUs are big: H100/H200 by device name (PR #12369, before V1 became the
+  default); GPUs of at least 70 GiB from 0.8.5 (PR #17073, merged 2025-04-23); those but
+  the A100 from 0.9.0 (PR #17885, merged 2025-05-09, `EngineArgs.get_batch_defaults`).
+  Before 0.8.4 max_num_seqs was 1024 on every GPU (PR #16158 put it back to 256).
+  Checked up to 0.28; PR #51726 (2026-08) adds a 16384-token tier for GPUs of 160 GiB
+  or more in a release after it, so a later version is flagged as unchecked.
 - block_size 16 on CUDA; gpu_memory_utilization 0.9 (`CacheConfig`), every version.
 - Async scheduling: an opt-in flag from 0.10.0 (PR #19970), on by default from 0.14.0
   (release notes: "Async scheduling is now enabled by default", PR #27614), except with
@@ -28,7 +30,8 @@ from dataclasses import dataclass
 from hardware_models.errors import InfersimError
 
 FIRST_V1 = (0, 8, 0)
-_BIG_GPU_GIB = 70  # vLLM's threshold for its larger batch defaults (from 0.9.0)
+LAST_CHECKED = (0, 28, 0)
+_BIG_GPU_GIB = 70  # vLLM's threshold for its larger batch defaults (from 0.8.5)
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,18 @@ def _shown(version: tuple[int, int, int]) -> str:
     return ".".join(map(str, version))
 
 
+def _big_gpu(version: tuple[int, int, int], name: str, gib: float) -> tuple[bool, str]:
+    """Whether vLLM `version` gives this GPU its larger batch defaults, and why."""
+    if version < (0, 8, 5):
+        big = "h100" in name or "h200" in name
+        return big, "an H100/H200" if big else "not an H100/H200"
+    if gib < _BIG_GPU_GIB:
+        return False, f"{gib:.0f} GiB, under {_BIG_GPU_GIB}"
+    if version >= (0, 9, 0) and "a100" in name:
+        return False, "an A100, left out from 0.9.0"
+    return True, f"{gib:.0f} GiB, at least {_BIG_GPU_GIB}"
+
+
 def vllm_default(
     field: str, version: tuple[int, int, int], gpu_name: str, gpu_memory_gib: float
 ) -> Default:
@@ -64,13 +79,9 @@ def vllm_default(
             "engine (0.8.0) whose defaults infersim knows; give it with --set"
         )
     where = f"vLLM {_shown(version)} default"
-    name = gpu_name.lower()
-    if version < (0, 9, 0):
-        big = "h100" in name or "h200" in name
-        big_why = "an H100/H200" if big else "not an H100/H200"
-    else:
-        big = gpu_memory_gib >= _BIG_GPU_GIB and "a100" not in name
-        big_why = f"{gpu_memory_gib:.0f} GiB, {'' if big else 'not '}>= 70 GiB and not an A100"
+    if version > LAST_CHECKED:
+        where += f" (table checked up to {_shown(LAST_CHECKED)}: a later vLLM may differ)"
+    big, big_why = _big_gpu(version, gpu_name.lower(), gpu_memory_gib)
     if field == "max_num_batched_tokens":
         return Default(8192 if big else 2048, f"{where} for `vllm serve` on this GPU ({big_why})")
     if field == "max_num_seqs":
@@ -78,19 +89,19 @@ def vllm_default(
             return Default(1024, f"{where} for `vllm serve`")
         return Default(1024 if big else 256, f"{where} for `vllm serve` on this GPU ({big_why})")
     if field == "async_scheduling":
-        return Default(version >= (0, 14, 0), f"{where} (on by default from 0.14.0)")
+        return Default(version >= (0, 14, 0), f"{where}: on by default from 0.14.0")
     fixed = {
         "enable_chunked_prefill": (True, "the V1 engine always chunks prefills"),
         "enable_prefix_caching": (True, "the V1 engine's default"),
         "block_size": (16, "the default on CUDA"),
-        "gpu_memory_utilization": (0.9, "the default"),
-        "enforce_eager": (False, "the default: CUDA graphs on"),
-        "tensor_parallel_size": (1, "the default"),
-        "pipeline_parallel_size": (1, "the default"),
-        "data_parallel_size": (1, "the default"),
-        "enable_expert_parallel": (False, "the default"),
+        "gpu_memory_utilization": (0.9, ""),
+        "enforce_eager": (False, "CUDA graphs on"),
+        "tensor_parallel_size": (1, ""),
+        "pipeline_parallel_size": (1, ""),
+        "data_parallel_size": (1, ""),
+        "enable_expert_parallel": (False, ""),
     }
     if field not in fixed:
         raise KeyError(field)
     value, why = fixed[field]
-    return Default(value, f"{where}: {why}")
+    return Default(value, f"{where}: {why}" if why else where)
