@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -110,6 +111,21 @@ def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         got = type(data).__name__
         raise InfersimError(f"{_name(path)}: expected a mapping of fields, got {got}")
+    return data
+
+
+def load_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file holding one object, or a one-line error naming where it went wrong."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InfersimError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise InfersimError(
+            f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        ) from None
+    if not isinstance(data, dict):
+        raise InfersimError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
 
 

@@ -6,14 +6,18 @@ user already has (or a directory holding one).
 
 from __future__ import annotations
 
-import json
 import re
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from hardware_models.errors import InfersimError
-from hardware_models.yaml_io import load_yaml_mapping, unknown_name_error, validate_model
+from hardware_models.yaml_io import (
+    load_json_object,
+    load_yaml_mapping,
+    unknown_name_error,
+    validate_model,
+)
 from simulator.architecture import ModelArchitecture
 
 CATALOG_DIR = Path(__file__).parent / "catalog"
@@ -56,16 +60,7 @@ def _load_yaml(path: Path) -> ModelArchitecture:
 def _load_hf_config(path: Path) -> ModelArchitecture:
     if not path.is_file():
         raise InfersimError(f"{path}: no such file")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as exc:
-        raise InfersimError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise InfersimError(
-            f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
-        ) from None
-    if not isinstance(config, dict):
-        raise InfersimError(f"{path}: expected a JSON object, got {type(config).__name__}")
+    config = load_json_object(path)
     return validate_model(ModelArchitecture, hf_config_to_fields(config, path), str(path))
 
 

@@ -21,6 +21,11 @@ RTX_4090 = {"device_name": "NVIDIA GeForce RTX 4090", "device_total_memory_bytes
 H100 = {"device_name": "NVIDIA H100 80GB HBM3", "device_total_memory_bytes": 85520809984}
 
 
+def _meta(**changes: Any) -> dict[str, Any]:
+    meta = {"model": "meta-llama/Llama-3.1-8B", "vllm_version": "0.19.0", "hardware": RTX_4090}
+    return {**meta, **changes}
+
+
 def write_run(folder: Path, meta: dict[str, Any], count: int = 24, log: bool = True) -> Path:
     """A small run folder: `count` requests 0.2 s apart with made-up engine timestamps."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -101,11 +106,7 @@ def test_folder_without_kv_cache_or_resolved_config_uses_vllm_defaults(tmp_path,
 
 
 def test_replay_is_deterministic(tmp_path, capsys):
-    run = write_run(
-        tmp_path / "run",
-        {"model": "meta-llama/Llama-3.1-8B", "vllm_version": "0.19.0", "hardware": RTX_4090},
-        log=False,
-    )
+    run = write_run(tmp_path / "run", _meta(), log=False)
     for out in ("a", "b"):
         assert replay(capsys, str(run), "-o", str(tmp_path / out))[0] == 0
     a, b = written(tmp_path / "a"), written(tmp_path / "b")
@@ -133,11 +134,7 @@ def test_tp2_run_on_h100_takes_the_big_gpu_defaults(tmp_path, capsys):
 
 
 def test_overrides_and_flags_replace_the_run(tmp_path, capsys):
-    run = write_run(
-        tmp_path / "run",
-        {"model": "meta-llama/Llama-3.1-8B", "vllm_version": "0.19.0", "hardware": RTX_4090},
-        log=False,
-    )
+    run = write_run(tmp_path / "run", _meta(), log=False)
     code, _, err = replay(
         capsys, str(run), "-o", str(tmp_path / "out"), "--gpu", "l40s", "--calibration",
         "none", "--model", "llama-2-7b", "--set", "serving.max_num_seqs=8",
@@ -235,11 +232,6 @@ def test_client_arrivals_follow_vllm():
     assert times[-1] == pytest.approx(10.0)
 
 
-def _meta(**changes: Any) -> dict[str, Any]:
-    meta = {"model": "meta-llama/Llama-3.1-8B", "vllm_version": "0.19.0", "hardware": RTX_4090}
-    return {**meta, **changes}
-
-
 MIXTRAL_EP = {"enable_expert_parallel": True}
 
 
@@ -324,11 +316,7 @@ def test_vllm_defaults_rebuild_the_real_runs_recorded_settings(tmp_path, capsys)
 
 
 def test_requests_the_simulation_rejects_are_said(tmp_path, capsys):
-    run = write_run(
-        tmp_path / "run",
-        {"model": "meta-llama/Llama-3.1-8B", "vllm_version": "0.19.0", "hardware": RTX_4090},
-        log=False,
-    )
+    run = write_run(tmp_path / "run", _meta(), log=False)
     code, out, err = replay(
         capsys, str(run), "-o", str(tmp_path / "out"), "--set", "serving.max_model_len=300"
     )

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from hardware_models.errors import InfersimError
-from simulator.cli.options import add_output_flags, add_overrides
+from simulator.cli.options import add_output_flags, add_overrides, add_results_dir
 from simulator.cli.run_cmd import folder_name, free_results_dir
 from simulator.compare import compare_table, write_comparison
 from simulator.results import Results
@@ -25,12 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "cost plots, and each run's tables in its own folder.",
     )
     parser.add_argument("scenarios", type=Path, nargs="+", help="scenario YAML files")
-    parser.add_argument(
-        "-o",
-        "--output",
-        type=Path,
-        help="results folder (default: results/compare, or the next free results/compare-N)",
-    )
+    add_results_dir(parser, "results/compare, or the next free results/compare-N")
     add_overrides(parser, "a field in every scenario")
     add_output_flags(parser)
     parser.set_defaults(handler=_compare)

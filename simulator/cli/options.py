@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_overrides(parser: argparse.ArgumentParser, what: str = "a scenario field") -> None:
@@ -15,6 +16,11 @@ def add_overrides(parser: argparse.ArgumentParser, what: str = "a scenario field
         metavar="KEY.PATH=VALUE",
         help=f"override {what}, e.g. --set serving.max_num_seqs=64 (repeatable)",
     )
+
+
+def add_results_dir(parser: argparse.ArgumentParser, default: str) -> None:
+    """-o/--output: the folder results go to, and what it is when not given."""
+    parser.add_argument("-o", "--output", type=Path, help=f"results folder (default: {default})")
 
 
 def add_output_flags(parser: argparse.ArgumentParser, *, csv: str | None = None) -> None:

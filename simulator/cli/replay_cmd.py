@@ -6,9 +6,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from hardware_models.errors import InfersimError
-from simulator.cli.options import add_hardware_flags, add_output_flags, add_overrides
-from simulator.cli.run_cmd import free_results_dir
+from simulator.cli.options import (
+    add_hardware_flags,
+    add_output_flags,
+    add_overrides,
+    add_results_dir,
+)
+from simulator.cli.run_cmd import results_dir
 from simulator.replay import ReplayOptions, read_run, replay, report_text
 
 
@@ -23,12 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "TTFT, TPOT, ITL and E2E; write replay.json, CDFs and the timeline.",
     )
     parser.add_argument("run", type=Path, help="run folder or vLLM bench serve JSON")
-    parser.add_argument(
-        "-o",
-        "--output",
-        type=Path,
-        help="results folder (default: results/replay-<run>, or the next free one)",
-    )
+    add_results_dir(parser, "results/replay-<run>, or the next free results/replay-<run>-N")
     parser.add_argument("--model", help="catalog name or config.json (default: the run's)")
     add_hardware_flags(parser)
     parser.add_argument(
@@ -43,11 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _replay(args: argparse.Namespace) -> int:
     run = read_run(args.run)
-    outdir = args.output or free_results_dir(f"replay-{run.name}")
-    if outdir.exists() and not outdir.is_dir():
-        raise InfersimError(f"{outdir} exists and is not a directory; choose another -o")
-    if args.output and not args.overwrite and outdir.exists() and any(outdir.iterdir()):
-        raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
+    outdir = results_dir(args.output, f"replay-{run.name}", args.overwrite)
     options = ReplayOptions(
         model=args.model,
         gpu=args.gpu,

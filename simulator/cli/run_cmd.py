@@ -7,7 +7,7 @@ import sys
 from pathlib import Path, PurePath
 
 from hardware_models.errors import InfersimError
-from simulator.cli.options import add_output_flags, add_overrides
+from simulator.cli.options import add_output_flags, add_overrides, add_results_dir
 from simulator.compare import compare_table, write_comparison
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
@@ -16,12 +16,7 @@ from simulator.simulation import simulate
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("run", help="simulate a scenario file")
     parser.add_argument("scenario", type=Path, help="scenario YAML")
-    parser.add_argument(
-        "-o",
-        "--output",
-        type=Path,
-        help="results folder (default: results/<name>, or the next free results/<name>-N)",
-    )
+    add_results_dir(parser, "results/<name>, or the next free results/<name>-N")
     add_overrides(parser)
     add_output_flags(parser, csv="also write CSV tables")
     parser.set_defaults(handler=_run)
@@ -49,14 +44,20 @@ def free_results_dir(name: str, root: Path = Path("results")) -> Path:
     return candidate
 
 
-def _run(args: argparse.Namespace) -> int:
-    scenario = Scenario.from_yaml(args.scenario, args.overrides)
-    outdir = args.output or free_results_dir(scenario.name)
-    # Fail before simulating, not after.
+def results_dir(given: Path | None, name: str, overwrite: bool) -> Path:
+    """The folder given (refused when it is a file, or holds results and `overwrite` is
+    off), else the next free results/<name>: checked before simulating, not after."""
+    outdir = given or free_results_dir(name)
     if outdir.exists() and not outdir.is_dir():
         raise InfersimError(f"{outdir} exists and is not a directory; choose another -o")
-    if args.output and not args.overwrite and outdir.exists() and any(outdir.iterdir()):
+    if given and not overwrite and outdir.exists() and any(outdir.iterdir()):
         raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
+    return outdir
+
+
+def _run(args: argparse.Namespace) -> int:
+    scenario = Scenario.from_yaml(args.scenario, args.overrides)
+    outdir = results_dir(args.output, scenario.name, args.overwrite)
     runs = scenario.expand()
     for run in runs if len(runs) > 1 else ():  # each variant writes to a subfolder
         folder_name(run.name, "variant")

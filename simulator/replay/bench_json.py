@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 
 from hardware_models.errors import InfersimError
+from hardware_models.yaml_io import load_json_object
 from simulator.replay import bench_keys as key
 from simulator.replay.measured import MeasuredRun
-from simulator.replay.run_folder import read_json_object
 
 BENCH_DEFAULT_SEED = 0  # `vllm bench serve --seed` default
 
@@ -94,7 +94,7 @@ def _arrivals(data: dict[str, Any], count: int, path: Path) -> tuple[np.ndarray,
 def read_bench_json(path: Path) -> MeasuredRun:
     """A `vllm bench serve --save-result --save-detailed` file. Failed requests (a
     non-empty entry in `errors`) are left out of both sides and counted in the notes."""
-    data = read_json_object(path)
+    data = load_json_object(path)
     missing = [name for name in key.DETAILED if name not in data]
     if missing:
         raise InfersimError(

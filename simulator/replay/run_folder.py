@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from hardware_models.errors import InfersimError
+from hardware_models.yaml_io import load_json_object
 from simulator.replay.measured import TIMELINE_COLUMNS, MeasuredRun
 
 META = "meta.json"
@@ -20,21 +20,6 @@ REQUESTS = "requests.jsonl"
 TIMESERIES = "timeseries.csv"
 _TIMES = ("queued_ts", "first_token_ts", "last_token_ts")
 _LENGTHS = ("input_toks", "output_toks")
-
-
-def read_json_object(path: Path) -> dict[str, Any]:
-    """A JSON file holding one object, or a one-line error."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as exc:
-        raise InfersimError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise InfersimError(
-            f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
-        ) from None
-    if not isinstance(data, dict):
-        raise InfersimError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
 
 
 def _request_row(path: Path, line_no: int, text: str) -> list[float]:
@@ -118,7 +103,7 @@ def read_run_folder(folder: Path) -> MeasuredRun:
     meta_path = folder / META
     if not meta_path.is_file():
         raise InfersimError(f"{folder}: no {META} (a run folder holds {META} and {REQUESTS})")
-    meta = read_json_object(meta_path)
+    meta = load_json_object(meta_path)
     requests = read_requests(folder / REQUESTS)
     gaps = (requests["output"] - 1).sum()
     decode_time = ((requests["e2e"] - requests["ttft"]) * (requests["output"] > 1)).sum()
