@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from simulator.cli.main import main as infersim
 
-    command = ["replay", str(args.data), "-o", str(args.out), "--overwrite"]
+    command = ["replay", str(args.data), "-o", str(args.out), "--overwrite", "--quiet"]
     command += ["--calibration", "none"] if args.uncalibrated else []
     return infersim([*command, *(f"--set={item}" for item in args.overrides)])
 

@@ -326,3 +326,11 @@ def test_requests_the_simulation_rejects_are_said(tmp_path, capsys):
     )
     assert rejected > 0 and f"({rejected} rejected)" in out
     assert "--set serving.max_model_len=300 (applied last)" in out
+
+
+def test_plots_are_written(tmp_path, capsys):
+    run = write_run(tmp_path / "run", _meta())
+    assert main(["replay", str(run), "-o", str(tmp_path / "out"), "--quiet"]) == 0
+    for name in ("latency_cdfs.png", "timeline.png", "timeline.csv", "trace.csv"):
+        assert (tmp_path / "out" / name).stat().st_size > 100
+    assert "wrote 5 files" in capsys.readouterr().err

@@ -51,7 +51,7 @@ def _replay(args: argparse.Namespace) -> int:
         vllm_version=args.vllm_version,
         overrides=tuple(args.overrides),
     )
-    result = replay(run, outdir, options)
+    result = replay(run, outdir, options, progress=not args.quiet)
     print(report_text(result))
     written = result.write(outdir, plots=not args.no_plots)
     print(f"\nwrote {len(written)} files to {outdir}/", file=sys.stderr)

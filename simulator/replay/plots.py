@@ -18,13 +18,27 @@ _PANELS = (
 )
 
 
+_COLOURS = {"measured": "C0", "simulated": "C1"}
+
+
 def replay_cdfs(run: MeasuredRun, results: Results) -> Figure:
-    """TTFT, TPOT, ITL and E2E CDFs, measured and simulated overlaid (the measured ITL
-    only where the run recorded every gap)."""
+    """TTFT, TPOT, ITL and E2E CDFs, measured and simulated overlaid, in the same colours
+    on every panel. A run without per-token times gives only its mean ITL, drawn as a
+    vertical line."""
     gaps = {"simulated": results.itl}
     if run.itl is not None:
         gaps["measured"] = run.itl
-    return latency_cdfs({"measured": run.requests, "simulated": results.requests}, gaps)
+    figure = latency_cdfs({"measured": run.requests, "simulated": results.requests}, gaps)
+    itl_panel = figure.axes[2]
+    if run.itl is None and run.itl_mean is not None:
+        itl_panel.axvline(1000 * run.itl_mean, ls="--", label="measured (mean only)")
+    for ax in figure.axes:
+        for line in ax.lines:
+            label = str(line.get_label()).split(" ")[0]
+            if label in _COLOURS:
+                line.set_color(_COLOURS[label])
+    itl_panel.legend(fontsize="small")
+    return figure
 
 
 def timeline_figure(line: pd.DataFrame) -> Figure:

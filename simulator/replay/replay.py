@@ -92,11 +92,13 @@ class Replay:
         return written
 
 
-def replay(run: MeasuredRun, outdir: Path, options: ReplayOptions) -> Replay:
+def replay(
+    run: MeasuredRun, outdir: Path, options: ReplayOptions, *, progress: bool = False
+) -> Replay:
     """Simulate `run` (its trace written to outdir/trace.csv) and compare."""
     outdir.mkdir(parents=True, exist_ok=True)
     scenario, notes = replay_scenario(run, outdir / "trace.csv", options)
-    results = simulate(scenario, progress=False)
+    results = simulate(scenario, progress=progress)
     outcomes = results.requests["outcome"].value_counts()
     if outcomes.get("completed", 0) < len(results.requests):
         counts = ", ".join(
