@@ -65,6 +65,7 @@ class Replay:
             "requests": len(self.run.requests),
             "simulated_completed": int((requests["outcome"] == "completed").sum()),
             "preemptions": int(requests["preemptions"].sum()),
+            "kv_blocks_simulated": int(self.results.context.replicas[0].kv_total_blocks),
             "prefill_tokens_simulated": int(self.results.steps["prefill_tokens"].sum()),
             "prompt_tokens": int(self.run.requests["prompt"].sum()),
             "latency": self.table,
@@ -139,7 +140,8 @@ def report_text(result: Replay) -> str:
         f"{data['kind']} {data['source']}: {data['requests']} requests, {data['model']} on "
         f"{data['gpu']}, calibration: {data['calibration'] or 'none (uncalibrated)'}",
         *(f"  {note}" for note in result.notes),
-        f"simulated completed: {data['simulated_completed']}, preemptions: {data['preemptions']}",
+        f"simulated completed: {data['simulated_completed']}, preemptions: {data['preemptions']}, "
+        f"KV cache: {data['kv_blocks_simulated']:,} blocks per replica",
         f"{'metric':>6} {'stat':>4} {'measured_s':>11} {'simulated_s':>11} {'error_%':>8}",
     ]
     for row in result.table:
