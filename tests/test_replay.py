@@ -14,6 +14,7 @@ import pytest
 from hardware_models.errors import InfersimError
 from simulator.cli.main import main
 from simulator.replay.bench_json import vllm_client_arrivals
+from simulator.replay.config import catalog_name_for, gpu_preset_for
 from simulator.replay.vllm_defaults import parse_version, vllm_default
 from tests.conftest import SHARED_DATA, needs_shared_data
 
@@ -334,3 +335,42 @@ def test_plots_are_written(tmp_path, capsys):
     for name in ("latency_cdfs.png", "timeline.png", "timeline.csv", "trace.csv"):
         assert (tmp_path / "out" / name).stat().st_size > 100
     assert "wrote 5 files" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("device", "preset"),
+    [
+        ("NVIDIA GeForce RTX 4090", "rtx-4090"),
+        ("NVIDIA GeForce RTX 4090 D", None),  # fewer SMs than the preset
+        ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+        ("NVIDIA H100 PCIe", "h100-pcie"),
+        ("NVIDIA H100 NVL", None),
+        ("NVIDIA GH200 480GB", None),
+        ("NVIDIA A100-SXM4-40GB", "a100-40gb-sxm"),
+        ("NVIDIA A100 80GB PCIe", None),
+        ("NVIDIA L40S", "l40s"),
+        ("NVIDIA L40", None),
+        ("AMD Instinct MI300X", "mi300x"),
+    ],
+)
+def test_device_names_map_to_presets_or_to_nothing(device, preset):
+    assert gpu_preset_for(device) == preset
+
+
+def test_model_ids_map_to_the_catalog():
+    assert catalog_name_for("meta-llama/Llama-3.1-8B") == ("llama-3.1-8b", "")
+    name, how = catalog_name_for("meta-llama/Llama-3.1-8B-Instruct")
+    assert name == "llama-3.1-8b" and "base meta-llama/Llama-3.1-8B" in how
+    assert catalog_name_for("meta-llama/Llama-2-7b-chat-hf")[0] == "llama-2-7b"
+    assert catalog_name_for("mistralai/Mistral-7B-v0.1") == ("mistral-7b", "")
+    assert catalog_name_for("acme/NotAModel-1B") is None
+
+
+def test_a_setting_of_the_wrong_type_names_its_place(tmp_path, capsys):
+    run = write_run(tmp_path / "run", _meta(kv_cache={"block_size": "16"}), log=False)
+    code, _, err = replay(capsys, str(run), "-o", str(tmp_path / "out"))
+    assert code == 2
+    assert (
+        err.strip()
+        == "infersim: error: meta.json kv_cache.block_size: '16' is not a whole number >= 1"
+    )

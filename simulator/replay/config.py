@@ -23,8 +23,11 @@ NO_CALIBRATION = "none"
 
 # torch's device name -> GPU preset, first match wins (None: no preset for that part).
 _DEVICE_PRESETS: tuple[tuple[str, str | None], ...] = (
+    (r"rtx 4090 d\b", None),  # the China part: fewer SMs than the preset
     (r"rtx 4090", "rtx-4090"),
+    (r"gh200|gb200", None),  # Grace superchips: other memory and power than the presets
     (r"h200", "h200-sxm"),
+    (r"h100.*nvl", None),
     (r"h100.*pcie", "h100-pcie"),
     (r"h100", "h100-sxm"),
     (r"a100.*pcie", None),
@@ -113,15 +116,28 @@ def gpu_preset_for(device_name: str) -> str | None:
     return None
 
 
-def catalog_name_for(model_id: str) -> str | None:
-    """The catalog entry whose source is this HuggingFace id, or whose name is its last
-    part in lower case (meta-llama/Llama-3.1-8B -> llama-3.1-8b)."""
-    wanted = f"huggingface.co/{model_id.strip('/')}/".lower()
-    for path in sorted(CATALOG_DIR.glob("*.yaml")):
-        if wanted in path.read_text(encoding="utf-8").lower():
-            return path.stem
-    last = model_id.rstrip("/").rsplit("/", 1)[-1].lower()
-    return last if last in list_models() else None
+# fine-tunes keep their base model's shapes: ...-Instruct is priced as its base
+_TUNED_SUFFIX = re.compile(r"-(instruct|chat|it)(-v?[\d.]+)?(-hf)?$", re.IGNORECASE)
+
+
+def catalog_name_for(model_id: str) -> tuple[str, str] | None:
+    """(catalog entry, how it was matched) for a HuggingFace id: the entry whose source is
+    that id, or whose name is its last part in lower case (meta-llama/Llama-3.1-8B ->
+    llama-3.1-8b); failing both, the same for the id without a fine-tune suffix."""
+    model_id = model_id.strip("/")
+    for candidate in (model_id, _TUNED_SUFFIX.sub("", model_id)):
+        wanted = f"huggingface.co/{candidate}/".lower()
+        for path in sorted(CATALOG_DIR.glob("*.yaml")):
+            if wanted in path.read_text(encoding="utf-8").lower():
+                found = path.stem
+                break
+        else:
+            last = candidate.rsplit("/", 1)[-1].lower()
+            found = last if last in list_models() else None
+        if found is not None:
+            same = "" if candidate == model_id else f", the shapes of its base {candidate}"
+            return found, same
+    return None
 
 
 def _dtype(text: Any, where: str) -> str:
@@ -131,6 +147,31 @@ def _dtype(text: Any, where: str) -> str:
     if value not in names:
         raise InfersimError(f"{where} {text!r}: infersim replays bfloat16 or float16 runs only")
     return names[value]
+
+
+_FLAGS = {"enable_chunked_prefill", "enable_prefix_caching", "enforce_eager",
+          "async_scheduling", "enable_expert_parallel"}  # fmt: skip
+_FRACTIONS = {"gpu_memory_utilization"}
+_TEXTS = {"dtype", "quantization", "kv_cache_dtype"}
+
+
+def _checked(field: str, value: Any, where: str) -> Any:
+    """`value` when it has the type vLLM gives `field`, else a one-line error naming
+    where in meta.json it was found."""
+    if field in _TEXTS:
+        ok = isinstance(value, str)
+        wanted = "a string"
+    elif field in _FLAGS:
+        ok, wanted = isinstance(value, bool), "true or false"
+    elif field in _FRACTIONS:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        wanted = "a number"
+    else:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        wanted = "a whole number >= 1"
+    if not ok:
+        raise InfersimError(f"meta.json {where}: {value!r} is not {wanted}")
+    return value
 
 
 class _Resolver:
@@ -145,7 +186,7 @@ class _Resolver:
     def __call__(self, field: str) -> Any:
         found = self.settings.get(field)
         if found is not None:
-            return found[0]
+            return _checked(field, *found)
         if self.version is None:
             raise InfersimError(
                 f"{field}: not recorded in the run and its vLLM version is unknown; pass "
@@ -157,7 +198,7 @@ class _Resolver:
 
     def optional(self, field: str) -> Any:
         found = self.settings.get(field)
-        return None if found is None else found[0]
+        return None if found is None else _checked(field, *found)
 
 
 def _hardware(
@@ -200,13 +241,14 @@ def _model(run: MeasuredRun, options: ReplayOptions, notes: list[str]) -> str:
         return options.model
     if not run.model:
         raise InfersimError(f"{run.source}: the run does not name its model; pass --model")
-    name = catalog_name_for(str(run.model))
-    if name is None:
+    found = catalog_name_for(str(run.model))
+    if found is None:
         raise InfersimError(
             f"model {run.model!r} is not in the catalog (known: {', '.join(list_models())}); "
             "pass --model with a catalog name or a config.json"
         )
-    notes.append(f"model: {name} (the run's {run.model!r})")
+    name, how = found
+    notes.append(f"model: {name} (the run's {run.model!r}{how})")
     return name
 
 
