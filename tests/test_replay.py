@@ -374,3 +374,24 @@ def test_a_setting_of_the_wrong_type_names_its_place(tmp_path, capsys):
         err.strip()
         == "infersim: error: meta.json kv_cache.block_size: '16' is not a whole number >= 1"
     )
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ({"request_rate": "inf"}, "all at once (request_rate inf"),
+        ({"max_concurrency": 8}, "capped concurrency at 8"),
+        ({"ramp_up_strategy": "linear"}, "a ramp-up (linear)"),
+        ({"request_rate": 2.0, "burstiness": 0.5}, "drawn gamma (burstiness 0.5) at the"),
+        ({"request_rate": 2.0, "seed": "42"}, "with seed 42, as vLLM's client"),
+    ],
+)
+def test_bench_json_arrivals_without_start_times(tmp_path, capsys, extra, needle):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(bench_result(**extra)))
+    code, out, err = replay(
+        capsys, str(path), "-o", str(tmp_path / "out"), "--gpu", "rtx-4090",
+        "--vllm-version", "0.19.0",
+    )  # fmt: skip
+    assert needle in (out if code == 0 else err)
+    assert code == (2 if "max_concurrency" in extra or "ramp_up_strategy" in extra else 0)

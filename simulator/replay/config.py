@@ -109,6 +109,7 @@ class _Settings:
 
 
 def gpu_preset_for(device_name: str) -> str | None:
+    """The GPU preset for torch's device name, None where no preset is that part."""
     lowered = device_name.lower()
     for pattern, preset in _DEVICE_PRESETS:
         if re.search(pattern, lowered):
@@ -208,6 +209,8 @@ def _hardware(
     device = run.meta.get("hardware") if isinstance(run.meta.get("hardware"), dict) else {}
     device_name = str(device.get("device_name") or "")
     gpu = options.gpu
+    if gpu is not None and device_name:
+        notes.append(f"GPU: {gpu} (--gpu; the run was on {device_name!r})")
     if gpu is None:
         if not device_name:
             raise InfersimError(f"{run.source}: the run does not name its GPU; pass --gpu")
