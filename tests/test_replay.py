@@ -395,3 +395,11 @@ def test_bench_json_arrivals_without_start_times(tmp_path, capsys, extra, needle
     )  # fmt: skip
     assert needle in (out if code == 0 else err)
     assert code == (2 if "max_concurrency" in extra or "ramp_up_strategy" in extra else 0)
+
+
+def test_a_path_that_is_neither_folder_nor_json_is_refused(tmp_path, capsys):
+    run = write_run(tmp_path / "run", _meta(), log=False)
+    code, _, err = replay(capsys, str(run / "requests.jsonl"))
+    assert code == 2 and "not a run folder" in err and len(err.splitlines()) == 1
+    code, _, err = replay(capsys, str(tmp_path / "missing"))
+    assert code == 2 and "no such file or folder" in err
