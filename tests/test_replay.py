@@ -17,6 +17,7 @@ from simulator.replay.bench_json import vllm_client_arrivals
 from simulator.replay.config import catalog_name_for, gpu_preset_for
 from simulator.replay.vllm_defaults import parse_version, vllm_default
 from tests.conftest import SHARED_DATA, needs_shared_data
+from tests.test_architecture import LLAMA_31_8B_CONFIG
 
 RTX_4090 = {"device_name": "NVIDIA GeForce RTX 4090", "device_total_memory_bytes": 25250627584}
 H100 = {"device_name": "NVIDIA H100 80GB HBM3", "device_total_memory_bytes": 85520809984}
@@ -403,3 +404,17 @@ def test_a_path_that_is_neither_folder_nor_json_is_refused(tmp_path, capsys):
     assert code == 2 and "not a run folder" in err and len(err.splitlines()) == 1
     code, _, err = replay(capsys, str(tmp_path / "missing"))
     assert code == 2 and "no such file or folder" in err
+
+
+def test_model_from_a_config_json(tmp_path, capsys):
+    config = tmp_path / "model" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(LLAMA_31_8B_CONFIG))
+    run = write_run(tmp_path / "run", _meta(model="my-org/private-8b"), log=False)
+    code, _, err = replay(capsys, str(run), "-o", str(tmp_path / "a"))
+    assert code == 2 and "'my-org/private-8b' is not in the catalog" in err
+    code, _, err = replay(capsys, str(run), "-o", str(tmp_path / "b"), "--model", str(config))
+    assert code == 0, err
+    by_path = written(tmp_path / "b")["latency"]
+    assert replay(capsys, str(run), "-o", str(tmp_path / "c"), "--model", "llama-3.1-8b")[0] == 0
+    assert by_path == written(tmp_path / "c")["latency"]  # the same shapes, the same replay
