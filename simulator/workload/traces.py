@@ -23,11 +23,15 @@ import numpy as np
 from hardware_models.errors import InfersimError
 from simulator.workload.trace_layouts import (
     ARRIVAL_COLUMN,
+    OUTPUT_COLUMN,
+    PROMPT_COLUMN,
     TraceLayout,
     _shown,
     arrival_seconds,
     detect_layout,
 )
+
+__all__ = ["ARRIVAL_COLUMN", "MAX_TOKENS", "OUTPUT_COLUMN", "PROMPT_COLUMN", "Trace", "read_trace"]
 
 MAX_TOKENS = 2**31 - 1
 """Largest token count accepted: far beyond any context window, and safe in int64 sums."""
@@ -132,8 +136,9 @@ def _jsonl_keys(path: Path, text: str) -> list[str]:
     try:
         record = json.loads(line)
     except (ValueError, RecursionError):
+        record = None
+    if not isinstance(record, dict):
         _parse_jsonl(path, text, [], None)  # reports the line and what is wrong
-        raise
     return list(record) if isinstance(record, dict) else []
 
 
