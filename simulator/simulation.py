@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import os
 import time
 from dataclasses import dataclass, field, replace
 
@@ -589,8 +590,13 @@ class _Run:
         return float(self.env.now)
 
 
-def simulate(scenario: Scenario, *, progress: bool | None = None) -> Results:
-    """Run one scenario to its stop condition and return its results."""
+def simulate(
+    scenario: Scenario | str | os.PathLike[str], *, progress: bool | None = None
+) -> Results:
+    """Run one scenario (or the scenario file at a path) to its stop condition and
+    return its results."""
+    if not isinstance(scenario, Scenario):
+        scenario = Scenario.from_yaml(os.fspath(scenario))
     show = scenario.output.progress if progress is None else progress
     run = _Run(scenario, show)
     started = time.perf_counter()

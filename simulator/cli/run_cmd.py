@@ -8,6 +8,7 @@ from pathlib import Path, PurePath
 
 from hardware_models.errors import InfersimError
 from simulator.cli.options import add_output_flags, add_overrides
+from simulator.cli.run_exports import add_export_flags, check_exports, write_exports
 from simulator.compare import compare_table, write_comparison
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
@@ -24,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_overrides(parser)
     add_output_flags(parser, csv="also write CSV tables")
+    add_export_flags(parser)
     parser.set_defaults(handler=_run)
 
 
@@ -57,6 +59,7 @@ def _run(args: argparse.Namespace) -> int:
         raise InfersimError(f"{outdir} exists and is not a directory; choose another -o")
     if args.output and not args.overwrite and outdir.exists() and any(outdir.iterdir()):
         raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
+    check_exports(args, args.overwrite)
     runs = scenario.expand()
     for run in runs if len(runs) > 1 else ():  # each variant writes to a subfolder
         folder_name(run.name, "variant")
@@ -77,6 +80,7 @@ def _run(args: argparse.Namespace) -> int:
             plots=False if args.no_plots else None,
             overwrite=args.overwrite,
         )
+        written += write_exports(result, args, run.name if len(runs) > 1 else None)
     if len(runs) > 1:
         print()
         print(compare_table(results).to_string(float_format=lambda x: f"{x:,.3g}"))
