@@ -8,9 +8,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import simulator as sim
 from hardware_models.errors import InfersimError
 from hardware_models.yaml_io import validate_model
+from simulator.scenario import Scenario
 from simulator.workload import WorkloadConfig, generate_requests, read_trace
+from tests.conftest import scenario_dict
 
 SAMPLES = Path(__file__).parents[1] / "scenarios" / "traces"
 
@@ -157,30 +160,37 @@ def test_mapping_requires_an_arrival_column():
 # ---- offline arrivals --------------------------------------------------------------------
 
 
+def offline(**stop) -> WorkloadConfig:
+    data = {
+        "arrivals": {"kind": "offline"},
+        "prompt_tokens": {"kind": "fixed", "tokens": 10},
+        "output_tokens": {"kind": "fixed", "tokens": 5},
+        **stop,
+    }
+    return validate_model(WorkloadConfig, data, "scenario.yaml")
+
+
 def test_offline_sends_every_request_at_zero():
-    config = validate_model(
-        WorkloadConfig,
-        {
-            "arrivals": {"kind": "offline"},
-            "prompt_tokens": {"kind": "fixed", "tokens": 10},
-            "output_tokens": {"kind": "fixed", "tokens": 5},
-            "num_requests": 25,
-        },
-        "scenario.yaml",
-    )
-    batch = generate_requests(config, 0)
+    batch = generate_requests(offline(num_requests=25), 0)
     assert len(batch) == 25 and not batch.arrival_s.any()
 
 
 def test_offline_needs_num_requests():
     with pytest.raises(InfersimError, match="num_requests: offline arrivals"):
-        validate_model(
-            WorkloadConfig,
-            {
-                "arrivals": {"kind": "offline"},
-                "prompt_tokens": {"kind": "fixed", "tokens": 10},
-                "output_tokens": {"kind": "fixed", "tokens": 5},
-                "duration_s": 10,
-            },
-            "scenario.yaml",
-        )
+        offline(duration_s=10)
+
+
+def test_offline_run_is_a_closed_loop_of_as_many_users():
+    """The same requests as num_requests users sending at once, without the feedback."""
+
+    def run(arrivals: dict):
+        lengths = {"prompt_tokens": {"kind": "fixed", "tokens": 300},
+                   "output_tokens": {"kind": "fixed", "tokens": 100}}  # fmt: skip
+        workload = {"arrivals": arrivals, "num_requests": 200, **lengths}
+        return sim.simulate(Scenario.from_dict(scenario_dict(workload=workload)), progress=False)
+
+    offline, closed = run({"kind": "offline"}), run({"kind": "closed_loop", "users": 200})
+    assert not offline.requests["arrival"].any()
+    np.testing.assert_array_equal(
+        np.sort(offline.requests["finish"]), np.sort(closed.requests["finish"])
+    )

@@ -26,7 +26,6 @@ after a preemption reuses them behind its shared prefix.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Protocol
 
 import numpy as np
@@ -94,14 +93,10 @@ class HashedBlockManager(BlockManager):
         super().__init__(total_blocks, block_size, watermark)
         self.keys = keys
         self._refs: dict[Key, int] = {}  # shared blocks in use -> requests holding them
-        self._free: OrderedDict[Key, int] = OrderedDict()  # cached free blocks, LRU first
-        self._free_total = 0
+        # Cached free blocks live in the base class's LRU (`_cached`, evicted by its
+        # `_evict`): a shared block as key -> 1, a request's own blocks as one entry.
         self._held: dict[int, list[Key]] = {}  # request -> shared blocks it holds
         self._named: dict[int, int] = {}  # request -> leading blocks given an identity
-
-    @property
-    def cached_total(self) -> int:
-        return self._free_total
 
     def find(self, rid: int, most: int) -> tuple[int, int]:
         """Leading blocks of `rid` (at most `most`) found cached, and how many of those
@@ -112,11 +107,11 @@ class HashedBlockManager(BlockManager):
             key = keys.key(rid, block)
             if key in self._refs:
                 in_use += 1
-            elif key not in self._free:
+            elif key not in self._cached:
                 return block, in_use
             block += 1
         if block == shared:  # its own blocks, left by a preemption, follow its prefix
-            block += min(self._free.get(own_key(rid), 0), most - block)
+            block += min(self._cached.get(own_key(rid), 0), most - block)
         return block, in_use
 
     def acquire(self, rid: int, hit: int) -> int:
@@ -132,14 +127,14 @@ class HashedBlockManager(BlockManager):
                 self._refs[key] += 1
                 in_use += 1
             else:
-                del self._free[key]
-                self._free_total -= 1
+                del self._cached[key]
+                self._cached_total -= 1
                 self._refs[key] = 1
             held.append(key)
         self._held[rid] = held
         self._named[rid] = shared
-        own = self._free.pop(own_key(rid), 0)  # reused (or overwritten by its recompute)
-        self._free_total -= own
+        own = self._cached.pop(own_key(rid), 0)  # reused (or overwritten by its recompute)
+        self._cached_total -= own
         return in_use
 
     def name_blocks(self, rid: int, tokens: int) -> None:
@@ -153,7 +148,7 @@ class HashedBlockManager(BlockManager):
         held = self._held.setdefault(rid, [])
         for block in range(start, upto):
             key = self.keys.key(rid, block)
-            if key not in self._refs and key not in self._free:
+            if key not in self._refs and key not in self._cached:
                 self._refs[key] = 1
                 held.append(key)
         self._named[rid] = upto
@@ -175,23 +170,11 @@ class HashedBlockManager(BlockManager):
         self.release(blocks - len(held) + len(unheld))
         own = computed // self.block_size - self.keys.shared_blocks(rid)
         if own > 0:
-            self._free[own_key(rid)] = own
-            self._free_total += own
+            self._cached[own_key(rid)] = own
+            self._cached_total += own
         for key in reversed(unheld):
-            self._free[key] = 1
-        self._free_total += len(unheld)
+            self._cached[key] = 1
+        self._cached_total += len(unheld)
         if finished:
             self.keys.forget(rid)
         self._evict()
-
-    def _evict(self) -> None:
-        """Cached blocks count as free: allocations evict the least recently freed."""
-        super()._evict()
-        while self._free_total > self.free:
-            key, blocks = next(iter(self._free.items()))
-            drop = min(blocks, self._free_total - self.free)
-            self._free_total -= drop
-            if drop == blocks:
-                del self._free[key]
-            else:
-                self._free[key] = blocks - drop
