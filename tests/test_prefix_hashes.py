@@ -10,6 +10,7 @@ import pytest
 
 import simulator as sim
 from simulator.engine.prefix_hashes import BlockKeys, HashedBlockManager
+from simulator.metrics.writer import summary_json
 from simulator.scenario import Scenario
 from simulator.workload.generate import PromptHashes
 from tests.conftest import scenario_dict
@@ -86,8 +87,8 @@ def test_engine_block_identity_spans_trace_blocks_of_any_size():
     )
     keys = BlockKeys(hashes, block_size=16)
     assert keys.shared_blocks(0) == 1
-    assert keys.key(0, 0) == keys.key(1, 0)  # same hashes through trace block 1
-    assert keys.key(0, 0) != keys.key(2, 0)  # differs in trace block 1
+    assert keys.of(0) == keys.of(1)  # same hashes through trace block 1
+    assert keys.of(0) != keys.of(2)  # differs in trace block 1
 
 
 def test_without_prefix_caching_nothing_hits():
@@ -97,6 +98,8 @@ def test_without_prefix_caching_nothing_hits():
 
 def test_sample_trace_hits_and_saves_prefill():
     with_cache, without = run(SAMPLE, 48), run(SAMPLE, 48, caching=False)
+    again = summary_json(run(SAMPLE, 48).summary(), include_wall_time=False)
+    assert summary_json(with_cache.summary(), include_wall_time=False) == again
     assert with_cache.summary()["prefix_cache"]["hit_rate"] > 0.5
     assert with_cache.steps["prefill_tokens"].sum() < 0.5 * without.steps["prefill_tokens"].sum()
     assert (

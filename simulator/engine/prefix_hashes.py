@@ -54,22 +54,27 @@ class BlockKeys:
         self._ids, self._trace_block = hashes.ids, hashes.block_tokens
         self._shared = np.asarray(hashes.covered, dtype=np.int64) // block_size
         self._chains: dict[tuple[int, int], int] = {}
-        self._chain_of: dict[int, list[int]] = {}
+        self._keys_of: dict[int, list[Key]] = {}
 
     def shared_blocks(self, rid: int) -> int:
         """How many leading engine blocks of `rid` have a shared identity."""
         return int(self._shared[rid]) if rid < len(self._shared) else 0
 
-    def key(self, rid: int, block: int) -> Key:
-        """Identity of engine block `block` (< shared_blocks(rid)) of request `rid`."""
-        chain = self._chain_of.get(rid)
-        if chain is None:
-            chain = self._chain_of[rid] = self._intern(self._ids[rid])
-        return chain[((block + 1) * self.block_size - 1) // self._trace_block], block
+    def of(self, rid: int) -> list[Key]:
+        """Identity of each of the first shared_blocks(rid) engine blocks of `rid`
+        (worked out once, while the request lives)."""
+        keys = self._keys_of.get(rid)
+        if keys is None:
+            chain, size, trace = self._intern(self._ids[rid]), self.block_size, self._trace_block
+            keys = [
+                (chain[((k + 1) * size - 1) // trace], k) for k in range(self.shared_blocks(rid))
+            ]
+            self._keys_of[rid] = keys
+        return keys
 
     def forget(self, rid: int) -> None:
         """`rid` is finished: its identities will not be asked for again."""
-        self._chain_of.pop(rid, None)
+        self._keys_of.pop(rid, None)
 
     def _intern(self, hashes: np.ndarray) -> list[int]:
         """Chain id of each prefix of the hash list: equal prefixes, equal ids."""
@@ -101,10 +106,11 @@ class HashedBlockManager(BlockManager):
     def find(self, rid: int, most: int) -> tuple[int, int]:
         """Leading blocks of `rid` (at most `most`) found cached, and how many of those
         are in use by other requests (they take no new block)."""
-        keys, shared = self.keys, self.keys.shared_blocks(rid)
+        keys = self.keys.of(rid)
+        shared = len(keys)
         block = in_use = 0
         while block < min(most, shared):
-            key = keys.key(rid, block)
+            key = keys[block]
             if key in self._refs:
                 in_use += 1
             elif key not in self._cached:
@@ -118,11 +124,9 @@ class HashedBlockManager(BlockManager):
         """`rid` is admitted reusing its first `hit` blocks, as `find` found them.
         Returns how many of them are in use by other requests now: the caller allocates
         the others (they were counted free)."""
-        shared = min(hit, self.keys.shared_blocks(rid))
-        held = []
+        held = self.keys.of(rid)[:hit]
         in_use = 0
-        for block in range(shared):
-            key = self.keys.key(rid, block)
+        for key in held:
             if key in self._refs:
                 self._refs[key] += 1
                 in_use += 1
@@ -130,9 +134,8 @@ class HashedBlockManager(BlockManager):
                 del self._cached[key]
                 self._cached_total -= 1
                 self._refs[key] = 1
-            held.append(key)
         self._held[rid] = held
-        self._named[rid] = shared
+        self._named[rid] = len(held)
         own = self._cached.pop(own_key(rid), 0)  # reused (or overwritten by its recompute)
         self._cached_total -= own
         return in_use
@@ -146,8 +149,7 @@ class HashedBlockManager(BlockManager):
         if upto <= start:
             return
         held = self._held.setdefault(rid, [])
-        for block in range(start, upto):
-            key = self.keys.key(rid, block)
+        for key in self.keys.of(rid)[start:upto]:
             if key not in self._refs and key not in self._cached:
                 self._refs[key] = 1
                 held.append(key)
