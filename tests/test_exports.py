@@ -174,3 +174,6 @@ def test_run_writes_both_files(tmp_path, capsys):
     assert main([*args, "--overwrite", "--bench-json", str(bench)]) == 0
     assert main([*args, "--overwrite", "--bench-json", str(tmp_path)]) == 2
     assert "is a folder" in capsys.readouterr().err
+    no_steps = [*args, "--overwrite", "--set", "output.step_table=false"]
+    assert main([*no_steps, "--trace-out", str(trace)]) == 2
+    assert "--trace-out needs the run's per-step table" in capsys.readouterr().err

@@ -92,7 +92,7 @@ def test_unknown_columns_name_the_layouts_and_the_mapping():
     for layout in ("infersim (arrived_at", "burstgpt (Timestamp", "azure2023 (TIMESTAMP"):
         assert layout in message
     assert "mooncake (timestamp, input_length, output_length, hash_ids)" in message
-    assert "arrivals.columns: {arrival, prompt, output, time_unit}" in message
+    assert "arrivals.columns: {arrival, prompt, output, time_unit}; for trace lengths" in message
 
 
 def test_trace_lengths_are_read_from_a_burstgpt_file():

@@ -59,7 +59,7 @@ def _run(args: argparse.Namespace) -> int:
         raise InfersimError(f"{outdir} exists and is not a directory; choose another -o")
     if args.output and not args.overwrite and outdir.exists() and any(outdir.iterdir()):
         raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
-    check_exports(args, args.overwrite)
+    check_exports(args, scenario)
     runs = scenario.expand()
     for run in runs if len(runs) > 1 else ():  # each variant writes to a subfolder
         folder_name(run.name, "variant")

@@ -11,6 +11,7 @@ from hardware_models.errors import InfersimError
 from simulator.formats.chrome_trace import MAX_EVENTS, chrome_trace
 from simulator.formats.vllm_bench import bench_result
 from simulator.results import Results
+from simulator.scenario import Scenario
 
 
 def add_export_flags(parser: argparse.ArgumentParser) -> None:
@@ -36,8 +37,13 @@ def add_export_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def check_exports(args: argparse.Namespace, overwrite: bool) -> None:
+def check_exports(args: argparse.Namespace, scenario: Scenario) -> None:
     """Refuse before simulating what could not be written afterwards."""
+    if args.trace_out is not None and not scenario.output.step_table:
+        raise InfersimError(
+            "--trace-out needs the run's per-step table; set output.step_table: true "
+            "(e.g. --set output.step_table=true)"
+        )
     if args.trace_max_events < 1:
         raise InfersimError(f"--trace-max-events must be >= 1, got {args.trace_max_events}")
     for flag, path in (("--trace-out", args.trace_out), ("--bench-json", args.bench_json)):
@@ -45,7 +51,7 @@ def check_exports(args: argparse.Namespace, overwrite: bool) -> None:
             continue
         if path.is_dir():
             raise InfersimError(f"{flag} {path}: is a folder; give a file name")
-        if path.exists() and not overwrite:
+        if path.exists() and not args.overwrite:
             raise InfersimError(f"{flag} {path}: exists; pass --overwrite or another name")
 
 

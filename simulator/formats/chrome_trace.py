@@ -6,7 +6,9 @@ named prefill, decode or mixed, with batch size, token and KV counts as argument
 counters ("C") for the batch (prefill and decode tokens, batch size) and KV blocks in
 use. The requests it served are on the following threads, each a lane of requests that
 do not overlap in time: per request a `queued`, `prefill` and `decode` slice. Times are
-microseconds of simulated time, as the format wants.
+microseconds of simulated time, as the format wants. A request shows on the replica that
+finished it (in a disaggregated cluster, its decode replica; after a failure, the one
+that retried it).
 
 A long run has millions of steps, more than a trace viewer opens, so a trace holds at
 most `max_events` events: above that it keeps the events that start before the time at

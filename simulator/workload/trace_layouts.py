@@ -63,7 +63,8 @@ trace start), Azure's 2023 LLM inference CSV (TIMESTAMP a date and time) and Moo
 JSONL (timestamp in milliseconds, hash_ids one per block of the prompt)."""
 
 MAPPING_HINT = (
-    "or name the columns with a mapping (arrivals.columns: {arrival, prompt, output, time_unit})"
+    "or name the columns with a mapping (arrivals.columns: {arrival, prompt, output, "
+    "time_unit}; for trace lengths, `column`)"
 )
 
 
