@@ -32,6 +32,7 @@ def run(trace: Path, n: int, caching: bool = True, **sections):
             "num_requests": n,
             "prompt_tokens": None,
             "output_tokens": None,
+            **sections.pop("workload", {}),
         },
         **sections,
     )
@@ -121,16 +122,25 @@ def test_requests_running_together_hold_a_shared_block_once(tmp_path):
     assert (shared.requests["outcome"] == "completed").all()
 
 
-@pytest.mark.parametrize("policy", ["chunked_prefill", "continuous"])
-def test_exact_under_kv_pressure_and_same_stepping(policy):
-    """A cache far too small: preemptions, recomputes and evictions; every request
-    completes, the physical count returns to zero, and stepping one by one agrees."""
+CLASSES = [{"name": "chat", "priority": 0}, {"name": "batch", "priority": 1, "weight": 3}]
+
+
+@pytest.mark.parametrize(
+    ("policy", "classes"),
+    [("chunked_prefill", None), ("continuous", None), ("chunked_prefill", CLASSES)],
+)
+def test_exact_under_kv_pressure_and_same_stepping(policy, classes):
+    """A cache far too small: preemptions (by a more important class too), recomputes and
+    evictions; every request completes within the cache, and stepping one by one
+    agrees to the last bit."""
     serving = {"policy": policy, "num_gpu_blocks": 900, "max_num_batched_tokens": 8192}
-    fast = run(SAMPLE, 48, serving=serving)
-    slow = run(SAMPLE, 48, serving=serving, engine={"multi_step": False})
+    workload = {"priorities": classes} if classes else {}
+    fast = run(SAMPLE, 48, serving=serving, workload=workload)
+    slow = run(SAMPLE, 48, serving=serving, workload=workload, engine={"multi_step": False})
     assert (fast.requests["outcome"] == "completed").all()
     assert fast.requests["preemptions"].sum() > 0
     assert fast.summary()["prefix_cache"] == slow.summary()["prefix_cache"]
+    assert fast.summary()["prefix_cache"]["hit_rate"] > 0.3
     np.testing.assert_array_equal(fast.requests["finish"], slow.requests["finish"])
     assert fast.steps["kv_blocks_used"].max() <= 900
 

@@ -103,6 +103,10 @@ class HashedBlockManager(BlockManager):
         self._held: dict[int, list[Key]] = {}  # request -> shared blocks it holds
         self._named: dict[int, int] = {}  # request -> leading blocks given an identity
 
+    def own_blocks(self, rid: int, blocks: int) -> int:
+        """Of `rid`'s `blocks`, those that are its own, not shared blocks it holds."""
+        return blocks - len(self._held.get(rid, ()))
+
     def find(self, rid: int, most: int) -> tuple[int, int]:
         """Leading blocks of `rid` (at most `most`) found cached, and how many of those
         are in use by other requests (they take no new block)."""

@@ -326,6 +326,14 @@ class IterationScheduler:
             kv.keep_cached(key, run.computed_of(slot) // kv.block_size)
         run.remove(slot)
 
+    def _releasable(self, slot: int) -> int:
+        """Blocks that preempting `slot` surely frees: with shared prompt blocks, only
+        its own (a shared one stays while another request holds it)."""
+        blocks = self.running.blocks_of(slot)
+        if self.hashed is None:
+            return blocks
+        return self.hashed.own_blocks(int(self.running.rid[slot]), blocks)
+
     def _preempt_for(self, level: int, need: int, blocks: int, plan: StepPlan) -> bool:
         """Make room for a waiting request of priority `level` (`need` blocks to be
         admitted beside others, `blocks` to run alone) by preempting strictly less
@@ -335,7 +343,7 @@ class IterationScheduler:
             return False
         run, kv = self.running, self.kv
         lower = np.flatnonzero(run.active & (run.priority > level))
-        freed = kv.free + sum(run.blocks_of(int(slot)) for slot in lower)
+        freed = kv.free + sum(self._releasable(int(slot)) for slot in lower)
         alone = len(lower) == run.count
         if freed - need < kv.watermark_blocks and not (alone and blocks <= freed):
             return False
