@@ -124,6 +124,12 @@ def test_trace_lengths_are_read_from_a_burstgpt_file():
             "line 3: TIMESTAMP: not a date and time ('soon')",
         ),
         (
+            "az_order.csv",
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,1,1\n"
+            "2023-11-16 18:15:45,2,2\n",
+            "line 3: TIMESTAMP 2023-11-16 18:15:45 is earlier than the previous request's",
+        ),
+        (
             "bg.csv",
             "Timestamp,Request tokens,Response tokens\n0,1,1\n1,x,2\n",
             "line 3: Request tokens: not a number ('x')",

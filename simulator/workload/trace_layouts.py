@@ -110,6 +110,13 @@ def arrival_seconds(
     if stamps.dt.tz is not None:
         stamps = stamps.dt.tz_convert(None)
     nanoseconds = stamps.to_numpy(dtype="datetime64[ns]").astype(np.int64)
+    back = np.diff(nanoseconds) < 0
+    if back.any():
+        i = int(np.argmax(back)) + 1
+        raise InfersimError(
+            f"{_shown(str(path))}: line {line_no[i]}: {column} {cells[i]} is earlier than the "
+            f"previous request's {cells[i - 1]}; arrival times must not decrease"
+        )
     return list((nanoseconds - nanoseconds[0]) / 1e9)
 
 
