@@ -92,8 +92,8 @@ def arrival_seconds(
     path: Path, column: str, cells: list, unit: TimeUnit, line_no: np.ndarray
 ) -> list:
     """Arrival cells as numbers of seconds: scaled from the file's unit, or (date-times)
-    seconds after the first row's time. Non-numbers are left for the number check to
-    report with their line."""
+    seconds after the earliest (the first row's, in a trace in order). Non-numbers are
+    left for the number check to report with their line."""
     if unit != "datetime":
         if unit == "s":
             return cells
@@ -110,14 +110,7 @@ def arrival_seconds(
     if stamps.dt.tz is not None:
         stamps = stamps.dt.tz_convert(None)
     nanoseconds = stamps.to_numpy(dtype="datetime64[ns]").astype(np.int64)
-    back = np.diff(nanoseconds) < 0
-    if back.any():
-        i = int(np.argmax(back)) + 1
-        raise InfersimError(
-            f"{_shown(str(path))}: line {line_no[i]}: {column} {cells[i]} is earlier than the "
-            f"previous request's {cells[i - 1]}; arrival times must not decrease"
-        )
-    return list((nanoseconds - nanoseconds[0]) / 1e9)
+    return list((nanoseconds - nanoseconds.min()) / 1e9)  # the first row, unless out of order
 
 
 def _in_seconds(cell, per_second: float):

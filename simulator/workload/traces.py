@@ -111,7 +111,8 @@ def read_trace(
             path, layout.arrival, values[layout.arrival], layout.time_unit, line_no
         )
         arrived = _numbers(path, layout.arrival, cells, line_no)
-        _check_order(path, layout.arrival, arrived, line_no)
+        shown = values[layout.arrival] if layout.time_unit == "datetime" else None
+        _check_order(path, layout.arrival, arrived, line_no, shown)
     tokens = {}
     for column in token_columns:
         name = layout.file_column(column)
@@ -297,11 +298,18 @@ def _whole(path: Path, column: str, values: np.ndarray, line_no: np.ndarray) -> 
     return values.astype(np.int64)
 
 
-def _check_order(path: Path, column: str, arrived: np.ndarray, line_no: np.ndarray) -> None:
+def _check_order(
+    path: Path, column: str, arrived: np.ndarray, line_no: np.ndarray, shown: list | None
+) -> None:
+    """Arrivals never go back; `shown` are the cells as the file writes them (date-times),
+    for the message."""
     back = np.diff(arrived) < 0
     if back.any():
         i = int(np.argmax(back)) + 1
+        now, before = (
+            (shown[i], shown[i - 1]) if shown else (f"{arrived[i]:g}", f"{arrived[i - 1]:g}")
+        )
         raise InfersimError(
-            f"{_name(path)}: line {line_no[i]}: {column} {arrived[i]:g} is earlier than "
-            f"the previous request's {arrived[i - 1]:g}; arrival times must not decrease"
+            f"{_name(path)}: line {line_no[i]}: {column} {now} is earlier than "
+            f"the previous request's {before}; arrival times must not decrease"
         )
