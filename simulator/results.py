@@ -75,6 +75,11 @@ class Results:
         )
 
     @property
+    def kept_steps(self) -> pd.DataFrame | None:
+        """The per-step table, or None when the scenario kept none."""
+        return self._steps
+
+    @property
     def steps(self) -> pd.DataFrame:
         if self._steps is None:
             raise InfersimError(

@@ -154,7 +154,8 @@ class ServingSection(BaseModel):
     enable_prefix_caching: bool = Field(
         default=False,
         description="keep a recompute-preempted request's full KV blocks cached while "
-        "free (LRU), so its recompute skips what was not evicted (vLLM v1's default)",
+        "free (LRU), so its recompute skips what was not evicted (vLLM v1's default); "
+        "likewise a session's previous turn, and prompt blocks a trace's hash_ids share",
     )
     priority_preemption: bool = Field(
         default=True, description="a waiting request may preempt less important running ones"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import os
 import time
 from dataclasses import dataclass, field, replace
 
@@ -14,6 +15,7 @@ from hardware_models.errors import InfeasibleError, InfersimError
 from hardware_models.node import NodeSpec
 from hardware_models.presets import list_nodes, load_gpu, load_node, with_calibration
 from simulator.architecture import ModelArchitecture
+from simulator.engine.prefix_hashes import BlockKeys
 from simulator.engine.replica import Clock, Replica, ReplicaConfig
 from simulator.engine.requests import Outcome, RejectReason, RequestTable
 from simulator.engine.step_cost import EngineOverheads, StepCostModel
@@ -24,7 +26,13 @@ from simulator.progress import Progress
 from simulator.results import Results
 from simulator.router import SessionAffinity, make_router
 from simulator.scenario import Scenario
-from simulator.workload import ClosedLoopSampler, Session, SessionSampler, generate_requests
+from simulator.workload import (
+    ClosedLoopSampler,
+    PromptHashes,
+    Session,
+    SessionSampler,
+    generate_requests,
+)
 
 
 @dataclass(frozen=True)
@@ -232,6 +240,7 @@ class _Run:
         self.clock = Clock(self.horizon)
         self.closed = wl.arrivals.kind == "closed_loop"
         self.session_sampler: SessionSampler | None = None
+        self.prompt_hashes: PromptHashes | None = None
         base_dir = scenario.base_dir
         if wl.sessions is not None:
             context = min(build.config.max_model_len for _, build in self.builds)
@@ -246,6 +255,7 @@ class _Run:
             self.requests = RequestTable(min(wl.num_requests or 4096, 1 << 20))
         else:
             batch = generate_requests(wl, scenario.seed, base_dir)
+            self.prompt_hashes = batch.prompt_hashes
             self.expected = len(batch)
             self.class_names = list(batch.class_names)
             self.requests = RequestTable(len(batch))
@@ -276,11 +286,12 @@ class _Run:
                 multi_step=build.config.multi_step and not blind and role != "decode",
             )
             handoff = self._handoff_from(build) if role == "prefill" else None
+            keys = self._prefix_keys(config)
             for _ in range(build.replicas):
                 index = len(self.replicas)
                 self.replicas.append(
                     Replica(self.env, index, config, build.cost, self.requests, self.clock,
-                            self._on_finish, handoff)
+                            self._on_finish, handoff, keys)
                 )  # fmt: skip
                 self.infos.append(replace(build.info, pool=pool))
         entry = [r for r in self.replicas if r.cfg.role in ("mixed", "prefill")]
@@ -290,6 +301,12 @@ class _Run:
         self.decode_router = (
             make_router(router, decoders, scenario.seed + 1, self.requests) if decoders else None
         )
+
+    def _prefix_keys(self, config: ReplicaConfig) -> BlockKeys | None:
+        """Block identities of the trace's prompts, for a prefix cache shared by hash."""
+        if self.prompt_hashes is None or not config.prefix_caching:
+            return None
+        return BlockKeys(self.prompt_hashes, config.block_size)
 
     def _on_finish(self, rid: int) -> None:
         self.terminal += 1
@@ -589,8 +606,13 @@ class _Run:
         return float(self.env.now)
 
 
-def simulate(scenario: Scenario, *, progress: bool | None = None) -> Results:
-    """Run one scenario to its stop condition and return its results."""
+def simulate(
+    scenario: Scenario | str | os.PathLike[str], *, progress: bool | None = None
+) -> Results:
+    """Run one scenario (or the scenario file at a path) to its stop condition and
+    return its results."""
+    if not isinstance(scenario, Scenario):
+        scenario = Scenario.from_yaml(os.fspath(scenario))
     show = scenario.output.progress if progress is None else progress
     run = _Run(scenario, show)
     started = time.perf_counter()

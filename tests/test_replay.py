@@ -16,7 +16,7 @@ from simulator.cli.main import main
 from simulator.replay.bench_json import vllm_client_arrivals
 from simulator.replay.config import catalog_name_for, gpu_preset_for
 from simulator.replay.vllm_defaults import parse_version, vllm_default
-from tests.conftest import SHARED_DATA, needs_shared_data
+from tests.conftest import SHARED_DATA, needs_shared_data, scenario_dict
 from tests.test_architecture import LLAMA_31_8B_CONFIG
 
 RTX_4090 = {"device_name": "NVIDIA GeForce RTX 4090", "device_total_memory_bytes": 25250627584}
@@ -418,3 +418,30 @@ def test_model_from_a_config_json(tmp_path, capsys):
     by_path = written(tmp_path / "b")["latency"]
     assert replay(capsys, str(run), "-o", str(tmp_path / "c"), "--model", "llama-3.1-8b")[0] == 0
     assert by_path == written(tmp_path / "c")["latency"]  # the same shapes, the same replay
+
+
+def test_a_simulated_bench_json_replays_as_itself(tmp_path, capsys):
+    """Writer (`run --bench-json`) and reader (`replay`) share one format: a simulated run
+    written as a bench result and replayed with the same engine settings reads back its
+    own arrivals and latencies and reproduces them."""
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(json.dumps(scenario_dict(workload={"num_requests": 60})))
+    bench = tmp_path / "bench.json"
+    args = ["run", str(scenario), "-o", str(tmp_path / "run"), "--quiet", "--no-plots"]
+    assert main([*args, "--bench-json", str(bench)]) == 0
+    capsys.readouterr()
+    settings = [
+        "--set", "serving.max_num_seqs=64", "--set", "serving.max_num_batched_tokens=512",
+    ]  # fmt: skip
+    code, out, err = replay(
+        capsys, str(bench), "-o", str(tmp_path / "out"), "--gpu", "a100-80gb-sxm",
+        "--model", "llama-2-7b", "--vllm-version", "0.19.0", "--calibration", "none", *settings,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "recorded send times" in out
+    rows = {(r["metric"], r["stat"]): r for r in written(tmp_path / "out")["latency"]}
+    ttfts = json.loads(bench.read_text())["ttfts"]
+    assert rows["ttft", "mean"]["measured_s"] == pytest.approx(np.mean(ttfts))
+    for metric in ("ttft", "tpot", "e2e"):
+        for stat in ("mean", "p50", "p99"):
+            assert rows[metric, stat]["error_pct"] == pytest.approx(0, abs=1e-9), (metric, stat)

@@ -8,6 +8,7 @@ from pathlib import Path, PurePath
 
 from hardware_models.errors import InfersimError
 from simulator.cli.options import add_output_flags, add_overrides, add_results_dir
+from simulator.cli.run_exports import add_export_flags, check_exports, write_exports
 from simulator.compare import compare_table, write_comparison
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
@@ -19,6 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_results_dir(parser, "results/<name>, or the next free results/<name>-N")
     add_overrides(parser)
     add_output_flags(parser, csv="also write CSV tables")
+    add_export_flags(parser)
     parser.set_defaults(handler=_run)
 
 
@@ -58,6 +60,7 @@ def results_dir(given: Path | None, name: str, overwrite: bool) -> Path:
 def _run(args: argparse.Namespace) -> int:
     scenario = Scenario.from_yaml(args.scenario, args.overrides)
     outdir = results_dir(args.output, scenario.name, args.overwrite)
+    check_exports(args, scenario)
     runs = scenario.expand()
     for run in runs if len(runs) > 1 else ():  # each variant writes to a subfolder
         folder_name(run.name, "variant")
@@ -78,6 +81,7 @@ def _run(args: argparse.Namespace) -> int:
             plots=False if args.no_plots else None,
             overwrite=args.overwrite,
         )
+        written += write_exports(result, args, run.name if len(runs) > 1 else None)
     if len(runs) > 1:
         print()
         print(compare_table(results).to_string(float_format=lambda x: f"{x:,.3g}"))

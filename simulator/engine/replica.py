@@ -28,6 +28,7 @@ import simpy
 
 from hardware_models.attention import causal_pairs
 from simulator.engine.kv_cache import BlockManager
+from simulator.engine.prefix_hashes import BlockKeys, HashedBlockManager
 from simulator.engine.requests import Outcome, RejectReason, RequestTable
 from simulator.engine.running import RunningSet
 from simulator.engine.scheduler import IterationPolicy, IterationScheduler, StepPlan
@@ -101,8 +102,12 @@ class Replica:
         clock: Clock,
         on_finish: Callable[[int], None],
         on_handoff: Callable[[int], None] | None = None,
+        prefix_keys: BlockKeys | None = None,
     ) -> None:
+        """`prefix_keys`: block identities of prompts that share blocks (a trace's block
+        hashes); with prefix caching the KV cache is then keyed by them."""
         self.env, self.index, self.cfg, self.cost = env, index, config, cost
+        self.prefix_keys = prefix_keys
         self.requests, self.clock, self.on_finish = requests, clock, on_finish
         self.on_handoff = on_handoff  # a prefill replica passes requests on through it
         self.log = StepLog(
@@ -123,7 +128,13 @@ class Replica:
     def _reset(self) -> None:
         """Empty KV cache, queues and scheduler: at start, and after a failure."""
         config, requests = self.cfg, self.requests
-        self.kv = BlockManager(config.total_blocks, config.block_size, config.watermark)
+        self.kv = (
+            HashedBlockManager(
+                config.total_blocks, config.block_size, config.watermark, self.prefix_keys
+            )
+            if self.prefix_keys is not None and config.prefix_caching
+            else BlockManager(config.total_blocks, config.block_size, config.watermark)
+        )
         self.running = RunningSet(config.max_num_seqs, config.block_size, requests)
         self.waiting = WaitingQueue()
         self._batch: list[int] = []  # a run-to-completion batch in progress

@@ -23,6 +23,7 @@ from typing import Literal
 import numpy as np
 
 from simulator.engine.kv_cache import BlockManager, CacheKey, request_key, session_key
+from simulator.engine.prefix_hashes import HashedBlockManager
 from simulator.engine.requests import RequestTable
 from simulator.engine.running import RunningSet
 from simulator.engine.waiting import WaitingQueue
@@ -74,6 +75,8 @@ class IterationScheduler:
         self.requests = requests
         self.running = running
         self.kv = kv
+        # Prompts with block hashes share a cache keyed by content (prefix_hashes.py).
+        self.hashed = kv if isinstance(kv, HashedBlockManager) and policy.prefix_caching else None
         self.waiting = waiting
         self.swapped: dict[int, _Swapped] = {}
         self.swap_used = 0
@@ -90,17 +93,20 @@ class IterationScheduler:
         computed, target = run.computed_of(slot), int(run.target[slot])
         req.preemptions[rid] += 1
         plan.preempted = True
-        self.kv.release(blocks)
         swap = (
             self.policy.preemption == "swap"
             and computed >= target
             and self.swap_used + blocks <= self.policy.swap_blocks
         )
+        if self.hashed is not None:  # swapped blocks come back as its own
+            self.hashed.leave(rid, blocks, 0 if swap else computed, finished=False)
+        else:
+            self.kv.release(blocks)
         if swap:
             self.swapped[rid] = _Swapped(computed, target, run.remaining_of(slot), blocks)
             self.swap_used += blocks
             plan.swap_blocks += blocks
-        elif self.policy.prefix_caching:
+        elif self.policy.prefix_caching and self.hashed is None:
             self.kv.keep_cached(request_key(rid), computed // self.kv.block_size)
         self.waiting.push_front(rid, level)
         run.remove(slot)
@@ -168,6 +174,8 @@ class IterationScheduler:
                 break
             kv.allocate(blocks)
             run.blocks[slot] += blocks
+            if self.hashed is not None:
+                self.hashed.name_blocks(int(run.rid[slot]), computed + chunk)
             plan.prefill_slots.append(slot)
             plan.prefill_chunks.append(chunk)
             budget -= chunk
@@ -223,6 +231,7 @@ class IterationScheduler:
             swapped = self.swapped.get(rid)
             cached = self.arrived_with_kv.get(rid)
             ahead = 0
+            shared = 0  # cached blocks that other running requests hold: no new block
             if swapped is not None:
                 blocks = swapped.blocks
                 ahead = max(0, kv.blocks_for(swapped.computed + 1) - blocks)
@@ -235,22 +244,25 @@ class IterationScheduler:
                 target = int(req.prompt[rid] + req.generated[rid])
                 # Cached prefix: whole blocks, and never the last token (it is recomputed
                 # to sample from), as vLLM's prefix cache hits are.
-                hit, key = self._cached_tokens(rid, target)
+                hit, key, shared = self._cached_tokens(rid, target)
                 chunk = min(target - hit, budget) if chunked else target - hit
                 if chunk > budget and (plan.prefill_slots or len(plan.decode_slots)):
                     break  # a whole prompt over budget runs alone
                 blocks = kv.blocks_for(hit + chunk)
                 need = kv.blocks_for(target) if self.policy.reserve_full_sequence else blocks
+                need -= shared
             alone = run.count == 0
-            first = blocks + ahead  # what it needs to run alone
+            first = blocks - shared + ahead  # what it needs to run alone
             fits = kv.can_admit(need + lookahead) or (alone and first <= kv.free)
             if not fits and not self._preempt_for(level, need + lookahead, first, plan):
                 break
             lookahead += ahead
             self.waiting.pop(level)
-            if swapped is None and cached is None and hit:
+            if swapped is None and cached is None and self.hashed is not None:
+                shared = self.hashed.acquire(rid, hit // kv.block_size)
+            elif swapped is None and cached is None and hit:
                 kv.take_cached(key)  # reused in place, before anything can evict them
-            kv.allocate(blocks)
+            kv.allocate(blocks - shared)
             if swapped is not None:
                 del self.swapped[rid]
                 self.swap_used -= blocks
@@ -269,24 +281,30 @@ class IterationScheduler:
             if np.isnan(req.first_scheduled[rid]):
                 req.first_scheduled[rid] = self.now
                 req.cached_prompt_tokens[rid] = hit
+            if self.hashed is not None:
+                self.hashed.name_blocks(rid, hit + chunk)
             plan.prefill_slots.append(slot)
             plan.prefill_chunks.append(chunk)
             budget -= chunk
 
-    def _cached_tokens(self, rid: int, target: int) -> tuple[int, CacheKey]:
-        """Tokens of `rid`'s first `target` found cached, and whose blocks they are: its
-        own (left by a preemption), else its session's (left by the previous turn, whose
-        prompt and output open this turn's prompt)."""
+    def _cached_tokens(self, rid: int, target: int) -> tuple[int, CacheKey, int]:
+        """Tokens of `rid`'s first `target` found cached, whose blocks they are: its own
+        (left by a preemption), else its session's (left by the previous turn, whose
+        prompt and output open this turn's prompt), and how many of those blocks other
+        running requests hold (only with block hashes, where prompts share blocks)."""
         key = request_key(rid)
         if not self.policy.prefix_caching:
-            return 0, key
+            return 0, key, 0
+        size = self.kv.block_size
+        if self.hashed is not None:
+            blocks, in_use = self.hashed.find(rid, (target - 1) // size)
+            return blocks * size, key, in_use
         blocks = self.kv.cached_blocks(key)
         session = int(self.requests.session[rid])
         if not blocks and session >= 0:
             key = session_key(session)
             blocks = self.kv.cached_blocks(key)
-        size = self.kv.block_size
-        return min(blocks * size, (target - 1) // size * size), key
+        return min(blocks * size, (target - 1) // size * size), key, 0
 
     def free(self, slot: int) -> None:
         """`slot` is done here (finished, or handed to a decode replica): release its
@@ -295,6 +313,11 @@ class IterationScheduler:
         whose prompt starts with everything this one computed, reuses them, and blocks
         freed earlier (a preempted request's) are evicted before them."""
         run, kv = self.running, self.kv
+        if self.hashed is not None:
+            rid = int(run.rid[slot])
+            self.hashed.leave(rid, run.blocks_of(slot), run.computed_of(slot), finished=True)
+            run.remove(slot)
+            return
         kv.release(run.blocks_of(slot))
         if self.policy.prefix_caching:
             rid = int(run.rid[slot])
@@ -302,6 +325,14 @@ class IterationScheduler:
             key = session_key(session) if session >= 0 else request_key(rid)
             kv.keep_cached(key, run.computed_of(slot) // kv.block_size)
         run.remove(slot)
+
+    def _releasable(self, slot: int) -> int:
+        """Blocks that preempting `slot` surely frees: with shared prompt blocks, only
+        its own (a shared one stays while another request holds it)."""
+        blocks = self.running.blocks_of(slot)
+        if self.hashed is None:
+            return blocks
+        return self.hashed.own_blocks(int(self.running.rid[slot]), blocks)
 
     def _preempt_for(self, level: int, need: int, blocks: int, plan: StepPlan) -> bool:
         """Make room for a waiting request of priority `level` (`need` blocks to be
@@ -312,7 +343,7 @@ class IterationScheduler:
             return False
         run, kv = self.running, self.kv
         lower = np.flatnonzero(run.active & (run.priority > level))
-        freed = kv.free + sum(run.blocks_of(int(slot)) for slot in lower)
+        freed = kv.free + sum(self._releasable(int(slot)) for slot in lower)
         alone = len(lower) == run.count
         if freed - need < kv.watermark_blocks and not (alone and blocks <= freed):
             return False

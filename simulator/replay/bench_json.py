@@ -15,7 +15,7 @@ import pandas as pd
 
 from hardware_models.errors import InfersimError
 from hardware_models.yaml_io import load_json_object
-from simulator.replay import bench_keys as key
+from simulator.formats import vllm_bench_keys as key
 from simulator.replay.measured import MeasuredRun
 
 BENCH_DEFAULT_SEED = 0  # `vllm bench serve --seed` default

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from hardware_models.yaml_io import unknown_name_error
+from simulator.workload.trace_layouts import OUTPUT_COLUMN, PROMPT_COLUMN, TimeUnit, TraceLayout
 from simulator.workload.traces import MAX_TOKENS
 
 MAX_REQUESTS = 100_000_000
@@ -83,10 +84,34 @@ class ClosedLoopArrivals(_Strict):
     think_distribution: ThinkDistribution
 
 
+class TraceColumns(_Strict):
+    """Which columns of a trace file of any other layout are the arrival time and the
+    prompt and output lengths, and the unit of its arrival times."""
+
+    arrival: str = Field(min_length=1, description="column of arrival times")
+    prompt: str = Field(
+        default=PROMPT_COLUMN, min_length=1, description="column of prompt lengths, tokens"
+    )
+    output: str = Field(
+        default=OUTPUT_COLUMN, min_length=1, description="column of output lengths, tokens"
+    )
+    time_unit: TimeUnit = Field(
+        default="s",
+        description="arrival times in s, ms or us from the trace start, or datetime: a date "
+        "and time (ISO 8601, e.g. 2023-11-16 18:15:46.68), counted from the first row's",
+    )
+
+    def layout(self) -> TraceLayout:
+        return TraceLayout("mapping", self.arrival, self.prompt, self.output, self.time_unit)
+
+
 class TraceArrivals(_Strict):
-    """Replay the arrival times of a trace file (CSV or JSONL with an `arrived_at` column,
-    seconds). Its length columns give the lengths unless prompt_tokens/output_tokens say
-    otherwise."""
+    """Replay the arrival times of a trace file (CSV or JSONL). Its layout is recognised
+    from its columns: infersim's (arrived_at in s, num_prefill_tokens, num_decode_tokens),
+    BurstGPT's (Timestamp in s, Request tokens, Response tokens), Azure 2023's (TIMESTAMP a
+    date and time, ContextTokens, GeneratedTokens) or Mooncake's JSONL (timestamp in ms,
+    input_length, output_length, hash_ids); `columns` names them in any other file. Its
+    length columns give the lengths unless prompt_tokens/output_tokens say otherwise."""
 
     kind: Literal["trace"] = "trace"
     path: str = Field(min_length=1, description="trace file, relative to the scenario file")
@@ -95,9 +120,29 @@ class TraceArrivals(_Strict):
         gt=0,
         description="multiplies every arrival time: 0.5 replays the trace at twice its rate",
     )
+    columns: TraceColumns | None = Field(
+        default=None,
+        description="which columns are which, for a file in none of the known layouts",
+    )
+    hash_block_tokens: int = Field(
+        default=512,
+        ge=1,
+        le=MAX_TOKENS,
+        description="prompt tokens each of a Mooncake trace's hash_ids stands for (Mooncake "
+        "hashes blocks of 512); with serving.enable_prefix_caching, requests sharing "
+        "leading hashes share those blocks in the prefix cache",
+    )
 
 
-ARRIVAL_KINDS = ("poisson", "gamma", "constant", "closed_loop", "trace")
+class OfflineArrivals(_Strict):
+    """Every request arrives at t = 0, as in an offline (MLPerf Offline style) run: the
+    replicas work through a queue of num_requests as fast as they can. Cheaper to
+    simulate than a closed loop with as many users, and the same workload."""
+
+    kind: Literal["offline"] = "offline"
+
+
+ARRIVAL_KINDS = ("poisson", "gamma", "constant", "closed_loop", "trace", "offline")
 
 RateArrivals = PoissonArrivals | GammaArrivals | ConstantArrivals
 """The synthetic open-loop processes, defined by a rate."""
@@ -176,8 +221,9 @@ class TraceLength(_Strict):
     column: str | None = Field(
         default=None,
         min_length=1,
-        description="column to draw from; default num_prefill_tokens for prompt lengths, "
-        "num_decode_tokens for output lengths",
+        description="column to draw from; default the prompt (for prompt lengths) or output "
+        "column of the file's layout, recognised as for arrivals (num_prefill_tokens / "
+        "num_decode_tokens in infersim's own)",
     )
 
 
@@ -207,7 +253,12 @@ def _known_kind(what: str, kinds: tuple[str, ...]) -> BeforeValidator:
 
 
 Arrivals = Annotated[
-    PoissonArrivals | GammaArrivals | ConstantArrivals | ClosedLoopArrivals | TraceArrivals,
+    PoissonArrivals
+    | GammaArrivals
+    | ConstantArrivals
+    | ClosedLoopArrivals
+    | TraceArrivals
+    | OfflineArrivals,
     Field(discriminator="kind"),
     _known_kind("arrivals", ARRIVAL_KINDS),
 ]
@@ -350,6 +401,11 @@ class WorkloadConfig(_Strict):
                         f"{role} is required unless arrivals.kind is 'trace' "
                         f"(arrivals.kind is {self.arrivals.kind!r})"
                     )
+        if self.arrivals.kind == "offline" and self.num_requests is None:
+            raise ValueError(
+                "num_requests: offline arrivals send every request at t = 0, so give "
+                "num_requests (how many there are)"
+            )
         if self.sessions is not None and self.arrivals.kind not in ("poisson", "gamma", "constant"):
             raise ValueError(
                 f"sessions: sessions start by a rate process (arrivals.kind poisson, gamma "

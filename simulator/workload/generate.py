@@ -20,6 +20,7 @@ from hardware_models.errors import InfersimError
 from simulator.workload.arrivals import open_loop_arrivals, think_times, trace_arrivals
 from simulator.workload.config import (
     ClosedLoopArrivals,
+    OfflineArrivals,
     PriorityClass,
     RateArrivals,
     TraceArrivals,
@@ -27,9 +28,27 @@ from simulator.workload.config import (
     WorkloadConfig,
 )
 from simulator.workload.lengths import LengthSampler, LengthSource, TableLengths, draw, to_tokens
-from simulator.workload.traces import MAX_TOKENS, OUTPUT_COLUMN, PROMPT_COLUMN, Trace, read_trace
+from simulator.workload.trace_layouts import OUTPUT_COLUMN, PROMPT_COLUMN
+from simulator.workload.traces import MAX_TOKENS, Trace, read_trace
 
 _ROLES = (("prompt_tokens", PROMPT_COLUMN), ("output_tokens", OUTPUT_COLUMN))
+
+
+@dataclass(frozen=True)
+class PromptHashes:
+    """Per request, the hash of each block of `block_tokens` prompt tokens, as a Mooncake
+    trace gives them: requests whose prompts start with the same hashes share those
+    tokens (a system prompt, a document), so a prefix cache keyed by hash can serve them.
+    `covered[i]` is how many leading tokens of request i's prompt the hashes describe: no
+    more than its blocks hold, than the trace's prompt, or than the prompt simulated (a
+    prompt lengthened by prompt_length_scale has distinct tokens after them)."""
+
+    ids: tuple[np.ndarray, ...]
+    block_tokens: int
+    covered: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
 
 
 @dataclass(frozen=True)
@@ -47,6 +66,8 @@ class RequestBatch:
     priority_class: np.ndarray
     """int16 index into class_names."""
     class_names: tuple[str, ...]
+    prompt_hashes: PromptHashes | None = None
+    """Block hashes of the prompts, from a trace that has them (Mooncake's hash_ids)."""
 
     def __post_init__(self) -> None:
         arrays = (
@@ -86,6 +107,10 @@ def generate_requests(
         arrival_s = trace_arrivals(
             arrival_trace, config.arrivals.time_scale, config.num_requests, config.duration_s
         )
+    elif isinstance(config.arrivals, OfflineArrivals):
+        arrival_trace = None
+        assert config.num_requests is not None  # WorkloadConfig requires it
+        arrival_s = np.zeros(config.num_requests)
     else:
         arrival_trace = None
         arrival_s = open_loop_arrivals(
@@ -102,7 +127,23 @@ def generate_requests(
         priority=priority,
         priority_class=klass,
         class_names=tuple(c.name for c in config.priorities),
+        prompt_hashes=_prompt_hashes(config, arrival_trace, prompt),
     )
+
+
+def _prompt_hashes(
+    config: WorkloadConfig, trace: Trace | None, prompt: np.ndarray
+) -> PromptHashes | None:
+    """The arrival trace's block hashes for the requests replayed, when it has them and
+    the prompts are its own (not drawn from another distribution)."""
+    if trace is None or trace.block_hashes is None or config.prompt_tokens is not None:
+        return None
+    assert isinstance(config.arrivals, TraceArrivals)
+    size = config.arrivals.hash_block_tokens
+    ids = tuple(trace.block_hashes[: len(prompt)])
+    blocks = np.fromiter((len(h) for h in ids), np.int64, len(ids))
+    covered = np.minimum.reduce([blocks * size, trace.tokens[PROMPT_COLUMN][: len(prompt)], prompt])
+    return PromptHashes(ids=ids, block_tokens=size, covered=covered)
 
 
 class ClosedLoopSampler:
@@ -254,8 +295,14 @@ def _read_traces(config: WorkloadConfig, base_dir: Path) -> dict[Path, Trace]:
         spec = getattr(config, role)
         if isinstance(spec, TraceLength):
             columns.setdefault(_resolve(base_dir, spec.path), set()).add(spec.column or default)
+    mapping = config.arrivals.columns if isinstance(config.arrivals, TraceArrivals) else None
     return {
-        path: read_trace(path, sorted(cols), arrivals=path == arrival_path)
+        path: read_trace(
+            path,
+            sorted(cols),
+            arrivals=path == arrival_path,
+            layout=mapping.layout() if mapping and path == arrival_path else None,
+        )
         for path, cols in columns.items()
     }
 

@@ -1,10 +1,11 @@
 """Read request traces (CSV or JSONL) into arrays, rejecting bad rows by file and line.
 
 A CSV trace has a header row (line 1) naming its columns; a JSONL trace has one object per
-line. Columns: `arrived_at` (seconds from trace start, never decreasing) for arrivals,
-`num_prefill_tokens` and `num_decode_tokens` (non-negative whole numbers) for lengths. A
-trace without `arrived_at` (lengths only) can give lengths but not arrivals. Only the
-columns asked for are checked, so extra columns of any type are allowed.
+line. Which columns hold arrivals (never decreasing) and prompt and output lengths
+(non-negative whole numbers) depends on the file's layout (trace_layouts.py): infersim's
+own is `arrived_at` (seconds from trace start), `num_prefill_tokens`, `num_decode_tokens`.
+A trace without an arrival column (lengths only) can give lengths but not arrivals. Only
+the columns asked for are checked, so extra columns of any type are allowed.
 """
 
 from __future__ import annotations
@@ -20,10 +21,18 @@ from typing import Any
 import numpy as np
 
 from hardware_models.errors import InfersimError
+from simulator.workload.trace_layouts import (
+    ARRIVAL_COLUMN,
+    OUTPUT_COLUMN,
+    PROMPT_COLUMN,
+    TraceLayout,
+    _shown,
+    arrival_seconds,
+    detect_layout,
+)
 
-ARRIVAL_COLUMN = "arrived_at"
-PROMPT_COLUMN = "num_prefill_tokens"
-OUTPUT_COLUMN = "num_decode_tokens"
+__all__ = ["ARRIVAL_COLUMN", "MAX_TOKENS", "OUTPUT_COLUMN", "PROMPT_COLUMN", "Trace", "read_trace"]
+
 MAX_TOKENS = 2**31 - 1
 """Largest token count accepted: far beyond any context window, and safe in int64 sums."""
 
@@ -39,7 +48,12 @@ class Trace:
     arrived_at: np.ndarray | None
     """float64 seconds, non-decreasing; None when arrivals were not asked for."""
     tokens: dict[str, np.ndarray] = field(default_factory=dict)
-    """int64 token counts (>= 0) by column name."""
+    """int64 token counts (>= 0) by the column name asked for."""
+    layout: TraceLayout | None = None
+    """Which of the file's columns were read as what."""
+    block_hashes: list[np.ndarray] | None = None
+    """int64 hash of each block of each prompt (Mooncake's hash_ids), when the file has them
+    and arrivals were read."""
 
     def __len__(self) -> int:
         if self.arrived_at is not None:
@@ -48,27 +62,42 @@ class Trace:
 
 
 def read_trace(
-    path: str | Path, token_columns: Sequence[str] = (), *, arrivals: bool = False
+    path: str | Path,
+    token_columns: Sequence[str] = (),
+    *,
+    arrivals: bool = False,
+    layout: TraceLayout | None = None,
 ) -> Trace:
-    """Read `path`, checking `arrived_at` (when `arrivals`) and each of `token_columns`."""
+    """Read `path`, checking the arrival times (when `arrivals`) and each of
+    `token_columns`. Column names are infersim's (arrived_at, num_prefill_tokens,
+    num_decode_tokens) or the file's own; the file's layout is detected from its columns
+    unless `layout` says which columns are which. A layout with block hashes (Mooncake's
+    hash_ids) gives them too when arrivals are read."""
     path = Path(path)
-    columns = ([ARRIVAL_COLUMN] if arrivals else []) + list(token_columns)
+    wanted = ([ARRIVAL_COLUMN] if arrivals else []) + list(token_columns)
     text = _read_text(path)
     suffix = path.suffix.lower()
     if suffix in _CSV_SUFFIXES:
-        values, lines, found = _parse_csv(path, text, columns)
+        found = _csv_header(path, text)
     elif suffix in _JSONL_SUFFIXES:
-        values, lines, found = _parse_jsonl(path, text, columns)
+        found = _jsonl_keys(path, text)
     else:
         raise InfersimError(
             f"{_name(path)}: unknown trace format {path.suffix!r}; use .csv or .jsonl"
         )
+    layout = layout or detect_layout(path, found, wanted)
+    columns = [layout.file_column(c) for c in wanted]
+    hashes = layout.hashes if arrivals and layout.hashes in found else None
+    if suffix in _CSV_SUFFIXES:
+        values, lines, found = _parse_csv(path, text, columns)
+    else:
+        values, lines, found = _parse_jsonl(path, text, columns, hashes)
     missing = [c for c in columns if c not in found]
     if missing:
         found = [_shown(name) for name in found]
-        if arrivals and missing == [ARRIVAL_COLUMN]:
+        if arrivals and missing == [layout.arrival]:
             raise InfersimError(
-                f"{_name(path)}: no '{ARRIVAL_COLUMN}' column: a lengths-only trace can give "
+                f"{_name(path)}: no '{layout.arrival}' column: a lengths-only trace can give "
                 "prompt/output lengths but not arrivals"
             )
         raise InfersimError(
@@ -78,13 +107,40 @@ def read_trace(
     line_no = np.asarray(lines, dtype=np.int64)
     arrived = None
     if arrivals:
-        arrived = _numbers(path, ARRIVAL_COLUMN, values[ARRIVAL_COLUMN], line_no)
-        _check_order(path, arrived, line_no)
+        cells = arrival_seconds(
+            path, layout.arrival, values[layout.arrival], layout.time_unit, line_no
+        )
+        arrived = _numbers(path, layout.arrival, cells, line_no)
+        shown = values[layout.arrival] if layout.time_unit == "datetime" else None
+        _check_order(path, layout.arrival, arrived, line_no, shown)
     tokens = {}
     for column in token_columns:
-        numbers = _numbers(path, column, values[column], line_no)
-        tokens[column] = _whole(path, column, numbers, line_no)
-    return Trace(path=path, arrived_at=arrived, tokens=tokens)
+        name = layout.file_column(column)
+        numbers = _numbers(path, name, values[name], line_no)
+        tokens[column] = _whole(path, name, numbers, line_no)
+    block_hashes = values[hashes] if hashes else None
+    return Trace(
+        path=path, arrived_at=arrived, tokens=tokens, layout=layout, block_hashes=block_hashes
+    )
+
+
+def _csv_header(path: Path, text: str) -> list[str]:
+    try:
+        return [h.strip() for h in next(csv.reader(io.StringIO(text, newline="")))]
+    except csv.Error as exc:
+        raise InfersimError(f"{_name(path)}: line 1: bad CSV: {exc}") from None
+
+
+def _jsonl_keys(path: Path, text: str) -> list[str]:
+    """The keys of the first object (errors in it are reported by the full parse)."""
+    line = next(line for line in text.split("\n") if line.strip())
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        record = None
+    if not isinstance(record, dict):
+        _parse_jsonl(path, text, [], None)  # reports the line and what is wrong
+    return list(record) if isinstance(record, dict) else []
 
 
 def _read_text(path: Path) -> str:
@@ -143,11 +199,12 @@ def _parse_csv(
 
 
 def _parse_jsonl(
-    path: Path, text: str, columns: list[str]
+    path: Path, text: str, columns: list[str], hashes: str | None
 ) -> tuple[dict[str, list[Any]], list[int], list[str]]:
-    """Values of the wanted keys, with the file line of each object. The keys of the first
-    object stand for the file's columns; a later object missing one is an error."""
-    values: dict[str, list[Any]] = {c: [] for c in columns}
+    """Values of the wanted keys (and of the `hashes` key: lists of integers), with the
+    file line of each object. The keys of the first object stand for the file's columns;
+    a later object missing one is an error."""
+    values: dict[str, list[Any]] = {c: [] for c in [*columns, *([hashes] if hashes else [])]}
     lines: list[int] = []
     physical = text.split("\n")
     last = max(i for i, line in enumerate(physical, start=1) if line.strip())
@@ -180,8 +237,22 @@ def _parse_jsonl(
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise InfersimError(f"{_name(path)}: line {number}: {c}: not a number ({value!r})")
             values[c].append(value)
+        if hashes is not None:
+            values[hashes].append(_hash_list(path, number, hashes, record.get(hashes)))
         lines.append(number)
     return values, lines, columns
+
+
+def _hash_list(path: Path, line: int, key: str, value: Any) -> np.ndarray:
+    """One row's block hashes: a list of integers (each names one block of the prompt)."""
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63 for v in value
+    ):
+        raise InfersimError(
+            f"{_name(path)}: line {line}: {key}: expected a list of 64-bit integers, "
+            f"got {str(value)[:60]}"
+        )
+    return np.array(value, dtype=np.int64)
 
 
 def _numbers(path: Path, column: str, cells: list[Any], line_no: np.ndarray) -> np.ndarray:
@@ -217,12 +288,6 @@ def _name(path: Path | str) -> str:
     return _shown(str(path))
 
 
-def _shown(name: str) -> str:
-    """A column name as messages show it: as it is, or quoted when it holds a line break or
-    another unprintable character (so that every message stays one line)."""
-    return name if name.isprintable() else repr(name)
-
-
 def _whole(path: Path, column: str, values: np.ndarray, line_no: np.ndarray) -> np.ndarray:
     """Token counts as int64: whole numbers no larger than MAX_TOKENS."""
     bad = (values != np.floor(values)) | (values > MAX_TOKENS)
@@ -233,11 +298,18 @@ def _whole(path: Path, column: str, values: np.ndarray, line_no: np.ndarray) -> 
     return values.astype(np.int64)
 
 
-def _check_order(path: Path, arrived: np.ndarray, line_no: np.ndarray) -> None:
+def _check_order(
+    path: Path, column: str, arrived: np.ndarray, line_no: np.ndarray, shown: list | None
+) -> None:
+    """Arrivals never go back; `shown` are the cells as the file writes them (date-times),
+    for the message."""
     back = np.diff(arrived) < 0
     if back.any():
         i = int(np.argmax(back)) + 1
+        now, before = (
+            (shown[i], shown[i - 1]) if shown else (f"{arrived[i]:g}", f"{arrived[i - 1]:g}")
+        )
         raise InfersimError(
-            f"{_name(path)}: line {line_no[i]}: {ARRIVAL_COLUMN} {arrived[i]:g} is earlier than "
-            f"the previous request's {arrived[i - 1]:g}; arrival times must not decrease"
+            f"{_name(path)}: line {line_no[i]}: {column} {now} is earlier than "
+            f"the previous request's {before}; arrival times must not decrease"
         )

@@ -1,4 +1,5 @@
-"""Key names of the JSON `vllm bench serve --save-result --save-detailed` writes
+"""Key names of the JSON `vllm bench serve --save-result --save-detailed` writes, in one
+place for the reader (`infersim replay`) and the writer (`infersim run --bench-json`)
 (vllm/benchmarks/serve.py; benchmarks/benchmark_serving.py before it moved). The
 per-request lists are only saved with --save-detailed; `start_times` only by recent
 versions. Times are in seconds, each list in request order."""

@@ -1,0 +1,89 @@
+"""`infersim run --trace-out / --bench-json`: a run's files in other tools' formats."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from hardware_models.errors import InfersimError
+from simulator.formats.chrome_trace import MAX_EVENTS, chrome_trace
+from simulator.formats.vllm_bench import bench_result
+from simulator.results import Results
+from simulator.scenario import Scenario
+
+
+def add_export_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--trace-out",
+        type=Path,
+        metavar="TRACE.json",
+        help="write a Chrome/Perfetto trace of every replica's steps and requests",
+    )
+    parser.add_argument(
+        "--trace-max-events",
+        type=int,
+        default=MAX_EVENTS,
+        metavar="N",
+        help=f"most events in the trace (default {MAX_EVENTS:,}); a longer run's trace "
+        "keeps its beginning and says where it stops",
+    )
+    parser.add_argument(
+        "--bench-json",
+        type=Path,
+        metavar="RESULT.json",
+        help="write the run as vLLM `bench serve --save-result --save-detailed` saves one",
+    )
+
+
+def check_exports(args: argparse.Namespace, scenario: Scenario) -> None:
+    """Refuse before simulating what could not be written afterwards."""
+    if args.trace_out is not None and not scenario.output.step_table:
+        raise InfersimError(
+            "--trace-out needs the run's per-step table; set output.step_table: true "
+            "(e.g. --set output.step_table=true)"
+        )
+    if args.trace_max_events < 1:
+        raise InfersimError(f"--trace-max-events must be >= 1, got {args.trace_max_events}")
+    for flag, path in (("--trace-out", args.trace_out), ("--bench-json", args.bench_json)):
+        if path is None:
+            continue
+        if path.is_dir():
+            raise InfersimError(f"{flag} {path}: is a folder; give a file name")
+        if path.exists() and not args.overwrite:
+            raise InfersimError(f"{flag} {path}: exists; pass --overwrite or another name")
+
+
+def write_exports(
+    result: Results, args: argparse.Namespace, variant: str | None = None
+) -> list[Path]:
+    """Write the files asked for; with several variants each gets its name in the file's."""
+    written = []
+    if args.trace_out is not None:
+        trace = chrome_trace(result, max_events=args.trace_max_events)
+        path = _for_variant(args.trace_out, variant)
+        _dump(path, trace.document)
+        if trace.dropped:
+            print(
+                f"warning: {path}: trace cut at {trace.cut_s:,.3f} s of simulated time: "
+                f"{trace.dropped:,} later events left out (--trace-max-events "
+                f"{args.trace_max_events:,})",
+                file=sys.stderr,
+            )
+        written.append(path)
+    if args.bench_json is not None:
+        path = _for_variant(args.bench_json, variant)
+        _dump(path, bench_result(result))
+        written.append(path)
+    return written
+
+
+def _for_variant(path: Path, variant: str | None) -> Path:
+    return path if variant is None else path.with_name(f"{path.stem}-{variant}{path.suffix}")
+
+
+def _dump(path: Path, document: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        json.dump(document, f)

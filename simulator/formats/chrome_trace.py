@@ -1,0 +1,176 @@
+"""A run as a Chrome / Perfetto trace-event JSON (chrome://tracing, ui.perfetto.dev): what
+Vidur users open to see a simulated engine step by step.
+
+One process per replica. Its thread 0 holds the engine steps as complete events ("X",
+named prefill, decode or mixed, with batch size, token and KV counts as arguments) and
+counters ("C") for the batch (prefill and decode tokens, batch size) and KV blocks in
+use. The requests it served are on the following threads, each a lane of requests that
+do not overlap in time: per request a `queued`, `prefill` and `decode` slice. Times are
+microseconds of simulated time, as the format wants. A request shows on the replica that
+finished it (in a disaggregated cluster, its decode replica; after a failure, the one
+that retried it).
+
+A long run has millions of steps, more than a trace viewer opens, so a trace holds at
+most `max_events` events: above that it keeps the events that start before the time at
+which the cap is reached (the run's beginning, complete), and says where it stopped.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from hardware_models.errors import InfersimError
+
+if TYPE_CHECKING:
+    from simulator.results import Results
+
+MAX_EVENTS = 1_000_000
+"""Default cap: about 150 MB of JSON, which chrome://tracing and Perfetto still open."""
+_US = 1e6
+STEP_THREAD = 0
+
+
+@dataclass(frozen=True)
+class ChromeTrace:
+    """The trace-event document, and where it was cut when it had too many events."""
+
+    document: dict[str, Any]
+    events: int
+    dropped: int
+    cut_s: float | None
+    """Simulated time from which events were left out; None when nothing was."""
+
+
+def chrome_trace(results: Results, *, max_events: int = MAX_EVENTS) -> ChromeTrace:
+    """Steps, counters and request lifetimes of a run that kept its step table."""
+    if max_events < 1:
+        raise InfersimError(f"trace: max_events must be >= 1, got {max_events}")
+    if results.kept_steps is None:
+        raise InfersimError(
+            "--trace-out needs the run's per-step table; set output.step_table: true"
+        )
+    events = _step_events(results.kept_steps) + _request_events(results.requests)
+    events.sort(key=lambda e: (e["ts"], e["pid"], e["tid"]))
+    dropped, cut = 0, None
+    if len(events) > max_events:
+        cut_us = events[max_events]["ts"]
+        keep = next(i for i, e in enumerate(events) if e["ts"] >= cut_us)
+        dropped, cut = len(events) - keep, cut_us / _US
+        events = events[:keep]
+    replicas = sorted(set(results.kept_steps["replica"].unique()) | _replicas(results.requests))
+    meta = _metadata(results, replicas, events)
+    document = {
+        "traceEvents": meta + events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "scenario": results.scenario.name,
+            "seed": results.scenario.seed,
+            "clock": "simulated time, microseconds",
+            "truncated_at_s": cut,
+            "events_dropped": dropped,
+        },
+    }
+    return ChromeTrace(document, len(events), dropped, cut)
+
+
+def _step_events(steps: pd.DataFrame) -> list[dict[str, Any]]:
+    start = (steps["start"].to_numpy() * _US).tolist()
+    duration = (steps["duration"].to_numpy() * _US).tolist()
+    prefill = steps["prefill_tokens"].to_numpy().tolist()
+    decode = steps["decode_tokens"].to_numpy().tolist()
+    batch = steps["batch_size"].to_numpy().tolist()
+    kv = steps["kv_blocks_used"].to_numpy().tolist()
+    waiting = steps["waiting"].to_numpy().tolist()
+    replica = steps["replica"].to_numpy().tolist()
+    events: list[dict[str, Any]] = []
+    for ts, dur, p, d, b, k, w, r in zip(
+        start, duration, prefill, decode, batch, kv, waiting, replica, strict=True
+    ):
+        name = "mixed" if p and d else ("prefill" if p else "decode")
+        args = {"batch_size": b, "prefill_tokens": p, "decode_tokens": d}
+        events.append(
+            {"name": name, "ph": "X", "ts": ts, "dur": dur, "pid": r, "tid": STEP_THREAD,
+             "args": {**args, "kv_blocks_used": k, "waiting": w}}
+        )  # fmt: skip
+        events.append({"name": "batch", "ph": "C", "ts": ts, "pid": r, "tid": STEP_THREAD,
+                       "args": args})  # fmt: skip
+        events.append({"name": "kv_blocks_used", "ph": "C", "ts": ts, "pid": r,
+                       "tid": STEP_THREAD, "args": {"blocks": k}})  # fmt: skip
+    return events
+
+
+def _request_events(requests: pd.DataFrame) -> list[dict[str, Any]]:
+    """queued (arrival to first scheduled), prefill (to the first token), decode (to the
+    finish) of each request that reached a replica, on non-overlapping lanes."""
+    served = requests[requests["replica"] >= 0]
+    phases = {
+        "queued": ("arrival", "first_scheduled"),
+        "prefill": ("first_scheduled", "first_token"),
+        "decode": ("first_token", "finish"),
+    }
+    begin = served["arrival"].to_numpy()
+    end = served[["first_scheduled", "first_token", "finish"]].max(axis=1).to_numpy()
+    lanes = _lanes(served["replica"].to_numpy(), begin, np.where(np.isnan(end), np.inf, end))
+    events: list[dict[str, Any]] = []
+    for name, (a, b) in phases.items():
+        t0, t1 = served[a].to_numpy(), served[b].to_numpy()
+        ok = np.isfinite(t0) & np.isfinite(t1)
+        for rid, r, lane, s, e in zip(
+            served.index[ok], served["replica"].to_numpy()[ok], lanes[ok], t0[ok], t1[ok],
+            strict=True,
+        ):  # fmt: skip
+            events.append(
+                {"name": name, "ph": "X", "ts": s * _US, "dur": (e - s) * _US, "pid": int(r),
+                 "tid": int(lane), "args": {"request": int(rid)}}
+            )  # fmt: skip
+    return events
+
+
+def _lanes(replica: np.ndarray, begin: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Thread (1, 2, ...) for each request: the lowest free lane of its replica when it
+    arrives, so a lane never holds two requests at once."""
+    lane = np.zeros(len(begin), dtype=np.int64)
+    free: dict[int, list[int]] = {}
+    busy: dict[int, list[tuple[float, int]]] = {}
+    count: dict[int, int] = {}
+    for i in np.argsort(begin, kind="stable"):
+        r = int(replica[i])
+        heap, idle = busy.setdefault(r, []), free.setdefault(r, [])
+        while heap and heap[0][0] <= begin[i]:
+            heapq.heappush(idle, heapq.heappop(heap)[1])
+        if idle:
+            lane[i] = heapq.heappop(idle)
+        else:
+            count[r] = lane[i] = count.get(r, 0) + 1
+        heapq.heappush(heap, (float(end[i]), int(lane[i])))
+    return lane
+
+
+def _replicas(requests: pd.DataFrame) -> set[int]:
+    return {int(r) for r in requests["replica"].unique() if r >= 0}
+
+
+def _metadata(
+    results: Results, replicas: list[int], events: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Process and thread names, so the viewer shows replicas and lanes by name."""
+    infos = results.context.replicas
+    meta: list[dict[str, Any]] = []
+    for r in replicas:
+        info = infos[r] if r < len(infos) else None
+        label = f"replica {r}" + (f" ({info.pool}, {info.gpus} x {info.gpu})" if info else "")
+        meta.append({"name": "process_name", "ph": "M", "pid": int(r), "tid": 0,
+                     "args": {"name": label}})  # fmt: skip
+        meta.append({"name": "process_sort_index", "ph": "M", "pid": int(r), "tid": 0,
+                     "args": {"sort_index": int(r)}})  # fmt: skip
+    threads = sorted({(e["pid"], e["tid"]) for e in events})
+    for pid, tid in threads:
+        name = "engine steps" if tid == STEP_THREAD else f"requests {tid}"
+        meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                     "args": {"name": name}})  # fmt: skip
+    return meta

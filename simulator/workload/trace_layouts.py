@@ -1,0 +1,126 @@
+"""Which columns of a trace file hold arrivals, prompt and output lengths: the public
+layouts users already have, recognised from the file's own column names, or a mapping
+the scenario states for any other file.
+
+Every layout is read into the same three quantities: arrival time in seconds from the
+trace start, prompt tokens and output tokens; a Mooncake trace also gives each prompt's
+block hashes (`hash_ids`). Matching is by exact column name, so a layout is never guessed
+from a partial or misspelt header.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from hardware_models.errors import InfersimError
+
+ARRIVAL_COLUMN = "arrived_at"
+PROMPT_COLUMN = "num_prefill_tokens"
+OUTPUT_COLUMN = "num_decode_tokens"
+
+TimeUnit = Literal["s", "ms", "us", "datetime"]
+_PER_SECOND = {"ms": 1e3, "us": 1e6}
+
+
+@dataclass(frozen=True)
+class TraceLayout:
+    """The file's names for the arrival, prompt and output columns, and how its arrival
+    times are written."""
+
+    name: str
+    arrival: str
+    prompt: str
+    output: str
+    time_unit: TimeUnit = "s"
+    hashes: str | None = None
+    """Column of per-prompt block hashes (a JSON list per row), when the layout has one."""
+
+    def file_column(self, column: str) -> str:
+        """The file's name for one of infersim's column names (other names are the file's)."""
+        return {ARRIVAL_COLUMN: self.arrival, PROMPT_COLUMN: self.prompt}.get(
+            column, self.output if column == OUTPUT_COLUMN else column
+        )
+
+    def describe(self) -> str:
+        names = [self.arrival, self.prompt, self.output] + ([self.hashes] if self.hashes else [])
+        return f"{self.name} ({', '.join(names)})"
+
+
+LAYOUTS = (
+    TraceLayout("infersim", ARRIVAL_COLUMN, PROMPT_COLUMN, OUTPUT_COLUMN),
+    TraceLayout("burstgpt", "Timestamp", "Request tokens", "Response tokens"),
+    TraceLayout("azure2023", "TIMESTAMP", "ContextTokens", "GeneratedTokens", "datetime"),
+    TraceLayout("mooncake", "timestamp", "input_length", "output_length", "ms", "hash_ids"),
+)
+"""infersim's own (Vidur's processed traces), BurstGPT's CSV (Timestamp in seconds from the
+trace start), Azure's 2023 LLM inference CSV (TIMESTAMP a date and time) and Mooncake's
+JSONL (timestamp in milliseconds, hash_ids one per block of the prompt)."""
+
+MAPPING_HINT = (
+    "or name the columns with a mapping (arrivals.columns: {arrival, prompt, output, "
+    "time_unit}; for trace lengths, `column`)"
+)
+
+
+def detect_layout(path: Path, found: Sequence[str], wanted: Sequence[str]) -> TraceLayout:
+    """The layout whose columns the file has: the first with every column `wanted` (given
+    in infersim's names), else the one with most of them (its missing columns are then
+    reported). A file with none of any layout's columns is refused with the list."""
+    present = set(found)
+
+    def has(layout: TraceLayout) -> int:
+        return sum(layout.file_column(c) in present for c in wanted)
+
+    best = max(LAYOUTS, key=has)  # max keeps the first of equals
+    if has(best) == 0 and wanted:
+        shown = ", ".join(_shown(name) for name in found) or "none"
+        known = "; ".join(layout.describe() for layout in LAYOUTS)
+        raise InfersimError(
+            f"{_shown(str(path))}: its columns ({shown}) match no known trace layout: "
+            f"{known}; {MAPPING_HINT}"
+        )
+    return best
+
+
+def arrival_seconds(
+    path: Path, column: str, cells: list, unit: TimeUnit, line_no: np.ndarray
+) -> list:
+    """Arrival cells as numbers of seconds: scaled from the file's unit, or (date-times)
+    seconds after the earliest (the first row's, in a trace in order). Non-numbers are
+    left for the number check to report with their line."""
+    if unit != "datetime":
+        if unit == "s":
+            return cells
+        per_second = _PER_SECOND[unit]
+        return [_in_seconds(cell, per_second) for cell in cells]
+    stamps = pd.to_datetime(pd.Series(cells, dtype=object), format="ISO8601", errors="coerce")
+    bad = stamps.isna().to_numpy()
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise InfersimError(
+            f"{_shown(str(path))}: line {line_no[i]}: {column}: not a date and time "
+            f"({cells[i]!r}); expected e.g. 2023-11-16 18:15:46.680"
+        )
+    if stamps.dt.tz is not None:
+        stamps = stamps.dt.tz_convert(None)
+    nanoseconds = stamps.to_numpy(dtype="datetime64[ns]").astype(np.int64)
+    return list((nanoseconds - nanoseconds.min()) / 1e9)  # the first row, unless out of order
+
+
+def _in_seconds(cell, per_second: float):
+    try:
+        return float(cell) / per_second  # divided, so 1523 ms is exactly 1.523 s
+    except (TypeError, ValueError, OverflowError):
+        return cell  # reported by the number check, with its line
+
+
+def _shown(name: str) -> str:
+    """A column or file name as messages show it: as it is, or quoted when it holds a line
+    break or another unprintable character (so that every message stays one line)."""
+    return name if name.isprintable() else repr(name)
