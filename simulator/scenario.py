@@ -66,6 +66,12 @@ class ParallelismSection(BaseModel):
         ge=1,
         description="nodes the cluster has; a placement needing more GPUs is an error",
     )
+    enable_expert_parallel: bool = Field(
+        default=False,
+        description="vLLM's --enable-expert-parallel: an MoE model's routed experts are "
+        "spread whole over the replica's tp GPUs (EP size = tp, as dp is 1) instead of each "
+        "expert being split tp ways; list the catalog's MoE models with `infersim models`",
+    )
 
 
 class PoolSection(BaseModel):

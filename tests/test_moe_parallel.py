@@ -1,0 +1,130 @@
+"""Per-GPU utilisation under tensor parallelism, and where an MoE model's weights, experts
+and KV cache sit on a replica's GPUs (memory plan, expert parallelism, MLA)."""
+
+import pytest
+
+from hardware_models.errors import InfeasibleError, InfersimError
+from hardware_models.presets import load_gpu, load_node
+from simulator.engine.step_cost import StepCostModel
+from simulator.memory_planner import GB, plan_memory, stage_weight_bytes
+from simulator.model_catalog import load_model
+from simulator.scenario import Scenario
+from simulator.simulation import simulate
+from tests.conftest import scenario_dict
+
+
+@pytest.fixture(scope="module")
+def h200():
+    return load_gpu("h200-sxm")
+
+
+def _run(tp: int):
+    data = scenario_dict(
+        hardware={"gpu": "h100-sxm"},
+        model={"name": "llama-3.1-8b"},
+        parallelism={"tp": tp},
+        workload={**scenario_dict()["workload"], "num_requests": 60},
+    )
+    return simulate(Scenario.from_dict(data), progress=False)
+
+
+def test_tp2_mfu_is_per_gpu():
+    """A TP2 replica's MFU is its FLOPs per GPU / time / one GPU's peak: each step records
+    the replica's FLOPs (both ranks'), twice one rank's, and the same work as TP1 does."""
+    one, two = _run(1), _run(2)
+    steps = two.steps
+    cost = StepCostModel(
+        load_model("llama-3.1-8b"), load_gpu("h100-sxm"), load_node("dgx-h100"), tp=2
+    )
+    per_gpu_flops = steps["flops"].sum() / 2
+    duration = two.context.duration_s
+    peak = cost.gpu.peak_flops(cost.compute_dtype)
+    assert two.summary()["utilisation"]["mfu"] == pytest.approx(
+        per_gpu_flops / duration / peak, rel=1e-9
+    )
+    # Decode steps of n sequences: the replica's FLOPs are twice one rank's.
+    decode = cost.decode_steps(8)
+    rank_flops = decode.fixed_flops / 2 + decode.attention.one_step(8, 800)[1] * 32
+    assert decode.one(800).flops == pytest.approx(2 * rank_flops, rel=1e-12)
+    # The same requests cost the same work whether split over one GPU or two
+    # (replicated norms and the sampled logits' gather aside).
+    assert steps["flops"].sum() == pytest.approx(one.steps["flops"].sum(), rel=0.02)
+
+
+def test_moe_weights_per_gpu_tp_and_ep_hold_the_same_experts():
+    """Qwen3-235B-A22B: 128 experts of 1536 split 8 ways, or 16 whole experts per GPU;
+    the same bytes either way, and the attention/dense weights split over tp."""
+    arch = load_model("qwen3-235b-a22b")
+    tp8 = stage_weight_bytes(arch, weight_dtype="bf16", tp=8)
+    ep8 = stage_weight_bytes(arch, weight_dtype="bf16", tp=8, expert_parallel=True)
+    assert tp8 == pytest.approx(ep8, rel=1e-9)
+    whole = stage_weight_bytes(arch, weight_dtype="bf16")
+    assert whole == pytest.approx(arch.param_count() * 2, rel=1e-9)
+    # 4 KV heads replicate over 8 ranks; everything else splits: just over 1/8 of it.
+    assert whole / 8 < tp8 < whole / 8 * 1.01
+
+
+def test_uneven_experts_load_the_fullest_gpu():
+    """gpt-oss-20b's 32 experts over 6 GPUs: ceil(32 / 6) = 6 on the fullest, where
+    tensor-parallel slices hold 32 / 6 experts' worth."""
+    arch = load_model("gpt-oss-20b").model_copy(update={"num_attention_heads": 60})
+    arch = arch.model_copy(update={"num_kv_heads": 6})
+    tp = stage_weight_bytes(arch, weight_dtype="bf16", tp=6)
+    ep = stage_weight_bytes(arch, weight_dtype="bf16", tp=6, expert_parallel=True)
+    expert = arch.mlp_matrix_params(arch.expert_intermediate_size) * 2
+    layers = arch.num_moe_layers
+    assert ep - tp == pytest.approx(layers * expert * (6 - 32 / 6), rel=1e-3)
+
+
+def test_deepseek_v3_plan_on_8_h200(h200):
+    """DeepSeek-V3 in its native fp8 over 8 H200s: about 671B x 1 B / 8 of weights per
+    GPU, and the MLA latent (576 elements per token and layer) replicated on every rank."""
+    arch = load_model("deepseek-v3")
+    plan = plan_memory(arch, h200, weight_dtype="fp8", tp=8, max_num_batched_tokens=4096)
+    assert plan.weights / GB == pytest.approx(arch.param_count() / 8 / GB, rel=0.02)
+    assert plan.kv_bytes_per_token == 61 * 576 * 2
+    assert plan.kv_capacity_tokens > 100_000
+
+
+def test_moe_that_does_not_fit_says_so(h200):
+    """DeepSeek-V3 in bf16 (1.34 TB) does not fit 8 H200s (1.13 TB)."""
+    with pytest.raises(InfeasibleError, match=r"weights 169\.\d GB .* most loaded GPU; try tp>=16"):
+        plan_memory(load_model("deepseek-v3"), h200, tp=8)
+
+
+def test_expert_parallel_needs_experts():
+    with pytest.raises(InfersimError, match=r"enable_expert_parallel.*dense"):
+        stage_weight_bytes(
+            load_model("llama-3.1-8b"), weight_dtype="bf16", tp=2, expert_parallel=True
+        )
+
+
+def test_pp_stages_count_their_own_moe_layers(h200):
+    """Llama 4 Maverick PP2: 12 MoE layers per stage; the first stage adds the embedding
+    and the last the head, each about 1 GB at tp=4."""
+    arch = load_model("llama-4-maverick")
+    plan = plan_memory(arch, h200, tp=4, pp=2)
+    assert plan.kv_bytes_per_token == 24 * 2 * 2 * 128 * 2  # 8 KV heads over 4 ranks
+    assert plan.weights / GB == pytest.approx(arch.param_count() * 2 / 8 / GB, rel=0.01)
+
+
+def _step_cost(name: str, *, tp: int, ep: bool) -> StepCostModel:
+    return StepCostModel(
+        load_model(name), load_gpu("h200-sxm"), load_node("hgx-h200"), tp=tp, expert_parallel=ep
+    )
+
+
+def test_ep_and_tp_do_the_same_work_per_step():
+    """The same tokens through the same experts: the FLOPs of a step do not depend on how
+    the experts are placed, only its time does."""
+    tp = _step_cost("qwen3-30b-a3b", tp=4, ep=False)
+    ep = _step_cost("qwen3-30b-a3b", tp=4, ep=True)
+    for n in (1, 64, 512):
+        a, b = tp.decode_steps(n).one(n * 1000), ep.decode_steps(n).one(n * 1000)
+        assert a.flops == pytest.approx(b.flops, rel=0.02)
+        assert a.seconds != b.seconds
+
+
+def test_mla_models_are_refused_by_the_step_cost_until_priced():
+    with pytest.raises(InfeasibleError, match="multi-head latent attention"):
+        _step_cost("deepseek-v3", tp=8, ep=False)
