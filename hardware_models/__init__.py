@@ -12,6 +12,12 @@ from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
 from hardware_models.efficiency import EfficiencyCurve, EfficiencyProfile
 from hardware_models.errors import InfeasibleError, InfersimError
 from hardware_models.gemm import gemm_cost
+from hardware_models.mla import (
+    MlaShape,
+    mla_decode_cost,
+    mla_module_cost,
+    mla_prefill_cost,
+)
 from hardware_models.moe import MoeLayer, MoeShape, Routing, moe_cost
 from hardware_models.node import LinkSpec, NodeSpec
 from hardware_models.op_cost import Bound, OpCost
@@ -46,6 +52,7 @@ __all__ = [
     "InfeasibleError",
     "InfersimError",
     "LinkSpec",
+    "MlaShape",
     "MoeLayer",
     "MoeShape",
     "NodeSpec",
@@ -66,6 +73,9 @@ __all__ = [
     "list_nodes",
     "load_gpu",
     "load_node",
+    "mla_decode_cost",
+    "mla_module_cost",
+    "mla_prefill_cost",
     "moe_cost",
     "parse_dtype",
 ]

@@ -409,6 +409,31 @@ class EfficiencyProfile(BaseModel):
         description="fixed time of an MLA decode attention call, microseconds (None: "
         "attention_decode_floor_us)",
     )
+    mla_decode_head_block: int = Field(
+        default=0,
+        ge=0,
+        description="query heads one MLA decode thread block serves: every such group "
+        "of heads reads the sequence's latent cache again from DRAM. 0: one read per "
+        "sequence however many heads (FlashMLA, whose 64-head blocks share it through "
+        "L2); 16: vLLM's Triton MLA (BLOCK_H = 16)",
+    )
+    mla_decode_kv_splits: int = Field(
+        default=0,
+        ge=0,
+        description="slices MLA decode splits each sequence's cache into: 0, as many as "
+        "fill the SMs (flash-decoding, FlashMLA); n, always n (vLLM's Triton MLA: 4)",
+    )
+    mla_prefill_compute: EfficiencyCurve | None = Field(
+        default=None,
+        description="attention_prefill_compute for MLA prefill, whose decompressed heads "
+        "are 192 wide for QK and 128 for V (DeepSeek-V3). None: attention_prefill_compute",
+    )
+    mla_prefill_floor_us: float | None = Field(
+        default=None,
+        ge=0,
+        description="fixed time of an MLA prefill attention call, microseconds (None: "
+        "the prefill attention floor)",
+    )
     mla_decode_cta_us_per_mb: float = Field(
         default=0.0,
         ge=0,
