@@ -203,6 +203,7 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
             fused_kernels=engine.fused_kernels,
         ),
         expert_parallel=par.enable_expert_parallel,
+        moe_routing=scenario.model.moe_routing,
     )
     info = ReplicaInfo(
         gpu=gpu.name,

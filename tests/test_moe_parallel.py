@@ -1,6 +1,7 @@
 """Per-GPU utilisation under tensor parallelism, and where an MoE model's weights, experts
 and KV cache sit on a replica's GPUs (memory plan, expert parallelism, MLA)."""
 
+import numpy as np
 import pytest
 
 from hardware_models.errors import InfeasibleError, InfersimError
@@ -125,6 +126,56 @@ def test_ep_and_tp_do_the_same_work_per_step():
         assert a.seconds != b.seconds
 
 
-def test_mla_models_are_refused_by_the_step_cost_until_priced():
-    with pytest.raises(InfeasibleError, match="multi-head latent attention"):
-        _step_cost("deepseek-v3", tp=8, ep=False)
+def test_moe_decode_reads_only_the_activated_experts():
+    """Qwen3-30B-A3B, one token on one H200: the fused MoE kernel reads the 8 experts
+    the token picks, not all 128, so the step moves about the active weights (3.3B, the
+    embedding table aside: a lookup) and is one kernel sequence per layer."""
+    arch = load_model("qwen3-30b-a3b")
+    cost = _step_cost("qwen3-30b-a3b", tp=1, ep=False)
+    step = cost.decode_steps(1).one(100)
+    active_bytes = (arch.active_param_count() - arch.embedding_params) * 2
+    assert active_bytes < step.dram_bytes < 1.1 * active_bytes
+    all_experts = arch.num_moe_layers * arch.num_experts * arch.expert_params * 2
+    assert step.dram_bytes < all_experts / 8  # 8 of 128 experts, plus attention
+
+
+def test_routing_skew_reaches_the_step():
+    """model.moe_routing reaches the fused kernel: skewed (power-law) routing activates
+    fewer distinct experts for a few tokens (fewer weights read: faster) and overloads
+    the hottest expert for many (slower)."""
+    balanced = _step_cost("qwen3-30b-a3b", tp=1, ep=False)
+    skewed = StepCostModel(
+        load_model("qwen3-30b-a3b"),
+        load_gpu("h200-sxm"),
+        load_node("hgx-h200"),
+        moe_routing="power_law_1.2",
+    )
+
+    def seconds(model, n):
+        return model.decode_steps(n).one(n * 500).seconds
+
+    assert seconds(skewed, 16) < seconds(balanced, 16)
+    assert seconds(skewed, 1024) > seconds(balanced, 1024)
+
+
+def test_mla_decode_streams_the_latent_and_runs_step_by_step_as_in_runs():
+    """DeepSeek-V3 at TP8: each rank's decode reads 576 x 2 bytes per cached token and
+    layer; a run of decode steps prices each as one step would, to the last bit."""
+    cost = _step_cost("deepseek-v3", tp=8, ep=False)
+    _, _, dram = cost._decode_attention.one_step(4, 4000)
+    assert 4000 * 576 * 2 < dram < 4000 * 576 * 2 * 1.05
+    steps = cost.decode_steps(4)
+    contexts = [4000, 4004, 4008]
+    seconds, flops, dram_run, _ = steps.many(np.array(contexts))
+    for j, context in enumerate(contexts):
+        one = steps.one(context)
+        assert (one.seconds, one.flops, one.dram_bytes) == (seconds[j], flops[j], dram_run[j])
+
+
+def test_mla_chunk_after_a_prefix_decompresses_it():
+    """A 512-token chunk after 3,584 cached tokens pays kv_b_proj over the prefix."""
+    cost = _step_cost("deepseek-v3", tp=8, ep=False)
+    first = cost._prefill_attention(1, 512, 512 * 513 / 2, 512)
+    later = cost._prefill_attention(1, 512, 512 * (3584 + 257), 4096)
+    kv_b = 3584 * 2 * (128 // 8) * (128 + 128) * 512  # FLOPs of decompressing the prefix
+    assert later[1] - first[1] > kv_b

@@ -37,7 +37,8 @@ from hardware_models.pointwise import (
     embedding_cost,
 )
 from simulator.architecture import ModelArchitecture
-from simulator.engine.moe_layer import ExpertLayout, routed_expert_costs
+from simulator.engine.latent_attention import MlaDecodeAttention, MlaPrefillAttention, mla_shape
+from simulator.engine.moe_layer import ExpertLayout, routed_experts_cost
 
 
 class StepBound(IntEnum):
@@ -224,15 +225,12 @@ class StepCostModel:
         pp: int = 1,
         overheads: EngineOverheads | None = None,
         expert_parallel: bool = False,
+        moe_routing: str = "balanced",
     ) -> None:
         arch.check_tp(tp)
         self.arch, self.gpu, self.node, self.tp, self.pp = arch, gpu, node, tp, pp
         self.experts = ExpertLayout.of(arch, tp, expert_parallel)
-        if arch.is_mla:
-            raise InfeasibleError(
-                f"{arch.name}: multi-head latent attention (MLA) has no step cost model yet; "
-                "its parameters, KV cache and memory plan are modelled (infersim models show)"
-            )
+        self.moe_routing = moe_routing
         self.weight_dtype = parse_dtype(weight_dtype)
         self.kv_dtype = parse_dtype(kv_dtype)
         self.act_dtype = parse_dtype(activation_dtype)
@@ -258,22 +256,7 @@ class StepCostModel:
         self._head_cache: dict[int, _Part] = {}
         self._fixed_cache: dict[tuple[int, int], _Part] = {}
         self._decode_steps: dict[int, DecodeSteps] = {}
-        self._prefill_attention = PrefillAttention(
-            gpu,
-            num_heads=self.heads,
-            num_kv_heads=self.kv_heads,
-            head_dim=arch.head_dim,
-            dtype=self.act_dtype,
-            kv_dtype=self.kv_dtype,
-        )
-        self._decode_attention = DecodeAttention(
-            gpu,
-            num_heads=self.heads,
-            num_kv_heads=self.kv_heads,
-            head_dim=arch.head_dim,
-            dtype=self.act_dtype,
-            kv_dtype=self.kv_dtype,
-        )
+        self._prefill_attention, self._decode_attention = self._attention()
 
     # ---- configuration -------------------------------------------------------------
     def _tensor_native(self, dtype: Dtype) -> bool:
@@ -297,6 +280,25 @@ class StepCostModel:
                 f"but node {self.node.name} has no inter-node link"
             )
         return self.node.inter_node_link
+
+    def _attention(self) -> tuple:
+        """(prefill, decode) attention of one layer on one rank: GQA/MHA, or MLA."""
+        a, dtypes = self.arch, {"dtype": self.act_dtype, "kv_dtype": self.kv_dtype}
+        if a.is_mla:
+            shape = mla_shape(a, self.tp)
+            prefill = MlaPrefillAttention(
+                self.gpu,
+                shape,
+                compute_dtype=self.compute_dtype,
+                weight_dtype=self.weight_dtype,
+                **dtypes,
+            )
+            return prefill, MlaDecodeAttention(self.gpu, shape, **dtypes)
+        heads = {"num_heads": self.heads, "num_kv_heads": self.kv_heads, "head_dim": a.head_dim}
+        return (
+            PrefillAttention(self.gpu, **heads, **dtypes),
+            DecodeAttention(self.gpu, **heads, **dtypes),
+        )
 
     # ---- memoised parts ------------------------------------------------------------
     def _pointwise_chains(self) -> list[tuple[list, float, int]]:
@@ -330,8 +332,7 @@ class StepCostModel:
         for _, m, n, k, times in self.arch.gemms(tokens, self.tp):
             part.add(gemm_cost(self.gpu, m, n, k, self.compute_dtype, self.weight_dtype), times)
         if self.arch.is_moe:
-            for cost in self._routed_experts(tokens):
-                part.add(cost, self.arch.num_moe_layers)
+            part.add(self._routed_experts(tokens), self.arch.num_moe_layers)
         fused = self.overheads.fused_kernels
         for chain, per_token, times in self._pointwise_chains():
             cost = elementwise_cost(
@@ -347,14 +348,14 @@ class StepCostModel:
         self._dense_cache[tokens] = part
         return part
 
-    def _routed_experts(self, tokens: int) -> list[OpCost]:
-        return routed_expert_costs(
+    def _routed_experts(self, tokens: int) -> OpCost:
+        return routed_experts_cost(
             self.arch,
             self.gpu,
             tokens,
             self.experts,
-            compute_dtype=self.compute_dtype,
             weight_dtype=self.weight_dtype,
+            routing=self.moe_routing,
         )
 
     def _lm_head(self, sampled: int) -> _Part:
