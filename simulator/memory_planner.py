@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
@@ -116,26 +117,9 @@ def stage_weights(
     return weights
 
 
-def stage_weight_bytes(
-    arch: ModelArchitecture,
-    *,
-    weight_dtype: str | Dtype,
-    activation_dtype: str | Dtype = Dtype.BF16,
-    tp: int = 1,
-    pp: int = 1,
-    expert_parallel: bool = False,
-) -> float:
-    """Weights on the most loaded GPU (see stage_weights)."""
-    return max(
-        stage_weights(
-            arch,
-            weight_dtype=weight_dtype,
-            activation_dtype=activation_dtype,
-            tp=tp,
-            pp=pp,
-            expert_parallel=expert_parallel,
-        )
-    )
+def stage_weight_bytes(arch: ModelArchitecture, **layout: Any) -> float:
+    """Weights on the most loaded GPU: the largest of stage_weights(arch, **layout)."""
+    return max(stage_weights(arch, **layout))
 
 
 def kv_bytes_per_token_on_gpu(
