@@ -17,6 +17,8 @@ from hardware_models.gemm import gemm_cost
 from hardware_models.mla import MlaDecode, MlaPrefill, MlaShape
 from simulator.architecture import ModelArchitecture
 
+_KV_B_ROWS = 64  # rows of the smallest GEMM tile
+
 
 def mla_shape(arch: ModelArchitecture, tp: int) -> MlaShape:
     """One TP rank's MLA layer: the heads split over tp, the latent whole."""
@@ -75,12 +77,21 @@ class MlaPrefillAttention:
     def __call__(
         self, num_seqs: int, new_tokens: int, attended_pairs: float, context_tokens: int
     ) -> tuple[float, float, float, float, float]:
-        parts = self._model.many(num_seqs, new_tokens, attended_pairs, context_tokens)
-        seconds, flops, dram, compute, memory = (float(np.asarray(a)[0]) for a in parts)
+        call = (num_seqs, new_tokens, attended_pairs, context_tokens)
+        if new_tokens <= num_seqs:  # one token a sequence: the decode kernel (as MlaPrefill)
+            seconds, flops, dram, compute, memory = (
+                float(np.asarray(a)[0]) for a in self._model.many(*call)
+            )
+            return seconds, flops, dram, compute, memory
+        # The flash kernel's scalar path: MlaPrefill.many's numbers, without numpy's cost.
+        seconds, flops, dram, compute, memory = self._model.flash(*call)
         cached = context_tokens - new_tokens
-        if cached > 0 and new_tokens > num_seqs:
+        if cached > 0:
             n, k = self._kv_b
-            kv_b = gemm_cost(self._gpu, cached, n, k, self._compute, self._weight)
+            # Whole 64-row tiles: the kernel computes them anyway, and the GEMM's price is
+            # looked up for a few hundred prefix lengths rather than for every one.
+            rows = -(-cached // _KV_B_ROWS) * _KV_B_ROWS
+            kv_b = gemm_cost(self._gpu, rows, n, k, self._compute, self._weight)
             seconds += kv_b.seconds
             flops += kv_b.flops
             dram += kv_b.dram_bytes
