@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
@@ -42,10 +42,17 @@ def weight_bytes_per_param(dtype: str | Dtype) -> float:
     return bytes_per_element(d) + _SCALE_BYTES_PER_WEIGHT.get(d, 0.0)
 
 
+class StageWeights(NamedTuple):
+    """Weight bytes on one GPU of a pipeline stage."""
+
+    total: float
+    experts: float  # of which routed experts
+
+
 def _layer_weight_bytes(
     arch: ModelArchitecture, tp: int, experts: ExpertLayout, w_bytes: float, a_bytes: float
-) -> tuple[float, float]:
-    """Bytes of one dense layer and of one MoE layer on one GPU.
+) -> tuple[float, float, float]:
+    """Bytes of one dense layer, of one MoE layer, and of its routed experts on one GPU.
 
     Weight matrices are stored in the weight dtype: the attention's split over tp (GQA's
     K/V projections replicate when tp > KV heads; MLA's down-projections replicate), the
@@ -71,7 +78,7 @@ def _layer_weight_bytes(
     )
     dense_layer = (attention + dense_mlp) * w_bytes + whole_dense * a_bytes
     moe_layer = (attention + shared + routed) * w_bytes + whole_moe * a_bytes
-    return dense_layer, moe_layer
+    return dense_layer, moe_layer, routed * w_bytes
 
 
 def stage_layers(arch: ModelArchitecture, pp: int) -> list[range]:
@@ -92,7 +99,7 @@ def stage_weights(
     tp: int = 1,
     pp: int = 1,
     expert_parallel: bool = False,
-) -> list[float]:
+) -> list[StageWeights]:
     """Weight bytes on one GPU of each pipeline stage.
 
     With pp stages the first adds the embedding and the last the final norm and the LM
@@ -101,7 +108,7 @@ def stage_weights(
     arch.check_tp(tp)
     experts = ExpertLayout.of(arch, tp, expert_parallel)
     a_bytes = bytes_per_element(activation_dtype)
-    dense, moe = _layer_weight_bytes(
+    dense, moe, routed = _layer_weight_bytes(
         arch, tp, experts, weight_bytes_per_param(weight_dtype), a_bytes
     )
     vocab_shard = math.ceil(arch.vocab_size / tp) * arch.hidden_size
@@ -109,17 +116,18 @@ def stage_weights(
     stages = stage_layers(arch, pp)
     weights = []
     for index, layers in enumerate(stages):
-        total = sum(moe if arch.is_moe_layer(i) else dense for i in layers)
+        moe_layers = sum(arch.is_moe_layer(i) for i in layers)
+        total = moe_layers * moe + (len(layers) - moe_layers) * dense
         ends = (vocab_shard if index == 0 else 0) + (
             head + arch.final_norm_params if index == len(stages) - 1 else 0
         )
-        weights.append(total + ends * a_bytes)
+        weights.append(StageWeights(total + ends * a_bytes, moe_layers * routed))
     return weights
 
 
 def stage_weight_bytes(arch: ModelArchitecture, **layout: Any) -> float:
     """Weights on the most loaded GPU: the largest of stage_weights(arch, **layout)."""
-    return max(stage_weights(arch, **layout))
+    return max(stage.total for stage in stage_weights(arch, **layout))
 
 
 def kv_bytes_per_token_on_gpu(
@@ -192,6 +200,8 @@ class MemoryPlan:
     usable: float
     kv_capacity_bytes: float
     kv_capacity_tokens: int
+    expert_weights: float = 0.0  # of `weights`, the routed experts'
+    expert_parallel: bool = False
 
     def breakdown(self) -> list[tuple[str, float]]:
         """(item, GB) rows that add up to the GPU's capacity."""
@@ -206,10 +216,16 @@ class MemoryPlan:
     def table(self) -> str:
         title = (
             f"{self.model} on {self.gpu} ({self.weight_dtype} weights, {self.kv_dtype} KV, "
-            f"tp={self.tp}, pp={self.pp}), per GPU"
+            f"tp={self.tp}, pp={self.pp}{', expert parallel' if self.expert_parallel else ''})"
+            ", per GPU"
         )
         rows = [f"  {item:<28}{gb:>9.2f} GB" for item, gb in self.breakdown()]
-        footer = [
+        footer = []
+        if self.expert_weights:
+            footer.append(
+                f"  {'of weights: routed experts':<28}{self.expert_weights / GB:>9.2f} GB"
+            )
+        footer += [
             f"  {'capacity':<28}{self.capacity / GB:>9.2f} GB",
             f"  {'KV bytes per token':<28}{self.kv_bytes_per_token:>9.0f} B",
             f"  {'KV capacity':<28}{self.kv_capacity_tokens:>9d} tokens",
@@ -243,7 +259,7 @@ def plan_memory(
         raise InfersimError(f"framework_overhead_gb must be >= 0, got {framework_overhead_gb}")
     w_dtype, k_dtype = parse_dtype(weight_dtype), parse_dtype(kv_dtype)
 
-    def weights_and_activations(tp: int) -> tuple[list[float], float]:
+    def weights_and_activations(tp: int) -> tuple[list[StageWeights], float]:
         weights = stage_weights(
             arch,
             weight_dtype=w_dtype,
@@ -260,12 +276,14 @@ def plan_memory(
     stages, activations = weights_and_activations(tp)
     overhead = framework_overhead_gb * GB
     usable = gpu.memory_bytes * gpu_memory_utilization
-    weights = max(stages)
+    heaviest = max(stages)
+    weights = heaviest.total
     layout = f"tp={tp}, pp={pp}" + (", expert parallel" if expert_parallel else "")
+    experts = f" (routed experts {heaviest.experts / GB:.1f} GB)" if arch.is_moe else ""
     if weights + activations + overhead >= usable:
         raise InfeasibleError(
             f"{arch.name} ({w_dtype.value}, {layout}) does not fit on {gpu.name}: "
-            f"weights {weights / GB:.1f} GB + activations {activations / GB:.1f} GB + "
+            f"weights {weights / GB:.1f} GB{experts} + activations {activations / GB:.1f} GB + "
             f"overhead {overhead / GB:.1f} GB > usable {usable / GB:.1f} GB "
             f"({gpu.memory_bytes / GB:g} GB x {gpu_memory_utilization:.2f}) on the most "
             "loaded GPU; " + _hint(arch, tp, usable - overhead, weights_and_activations)
@@ -273,11 +291,11 @@ def plan_memory(
     # Each stage's GPUs keep their own KV cache; the stage holding the fewest tokens
     # limits the replica.
     plans = []
-    for layers, stage_weight in zip(stage_layers(arch, pp), stages, strict=True):
+    for layers, stage in zip(stage_layers(arch, pp), stages, strict=True):
         per_token = kv_bytes_per_token_on_gpu(arch, layers, k_dtype, tp)
-        room = usable - stage_weight - activations - overhead
-        plans.append((room // per_token, stage_weight, per_token, room))
-    tokens, weights, kv_per_token, kv_capacity = min(plans)
+        room = usable - stage.total - activations - overhead
+        plans.append((room // per_token, stage, per_token, room))
+    tokens, stage, kv_per_token, kv_capacity = min(plans)
     return MemoryPlan(
         model=arch.name,
         gpu=gpu.name,
@@ -287,7 +305,9 @@ def plan_memory(
         pp=pp,
         capacity=gpu.memory_bytes,
         gpu_memory_utilization=gpu_memory_utilization,
-        weights=weights,
+        weights=stage.total,
+        expert_weights=stage.experts,
+        expert_parallel=expert_parallel,
         activations=activations,
         framework_overhead=overhead,
         kv_bytes_per_token=kv_per_token,
@@ -301,7 +321,7 @@ def _hint(
     arch: ModelArchitecture,
     tp: int,
     room: float,
-    weights_and_activations: Callable[[int], tuple[list[float], float]],
+    weights_and_activations: Callable[[int], tuple[list[StageWeights], float]],
 ) -> str:
     """Suggest the smallest valid larger tp whose weights and activations fit in `room`."""
     for bigger in range(tp + 1, arch.num_attention_heads + 1):
@@ -310,6 +330,6 @@ def _hint(
         except InfersimError:
             continue
         stages, activations = weights_and_activations(bigger)
-        if max(stages) + activations < room:
+        if max(stage.total for stage in stages) + activations < room:
             return f"try tp>={bigger} or a smaller weight dtype"
     return "try pp>1 or a smaller weight dtype"
