@@ -223,13 +223,15 @@ def _window(c: _Config, model_type: str, layers: int) -> dict[str, Any]:
         if rope:
             interval = _full_interval([bool(r) for r in rope], c, "no_rope_layers")
         return {"sliding_window": window, "full_attention_interval": interval}
-    if model_type in ("qwen2", "qwen3", "qwen3_moe"):
+    if model_type in ("qwen2", "qwen3", "qwen3_moe") and c.get("layer_types") is None:
+        # transformers: layer i slides when use_sliding_window and i >= max_window_layers.
         if not c.get("use_sliding_window", False):
             return {}
-        if c.get("max_window_layers", 0) not in (0,):
-            raise c.refuse(
-                "max_window_layers", "only 0 (every layer slides) with use_sliding_window"
-            )
+        first = c.get("max_window_layers", 0)
+        if first >= layers:
+            return {}
+        if first:
+            raise c.refuse("max_window_layers", f"only 0 (every layer slides) or >= {layers}")
         return {"sliding_window": c.need("sliding_window")}
     window = c.get("sliding_window")
     if window is None:

@@ -193,6 +193,14 @@ def test_hf_config_matches_catalog(tmp_path, config, catalog):
     assert _structure(imported) == _structure(load_model(catalog))
 
 
+def test_hf_qwen_window_follows_max_window_layers(tmp_path):
+    """Layer i slides when use_sliding_window and i >= max_window_layers (transformers)."""
+    none = dict(QWEN3_8B, use_sliding_window=True, sliding_window=4096)  # 36 of 36: none
+    assert load_model(_write(tmp_path, none, "a")).sliding_window is None
+    every = dict(none, max_window_layers=0)
+    assert load_model(_write(tmp_path, every, "b")).num_sliding_layers == 36
+
+
 def test_hf_deepseek_v2_lite_without_query_compression(tmp_path):
     """15.7B total, 2.4B activated (DeepSeek-V2-Lite model card)."""
     arch = load_model(_write(tmp_path, DEEPSEEK_V2_LITE))
@@ -233,7 +241,8 @@ def test_unknown_model_type_names_the_supported(tmp_path):
         (dict(DEEPSEEK_V3, moe_layer_freq=2), "moe_layer_freq"),
         (dict(GPT_OSS_120B, layer_types=["full_attention", "sliding_attention"] * 18),
          "layer_types"),
-        (dict(QWEN3_8B, use_sliding_window=True, sliding_window=4096), "max_window_layers"),
+        (dict(QWEN3_8B, use_sliding_window=True, sliding_window=4096, max_window_layers=28),
+         "max_window_layers"),
         (dict(QWEN3_8B, num_experts=8), "num_experts"),
         ({**LLAMA4_SCOUT, "text_config": {**LLAMA4_SCOUT["text_config"], "moe_layers": [0, 2]}},
          "text_config.moe_layers"),
