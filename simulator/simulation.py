@@ -11,7 +11,7 @@ import numpy as np
 import simpy
 
 from hardware_models.accelerator import AcceleratorSpec
-from hardware_models.errors import InfeasibleError, InfersimError
+from hardware_models.errors import InfeasibleError, InfersimError, InfersimWarning
 from hardware_models.node import NodeSpec
 from hardware_models.presets import list_nodes, load_gpu, load_node, with_calibration
 from simulator.architecture import ModelArchitecture
@@ -129,7 +129,8 @@ def _engine_window(arch: ModelArchitecture) -> int | None:
         f"{arch.sliding_window}-token window; the engine prices every layer with full "
         "attention (an upper bound on attention time) and keeps their KV at full length, "
         "as vLLM without its hybrid KV cache manager",
-        stacklevel=3,
+        InfersimWarning,
+        stacklevel=2,
     )
     return None
 

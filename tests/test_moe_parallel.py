@@ -1,11 +1,15 @@
 """Per-GPU utilisation under tensor parallelism, and where an MoE model's weights, experts
 and KV cache sit on a replica's GPUs (memory plan, expert parallelism, MLA)."""
 
+import warnings
+
 import numpy as np
 import pytest
+import yaml
 
-from hardware_models.errors import InfeasibleError, InfersimError
+from hardware_models.errors import InfeasibleError, InfersimError, InfersimWarning
 from hardware_models.presets import load_gpu, load_node
+from simulator.cli.main import main
 from simulator.engine.step_cost import StepCostModel
 from simulator.memory_planner import GB, plan_memory, stage_weight_bytes
 from simulator.model_catalog import load_model
@@ -182,3 +186,17 @@ def test_mla_chunk_after_a_prefix_decompresses_it():
     later = cost._prefill_attention(1, 512, 512 * (3584 + 257), 4096)
     kv_b = 3584 * 2 * (128 // 8) * (128 + 128) * 512  # FLOPs of decompressing the prefix
     assert later[1] - first[1] > kv_b
+
+
+def test_hybrid_window_model_runs_with_a_one_line_warning(tmp_path):
+    """Gemma 2 mixes sliding and full layers: priced full everywhere, and said so, in
+    one line as the CLI prints its errors."""
+    data = scenario_dict(model={"name": "gemma-2-9b"})
+    data["workload"] = {**data["workload"], "num_requests": 5}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    window = "gemma-2-9b: 21 of 42 layers attend to a 4096-token window"
+    with pytest.warns(InfersimWarning, match=window):
+        assert main(["run", str(path), "-o", str(tmp_path / "o"), "--quiet", "--no-plots"]) == 0
+    line = warnings.formatwarning(window, InfersimWarning, "simulation.py", 1)
+    assert line == f"infersim: warning: {window}\n"
