@@ -147,6 +147,7 @@ def activation_bytes(
     tp: int = 1,
     activation_dtype: str | Dtype = Dtype.BF16,
     sampled_tokens: int | None = None,
+    expert_parallel: bool = False,
 ) -> float:
     """Peak transient memory of one forward step over `tokens` tokens, on one TP rank.
 
@@ -155,7 +156,8 @@ def activation_bytes(
     - the larger of the attention intermediates (QKV output + attention output; MLA's
       decompressed K and V) and the MLP's (gate_up output + activated product), sharded
       by tp; an MoE layer's routed experts see tokens x experts_per_token rows (fused-MoE
-      scratch) besides the shared experts';
+      scratch, each row an expert's width: sliced over tp, or whole with
+      `expert_parallel`, as every rank sees every token) besides the shared experts';
     - logits for the sampled positions (min(tokens, 256) by default), upcast to fp32,
       plus the softmax copy, over the full vocabulary (gathered on the first rank).
     Layers run one after another and free their intermediates, so only one counts.
@@ -172,7 +174,8 @@ def activation_bytes(
     width = (3 if arch.gated_mlp else 2) * math.ceil(arch.intermediate_size / tp)
     mlp = tokens * width
     if arch.is_moe:
-        expert = (3 if arch.gated_mlp else 2) * math.ceil(arch.expert_intermediate_size / tp)
+        width = ExpertLayout.of(arch, tp, expert_parallel).expert_width(arch)
+        expert = (3 if arch.gated_mlp else 2) * width
         shared = (3 if arch.gated_mlp else 2) * math.ceil(arch.shared_intermediate_size / tp)
         mlp = max(mlp, tokens * (arch.experts_per_token * expert + shared))
     residual = 2 * tokens * arch.hidden_size
@@ -269,7 +272,11 @@ def plan_memory(
             expert_parallel=expert_parallel,
         )
         activations = activation_bytes(
-            arch, max_num_batched_tokens, tp=tp, activation_dtype=activation_dtype
+            arch,
+            max_num_batched_tokens,
+            tp=tp,
+            activation_dtype=activation_dtype,
+            expert_parallel=expert_parallel,
         )
         return weights, activations
 

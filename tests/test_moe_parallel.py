@@ -11,7 +11,7 @@ from hardware_models.errors import InfeasibleError, InfersimError, InfersimWarni
 from hardware_models.presets import load_gpu, load_node
 from simulator.cli.main import main
 from simulator.engine.step_cost import StepCostModel
-from simulator.memory_planner import GB, plan_memory, stage_weight_bytes
+from simulator.memory_planner import GB, activation_bytes, plan_memory, stage_weight_bytes
 from simulator.model_catalog import load_model
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
@@ -200,3 +200,13 @@ def test_hybrid_window_model_runs_with_a_one_line_warning(tmp_path):
         assert main(["run", str(path), "-o", str(tmp_path / "o"), "--quiet", "--no-plots"]) == 0
     line = warnings.formatwarning(window, InfersimWarning, "simulation.py", 1)
     assert line == f"infersim: warning: {window}\n"
+
+
+def test_ep_scratch_holds_whole_experts():
+    """With EP a rank runs whole experts over every token: its fused-MoE scratch is tp
+    times wider per row than a tensor-parallel slice's."""
+    arch = load_model("qwen3-30b-a3b")
+    tp = activation_bytes(arch, 4096, tp=4, sampled_tokens=0)
+    ep = activation_bytes(arch, 4096, tp=4, sampled_tokens=0, expert_parallel=True)
+    rows = 4096 * arch.experts_per_token * 3  # gate, up and the product, per expert row
+    assert ep - tp == pytest.approx(rows * (768 - 768 / 4) * 2)
