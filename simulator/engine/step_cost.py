@@ -310,10 +310,11 @@ class StepCostModel:
             rope = (self.heads + 1) * a.qk_rope_head_dim
         else:
             rope = (self.heads + self.kv_heads) * a.head_dim
+        # The dense MLP's activation, and the shared experts' in MoE layers (the routed
+        # experts' runs inside the fused MoE kernel).
         acts = [(-(-a.intermediate_size // tp), a.num_dense_layers)]
-        if a.num_moe_layers:  # routed experts' activations, plus the shared experts'
-            routed = a.experts_per_token * a.expert_intermediate_size
-            acts = [*acts, (-(-(routed + a.shared_intermediate_size) // tp), a.num_moe_layers)]
+        if a.num_shared_experts:
+            acts.append((-(-a.shared_intermediate_size // tp), a.num_moe_layers))
         layers = a.num_layers
         by_act = [([act], inter, n) for inter, n in acts if n]
         if self.overheads.fused_kernels:
