@@ -286,14 +286,14 @@ def plan_memory(
     heaviest = max(stages)
     weights = heaviest.total
     layout = f"tp={tp}, pp={pp}" + (", expert parallel" if expert_parallel else "")
-    experts = f" (routed experts {heaviest.experts / GB:.1f} GB)" if arch.is_moe else ""
+    experts = f", {heaviest.experts / GB:.1f} GB of them routed experts" if arch.is_moe else ""
     if weights + activations + overhead >= usable:
         raise InfeasibleError(
             f"{arch.name} ({w_dtype.value}, {layout}) does not fit on {gpu.name}: "
-            f"weights {weights / GB:.1f} GB{experts} + activations {activations / GB:.1f} GB + "
+            f"weights {weights / GB:.1f} GB + activations {activations / GB:.1f} GB + "
             f"overhead {overhead / GB:.1f} GB > usable {usable / GB:.1f} GB "
             f"({gpu.memory_bytes / GB:g} GB x {gpu_memory_utilization:.2f}) on the most "
-            "loaded GPU; " + _hint(arch, tp, usable - overhead, weights_and_activations)
+            f"loaded GPU{experts}; " + _hint(arch, tp, usable - overhead, weights_and_activations)
         )
     # Each stage's GPUs keep their own KV cache; the stage holding the fewest tokens
     # limits the replica.
