@@ -39,6 +39,31 @@ def test_active_params_match_published(name):
     assert active / 1e9 == pytest.approx(published, rel=0.01) or _shortened(active / 1e9, published)
 
 
+# The publishers' figures (billions: total, active per token) and where they are stated;
+# the catalog's YAML carries the same figures, so that neither drifts to fit the count.
+PUBLISHED = {
+    "qwen3-8b": (8.2, None, "Qwen3-8B model card, huggingface.co/Qwen/Qwen3-8B"),
+    "qwen3-32b": (32.8, None, "Qwen3-32B model card, huggingface.co/Qwen/Qwen3-32B"),
+    "qwen3-30b-a3b": (30.5, 3.3, "Qwen3-30B-A3B model card"),
+    "qwen3-235b-a22b": (235, 22, "Qwen3-235B-A22B model card"),
+    "deepseek-v3": (671, 37, "DeepSeek-V3 technical report / model card (MTP module aside)"),
+    "gpt-oss-20b": (20.91, 3.61, "OpenAI gpt-oss model card, parameter table"),
+    "gpt-oss-120b": (116.83, 5.13, "OpenAI gpt-oss model card, parameter table"),
+    "llama-4-scout": (109, 17, "Meta Llama 4 model card (whole multimodal checkpoint)"),
+    "llama-4-maverick": (400, 17, "Meta Llama 4 model card (whole multimodal checkpoint)"),
+    "mixtral-8x22b": (141, 39, "Mistral AI, 'Cheaper, Better, Faster, Stronger' (Apr 2024)"),
+    "gemma-2-9b": (9.24, None, "HF safetensors metadata, google/gemma-2-9b"),
+    "gemma-2-27b": (27.2, None, "HF safetensors metadata, google/gemma-2-27b"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_catalog_states_the_published_figures(name):
+    total, active, _source = PUBLISHED[name]
+    arch = load_model(name)
+    assert (arch.published_params_b, arch.published_active_params_b) == (total, active)
+
+
 def test_promised_catalog_models_are_there():
     expected = {
         "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3",
