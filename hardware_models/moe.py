@@ -36,11 +36,16 @@ from hardware_models.efficiency import MOE_FORMATS, moe_format_key
 from hardware_models.errors import InfersimError
 from hardware_models.op_cost import OpCost, classify
 
-# Rows of a grouped-GEMM tile the Triton configurations use (vLLM's tuned tables pick
-# among these per token count; the model keeps the fastest, as the tuning did).
-BLOCK_MS: tuple[int, ...] = (16, 32, 64, 128)
-# Columns of a tile: how many times a routed activation row is read from L2.
+# Rows of a grouped-GEMM tile: Triton's tuned configurations pick among 16-128 per token
+# count (the model keeps the fastest, as the tuning did); Marlin takes 8-64 by a rule.
+BLOCK_MS: tuple[int, ...] = (8, 16, 32, 48, 64, 128)
+TRITON_BLOCK_MS: tuple[int, ...] = (16, 32, 64, 128)
+MARLIN_BLOCK_MS: tuple[int, ...] = (8, 16, 32, 48, 64)
+# Columns of a tile: how many thread blocks share a row tile, and how many times a routed
+# activation row is read from L2.
 BLOCK_N = 128
+# Seeded draws of the power-law generator averaged per token count (the tables average 5).
+POWER_LAW_DRAWS = 16
 # Bytes of one routing logit and of one (expert id, weight) pair the top-k kernel writes.
 LOGIT_BYTES = 4.0
 TOPK_PAIR_BYTES = 8.0
@@ -60,8 +65,9 @@ class Routing(NamedTuple):
       generator).
     - power_law: expert loads follow a truncated power law of exponent `alpha` (the
       tables' "power_law_<alpha>" rows): loads drawn on [1, 0.8 T] when T k > E, else on
-      [0.01, 2], scaled to T k pairs; with expert parallelism the rank priced is the
-      most loaded one, as the slowest rank sets the step.
+      [0.01, 2], scaled to T k pairs, averaged over seeded draws of the tables' own
+      generator; with expert parallelism the rank priced is the most loaded one, as the
+      slowest rank sets the step.
     """
 
     kind: str = "balanced"
@@ -117,37 +123,65 @@ def expert_load(tokens: int, topk: int, num_experts: int, ep: int, routing: Rout
         active = local * (1.0 - (1.0 - p) ** tokens)
         top = float(binom.ppf(local / (local + 1.0), tokens, p))
         return ExpertLoad(active, local * tokens * p, tiles, top)
-    loads = _loads(tokens, topk, num_experts, ep, routing)
-    tiles = tuple(float(np.ceil(loads / b).sum()) for b in BLOCK_MS)
-    return ExpertLoad(float((loads > 0).sum()), float(loads.sum()), tiles, float(loads.max()))
+    loads = _loads(tokens, topk, num_experts, ep, routing)  # one row per draw
+    tiles = tuple(float(np.ceil(loads / b).sum(axis=1).mean()) for b in BLOCK_MS)
+    return ExpertLoad(
+        float((loads > 0).sum(axis=1).mean()),
+        float(loads.sum(axis=1).mean()),
+        tiles,
+        float(loads.max(axis=1).mean()),
+    )
 
 
 def _loads(tokens: int, topk: int, num_experts: int, ep: int, routing: Routing) -> np.ndarray:
-    """Rows per expert of the rank priced, for the deterministic routings."""
+    """Rows per expert of the rank priced (one row per draw) for round_robin and
+    power_law routing."""
     pairs = tokens * topk
     local = local_experts(num_experts, ep)
     if routing.kind == "round_robin":
         share = pairs * local / num_experts  # the rank's even share of the pairs
         base = math.floor(share / local)
         extra = round(share - base * local)
-        return np.array([base + 1] * extra + [base] * (local - extra), dtype=float)
-    # power_law: the expected order statistics of the load distribution (quantiles at
-    # the middle of E equal bins), scaled to `pairs` and rounded as the generator does.
-    a = routing.alpha
+        return np.array([[base + 1] * extra + [base] * (local - extra)], dtype=float)
+    return _power_law_loads(tokens, topk, num_experts, ep, routing.alpha)
+
+
+def _power_law_loads(tokens: int, topk: int, num_experts: int, ep: int, alpha: float):
+    """Rows per expert of the most loaded rank, as aiconfigurator's generator draws them
+    (collector/helper.py, power_law_logits_v3): loads from a power law truncated to
+    [1, 0.8 T] when T k > E, else [0.01, 2], scaled to T k pairs and rounded, the
+    rounding's remainder given to the largest (or taken from the smallest); the rank
+    with the most
+    pairs is the one timed. One row per seeded draw (POWER_LAW_DRAWS, the same seed
+    every call: the same answer in any order)."""
+    pairs = tokens * topk
+    local = local_experts(num_experts, ep)
     lo, hi = (1.0, 0.8 * tokens) if pairs > num_experts else (0.01, 2.0)
     hi = max(hi, lo * (1 + 1e-9))
-    u = (np.arange(num_experts) + 0.5) / num_experts
-    x = ((hi ** (1 - a) - lo ** (1 - a)) * u + lo ** (1 - a)) ** (1 / (1 - a))
-    loads = np.round(x / x.sum() * pairs)
-    order = np.argsort(-loads, kind="stable")
-    delta = int(pairs - loads.sum())
-    for i in range(abs(delta)):  # as the generator: most loaded first, or least loaded
-        j = order[i % num_experts] if delta > 0 else order[-(i % num_experts) - 1]
-        loads[j] += 1 if delta > 0 else (-1 if loads[j] > 0 else 0)
-    # Deal the sorted loads over the ranks: the first takes the largest of each group of
-    # ep, which makes it the most loaded, as the benchmark swaps its busiest rank first.
-    ranked = np.sort(loads)[::-1]
-    return ranked[0::ep][:local]
+    rng = np.random.default_rng(0)
+    u = rng.random((POWER_LAW_DRAWS, num_experts))
+    a = 1.0 - alpha
+    x = ((hi**a - lo**a) * u + lo**a) ** (1.0 / a)
+    loads = np.round(x / x.sum(axis=1, keepdims=True) * pairs)
+    out = np.zeros((POWER_LAW_DRAWS, local))
+    padded = np.zeros(local * ep)
+    for d in range(POWER_LAW_DRAWS):
+        row = loads[d]
+        # Most loaded first; ties (at small T most loads round to 0) in no set order,
+        # here by the unrounded draw: which experts take the remainder is random.
+        order = np.lexsort((-x[d], -row))
+        delta = int(pairs - row.sum())
+        if delta > 0:
+            row[order[:delta]] += 1
+        elif delta < 0:
+            last = order[::-1][:-delta]
+            short = row[last] <= 0
+            row[last[~short]] -= 1
+            row[np.argmax(row)] -= short.sum()
+        padded[:num_experts] = row
+        groups = padded.reshape(ep, local)
+        out[d] = groups[np.argmax(groups.sum(axis=1))]
+    return out
 
 
 @dataclass(frozen=True)
@@ -186,13 +220,24 @@ class MoeParts(NamedTuple):
     seconds: np.ndarray
     compute_s: np.ndarray  # grouped-GEMM time where the tile math binds
     memory_s: np.ndarray  # grouped-GEMM time where the DRAM traffic binds
-    l2_s: np.ndarray  # grouped-GEMM time where L2 -> SM traffic binds
+    l2_s: np.ndarray  # grouped-GEMM time where the thread blocks' panel streams bind
     pass_s: np.ndarray  # activation, quantisation, combine and routing passes
     floor_s: float  # the kernel sequence's fixed cost
     flops: np.ndarray  # useful FLOPs of both grouped GEMMs
     gemm_bytes: np.ndarray  # DRAM bytes of both grouped GEMMs (the memory curve's axis)
     dram_bytes: np.ndarray
     l2_bytes: np.ndarray
+
+
+def marlin_block_m(tokens, topk: int, local: int) -> np.ndarray:
+    """vLLM's Marlin BLOCK_M rule: the first of 8, 16, 32, 48, 64 at which tokens x topk
+    / the rank's experts / BLOCK_M falls below 0.9 (64 past them); the index of that
+    size in BLOCK_MS per token count."""
+    density = np.asarray(tokens, dtype=float) * topk / local
+    chosen = np.full(density.shape, BLOCK_MS.index(MARLIN_BLOCK_MS[-1]))
+    for block in reversed(MARLIN_BLOCK_MS):
+        chosen = np.where(density / block < 0.9, BLOCK_MS.index(block), chosen)
+    return chosen
 
 
 class MoeLayer:
@@ -206,24 +251,30 @@ class MoeLayer:
         *,
         include_routing: bool = True,
     ) -> None:
+        eff = gpu.efficiency
         self.shape = shape
         self.routing = Routing.parse(routing)
-        compute_dtype, self.act_bpe, self.weight_bpe, kernels = MOE_FORMATS[shape.moe_format]
+        self.format = MOE_FORMATS[shape.moe_format]
+        self.act_bpe, self.weight_bpe = self.format.act_bytes, self.format.weight_bytes
         self.quantizes = self.act_bpe < 2
-        self.peak = gpu.peak_flops(parse_dtype(compute_dtype))
+        self.peak = gpu.peak_flops(parse_dtype(self.format.compute_dtype))
+        self.sm_count = gpu.sm_count
         self.bandwidth = gpu.memory_bandwidth
-        self.pass_bandwidth = gpu.memory_bandwidth * gpu.efficiency.memory_bandwidth
-        self.l2_bandwidth = gpu.l2_bandwidth * gpu.efficiency.l2_bandwidth
-        self.compute_curve, self.memory_curve, floor_us = gpu.efficiency.moe_terms(shape.moe_format)
+        self.pass_bandwidth = gpu.memory_bandwidth * eff.memory_bandwidth
+        self.l2_bandwidth = gpu.l2_bandwidth * eff.l2_bandwidth
+        self.compute_curve, self.memory_curve, floor_us = eff.moe_terms(shape.moe_format)
+        cta_us, cta_us_per_mb = eff.moe_tiles(shape.moe_format)
+        self.cta_seconds, self.cta_seconds_per_byte = cta_us * 1e-6, cta_us_per_mb * 1e-12
         self.include_routing = include_routing
         # The top-k kernel is one more launch when the layer routes its own tokens.
-        extra = gpu.efficiency.kernel_floor_us if include_routing else 0.0
+        extra = eff.kernel_floor_us if include_routing else 0.0
         self.floor_s = (floor_us + extra) * 1e-6
-        self.kernels = kernels + int(include_routing)
+        self.kernels = self.format.kernels + int(include_routing)
         inter = shape.inter_size // shape.tp
         # (n, k) of the two grouped GEMMs: gate and up fused, then down.
         self.gemms = ((2 * inter, shape.hidden_size), (shape.hidden_size, inter))
         self.inter = inter
+        self.local = local_experts(shape.num_experts, shape.ep)
 
     def parts(self, num_tokens) -> MoeParts:
         """The layer's terms for each token count (an int or an array of them)."""
@@ -236,62 +287,59 @@ class MoeLayer:
         pairs = np.array([ld.pairs for ld in loads])
         tiles = np.array([ld.tiles for ld in loads]).reshape(len(tokens), len(BLOCK_MS))
         all_pairs = tokens.astype(float) * s.topk  # every (token, choice) row of the buffers
+        # Triton writes every row of its outputs (other ranks' pairs as zeros); Marlin
+        # skips the blocks of experts it does not hold.
+        written = pairs if self.format.marlin else all_pairs
         flops = sum(2.0 * pairs * n * k for n, k in self.gemms)
-        gemm_bytes = np.zeros(len(tokens))
-        for n, k in self.gemms:
-            # Weights of the activated experts, the routed rows in, every row out (the
-            # rows of other ranks' experts as zeros).
-            gemm_bytes += active * n * k * self.weight_bpe + pairs * k * self.act_bpe
-            gemm_bytes += all_pairs * n * 2.0
+        gemm_bytes = sum(
+            active * n * k * self.weight_bpe + pairs * k * self.act_bpe + written * n * 2.0
+            for n, k in self.gemms
+        )
         c_eff = self.compute_curve.at(np.maximum(flops, 1.0))
         m_eff = self.memory_curve.at(np.maximum(gemm_bytes, 1.0))
-        best = None
+        rows = np.arange(len(tokens))
+        totals = np.zeros((len(BLOCK_MS), 3, len(tokens)))  # per BLOCK_M: the binding terms
+        l2_bytes = np.zeros((len(BLOCK_MS), len(tokens)))
         for j, block in enumerate(BLOCK_MS):
-            terms = np.zeros((3, len(tokens)))
-            l2_total = np.zeros(len(tokens))
-            total = np.zeros(len(tokens))
             for n, k in self.gemms:
                 padded = tiles[:, j] * block
                 compute = 2.0 * padded * n * k / (self.peak * c_eff)
                 dram = active * n * k * self.weight_bpe + pairs * k * self.act_bpe
-                dram = dram + all_pairs * n * 2.0
-                memory = dram / (self.bandwidth * m_eff)
-                # Each row tile streams its expert's weight panel from L2, and each
-                # column tile its routed rows.
-                l2 = tiles[:, j] * n * k * self.weight_bpe
-                l2 = l2 + pairs * k * self.act_bpe * math.ceil(n / BLOCK_N)
-                l2_s = l2 / self.l2_bandwidth
-                longest = np.maximum(np.maximum(compute, memory), l2_s)
-                which = np.argmax(np.stack([compute, memory, l2_s]), axis=0)
-                for i in range(3):
-                    terms[i] += np.where(which == i, longest, 0.0)
-                l2_total += l2
-                total += longest
-            if best is None:
-                best = (total, terms, l2_total)
-            else:
-                faster = total < best[0]
-                best = (
-                    np.where(faster, total, best[0]),
-                    np.where(faster, terms, best[1]),
-                    np.where(faster, l2_total, best[2]),
+                memory = (dram + written * n * 2.0) / (self.bandwidth * m_eff)
+                # Every row tile streams its expert's weight panel, each column tile its
+                # rows: from L2 in aggregate, and per thread block at its capped rate.
+                panel = (BLOCK_N * self.weight_bpe + block * self.act_bpe) * k
+                l2 = tiles[:, j] * (
+                    n * k * self.weight_bpe + block * k * self.act_bpe * n / BLOCK_N
                 )
-        assert best is not None
-        gemm_s, (compute_s, memory_s, l2_s), l2_bytes = best
+                waves = np.ceil(tiles[:, j] * math.ceil(n / BLOCK_N) / self.sm_count)
+                stream = waves * (self.cta_seconds + panel * self.cta_seconds_per_byte)
+                stream = np.maximum(stream, l2 / self.l2_bandwidth)
+                terms = np.stack([compute, memory, stream])
+                which = np.argmax(terms, axis=0)
+                totals[j, which, rows] += terms[which, rows]
+                l2_bytes[j] += l2
+        gemm_by_block = totals.sum(axis=1)
+        if self.format.marlin:
+            chosen = marlin_block_m(tokens, s.topk, self.local)
+        else:
+            allowed = np.array([b in TRITON_BLOCK_MS for b in BLOCK_MS])
+            chosen = np.argmin(np.where(allowed[:, None], gemm_by_block, np.inf), axis=0)
+        compute_s, memory_s, stream_s = totals[chosen, :, rows].T
         pass_bytes = self._pass_bytes(tokens.astype(float), all_pairs)
         pass_s = pass_bytes / self.pass_bandwidth
-        seconds = gemm_s + pass_s + self.floor_s
+        seconds = gemm_by_block[chosen, rows] + pass_s + self.floor_s
         return MoeParts(
             seconds=seconds,
             compute_s=compute_s,
             memory_s=memory_s,
-            l2_s=l2_s,
+            l2_s=stream_s,
             pass_s=pass_s,
             floor_s=self.floor_s,
             flops=flops,
             gemm_bytes=gemm_bytes,
             dram_bytes=gemm_bytes + pass_bytes,
-            l2_bytes=l2_bytes,
+            l2_bytes=l2_bytes[chosen, rows],
         )
 
     def _pass_bytes(self, tokens: np.ndarray, all_pairs: np.ndarray) -> np.ndarray:
