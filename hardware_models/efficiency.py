@@ -381,8 +381,10 @@ class EfficiencyProfile(BaseModel):
     moe_compute_by_dtype: dict[str, EfficiencyCurve] = Field(
         default_factory=dict,
         description="fraction of tensor peak the grouped expert GEMMs of a fused MoE layer "
-        "sustain, against their useful FLOPs, per MoE weight format (keys: MOE_FORMATS); "
-        "no entry: the GEMM compute curve of the format's compute dtype",
+        "sustain on their tiles, against the mean rows an activated expert receives (how "
+        "full and how many its row tiles are), per MoE weight format (keys: MOE_FORMATS); "
+        "no entry: the largest efficiency of the GEMM compute curve of the format's "
+        "compute dtype (full tiles of a large GEMM)",
     )
     moe_memory_by_dtype: dict[str, EfficiencyCurve] = Field(
         default_factory=dict,
@@ -407,9 +409,10 @@ class EfficiencyProfile(BaseModel):
         default_factory=dict,
         description="time one grouped-GEMM thread block takes to stream (and, for 4-bit "
         "formats, dequantise) 1 MB of its weight panel and rows, microseconds, per MoE "
-        "weight format: a block's loads in flight or its dequantisation cap its rate, "
-        "which binds where few experts leave SMs idle (a rank holding one expert) and "
-        "for Marlin's 4-bit kernels; no entry: no cap",
+        "weight format: L2 feeds the tiles (Triton has no multicast), a block's loads in "
+        "flight or its dequantisation cap its rate, which binds at large batches, where "
+        "few experts leave SMs idle (a rank holding one expert), and for Marlin's 4-bit "
+        "kernels; no entry: each SM's share of l2_bandwidth",
     )
     mla_decode_memory: EfficiencyCurve | None = Field(
         default=None,
@@ -554,24 +557,26 @@ class EfficiencyProfile(BaseModel):
 
     def moe_terms(self, moe_format: str) -> tuple[EfficiencyCurve, EfficiencyCurve, float]:
         """(compute curve, memory curve, layer floor in us) of fused MoE layers in
-        `moe_format`: fitted entries, else the compute dtype's GEMM curves and one kernel
-        floor per kernel of the layer's sequence."""
+        `moe_format`: fitted entries, else the compute dtype's GEMM efficiencies (the
+        compute curve's plateau) and one kernel floor per kernel of the layer's sequence."""
         key = moe_format_key(moe_format)
         fmt = MOE_FORMATS[key]
         gemm_compute, gemm_memory, _ = self.gemm_terms(fmt.compute_dtype)
+        # The GEMM curve is against FLOPs: its large-GEMM plateau is what full tiles reach.
+        plateau = EfficiencyCurve.constant(max(gemm_compute.values))
         return (
-            self.moe_compute_by_dtype.get(key, gemm_compute),
+            self.moe_compute_by_dtype.get(key, plateau),
             self.moe_memory_by_dtype.get(key, gemm_memory),
             self.moe_floor_us_by_dtype.get(key, fmt.kernels * self.kernel_floor_us),
         )
 
-    def moe_tiles(self, moe_format: str) -> tuple[float, float]:
+    def moe_tiles(self, moe_format: str) -> tuple[float, float | None]:
         """(fixed us of one grouped-GEMM thread block, us per MB it streams) of fused MoE
-        layers in `moe_format` (0, 0 where not fitted)."""
+        layers in `moe_format`: 0 and None (the SM's share of L2) where not fitted."""
         key = moe_format_key(moe_format)
         return (
             self.moe_cta_latency_us_by_dtype.get(key, 0.0),
-            self.moe_cta_us_per_mb_by_dtype.get(key, 0.0),
+            self.moe_cta_us_per_mb_by_dtype.get(key),
         )
 
     def link_for(self, num_gpus: int, link: LinkSpec) -> LinkSpec:

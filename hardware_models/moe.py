@@ -224,12 +224,13 @@ class MoeParts(NamedTuple):
     pass_s: np.ndarray  # activation, quantisation, combine and routing passes
     floor_s: float  # the kernel sequence's fixed cost
     flops: np.ndarray  # useful FLOPs of both grouped GEMMs
+    rows_per_expert: np.ndarray  # mean rows of an activated expert (the compute curve's axis)
     gemm_bytes: np.ndarray  # DRAM bytes of both grouped GEMMs (the memory curve's axis)
     dram_bytes: np.ndarray
     l2_bytes: np.ndarray
 
 
-def marlin_block_m(tokens, topk: int, local: int) -> np.ndarray:
+def marlin_block_m(tokens, topk, local) -> np.ndarray:
     """vLLM's Marlin BLOCK_M rule: the first of 8, 16, 32, 48, 64 at which tokens x topk
     / the rank's experts / BLOCK_M falls below 0.9 (64 past them); the index of that
     size in BLOCK_MS per token count."""
@@ -240,8 +241,140 @@ def marlin_block_m(tokens, topk: int, local: int) -> np.ndarray:
     return chosen
 
 
+class MoeRows(NamedTuple):
+    """Layers to price at once, one value per layer (numpy arrays): the token count,
+    the shape on the rank (inter = the rank's share of an expert's width) and the
+    expected load of the rank (ExpertLoad's fields, tiles one column per BLOCK_MS)."""
+
+    tokens: np.ndarray
+    hidden: np.ndarray
+    inter: np.ndarray
+    topk: np.ndarray
+    num_experts: np.ndarray
+    local: np.ndarray
+    active: np.ndarray
+    pairs: np.ndarray
+    tiles: np.ndarray
+
+
+def load_rows(tokens, hidden, inter_size, topk, num_experts, tp, ep, routings) -> MoeRows:
+    """MoeRows of layers given per layer (arrays, routings one Routing each)."""
+    tokens, hidden, inter_size, topk, num_experts, tp, ep = (
+        np.atleast_1d(np.asarray(a, dtype=np.int64))
+        for a in (tokens, hidden, inter_size, topk, num_experts, tp, ep)
+    )
+    if (tokens < 0).any():
+        raise InfersimError(f"MoE num_tokens must be >= 0, got {int(tokens.min())}")
+    loads = [
+        expert_load(int(t), int(k), int(e), int(p), r)
+        for t, k, e, p, r in zip(tokens, topk, num_experts, ep, routings, strict=True)
+    ]
+    return MoeRows(
+        tokens=tokens.astype(float),
+        hidden=hidden.astype(float),
+        inter=(inter_size // tp).astype(float),
+        topk=topk.astype(float),
+        num_experts=num_experts.astype(float),
+        local=-(-num_experts // ep).astype(float),
+        active=np.array([ld.active for ld in loads]),
+        pairs=np.array([ld.pairs for ld in loads]),
+        tiles=np.array([ld.tiles for ld in loads]).reshape(len(tokens), len(BLOCK_MS)),
+    )
+
+
+def moe_parts(
+    gpu: AcceleratorSpec, moe_format: str, rows: MoeRows, include_routing: bool = True
+) -> MoeParts:
+    """Layers in one weight format, priced term by term (see the module docstring): the
+    grouped GEMMs at each BLOCK_M Triton may run (the fastest kept) or the one Marlin's
+    rule takes; each the largest of its tile math, its DRAM traffic and its thread
+    blocks' panel streams; plus the passes over every (token, choice) row and the fixed
+    cost of the kernel sequence."""
+    eff = gpu.efficiency
+    fmt = MOE_FORMATS[moe_format_key(moe_format)]
+    peak = gpu.peak_flops(parse_dtype(fmt.compute_dtype))
+    compute_curve, memory_curve, floor_us = eff.moe_terms(moe_format)
+    cta_us, cta_us_per_mb = eff.moe_tiles(moe_format)
+    cta_s = cta_us * 1e-6
+    # Unfitted: each SM's share of the L2 bandwidth (Triton's tiles, without Hopper's
+    # multicast, are fed from L2: 128 x 128 bf16 tiles at 64 FLOPs per byte reach
+    # ~470 TFLOPS at the H100's 7.3 TB/s, where the public table saturates near 450).
+    if cta_us_per_mb is None:
+        cta_s_per_byte = gpu.sm_count / (gpu.l2_bandwidth * eff.l2_bandwidth)
+    else:
+        cta_s_per_byte = cta_us_per_mb * 1e-12
+    floor_s = (floor_us + (eff.kernel_floor_us if include_routing else 0.0)) * 1e-6
+    w_bpe, a_bpe = fmt.weight_bytes, fmt.act_bytes
+    r = rows
+    count = len(r.tokens)
+    all_pairs = r.tokens * r.topk  # every (token, choice) row of the buffers
+    # Triton writes every row of its outputs (other ranks' pairs as zeros); Marlin skips
+    # the blocks of experts the rank does not hold.
+    written = r.pairs if fmt.marlin else all_pairs
+    gemms = ((2.0 * r.inter, r.hidden), (r.hidden, r.inter))  # gate|up, then down: (n, k)
+    flops = sum(2.0 * r.pairs * n * k for n, k in gemms)
+    dram = [r.active * n * k * w_bpe + r.pairs * k * a_bpe + written * n * 2.0 for n, k in gemms]
+    gemm_bytes = dram[0] + dram[1]
+    rows_per_expert = r.pairs / np.maximum(r.active, 1.0)
+    c_eff = compute_curve.at(np.maximum(rows_per_expert, 1.0))
+    m_eff = memory_curve.at(np.maximum(gemm_bytes, 1.0))
+    index = np.arange(count)
+    totals = np.zeros((len(BLOCK_MS), 3, count))  # per BLOCK_M: the binding terms
+    l2_bytes = np.zeros((len(BLOCK_MS), count))
+    for j, block in enumerate(BLOCK_MS):
+        tiles = r.tiles[:, j]
+        for (n, k), moved in zip(gemms, dram, strict=True):
+            compute = 2.0 * tiles * block * n * k / (peak * c_eff)
+            memory = moved / (gpu.memory_bandwidth * m_eff)
+            # Each thread block (a row tile x BLOCK_N columns) streams its expert's
+            # weight panel and its rows through L2 into the SM at a capped rate.
+            panel = (BLOCK_N * w_bpe + block * a_bpe) * k
+            waves = np.ceil(tiles * np.ceil(n / BLOCK_N) / gpu.sm_count)
+            stream = waves * (cta_s + panel * cta_s_per_byte)
+            l2 = tiles * np.ceil(n / BLOCK_N) * panel
+            terms = np.stack([compute, memory, stream])
+            which = np.argmax(terms, axis=0)
+            totals[j, which, index] += terms[which, index]
+            l2_bytes[j] += l2
+    by_block = totals.sum(axis=1)
+    if fmt.marlin:
+        chosen = marlin_block_m(r.tokens, r.topk, r.local)
+    else:
+        allowed = np.array([b in TRITON_BLOCK_MS for b in BLOCK_MS])
+        chosen = np.argmin(np.where(allowed[:, None], by_block, np.inf), axis=0)
+    compute_s, memory_s, stream_s = totals[chosen, :, index].T
+    pass_bytes = _pass_bytes(r, all_pairs, fmt.act_bytes < 2, include_routing)
+    pass_s = pass_bytes / (gpu.memory_bandwidth * eff.memory_bandwidth)
+    return MoeParts(
+        seconds=by_block[chosen, index] + pass_s + floor_s,
+        compute_s=compute_s,
+        memory_s=memory_s,
+        l2_s=stream_s,
+        pass_s=pass_s,
+        floor_s=floor_s,
+        flops=flops,
+        rows_per_expert=rows_per_expert,
+        gemm_bytes=gemm_bytes,
+        dram_bytes=gemm_bytes + pass_bytes,
+        l2_bytes=l2_bytes[chosen, index],
+    )
+
+
+def _pass_bytes(r: MoeRows, all_pairs, quantizes: bool, include_routing: bool) -> np.ndarray:
+    """DRAM bytes of the passes around the GEMMs, over every (token, choice) row: the
+    activation (read gate|up, write the product), the weighted combine, the 8-bit
+    formats' quantisation of the hidden states and of the product, the top-k kernel."""
+    out = all_pairs * (2.0 * r.inter * 2.0 + r.inter * 2.0)
+    out = out + all_pairs * r.hidden * 2.0 + r.tokens * r.hidden * 2.0
+    if quantizes:
+        out = out + (r.tokens * r.hidden + all_pairs * r.inter) * QUANT_PASS_BYTES
+    if include_routing:
+        out = out + r.tokens * (r.num_experts * LOGIT_BYTES + r.topk * TOPK_PAIR_BYTES)
+    return out
+
+
 class MoeLayer:
-    """The cost of one MoE layer shape on one GPU, constants worked out once."""
+    """The cost of one MoE layer shape on one GPU (the simulator prices one every step)."""
 
     def __init__(
         self,
@@ -251,108 +384,28 @@ class MoeLayer:
         *,
         include_routing: bool = True,
     ) -> None:
-        eff = gpu.efficiency
+        self.gpu = gpu
         self.shape = shape
         self.routing = Routing.parse(routing)
-        self.format = MOE_FORMATS[shape.moe_format]
-        self.act_bpe, self.weight_bpe = self.format.act_bytes, self.format.weight_bytes
-        self.quantizes = self.act_bpe < 2
-        self.peak = gpu.peak_flops(parse_dtype(self.format.compute_dtype))
-        self.sm_count = gpu.sm_count
-        self.bandwidth = gpu.memory_bandwidth
-        self.pass_bandwidth = gpu.memory_bandwidth * eff.memory_bandwidth
-        self.l2_bandwidth = gpu.l2_bandwidth * eff.l2_bandwidth
-        self.compute_curve, self.memory_curve, floor_us = eff.moe_terms(shape.moe_format)
-        cta_us, cta_us_per_mb = eff.moe_tiles(shape.moe_format)
-        self.cta_seconds, self.cta_seconds_per_byte = cta_us * 1e-6, cta_us_per_mb * 1e-12
         self.include_routing = include_routing
-        # The top-k kernel is one more launch when the layer routes its own tokens.
-        extra = eff.kernel_floor_us if include_routing else 0.0
+        fmt = MOE_FORMATS[shape.moe_format]
+        self.weight_bpe = fmt.weight_bytes
+        self.kernels = fmt.kernels + int(include_routing)
+        floor_us = gpu.efficiency.moe_terms(shape.moe_format)[2]
+        extra = gpu.efficiency.kernel_floor_us if include_routing else 0.0
         self.floor_s = (floor_us + extra) * 1e-6
-        self.kernels = self.format.kernels + int(include_routing)
-        inter = shape.inter_size // shape.tp
-        # (n, k) of the two grouped GEMMs: gate and up fused, then down.
-        self.gemms = ((2 * inter, shape.hidden_size), (shape.hidden_size, inter))
-        self.inter = inter
-        self.local = local_experts(shape.num_experts, shape.ep)
 
     def parts(self, num_tokens) -> MoeParts:
         """The layer's terms for each token count (an int or an array of them)."""
-        tokens = np.atleast_1d(np.asarray(num_tokens, dtype=np.int64))
-        if (tokens < 0).any():
-            raise InfersimError(f"MoE num_tokens must be >= 0, got {int(tokens.min())}")
         s = self.shape
-        loads = [expert_load(int(t), s.topk, s.num_experts, s.ep, self.routing) for t in tokens]
-        active = np.array([ld.active for ld in loads])
-        pairs = np.array([ld.pairs for ld in loads])
-        tiles = np.array([ld.tiles for ld in loads]).reshape(len(tokens), len(BLOCK_MS))
-        all_pairs = tokens.astype(float) * s.topk  # every (token, choice) row of the buffers
-        # Triton writes every row of its outputs (other ranks' pairs as zeros); Marlin
-        # skips the blocks of experts it does not hold.
-        written = pairs if self.format.marlin else all_pairs
-        flops = sum(2.0 * pairs * n * k for n, k in self.gemms)
-        gemm_bytes = sum(
-            active * n * k * self.weight_bpe + pairs * k * self.act_bpe + written * n * 2.0
-            for n, k in self.gemms
+        tokens = np.atleast_1d(np.asarray(num_tokens, dtype=np.int64))
+        ones = np.ones(len(tokens), dtype=np.int64)
+        rows = load_rows(
+            tokens,
+            *(ones * v for v in (s.hidden_size, s.inter_size, s.topk, s.num_experts, s.tp, s.ep)),
+            [self.routing] * len(tokens),
         )
-        c_eff = self.compute_curve.at(np.maximum(flops, 1.0))
-        m_eff = self.memory_curve.at(np.maximum(gemm_bytes, 1.0))
-        rows = np.arange(len(tokens))
-        totals = np.zeros((len(BLOCK_MS), 3, len(tokens)))  # per BLOCK_M: the binding terms
-        l2_bytes = np.zeros((len(BLOCK_MS), len(tokens)))
-        for j, block in enumerate(BLOCK_MS):
-            for n, k in self.gemms:
-                padded = tiles[:, j] * block
-                compute = 2.0 * padded * n * k / (self.peak * c_eff)
-                dram = active * n * k * self.weight_bpe + pairs * k * self.act_bpe
-                memory = (dram + written * n * 2.0) / (self.bandwidth * m_eff)
-                # Every row tile streams its expert's weight panel, each column tile its
-                # rows: from L2 in aggregate, and per thread block at its capped rate.
-                panel = (BLOCK_N * self.weight_bpe + block * self.act_bpe) * k
-                l2 = tiles[:, j] * (
-                    n * k * self.weight_bpe + block * k * self.act_bpe * n / BLOCK_N
-                )
-                waves = np.ceil(tiles[:, j] * math.ceil(n / BLOCK_N) / self.sm_count)
-                stream = waves * (self.cta_seconds + panel * self.cta_seconds_per_byte)
-                stream = np.maximum(stream, l2 / self.l2_bandwidth)
-                terms = np.stack([compute, memory, stream])
-                which = np.argmax(terms, axis=0)
-                totals[j, which, rows] += terms[which, rows]
-                l2_bytes[j] += l2
-        gemm_by_block = totals.sum(axis=1)
-        if self.format.marlin:
-            chosen = marlin_block_m(tokens, s.topk, self.local)
-        else:
-            allowed = np.array([b in TRITON_BLOCK_MS for b in BLOCK_MS])
-            chosen = np.argmin(np.where(allowed[:, None], gemm_by_block, np.inf), axis=0)
-        compute_s, memory_s, stream_s = totals[chosen, :, rows].T
-        pass_bytes = self._pass_bytes(tokens.astype(float), all_pairs)
-        pass_s = pass_bytes / self.pass_bandwidth
-        seconds = gemm_by_block[chosen, rows] + pass_s + self.floor_s
-        return MoeParts(
-            seconds=seconds,
-            compute_s=compute_s,
-            memory_s=memory_s,
-            l2_s=stream_s,
-            pass_s=pass_s,
-            floor_s=self.floor_s,
-            flops=flops,
-            gemm_bytes=gemm_bytes,
-            dram_bytes=gemm_bytes + pass_bytes,
-            l2_bytes=l2_bytes[chosen, rows],
-        )
-
-    def _pass_bytes(self, tokens: np.ndarray, all_pairs: np.ndarray) -> np.ndarray:
-        """DRAM bytes of the passes around the GEMMs, over every (token, choice) row."""
-        s, inter = self.shape, self.inter
-        act = all_pairs * (2 * inter * 2.0 + inter * 2.0)  # read gate|up, write product
-        combine = all_pairs * s.hidden_size * 2.0 + tokens * s.hidden_size * 2.0
-        out = act + combine
-        if self.quantizes:  # the hidden states, then the product, to 8 bits
-            out = out + (tokens * s.hidden_size + all_pairs * inter) * QUANT_PASS_BYTES
-        if self.include_routing:
-            out = out + tokens * (s.num_experts * LOGIT_BYTES + s.topk * TOPK_PAIR_BYTES)
-        return out
+        return moe_parts(self.gpu, s.moe_format, rows, self.include_routing)
 
     def cost(self, num_tokens: int) -> OpCost:
         """The layer for `num_tokens` tokens as an OpCost."""

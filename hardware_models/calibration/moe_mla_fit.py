@@ -1,9 +1,10 @@
 """What the fitter calibrates on MoE and MLA rows: each row priced term by term (which
 efficiency scales which part of its time), and the scalars and kernel choices searched.
 
-- MoE, one fit per weight format: the grouped GEMMs' compute curve (against their useful
-  FLOPs) and memory curve (against their DRAM bytes), each informed by the rows whose
-  GEMM time that term sets, and the layer's fixed cost (moe_floor_us_by_dtype).
+- MoE, one fit per weight format: the grouped GEMMs' compute curve (against the mean
+  rows of an activated expert) and memory curve (against their DRAM bytes), each
+  informed by the rows whose GEMM time that term sets; the layer's fixed cost, and a
+  thread block's fixed time and streaming cap.
 - MLA decode: the latent stream's bandwidth curve, the floor, the math rate, a thread
   block's streaming cap, and the kernel's layout (heads per block that re-read the
   latent; fixed or SM-filling KV splits), chosen as the data says.
@@ -19,7 +20,12 @@ import pandas as pd
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.attention import keys_per_query
-from hardware_models.calibration.moe_mla_tables import MLA_SHAPE, MOE_CLASS, mla_parts, moe_parts
+from hardware_models.calibration.moe_mla_tables import (
+    MLA_SHAPE,
+    MOE_CLASS,
+    mla_parts,
+    moe_table_parts,
+)
 from hardware_models.calibration.operator_terms import CurveLoc, CurveTerm, Terms
 
 # (name, rows, pricer, scalars as (field location, low, high), discrete choices)
@@ -28,14 +34,19 @@ FitSpec = tuple[str, pd.DataFrame, object, list[tuple[CurveLoc, float, float]], 
 
 def moe_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, key: str) -> Terms:
     """MoE rows all of one weight format `key`."""
-    p = moe_parts(rows, gpu)
-    compute_binds = p.compute_s >= p.memory_s
+    p = moe_table_parts(rows, gpu)
+    # A curve informs the rows whose GEMM time its term sets (neither, where the thread
+    # blocks' panel streams do).
+    compute_binds = p.compute_s > p.memory_s + p.l2_s
+    memory_binds = p.memory_s > p.compute_s + p.l2_s
     return Terms(
         seconds=p.seconds,
         floor_s=p.seconds - p.compute_s - p.memory_s,
         curves={
-            ("moe_compute_by_dtype", key): CurveTerm(p.flops, p.compute_s, compute_binds),
-            ("moe_memory_by_dtype", key): CurveTerm(p.gemm_bytes, p.memory_s, ~compute_binds),
+            ("moe_compute_by_dtype", key): CurveTerm(
+                np.maximum(p.rows_per_expert, 1.0), p.compute_s, compute_binds
+            ),
+            ("moe_memory_by_dtype", key): CurveTerm(p.gemm_bytes, p.memory_s, memory_binds),
         },
     )
 

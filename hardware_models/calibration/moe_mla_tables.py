@@ -52,7 +52,7 @@ from hardware_models.mla import (
     mla_pointwise_costs,
     mla_projection_gemms,
 )
-from hardware_models.moe import MoeLayer, MoeParts, MoeShape
+from hardware_models.moe import MoeParts, Routing, load_rows, moe_parts
 
 MOE_CLASS = "moe"
 MLA_CLASSES: tuple[str, ...] = ("mla_prefill", "mla_decode")
@@ -151,19 +151,19 @@ READERS = {MOE_FILE: read_moe, **{name: read_mla for name in MLA_FILES}}
 
 # ----------------------------------------------------------------------------- prediction
 
-_MOE_KEYS = ["n", "k", "topk", "num_experts", "tp", "ep", "dtype", "routing"]
 
-
-def moe_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> MoeParts:
-    """Every MoE row priced term by term (fields as MoeParts, one value per row), one
-    MoeLayer per layer shape, without the top-k kernel the tables did not time."""
-    tokens = sub["m"].to_numpy(dtype=np.int64)
+def moe_table_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> MoeParts:
+    """Every MoE row priced term by term (MoeParts, one value per row), all rows of a
+    weight format at once, without the top-k kernel the tables did not time."""
     fields = {name: np.zeros(len(sub)) for name in MoeParts._fields}
-    for key, pos in sub.groupby(_MOE_KEYS, sort=False).indices.items():
-        hidden, inter, topk, experts, tp, ep, fmt, routing = key
-        shape = MoeShape(*(int(v) for v in (hidden, inter, topk, experts, tp, ep)), fmt)
-        parts = MoeLayer(gpu, shape, routing, include_routing=False).parts(tokens[pos])
-        for name, value in zip(MoeParts._fields, parts, strict=True):
+    routings = {v: Routing.parse(v) for v in pd.unique(sub["routing"])}
+    for fmt, pos in sub.groupby("dtype", sort=False).indices.items():
+        part = sub.iloc[pos]
+        rows = load_rows(
+            *(part[c].to_numpy() for c in ("m", "n", "k", "topk", "num_experts", "tp", "ep")),
+            [routings[v] for v in part["routing"]],
+        )
+        for name, value in zip(MoeParts._fields, moe_parts(gpu, fmt, rows, False), strict=True):
             fields[name][pos] = value
     return MoeParts(**fields)
 
@@ -245,7 +245,7 @@ def predict_moe_mla(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
     """Predicted seconds of MoE or MLA rows (one op class at a time)."""
     classes = set(sub["op_class"])
     if classes <= {MOE_CLASS}:
-        return moe_parts(sub, gpu).seconds
+        return moe_table_parts(sub, gpu).seconds
     if classes <= set(MLA_CLASSES):
         return mla_parts(sub, gpu)["seconds"]
     raise InfersimError(f"cannot price op class {sorted(classes)[0]!r} as MoE or MLA rows")
