@@ -27,6 +27,7 @@ from hardware_models.calibration.moe_mla_tables import (
     moe_table_parts,
 )
 from hardware_models.calibration.operator_terms import CurveLoc, CurveTerm, Terms
+from hardware_models.efficiency import MOE_FORMATS
 
 # (name, rows, pricer, scalars as (field location, low, high), discrete choices)
 FitSpec = tuple[str, pd.DataFrame, object, list[tuple[CurveLoc, float, float]], tuple]
@@ -84,6 +85,7 @@ def moe_mla_fits(table: pd.DataFrame) -> list[FitSpec]:
     moe = table[table["op_class"] == MOE_CLASS]
     for key, rows in sorted(moe.groupby("dtype")):
         top = _low_us(rows)
+        marlin = MOE_FORMATS[key].marlin
         fits.append(
             (
                 f"moe/{key}",
@@ -92,8 +94,9 @@ def moe_mla_fits(table: pd.DataFrame) -> list[FitSpec]:
                 [
                     (("moe_floor_us_by_dtype", key), 0.0, 3.0 * top),
                     (("moe_cta_latency_us_by_dtype", key), 0.0, 0.5 * top),
-                    # us per MB a thread block streams: 0 (no cap) to 400 (2.5 GB/s)
-                    (("moe_cta_us_per_mb_by_dtype", key), 0.0, 400.0),
+                    # us per MB a thread block streams: L2 shares (~25 GB/s an SM on
+                    # H100: 40 us/MB) for Triton, dequantisation for Marlin's 4-bit
+                    (("moe_cta_us_per_mb_by_dtype", key), 0.0, 400.0 if marlin else 80.0),
                 ],
                 (),
             )
