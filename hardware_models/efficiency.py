@@ -8,7 +8,7 @@ clamped at the edges of the range it was fitted on.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -22,18 +22,26 @@ from hardware_models.node import LinkSpec
 BLOCK_SCALED_SPELLINGS = frozenset({"fp8_block", "nvfp4", "mxfp4"})
 
 
-# Weight formats of vLLM's fused MoE kernels (the measured tables' moe_dtype): name ->
-# (compute dtype, activation bytes, weight bytes per element with its scales, kernels in
-# the layer's sequence). fp8: one scale per tensor; fp8_block: one fp32 scale per 128 x
-# 128 block; int4_wo: 4-bit weights with a bf16 scale per 128 (Marlin); w4a16_mxfp4: 4-bit
-# weights with an 8-bit scale per 32. 8-bit formats quantise the activations before each
-# grouped GEMM (two more kernels).
-MOE_FORMATS: dict[str, tuple[str, float, float, int]] = {
-    "bf16": ("bf16", 2.0, 2.0, 5),
-    "fp8": ("fp8", 1.0, 1.0, 7),
-    "fp8_block": ("fp8", 1.0, 1.0 + 4.0 / (128 * 128), 7),
-    "int4_wo": ("bf16", 2.0, 0.5 + 2.0 / 128, 5),
-    "w4a16_mxfp4": ("bf16", 2.0, 0.5 + 1.0 / 32, 5),
+class MoeFormat(NamedTuple):
+    """How vLLM's fused MoE runs one weight format."""
+
+    compute_dtype: str  # the tensor-core dtype the grouped GEMMs multiply in
+    act_bytes: float  # bytes of an activation element the GEMMs read
+    weight_bytes: float  # bytes of a weight element, its scales included
+    kernels: int  # kernels in the layer's sequence (without the top-k)
+    marlin: bool  # Marlin kernels: vLLM's BLOCK_M rule, no tiles for other ranks' pairs
+
+
+# The public tables' moe_dtype: fp8 scales per tensor, fp8_block per 128 x 128 block
+# (fp32); int4_wo 4-bit weights with a bf16 scale per 128 (Marlin); w4a16_mxfp4 4-bit
+# weights with an 8-bit scale per 32 (Marlin). 8-bit formats quantise the activations
+# before each grouped GEMM (two more kernels).
+MOE_FORMATS: dict[str, MoeFormat] = {
+    "bf16": MoeFormat("bf16", 2.0, 2.0, 5, False),
+    "fp8": MoeFormat("fp8", 1.0, 1.0, 7, False),
+    "fp8_block": MoeFormat("fp8", 1.0, 1.0 + 4.0 / (128 * 128), 7, False),
+    "int4_wo": MoeFormat("bf16", 2.0, 0.5 + 2.0 / 128, 5, True),
+    "w4a16_mxfp4": MoeFormat("bf16", 2.0, 0.5 + 1.0 / 32, 5, True),
 }
 _MOE_ALIASES = {"bfloat16": "bf16", "int4": "int4_wo", "mxfp4": "w4a16_mxfp4"}
 
@@ -373,8 +381,10 @@ class EfficiencyProfile(BaseModel):
     moe_compute_by_dtype: dict[str, EfficiencyCurve] = Field(
         default_factory=dict,
         description="fraction of tensor peak the grouped expert GEMMs of a fused MoE layer "
-        "sustain, against their useful FLOPs, per MoE weight format (keys: MOE_FORMATS); "
-        "no entry: the GEMM compute curve of the format's compute dtype",
+        "sustain on their tiles, against the mean rows an activated expert receives (how "
+        "full and how many its row tiles are), per MoE weight format (keys: MOE_FORMATS); "
+        "no entry: the largest efficiency of the GEMM compute curve of the format's "
+        "compute dtype (full tiles of a large GEMM)",
     )
     moe_memory_by_dtype: dict[str, EfficiencyCurve] = Field(
         default_factory=dict,
@@ -388,6 +398,21 @@ class EfficiencyProfile(BaseModel):
         "format: the launches and ramp of its whole kernel sequence (block alignment, "
         "quantisation, two grouped GEMMs, activation, combine), one figure however many "
         "experts run; no entry: kernel_floor_us per kernel of the sequence",
+    )
+    moe_cta_latency_us_by_dtype: dict[str, float] = Field(
+        default_factory=dict,
+        description="fixed time of one grouped-GEMM thread block of a fused MoE layer "
+        "beyond its k loop (prologue, epilogue), microseconds, per MoE weight format: "
+        "thin experts (a wide tensor-parallel split) make many short blocks; no entry: 0",
+    )
+    moe_cta_us_per_mb_by_dtype: dict[str, float] = Field(
+        default_factory=dict,
+        description="time one grouped-GEMM thread block takes to stream (and, for 4-bit "
+        "formats, dequantise) 1 MB of its weight panel and rows, microseconds, per MoE "
+        "weight format: L2 feeds the tiles (Triton has no multicast), a block's loads in "
+        "flight or its dequantisation cap its rate, which binds at large batches, where "
+        "few experts leave SMs idle (a rank holding one expert), and for Marlin's 4-bit "
+        "kernels; no entry: each SM's share of l2_bandwidth",
     )
     mla_decode_memory: EfficiencyCurve | None = Field(
         default=None,
@@ -465,7 +490,13 @@ class EfficiencyProfile(BaseModel):
                 raise ValueError(f"{key}: a floor must be >= 0 us, got {value}")
         return out
 
-    @field_validator("moe_compute_by_dtype", "moe_memory_by_dtype", "moe_floor_us_by_dtype")
+    @field_validator(
+        "moe_compute_by_dtype",
+        "moe_memory_by_dtype",
+        "moe_floor_us_by_dtype",
+        "moe_cta_latency_us_by_dtype",
+        "moe_cta_us_per_mb_by_dtype",
+    )
     @classmethod
     def _moe_keys(cls, v: dict) -> dict:
         out = {}
@@ -526,15 +557,26 @@ class EfficiencyProfile(BaseModel):
 
     def moe_terms(self, moe_format: str) -> tuple[EfficiencyCurve, EfficiencyCurve, float]:
         """(compute curve, memory curve, layer floor in us) of fused MoE layers in
-        `moe_format`: fitted entries, else the compute dtype's GEMM curves and one kernel
-        floor per kernel of the layer's sequence."""
+        `moe_format`: fitted entries, else the compute dtype's GEMM efficiencies (the
+        compute curve's plateau) and one kernel floor per kernel of the layer's sequence."""
         key = moe_format_key(moe_format)
-        compute_dtype, _, _, kernels = MOE_FORMATS[key]
-        gemm_compute, gemm_memory, _ = self.gemm_terms(compute_dtype)
+        fmt = MOE_FORMATS[key]
+        gemm_compute, gemm_memory, _ = self.gemm_terms(fmt.compute_dtype)
+        # The GEMM curve is against FLOPs: its large-GEMM plateau is what full tiles reach.
+        plateau = EfficiencyCurve.constant(max(gemm_compute.values))
         return (
-            self.moe_compute_by_dtype.get(key, gemm_compute),
+            self.moe_compute_by_dtype.get(key, plateau),
             self.moe_memory_by_dtype.get(key, gemm_memory),
-            self.moe_floor_us_by_dtype.get(key, kernels * self.kernel_floor_us),
+            self.moe_floor_us_by_dtype.get(key, fmt.kernels * self.kernel_floor_us),
+        )
+
+    def moe_tiles(self, moe_format: str) -> tuple[float, float | None]:
+        """(fixed us of one grouped-GEMM thread block, us per MB it streams) of fused MoE
+        layers in `moe_format`: 0 and None (the SM's share of L2) where not fitted."""
+        key = moe_format_key(moe_format)
+        return (
+            self.moe_cta_latency_us_by_dtype.get(key, 0.0),
+            self.moe_cta_us_per_mb_by_dtype.get(key),
         )
 
     def link_for(self, num_gpus: int, link: LinkSpec) -> LinkSpec:

@@ -269,31 +269,36 @@ def mla_prefill_cost(
     )
 
 
-def mla_projection_gemms(
-    shape: MlaShape, tokens: int, context_tokens: int, decode: bool
-) -> list[tuple[str, int, int, int, bool]]:
-    """(name, m, n, k, in the weight dtype) of the module's GEMMs for `tokens` new
-    tokens: the down-projections (q and kv fused when the queries have a LoRA), the
-    query up-projection, then for decode the absorbed W_UK and W_UV (batched over heads,
-    kept in bf16 by vLLM even for quantised checkpoints: priced as one GEMM of the same
-    FLOPs and weight bytes), for prefill kv_b_proj decompressing every cached token,
-    and the output projection."""
+def mla_projection_gemms(shape: MlaShape, decode: bool) -> list[tuple[str, bool, int, int, bool]]:
+    """(name, over the cached tokens rather than the new ones, n, k, in the weight dtype)
+    of the module's GEMMs: the down-projections (q and kv fused when the queries have a
+    LoRA), the query up-projection, then for decode the absorbed W_UK and W_UV (batched
+    over heads, kept in bf16 by vLLM even for quantised checkpoints: priced as one GEMM
+    of the same FLOPs and weight bytes), for prefill kv_b_proj decompressing every
+    cached token, and the output projection."""
     h = shape.num_heads
-    out: list[tuple[str, int, int, int, bool]] = []
+    out: list[tuple[str, bool, int, int, bool]] = []
     if shape.q_lora_rank is not None:
-        out.append(("qkv_a", tokens, shape.q_lora_rank + shape.latent_dim, shape.hidden_size, True))
-        out.append(("q_b", tokens, h * shape.qk_head_dim, shape.q_lora_rank, True))
+        out.append(("qkv_a", False, shape.q_lora_rank + shape.latent_dim, shape.hidden_size, True))
+        out.append(("q_b", False, h * shape.qk_head_dim, shape.q_lora_rank, True))
     else:
-        out.append(("q", tokens, h * shape.qk_head_dim, shape.hidden_size, True))
-        out.append(("kv_a", tokens, shape.latent_dim, shape.hidden_size, True))
+        out.append(("q", False, h * shape.qk_head_dim, shape.hidden_size, True))
+        out.append(("kv_a", False, shape.latent_dim, shape.hidden_size, True))
     if decode:
-        out.append(("w_uk", tokens, h * shape.kv_lora_rank, shape.qk_nope_head_dim, False))
-        out.append(("w_uv", tokens, h * shape.v_head_dim, shape.kv_lora_rank, False))
+        out.append(("w_uk", False, h * shape.kv_lora_rank, shape.qk_nope_head_dim, False))
+        out.append(("w_uv", False, h * shape.v_head_dim, shape.kv_lora_rank, False))
     else:
         n = h * (shape.qk_nope_head_dim + shape.v_head_dim)
-        out.append(("kv_b", context_tokens, n, shape.kv_lora_rank, True))
-    out.append(("o", tokens, shape.hidden_size, h * shape.v_head_dim, True))
+        out.append(("kv_b", True, n, shape.kv_lora_rank, True))
+    out.append(("o", False, shape.hidden_size, h * shape.v_head_dim, True))
     return out
+
+
+def mla_pointwise_costs(gpu: AcceleratorSpec, shape: MlaShape, tokens: int) -> list[OpCost]:
+    """The module's two latent RMSNorms and the rotary embedding of `tokens` tokens."""
+    norm = tokens * ((shape.q_lora_rank or 0) + shape.kv_lora_rank)
+    rope = tokens * (shape.num_heads + 1) * shape.qk_rope_head_dim
+    return [elementwise_cost(gpu, [RMSNORM], norm), elementwise_cost(gpu, [ROTARY], rope)]
 
 
 def mla_module_cost(
@@ -312,12 +317,10 @@ def mla_module_cost(
     `gemm_dtype` is the linear layers' kernel dtype (bf16, fp8, fp8_block)."""
     decode = new_tokens <= num_seqs
     parts: list[OpCost] = []
-    for _, m, n, k, quantised in mla_projection_gemms(shape, new_tokens, context_tokens, decode):
-        parts.append(gemm_cost(gpu, max(m, 1), n, k, gemm_dtype if quantised else "bf16"))
-    norm_elements = new_tokens * ((shape.q_lora_rank or 0) + shape.kv_lora_rank)
-    parts.append(elementwise_cost(gpu, [RMSNORM], norm_elements))
-    rope_elements = new_tokens * (shape.num_heads + 1) * shape.qk_rope_head_dim
-    parts.append(elementwise_cost(gpu, [ROTARY], rope_elements))
+    for _, cached, n, k, quantised in mla_projection_gemms(shape, decode):
+        m = max(context_tokens if cached else new_tokens, 1)
+        parts.append(gemm_cost(gpu, m, n, k, gemm_dtype if quantised else "bf16"))
+    parts += mla_pointwise_costs(gpu, shape, new_tokens)
     if decode:
         parts.append(
             mla_decode_cost(

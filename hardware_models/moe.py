@@ -36,11 +36,16 @@ from hardware_models.efficiency import MOE_FORMATS, moe_format_key
 from hardware_models.errors import InfersimError
 from hardware_models.op_cost import OpCost, classify
 
-# Rows of a grouped-GEMM tile the Triton configurations use (vLLM's tuned tables pick
-# among these per token count; the model keeps the fastest, as the tuning did).
-BLOCK_MS: tuple[int, ...] = (16, 32, 64, 128)
-# Columns of a tile: how many times a routed activation row is read from L2.
+# Rows of a grouped-GEMM tile: Triton's tuned configurations pick among 16-128 per token
+# count (the model keeps the fastest, as the tuning did); Marlin takes 8-64 by a rule.
+BLOCK_MS: tuple[int, ...] = (8, 16, 32, 48, 64, 128)
+TRITON_BLOCK_MS: tuple[int, ...] = (16, 32, 64, 128)
+MARLIN_BLOCK_MS: tuple[int, ...] = (8, 16, 32, 48, 64)
+# Columns of a tile: how many thread blocks share a row tile, and how many times a routed
+# activation row is read from L2.
 BLOCK_N = 128
+# Seeded draws of the power-law generator averaged per token count (the tables average 5).
+POWER_LAW_DRAWS = 16
 # Bytes of one routing logit and of one (expert id, weight) pair the top-k kernel writes.
 LOGIT_BYTES = 4.0
 TOPK_PAIR_BYTES = 8.0
@@ -60,8 +65,9 @@ class Routing(NamedTuple):
       generator).
     - power_law: expert loads follow a truncated power law of exponent `alpha` (the
       tables' "power_law_<alpha>" rows): loads drawn on [1, 0.8 T] when T k > E, else on
-      [0.01, 2], scaled to T k pairs; with expert parallelism the rank priced is the
-      most loaded one, as the slowest rank sets the step.
+      [0.01, 2], scaled to T k pairs, averaged over seeded draws of the tables' own
+      generator; with expert parallelism the rank priced is the most loaded one, as the
+      slowest rank sets the step.
     """
 
     kind: str = "balanced"
@@ -117,37 +123,65 @@ def expert_load(tokens: int, topk: int, num_experts: int, ep: int, routing: Rout
         active = local * (1.0 - (1.0 - p) ** tokens)
         top = float(binom.ppf(local / (local + 1.0), tokens, p))
         return ExpertLoad(active, local * tokens * p, tiles, top)
-    loads = _loads(tokens, topk, num_experts, ep, routing)
-    tiles = tuple(float(np.ceil(loads / b).sum()) for b in BLOCK_MS)
-    return ExpertLoad(float((loads > 0).sum()), float(loads.sum()), tiles, float(loads.max()))
+    loads = _loads(tokens, topk, num_experts, ep, routing)  # one row per draw
+    tiles = tuple(float(np.ceil(loads / b).sum(axis=1).mean()) for b in BLOCK_MS)
+    return ExpertLoad(
+        float((loads > 0).sum(axis=1).mean()),
+        float(loads.sum(axis=1).mean()),
+        tiles,
+        float(loads.max(axis=1).mean()),
+    )
 
 
 def _loads(tokens: int, topk: int, num_experts: int, ep: int, routing: Routing) -> np.ndarray:
-    """Rows per expert of the rank priced, for the deterministic routings."""
+    """Rows per expert of the rank priced (one row per draw) for round_robin and
+    power_law routing."""
     pairs = tokens * topk
     local = local_experts(num_experts, ep)
     if routing.kind == "round_robin":
         share = pairs * local / num_experts  # the rank's even share of the pairs
         base = math.floor(share / local)
         extra = round(share - base * local)
-        return np.array([base + 1] * extra + [base] * (local - extra), dtype=float)
-    # power_law: the expected order statistics of the load distribution (quantiles at
-    # the middle of E equal bins), scaled to `pairs` and rounded as the generator does.
-    a = routing.alpha
+        return np.array([[base + 1] * extra + [base] * (local - extra)], dtype=float)
+    return _power_law_loads(tokens, topk, num_experts, ep, routing.alpha)
+
+
+def _power_law_loads(tokens: int, topk: int, num_experts: int, ep: int, alpha: float):
+    """Rows per expert of the most loaded rank, as aiconfigurator's generator draws them
+    (collector/helper.py, power_law_logits_v3): loads from a power law truncated to
+    [1, 0.8 T] when T k > E, else [0.01, 2], scaled to T k pairs and rounded, the
+    rounding's remainder given to the largest (or taken from the smallest); the rank
+    with the most
+    pairs is the one timed. One row per seeded draw (POWER_LAW_DRAWS, the same seed
+    every call: the same answer in any order)."""
+    pairs = tokens * topk
+    local = local_experts(num_experts, ep)
     lo, hi = (1.0, 0.8 * tokens) if pairs > num_experts else (0.01, 2.0)
     hi = max(hi, lo * (1 + 1e-9))
-    u = (np.arange(num_experts) + 0.5) / num_experts
-    x = ((hi ** (1 - a) - lo ** (1 - a)) * u + lo ** (1 - a)) ** (1 / (1 - a))
-    loads = np.round(x / x.sum() * pairs)
-    order = np.argsort(-loads, kind="stable")
-    delta = int(pairs - loads.sum())
-    for i in range(abs(delta)):  # as the generator: most loaded first, or least loaded
-        j = order[i % num_experts] if delta > 0 else order[-(i % num_experts) - 1]
-        loads[j] += 1 if delta > 0 else (-1 if loads[j] > 0 else 0)
-    # Deal the sorted loads over the ranks: the first takes the largest of each group of
-    # ep, which makes it the most loaded, as the benchmark swaps its busiest rank first.
-    ranked = np.sort(loads)[::-1]
-    return ranked[0::ep][:local]
+    rng = np.random.default_rng(0)
+    u = rng.random((POWER_LAW_DRAWS, num_experts))
+    a = 1.0 - alpha
+    x = ((hi**a - lo**a) * u + lo**a) ** (1.0 / a)
+    loads = np.round(x / x.sum(axis=1, keepdims=True) * pairs)
+    out = np.zeros((POWER_LAW_DRAWS, local))
+    padded = np.zeros(local * ep)
+    for d in range(POWER_LAW_DRAWS):
+        row = loads[d]
+        # Most loaded first; ties (at small T most loads round to 0) in no set order,
+        # here by the unrounded draw: which experts take the remainder is random.
+        order = np.lexsort((-x[d], -row))
+        delta = int(pairs - row.sum())
+        if delta > 0:
+            row[order[:delta]] += 1
+        elif delta < 0:
+            last = order[::-1][:-delta]
+            short = row[last] <= 0
+            row[last[~short]] -= 1
+            row[np.argmax(row)] -= short.sum()
+        padded[:num_experts] = row
+        groups = padded.reshape(ep, local)
+        out[d] = groups[np.argmax(groups.sum(axis=1))]
+    return out
 
 
 @dataclass(frozen=True)
@@ -186,17 +220,161 @@ class MoeParts(NamedTuple):
     seconds: np.ndarray
     compute_s: np.ndarray  # grouped-GEMM time where the tile math binds
     memory_s: np.ndarray  # grouped-GEMM time where the DRAM traffic binds
-    l2_s: np.ndarray  # grouped-GEMM time where L2 -> SM traffic binds
+    l2_s: np.ndarray  # grouped-GEMM time where the thread blocks' panel streams bind
     pass_s: np.ndarray  # activation, quantisation, combine and routing passes
     floor_s: float  # the kernel sequence's fixed cost
     flops: np.ndarray  # useful FLOPs of both grouped GEMMs
+    rows_per_expert: np.ndarray  # mean rows of an activated expert (the compute curve's axis)
     gemm_bytes: np.ndarray  # DRAM bytes of both grouped GEMMs (the memory curve's axis)
     dram_bytes: np.ndarray
     l2_bytes: np.ndarray
 
 
+def marlin_block_m(tokens, topk, local) -> np.ndarray:
+    """vLLM's Marlin BLOCK_M rule: the first of 8, 16, 32, 48, 64 at which tokens x topk
+    / the rank's experts / BLOCK_M falls below 0.9 (64 past them); the index of that
+    size in BLOCK_MS per token count."""
+    density = np.asarray(tokens, dtype=float) * topk / local
+    chosen = np.full(density.shape, BLOCK_MS.index(MARLIN_BLOCK_MS[-1]))
+    for block in reversed(MARLIN_BLOCK_MS):
+        chosen = np.where(density / block < 0.9, BLOCK_MS.index(block), chosen)
+    return chosen
+
+
+class MoeRows(NamedTuple):
+    """Layers to price at once, one value per layer (numpy arrays): the token count,
+    the shape on the rank (inter = the rank's share of an expert's width) and the
+    expected load of the rank (ExpertLoad's fields, tiles one column per BLOCK_MS)."""
+
+    tokens: np.ndarray
+    hidden: np.ndarray
+    inter: np.ndarray
+    topk: np.ndarray
+    num_experts: np.ndarray
+    local: np.ndarray
+    active: np.ndarray
+    pairs: np.ndarray
+    tiles: np.ndarray
+
+
+def load_rows(tokens, hidden, inter_size, topk, num_experts, tp, ep, routings) -> MoeRows:
+    """MoeRows of layers given per layer (arrays, routings one Routing each)."""
+    tokens, hidden, inter_size, topk, num_experts, tp, ep = (
+        np.atleast_1d(np.asarray(a, dtype=np.int64))
+        for a in (tokens, hidden, inter_size, topk, num_experts, tp, ep)
+    )
+    if (tokens < 0).any():
+        raise InfersimError(f"MoE num_tokens must be >= 0, got {int(tokens.min())}")
+    loads = [
+        expert_load(int(t), int(k), int(e), int(p), r)
+        for t, k, e, p, r in zip(tokens, topk, num_experts, ep, routings, strict=True)
+    ]
+    return MoeRows(
+        tokens=tokens.astype(float),
+        hidden=hidden.astype(float),
+        inter=(inter_size // tp).astype(float),
+        topk=topk.astype(float),
+        num_experts=num_experts.astype(float),
+        local=-(-num_experts // ep).astype(float),
+        active=np.array([ld.active for ld in loads]),
+        pairs=np.array([ld.pairs for ld in loads]),
+        tiles=np.array([ld.tiles for ld in loads]).reshape(len(tokens), len(BLOCK_MS)),
+    )
+
+
+def moe_parts(
+    gpu: AcceleratorSpec, moe_format: str, rows: MoeRows, include_routing: bool = True
+) -> MoeParts:
+    """Layers in one weight format, priced term by term (see the module docstring): the
+    grouped GEMMs at each BLOCK_M Triton may run (the fastest kept) or the one Marlin's
+    rule takes; each the largest of its tile math, its DRAM traffic and its thread
+    blocks' panel streams; plus the passes over every (token, choice) row and the fixed
+    cost of the kernel sequence."""
+    eff = gpu.efficiency
+    fmt = MOE_FORMATS[moe_format_key(moe_format)]
+    peak = gpu.peak_flops(parse_dtype(fmt.compute_dtype))
+    compute_curve, memory_curve, floor_us = eff.moe_terms(moe_format)
+    cta_us, cta_us_per_mb = eff.moe_tiles(moe_format)
+    cta_s = cta_us * 1e-6
+    # Unfitted: each SM's share of the L2 bandwidth (Triton's tiles, without Hopper's
+    # multicast, are fed from L2: 128 x 128 bf16 tiles at 64 FLOPs per byte reach
+    # ~470 TFLOPS at the H100's 7.3 TB/s, where the public table saturates near 450).
+    if cta_us_per_mb is None:
+        cta_s_per_byte = gpu.sm_count / (gpu.l2_bandwidth * eff.l2_bandwidth)
+    else:
+        cta_s_per_byte = cta_us_per_mb * 1e-12
+    floor_s = (floor_us + (eff.kernel_floor_us if include_routing else 0.0)) * 1e-6
+    w_bpe, a_bpe = fmt.weight_bytes, fmt.act_bytes
+    r = rows
+    count = len(r.tokens)
+    all_pairs = r.tokens * r.topk  # every (token, choice) row of the buffers
+    # Triton writes every row of its outputs (other ranks' pairs as zeros); Marlin skips
+    # the blocks of experts the rank does not hold.
+    written = r.pairs if fmt.marlin else all_pairs
+    gemms = ((2.0 * r.inter, r.hidden), (r.hidden, r.inter))  # gate|up, then down: (n, k)
+    flops = sum(2.0 * r.pairs * n * k for n, k in gemms)
+    dram = [r.active * n * k * w_bpe + r.pairs * k * a_bpe + written * n * 2.0 for n, k in gemms]
+    gemm_bytes = dram[0] + dram[1]
+    rows_per_expert = r.pairs / np.maximum(r.active, 1.0)
+    c_eff = compute_curve.at(np.maximum(rows_per_expert, 1.0))
+    m_eff = memory_curve.at(np.maximum(gemm_bytes, 1.0))
+    index = np.arange(count)
+    totals = np.zeros((len(BLOCK_MS), 3, count))  # per BLOCK_M: the binding terms
+    l2_bytes = np.zeros((len(BLOCK_MS), count))
+    for j, block in enumerate(BLOCK_MS):
+        tiles = r.tiles[:, j]
+        for (n, k), moved in zip(gemms, dram, strict=True):
+            compute = 2.0 * tiles * block * n * k / (peak * c_eff)
+            memory = moved / (gpu.memory_bandwidth * m_eff)
+            # Each thread block (a row tile x BLOCK_N columns) streams its expert's
+            # weight panel and its rows through L2 into the SM at a capped rate.
+            panel = (BLOCK_N * w_bpe + block * a_bpe) * k
+            waves = np.ceil(tiles * np.ceil(n / BLOCK_N) / gpu.sm_count)
+            stream = waves * (cta_s + panel * cta_s_per_byte)
+            l2 = tiles * np.ceil(n / BLOCK_N) * panel
+            terms = np.stack([compute, memory, stream])
+            which = np.argmax(terms, axis=0)
+            totals[j, which, index] += terms[which, index]
+            l2_bytes[j] += l2
+    by_block = totals.sum(axis=1)
+    if fmt.marlin:
+        chosen = marlin_block_m(r.tokens, r.topk, r.local)
+    else:
+        allowed = np.array([b in TRITON_BLOCK_MS for b in BLOCK_MS])
+        chosen = np.argmin(np.where(allowed[:, None], by_block, np.inf), axis=0)
+    compute_s, memory_s, stream_s = totals[chosen, :, index].T
+    pass_bytes = _pass_bytes(r, all_pairs, fmt.act_bytes < 2, include_routing)
+    pass_s = pass_bytes / (gpu.memory_bandwidth * eff.memory_bandwidth)
+    return MoeParts(
+        seconds=by_block[chosen, index] + pass_s + floor_s,
+        compute_s=compute_s,
+        memory_s=memory_s,
+        l2_s=stream_s,
+        pass_s=pass_s,
+        floor_s=floor_s,
+        flops=flops,
+        rows_per_expert=rows_per_expert,
+        gemm_bytes=gemm_bytes,
+        dram_bytes=gemm_bytes + pass_bytes,
+        l2_bytes=l2_bytes[chosen, index],
+    )
+
+
+def _pass_bytes(r: MoeRows, all_pairs, quantizes: bool, include_routing: bool) -> np.ndarray:
+    """DRAM bytes of the passes around the GEMMs, over every (token, choice) row: the
+    activation (read gate|up, write the product), the weighted combine, the 8-bit
+    formats' quantisation of the hidden states and of the product, the top-k kernel."""
+    out = all_pairs * (2.0 * r.inter * 2.0 + r.inter * 2.0)
+    out = out + all_pairs * r.hidden * 2.0 + r.tokens * r.hidden * 2.0
+    if quantizes:
+        out = out + (r.tokens * r.hidden + all_pairs * r.inter) * QUANT_PASS_BYTES
+    if include_routing:
+        out = out + r.tokens * (r.num_experts * LOGIT_BYTES + r.topk * TOPK_PAIR_BYTES)
+    return out
+
+
 class MoeLayer:
-    """The cost of one MoE layer shape on one GPU, constants worked out once."""
+    """The cost of one MoE layer shape on one GPU (the simulator prices one every step)."""
 
     def __init__(
         self,
@@ -206,105 +384,28 @@ class MoeLayer:
         *,
         include_routing: bool = True,
     ) -> None:
+        self.gpu = gpu
         self.shape = shape
         self.routing = Routing.parse(routing)
-        compute_dtype, self.act_bpe, self.weight_bpe, kernels = MOE_FORMATS[shape.moe_format]
-        self.quantizes = self.act_bpe < 2
-        self.peak = gpu.peak_flops(parse_dtype(compute_dtype))
-        self.bandwidth = gpu.memory_bandwidth
-        self.pass_bandwidth = gpu.memory_bandwidth * gpu.efficiency.memory_bandwidth
-        self.l2_bandwidth = gpu.l2_bandwidth * gpu.efficiency.l2_bandwidth
-        self.compute_curve, self.memory_curve, floor_us = gpu.efficiency.moe_terms(shape.moe_format)
         self.include_routing = include_routing
-        # The top-k kernel is one more launch when the layer routes its own tokens.
+        fmt = MOE_FORMATS[shape.moe_format]
+        self.weight_bpe = fmt.weight_bytes
+        self.kernels = fmt.kernels + int(include_routing)
+        floor_us = gpu.efficiency.moe_terms(shape.moe_format)[2]
         extra = gpu.efficiency.kernel_floor_us if include_routing else 0.0
         self.floor_s = (floor_us + extra) * 1e-6
-        self.kernels = kernels + int(include_routing)
-        inter = shape.inter_size // shape.tp
-        # (n, k) of the two grouped GEMMs: gate and up fused, then down.
-        self.gemms = ((2 * inter, shape.hidden_size), (shape.hidden_size, inter))
-        self.inter = inter
 
     def parts(self, num_tokens) -> MoeParts:
         """The layer's terms for each token count (an int or an array of them)."""
-        tokens = np.atleast_1d(np.asarray(num_tokens, dtype=np.int64))
-        if (tokens < 0).any():
-            raise InfersimError(f"MoE num_tokens must be >= 0, got {int(tokens.min())}")
         s = self.shape
-        loads = [expert_load(int(t), s.topk, s.num_experts, s.ep, self.routing) for t in tokens]
-        active = np.array([ld.active for ld in loads])
-        pairs = np.array([ld.pairs for ld in loads])
-        tiles = np.array([ld.tiles for ld in loads]).reshape(len(tokens), len(BLOCK_MS))
-        all_pairs = tokens.astype(float) * s.topk  # every (token, choice) row of the buffers
-        flops = sum(2.0 * pairs * n * k for n, k in self.gemms)
-        gemm_bytes = np.zeros(len(tokens))
-        for n, k in self.gemms:
-            # Weights of the activated experts, the routed rows in, every row out (the
-            # rows of other ranks' experts as zeros).
-            gemm_bytes += active * n * k * self.weight_bpe + pairs * k * self.act_bpe
-            gemm_bytes += all_pairs * n * 2.0
-        c_eff = self.compute_curve.at(np.maximum(flops, 1.0))
-        m_eff = self.memory_curve.at(np.maximum(gemm_bytes, 1.0))
-        best = None
-        for j, block in enumerate(BLOCK_MS):
-            terms = np.zeros((3, len(tokens)))
-            l2_total = np.zeros(len(tokens))
-            total = np.zeros(len(tokens))
-            for n, k in self.gemms:
-                padded = tiles[:, j] * block
-                compute = 2.0 * padded * n * k / (self.peak * c_eff)
-                dram = active * n * k * self.weight_bpe + pairs * k * self.act_bpe
-                dram = dram + all_pairs * n * 2.0
-                memory = dram / (self.bandwidth * m_eff)
-                # Each row tile streams its expert's weight panel from L2, and each
-                # column tile its routed rows.
-                l2 = tiles[:, j] * n * k * self.weight_bpe
-                l2 = l2 + pairs * k * self.act_bpe * math.ceil(n / BLOCK_N)
-                l2_s = l2 / self.l2_bandwidth
-                longest = np.maximum(np.maximum(compute, memory), l2_s)
-                which = np.argmax(np.stack([compute, memory, l2_s]), axis=0)
-                for i in range(3):
-                    terms[i] += np.where(which == i, longest, 0.0)
-                l2_total += l2
-                total += longest
-            if best is None:
-                best = (total, terms, l2_total)
-            else:
-                faster = total < best[0]
-                best = (
-                    np.where(faster, total, best[0]),
-                    np.where(faster, terms, best[1]),
-                    np.where(faster, l2_total, best[2]),
-                )
-        assert best is not None
-        gemm_s, (compute_s, memory_s, l2_s), l2_bytes = best
-        pass_bytes = self._pass_bytes(tokens.astype(float), all_pairs)
-        pass_s = pass_bytes / self.pass_bandwidth
-        seconds = gemm_s + pass_s + self.floor_s
-        return MoeParts(
-            seconds=seconds,
-            compute_s=compute_s,
-            memory_s=memory_s,
-            l2_s=l2_s,
-            pass_s=pass_s,
-            floor_s=self.floor_s,
-            flops=flops,
-            gemm_bytes=gemm_bytes,
-            dram_bytes=gemm_bytes + pass_bytes,
-            l2_bytes=l2_bytes,
+        tokens = np.atleast_1d(np.asarray(num_tokens, dtype=np.int64))
+        ones = np.ones(len(tokens), dtype=np.int64)
+        rows = load_rows(
+            tokens,
+            *(ones * v for v in (s.hidden_size, s.inter_size, s.topk, s.num_experts, s.tp, s.ep)),
+            [self.routing] * len(tokens),
         )
-
-    def _pass_bytes(self, tokens: np.ndarray, all_pairs: np.ndarray) -> np.ndarray:
-        """DRAM bytes of the passes around the GEMMs, over every (token, choice) row."""
-        s, inter = self.shape, self.inter
-        act = all_pairs * (2 * inter * 2.0 + inter * 2.0)  # read gate|up, write product
-        combine = all_pairs * s.hidden_size * 2.0 + tokens * s.hidden_size * 2.0
-        out = act + combine
-        if self.quantizes:  # the hidden states, then the product, to 8 bits
-            out = out + (tokens * s.hidden_size + all_pairs * inter) * QUANT_PASS_BYTES
-        if self.include_routing:
-            out = out + tokens * (s.num_experts * LOGIT_BYTES + s.topk * TOPK_PAIR_BYTES)
-        return out
+        return moe_parts(self.gpu, s.moe_format, rows, self.include_routing)
 
     def cost(self, num_tokens: int) -> OpCost:
         """The layer for `num_tokens` tokens as an OpCost."""

@@ -66,8 +66,8 @@ def test_prefill_has_the_decompressed_attention_flops():
 
 
 def test_module_prices_absorbed_gemms_for_decode_and_kv_b_for_prefill():
-    decode = {g[0] for g in mla_projection_gemms(DEEPSEEK_V3, 8, 8 * 100, decode=True)}
-    prefill = {g[0] for g in mla_projection_gemms(DEEPSEEK_V3, 8, 800, decode=False)}
+    decode = {g[0] for g in mla_projection_gemms(DEEPSEEK_V3, decode=True)}
+    prefill = {g[0] for g in mla_projection_gemms(DEEPSEEK_V3, decode=False)}
     assert decode == {"qkv_a", "q_b", "w_uk", "w_uv", "o"}
     assert prefill == {"qkv_a", "q_b", "kv_b", "o"}
     args = {"num_seqs": 4, "new_tokens": 4, "attended_pairs": 4 * 1000, "context_tokens": 4000}
