@@ -12,6 +12,13 @@ from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
 from hardware_models.efficiency import EfficiencyCurve, EfficiencyProfile
 from hardware_models.errors import InfeasibleError, InfersimError
 from hardware_models.gemm import gemm_cost
+from hardware_models.mla import (
+    MlaShape,
+    mla_decode_cost,
+    mla_module_cost,
+    mla_prefill_cost,
+)
+from hardware_models.moe import MoeLayer, MoeShape, Routing, moe_cost
 from hardware_models.node import LinkSpec, NodeSpec
 from hardware_models.op_cost import Bound, OpCost
 from hardware_models.pointwise import (
@@ -45,9 +52,13 @@ __all__ = [
     "InfeasibleError",
     "InfersimError",
     "LinkSpec",
+    "MlaShape",
+    "MoeLayer",
+    "MoeShape",
     "NodeSpec",
     "OpCost",
     "Pointwise",
+    "Routing",
     "attention_decode_cost",
     "attention_decode_seconds",
     "attention_prefill_cost",
@@ -62,5 +73,9 @@ __all__ = [
     "list_nodes",
     "load_gpu",
     "load_node",
+    "mla_decode_cost",
+    "mla_module_cost",
+    "mla_prefill_cost",
+    "moe_cost",
     "parse_dtype",
 ]

@@ -8,7 +8,7 @@ clamped at the edges of the range it was fitted on.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -20,6 +20,41 @@ from hardware_models.node import LinkSpec
 # Block-scaled formats run different kernels from their plain dtype (scales per block),
 # so a curve keyed by one of these spellings is kept apart from the plain dtype's.
 BLOCK_SCALED_SPELLINGS = frozenset({"fp8_block", "nvfp4", "mxfp4"})
+
+
+class MoeFormat(NamedTuple):
+    """How vLLM's fused MoE runs one weight format."""
+
+    compute_dtype: str  # the tensor-core dtype the grouped GEMMs multiply in
+    act_bytes: float  # bytes of an activation element the GEMMs read
+    weight_bytes: float  # bytes of a weight element, its scales included
+    kernels: int  # kernels in the layer's sequence (without the top-k)
+    marlin: bool  # Marlin kernels: vLLM's BLOCK_M rule, no tiles for other ranks' pairs
+
+
+# The public tables' moe_dtype: fp8 scales per tensor, fp8_block per 128 x 128 block
+# (fp32); int4_wo 4-bit weights with a bf16 scale per 128 (Marlin); w4a16_mxfp4 4-bit
+# weights with an 8-bit scale per 32 (Marlin). 8-bit formats quantise the activations
+# before each grouped GEMM (two more kernels).
+MOE_FORMATS: dict[str, MoeFormat] = {
+    "bf16": MoeFormat("bf16", 2.0, 2.0, 5, False),
+    "fp8": MoeFormat("fp8", 1.0, 1.0, 7, False),
+    "fp8_block": MoeFormat("fp8", 1.0, 1.0 + 4.0 / (128 * 128), 7, False),
+    "int4_wo": MoeFormat("bf16", 2.0, 0.5 + 2.0 / 128, 5, True),
+    "w4a16_mxfp4": MoeFormat("bf16", 2.0, 0.5 + 1.0 / 32, 5, True),
+}
+_MOE_ALIASES = {"bfloat16": "bf16", "int4": "int4_wo", "mxfp4": "w4a16_mxfp4"}
+
+
+def moe_format_key(value: object) -> str:
+    """The MOE_FORMATS name of a MoE weight format, or a one-line error naming them."""
+    text = str(value).strip().lower()
+    text = _MOE_ALIASES.get(text, text)
+    if text not in MOE_FORMATS:
+        raise InfersimError(
+            f"unknown MoE weight format {value!r}; allowed: {', '.join(MOE_FORMATS)}"
+        )
+    return text
 
 
 def dtype_key(dtype: object) -> str:
@@ -343,6 +378,95 @@ class EfficiencyProfile(BaseModel):
         "over the node's GPU-to-GPU link in place of the link's own (calibration fits them "
         "to all-reduce rows); a group size without an entry uses the node preset's link",
     )
+    moe_compute_by_dtype: dict[str, EfficiencyCurve] = Field(
+        default_factory=dict,
+        description="fraction of tensor peak the grouped expert GEMMs of a fused MoE layer "
+        "sustain on their tiles, against the mean rows an activated expert receives (how "
+        "full and how many its row tiles are), per MoE weight format (keys: MOE_FORMATS); "
+        "no entry: the largest efficiency of the GEMM compute curve of the format's "
+        "compute dtype (full tiles of a large GEMM)",
+    )
+    moe_memory_by_dtype: dict[str, EfficiencyCurve] = Field(
+        default_factory=dict,
+        description="fraction of memory bandwidth the grouped expert GEMMs sustain, "
+        "against their DRAM bytes (activated experts' weights, routed activations), per "
+        "MoE weight format; no entry: the GEMM memory curve of the compute dtype",
+    )
+    moe_floor_us_by_dtype: dict[str, float] = Field(
+        default_factory=dict,
+        description="fixed time of one fused MoE layer, microseconds, per MoE weight "
+        "format: the launches and ramp of its whole kernel sequence (block alignment, "
+        "quantisation, two grouped GEMMs, activation, combine), one figure however many "
+        "experts run; no entry: kernel_floor_us per kernel of the sequence",
+    )
+    moe_cta_latency_us_by_dtype: dict[str, float] = Field(
+        default_factory=dict,
+        description="fixed time of one grouped-GEMM thread block of a fused MoE layer "
+        "beyond its k loop (prologue, epilogue), microseconds, per MoE weight format: "
+        "thin experts (a wide tensor-parallel split) make many short blocks; no entry: 0",
+    )
+    moe_cta_us_per_mb_by_dtype: dict[str, float] = Field(
+        default_factory=dict,
+        description="time one grouped-GEMM thread block takes to stream (and, for 4-bit "
+        "formats, dequantise) 1 MB of its weight panel and rows, microseconds, per MoE "
+        "weight format: L2 feeds the tiles (Triton has no multicast), a block's loads in "
+        "flight or its dequantisation cap its rate, which binds at large batches, where "
+        "few experts leave SMs idle (a rank holding one expert), and for Marlin's 4-bit "
+        "kernels; no entry: each SM's share of l2_bandwidth",
+    )
+    mla_decode_memory: EfficiencyCurve | None = Field(
+        default=None,
+        description="fraction of memory bandwidth MLA decode attention (FlashMLA, or "
+        "Triton MLA before Hopper) sustains streaming the latent KV cache, against its "
+        "bytes. None: attention_decode_memory",
+    )
+    mla_decode_compute: float = Field(
+        default=0.6,
+        gt=0,
+        le=1,
+        description="fraction of tensor peak MLA decode sustains where its math binds "
+        "(many heads over a long latent cache: every query head multiplies the whole "
+        "latent, kv_lora_rank + rope dims); FlashMLA reports ~660 of 989 TFLOPS on H100",
+    )
+    mla_decode_floor_us: float | None = Field(
+        default=None,
+        ge=0,
+        description="fixed time of an MLA decode attention call, microseconds (None: "
+        "attention_decode_floor_us)",
+    )
+    mla_decode_head_block: int = Field(
+        default=0,
+        ge=0,
+        description="query heads one MLA decode thread block serves: every such group "
+        "of heads reads the sequence's latent cache again from DRAM. 0: one read per "
+        "sequence however many heads (FlashMLA, whose 64-head blocks share it through "
+        "L2); 16: vLLM's Triton MLA (BLOCK_H = 16)",
+    )
+    mla_decode_kv_splits: int = Field(
+        default=0,
+        ge=0,
+        description="slices MLA decode splits each sequence's cache into: 0, as many as "
+        "fill the SMs (flash-decoding, FlashMLA); n, always n (vLLM's Triton MLA: 4)",
+    )
+    mla_prefill_compute: EfficiencyCurve | None = Field(
+        default=None,
+        description="attention_prefill_compute for MLA prefill, whose decompressed heads "
+        "are 192 wide for QK and 128 for V (DeepSeek-V3). None: attention_prefill_compute",
+    )
+    mla_prefill_floor_us: float | None = Field(
+        default=None,
+        ge=0,
+        description="fixed time of an MLA prefill attention call, microseconds (None: "
+        "the prefill attention floor)",
+    )
+    mla_decode_cta_us_per_mb: float = Field(
+        default=0.0,
+        ge=0,
+        description="time one MLA decode thread block takes to stream 1 MB of latent "
+        "cache, microseconds: a kernel with a fixed number of KV splits (vLLM's Triton "
+        "MLA uses 4) leaves few blocks per sequence, each capped by its loads in flight; "
+        "0 does not cap it (FlashMLA splits to fill the SMs)",
+    )
 
     @field_validator(
         "gemm_compute_by_dtype",
@@ -360,6 +484,25 @@ class EfficiencyProfile(BaseModel):
         for key, value in v.items():
             try:
                 out[dtype_key(key)] = value
+            except InfersimError as exc:
+                raise ValueError(str(exc)) from None
+            if isinstance(value, float | int) and value < 0:
+                raise ValueError(f"{key}: a floor must be >= 0 us, got {value}")
+        return out
+
+    @field_validator(
+        "moe_compute_by_dtype",
+        "moe_memory_by_dtype",
+        "moe_floor_us_by_dtype",
+        "moe_cta_latency_us_by_dtype",
+        "moe_cta_us_per_mb_by_dtype",
+    )
+    @classmethod
+    def _moe_keys(cls, v: dict) -> dict:
+        out = {}
+        for key, value in v.items():
+            try:
+                out[moe_format_key(key)] = value
             except InfersimError as exc:
                 raise ValueError(str(exc)) from None
             if isinstance(value, float | int) and value < 0:
@@ -410,6 +553,30 @@ class EfficiencyProfile(BaseModel):
         return (
             self._for_dtype(self.gemm_quant_bandwidth_by_dtype, dtype, self.memory_bandwidth),
             self._for_dtype(self.gemm_pad_us_by_dtype, dtype, self.kernel_floor_us),
+        )
+
+    def moe_terms(self, moe_format: str) -> tuple[EfficiencyCurve, EfficiencyCurve, float]:
+        """(compute curve, memory curve, layer floor in us) of fused MoE layers in
+        `moe_format`: fitted entries, else the compute dtype's GEMM efficiencies (the
+        compute curve's plateau) and one kernel floor per kernel of the layer's sequence."""
+        key = moe_format_key(moe_format)
+        fmt = MOE_FORMATS[key]
+        gemm_compute, gemm_memory, _ = self.gemm_terms(fmt.compute_dtype)
+        # The GEMM curve is against FLOPs: its large-GEMM plateau is what full tiles reach.
+        plateau = EfficiencyCurve.constant(max(gemm_compute.values))
+        return (
+            self.moe_compute_by_dtype.get(key, plateau),
+            self.moe_memory_by_dtype.get(key, gemm_memory),
+            self.moe_floor_us_by_dtype.get(key, fmt.kernels * self.kernel_floor_us),
+        )
+
+    def moe_tiles(self, moe_format: str) -> tuple[float, float | None]:
+        """(fixed us of one grouped-GEMM thread block, us per MB it streams) of fused MoE
+        layers in `moe_format`: 0 and None (the SM's share of L2) where not fitted."""
+        key = moe_format_key(moe_format)
+        return (
+            self.moe_cta_latency_us_by_dtype.get(key, 0.0),
+            self.moe_cta_us_per_mb_by_dtype.get(key),
         )
 
     def link_for(self, num_gpus: int, link: LinkSpec) -> LinkSpec:

@@ -13,6 +13,10 @@ class InfeasibleError(InfersimError):
     """A configuration that is valid but cannot run (the model does not fit, ...)."""
 
 
+class InfersimWarning(UserWarning):
+    """A run that goes ahead but bends the answer in a way the user should know."""
+
+
 def describe_validation_error(err: ValidationError, source: str = "") -> str:
     """Turn a pydantic error into 'source: field.path: message (got value)' lines."""
     lines = []

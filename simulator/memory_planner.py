@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
 from hardware_models.errors import InfeasibleError, InfersimError
 from simulator.architecture import ModelArchitecture
+from simulator.engine.moe_layer import ExpertLayout
 
 GB = 1e9
 
@@ -40,43 +42,102 @@ def weight_bytes_per_param(dtype: str | Dtype) -> float:
     return bytes_per_element(d) + _SCALE_BYTES_PER_WEIGHT.get(d, 0.0)
 
 
-def stage_weight_bytes(
+class StageWeights(NamedTuple):
+    """Weight bytes on one GPU of a pipeline stage."""
+
+    total: float
+    experts: float  # of which routed experts
+
+
+def _layer_weight_bytes(
+    arch: ModelArchitecture, tp: int, experts: ExpertLayout, w_bytes: float, a_bytes: float
+) -> tuple[float, float, float]:
+    """Bytes of one dense layer, of one MoE layer, and of its routed experts on one GPU.
+
+    Weight matrices are stored in the weight dtype: the attention's split over tp (GQA's
+    K/V projections replicate when tp > KV heads; MLA's down-projections replicate), the
+    dense MLP and the shared experts split over tp, and the routed experts as `experts`
+    places them (sliced over tp, or whole over the EP group). The router, norms, biases
+    and sinks stay in the activation dtype, as vLLM's quantised loaders keep them.
+    """
+    attention = sum(n * k for _, _, n, k in arch.attention_gemms(1, tp))
+    dense_mlp = arch.mlp_matrix_params(math.ceil(arch.intermediate_size / tp))
+    shared = arch.mlp_matrix_params(math.ceil(arch.shared_intermediate_size / tp))
+    routed = experts.experts_per_gpu * arch.mlp_matrix_params(experts.expert_width(arch))
+    # Everything but the matrices (router included), kept whole on every GPU.
+    whole_dense = (
+        arch.dense_layer_params
+        - arch.attention_linear_params
+        - arch.mlp_matrix_params(arch.intermediate_size)
+    )
+    whole_moe = (
+        arch.moe_layer_params
+        - arch.attention_linear_params
+        - arch.mlp_matrix_params(arch.shared_intermediate_size)
+        - arch.num_experts * arch.mlp_matrix_params(arch.expert_intermediate_size)
+    )
+    dense_layer = (attention + dense_mlp) * w_bytes + whole_dense * a_bytes
+    moe_layer = (attention + shared + routed) * w_bytes + whole_moe * a_bytes
+    return dense_layer, moe_layer, routed * w_bytes
+
+
+def stage_layers(arch: ModelArchitecture, pp: int) -> list[range]:
+    """The layers of each pipeline stage: ceil(layers / pp) each, the last stage the rest."""
+    if pp < 1:
+        raise InfersimError(f"pp must be >= 1, got {pp}")
+    if pp > arch.num_layers:
+        raise InfersimError(f"{arch.name}: pp={pp} exceeds num_layers ({arch.num_layers})")
+    size = math.ceil(arch.num_layers / pp)
+    return [range(i * size, min((i + 1) * size, arch.num_layers)) for i in range(pp)]
+
+
+def stage_weights(
     arch: ModelArchitecture,
     *,
     weight_dtype: str | Dtype,
     activation_dtype: str | Dtype = Dtype.BF16,
     tp: int = 1,
     pp: int = 1,
-) -> float:
-    """Weights on the most loaded GPU.
+    expert_parallel: bool = False,
+) -> list[StageWeights]:
+    """Weight bytes on one GPU of each pipeline stage.
 
-    Projection and expert matrices are stored in `weight_dtype`, sharded over tp (K/V
-    projections replicate when tp > KV heads); norms, biases, the router, embeddings and
-    the LM head stay in `activation_dtype`, as vLLM's FP8/AWQ/GPTQ loaders keep them.
-    With pp stages each holds ceil(layers / pp) layers; the first adds the embedding and
-    the last the LM head (a copy of the embedding when tied), so the worst stage counts.
+    With pp stages the first adds the embedding and the last the final norm and the LM
+    head (a copy of the embedding when tied and pp > 1); the vocabulary splits over tp.
     """
     arch.check_tp(tp)
-    if pp < 1:
-        raise InfersimError(f"pp must be >= 1, got {pp}")
-    if pp > arch.num_layers:
-        raise InfersimError(f"{arch.name}: pp={pp} exceeds num_layers ({arch.num_layers})")
-    kv_shard = arch.kv_heads_per_shard(tp) * arch.head_dim
-    h = arch.hidden_size
-    linear = 2 * h * arch.q_dim / tp + 2 * h * kv_shard + arch.num_experts * arch.expert_params / tp
-    bias = (arch.q_dim / tp + 2 * kv_shard) if arch.attention_bias else 0
-    unquantised = bias + arch.norm_params_per_layer + arch.router_params_per_layer
-    w_bytes = weight_bytes_per_param(weight_dtype)
+    experts = ExpertLayout.of(arch, tp, expert_parallel)
     a_bytes = bytes_per_element(activation_dtype)
-    layer = linear * w_bytes + unquantised * a_bytes
-    layers = math.ceil(arch.num_layers / pp)
-    vocab_shard = math.ceil(arch.vocab_size / tp) * h
+    dense, moe, routed = _layer_weight_bytes(
+        arch, tp, experts, weight_bytes_per_param(weight_dtype), a_bytes
+    )
+    vocab_shard = math.ceil(arch.vocab_size / tp) * arch.hidden_size
     head = 0 if (pp == 1 and arch.tie_word_embeddings) else vocab_shard
-    if pp == 1:
-        ends = vocab_shard + head + arch.final_norm_params
-    else:
-        ends = max(vocab_shard, head + arch.final_norm_params)
-    return layers * layer + ends * a_bytes
+    stages = stage_layers(arch, pp)
+    weights = []
+    for index, layers in enumerate(stages):
+        moe_layers = sum(arch.is_moe_layer(i) for i in layers)
+        total = moe_layers * moe + (len(layers) - moe_layers) * dense
+        ends = (vocab_shard if index == 0 else 0) + (
+            head + arch.final_norm_params if index == len(stages) - 1 else 0
+        )
+        weights.append(StageWeights(total + ends * a_bytes, moe_layers * routed))
+    return weights
+
+
+def stage_weight_bytes(arch: ModelArchitecture, **layout: Any) -> float:
+    """Weights on the most loaded GPU: the largest of stage_weights(arch, **layout)."""
+    return max(stage.total for stage in stage_weights(arch, **layout))
+
+
+def kv_bytes_per_token_on_gpu(
+    arch: ModelArchitecture, layers: range, kv_dtype: str | Dtype, tp: int = 1
+) -> float:
+    """KV bytes one token takes on one GPU holding `layers`: its K/V heads' share (GQA),
+    or the whole MLA latent, which every TP rank keeps. Sliding-window layers count at
+    full length, as vLLM allocates without its hybrid KV cache manager (with it, they
+    would keep only the window's blocks)."""
+    return len(layers) * arch.kv_elements_per_token_layer_shard(tp) * bytes_per_element(kv_dtype)
 
 
 def activation_bytes(
@@ -86,14 +147,17 @@ def activation_bytes(
     tp: int = 1,
     activation_dtype: str | Dtype = Dtype.BF16,
     sampled_tokens: int | None = None,
+    expert_parallel: bool = False,
 ) -> float:
     """Peak transient memory of one forward step over `tokens` tokens, on one TP rank.
 
     Modelled as the live buffers at the widest point of a layer plus the logits:
     - residual stream and normed input: 2 x tokens x hidden;
-    - the larger of the attention intermediates (QKV output + attention output) and the
-      MLP's (gate_up output + activated product), sharded by tp; for MoE the MLP sees
-      tokens x experts_per_token rows (fused-MoE scratch);
+    - the larger of the attention intermediates (QKV output + attention output; MLA's
+      decompressed K and V) and the MLP's (gate_up output + activated product), sharded
+      by tp; an MoE layer's routed experts see tokens x experts_per_token rows (fused-MoE
+      scratch, each row an expert's width: sliced over tp, or whole with
+      `expert_parallel`, as every rank sees every token) besides the shared experts';
     - logits for the sampled positions (min(tokens, 256) by default), upcast to fp32,
       plus the softmax copy, over the full vocabulary (gathered on the first rank).
     Layers run one after another and free their intermediates, so only one counts.
@@ -101,11 +165,19 @@ def activation_bytes(
     if tokens < 1:
         raise InfersimError(f"tokens must be >= 1, got {tokens}")
     a_bytes = bytes_per_element(activation_dtype)
-    kv_shard = arch.kv_heads_per_shard(tp) * arch.head_dim
     q_shard = arch.q_dim / tp
-    attention = tokens * (2 * q_shard + 2 * kv_shard)
-    up_width = (3 if arch.gated_mlp else 2) * math.ceil(arch.intermediate_size / tp)
-    mlp = tokens * arch.experts_per_token * up_width
+    if arch.is_mla:  # prefill decompresses each head's K and V from the latent
+        heads = arch.num_attention_heads / tp
+        attention = tokens * (2 * q_shard + 2 * heads * arch.v_head_dim + arch.mla_latent_dim)
+    else:
+        attention = tokens * (2 * q_shard + 2 * arch.kv_heads_per_shard(tp) * arch.head_dim)
+    width = (3 if arch.gated_mlp else 2) * math.ceil(arch.intermediate_size / tp)
+    mlp = tokens * width
+    if arch.is_moe:
+        width = ExpertLayout.of(arch, tp, expert_parallel).expert_width(arch)
+        expert = (3 if arch.gated_mlp else 2) * width
+        shared = (3 if arch.gated_mlp else 2) * math.ceil(arch.shared_intermediate_size / tp)
+        mlp = max(mlp, tokens * (arch.experts_per_token * expert + shared))
     residual = 2 * tokens * arch.hidden_size
     sampled = min(tokens, DEFAULT_MAX_NUM_SEQS) if sampled_tokens is None else sampled_tokens
     logits = sampled * arch.vocab_size * _LOGIT_BYTES * _LOGIT_BUFFERS
@@ -131,6 +203,8 @@ class MemoryPlan:
     usable: float
     kv_capacity_bytes: float
     kv_capacity_tokens: int
+    expert_weights: float = 0.0  # of `weights`, the routed experts'
+    expert_parallel: bool = False
 
     def breakdown(self) -> list[tuple[str, float]]:
         """(item, GB) rows that add up to the GPU's capacity."""
@@ -145,10 +219,16 @@ class MemoryPlan:
     def table(self) -> str:
         title = (
             f"{self.model} on {self.gpu} ({self.weight_dtype} weights, {self.kv_dtype} KV, "
-            f"tp={self.tp}, pp={self.pp}), per GPU"
+            f"tp={self.tp}, pp={self.pp}{', expert parallel' if self.expert_parallel else ''})"
+            ", per GPU"
         )
         rows = [f"  {item:<28}{gb:>9.2f} GB" for item, gb in self.breakdown()]
-        footer = [
+        footer = []
+        if self.expert_weights:
+            footer.append(
+                f"  {'of weights: routed experts':<28}{self.expert_weights / GB:>9.2f} GB"
+            )
+        footer += [
             f"  {'capacity':<28}{self.capacity / GB:>9.2f} GB",
             f"  {'KV bytes per token':<28}{self.kv_bytes_per_token:>9.0f} B",
             f"  {'KV capacity':<28}{self.kv_capacity_tokens:>9d} tokens",
@@ -168,9 +248,12 @@ def plan_memory(
     max_num_batched_tokens: int = 8192,
     activation_dtype: str | Dtype = Dtype.BF16,
     framework_overhead_gb: float = DEFAULT_FRAMEWORK_OVERHEAD_GB,
+    expert_parallel: bool = False,
 ) -> MemoryPlan:
-    """Plan one GPU of a tp x pp replica; raise InfeasibleError (with the breakdown) when
-    weights, activations and overhead leave no room for a KV cache."""
+    """Plan one GPU of a tp x pp replica (experts sliced over tp, or whole over the tp
+    GPUs with `expert_parallel`); raise InfeasibleError (with the breakdown) when
+    weights, activations and overhead leave no room for a KV cache. The plan is the
+    GPU whose stage holds the fewest KV tokens."""
     if not 0 < gpu_memory_utilization <= 1:
         raise InfersimError(
             f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}"
@@ -179,32 +262,47 @@ def plan_memory(
         raise InfersimError(f"framework_overhead_gb must be >= 0, got {framework_overhead_gb}")
     w_dtype, k_dtype = parse_dtype(weight_dtype), parse_dtype(kv_dtype)
 
-    def weights_and_activations(tp: int) -> tuple[float, float]:
-        weights = stage_weight_bytes(
-            arch, weight_dtype=w_dtype, activation_dtype=activation_dtype, tp=tp, pp=pp
+    def weights_and_activations(tp: int) -> tuple[list[StageWeights], float]:
+        weights = stage_weights(
+            arch,
+            weight_dtype=w_dtype,
+            activation_dtype=activation_dtype,
+            tp=tp,
+            pp=pp,
+            expert_parallel=expert_parallel,
         )
         activations = activation_bytes(
-            arch, max_num_batched_tokens, tp=tp, activation_dtype=activation_dtype
+            arch,
+            max_num_batched_tokens,
+            tp=tp,
+            activation_dtype=activation_dtype,
+            expert_parallel=expert_parallel,
         )
         return weights, activations
 
-    weights, activations = weights_and_activations(tp)
+    stages, activations = weights_and_activations(tp)
     overhead = framework_overhead_gb * GB
     usable = gpu.memory_bytes * gpu_memory_utilization
-    fixed = weights + activations + overhead
-    if fixed >= usable:
+    heaviest = max(stages)
+    weights = heaviest.total
+    layout = f"tp={tp}, pp={pp}" + (", expert parallel" if expert_parallel else "")
+    experts = f", {heaviest.experts / GB:.1f} GB of them routed experts" if arch.is_moe else ""
+    if weights + activations + overhead >= usable:
         raise InfeasibleError(
-            f"{arch.name} ({w_dtype.value}, tp={tp}, pp={pp}) does not fit on {gpu.name}: "
+            f"{arch.name} ({w_dtype.value}, {layout}) does not fit on {gpu.name}: "
             f"weights {weights / GB:.1f} GB + activations {activations / GB:.1f} GB + "
             f"overhead {overhead / GB:.1f} GB > usable {usable / GB:.1f} GB "
-            f"({gpu.memory_bytes / GB:g} GB x {gpu_memory_utilization:.2f}); "
-            + _hint(arch, tp, usable - overhead, weights_and_activations)
+            f"({gpu.memory_bytes / GB:g} GB x {gpu_memory_utilization:.2f}) on the most "
+            f"loaded GPU{experts}; " + _hint(arch, tp, usable - overhead, weights_and_activations)
         )
-    layers = math.ceil(arch.num_layers / pp)
-    kv_per_token = (
-        2 * layers * arch.kv_heads_per_shard(tp) * arch.head_dim * bytes_per_element(k_dtype)
-    )
-    kv_capacity = usable - fixed
+    # Each stage's GPUs keep their own KV cache; the stage holding the fewest tokens
+    # limits the replica.
+    plans = []
+    for layers, stage in zip(stage_layers(arch, pp), stages, strict=True):
+        per_token = kv_bytes_per_token_on_gpu(arch, layers, k_dtype, tp)
+        room = usable - stage.total - activations - overhead
+        plans.append((room // per_token, stage, per_token, room))
+    tokens, stage, kv_per_token, kv_capacity = min(plans)
     return MemoryPlan(
         model=arch.name,
         gpu=gpu.name,
@@ -214,13 +312,15 @@ def plan_memory(
         pp=pp,
         capacity=gpu.memory_bytes,
         gpu_memory_utilization=gpu_memory_utilization,
-        weights=weights,
+        weights=stage.total,
+        expert_weights=stage.experts,
+        expert_parallel=expert_parallel,
         activations=activations,
         framework_overhead=overhead,
         kv_bytes_per_token=kv_per_token,
         usable=usable,
         kv_capacity_bytes=kv_capacity,
-        kv_capacity_tokens=int(kv_capacity // kv_per_token),
+        kv_capacity_tokens=int(tokens),
     )
 
 
@@ -228,7 +328,7 @@ def _hint(
     arch: ModelArchitecture,
     tp: int,
     room: float,
-    weights_and_activations: Callable[[int], tuple[float, float]],
+    weights_and_activations: Callable[[int], tuple[list[StageWeights], float]],
 ) -> str:
     """Suggest the smallest valid larger tp whose weights and activations fit in `room`."""
     for bigger in range(tp + 1, arch.num_attention_heads + 1):
@@ -236,6 +336,7 @@ def _hint(
             arch.check_tp(bigger)
         except InfersimError:
             continue
-        if sum(weights_and_activations(bigger)) < room:
+        stages, activations = weights_and_activations(bigger)
+        if max(stage.total for stage in stages) + activations < room:
             return f"try tp>={bigger} or a smaller weight dtype"
     return "try pp>1 or a smaller weight dtype"

@@ -12,7 +12,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hardware_models.errors import InfersimError
 from hardware_models.yaml_io import load_yaml_mapping, parse_yaml
@@ -49,6 +49,23 @@ class ModelSection(BaseModel):
     weight_dtype: DType = Field(default="bf16", description="storage type of the weights")
     kv_dtype: DType = Field(default="bf16", description="storage type of the KV cache")
     activation_dtype: Literal["fp16", "bf16"] = Field(default="bf16")
+    moe_routing: str = Field(
+        default="balanced",
+        description="how an MoE model's tokens spread over its experts: balanced (each "
+        "token picks its top-k uniformly), round_robin (loads even to one token), or "
+        "power_law_<alpha> (skewed loads, alpha > 1, as the measured tables use)",
+    )
+
+    @field_validator("moe_routing")
+    @classmethod
+    def _known_routing(cls, value: str) -> str:
+        from hardware_models.moe import Routing  # scipy: loaded when a scenario names one
+
+        try:
+            Routing.parse(value)
+        except InfersimError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
 
 class ParallelismSection(BaseModel):
@@ -65,6 +82,12 @@ class ParallelismSection(BaseModel):
         default=None,
         ge=1,
         description="nodes the cluster has; a placement needing more GPUs is an error",
+    )
+    enable_expert_parallel: bool = Field(
+        default=False,
+        description="vLLM's --enable-expert-parallel: an MoE model's routed experts are "
+        "spread whole over the replica's tp GPUs (EP size = tp, as dp is 1) instead of each "
+        "expert being split tp ways; list the catalog's MoE models with `infersim models`",
     )
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import heapq
 import os
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import simpy
 
 from hardware_models.accelerator import AcceleratorSpec
-from hardware_models.errors import InfeasibleError, InfersimError
+from hardware_models.errors import InfeasibleError, InfersimError, InfersimWarning
 from hardware_models.node import NodeSpec
 from hardware_models.presets import list_nodes, load_gpu, load_node, with_calibration
 from simulator.architecture import ModelArchitecture
@@ -125,6 +126,23 @@ def check_placement(scenario: Scenario, arch: ModelArchitecture, node: NodeSpec)
             )
 
 
+def _engine_window(arch: ModelArchitecture) -> int | None:
+    """The window the engine applies to every layer's attention. A model mixing sliding
+    and full layers (Gemma 2/3, gpt-oss, Llama 4) is priced with full attention in every
+    layer, an upper bound on its attention time, and the run says so."""
+    if arch.num_sliding_layers in (0, arch.num_layers):
+        return arch.sliding_window
+    warnings.warn(
+        f"{arch.name}: {arch.num_sliding_layers} of {arch.num_layers} layers attend to a "
+        f"{arch.sliding_window}-token window; the engine prices every layer with full "
+        "attention (an upper bound on attention time) and keeps their KV at full length, "
+        "as vLLM without its hybrid KV cache manager",
+        InfersimWarning,
+        stacklevel=2,
+    )
+    return None
+
+
 def build_replica(scenario: Scenario) -> ReplicaBuild:
     """Model, hardware, memory plan and step costs: fails early, with the breakdown, when
     the configuration cannot run."""
@@ -145,6 +163,7 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
         max_num_batched_tokens=serving.max_num_batched_tokens,
         activation_dtype=scenario.model.activation_dtype,
         framework_overhead_gb=engine.framework_overhead_gb,
+        expert_parallel=par.enable_expert_parallel,
     )
     block_bytes = serving.block_size * memory.kv_bytes_per_token
     blocks = serving.num_gpu_blocks or int(memory.kv_capacity_bytes // block_bytes)
@@ -169,7 +188,7 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
         swap_seconds_per_block=block_bytes / pcie,
         max_queue_delay_s=serving.max_queue_delay_ms / 1000,
         max_waiting=serving.max_waiting,
-        sliding_window=arch.sliding_window,
+        sliding_window=_engine_window(arch),
         priority_preemption=serving.priority_preemption,
         reserve_full_sequence=serving.reserve_full_sequence,
         multi_step=engine.multi_step,
@@ -192,6 +211,8 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
             async_scheduling=engine.async_scheduling,
             fused_kernels=engine.fused_kernels,
         ),
+        expert_parallel=par.enable_expert_parallel,
+        moe_routing=scenario.model.moe_routing,
     )
     info = ReplicaInfo(
         gpu=gpu.name,

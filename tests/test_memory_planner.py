@@ -45,7 +45,7 @@ def test_fp8_weights_halve_layer_weights(h100):
     arch = load_model("llama-2-7b")
     bf16 = plan_memory(arch, h100, weight_dtype="bf16", kv_dtype="bf16")
     fp8 = plan_memory(arch, h100, weight_dtype="fp8", kv_dtype="bf16")
-    linear = arch.num_layers * arch.linear_params_per_layer
+    linear = arch.linear_params()
     assert bf16.weights - fp8.weights == pytest.approx(linear)
     assert 0.5 < fp8.weights / bf16.weights < 0.55  # embeddings and norms stay 16-bit
 
@@ -62,7 +62,7 @@ def test_int4_includes_group_scales():
     arch = load_model("llama-2-7b")
     int4 = stage_weight_bytes(arch, weight_dtype="int4")
     bf16 = stage_weight_bytes(arch, weight_dtype="bf16")
-    linear = arch.num_layers * arch.linear_params_per_layer
+    linear = arch.linear_params()
     assert bf16 - int4 == pytest.approx(linear * (2 - 0.5 - 2 / 128))
 
 

@@ -1,13 +1,14 @@
 """Reliability, part 1: scenarios generated across the schema's ranges either run to the
 end with every invariant holding, or are refused up front with a one-line InfersimError.
 
-Generated: models from llama-2-7b to llama-3.1-405b and mixtral, GPUs from L4 to B200,
-tp 1..8, rates from 0.01/s to 1000/s, prompts from 1 token to beyond the context window,
-one-token outputs, fixed/uniform/normal/lognormal lengths, the four policies, recompute and
-swap, prefix caching, tiny KV caches, 1..16 replicas, count- or duration-limited
-workloads, open and closed loop, multi-turn sessions. Work is bounded (<= 150 requests,
-short horizons) so every case takes milliseconds and the default run stays within
-seconds; `-m slow` runs many more cases.
+Generated: models from llama-2-7b to llama-3.1-405b and the MoE models mixtral,
+qwen3-30b-a3b, gpt-oss-20b and deepseek-v3 (MLA), with and without expert parallelism and
+routing skew, GPUs from L4 to B200, tp 1..8, rates from 0.01/s to 1000/s, prompts from 1
+token to beyond the context window, one-token outputs, fixed/uniform/normal/lognormal
+lengths, the four policies, recompute and swap, prefix caching, tiny KV caches, 1..16
+replicas, count- or duration-limited workloads, open and closed loop, multi-turn sessions.
+Work is bounded (<= 150 requests, short horizons) so every case takes milliseconds and the
+default run stays within seconds; `-m slow` runs many more cases.
 """
 
 from __future__ import annotations
@@ -40,7 +41,11 @@ MODELS = [
     "llama-3.1-70b",
     "qwen2.5-72b",
     "llama-3.1-405b",
+    "qwen3-30b-a3b",  # MoE: 128 experts, top 8
+    "gpt-oss-20b",  # MoE with alternating sliding/full attention
+    "deepseek-v3",  # MoE with MLA (refused where it does not fit)
 ]
+MOE_MODELS = {"mixtral-8x7b", "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v3"}
 GPUS = [
     "l4",
     "rtx-4090",
@@ -316,6 +321,7 @@ def scenarios(draw: st.DrawFn, max_requests: int = MAX_REQUESTS) -> dict[str, An
             "name": model,
             "weight_dtype": draw(st.sampled_from(DTYPES)),
             "kv_dtype": draw(st.sampled_from(DTYPES)),
+            "moe_routing": draw(st.sampled_from(["balanced", "round_robin", "power_law_1.2"])),
         },
         "parallelism": {
             # tp 1..8, weighted to the degrees that divide every model's heads
@@ -323,6 +329,7 @@ def scenarios(draw: st.DrawFn, max_requests: int = MAX_REQUESTS) -> dict[str, An
             "pp": draw(st.sampled_from([1, 1, 1, 2, 4])),
             "replicas": draw(st.integers(1, 16)),
             "router": draw(st.sampled_from(ROUTERS)),
+            "enable_expert_parallel": model in MOE_MODELS and draw(st.booleans()),
         },
         "serving": serving,
         "engine": {"multi_step": draw(st.booleans())},

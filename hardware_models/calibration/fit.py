@@ -21,6 +21,7 @@ import pandas as pd
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.calibration.isotonic import binned_curve
 from hardware_models.calibration.measured_tables import gemm_kernel_dtype
+from hardware_models.calibration.moe_mla_fit import moe_mla_fits
 from hardware_models.calibration.operator_terms import (
     CurveLoc,
     Terms,
@@ -179,7 +180,8 @@ def _search_scalars(
 
 
 def class_fits(table: pd.DataFrame) -> list[ClassFit]:
-    """The fits a table supports: one per GEMM kernel dtype, prefill, decode, copies."""
+    """The fits a table supports: one per GEMM kernel dtype, prefill, decode, then one
+    per MoE weight format, MLA decode and MLA prefill (moe_mla_fit)."""
     fits: list[ClassFit] = []
     gemm = table[table["op_class"] == "gemm"]
     if len(gemm):
@@ -259,6 +261,9 @@ def class_fits(table: pd.DataFrame) -> list[ClassFit]:
                     rank_scalars=len(scalars),
                 )
             )
+    for name, rows, price, bounds, choices in moe_mla_fits(table):
+        scalars = tuple(Scalar(loc, low, high) for loc, low, high in bounds)
+        fits.append(ClassFit(name, rows, price, scalars, choices, rank_scalars=len(scalars)))
     return fits
 
 

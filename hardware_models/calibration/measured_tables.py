@@ -58,6 +58,12 @@ from hardware_models.attention import (
     causal_pairs_many,
     decode_keys_read,
 )
+from hardware_models.calibration.moe_mla_tables import (
+    EXTRA_COLUMNS,
+    MOE_MLA_CLASSES,
+    READERS,
+    predict_moe_mla,
+)
 from hardware_models.collectives import collective_cost
 from hardware_models.dtypes import bytes_per_element, parse_dtype
 from hardware_models.efficiency import BLOCK_SCALED_SPELLINGS
@@ -79,8 +85,9 @@ OP_CLASSES: tuple[str, ...] = (
     "all_gather",
     "reduce_scatter",
     "all_to_all",
+    *MOE_MLA_CLASSES,
 )
-COLLECTIVE_CLASSES = frozenset(OP_CLASSES[3:])
+COLLECTIVE_CLASSES = frozenset(("all_reduce", "all_gather", "reduce_scatter", "all_to_all"))
 SHAPE_COLUMNS: tuple[str, ...] = (
     "m",
     "n",
@@ -263,13 +270,18 @@ def load_measured(
                 continue
             frame = _READERS[kind](path, gpu)
             frames.append(frame[frame["op_class"].isin(wanted_ops)])
+        for filename, reader in READERS.items():  # MoE and MLA (moe_mla_tables)
+            path = root / folder / filename
+            if path.is_file():
+                frame = reader(path, gpu)
+                frames.append(frame[frame["op_class"].isin(wanted_ops)])
     if not frames:
         raise InfersimError(
             f"no measurement tables found under {root} for GPUs {sorted(wanted_gpus)} "
             f"(expected {', '.join(f'{f}/' for f in GPU_FOLDERS)} with {', '.join(FILES.values())})"
         )
     table = pd.concat(frames, ignore_index=True)
-    return table[list(COLUMNS)]
+    return table.reindex(columns=[*COLUMNS, *(c for c in EXTRA_COLUMNS if c in table)])
 
 
 def big_gemm_mask(table: pd.DataFrame, min_mnk: float = 2**30, dtype: str = "bf16") -> pd.Series:
@@ -427,6 +439,8 @@ def predict(
             values = _predict_prefill(sub, gpu_resolver(gpu_name))
         elif op_class == "attention_decode":
             values = _predict_decode(sub, gpu_resolver(gpu_name))
+        elif op_class in MOE_MLA_CLASSES:
+            values = predict_moe_mla(sub, gpu_resolver(gpu_name))
         else:
             raise InfersimError(f"cannot price op class {op_class!r}")
         pred.loc[idx] = values

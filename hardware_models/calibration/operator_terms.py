@@ -133,10 +133,18 @@ def copy_seconds(gpu: AcceleratorSpec, nbytes: np.ndarray) -> tuple[np.ndarray, 
 
 def curve_at(profile: EfficiencyProfile, loc: CurveLoc):
     """The curve at `loc`; a per-dtype entry not fitted yet reads its generic field, an
-    unfitted prefill memory curve the streaming bandwidth."""
+    unfitted prefill memory curve the streaming bandwidth, an unfitted MLA curve the
+    attention curve it defaults to, a MoE format's the curve moe_terms falls back on."""
     name, key = loc
     if name == "attention_prefill_memory":
         return profile.prefill_memory
+    if name in ("mla_decode_memory", "mla_prefill_compute"):
+        generic = {"mla_decode_memory": "attention_decode_memory"}.get(
+            name, "attention_prefill_compute"
+        )
+        return getattr(profile, name) or getattr(profile, generic)
+    if name in ("moe_compute_by_dtype", "moe_memory_by_dtype"):
+        return profile.moe_terms(str(key))[0 if name == "moe_compute_by_dtype" else 1]
     if key is None:
         return getattr(profile, name)
     table = getattr(profile, name)

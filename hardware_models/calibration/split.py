@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from hardware_models.calibration.measured_tables import SHAPE_COLUMNS
+from hardware_models.calibration.moe_mla_tables import EXTRA_COLUMNS
 
 KEY_COLUMNS: tuple[str, ...] = ("op_class", "dtype", "source_dtype", *SHAPE_COLUMNS)
 
@@ -21,7 +22,19 @@ def holdout_mask(table: pd.DataFrame, holdout: float, seed: int) -> pd.Series:
     if not 0.0 <= holdout < 1.0:
         raise ValueError(f"holdout must be in [0, 1), got {holdout}")
     cols = [c for c in KEY_COLUMNS if c in table.columns]
-    keys = table[cols].astype(str)
-    hashed = pd.util.hash_pandas_object(keys, index=False, hash_key=f"{seed:016d}"[-16:])
-    unit = (hashed.to_numpy(dtype=np.uint64) >> np.uint64(11)) / float(2**53)
+    hashed = _hash(table[cols], seed)
+    # MoE and MLA rows hash their own shape columns too; the others hash as they always
+    # did, so adding those tables moves no other row across the split.
+    extra = [c for c in EXTRA_COLUMNS if c in table.columns]
+    if extra:
+        own = table[extra].notna().any(axis=1).to_numpy()
+        if own.any():
+            hashed[own] = _hash(table.loc[own, cols + extra], seed)
+    unit = (hashed >> np.uint64(11)) / float(2**53)
     return pd.Series(unit < holdout, index=table.index)
+
+
+def _hash(keys: pd.DataFrame, seed: int) -> np.ndarray:
+    text = keys.astype(str)
+    hashed = pd.util.hash_pandas_object(text, index=False, hash_key=f"{seed:016d}"[-16:])
+    return hashed.to_numpy(dtype=np.uint64).copy()

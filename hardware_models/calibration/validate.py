@@ -34,9 +34,12 @@ TARGETS: dict[str, float] = {
     "attention_prefill": 0.12,
     "attention_decode": 0.12,
     "all_reduce": 0.15,
+    "moe": 0.10,
+    "mla_prefill": 0.12,
+    "mla_decode": 0.12,
 }
 # A profile fitted on one GPU and applied to another through its spec.
-TRANSFER_TARGETS: dict[str, float] = {"gemm": 0.15}
+TRANSFER_TARGETS: dict[str, float] = {"gemm": 0.15, "moe": 0.20}
 
 
 def base_link(spec: AcceleratorSpec) -> LinkSpec | None:

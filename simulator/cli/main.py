@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Sequence
 
-from hardware_models.errors import InfersimError
+from hardware_models.errors import InfersimError, InfersimWarning
 from simulator.cli import (
     calibrate_cmd,
     compare_cmd,
     estimate_cmd,
     hardware_cmd,
+    models_cmd,
     plan_cmd,
     replay_cmd,
     roofline_cmd,
@@ -26,6 +28,7 @@ COMMANDS = (
     compare_cmd,
     plan_cmd,
     hardware_cmd,
+    models_cmd,
     estimate_cmd,
     roofline_cmd,
     schema_cmd,
@@ -46,7 +49,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_python_format_warning = warnings.formatwarning
+
+
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    """Our warnings as one line, like our errors; anyone else's as Python prints them."""
+    if issubclass(category, InfersimWarning):
+        return f"infersim: warning: {message}\n"
+    return _python_format_warning(message, category, filename, lineno, line)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    warnings.formatwarning = _format_warning
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

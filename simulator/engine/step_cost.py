@@ -37,6 +37,8 @@ from hardware_models.pointwise import (
     embedding_cost,
 )
 from simulator.architecture import ModelArchitecture
+from simulator.engine.latent_attention import MlaDecodeAttention, MlaPrefillAttention, mla_shape
+from simulator.engine.moe_layer import ExpertLayout, routed_experts_cost
 
 
 class StepBound(IntEnum):
@@ -101,7 +103,9 @@ class _Part:
 
 
 class StepCost(NamedTuple):
-    """One step's price (a named tuple: the engine builds one per step)."""
+    """One step's price (a named tuple: the engine builds one per step). `flops` and
+    `dram_bytes` are the replica's, all its GPUs' work, so that utilisation divided by
+    the replica's peak is per GPU."""
 
     seconds: float
     gpu_seconds: float
@@ -125,7 +129,10 @@ class DecodeSteps:
         self.launch = model._launch_seconds(fixed.kernels)
         self.host = model._host_seconds(seqs)
         self.overlap = model._async  # host work hidden under the GPU's
-        self.fixed_flops, self.fixed_dram = fixed.flops, fixed.dram_bytes
+        # Priced per GPU; recorded for the replica, its tp ranks doing the same work.
+        ranks = model.tp
+        self.fixed_flops, self.fixed_dram = fixed.flops * ranks, fixed.dram_bytes * ranks
+        self.rank_layers = self.layers * ranks
         self.attention = model._decode_attention
         self._terms = self.attention.batch_terms(seqs)
         # The bound when the memory part does not lead: the first largest other part.
@@ -166,8 +173,9 @@ class DecodeSteps:
             bound = StepBound.MEMORY
         else:
             bound = _STEP_BOUNDS[self._other_bound]
-        flops = self.fixed_flops + attn_f * layers
-        return seconds, gpu_seconds, flops, self.fixed_dram + attn_d * layers, bound
+        ranks = self.rank_layers
+        flops = self.fixed_flops + attn_f * ranks
+        return seconds, gpu_seconds, flops, self.fixed_dram + attn_d * ranks, bound
 
     def many(
         self, contexts: np.ndarray
@@ -185,8 +193,8 @@ class DecodeSteps:
         gpu_seconds = gpu_seconds + self.launch
         host = self.host
         seconds = np.maximum(gpu_seconds, host) if self.overlap else gpu_seconds + host
-        flops = self.fixed_flops + attn_f * layers
-        dram = self.fixed_dram + attn_d * layers
+        flops = self.fixed_flops + attn_f * self.rank_layers
+        dram = self.fixed_dram + attn_d * self.rank_layers
         return seconds, flops, dram, self._bounds(memory, gpu_seconds)
 
     def _bounds(self, memory: np.ndarray, gpu_seconds: np.ndarray) -> np.ndarray | int:
@@ -216,9 +224,13 @@ class StepCostModel:
         tp: int = 1,
         pp: int = 1,
         overheads: EngineOverheads | None = None,
+        expert_parallel: bool = False,
+        moe_routing: str = "balanced",
     ) -> None:
         arch.check_tp(tp)
         self.arch, self.gpu, self.node, self.tp, self.pp = arch, gpu, node, tp, pp
+        self.experts = ExpertLayout.of(arch, tp, expert_parallel)
+        self.moe_routing = moe_routing
         self.weight_dtype = parse_dtype(weight_dtype)
         self.kv_dtype = parse_dtype(kv_dtype)
         self.act_dtype = parse_dtype(activation_dtype)
@@ -244,22 +256,7 @@ class StepCostModel:
         self._head_cache: dict[int, _Part] = {}
         self._fixed_cache: dict[tuple[int, int], _Part] = {}
         self._decode_steps: dict[int, DecodeSteps] = {}
-        self._prefill_attention = PrefillAttention(
-            gpu,
-            num_heads=self.heads,
-            num_kv_heads=self.kv_heads,
-            head_dim=arch.head_dim,
-            dtype=self.act_dtype,
-            kv_dtype=self.kv_dtype,
-        )
-        self._decode_attention = DecodeAttention(
-            gpu,
-            num_heads=self.heads,
-            num_kv_heads=self.kv_heads,
-            head_dim=arch.head_dim,
-            dtype=self.act_dtype,
-            kv_dtype=self.kv_dtype,
-        )
+        self._prefill_attention, self._decode_attention = self._attention()
 
     # ---- configuration -------------------------------------------------------------
     def _tensor_native(self, dtype: Dtype) -> bool:
@@ -284,19 +281,47 @@ class StepCostModel:
             )
         return self.node.inter_node_link
 
+    def _attention(self) -> tuple:
+        """(prefill, decode) attention of one layer on one rank: GQA/MHA, or MLA."""
+        a, dtypes = self.arch, {"dtype": self.act_dtype, "kv_dtype": self.kv_dtype}
+        if a.is_mla:
+            shape = mla_shape(a, self.tp)
+            prefill = MlaPrefillAttention(
+                self.gpu,
+                shape,
+                compute_dtype=self.compute_dtype,
+                weight_dtype=self.weight_dtype,
+                **dtypes,
+            )
+            return prefill, MlaDecodeAttention(self.gpu, shape, **dtypes)
+        heads = {"num_heads": self.heads, "num_kv_heads": self.kv_heads, "head_dim": a.head_dim}
+        return (
+            PrefillAttention(self.gpu, **heads, **dtypes),
+            DecodeAttention(self.gpu, **heads, **dtypes),
+        )
+
     # ---- memoised parts ------------------------------------------------------------
-    def _pointwise_chains(self) -> list[tuple[list, float]]:
-        """(chain, elements per token) of one layer, fused or not."""
-        a, h = self.arch, self.arch.hidden_size
+    def _pointwise_chains(self) -> list[tuple[list, float, int]]:
+        """(chain, elements per token, layers) of the model's layers, fused or not."""
+        a, h, tp = self.arch, self.arch.hidden_size, self.tp
         norm = RMSNORM if a.norm == "rmsnorm" else LAYERNORM
         act = SILU_MUL if a.gated_mlp else GELU
-        inter = -(-a.intermediate_size // self.tp) * max(1, a.experts_per_token)
-        rope = (self.heads + self.kv_heads) * a.head_dim
+        if a.is_mla:  # RoPE on each head's rope part of q and on the shared key
+            rope = (self.heads + 1) * a.qk_rope_head_dim
+        else:
+            rope = (self.heads + self.kv_heads) * a.head_dim
+        # The dense MLP's activation, and the shared experts' in MoE layers (the routed
+        # experts' runs inside the fused MoE kernel).
+        acts = [(-(-a.intermediate_size // tp), a.num_dense_layers)]
+        if a.num_shared_experts:
+            acts.append((-(-a.shared_intermediate_size // tp), a.num_moe_layers))
+        layers = a.num_layers
+        by_act = [([act], inter, n) for inter, n in acts if n]
         if self.overheads.fused_kernels:
-            return [([RESIDUAL_ADD, norm], h), ([ROTARY], rope), ([RESIDUAL_ADD, norm], h),
-                    ([act], inter)]  # fmt: skip
-        return [([norm], h), ([ROTARY], rope), ([RESIDUAL_ADD], h), ([norm], h), ([act], inter),
-                ([RESIDUAL_ADD], h)]  # fmt: skip
+            return [([RESIDUAL_ADD, norm], h, layers), ([ROTARY], rope, layers),
+                    ([RESIDUAL_ADD, norm], h, layers), *by_act]  # fmt: skip
+        return [([norm], h, layers), ([ROTARY], rope, layers), ([RESIDUAL_ADD], h, layers),
+                ([norm], h, layers), *by_act, ([RESIDUAL_ADD], h, layers)]  # fmt: skip
 
     def _dense(self, tokens: int) -> _Part:
         """Everything in a step whose cost depends only on the scheduled token count."""
@@ -305,14 +330,16 @@ class StepCostModel:
             return part
         part = _Part.empty()
         layers = self.arch.num_layers
-        for _, m, n, k in self.arch.layer_gemms(tokens, self.tp):
-            part.add(gemm_cost(self.gpu, m, n, k, self.compute_dtype, self.weight_dtype), layers)
+        for _, m, n, k, times in self.arch.gemms(tokens, self.tp):
+            part.add(gemm_cost(self.gpu, m, n, k, self.compute_dtype, self.weight_dtype), times)
+        if self.arch.is_moe:
+            part.add(self._routed_experts(tokens), self.arch.num_moe_layers)
         fused = self.overheads.fused_kernels
-        for chain, per_token in self._pointwise_chains():
+        for chain, per_token, times in self._pointwise_chains():
             cost = elementwise_cost(
                 self.gpu, chain, tokens * per_token, self.act_dtype, fused=fused
             )
-            part.add(cost, layers)
+            part.add(cost, times)
         act_bytes = tokens * self.arch.hidden_size * bytes_per_element(self.act_dtype)
         if self.tp_link is not None:
             part.add(collective_cost("all_reduce", act_bytes, self.tp, self.tp_link), 2 * layers)
@@ -321,6 +348,16 @@ class StepCostModel:
         part.add(embedding_cost(self.gpu, tokens, self.arch.hidden_size, self.act_dtype))
         self._dense_cache[tokens] = part
         return part
+
+    def _routed_experts(self, tokens: int) -> OpCost:
+        return routed_experts_cost(
+            self.arch,
+            self.gpu,
+            tokens,
+            self.experts,
+            weight_dtype=self.weight_dtype,
+            routing=self.moe_routing,
+        )
 
     def _lm_head(self, sampled: int) -> _Part:
         part = self._head_cache.get(sampled)
@@ -395,7 +432,8 @@ class StepCostModel:
             bound = StepBound.HOST
         else:  # the first largest, as max(range(...), key=...) would pick
             bound = _STEP_BOUNDS[by_bound.index(max(by_bound))]
-        return StepCost(seconds, gpu_seconds, flops, dram, bound)
+        ranks = self.tp  # the replica's work: every TP rank does one rank's
+        return StepCost(seconds, gpu_seconds, flops * ranks, dram * ranks, bound)
 
     def decode_steps(self, seqs: int) -> DecodeSteps:
         """Decode-only steps of `seqs` sequences (memoised: batch sizes repeat)."""

@@ -1,0 +1,135 @@
+"""What the fitter calibrates on MoE and MLA rows: each row priced term by term (which
+efficiency scales which part of its time), and the scalars and kernel choices searched.
+
+- MoE, one fit per weight format: the grouped GEMMs' compute curve (against the mean
+  rows of an activated expert) and memory curve (against their DRAM bytes), each
+  informed by the rows whose GEMM time that term sets; the layer's fixed cost, and a
+  thread block's fixed time and streaming cap.
+- MLA decode: the latent stream's bandwidth curve, the floor, the math rate, a thread
+  block's streaming cap, and the kernel's layout (heads per block that re-read the
+  latent; fixed or SM-filling KV splits), chosen as the data says.
+- MLA prefill: its own flash-attention compute curve and floor.
+
+Module rows (H100) carry the projections, priced with the GEMM fit that runs first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.attention import keys_per_query
+from hardware_models.calibration.moe_mla_tables import (
+    MLA_SHAPE,
+    MOE_CLASS,
+    mla_parts,
+    moe_table_parts,
+)
+from hardware_models.calibration.operator_terms import CurveLoc, CurveTerm, Terms
+from hardware_models.efficiency import MOE_FORMATS
+
+# (name, rows, pricer, scalars as (field location, low, high), discrete choices)
+FitSpec = tuple[str, pd.DataFrame, object, list[tuple[CurveLoc, float, float]], tuple]
+
+
+def moe_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, key: str) -> Terms:
+    """MoE rows all of one weight format `key`."""
+    p = moe_table_parts(rows, gpu)
+    # A curve informs the rows whose GEMM time its term sets (neither, where the thread
+    # blocks' panel streams do).
+    compute_binds = p.compute_s > p.memory_s + p.l2_s
+    memory_binds = p.memory_s > p.compute_s + p.l2_s
+    return Terms(
+        seconds=p.seconds,
+        floor_s=p.seconds - p.compute_s - p.memory_s,
+        curves={
+            ("moe_compute_by_dtype", key): CurveTerm(
+                np.maximum(p.rows_per_expert, 1.0), p.compute_s, compute_binds
+            ),
+            ("moe_memory_by_dtype", key): CurveTerm(p.gemm_bytes, p.memory_s, memory_binds),
+        },
+    )
+
+
+def mla_decode_terms(gpu: AcceleratorSpec, rows: pd.DataFrame) -> Terms:
+    p = mla_parts(rows, gpu)
+    binds = p["memory_s"] >= np.maximum(p["compute_s"], p["fixed_s"])
+    curve = CurveTerm(np.maximum(p["dram"], 1.0), p["memory_s"], binds)
+    return Terms(p["seconds"], p["seconds"] - p["memory_s"], {("mla_decode_memory", None): curve})
+
+
+def mla_prefill_terms(gpu: AcceleratorSpec, rows: pd.DataFrame) -> Terms:
+    """The compute curve scales the key loops; each thread block's fixed latency (priced
+    again at zero to take it out) is in series with them."""
+    p = mla_parts(rows, gpu)
+    no_cta = gpu.with_efficiency(gpu.efficiency.model_copy(update={"prefill_cta_latency_us": 0}))
+    math_s = mla_parts(rows, no_cta)["compute_s"]
+    prefill = (rows["q_len"] > 1).to_numpy()
+    binds = (p["compute_s"] >= p["memory_s"]) & prefill
+    new = rows["batch"].to_numpy(dtype=float) * rows["q_len"].to_numpy(dtype=float)
+    # read_mla's size is the attention FLOPs, 4 x heads x head_dim per query-key pair.
+    per_pair = 4.0 * rows["num_heads"].to_numpy(dtype=float) * MLA_SHAPE.prefill_head_dim()
+    size = keys_per_query(rows["size"].to_numpy(dtype=float) / per_pair, new)
+    curve = CurveTerm(size, math_s, binds)
+    return Terms(p["seconds"], p["seconds"] - math_s, {("mla_prefill_compute", None): curve})
+
+
+def _low_us(rows: pd.DataFrame) -> float:
+    return float(np.quantile(rows["measured_s"], 0.02) * 1e6)
+
+
+def moe_mla_fits(table: pd.DataFrame) -> list[FitSpec]:
+    """The MoE and MLA fits `table` supports, in the order they must run."""
+    fits: list[FitSpec] = []
+    moe = table[table["op_class"] == MOE_CLASS]
+    for key, rows in sorted(moe.groupby("dtype")):
+        top = _low_us(rows)
+        marlin = MOE_FORMATS[key].marlin
+        fits.append(
+            (
+                f"moe/{key}",
+                rows,
+                lambda gpu, r, key=key: moe_terms(gpu, r, key),
+                [
+                    (("moe_floor_us_by_dtype", key), 0.0, 3.0 * top),
+                    (("moe_cta_latency_us_by_dtype", key), 0.0, 0.5 * top),
+                    # us per MB a thread block streams: L2 shares (~25 GB/s an SM on
+                    # H100: 40 us/MB) for Triton, dequantisation for Marlin's 4-bit
+                    (("moe_cta_us_per_mb_by_dtype", key), 0.0, 400.0 if marlin else 80.0),
+                ],
+                (),
+            )
+        )
+    decode = table[table["op_class"] == "mla_decode"]
+    if len(decode):
+        top = _low_us(decode)
+        fits.append(
+            (
+                "mla_decode",
+                decode,
+                mla_decode_terms,
+                [
+                    (("mla_decode_floor_us", None), 0.0, 2.0 * top),
+                    (("mla_decode_compute", None), 0.05, 1.0),
+                    (("mla_decode_cta_us_per_mb", None), 0.0, 20.0),
+                ],
+                (
+                    (("mla_decode_head_block", None), (0, 16)),
+                    (("mla_decode_kv_splits", None), (0, 4)),
+                ),
+            )
+        )
+    prefill = table[table["op_class"] == "mla_prefill"]
+    if len(prefill):
+        top = _low_us(prefill)
+        fits.append(
+            (
+                "mla_prefill",
+                prefill,
+                mla_prefill_terms,
+                [(("mla_prefill_floor_us", None), 0.0, 2.0 * top)],
+                (),
+            )
+        )
+    return fits

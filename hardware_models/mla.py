@@ -1,0 +1,356 @@
+"""Multi-head latent attention (MLA, DeepSeek-V2/V3) as vLLM runs it.
+
+MLA caches one latent vector per token and layer, kv_lora_rank + qk_rope_head_dim
+values (576 for DeepSeek-V3: 1,152 bytes in bf16, where the decompressed keys and values
+of its 128 heads would take 81,920), so its KV cache is small and decode streams little.
+vLLM runs the two phases differently:
+
+- decode absorbs the up-projections into the query and the output (W_UK, W_UV as two
+  batched matmuls per step): attention runs over the latent itself, as multi-query
+  attention with one 576-wide key (whose first 512 values are also the value) shared
+  by every head. Each head multiplies the whole latent, so many heads over long caches
+  turn it compute-bound (FlashMLA on H100), and a kernel whose thread blocks serve a
+  few heads each re-reads the latent per group (Triton MLA, BLOCK_H = 16).
+- prefill decompresses K and V for the sequence (kv_b_proj over its cached tokens)
+  and runs flash attention with qk_nope + qk_rope wide keys and v_head_dim wide values
+  per head: the FLOPs and K/V bytes of multi-head attention with head_dim (qk + v) / 2,
+  which is how it is priced (attention.PrefillAttention, with MLA's own efficiency).
+
+`MlaShape` describes the layer after tensor parallelism (num_heads per rank);
+`mla_decode_cost` / `mla_prefill_cost` price the attention kernels, `mla_module_cost`
+adds the projections (a calibration table of whole modules measures those too).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.attention import DECODE_KEY_BLOCK, PrefillAttention
+from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
+from hardware_models.errors import InfersimError
+from hardware_models.gemm import gemm_cost
+from hardware_models.op_cost import OpCost, classify
+from hardware_models.pointwise import RMSNORM, ROTARY, elementwise_cost
+
+
+@dataclass(frozen=True)
+class MlaShape:
+    """One MLA layer on one tensor-parallel rank."""
+
+    num_heads: int  # query heads on this rank (after TP)
+    hidden_size: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None  # None: queries projected directly (DeepSeek-V2-Lite)
+
+    def __post_init__(self) -> None:
+        for name in (
+            "num_heads",
+            "hidden_size",
+            "kv_lora_rank",
+            "qk_nope_head_dim",
+            "qk_rope_head_dim",
+            "v_head_dim",
+        ):
+            if getattr(self, name) < 1:
+                raise InfersimError(f"MLA {name} must be >= 1, got {getattr(self, name)}")
+        if self.q_lora_rank is not None and self.q_lora_rank < 1:
+            raise InfersimError(f"MLA q_lora_rank must be >= 1 or None, got {self.q_lora_rank}")
+
+    @property
+    def latent_dim(self) -> int:
+        """Values cached per token and layer: the compressed KV plus the rotary key."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def kv_bytes_per_token(self, kv_dtype: str | Dtype = "bf16") -> float:
+        """KV-cache bytes one token takes in one layer: the latent, shared by all heads
+        (and, unlike GQA, not split over tensor-parallel ranks: each holds it whole)."""
+        return self.latent_dim * bytes_per_element(parse_dtype(kv_dtype))
+
+    def decode_flops_per_key(self) -> float:
+        """FLOPs per cached token of one decoding query, absorbed: every head scores the
+        latent (kv_lora + rope) and sums the kv_lora values."""
+        return 2.0 * self.num_heads * (self.latent_dim + self.kv_lora_rank)
+
+    def prefill_head_dim(self) -> float:
+        """head_dim of the multi-head attention with prefill's FLOPs and K/V bytes."""
+        return (self.qk_head_dim + self.v_head_dim) / 2
+
+
+# DeepSeek-V3 / R1 per rank at TP1 (the public MLA tables' model).
+DEEPSEEK_V3 = MlaShape(
+    num_heads=128,
+    hidden_size=7168,
+    kv_lora_rank=512,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+    q_lora_rank=1536,
+)
+
+
+class MlaDecodeParts(NamedTuple):
+    """An MLA decode call term by term (numpy arrays)."""
+
+    seconds: np.ndarray
+    memory: np.ndarray  # the latent stream from DRAM at the bandwidth that serves it
+    compute: np.ndarray  # the heads' math at the tensor rate MLA decode sustains
+    fixed: np.ndarray  # thread-block waves: fixed latency plus each block's capped stream
+    floor: float
+    dram_bytes: np.ndarray
+    flops: np.ndarray
+
+
+class MlaDecode:
+    """Absorbed MLA decode for one layer shape, constants worked out once."""
+
+    def __init__(
+        self,
+        gpu: AcceleratorSpec,
+        shape: MlaShape,
+        kv_dtype: str | Dtype = "bf16",
+        dtype: str | Dtype = "bf16",
+    ) -> None:
+        eff = gpu.efficiency
+        self.shape = shape
+        self.kv_bytes_per_key = shape.kv_bytes_per_token(kv_dtype)
+        act = bytes_per_element(parse_dtype(dtype))
+        # Absorbed queries (latent wide) in, the latent output out, per head.
+        self.bytes_per_seq = shape.num_heads * (shape.latent_dim + shape.kv_lora_rank) * act
+        self.flops_per_key = shape.decode_flops_per_key()
+        self.bandwidth = gpu.memory_bandwidth
+        self.curve = eff.mla_decode_memory or eff.attention_decode_memory
+        self.compute_rate = gpu.peak_flops(Dtype.BF16) * eff.mla_decode_compute
+        block = eff.mla_decode_head_block
+        self.reads = 1 if block == 0 else math.ceil(shape.num_heads / block)
+        self.splits = eff.mla_decode_kv_splits
+        self.sm_count = gpu.sm_count
+        self.cta_seconds = eff.decode_cta_latency_us * 1e-6
+        self.cta_seconds_per_byte = eff.mla_decode_cta_us_per_mb * 1e-12
+        floor_us = (
+            eff.decode_floor_us if eff.mla_decode_floor_us is None else eff.mla_decode_floor_us
+        )
+        self.floor = floor_us * 1e-6
+
+    def parts(self, num_seqs, context_tokens) -> MlaDecodeParts:
+        """`num_seqs` decodes attending `context_tokens` cached tokens in total."""
+        seqs = np.maximum(np.asarray(num_seqs, dtype=float), 1.0)
+        context = np.asarray(context_tokens, dtype=float)
+        latent = context * self.kv_bytes_per_key
+        dram = latent * self.reads + seqs * self.bytes_per_seq
+        memory = dram / (self.bandwidth * self.curve.at(np.maximum(dram, 1.0)))
+        flops = context * self.flops_per_key
+        compute = flops / self.compute_rate
+        groups = seqs * self.reads  # (sequence, head group) work units
+        keys = context / seqs
+        tiles = np.maximum(np.ceil(keys / DECODE_KEY_BLOCK), 1.0)
+        if self.splits:
+            splits = np.minimum(float(self.splits), tiles)
+        else:
+            splits = np.minimum(np.maximum(np.floor(self.sm_count / groups), 1.0), tiles)
+        waves = np.ceil(groups * splits / self.sm_count)
+        slice_bytes = np.maximum(keys / splits - DECODE_KEY_BLOCK, 0.0) * self.kv_bytes_per_key
+        fixed = waves * (self.cta_seconds + slice_bytes * self.cta_seconds_per_byte)
+        seconds = np.maximum(np.maximum(memory, compute), fixed) + self.floor
+        return MlaDecodeParts(seconds, memory, compute, fixed, self.floor, dram, flops)
+
+
+class MlaPrefill:
+    """MLA prefill attention (decompressed K/V, flash attention) for one layer shape;
+    a call of one token per sequence runs the decode kernel, as vLLM dispatches it."""
+
+    def __init__(
+        self,
+        gpu: AcceleratorSpec,
+        shape: MlaShape,
+        kv_dtype: str | Dtype = "bf16",
+        dtype: str | Dtype = "bf16",
+    ) -> None:
+        eff = gpu.efficiency
+        update: dict[str, object] = {}
+        if eff.mla_prefill_compute is not None:
+            update["attention_prefill_compute"] = eff.mla_prefill_compute
+        if eff.mla_prefill_floor_us is not None:
+            update["attention_prefill_floor_us"] = eff.mla_prefill_floor_us
+        mla_gpu = gpu.with_efficiency(eff.model_copy(update=update)) if update else gpu
+        # Decompressed K and V are written in the compute dtype whatever the cache holds.
+        self.flash = PrefillAttention(
+            mla_gpu,
+            num_heads=shape.num_heads,
+            num_kv_heads=shape.num_heads,
+            head_dim=shape.prefill_head_dim(),  # type: ignore[arg-type]
+            dtype=dtype,
+            kv_dtype=dtype,
+        )
+        self.decode = MlaDecode(gpu, shape, kv_dtype, dtype)
+
+    def many(self, num_seqs, new_tokens, attended_pairs, context_tokens) -> tuple[np.ndarray, ...]:
+        """(seconds, flops, dram_bytes, compute_s, memory_s) per call (numpy arrays)."""
+        seqs, new, pairs, context = (
+            np.atleast_1d(np.asarray(a, dtype=float))
+            for a in (num_seqs, new_tokens, attended_pairs, context_tokens)
+        )
+        seconds, flops, dram, compute, memory = (
+            np.array(a, dtype=float) for a in self.flash.many(seqs, new, pairs, context)
+        )
+        one = new <= seqs
+        if one.any():
+            d = self.decode.parts(seqs[one], context[one])
+            seconds[one], flops[one], dram[one] = d.seconds, d.flops, d.dram_bytes
+            compute[one], memory[one] = d.compute, d.memory
+        return seconds, flops, dram, compute, memory
+
+
+def mla_decode_cost(
+    gpu: AcceleratorSpec,
+    shape: MlaShape,
+    *,
+    num_seqs: int,
+    context_tokens: int,
+    kv_dtype: str | Dtype = "bf16",
+    dtype: str | Dtype = "bf16",
+) -> OpCost:
+    """One absorbed MLA decode step: each sequence streams its latent cache once (per
+    head group for kernels that re-read it) and every head multiplies it."""
+    p = MlaDecode(gpu, shape, kv_dtype, dtype).parts(num_seqs, context_tokens)
+    compute, memory = float(p.compute), float(p.memory)
+    return OpCost(
+        name="mla_decode",
+        seconds=float(p.seconds),
+        flops=float(p.flops),
+        dram_bytes=float(p.dram_bytes),
+        l2_bytes=float(p.dram_bytes),
+        bound=classify(max(compute, float(p.fixed)), memory, 0.0, p.floor),
+        compute_seconds=compute,
+        memory_seconds=memory,
+        overhead_seconds=p.floor,
+    )
+
+
+def mla_prefill_cost(
+    gpu: AcceleratorSpec,
+    shape: MlaShape,
+    *,
+    num_seqs: int,
+    new_tokens: int,
+    attended_pairs: float,
+    context_tokens: int,
+    kv_dtype: str | Dtype = "bf16",
+    dtype: str | Dtype = "bf16",
+) -> OpCost:
+    """MLA prefill attention over `num_seqs` sequences (arguments as
+    attention_prefill_cost: query-key pairs, keys read)."""
+    model = MlaPrefill(gpu, shape, kv_dtype, dtype)
+    seconds, flops, dram, compute, memory = (
+        float(a[0]) for a in model.many(num_seqs, new_tokens, attended_pairs, context_tokens)
+    )
+    floor = model.decode.floor if new_tokens <= num_seqs else model.flash.floor
+    return OpCost(
+        name="mla_prefill",
+        seconds=seconds,
+        flops=flops,
+        dram_bytes=dram,
+        l2_bytes=dram,
+        bound=classify(compute, memory, 0.0, floor),
+        compute_seconds=compute,
+        memory_seconds=memory,
+        overhead_seconds=floor,
+    )
+
+
+def mla_projection_gemms(shape: MlaShape, decode: bool) -> list[tuple[str, bool, int, int, bool]]:
+    """(name, over the cached tokens rather than the new ones, n, k, in the weight dtype)
+    of the module's GEMMs: the down-projections (q and kv fused when the queries have a
+    LoRA), the query up-projection, then for decode the absorbed W_UK and W_UV (batched
+    over heads, kept in bf16 by vLLM even for quantised checkpoints: priced as one GEMM
+    of the same FLOPs and weight bytes), for prefill kv_b_proj decompressing every
+    cached token, and the output projection."""
+    h = shape.num_heads
+    out: list[tuple[str, bool, int, int, bool]] = []
+    if shape.q_lora_rank is not None:
+        out.append(("qkv_a", False, shape.q_lora_rank + shape.latent_dim, shape.hidden_size, True))
+        out.append(("q_b", False, h * shape.qk_head_dim, shape.q_lora_rank, True))
+    else:
+        out.append(("q", False, h * shape.qk_head_dim, shape.hidden_size, True))
+        out.append(("kv_a", False, shape.latent_dim, shape.hidden_size, True))
+    if decode:
+        out.append(("w_uk", False, h * shape.kv_lora_rank, shape.qk_nope_head_dim, False))
+        out.append(("w_uv", False, h * shape.v_head_dim, shape.kv_lora_rank, False))
+    else:
+        n = h * (shape.qk_nope_head_dim + shape.v_head_dim)
+        out.append(("kv_b", True, n, shape.kv_lora_rank, True))
+    out.append(("o", False, shape.hidden_size, h * shape.v_head_dim, True))
+    return out
+
+
+def mla_pointwise_costs(gpu: AcceleratorSpec, shape: MlaShape, tokens: int) -> list[OpCost]:
+    """The module's two latent RMSNorms and the rotary embedding of `tokens` tokens."""
+    norm = tokens * ((shape.q_lora_rank or 0) + shape.kv_lora_rank)
+    rope = tokens * (shape.num_heads + 1) * shape.qk_rope_head_dim
+    return [elementwise_cost(gpu, [RMSNORM], norm), elementwise_cost(gpu, [ROTARY], rope)]
+
+
+def mla_module_cost(
+    gpu: AcceleratorSpec,
+    shape: MlaShape,
+    *,
+    num_seqs: int,
+    new_tokens: int,
+    attended_pairs: float,
+    context_tokens: int,
+    gemm_dtype: str = "bf16",
+    kv_dtype: str | Dtype = "bf16",
+) -> OpCost:
+    """The whole MLA module of one layer (vLLM's DeepseekV2MLAAttention forward):
+    projections, the two latent norms, rotary, attention and the output projection.
+    `gemm_dtype` is the linear layers' kernel dtype (bf16, fp8, fp8_block)."""
+    decode = new_tokens <= num_seqs
+    parts: list[OpCost] = []
+    for _, cached, n, k, quantised in mla_projection_gemms(shape, decode):
+        m = max(context_tokens if cached else new_tokens, 1)
+        parts.append(gemm_cost(gpu, m, n, k, gemm_dtype if quantised else "bf16"))
+    parts += mla_pointwise_costs(gpu, shape, new_tokens)
+    if decode:
+        parts.append(
+            mla_decode_cost(
+                gpu, shape, num_seqs=num_seqs, context_tokens=context_tokens, kv_dtype=kv_dtype
+            )
+        )
+    else:
+        parts.append(
+            mla_prefill_cost(
+                gpu,
+                shape,
+                num_seqs=num_seqs,
+                new_tokens=new_tokens,
+                attended_pairs=attended_pairs,
+                context_tokens=context_tokens,
+                kv_dtype=kv_dtype,
+            )
+        )
+    compute = sum(p.compute_seconds for p in parts)
+    memory = sum(p.memory_seconds for p in parts)
+    overhead = sum(p.overhead_seconds for p in parts)
+    return OpCost(
+        name="mla_module",
+        seconds=sum(p.seconds for p in parts),
+        flops=sum(p.flops for p in parts),
+        dram_bytes=sum(p.dram_bytes for p in parts),
+        l2_bytes=sum(p.l2_bytes for p in parts),
+        bound=classify(compute, memory, 0.0, overhead),
+        compute_seconds=compute,
+        memory_seconds=memory,
+        overhead_seconds=overhead,
+        kernels=sum(p.kernels for p in parts),
+    )

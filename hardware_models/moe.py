@@ -1,0 +1,466 @@
+"""A fused mixture-of-experts layer as vLLM runs it, priced for one rank's share.
+
+vLLM's fused_moe (Triton, or Marlin for 4-bit weights) runs one short kernel sequence
+for the whole layer, however many experts there are: align the (token, expert) pairs
+into blocks of BLOCK_M rows per expert, [quantise the activations], one grouped GEMM
+for gate and up over every block, the activation (SiLU x up), [quantise], one grouped
+GEMM for down, and the top-k weighted sum. So the layer pays one sequence's fixed cost,
+not one per expert, and it reads the weights of the experts that receive a token only.
+
+A grouped GEMM's work follows its tiles: expert e's n_e rows fill ceil(n_e / BLOCK_M)
+row tiles, so the time depends on how the T x top-k choices spread over the experts
+(`Routing`): the expected number of experts activated, the rows each gets, the padding
+of each expert's last tile. With expert parallelism a rank holds E / ep experts and
+still sees every token of its group (vLLM's all-gather dispatch): the pairs routed to
+other ranks' experts cost no GEMM work but the intermediate buffers are sized T x top-k
+(their tiles write zeros, the activation and the combine run over every pair), which
+at 16k tokens over 256 ranks is most of the time on the public H100 table.
+
+Costs are closed form over the token count and memoised per shape: the simulator
+prices a layer every engine step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
+
+import numpy as np
+from scipy.stats import binom
+
+from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.dtypes import parse_dtype
+from hardware_models.efficiency import MOE_FORMATS, moe_format_key
+from hardware_models.errors import InfersimError
+from hardware_models.op_cost import OpCost, classify
+
+# Rows of a grouped-GEMM tile: Triton's tuned configurations pick among 16-128 per token
+# count (the model keeps the fastest, as the tuning did); Marlin takes 8-64 by a rule.
+BLOCK_MS: tuple[int, ...] = (8, 16, 32, 48, 64, 128)
+TRITON_BLOCK_MS: tuple[int, ...] = (16, 32, 64, 128)
+MARLIN_BLOCK_MS: tuple[int, ...] = (8, 16, 32, 48, 64)
+# Columns of a tile: how many thread blocks share a row tile, and how many times a routed
+# activation row is read from L2.
+BLOCK_N = 128
+# Seeded draws of the power-law generator averaged per token count (the tables average 5).
+POWER_LAW_DRAWS = 16
+# Bytes of one routing logit and of one (expert id, weight) pair the top-k kernel writes.
+LOGIT_BYTES = 4.0
+TOPK_PAIR_BYTES = 8.0
+# Bytes a quantisation pass moves per element: read 16-bit, write 8-bit.
+QUANT_PASS_BYTES = 3.0
+ROUTING_KINDS = ("balanced", "round_robin", "power_law")
+
+
+class Routing(NamedTuple):
+    """How the T x top-k choices spread over the experts.
+
+    - balanced: each token picks top-k distinct experts uniformly at random (a router
+      balanced in expectation, as load-balancing losses aim for): an expert is hit by
+      Binomial(T, k / E) tokens, so T tokens activate E (1 - (1 - k/E)^T) of them.
+    - round_robin: the pairs are dealt evenly, min(E, T k) experts with loads that
+      differ by at most one (the public tables' "balanced" rows, aiconfigurator's
+      generator).
+    - power_law: expert loads follow a truncated power law of exponent `alpha` (the
+      tables' "power_law_<alpha>" rows): loads drawn on [1, 0.8 T] when T k > E, else on
+      [0.01, 2], scaled to T k pairs, averaged over seeded draws of the tables' own
+      generator; with expert parallelism the rank priced is the most loaded one, as the
+      slowest rank sets the step.
+    """
+
+    kind: str = "balanced"
+    alpha: float = 0.0
+
+    @classmethod
+    def parse(cls, value: Routing | str, alpha: float | None = None) -> Routing:
+        """A Routing from its name ("power_law_1.2" carries its alpha), or an error."""
+        if isinstance(value, Routing):
+            return value
+        text = str(value).strip().lower()
+        if text.startswith("power_law_"):
+            text, alpha = "power_law", float(text.removeprefix("power_law_"))
+        if text not in ROUTING_KINDS:
+            raise InfersimError(
+                f"unknown MoE routing {value!r}; allowed: {', '.join(ROUTING_KINDS)} "
+                "(power_law with alpha > 1, or spelled power_law_<alpha>)"
+            )
+        if text == "power_law":
+            if alpha is None or not alpha > 1.0:
+                raise InfersimError(f"power_law routing needs alpha > 1, got {alpha}")
+            return cls("power_law", float(alpha))
+        return cls(text, 0.0)
+
+
+class ExpertLoad(NamedTuple):
+    """Expected work on one rank: experts activated, (token, expert) pairs, and the row
+    tiles of each BLOCK_MS (the sum over its experts of ceil(n_e / BLOCK_M))."""
+
+    active: float
+    pairs: float
+    tiles: tuple[float, ...]
+    max_rows: float  # rows of the most loaded expert on the rank
+
+
+def local_experts(num_experts: int, ep: int) -> int:
+    """Experts on the first (largest) EP rank: vLLM gives the remainder to the first."""
+    return math.ceil(num_experts / ep)
+
+
+@lru_cache(maxsize=16384)
+def expert_load(tokens: int, topk: int, num_experts: int, ep: int, routing: Routing) -> ExpertLoad:
+    """The expected ExpertLoad of the rank priced (see Routing) for `tokens` tokens."""
+    local = local_experts(num_experts, ep)
+    if tokens <= 0:
+        return ExpertLoad(0.0, 0.0, tuple(0.0 for _ in BLOCK_MS), 0.0)
+    if routing.kind == "balanced":
+        p = topk / num_experts
+        # E[ceil(n / B)] = sum over j >= 0 of P(n > j B), n ~ Binomial(tokens, p).
+        tiles = tuple(
+            local * float(binom.sf(np.arange(0, tokens, b), tokens, p).sum()) for b in BLOCK_MS
+        )
+        active = local * (1.0 - (1.0 - p) ** tokens)
+        top = float(binom.ppf(local / (local + 1.0), tokens, p))
+        return ExpertLoad(active, local * tokens * p, tiles, top)
+    loads = _loads(tokens, topk, num_experts, ep, routing)  # one row per draw
+    tiles = tuple(float(np.ceil(loads / b).sum(axis=1).mean()) for b in BLOCK_MS)
+    return ExpertLoad(
+        float((loads > 0).sum(axis=1).mean()),
+        float(loads.sum(axis=1).mean()),
+        tiles,
+        float(loads.max(axis=1).mean()),
+    )
+
+
+def _loads(tokens: int, topk: int, num_experts: int, ep: int, routing: Routing) -> np.ndarray:
+    """Rows per expert of the rank priced (one row per draw) for round_robin and
+    power_law routing."""
+    pairs = tokens * topk
+    local = local_experts(num_experts, ep)
+    if routing.kind == "round_robin":
+        share = pairs * local / num_experts  # the rank's even share of the pairs
+        base = math.floor(share / local)
+        extra = round(share - base * local)
+        return np.array([[base + 1] * extra + [base] * (local - extra)], dtype=float)
+    return _power_law_loads(tokens, topk, num_experts, ep, routing.alpha)
+
+
+def _power_law_loads(tokens: int, topk: int, num_experts: int, ep: int, alpha: float):
+    """Rows per expert of the most loaded rank, as aiconfigurator's generator draws them
+    (collector/helper.py, power_law_logits_v3): loads from a power law truncated to
+    [1, 0.8 T] when T k > E, else [0.01, 2], scaled to T k pairs and rounded, the
+    rounding's remainder given to the largest (or taken from the smallest); the rank
+    with the most
+    pairs is the one timed. One row per seeded draw (POWER_LAW_DRAWS, the same seed
+    every call: the same answer in any order)."""
+    pairs = tokens * topk
+    local = local_experts(num_experts, ep)
+    lo, hi = (1.0, 0.8 * tokens) if pairs > num_experts else (0.01, 2.0)
+    hi = max(hi, lo * (1 + 1e-9))
+    rng = np.random.default_rng(0)
+    u = rng.random((POWER_LAW_DRAWS, num_experts))
+    a = 1.0 - alpha
+    x = ((hi**a - lo**a) * u + lo**a) ** (1.0 / a)
+    loads = np.round(x / x.sum(axis=1, keepdims=True) * pairs)
+    out = np.zeros((POWER_LAW_DRAWS, local))
+    padded = np.zeros(local * ep)
+    for d in range(POWER_LAW_DRAWS):
+        row = loads[d]
+        # Most loaded first; ties (at small T most loads round to 0) in no set order,
+        # here by the unrounded draw: which experts take the remainder is random.
+        order = np.lexsort((-x[d], -row))
+        delta = int(pairs - row.sum())
+        if delta > 0:
+            row[order[:delta]] += 1
+        elif delta < 0:
+            last = order[::-1][:-delta]
+            short = row[last] <= 0
+            row[last[~short]] -= 1
+            row[np.argmax(row)] -= short.sum()
+        padded[:num_experts] = row
+        groups = padded.reshape(ep, local)
+        out[d] = groups[np.argmax(groups.sum(axis=1))]
+    return out
+
+
+@dataclass(frozen=True)
+class MoeShape:
+    """One MoE layer as a rank runs it (see moe_cost for the fields)."""
+
+    hidden_size: int
+    inter_size: int
+    topk: int
+    num_experts: int
+    tp: int = 1
+    ep: int = 1
+    moe_format: str = "bf16"
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "inter_size", "topk", "num_experts", "tp", "ep"):
+            if getattr(self, name) < 1:
+                raise InfersimError(f"MoE {name} must be >= 1, got {getattr(self, name)}")
+        if self.topk > self.num_experts:
+            raise InfersimError(f"MoE topk ({self.topk}) exceeds num_experts ({self.num_experts})")
+        if self.ep > self.num_experts:
+            raise InfersimError(
+                f"MoE ep ({self.ep}) exceeds num_experts ({self.num_experts}): a rank "
+                "would hold no expert"
+            )
+        if self.inter_size % self.tp:
+            raise InfersimError(
+                f"MoE inter_size {self.inter_size} is not divisible by tp {self.tp}"
+            )
+        object.__setattr__(self, "moe_format", moe_format_key(self.moe_format))
+
+
+class MoeParts(NamedTuple):
+    """A layer's time term by term (numpy arrays over token counts)."""
+
+    seconds: np.ndarray
+    compute_s: np.ndarray  # grouped-GEMM time where the tile math binds
+    memory_s: np.ndarray  # grouped-GEMM time where the DRAM traffic binds
+    l2_s: np.ndarray  # grouped-GEMM time where the thread blocks' panel streams bind
+    pass_s: np.ndarray  # activation, quantisation, combine and routing passes
+    floor_s: float  # the kernel sequence's fixed cost
+    flops: np.ndarray  # useful FLOPs of both grouped GEMMs
+    rows_per_expert: np.ndarray  # mean rows of an activated expert (the compute curve's axis)
+    gemm_bytes: np.ndarray  # DRAM bytes of both grouped GEMMs (the memory curve's axis)
+    dram_bytes: np.ndarray
+    l2_bytes: np.ndarray
+
+
+def marlin_block_m(tokens, topk, local) -> np.ndarray:
+    """vLLM's Marlin BLOCK_M rule: the first of 8, 16, 32, 48, 64 at which tokens x topk
+    / the rank's experts / BLOCK_M falls below 0.9 (64 past them); the index of that
+    size in BLOCK_MS per token count."""
+    density = np.asarray(tokens, dtype=float) * topk / local
+    chosen = np.full(density.shape, BLOCK_MS.index(MARLIN_BLOCK_MS[-1]))
+    for block in reversed(MARLIN_BLOCK_MS):
+        chosen = np.where(density / block < 0.9, BLOCK_MS.index(block), chosen)
+    return chosen
+
+
+class MoeRows(NamedTuple):
+    """Layers to price at once, one value per layer (numpy arrays): the token count,
+    the shape on the rank (inter = the rank's share of an expert's width) and the
+    expected load of the rank (ExpertLoad's fields, tiles one column per BLOCK_MS)."""
+
+    tokens: np.ndarray
+    hidden: np.ndarray
+    inter: np.ndarray
+    topk: np.ndarray
+    num_experts: np.ndarray
+    local: np.ndarray
+    active: np.ndarray
+    pairs: np.ndarray
+    tiles: np.ndarray
+
+
+def load_rows(tokens, hidden, inter_size, topk, num_experts, tp, ep, routings) -> MoeRows:
+    """MoeRows of layers given per layer (arrays, routings one Routing each)."""
+    tokens, hidden, inter_size, topk, num_experts, tp, ep = (
+        np.atleast_1d(np.asarray(a, dtype=np.int64))
+        for a in (tokens, hidden, inter_size, topk, num_experts, tp, ep)
+    )
+    if (tokens < 0).any():
+        raise InfersimError(f"MoE num_tokens must be >= 0, got {int(tokens.min())}")
+    loads = [
+        expert_load(int(t), int(k), int(e), int(p), r)
+        for t, k, e, p, r in zip(tokens, topk, num_experts, ep, routings, strict=True)
+    ]
+    return MoeRows(
+        tokens=tokens.astype(float),
+        hidden=hidden.astype(float),
+        inter=(inter_size // tp).astype(float),
+        topk=topk.astype(float),
+        num_experts=num_experts.astype(float),
+        local=-(-num_experts // ep).astype(float),
+        active=np.array([ld.active for ld in loads]),
+        pairs=np.array([ld.pairs for ld in loads]),
+        tiles=np.array([ld.tiles for ld in loads]).reshape(len(tokens), len(BLOCK_MS)),
+    )
+
+
+def moe_parts(
+    gpu: AcceleratorSpec, moe_format: str, rows: MoeRows, include_routing: bool = True
+) -> MoeParts:
+    """Layers in one weight format, priced term by term (see the module docstring): the
+    grouped GEMMs at each BLOCK_M Triton may run (the fastest kept) or the one Marlin's
+    rule takes; each the largest of its tile math, its DRAM traffic and its thread
+    blocks' panel streams; plus the passes over every (token, choice) row and the fixed
+    cost of the kernel sequence."""
+    eff = gpu.efficiency
+    fmt = MOE_FORMATS[moe_format_key(moe_format)]
+    peak = gpu.peak_flops(parse_dtype(fmt.compute_dtype))
+    compute_curve, memory_curve, floor_us = eff.moe_terms(moe_format)
+    cta_us, cta_us_per_mb = eff.moe_tiles(moe_format)
+    cta_s = cta_us * 1e-6
+    # Unfitted: each SM's share of the L2 bandwidth (Triton's tiles, without Hopper's
+    # multicast, are fed from L2: 128 x 128 bf16 tiles at 64 FLOPs per byte reach
+    # ~470 TFLOPS at the H100's 7.3 TB/s, where the public table saturates near 450).
+    if cta_us_per_mb is None:
+        cta_s_per_byte = gpu.sm_count / (gpu.l2_bandwidth * eff.l2_bandwidth)
+    else:
+        cta_s_per_byte = cta_us_per_mb * 1e-12
+    floor_s = (floor_us + (eff.kernel_floor_us if include_routing else 0.0)) * 1e-6
+    w_bpe, a_bpe = fmt.weight_bytes, fmt.act_bytes
+    r = rows
+    count = len(r.tokens)
+    all_pairs = r.tokens * r.topk  # every (token, choice) row of the buffers
+    # Triton writes every row of its outputs (other ranks' pairs as zeros); Marlin skips
+    # the blocks of experts the rank does not hold.
+    written = r.pairs if fmt.marlin else all_pairs
+    gemms = ((2.0 * r.inter, r.hidden), (r.hidden, r.inter))  # gate|up, then down: (n, k)
+    flops = sum(2.0 * r.pairs * n * k for n, k in gemms)
+    dram = [r.active * n * k * w_bpe + r.pairs * k * a_bpe + written * n * 2.0 for n, k in gemms]
+    gemm_bytes = dram[0] + dram[1]
+    rows_per_expert = r.pairs / np.maximum(r.active, 1.0)
+    c_eff = compute_curve.at(np.maximum(rows_per_expert, 1.0))
+    m_eff = memory_curve.at(np.maximum(gemm_bytes, 1.0))
+    index = np.arange(count)
+    totals = np.zeros((len(BLOCK_MS), 3, count))  # per BLOCK_M: the binding terms
+    l2_bytes = np.zeros((len(BLOCK_MS), count))
+    for j, block in enumerate(BLOCK_MS):
+        tiles = r.tiles[:, j]
+        for (n, k), moved in zip(gemms, dram, strict=True):
+            compute = 2.0 * tiles * block * n * k / (peak * c_eff)
+            memory = moved / (gpu.memory_bandwidth * m_eff)
+            # Each thread block (a row tile x BLOCK_N columns) streams its expert's
+            # weight panel and its rows through L2 into the SM at a capped rate.
+            panel = (BLOCK_N * w_bpe + block * a_bpe) * k
+            waves = np.ceil(tiles * np.ceil(n / BLOCK_N) / gpu.sm_count)
+            stream = waves * (cta_s + panel * cta_s_per_byte)
+            l2 = tiles * np.ceil(n / BLOCK_N) * panel
+            terms = np.stack([compute, memory, stream])
+            which = np.argmax(terms, axis=0)
+            totals[j, which, index] += terms[which, index]
+            l2_bytes[j] += l2
+    by_block = totals.sum(axis=1)
+    if fmt.marlin:
+        chosen = marlin_block_m(r.tokens, r.topk, r.local)
+    else:
+        allowed = np.array([b in TRITON_BLOCK_MS for b in BLOCK_MS])
+        chosen = np.argmin(np.where(allowed[:, None], by_block, np.inf), axis=0)
+    compute_s, memory_s, stream_s = totals[chosen, :, index].T
+    pass_bytes = _pass_bytes(r, all_pairs, fmt.act_bytes < 2, include_routing)
+    pass_s = pass_bytes / (gpu.memory_bandwidth * eff.memory_bandwidth)
+    return MoeParts(
+        seconds=by_block[chosen, index] + pass_s + floor_s,
+        compute_s=compute_s,
+        memory_s=memory_s,
+        l2_s=stream_s,
+        pass_s=pass_s,
+        floor_s=floor_s,
+        flops=flops,
+        rows_per_expert=rows_per_expert,
+        gemm_bytes=gemm_bytes,
+        dram_bytes=gemm_bytes + pass_bytes,
+        l2_bytes=l2_bytes[chosen, index],
+    )
+
+
+def _pass_bytes(r: MoeRows, all_pairs, quantizes: bool, include_routing: bool) -> np.ndarray:
+    """DRAM bytes of the passes around the GEMMs, over every (token, choice) row: the
+    activation (read gate|up, write the product), the weighted combine, the 8-bit
+    formats' quantisation of the hidden states and of the product, the top-k kernel."""
+    out = all_pairs * (2.0 * r.inter * 2.0 + r.inter * 2.0)
+    out = out + all_pairs * r.hidden * 2.0 + r.tokens * r.hidden * 2.0
+    if quantizes:
+        out = out + (r.tokens * r.hidden + all_pairs * r.inter) * QUANT_PASS_BYTES
+    if include_routing:
+        out = out + r.tokens * (r.num_experts * LOGIT_BYTES + r.topk * TOPK_PAIR_BYTES)
+    return out
+
+
+class MoeLayer:
+    """The cost of one MoE layer shape on one GPU (the simulator prices one every step)."""
+
+    def __init__(
+        self,
+        gpu: AcceleratorSpec,
+        shape: MoeShape,
+        routing: Routing | str = "balanced",
+        *,
+        include_routing: bool = True,
+    ) -> None:
+        self.gpu = gpu
+        self.shape = shape
+        self.routing = Routing.parse(routing)
+        self.include_routing = include_routing
+        fmt = MOE_FORMATS[shape.moe_format]
+        self.weight_bpe = fmt.weight_bytes
+        self.kernels = fmt.kernels + int(include_routing)
+        floor_us = gpu.efficiency.moe_terms(shape.moe_format)[2]
+        extra = gpu.efficiency.kernel_floor_us if include_routing else 0.0
+        self.floor_s = (floor_us + extra) * 1e-6
+
+    def parts(self, num_tokens) -> MoeParts:
+        """The layer's terms for each token count (an int or an array of them)."""
+        s = self.shape
+        tokens = np.atleast_1d(np.asarray(num_tokens, dtype=np.int64))
+        ones = np.ones(len(tokens), dtype=np.int64)
+        rows = load_rows(
+            tokens,
+            *(ones * v for v in (s.hidden_size, s.inter_size, s.topk, s.num_experts, s.tp, s.ep)),
+            [self.routing] * len(tokens),
+        )
+        return moe_parts(self.gpu, s.moe_format, rows, self.include_routing)
+
+    def cost(self, num_tokens: int) -> OpCost:
+        """The layer for `num_tokens` tokens as an OpCost."""
+        p = self.parts(num_tokens)
+        compute = float(p.compute_s[0])
+        memory = float(p.memory_s[0] + p.pass_s[0])
+        return OpCost(
+            name="moe",
+            seconds=float(p.seconds[0]),
+            flops=float(p.flops[0]),
+            dram_bytes=float(p.dram_bytes[0]),
+            l2_bytes=float(p.l2_bytes[0]),
+            bound=classify(compute, memory, float(p.l2_s[0]), p.floor_s),
+            compute_seconds=compute,
+            memory_seconds=memory,
+            overhead_seconds=p.floor_s,
+            kernels=self.kernels,
+        )
+
+
+@lru_cache(maxsize=256)
+def _layer(
+    gpu: AcceleratorSpec, shape: MoeShape, routing: Routing, include_routing: bool
+) -> MoeLayer:
+    return MoeLayer(gpu, shape, routing, include_routing=include_routing)
+
+
+@lru_cache(maxsize=65536)
+def _cost(
+    gpu: AcceleratorSpec, shape: MoeShape, routing: Routing, include_routing: bool, tokens: int
+) -> OpCost:
+    return _layer(gpu, shape, routing, include_routing).cost(tokens)
+
+
+def moe_cost(
+    gpu: AcceleratorSpec,
+    *,
+    num_tokens: int,
+    hidden_size: int,
+    inter_size: int,
+    topk: int,
+    num_experts: int,
+    tp: int = 1,
+    ep: int = 1,
+    moe_format: str = "bf16",
+    routing: Routing | str = "balanced",
+    alpha: float | None = None,
+    include_routing: bool = True,
+) -> OpCost:
+    """One fused MoE layer on one rank: `num_tokens` tokens (every token of the rank's
+    EP group: vLLM dispatches by all-gather), `hidden_size`, `inter_size` per expert
+    (split over `tp` ranks), `topk` experts per token out of `num_experts` (split over
+    `ep` ranks), weights in `moe_format` (bf16, fp8, fp8_block, int4_wo, w4a16_mxfp4),
+    tokens spread by `routing` (balanced, round_robin, power_law with `alpha`).
+    `include_routing` adds the top-k softmax kernel over the router logits; the gate
+    GEMM that makes them, and any shared expert, are dense GEMMs for the caller."""
+    shape = MoeShape(hidden_size, inter_size, topk, num_experts, tp, ep, moe_format)
+    return _cost(gpu, shape, Routing.parse(routing, alpha), include_routing, int(num_tokens))

@@ -1,0 +1,103 @@
+"""The routed experts of one MoE layer on one GPU, tensor- or expert-parallel.
+
+Without expert parallelism every GPU of the tp group holds a 1/tp slice of every expert
+(vLLM's default: experts are tensor-parallel). With `enable_expert_parallel` the experts
+are spread whole over the group's GPUs (vLLM's EP size = tp x dp; dp is 1 here), so a GPU
+holds ceil(num_experts / ep) experts at full width, the most loaded rank setting the pace.
+With dp = 1 the hidden states are the same on every rank, so no dispatch is needed and
+the combine is the all-reduce the tensor-parallel layer already does. The layer itself is
+vLLM's fused MoE kernel (hardware_models.moe): one kernel sequence, grouped GEMMs over
+the experts that receive tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.dtypes import Dtype
+from hardware_models.errors import InfersimError
+from hardware_models.op_cost import OpCost
+from simulator.architecture import ModelArchitecture
+
+# The fused-MoE kernel that runs each weight dtype (hardware_models.efficiency.MOE_FORMATS).
+_MOE_FORMAT = {
+    Dtype.BF16: "bf16",
+    Dtype.FP16: "bf16",  # the same kernel and bytes
+    Dtype.FP8: "fp8",
+    Dtype.INT4: "int4_wo",  # Marlin, 4-bit weights with group scales
+    Dtype.FP4: "w4a16_mxfp4",  # gpt-oss's MXFP4 experts
+}
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """How one MoE layer's routed experts are split over a replica's GPUs."""
+
+    moe_tp: int  # slices of each expert's width
+    ep: int  # GPUs the experts are spread over
+    experts_per_gpu: int  # on the most loaded GPU
+
+    @classmethod
+    def of(cls, arch: ModelArchitecture, tp: int, expert_parallel: bool) -> ExpertLayout:
+        if expert_parallel and not arch.is_moe:
+            raise InfersimError(
+                f"parallelism.enable_expert_parallel: {arch.name} has no experts (dense model)"
+            )
+        if arch.is_moe and not arch.gated_mlp:
+            raise InfersimError(
+                f"{arch.name}: gated_mlp is false, but the fused MoE kernel runs gated "
+                "(gate and up) experts"
+            )
+        if not expert_parallel or tp == 1:
+            return cls(moe_tp=tp, ep=1, experts_per_gpu=arch.num_experts)
+        if tp > arch.num_experts:
+            raise InfersimError(
+                f"parallelism.enable_expert_parallel: {arch.name} has {arch.num_experts} "
+                f"experts, fewer than the tp={tp} GPUs to spread them over"
+            )
+        from hardware_models.moe import local_experts  # scipy, for MoE models only
+
+        return cls(moe_tp=1, ep=tp, experts_per_gpu=local_experts(arch.num_experts, tp))
+
+    def expert_width(self, arch: ModelArchitecture) -> int:
+        return math.ceil(arch.expert_intermediate_size / self.moe_tp)
+
+
+def moe_format(weight_dtype: Dtype) -> str:
+    """The fused-MoE kernel format for experts stored in `weight_dtype`."""
+    if weight_dtype not in _MOE_FORMAT:
+        raise InfersimError(
+            f"model.weight_dtype: MoE experts in {weight_dtype.value} have no fused-MoE "
+            f"kernel cost; allowed: {', '.join(d.value for d in _MOE_FORMAT)}"
+        )
+    return _MOE_FORMAT[weight_dtype]
+
+
+def routed_experts_cost(
+    arch: ModelArchitecture,
+    gpu: AcceleratorSpec,
+    tokens: int,
+    layout: ExpertLayout,
+    *,
+    weight_dtype: Dtype,
+    routing: str = "balanced",
+) -> OpCost:
+    """One MoE layer's routed experts for `tokens` tokens on the most loaded GPU: the
+    fused kernel with its top-k routing pass (the router GEMM and the shared experts are
+    dense GEMMs of the layer)."""
+    from hardware_models.moe import moe_cost  # scipy, for MoE models only
+
+    return moe_cost(
+        gpu,
+        num_tokens=tokens,
+        hidden_size=arch.hidden_size,
+        inter_size=arch.expert_intermediate_size,
+        topk=arch.experts_per_token,
+        num_experts=arch.num_experts,
+        tp=layout.moe_tp,
+        ep=layout.ep,
+        moe_format=moe_format(weight_dtype),
+        routing=routing,
+    )

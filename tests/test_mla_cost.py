@@ -1,0 +1,89 @@
+"""MLA attention: the latent KV cache, absorbed decode, decompressed prefill, the module."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from hardware_models import InfersimError, load_gpu
+from hardware_models.attention import causal_pairs
+from hardware_models.mla import (
+    DEEPSEEK_V3,
+    MlaDecode,
+    MlaShape,
+    mla_decode_cost,
+    mla_module_cost,
+    mla_prefill_cost,
+    mla_projection_gemms,
+)
+
+H100 = load_gpu("h100-sxm")
+
+
+def test_latent_kv_bytes_per_token():
+    """(kv_lora_rank + qk_rope_head_dim) values per token and layer, whatever the heads."""
+    assert DEEPSEEK_V3.kv_bytes_per_token("bf16") == (512 + 64) * 2
+    assert DEEPSEEK_V3.kv_bytes_per_token("fp8") == 576
+    eight = dataclasses.replace(DEEPSEEK_V3, num_heads=16)
+    assert eight.kv_bytes_per_token() == DEEPSEEK_V3.kv_bytes_per_token()
+
+
+def test_decode_reads_the_latent_once_and_absorbs_the_up_projections():
+    cost = mla_decode_cost(H100, DEEPSEEK_V3, num_seqs=64, context_tokens=64 * 4096)
+    keys = 64 * 4096
+    # Every head scores the 576-wide latent and sums the 512-wide values over each key.
+    assert cost.flops == 2 * 128 * (576 + 512) * keys
+    queries_and_outputs = 64 * 128 * (576 + 512) * 2  # absorbed, latent wide, bf16
+    assert cost.dram_bytes == keys * 1152 + queries_and_outputs
+    fp8 = mla_decode_cost(H100, DEEPSEEK_V3, num_seqs=64, context_tokens=keys, kv_dtype="fp8")
+    assert fp8.dram_bytes == keys * 576 + queries_and_outputs
+
+
+def test_triton_head_blocks_reread_the_latent():
+    """A kernel whose blocks serve 16 heads reads 128 heads' latent 8 times."""
+    eff = H100.efficiency.model_copy(update={"mla_decode_head_block": 16})
+    triton = MlaDecode(H100.with_efficiency(eff), DEEPSEEK_V3).parts(8, 8 * 8192)
+    flash = MlaDecode(H100, DEEPSEEK_V3).parts(8, 8 * 8192)
+    latent = 8 * 8192 * 1152
+    assert float(triton.dram_bytes - flash.dram_bytes) == pytest.approx(7 * latent)
+
+
+def test_many_heads_over_long_caches_are_compute_bound():
+    one = dataclasses.replace(DEEPSEEK_V3, num_heads=1)
+    parts_1 = MlaDecode(H100, one).parts(64, 64 * 131072)
+    parts_128 = MlaDecode(H100, DEEPSEEK_V3).parts(64, 64 * 131072)
+    assert parts_1.memory > parts_1.compute
+    assert parts_128.compute > parts_128.memory
+
+
+def test_prefill_has_the_decompressed_attention_flops():
+    pairs = causal_pairs(2048, 2048)
+    cost = mla_prefill_cost(
+        H100, DEEPSEEK_V3, num_seqs=1, new_tokens=2048, attended_pairs=pairs, context_tokens=2048
+    )
+    assert cost.flops == pytest.approx(2 * 128 * pairs * (192 + 128))
+
+
+def test_module_prices_absorbed_gemms_for_decode_and_kv_b_for_prefill():
+    decode = {g[0] for g in mla_projection_gemms(DEEPSEEK_V3, decode=True)}
+    prefill = {g[0] for g in mla_projection_gemms(DEEPSEEK_V3, decode=False)}
+    assert decode == {"qkv_a", "q_b", "w_uk", "w_uv", "o"}
+    assert prefill == {"qkv_a", "q_b", "kv_b", "o"}
+    args = {"num_seqs": 4, "new_tokens": 4, "attended_pairs": 4 * 1000, "context_tokens": 4000}
+    module = mla_module_cost(H100, DEEPSEEK_V3, **args)
+    attention = mla_decode_cost(H100, DEEPSEEK_V3, num_seqs=4, context_tokens=4000)
+    assert module.seconds > attention.seconds
+    assert module.flops > attention.flops
+
+
+def test_bad_shape_is_one_line_error():
+    with pytest.raises(InfersimError, match="kv_lora_rank must be >= 1"):
+        MlaShape(
+            num_heads=8,
+            hidden_size=1024,
+            kv_lora_rank=0,
+            qk_nope_head_dim=64,
+            qk_rope_head_dim=32,
+            v_head_dim=64,
+        )

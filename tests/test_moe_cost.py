@@ -1,0 +1,124 @@
+"""The fused MoE layer's cost: routing occupancy, one kernel floor, weights read only for
+activated experts, expert parallelism, weight formats."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hardware_models import InfersimError, load_gpu
+from hardware_models.moe import (
+    BLOCK_MS,
+    MoeLayer,
+    MoeShape,
+    Routing,
+    expert_load,
+    moe_cost,
+)
+
+H100 = load_gpu("h100-sxm")
+DSV3 = {"hidden_size": 7168, "inter_size": 2048, "topk": 8, "num_experts": 256}
+
+
+def _monte_carlo(tokens: int, topk: int, experts: int, ep: int, draws: int = 400):
+    """Seeded draws of uniform top-k routing: (active, pairs, tiles per BLOCK_M) on rank 0."""
+    rng = np.random.default_rng(0)
+    local = -(-experts // ep)
+    out = np.zeros((draws, 2 + len(BLOCK_MS)))
+    for d in range(draws):
+        keys = rng.random((tokens, experts))
+        chosen = np.argpartition(keys, topk, axis=1)[:, :topk]
+        counts = np.bincount(chosen.ravel(), minlength=experts)[:local]
+        out[d, 0] = (counts > 0).sum()
+        out[d, 1] = counts.sum()
+        out[d, 2:] = [np.ceil(counts / b).sum() for b in BLOCK_MS]
+    return out.mean(axis=0), out.std(axis=0) / np.sqrt(draws)
+
+
+@pytest.mark.parametrize(("tokens", "ep"), [(1, 1), (8, 1), (32, 8), (200, 4), (1024, 1)])
+def test_balanced_occupancy_matches_monte_carlo(tokens, ep):
+    """E (1 - (1 - k/E)^T) activated experts and the binomial tile counts agree with a
+    seeded Monte Carlo draw to within 4 standard errors (and 1% of the value)."""
+    load = expert_load(tokens, 8, 64, ep, Routing("balanced"))
+    mean, sem = _monte_carlo(tokens, 8, 64, ep)
+    expected = np.array([load.active, load.pairs, *load.tiles])
+    tolerance = 4 * sem + 0.01 * np.abs(mean) + 1e-9
+    assert np.all(np.abs(expected - mean) <= tolerance), (expected, mean, tolerance)
+
+
+def test_round_robin_spreads_pairs_evenly():
+    load = expert_load(4, 8, 256, 8, Routing("round_robin"))  # 32 pairs, 4 on rank 0
+    assert load.active == 4 and load.pairs == 4
+    full = expert_load(4096, 8, 256, 1, Routing("round_robin"))  # 128 rows per expert
+    assert full.active == 256 and full.tiles[BLOCK_MS.index(128)] == 256
+
+
+def test_power_law_is_skewed_and_keeps_every_pair():
+    load = expert_load(4096, 8, 256, 1, Routing("power_law", 1.2))
+    assert load.pairs == 4096 * 8
+    assert load.max_rows > 10 * load.pairs / 256  # one expert far above the mean
+    ranked = expert_load(4096, 8, 256, 8, Routing("power_law", 1.2))
+    assert ranked.pairs > 4096 * 8 / 8  # the rank priced is the most loaded one
+
+
+def test_one_kernel_floor_not_one_per_expert():
+    """Doubling the experts that run leaves the fixed cost where it is."""
+    few = MoeLayer(H100, MoeShape(**{**DSV3, "num_experts": 16}), "round_robin")
+    many = MoeLayer(H100, MoeShape(**{**DSV3, "num_experts": 256}), "round_robin")
+    assert few.floor_s == many.floor_s
+    tiny = moe_cost(H100, num_tokens=1, **DSV3, ep=256)
+    assert tiny.overhead_seconds == few.floor_s
+    assert tiny.overhead_seconds < 100e-6  # not 256 launches
+
+
+def test_weights_read_only_for_activated_experts():
+    """One token activates top-k experts: the weight bytes are theirs, not all 256."""
+    cost = moe_cost(H100, num_tokens=1, **DSV3, routing="round_robin", include_routing=False)
+    per_expert = 3 * 7168 * 2048 * 2.0
+    assert 8 * per_expert <= cost.dram_bytes < 9 * per_expert
+    full = moe_cost(H100, num_tokens=4096, **DSV3, routing="round_robin")
+    assert full.dram_bytes > 256 * per_expert
+
+
+def test_time_grows_with_tokens():
+    layer = MoeLayer(H100, MoeShape(**DSV3, ep=8), "balanced")
+    tokens = np.array([1, 2, 4, 8, 16, 64, 256, 1024, 4096, 16384])
+    seconds = layer.parts(tokens).seconds
+    assert np.all(np.diff(seconds) > 0)
+
+
+def test_expert_parallelism_reduces_each_ranks_experts():
+    one = moe_cost(H100, num_tokens=64, **DSV3, ep=1)
+    eight = moe_cost(H100, num_tokens=64, **DSV3, ep=8)
+    assert eight.flops == pytest.approx(one.flops / 8, rel=0.01)
+    assert eight.seconds < one.seconds / 4
+
+
+def test_weight_formats_scale_the_bytes():
+    """fp8 weights are half of bf16's bytes and int4 a quarter (plus their scales)."""
+    args = {**DSV3, "num_tokens": 1, "routing": "round_robin", "include_routing": False}
+    weights = {}
+    for fmt in ("bf16", "fp8", "fp8_block", "int4_wo"):
+        layer = MoeLayer(H100, MoeShape(**DSV3, moe_format=fmt), "round_robin")
+        weights[fmt] = layer.weight_bpe
+        assert moe_cost(H100, **args, moe_format=fmt).flops == pytest.approx(
+            2 * 8 * 3 * 7168 * 2048
+        )
+    assert weights["fp8"] == weights["bf16"] / 2
+    assert weights["fp8"] < weights["fp8_block"] < 1.001 * weights["fp8"]
+    assert weights["bf16"] / 4 < weights["int4_wo"] < weights["bf16"] / 3.8
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"moe_format": "int3"}, "unknown MoE weight format"),
+        ({"routing": "zipf"}, "unknown MoE routing"),
+        ({"routing": "power_law"}, "alpha > 1"),
+        ({"ep": 512}, "exceeds num_experts"),
+        ({"tp": 3}, "not divisible by tp"),
+    ],
+)
+def test_bad_input_is_one_line_error(kwargs, message):
+    with pytest.raises(InfersimError, match=message):
+        moe_cost(H100, num_tokens=8, **{**DSV3, **kwargs})
