@@ -1,32 +1,80 @@
-"""What a chip and a machine can do, priced as operators. Knows nothing of transformers."""
+"""What a chip and a machine can do, priced as operators. Knows nothing of transformers.
 
-from hardware_models.accelerator import AcceleratorSpec
-from hardware_models.attention import (
-    attention_decode_cost,
-    attention_decode_seconds,
-    attention_prefill_cost,
-    causal_pairs,
-)
-from hardware_models.collectives import Algorithm, Collective, collective_cost
-from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
-from hardware_models.efficiency import EfficiencyCurve, EfficiencyProfile
-from hardware_models.errors import InfeasibleError, InfersimError
-from hardware_models.gemm import gemm_cost
-from hardware_models.node import LinkSpec, NodeSpec
-from hardware_models.op_cost import Bound, OpCost
-from hardware_models.pointwise import (
-    GELU,
-    LAYERNORM,
-    RESIDUAL_ADD,
-    RMSNORM,
-    ROTARY,
-    SILU_MUL,
-    Pointwise,
-    elementwise_cost,
-    embedding_cost,
-    launch_overhead_seconds,
-)
-from hardware_models.presets import list_gpus, list_nodes, load_gpu, load_node
+Names are imported on first use (a module-level `__getattr__`, as in `simulator`), so
+importing one submodule, `hardware_models.errors` say, does not load pydantic, numpy and
+every operator model with it: `infersim --help` pays for none of them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hardware_models.accelerator import AcceleratorSpec
+    from hardware_models.attention import (
+        attention_decode_cost,
+        attention_decode_seconds,
+        attention_prefill_cost,
+        causal_pairs,
+    )
+    from hardware_models.collectives import Algorithm, Collective, collective_cost
+    from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
+    from hardware_models.efficiency import EfficiencyCurve, EfficiencyProfile
+    from hardware_models.errors import InfeasibleError, InfersimError
+    from hardware_models.gemm import gemm_cost
+    from hardware_models.node import LinkSpec, NodeSpec
+    from hardware_models.op_cost import Bound, OpCost
+    from hardware_models.pointwise import (
+        GELU,
+        LAYERNORM,
+        RESIDUAL_ADD,
+        RMSNORM,
+        ROTARY,
+        SILU_MUL,
+        Pointwise,
+        elementwise_cost,
+        embedding_cost,
+        launch_overhead_seconds,
+    )
+    from hardware_models.presets import list_gpus, list_nodes, load_gpu, load_node
+
+_SOURCES: dict[str, str] = {
+    "AcceleratorSpec": "hardware_models.accelerator",
+    "attention_decode_cost": "hardware_models.attention",
+    "attention_decode_seconds": "hardware_models.attention",
+    "attention_prefill_cost": "hardware_models.attention",
+    "causal_pairs": "hardware_models.attention",
+    "Algorithm": "hardware_models.collectives",
+    "Collective": "hardware_models.collectives",
+    "collective_cost": "hardware_models.collectives",
+    "Dtype": "hardware_models.dtypes",
+    "bytes_per_element": "hardware_models.dtypes",
+    "parse_dtype": "hardware_models.dtypes",
+    "EfficiencyCurve": "hardware_models.efficiency",
+    "EfficiencyProfile": "hardware_models.efficiency",
+    "InfeasibleError": "hardware_models.errors",
+    "InfersimError": "hardware_models.errors",
+    "gemm_cost": "hardware_models.gemm",
+    "LinkSpec": "hardware_models.node",
+    "NodeSpec": "hardware_models.node",
+    "Bound": "hardware_models.op_cost",
+    "OpCost": "hardware_models.op_cost",
+    "GELU": "hardware_models.pointwise",
+    "LAYERNORM": "hardware_models.pointwise",
+    "Pointwise": "hardware_models.pointwise",
+    "RESIDUAL_ADD": "hardware_models.pointwise",
+    "RMSNORM": "hardware_models.pointwise",
+    "ROTARY": "hardware_models.pointwise",
+    "SILU_MUL": "hardware_models.pointwise",
+    "elementwise_cost": "hardware_models.pointwise",
+    "embedding_cost": "hardware_models.pointwise",
+    "launch_overhead_seconds": "hardware_models.pointwise",
+    "list_gpus": "hardware_models.presets",
+    "list_nodes": "hardware_models.presets",
+    "load_gpu": "hardware_models.presets",
+    "load_node": "hardware_models.presets",
+}
 
 __all__ = [
     "GELU",
@@ -64,3 +112,17 @@ __all__ = [
     "load_node",
     "parse_dtype",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name from its home module the first time it is asked for."""
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module 'hardware_models' has no attribute {name!r}")
+    value = getattr(importlib.import_module(source), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
