@@ -11,6 +11,7 @@ operands fit in L2 they are read once.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
@@ -107,12 +108,16 @@ class Layout(NamedTuple):
     cluster_m: int  # tiles a cluster stacks along m
 
 
-def candidate_layouts(kernel: GemmKernel, m: int, n: int) -> list[Layout]:
+# Every tile and split, built once: the engine prices thousands of GEMM shapes a run.
+_EVERY_LAYOUT = tuple(Layout(tile, split, 1) for tile in TILE_SHAPES for split in SPLIT_K_FACTORS)
+
+
+def candidate_layouts(kernel: GemmKernel, m: int, n: int) -> Sequence[Layout]:
     """The layouts a kernel family may run: every tile and split for cuBLAS-style
     heuristics (which pick their own clusters), one clustered tile and no split-K for
     CUTLASS dispatch."""
     if kernel.dispatch == "fastest":
-        return [Layout(tile, split, 1) for tile in TILE_SHAPES for split in SPLIT_K_FACTORS]
+        return _EVERY_LAYOUT
     if kernel.dispatch == "by_m":
         tile = next(
             (narrow if n <= NARROW_N else wide for top, narrow, wide in TILES_BY_M if m <= top),
@@ -356,9 +361,7 @@ def _layouts_many(kernel: GemmKernel, m: np.ndarray, n: np.ndarray):
     the scalar loop's order."""
     every = np.ones(len(m), dtype=bool)
     if kernel.dispatch == "fastest":
-        return [
-            (Layout(tile, split, 1), every) for tile in TILE_SHAPES for split in SPLIT_K_FACTORS
-        ]
+        return [(layout, every) for layout in _EVERY_LAYOUT]
     if kernel.dispatch == "fixed":
         return [(Layout(TILE_LARGE, 1, kernel.cluster_m), every)]
     bucket = np.full(len(m), len(TILES_BY_M))  # past the last bucket: TILE_LARGE
