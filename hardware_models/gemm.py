@@ -108,8 +108,10 @@ class Layout(NamedTuple):
     cluster_m: int  # tiles a cluster stacks along m
 
 
-# Every tile and split, built once: the engine prices thousands of GEMM shapes a run.
-_EVERY_LAYOUT = tuple(Layout(tile, split, 1) for tile in TILE_SHAPES for split in SPLIT_K_FACTORS)
+@lru_cache(maxsize=4)
+def _every_layout(tiles: tuple, splits: tuple) -> tuple[Layout, ...]:
+    """Every tile with every split, built once (the engine prices thousands of shapes)."""
+    return tuple(Layout(tile, split, 1) for tile in tiles for split in splits)
 
 
 def candidate_layouts(kernel: GemmKernel, m: int, n: int) -> Sequence[Layout]:
@@ -117,7 +119,7 @@ def candidate_layouts(kernel: GemmKernel, m: int, n: int) -> Sequence[Layout]:
     heuristics (which pick their own clusters), one clustered tile and no split-K for
     CUTLASS dispatch."""
     if kernel.dispatch == "fastest":
-        return _EVERY_LAYOUT
+        return _every_layout(TILE_SHAPES, SPLIT_K_FACTORS)
     if kernel.dispatch == "by_m":
         tile = next(
             (narrow if n <= NARROW_N else wide for top, narrow, wide in TILES_BY_M if m <= top),
@@ -361,7 +363,7 @@ def _layouts_many(kernel: GemmKernel, m: np.ndarray, n: np.ndarray):
     the scalar loop's order."""
     every = np.ones(len(m), dtype=bool)
     if kernel.dispatch == "fastest":
-        return [(layout, every) for layout in _EVERY_LAYOUT]
+        return [(layout, every) for layout in _every_layout(TILE_SHAPES, SPLIT_K_FACTORS)]
     if kernel.dispatch == "fixed":
         return [(Layout(TILE_LARGE, 1, kernel.cluster_m), every)]
     bucket = np.full(len(m), len(TILES_BY_M))  # past the last bucket: TILE_LARGE
