@@ -297,8 +297,11 @@ def gemm_parts(
         )
 
     best: tuple[float, tuple] | None = None
+    tile_counts: dict[tuple[int, int, int], int] = {}  # splits of one tile share them
     for (tm, tn), split, cluster_m in candidate_layouts(c.kernel, m, n):
-        tiles = tile_rows(m, tm, cluster_m) * math.ceil(n / tn)
+        tiles = tile_counts.get((tm, tn, cluster_m))
+        if tiles is None:
+            tiles = tile_counts[tm, tn, cluster_m] = tile_rows(m, tm, cluster_m) * math.ceil(n / tn)
         if split > 1 and (tiles * split > 2 * concurrent or k // split < 256):
             continue
         k_part = math.ceil(k / split)
