@@ -10,8 +10,15 @@ run is printed next to it, since on a shared machine it decides the figures; "co
 least. Speed-up is against the first worker count of the same round. The tables of all
 runs must agree on every simulated number (only timings may differ).
 
-    python benchmarks/sweep_scaling.py [--workers 1 2] [--repeats N] [--scenario PATH]
-                                       [--out DIR]
+With `--dask`, each worker count of 2 or more also runs on a Dask LocalCluster of that
+many single-threaded worker processes (`--dask-scheduler`; the cluster is started before
+the clock starts, and its start-up is printed apart). "Overhead s" is what the command
+spent beyond its points' own work shared over the workers: wall - (sum of point wall
+seconds) / workers, i.e. start-up, scheduling, shipping scenarios and summaries, writing
+the table, and the last point's tail.
+
+    python benchmarks/sweep_scaling.py [--workers 1 2] [--repeats N] [--dask]
+                                       [--scenario PATH] [--out DIR]
 """
 
 from __future__ import annotations
@@ -36,10 +43,12 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def run(scenario: Path, workers: int, out: Path) -> dict[str, object]:
-    """One `infersim sweep` with `workers` processes: its wall time and per-point CPU."""
+def run(scenario: Path, workers: int, out: Path, scheduler: str | None = None) -> dict[str, object]:
+    """One `infersim sweep` with `workers` processes (local, or the Dask cluster at
+    `scheduler`): its wall time and per-point CPU."""
     before = _load()
-    argv = [str(INFERSIM), "sweep", str(scenario), "-o", str(out), "--workers", str(workers),
+    where = ["--dask-scheduler", scheduler] if scheduler else ["--workers", str(workers)]
+    argv = [str(INFERSIM), "sweep", str(scenario), "-o", str(out), *where,
             "--quiet", "--no-plots", "--overwrite"]  # fmt: skip
     started = time.perf_counter()
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, cwd=REPO)
@@ -49,6 +58,7 @@ def run(scenario: Path, workers: int, out: Path) -> dict[str, object]:
         raise SystemExit(f"{out}: not every point ran: {table['status'].value_counts()}")
     use = table["cpu_s"] / table["wall_s"]
     return {
+        "executor": "dask" if scheduler else "local",
         "workers": workers,
         "points": len(table),
         "wall_s": wall,
@@ -62,31 +72,51 @@ def run(scenario: Path, workers: int, out: Path) -> dict[str, object]:
     }
 
 
+def run_on_dask(scenario: Path, workers: int, out: Path) -> dict[str, object]:
+    """run() on a fresh Dask LocalCluster of `workers` single-threaded processes."""
+    from distributed import LocalCluster
+
+    started = time.perf_counter()
+    with LocalCluster(
+        n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as cluster:
+        startup = time.perf_counter() - started
+        result = run(scenario, workers, out, cluster.scheduler_address)
+    return {**result, "startup_s": startup}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, os.cpu_count() or 1])
     parser.add_argument("--scenario", type=Path, default=SCENARIO)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--repeats", type=int, default=1, help="rounds over the counts")
+    parser.add_argument("--dask", action="store_true", help="also on Dask LocalClusters")
     args = parser.parse_args()
-    runs = [
-        {**run(args.scenario, w, args.out / f"workers-{w}"), "repeat": i}
-        for i in range(args.repeats)
-        for w in args.workers  # interleaved, so that a change of load hits every count
-    ]
+    runs = []
+    for i in range(args.repeats):
+        for w in args.workers:  # interleaved, so that a change of load hits every count
+            runs.append({**run(args.scenario, w, args.out / f"workers-{w}"), "repeat": i})
+            if args.dask and w > 1:
+                out = args.out / f"dask-{w}"
+                runs.append({**run_on_dask(args.scenario, w, out), "repeat": i})
     for other in runs[1:]:
         pd.testing.assert_frame_equal(runs[0]["table"], other["table"])
-    base = [r["wall_s"] for r in runs if r["workers"] == args.workers[0]]
+    first = args.workers[0]
+    base = [r["wall_s"] for r in runs if r["workers"] == first and r["executor"] == "local"]
     print(f"{runs[0]['points']} points, {os.cpu_count()} cores; load average 1/5/15 min")
-    print("| workers | wall s | speed-up | cores busy | per-point CPU use (median, min) | "
-          "sum of point CPU s | load before | load after |")  # fmt: skip
-    print("|---:|---:|---:|---:|---:|---:|---|---|")
+    print("| executor | workers | wall s | speed-up | overhead s | cores busy | per-point CPU "
+          "use (median, min) | sum of point CPU s | load before | load after |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for r in runs:
-        print(f"| {r['workers']} | {r['wall_s']:.1f} | {base[r['repeat']] / r['wall_s']:.2f}x | "
+        overhead = r["wall_s"] - r["point_wall_s_sum"] / r["workers"]
+        startup = f" (+{r['startup_s']:.1f} s cluster start)" if "startup_s" in r else ""
+        print(f"| {r['executor']} | {r['workers']} | {r['wall_s']:.1f} | "
+              f"{base[r['repeat']] / r['wall_s']:.2f}x | {overhead:.1f}{startup} | "
               f"{r['point_cpu_s_sum'] / r['wall_s']:.2f} | "
               f"{r['cpu_use_median']:.2f}, {r['cpu_use_min']:.2f} | "
               f"{r['point_cpu_s_sum']:.1f} | {r['load_before']} | {r['load_after']} |")  # fmt: skip
-    print("simulated numbers identical across worker counts: yes")
+    print("simulated numbers identical across worker counts and executors: yes")
     return 0
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import ValidationError
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only annotated: importing errors must not load pydantic
+    from pydantic import ValidationError
 
 
 class InfersimError(Exception):

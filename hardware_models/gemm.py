@@ -11,6 +11,7 @@ operands fit in L2 they are read once.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
@@ -107,12 +108,18 @@ class Layout(NamedTuple):
     cluster_m: int  # tiles a cluster stacks along m
 
 
-def candidate_layouts(kernel: GemmKernel, m: int, n: int) -> list[Layout]:
+@lru_cache(maxsize=4)
+def _every_layout(tiles: tuple, splits: tuple) -> tuple[Layout, ...]:
+    """Every tile with every split, built once (the engine prices thousands of shapes)."""
+    return tuple(Layout(tile, split, 1) for tile in tiles for split in splits)
+
+
+def candidate_layouts(kernel: GemmKernel, m: int, n: int) -> Sequence[Layout]:
     """The layouts a kernel family may run: every tile and split for cuBLAS-style
     heuristics (which pick their own clusters), one clustered tile and no split-K for
     CUTLASS dispatch."""
     if kernel.dispatch == "fastest":
-        return [Layout(tile, split, 1) for tile in TILE_SHAPES for split in SPLIT_K_FACTORS]
+        return _every_layout(TILE_SHAPES, SPLIT_K_FACTORS)
     if kernel.dispatch == "by_m":
         tile = next(
             (narrow if n <= NARROW_N else wide for top, narrow, wide in TILES_BY_M if m <= top),
@@ -290,8 +297,11 @@ def gemm_parts(
         )
 
     best: tuple[float, tuple] | None = None
+    tile_counts: dict[tuple[int, int, int], int] = {}  # splits of one tile share them
     for (tm, tn), split, cluster_m in candidate_layouts(c.kernel, m, n):
-        tiles = tile_rows(m, tm, cluster_m) * math.ceil(n / tn)
+        tiles = tile_counts.get((tm, tn, cluster_m))
+        if tiles is None:
+            tiles = tile_counts[tm, tn, cluster_m] = tile_rows(m, tm, cluster_m) * math.ceil(n / tn)
         if split > 1 and (tiles * split > 2 * concurrent or k // split < 256):
             continue
         k_part = math.ceil(k / split)
@@ -356,9 +366,7 @@ def _layouts_many(kernel: GemmKernel, m: np.ndarray, n: np.ndarray):
     the scalar loop's order."""
     every = np.ones(len(m), dtype=bool)
     if kernel.dispatch == "fastest":
-        return [
-            (Layout(tile, split, 1), every) for tile in TILE_SHAPES for split in SPLIT_K_FACTORS
-        ]
+        return [(layout, every) for layout in _every_layout(TILE_SHAPES, SPLIT_K_FACTORS)]
     if kernel.dispatch == "fixed":
         return [(Layout(TILE_LARGE, 1, kernel.cluster_m), every)]
     bucket = np.full(len(m), len(TILES_BY_M))  # past the last bucket: TILE_LARGE

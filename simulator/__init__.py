@@ -14,8 +14,9 @@ sweeps in `simulator.sweep`; docs/API.md walks through all of it.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hardware_models.lazy import lazy_names
 
 if TYPE_CHECKING:
     from hardware_models.presets import (
@@ -63,15 +64,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name from its home module the first time it is asked for."""
-    source = _SOURCES.get(name)
-    if source is None:
-        raise AttributeError(f"module 'simulator' has no attribute {name!r}")
-    value = getattr(importlib.import_module(source), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _SOURCES, __all__)

@@ -22,6 +22,11 @@ if TYPE_CHECKING:
     from simulator.scenario import Scenario
 
 
+def _joined(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """The replicas' tables one after another (a single one as it is, not copied)."""
+    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+
+
 class Results:
     """Tables of one run: `requests` (one row per request), `steps` (one row per engine
     step, when the scenario keeps them: `output.step_table`), `itl` (inter-token gaps
@@ -59,8 +64,10 @@ class Results:
         totals = StepTotals.merge([r.log.totals for r in replicas])
         steps = None
         if scenario.output.step_table:
-            steps = pd.concat(tables, ignore_index=True)
-            steps = steps.sort_values(["start", "replica"], kind="stable", ignore_index=True)
+            steps = _joined(tables)
+            # One replica logs its steps in time order: sorting would only copy them.
+            if len(tables) > 1 or not steps["start"].is_monotonic_increasing:
+                steps = steps.sort_values(["start", "replica"], kind="stable", ignore_index=True)
             steps["bound"] = pd.Categorical.from_codes(
                 steps["bound"].astype(int), categories=[b.name.lower() for b in StepBound]
             )
@@ -69,7 +76,7 @@ class Results:
             context,
             requests.frame(list(context.priority_names)),
             totals,
-            pd.concat(gaps, ignore_index=True),
+            _joined(gaps),
             steps,
             memory_table,
         )

@@ -12,13 +12,12 @@ import pandas as pd
 from hardware_models.errors import InfersimError
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "calibrate",
-        help="measure a GPU, fit efficiency curves to it, validate them",
-        description="Calibrate the operator cost model against measurements: `run` times "
+def register(parser: argparse.ArgumentParser) -> None:
+    """Arguments and handler of the subcommand (its one-line help is in cli/main.py)."""
+    parser.description = (
+        "Calibrate the operator cost model against measurements: `run` times "
         "micro-benchmarks with PyTorch, `fit` writes a profile YAML, `validate` reports "
-        "predicted vs measured on held-out shapes.",
+        "predicted vs measured on held-out shapes."
     )
     steps = parser.add_subparsers(dest="step", required=True)
 

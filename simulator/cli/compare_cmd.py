@@ -16,13 +16,12 @@ from simulator.scenario import Scenario
 from simulator.simulation import build_replica, simulate
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "compare",
-        help="run scenarios side by side: one table, overlaid plots",
-        description="Simulate each scenario (each variant of a file is a run named "
+def register(parser: argparse.ArgumentParser) -> None:
+    """Arguments and handler of the subcommand (its one-line help is in cli/main.py)."""
+    parser.description = (
+        "Simulate each scenario (each variant of a file is a run named "
         "file:variant) and write comparison.csv, overlaid latency CDFs, throughput and "
-        "cost plots, and each run's tables in its own folder.",
+        "cost plots, and each run's tables in its own folder."
     )
     parser.add_argument("scenarios", type=Path, nargs="+", help="scenario YAML files")
     add_results_dir(parser, "results/compare, or the next free results/compare-N")

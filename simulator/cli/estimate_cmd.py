@@ -18,8 +18,8 @@ from simulator.sizing import (
 )
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("estimate", help="GPU count and memory breakdown for a model")
+def register(parser: argparse.ArgumentParser) -> None:
+    """Arguments and handler of the subcommand (its one-line help is in cli/main.py)."""
     parser.add_argument("--model", required=True, help="catalog name or config.json path")
     parser.add_argument("--gpu", required=True, help="GPU preset name or YAML path")
     parser.add_argument("--precision", default="bf16", help="weight dtype (fp16, bf16, fp8, ...)")

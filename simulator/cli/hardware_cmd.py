@@ -18,8 +18,8 @@ from hardware_models.presets import (
 )
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("hardware", help="list and inspect accelerator and node presets")
+def register(parser: argparse.ArgumentParser) -> None:
+    """Arguments and handler of the subcommand (its one-line help is in cli/main.py)."""
     actions = parser.add_subparsers(dest="action", required=True)
     lister = actions.add_parser("list", help="all GPU, node and calibration presets")
     lister.set_defaults(handler=_list)

@@ -1,51 +1,61 @@
-"""Entry point: parse the subcommand, run it, and turn input errors into one line."""
+"""Entry point: parse the subcommand, run it, and turn input errors into one line.
+
+Only the chosen subcommand's module is imported (each pulls in what it needs: pydantic
+and SimPy for `run`, pandas for tables, the calibration code for `calibrate`), so
+`infersim --help` and a mistyped command cost no more than Python's start-up.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import warnings
 from collections.abc import Sequence
 
 from hardware_models.errors import InfersimError, InfersimWarning
-from simulator.cli import (
-    calibrate_cmd,
-    compare_cmd,
-    estimate_cmd,
-    hardware_cmd,
-    models_cmd,
-    plan_cmd,
-    replay_cmd,
-    roofline_cmd,
-    run_cmd,
-    schema_cmd,
-    sweep_cmd,
-)
 
-COMMANDS = (
-    run_cmd,
-    sweep_cmd,
-    compare_cmd,
-    plan_cmd,
-    hardware_cmd,
-    models_cmd,
-    estimate_cmd,
-    roofline_cmd,
-    schema_cmd,
-    calibrate_cmd,
-    replay_cmd,
-)
+COMMANDS: dict[str, tuple[str, str]] = {  # name: (module in simulator.cli, one-line help)
+    "run": ("run_cmd", "simulate a scenario file"),
+    "sweep": ("sweep_cmd", "run a scenario over every combination of its sweep.grid"),
+    "compare": ("compare_cmd", "run scenarios side by side: one table, overlaid plots"),
+    "plan": (
+        "plan_cmd",
+        "capacity planner: cheapest GPU type, tp/pp, replicas, policy (and "
+        "disaggregation) meeting SLOs",
+    ),
+    "hardware": ("hardware_cmd", "list and inspect accelerator and node presets"),
+    "models": ("models_cmd", "list the model catalog, or show one model"),
+    "estimate": ("estimate_cmd", "GPU count and memory breakdown for a model"),
+    "roofline": ("roofline_cmd", "price operators on a GPU and say which bound they hit"),
+    "schema": (
+        "schema_cmd",
+        "print the scenario file schema (JSON Schema, or a markdown field reference)",
+    ),
+    "calibrate": ("calibrate_cmd", "measure a GPU, fit efficiency curves to it, validate them"),
+    "replay": ("replay_cmd", "replay a measured vLLM run and compare latencies"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _chosen_command(argv: Sequence[str]) -> str | None:
+    """The subcommand named on the command line: its first word that is not an option."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser, with the arguments of the subcommand `argv` names (of every one when
+    `argv` is None); the others are listed with their help only."""
     parser = argparse.ArgumentParser(
         prog="infersim",
         description="Discrete-event simulator of GPU inference clusters.",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in COMMANDS:
-        command.register(sub)
+    chosen = None if argv is None else _chosen_command(argv)
+    for name, (module, summary) in COMMANDS.items():
+        command = sub.add_parser(name, help=summary)
+        if argv is None or name == chosen:
+            importlib.import_module(f"simulator.cli.{module}").register(command)
     return parser
 
 
@@ -61,8 +71,8 @@ def _format_warning(message, category, filename, lineno, line=None) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     warnings.formatwarning = _format_warning
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         return int(args.handler(args) or 0)
     except InfersimError as exc:

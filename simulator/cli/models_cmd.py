@@ -13,8 +13,8 @@ from simulator.model_catalog import list_models, load_model
 KV_DTYPES = (Dtype.BF16, Dtype.FP8)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("models", help="list the model catalog, or show one model")
+def register(parser: argparse.ArgumentParser) -> None:
+    """Arguments and handler of the subcommand (its one-line help is in cli/main.py)."""
     parser.set_defaults(handler=_list)
     actions = parser.add_subparsers(dest="action")
     actions.add_parser("list", help="every catalog model (the default)").set_defaults(handler=_list)

@@ -11,12 +11,8 @@ from simulator.cli.options import add_overrides
 from simulator.cli.sweep_cmd import add_executor_flags, connect
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "plan",
-        help="capacity planner: cheapest GPU type, tp/pp, replicas, policy (and "
-        "disaggregation) meeting SLOs",
-    )
+def register(parser: argparse.ArgumentParser) -> None:
+    """Arguments and handler of the subcommand (its one-line help is in cli/main.py)."""
     parser.add_argument("scenario", type=Path, help="scenario YAML with a `plan:` section")
     parser.add_argument("-o", "--output", type=Path, help="folder for plan.csv and plots")
     add_overrides(parser)

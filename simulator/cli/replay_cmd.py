@@ -16,15 +16,14 @@ from simulator.cli.run_cmd import results_dir
 from simulator.replay import ReplayOptions, read_run, replay, report_text
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "replay",
-        help="replay a measured vLLM run and compare latencies",
-        description="Replay a measured serving run (a folder with meta.json, requests.jsonl "
+def register(parser: argparse.ArgumentParser) -> None:
+    """Arguments and handler of the subcommand (its one-line help is in cli/main.py)."""
+    parser.description = (
+        "Replay a measured serving run (a folder with meta.json, requests.jsonl "
         "and optionally timeseries.csv, or the JSON of `vllm bench serve --save-result "
         "--save-detailed`) with its own arrivals, lengths and engine settings, vLLM's "
         "defaults for its version where it is silent; print simulated against measured "
-        "TTFT, TPOT, ITL and E2E; write replay.json, CDFs and the timeline.",
+        "TTFT, TPOT, ITL and E2E; write replay.json, CDFs and the timeline."
     )
     parser.add_argument("run", type=Path, help="run folder or vLLM bench serve JSON")
     add_results_dir(parser, "results/replay-<run>, or the next free results/replay-<run>-N")

@@ -16,12 +16,11 @@ _INT_FLAGS = ("m", "n", "k", "batch", "q_len", "kv_len", "context", "heads", "kv
 _INT_FLAGS += ("head_dim", "window", "tokens", "hidden", "gpus")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "roofline",
-        help="price operators on a GPU and say which bound they hit",
-        description="Price one operator from flags, or many from --input CSV (columns named "
-        "after the flags, e.g. op,m,n,k,dtype).",
+def register(parser: argparse.ArgumentParser) -> None:
+    """Arguments and handler of the subcommand (its one-line help is in cli/main.py)."""
+    parser.description = (
+        "Price one operator from flags, or many from --input CSV (columns named "
+        "after the flags, e.g. op,m,n,k,dtype)."
     )
     parser.add_argument("--gpu", required=True, help="GPU preset name or YAML path")
     parser.add_argument("--node", help="node preset for collectives (default: the GPU's)")

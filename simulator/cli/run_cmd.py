@@ -14,8 +14,8 @@ from simulator.scenario import Scenario
 from simulator.simulation import simulate
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("run", help="simulate a scenario file")
+def register(parser: argparse.ArgumentParser) -> None:
+    """Arguments and handler of the subcommand (its one-line help is in cli/main.py)."""
     parser.add_argument("scenario", type=Path, help="scenario YAML")
     add_results_dir(parser, "results/<name>, or the next free results/<name>-N")
     add_overrides(parser)

@@ -9,11 +9,8 @@ import sys
 from simulator.schema_docs import scenario_reference, scenario_schema
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "schema",
-        help="print the scenario file schema (JSON Schema, or a markdown field reference)",
-    )
+def register(parser: argparse.ArgumentParser) -> None:
+    """Arguments and handler of the subcommand (its one-line help is in cli/main.py)."""
     parser.add_argument(
         "--format",
         choices=("json", "markdown"),

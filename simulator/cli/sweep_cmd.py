@@ -51,12 +51,11 @@ def add_executor_flags(parser: argparse.ArgumentParser, what: str, note: str = "
     )
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "sweep",
-        help="run a scenario over every combination of its sweep.grid",
-        description="Run every point of the scenario's sweep.grid (for each variant) in "
-        "parallel; write points/<id>.json as each finishes, then sweep.parquet and plots.",
+def register(parser: argparse.ArgumentParser) -> None:
+    """Arguments and handler of the subcommand (its one-line help is in cli/main.py)."""
+    parser.description = (
+        "Run every point of the scenario's sweep.grid (for each variant) in "
+        "parallel; write points/<id>.json as each finishes, then sweep.parquet and plots."
     )
     parser.add_argument("scenario", type=Path, help="scenario YAML with a sweep.grid")
     parser.add_argument(

@@ -151,7 +151,9 @@ class StepLog:
         samples (binned into a histogram unless steps are kept)."""
         self._take(clip_to(self.steps.drain(self.steps.size), end))
         if self._keep:
-            return frame_of(np.concatenate(self._kept_steps)), self.itl.frame()
+            rows = np.concatenate(self._kept_steps)
+            self._kept_steps = []  # handed over: the chunks need not outlive the table
+            return frame_of(rows), self.itl.frame()
         self._gaps_final = True
         self._fold_gaps()
         return None, self.histogram.frame()

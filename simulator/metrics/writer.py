@@ -49,6 +49,14 @@ def _prepare(outdir: Path, overwrite: bool) -> None:
     outdir.mkdir(parents=True, exist_ok=True)
 
 
+def _categorical_columns(frame: pd.DataFrame) -> list[str]:
+    """Columns worth dictionary-encoding in Parquet: the categorical ones. Numbers of a
+    simulation rarely repeat, so trying a dictionary on every column (pyarrow's default)
+    takes a third of the writing time and gives larger files; read back, the tables are
+    the same."""
+    return [name for name, dtype in frame.dtypes.items() if isinstance(dtype, pd.CategoricalDtype)]
+
+
 def write_run(
     outdir: str | Path,
     summary: Mapping[str, Any],
@@ -75,7 +83,7 @@ def write_run(
         if frame is None:
             continue
         path = outdir / f"{name}.parquet"
-        frame.to_parquet(path)
+        frame.to_parquet(path, use_dictionary=_categorical_columns(frame))
         written.append(path)
         if csv:
             path = outdir / f"{name}.csv"

@@ -1,0 +1,67 @@
+"""A command pays only for what it uses: which modules `infersim --help`, `import
+simulator` and `infersim run` load, checked in a fresh interpreter (sys.modules), not
+timed, so these fail when an eager import comes back whatever the machine's speed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import hardware_models
+from simulator.cli.main import COMMANDS, main
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("pandas", "pyarrow", "matplotlib", "hardware_models.calibration")
+
+
+def loaded_after(code: str) -> list[str]:
+    """Which of HEAVY (and numpy, pydantic, simpy) `code` leaves in sys.modules."""
+    watched = (*HEAVY, "numpy", "pydantic", "simpy")
+    listing = f"print(json.dumps([m for m in {watched!r} if m in sys.modules]))"
+    probe = f"{code}\nimport sys, json\n{listing}"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True
+    )
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_help_loads_no_library():
+    code = (
+        "from simulator.cli.main import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass"
+    )
+    assert loaded_after(code) == []
+
+
+def test_import_simulator_and_errors_load_no_library():
+    assert loaded_after("import simulator, hardware_models, hardware_models.errors") == []
+
+
+def test_run_loads_no_plotting_or_calibration(tmp_path):
+    code = (
+        "from simulator.cli.main import main\n"
+        f"main(['run', 'scenarios/quickstart.yaml', '-o', {str(tmp_path / 'out')!r}, "
+        "'--quiet', '--no-plots', '--set', 'workload.num_requests=20'])"
+    )
+    loaded = loaded_after(code)
+    assert "matplotlib" not in loaded and "hardware_models.calibration" not in loaded
+    assert (tmp_path / "out" / "summary.json").is_file()  # it did run
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_subcommand_still_has_its_arguments(command, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--help"])
+    assert exit_.value.code == 0
+    assert f"usage: infersim {command}" in capsys.readouterr().out
+
+
+def test_hardware_models_names_resolve_lazily():
+    for name in hardware_models.__all__:
+        assert getattr(hardware_models, name) is not None
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        hardware_models.nope  # noqa: B018
