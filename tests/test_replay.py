@@ -164,6 +164,10 @@ def test_vllm_defaults_by_version_and_gpu():
     assert batch("0.9.0", "NVIDIA A100-SXM4-80GB", 79.2) == (2048, 256)
     assert batch("0.19.0", "AMD Instinct MI300X", 191.5) == (8192, 1024)
     assert batch("v0.11.0rc1", "NVIDIA L40S", 44.4) == (2048, 256)
+    no_chunks = {"chunked_prefill": False, "max_model_len": 32768}
+    assert vllm_default("max_num_batched_tokens", (0, 19, 0), "x", 1, **no_chunks).value == 32768
+    no_chunks["max_model_len"] = 1024
+    assert vllm_default("max_num_batched_tokens", (0, 19, 0), "x", 1, **no_chunks).value == 2048
     assert not vllm_default("async_scheduling", (0, 13, 0), "x", 1).value
     assert vllm_default("async_scheduling", (0, 14, 0), "x", 1).value
     assert "checked up to 0.28.0" in vllm_default("block_size", (0, 30, 1), "x", 1).reason
@@ -315,6 +319,22 @@ def test_vllm_defaults_rebuild_the_real_runs_recorded_settings(tmp_path, capsys)
     for recorded in ("num_gpu_blocks", "max_model_len"):
         full[0].pop(recorded), bare_[0].pop(recorded)
     assert full == bare_
+
+
+def test_without_chunked_prefill_a_step_holds_a_whole_prompt(tmp_path, capsys):
+    """vLLM raises max_num_batched_tokens to max_model_len when chunked prefill is off:
+    a 3,000-token prompt runs (it used to be rejected at the 2,048 default)."""
+    kwargs = {"enable_chunked_prefill": False, "max_model_len": 4096}
+    run = write_run(tmp_path / "run", _meta(engine_kwargs=kwargs), log=False)
+    lines = (run / "requests.jsonl").read_text().splitlines()
+    lines[3] = json.dumps({**json.loads(lines[3]), "input_toks": 3000})
+    (run / "requests.jsonl").write_text("\n".join(lines) + "\n")
+    code, out, err = replay(capsys, str(run), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    assert "assumed max_num_batched_tokens = 4096" in out
+    data = written(tmp_path / "out")
+    assert data["scenario"]["serving"]["policy"] == "continuous"
+    assert data["simulated_completed"] == data["requests"] == 24
 
 
 def test_requests_the_simulation_rejects_are_said(tmp_path, capsys):

@@ -184,7 +184,8 @@ class _Resolver:
         self.version, self.gpu_name, self.gpu_gib = version, gpu_name, gpu_gib
         self.assumptions: list[str] = []
 
-    def __call__(self, field: str) -> Any:
+    def __call__(self, field: str, **context: Any) -> Any:
+        """`field` from the run, else vLLM's default (`context`: see vllm_default)."""
         found = self.settings.get(field)
         if found is not None:
             return _checked(field, *found)
@@ -193,7 +194,7 @@ class _Resolver:
                 f"{field}: not recorded in the run and its vLLM version is unknown; pass "
                 "--vllm-version so infersim can use that version's defaults"
             )
-        default = vllm_default(field, self.version, self.gpu_name, self.gpu_gib)
+        default = vllm_default(field, self.version, self.gpu_name, self.gpu_gib, **context)
         self.assumptions.append(f"{field} = {default.value} ({default.reason})")
         return default.value
 
@@ -302,15 +303,19 @@ def _serving(setting: _Resolver, arch: ModelArchitecture, notes: list[str]) -> d
             "chunked prefill off: replayed with infersim's `continuous` policy, which "
             "models vLLM v0's prefill-first scheduler"
         )
+    max_len = setting.optional("max_model_len")
+    context = max_len or arch.max_position_embeddings
     serving = {
         "policy": "chunked_prefill" if chunked else "continuous",
         "max_num_seqs": setting("max_num_seqs"),
-        "max_num_batched_tokens": setting("max_num_batched_tokens"),
+        "max_num_batched_tokens": setting(
+            "max_num_batched_tokens", chunked_prefill=chunked, max_model_len=context
+        ),
         "block_size": setting("block_size"),
         "gpu_memory_utilization": setting("gpu_memory_utilization"),
         "enable_prefix_caching": setting("enable_prefix_caching"),
     }
-    blocks, max_len = setting.optional("num_gpu_blocks"), setting.optional("max_model_len")
+    blocks = setting.optional("num_gpu_blocks")
     if blocks is not None:
         serving["num_gpu_blocks"] = blocks
     else:
@@ -318,7 +323,6 @@ def _serving(setting: _Resolver, arch: ModelArchitecture, notes: list[str]) -> d
     if max_len is not None:
         serving["max_model_len"] = max_len
     else:
-        context = arch.max_position_embeddings
         notes.append(f"max_model_len not recorded: the model's context ({context:,})")
     return serving
 
