@@ -255,8 +255,13 @@ MIXTRAL_EP = {"enable_expert_parallel": True}
         (_meta(engine_kwargs={"data_parallel_size": 2}), None, "data_parallel_size 2"),
         (_meta(model="mistralai/Mixtral-8x7B-v0.1", engine_kwargs=MIXTRAL_EP), None, "no expert"),
         (_meta(vllm_version="0.6.3"), None, "predates the V1 engine"),
+        (_meta(hardware={**RTX_4090, "device_total_memory_bytes": "24GB"}), None,
+         "hardware.device_total_memory_bytes: '24GB' is not a whole number"),
+        (_meta(kv_cache={"num_gpu_blocks": 500, "num_kv_tokens": 8000},
+               engine_kwargs={"block_size": 32}), None,
+         "kv_cache.num_kv_tokens 8000 is not num_gpu_blocks x block_size (500 x 32 = 16000)"),
     ],
-)
+)  # fmt: skip
 def test_bad_run_folders_are_one_line(tmp_path, capsys, meta, edit, needle):
     run = write_run(tmp_path / "run", meta)
     if edit is not None:
@@ -335,6 +340,19 @@ def test_without_chunked_prefill_a_step_holds_a_whole_prompt(tmp_path, capsys):
     data = written(tmp_path / "out")
     assert data["scenario"]["serving"]["policy"] == "continuous"
     assert data["simulated_completed"] == data["requests"] == 24
+
+
+def test_what_the_engine_resolved_wins_over_its_arguments(tmp_path, capsys):
+    """The engine may change what it was given: the resolved value replays, and the
+    argument that disagrees is said."""
+    kv_cache = {"block_size": 16, "num_gpu_blocks": 500, "num_kv_tokens": 8000}
+    meta = _meta(kv_cache=kv_cache, engine_kwargs={"block_size": 32, "max_model_len": 4096})
+    run = write_run(tmp_path / "run", meta, log=False)
+    code, out, err = replay(capsys, str(run), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    serving = written(tmp_path / "out")["scenario"]["serving"]
+    assert (serving["block_size"], serving["num_gpu_blocks"]) == (16, 500)
+    assert "block_size: engine_kwargs.block_size says 32, kv_cache.block_size 16" in out
 
 
 def test_requests_the_simulation_rejects_are_said(tmp_path, capsys):

@@ -74,18 +74,19 @@ class ReplayOptions:
 
 
 class _Settings:
-    """The run's engine settings, looked up where vLLM runs record them: the engine
-    arguments, the KV-cache summary, then the resolved configuration."""
+    """The run's engine settings, looked up where vLLM runs record them: what the engine
+    resolved first (the resolved configuration, then the KV-cache summary), then the
+    arguments it was given, which it may have changed."""
 
     def __init__(self, meta: dict[str, Any]) -> None:
         self.places: list[tuple[str, dict[str, Any]]] = []
-        for name in ("engine_kwargs", "kv_cache"):
-            self._add(meta, name, name)
         resolved = meta.get("resolved_config")
         if resolved is not None and not isinstance(resolved, dict):
             raise InfersimError("meta.json: 'resolved_config' must be an object")
         for section in sorted(set(_RESOLVED.values())):
             self._add(resolved or {}, section, f"resolved_config.{section}")
+        for name in ("kv_cache", "engine_kwargs"):
+            self._add(meta, name, name)
 
     def _add(self, parent: dict[str, Any], name: str, shown: str) -> None:
         value = parent.get(name)
@@ -95,8 +96,17 @@ class _Settings:
             raise InfersimError(f"meta.json: {shown!r} must be an object, got {value!r}")
         self.places.append((shown, value))
 
+    def place(self, shown: str) -> dict[str, Any]:
+        """The settings recorded at `shown` (empty where the run has none)."""
+        return next((values for name, values in self.places if name == shown), {})
+
     def get(self, field: str) -> tuple[Any, str] | None:
         """(value, where) of the first place recording `field` (not as null)."""
+        return next(iter(self.all(field)), None)
+
+    def all(self, field: str) -> list[tuple[Any, str]]:
+        """(value, where) of every place recording `field`, in lookup order."""
+        found = []
         for shown, values in self.places:
             name = field
             if shown.startswith("resolved_config."):
@@ -104,8 +114,8 @@ class _Settings:
                     continue
                 name = _RESOLVED_NAME.get(field, field)
             if values.get(name) is not None:
-                return values[name], f"{shown}.{name}"
-        return None
+                found.append((values[name], f"{shown}.{name}"))
+        return found
 
 
 def gpu_preset_for(device_name: str) -> str | None:
@@ -183,12 +193,29 @@ class _Resolver:
         self.settings = _Settings(run.meta)
         self.version, self.gpu_name, self.gpu_gib = version, gpu_name, gpu_gib
         self.assumptions: list[str] = []
+        self.disagreements: list[str] = []
+
+    def _recorded(self, field: str) -> Any:
+        """`field` as the first place records it (None if none does); a place recording
+        another value is said (the engine's own value wins: it is what ran)."""
+        found = self.settings.all(field)
+        if not found:
+            return None
+        value = _checked(field, *found[0])
+        if field not in _TEXTS:
+            for other, where in found[1:]:
+                if _checked(field, other, where) != value:
+                    self.disagreements.append(
+                        f"{field}: {where} says {other!r}, {found[0][1]} {value!r} "
+                        f"(replayed with {value!r}, what the engine used)"
+                    )
+        return value
 
     def __call__(self, field: str, **context: Any) -> Any:
         """`field` from the run, else vLLM's default (`context`: see vllm_default)."""
-        found = self.settings.get(field)
+        found = self._recorded(field)
         if found is not None:
-            return _checked(field, *found)
+            return found
         if self.version is None:
             raise InfersimError(
                 f"{field}: not recorded in the run and its vLLM version is unknown; pass "
@@ -199,8 +226,7 @@ class _Resolver:
         return default.value
 
     def optional(self, field: str) -> Any:
-        found = self.settings.get(field)
-        return None if found is None else _checked(field, *found)
+        return self._recorded(field)
 
 
 def _hardware(
@@ -224,11 +250,9 @@ def _hardware(
         notes.append(f"GPU: {gpu} (meta.json hardware.device_name {device_name!r})")
     spec = load_gpu(gpu)
     memory = device.get("device_total_memory_bytes")
-    gib = (
-        memory / 2**30
-        if isinstance(memory, int | float) and memory > 0
-        else spec.memory.capacity_gb
-    )
+    if memory is not None:
+        _checked("device_total_memory_bytes", memory, "hardware.device_total_memory_bytes")
+    gib = spec.memory.capacity_gb if memory is None else memory / 2**30
     calibration = options.calibration
     if calibration is None:
         calibration = spec.name if spec.name in list_calibrations() else NO_CALIBRATION
@@ -317,6 +341,7 @@ def _serving(setting: _Resolver, arch: ModelArchitecture, notes: list[str]) -> d
     }
     blocks = setting.optional("num_gpu_blocks")
     if blocks is not None:
+        _check_kv_tokens(setting, blocks, serving["block_size"])
         serving["num_gpu_blocks"] = blocks
     else:
         notes.append("num_gpu_blocks not recorded: the KV cache is sized by infersim's planner")
@@ -325,6 +350,19 @@ def _serving(setting: _Resolver, arch: ModelArchitecture, notes: list[str]) -> d
     else:
         notes.append(f"max_model_len not recorded: the model's context ({context:,})")
     return serving
+
+
+def _check_kv_tokens(setting: _Resolver, blocks: int, block_size: int) -> None:
+    """A run whose KV-cache summary counts other tokens than its blocks hold contradicts
+    itself: which of the two is wrong cannot be told, so it is refused."""
+    kv_cache = setting.settings.place("kv_cache")
+    tokens = kv_cache.get("num_kv_tokens")
+    if tokens is not None and tokens != blocks * block_size:
+        raise InfersimError(
+            f"meta.json kv_cache.num_kv_tokens {tokens!r} is not num_gpu_blocks x block_size "
+            f"({blocks} x {block_size} = {blocks * block_size}): the run contradicts itself; "
+            "fix meta.json or pass --set serving.num_gpu_blocks=N --set serving.block_size=N"
+        )
 
 
 def _engine(setting: _Resolver, pp: int, notes: list[str]) -> dict[str, bool]:
@@ -375,6 +413,7 @@ def replay_scenario(
     }
     write_trace(run, trace)
     scenario = Scenario.from_dict(sections, source=str(run.source))
+    notes += setting.disagreements
     notes += [f"assumed {line}" for line in setting.assumptions]
     notes += [f"--set {item} (applied last)" for item in options.overrides]
     return scenario.with_overrides(list(options.overrides)), notes
