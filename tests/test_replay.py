@@ -255,6 +255,8 @@ MIXTRAL_EP = {"enable_expert_parallel": True}
         (_meta(engine_kwargs={"data_parallel_size": 2}), None, "data_parallel_size 2"),
         (_meta(model="mistralai/Mixtral-8x7B-v0.1", engine_kwargs=MIXTRAL_EP), None, "no expert"),
         (_meta(vllm_version="0.6.3"), None, "predates the V1 engine"),
+        (_meta(engine_kwargs={"max_model_len": 200}), None,
+         "engine_kwargs.max_model_len 200: 20 of the run's requests are longer"),
         (_meta(hardware={**RTX_4090, "device_total_memory_bytes": "24GB"}), None,
          "hardware.device_total_memory_bytes: '24GB' is not a whole number"),
         (_meta(kv_cache={"num_gpu_blocks": 500, "num_kv_tokens": 8000},
@@ -366,6 +368,32 @@ def test_requests_the_simulation_rejects_are_said(tmp_path, capsys):
     )
     assert rejected > 0 and f"({rejected} rejected)" in out
     assert "--set serving.max_model_len=300 (applied last)" in out
+
+
+def test_a_replay_that_serves_nothing_is_refused(tmp_path, capsys):
+    run = write_run(tmp_path / "run", _meta())
+    code, _, err = replay(
+        capsys, str(run), "-o", str(tmp_path / "out"), "--set", "serving.num_gpu_blocks=1"
+    )
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "the replay served none of the run's 24 requests (24 prompt + output" in err
+
+
+def test_early_requests_the_simulation_rejects_are_left_out_of_the_cache_check(tmp_path, capsys):
+    """Requests before the KV cache fills that the simulation rejected are counted, not
+    a NaN in the figure."""
+    run = write_run(tmp_path / "run", _meta())
+    rows = ["t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct"]
+    rows += [f"{t}.0,500,300,4,0,{5.0 if t < 3 else 99.0}" for t in range(1, 9)]
+    (run / "timeseries.csv").write_text("\n".join(rows) + "\n")
+    code, out, err = replay(
+        capsys, str(run), "-o", str(tmp_path / "out"), "--set", "serving.max_model_len=300"
+    )
+    assert code == 0, err
+    early = written(tmp_path / "out")["before_cache_fills"]
+    assert early["not_simulated"] > 0 and early["requests"] + early["not_simulated"] == 15
+    assert np.isfinite(early["simulated_s"]) and "nan" not in out
+    assert f"; {early['not_simulated']} more not served by the simulation, left out" in out
 
 
 def test_plots_are_written(tmp_path, capsys):

@@ -341,7 +341,6 @@ def _serving(setting: _Resolver, arch: ModelArchitecture, notes: list[str]) -> d
     }
     blocks = setting.optional("num_gpu_blocks")
     if blocks is not None:
-        _check_kv_tokens(setting, blocks, serving["block_size"])
         serving["num_gpu_blocks"] = blocks
     else:
         notes.append("num_gpu_blocks not recorded: the KV cache is sized by infersim's planner")
@@ -352,16 +351,29 @@ def _serving(setting: _Resolver, arch: ModelArchitecture, notes: list[str]) -> d
     return serving
 
 
-def _check_kv_tokens(setting: _Resolver, blocks: int, block_size: int) -> None:
-    """A run whose KV-cache summary counts other tokens than its blocks hold contradicts
-    itself: which of the two is wrong cannot be told, so it is refused."""
-    kv_cache = setting.settings.place("kv_cache")
-    tokens = kv_cache.get("num_kv_tokens")
-    if tokens is not None and tokens != blocks * block_size:
+def _check_recorded(run: MeasuredRun, setting: _Resolver, serving: dict, given: set[str]) -> None:
+    """Refuse a meta.json that contradicts itself or its requests (unless the setting
+    in question is given with --set, the keys in `given`): which side is wrong cannot
+    be told, and replaying either would be silently wrong."""
+    blocks, size = serving.get("num_gpu_blocks"), serving["block_size"]
+    tokens = setting.settings.place("kv_cache").get("num_kv_tokens")
+    kv_given = given & {"serving.num_gpu_blocks", "serving.block_size"}
+    if blocks is not None and tokens is not None and tokens != blocks * size and not kv_given:
         raise InfersimError(
             f"meta.json kv_cache.num_kv_tokens {tokens!r} is not num_gpu_blocks x block_size "
-            f"({blocks} x {block_size} = {blocks * block_size}): the run contradicts itself; "
-            "fix meta.json or pass --set serving.num_gpu_blocks=N --set serving.block_size=N"
+            f"({blocks} x {size} = {blocks * size}): the run contradicts itself; fix "
+            "meta.json or give both with --set"
+        )
+    max_len = serving.get("max_model_len")
+    if max_len is None or "serving.max_model_len" in given:
+        return
+    lengths = run.requests["prompt"] + run.requests["output"]
+    if longer := int((lengths > max_len).sum()):
+        raise InfersimError(
+            f"meta.json {setting.settings.get('max_model_len')[1]} {max_len}: {longer} of the "
+            f"run's requests are longer (up to {int(lengths.max()):,} tokens of prompt and "
+            "output), which that engine would have refused: the setting is not this run's "
+            "(--set serving.max_model_len=N to replay anyway)"
         )
 
 
@@ -411,6 +423,8 @@ def replay_scenario(
         },
         "output": {"plots": False, "progress": False},
     }
+    given = {item.split("=", 1)[0].strip() for item in options.overrides}
+    _check_recorded(run, setting, sections["serving"], given)
     write_trace(run, trace)
     scenario = Scenario.from_dict(sections, source=str(run.source))
     notes += setting.disagreements
