@@ -5,13 +5,14 @@ from __future__ import annotations
 import heapq
 import os
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import simpy
 
 from hardware_models.accelerator import AcceleratorSpec
-from hardware_models.errors import InfeasibleError, InfersimError
+from hardware_models.errors import InfeasibleError, InfersimError, InfersimWarning
 from hardware_models.node import NodeSpec
 from hardware_models.presets import list_nodes, load_gpu, load_node, with_calibration
 from simulator.architecture import ModelArchitecture
@@ -304,7 +305,15 @@ class _Run:
 
     def _prefix_keys(self, config: ReplicaConfig) -> BlockKeys | None:
         """Block identities of the trace's prompts, for a prefix cache shared by hash."""
-        if self.prompt_hashes is None or not config.prefix_caching:
+        if self.prompt_hashes is None:
+            return None
+        if not config.prefix_caching:
+            warnings.warn(
+                "the trace's hash_ids are not used: serving.enable_prefix_caching is off, so "
+                "no prompt reuses another's cached blocks",
+                InfersimWarning,
+                stacklevel=2,
+            )
             return None
         return BlockKeys(self.prompt_hashes, config.block_size)
 

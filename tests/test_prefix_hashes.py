@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import simulator as sim
+from hardware_models.errors import InfersimWarning
 from simulator.engine.prefix_hashes import BlockKeys, HashedBlockManager
 from simulator.metrics.writer import summary_json
 from simulator.scenario import Scenario
@@ -92,8 +93,9 @@ def test_engine_block_identity_spans_trace_blocks_of_any_size():
     assert keys.of(0) != keys.of(2)  # differs in trace block 1
 
 
-def test_without_prefix_caching_nothing_hits():
-    result = run(SAMPLE, 48, caching=False)
+def test_without_prefix_caching_nothing_hits_and_the_run_says_so():
+    with pytest.warns(InfersimWarning, match="hash_ids are not used: serving.enable_prefix"):
+        result = run(SAMPLE, 48, caching=False)
     assert result.summary()["prefix_cache"]["cached_prompt_tokens"] == 0
 
 

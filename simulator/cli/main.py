@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Sequence
 
-from hardware_models.errors import InfersimError
+from hardware_models.errors import InfersimError, InfersimWarning
 from simulator.cli import (
     calibrate_cmd,
     compare_cmd,
@@ -46,11 +47,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """An InfersimWarning as one line on stderr; any other warning as Python shows it."""
+    if issubclass(category, InfersimWarning):
+        print(f"infersim: warning: {message}", file=sys.stderr)
+    else:
+        _python_show_warning(message, category, filename, lineno, file, line)
+
+
+_python_show_warning = warnings.showwarning
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.handler(args) or 0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("default", InfersimWarning)
+            warnings.showwarning = _show_warning
+            return int(args.handler(args) or 0)
     except InfersimError as exc:
         if args.debug:
             raise
