@@ -226,6 +226,7 @@ def test_bench_json_start_times_are_the_arrivals(tmp_path, capsys):
     )  # fmt: skip
     assert code == 0, err
     assert "recorded send times" in out
+    assert "prefix reuse: the file records lengths, not prompts" in out
     trace = (tmp_path / "out" / "trace.csv").read_text().splitlines()
     assert trace[2].startswith("0.5,")
 
@@ -505,6 +506,7 @@ def test_a_simulated_bench_json_replays_as_itself(tmp_path, capsys):
     )  # fmt: skip
     assert code == 0, err
     assert "recorded send times" in out
+    assert "prefix reuse: the file records lengths, not prompts" in out
     rows = {(r["metric"], r["stat"]): r for r in written(tmp_path / "out")["latency"]}
     ttfts = json.loads(bench.read_text())["ttfts"]
     assert rows["ttft", "mean"]["measured_s"] == pytest.approx(np.mean(ttfts))
