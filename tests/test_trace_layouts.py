@@ -83,8 +83,8 @@ def test_hashes_finer_than_hash_block_tokens_are_refused(tmp_path):
     )  # fmt: skip
     with pytest.raises(InfersimError) as err:
         generate_requests(trace_workload(path, num_requests=2), 0)
-    assert "h16.jsonl: line 2: 64 hash_ids for input_length 1,024, which holds at most 2 " \
-        "blocks of arrivals.hash_block_tokens = 512" in str(err.value)  # fmt: skip
+    assert "h16.jsonl: line 2: 64 hash_ids for input_length 1,024, more than " \
+        "ceil(1024 / arrivals.hash_block_tokens 512) = 2" in str(err.value)  # fmt: skip
     fine = trace_workload(path, arrivals={"hash_block_tokens": 16}, num_requests=2)
     assert generate_requests(fine, 0).prompt_hashes.covered.tolist() == [32, 1024]
 

@@ -157,8 +157,8 @@ def _prompt_hashes(
         name = trace.layout_name(PROMPT_COLUMN)
         raise InfersimError(
             f"{_name(trace.path)}: line {trace.line(i)}: {blocks[i]} hash_ids for {name} "
-            f"{tokens[i]:,}, which holds at most {most[i]} blocks of arrivals.hash_block_tokens "
-            f"= {size}; set hash_block_tokens to the block size the trace was hashed with"
+            f"{tokens[i]:,}, more than ceil({tokens[i]} / arrivals.hash_block_tokens {size}) "
+            f"= {most[i]}; set hash_block_tokens to the block size the trace was hashed with"
         )
     covered = np.minimum.reduce([blocks * size, tokens, prompt])
     return PromptHashes(ids=ids, block_tokens=size, covered=covered)
