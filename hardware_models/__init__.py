@@ -10,7 +10,7 @@ from hardware_models.attention import (
 from hardware_models.collectives import Algorithm, Collective, collective_cost
 from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
 from hardware_models.efficiency import EfficiencyCurve, EfficiencyProfile
-from hardware_models.errors import InfeasibleError, InfersimError
+from hardware_models.errors import InfeasibleError, InfersimError, InfersimWarning
 from hardware_models.gemm import gemm_cost
 from hardware_models.node import LinkSpec, NodeSpec
 from hardware_models.op_cost import Bound, OpCost
@@ -44,6 +44,7 @@ __all__ = [
     "EfficiencyProfile",
     "InfeasibleError",
     "InfersimError",
+    "InfersimWarning",
     "LinkSpec",
     "NodeSpec",
     "OpCost",
