@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from hardware_models.collectives import Algorithm, Collective, collective_cost
     from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
     from hardware_models.efficiency import EfficiencyCurve, EfficiencyProfile
-    from hardware_models.errors import InfeasibleError, InfersimError
+    from hardware_models.errors import InfeasibleError, InfersimError, InfersimWarning
     from hardware_models.gemm import gemm_cost
     from hardware_models.mla import MlaShape, mla_decode_cost, mla_module_cost, mla_prefill_cost
     from hardware_models.moe import MoeLayer, MoeShape, Routing, moe_cost
@@ -58,6 +58,7 @@ _SOURCES: dict[str, str] = {
     "EfficiencyProfile": "hardware_models.efficiency",
     "InfeasibleError": "hardware_models.errors",
     "InfersimError": "hardware_models.errors",
+    "InfersimWarning": "hardware_models.errors",
     "gemm_cost": "hardware_models.gemm",
     "MlaShape": "hardware_models.mla",
     "mla_decode_cost": "hardware_models.mla",
@@ -103,6 +104,7 @@ __all__ = [
     "EfficiencyProfile",
     "InfeasibleError",
     "InfersimError",
+    "InfersimWarning",
     "LinkSpec",
     "MlaShape",
     "MoeLayer",

@@ -12,12 +12,13 @@ class InfersimError(Exception):
     """A problem with the user's input or configuration, explained in one line."""
 
 
+class InfersimWarning(UserWarning):
+    """Input that quietly limits or bends the result: the run goes on and says so, in one
+    line (the CLI prints it as `infersim: warning: ...`)."""
+
+
 class InfeasibleError(InfersimError):
     """A configuration that is valid but cannot run (the model does not fit, ...)."""
-
-
-class InfersimWarning(UserWarning):
-    """A run that goes ahead but bends the answer in a way the user should know."""
 
 
 def describe_validation_error(err: ValidationError, source: str = "") -> str:

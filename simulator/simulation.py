@@ -325,7 +325,15 @@ class _Run:
 
     def _prefix_keys(self, config: ReplicaConfig) -> BlockKeys | None:
         """Block identities of the trace's prompts, for a prefix cache shared by hash."""
-        if self.prompt_hashes is None or not config.prefix_caching:
+        if self.prompt_hashes is None:
+            return None
+        if not config.prefix_caching:
+            warnings.warn(
+                "the trace's hash_ids are not used: serving.enable_prefix_caching is off, so "
+                "no prompt reuses another's cached blocks",
+                InfersimWarning,
+                stacklevel=2,
+            )
             return None
         return BlockKeys(self.prompt_hashes, config.block_size)
 

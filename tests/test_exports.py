@@ -6,6 +6,7 @@ import json
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import simulator as sim
@@ -15,6 +16,7 @@ from simulator.formats import vllm_bench
 from simulator.formats.chrome_trace import chrome_trace
 from simulator.formats.vllm_bench import bench_result, request_itls
 from simulator.metrics.writer import summary_json
+from simulator.replay.bench_json import read_bench_json
 from simulator.scenario import Scenario
 from tests.conftest import scenario_dict
 
@@ -78,8 +80,9 @@ def test_trace_events_have_the_format_fields(results):
 
 def test_trace_is_cut_at_the_cap_and_says_where(results):
     trace = chrome_trace(results, max_events=500)
+    assert len(trace.document["traceEvents"]) == trace.events <= 500  # names included
     events = [e for e in trace.document["traceEvents"] if e["ph"] != "M"]
-    assert len(events) <= 500 and trace.dropped > 0
+    assert trace.dropped > 0 and len(events) > 400
     cut = trace.document["otherData"]["truncated_at_s"]
     assert cut == trace.cut_s and max(e["ts"] for e in events) < cut * 1e6
     assert trace.document["otherData"]["events_dropped"] == trace.dropped
@@ -177,3 +180,38 @@ def test_run_writes_both_files(tmp_path, capsys):
     no_steps = [*args, "--overwrite", "--set", "output.step_table=false"]
     assert main([*no_steps, "--trace-out", str(trace)]) == 2
     assert "--trace-out needs the run's per-step table" in capsys.readouterr().err
+
+
+def test_peak_concurrency_is_exact_over_half_open_intervals():
+    """As vLLM's calculate_metrics: requests in flight at once, each over [send, end), not
+    every request that touched the same second (the two here never overlap)."""
+    requests = pd.DataFrame({"arrival": [0.1, 0.9, 1.5], "finish": [0.5, 1.5, 2.0],
+                             "first_token": [0.2, 1.0, 1.6]})  # fmt: skip
+    completed = np.ones(3, dtype=bool)
+    peaks = vllm_bench._peaks(requests, completed, [np.empty(0)] * 3)
+    assert peaks["max_concurrent_requests"] == 1  # 1.5 ends one and starts the next
+    requests.loc[2, "arrival"] = 1.4
+    assert vllm_bench._peaks(requests, completed, [np.empty(0)] * 3)["max_concurrent_requests"] == 2
+
+
+def test_a_constant_rate_writes_valid_json_that_replays(tmp_path, capsys):
+    """burstiness of a constant rate is infinite: written "inf" as vLLM writes an infinite
+    request_rate (a float infinity is not JSON), and read back as evenly spaced sends."""
+    arrivals = {"kind": "constant", "rate_per_s": 5.0}
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(json.dumps(scenario_dict(workload={"num_requests": 10,
+                                                           "arrivals": arrivals})))  # fmt: skip
+    bench = tmp_path / "b.json"
+    args = ["run", str(scenario), "-o", str(tmp_path / "out"), "--quiet", "--no-plots"]
+    assert main([*args, "--bench-json", str(bench)]) == 0
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} is not JSON")
+
+    data = json.loads(bench.read_text(), parse_constant=refuse)
+    assert data["burstiness"] == "inf" and data["request_rate"] == 5.0
+    del data["start_times"]
+    bench.write_text(json.dumps(data))
+    runs = read_bench_json(bench)
+    assert runs.requests["arrival"].to_numpy() == pytest.approx(np.arange(10) / 5.0)
+    assert "evenly spaced (burstiness inf)" in runs.notes[0]

@@ -164,6 +164,10 @@ def test_vllm_defaults_by_version_and_gpu():
     assert batch("0.9.0", "NVIDIA A100-SXM4-80GB", 79.2) == (2048, 256)
     assert batch("0.19.0", "AMD Instinct MI300X", 191.5) == (8192, 1024)
     assert batch("v0.11.0rc1", "NVIDIA L40S", 44.4) == (2048, 256)
+    no_chunks = {"chunked_prefill": False, "max_model_len": 32768}
+    assert vllm_default("max_num_batched_tokens", (0, 19, 0), "x", 1, **no_chunks).value == 32768
+    no_chunks["max_model_len"] = 1024
+    assert vllm_default("max_num_batched_tokens", (0, 19, 0), "x", 1, **no_chunks).value == 2048
     assert not vllm_default("async_scheduling", (0, 13, 0), "x", 1).value
     assert vllm_default("async_scheduling", (0, 14, 0), "x", 1).value
     assert "checked up to 0.28.0" in vllm_default("block_size", (0, 30, 1), "x", 1).reason
@@ -222,6 +226,7 @@ def test_bench_json_start_times_are_the_arrivals(tmp_path, capsys):
     )  # fmt: skip
     assert code == 0, err
     assert "recorded send times" in out
+    assert "prefix reuse: the file records lengths, not prompts" in out
     trace = (tmp_path / "out" / "trace.csv").read_text().splitlines()
     assert trace[2].startswith("0.5,")
 
@@ -251,8 +256,15 @@ MIXTRAL_EP = {"enable_expert_parallel": True}
         (_meta(engine_kwargs={"data_parallel_size": 2}), None, "data_parallel_size 2"),
         (_meta(model="mistralai/Mixtral-8x7B-v0.1", engine_kwargs=MIXTRAL_EP), None, "no expert"),
         (_meta(vllm_version="0.6.3"), None, "predates the V1 engine"),
+        (_meta(engine_kwargs={"max_model_len": 200}), None,
+         "engine_kwargs.max_model_len 200: 20 of the run's requests are longer"),
+        (_meta(hardware={**RTX_4090, "device_total_memory_bytes": "24GB"}), None,
+         "hardware.device_total_memory_bytes: '24GB' is not a whole number"),
+        (_meta(kv_cache={"num_gpu_blocks": 500, "num_kv_tokens": 8000},
+               engine_kwargs={"block_size": 32}), None,
+         "kv_cache.num_kv_tokens 8000 is not num_gpu_blocks x block_size (500 x 32 = 16000)"),
     ],
-)
+)  # fmt: skip
 def test_bad_run_folders_are_one_line(tmp_path, capsys, meta, edit, needle):
     run = write_run(tmp_path / "run", meta)
     if edit is not None:
@@ -317,6 +329,35 @@ def test_vllm_defaults_rebuild_the_real_runs_recorded_settings(tmp_path, capsys)
     assert full == bare_
 
 
+def test_without_chunked_prefill_a_step_holds_a_whole_prompt(tmp_path, capsys):
+    """vLLM raises max_num_batched_tokens to max_model_len when chunked prefill is off:
+    a 3,000-token prompt runs (it used to be rejected at the 2,048 default)."""
+    kwargs = {"enable_chunked_prefill": False, "max_model_len": 4096}
+    run = write_run(tmp_path / "run", _meta(engine_kwargs=kwargs), log=False)
+    lines = (run / "requests.jsonl").read_text().splitlines()
+    lines[3] = json.dumps({**json.loads(lines[3]), "input_toks": 3000})
+    (run / "requests.jsonl").write_text("\n".join(lines) + "\n")
+    code, out, err = replay(capsys, str(run), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    assert "assumed max_num_batched_tokens = 4096" in out
+    data = written(tmp_path / "out")
+    assert data["scenario"]["serving"]["policy"] == "continuous"
+    assert data["simulated_completed"] == data["requests"] == 24
+
+
+def test_what_the_engine_resolved_wins_over_its_arguments(tmp_path, capsys):
+    """The engine may change what it was given: the resolved value replays, and the
+    argument that disagrees is said."""
+    kv_cache = {"block_size": 16, "num_gpu_blocks": 500, "num_kv_tokens": 8000}
+    meta = _meta(kv_cache=kv_cache, engine_kwargs={"block_size": 32, "max_model_len": 4096})
+    run = write_run(tmp_path / "run", meta, log=False)
+    code, out, err = replay(capsys, str(run), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    serving = written(tmp_path / "out")["scenario"]["serving"]
+    assert (serving["block_size"], serving["num_gpu_blocks"]) == (16, 500)
+    assert "block_size: engine_kwargs.block_size says 32, kv_cache.block_size 16" in out
+
+
 def test_requests_the_simulation_rejects_are_said(tmp_path, capsys):
     run = write_run(tmp_path / "run", _meta(), log=False)
     code, out, err = replay(
@@ -328,6 +369,32 @@ def test_requests_the_simulation_rejects_are_said(tmp_path, capsys):
     )
     assert rejected > 0 and f"({rejected} rejected)" in out
     assert "--set serving.max_model_len=300 (applied last)" in out
+
+
+def test_a_replay_that_serves_nothing_is_refused(tmp_path, capsys):
+    run = write_run(tmp_path / "run", _meta())
+    code, _, err = replay(
+        capsys, str(run), "-o", str(tmp_path / "out"), "--set", "serving.num_gpu_blocks=1"
+    )
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "the replay served none of the run's 24 requests (24 prompt + output" in err
+
+
+def test_early_requests_the_simulation_rejects_are_left_out_of_the_cache_check(tmp_path, capsys):
+    """Requests before the KV cache fills that the simulation rejected are counted, not
+    a NaN in the figure."""
+    run = write_run(tmp_path / "run", _meta())
+    rows = ["t,prompt_throughput,gen_throughput,running,waiting,kv_cache_pct"]
+    rows += [f"{t}.0,500,300,4,0,{5.0 if t < 3 else 99.0}" for t in range(1, 9)]
+    (run / "timeseries.csv").write_text("\n".join(rows) + "\n")
+    code, out, err = replay(
+        capsys, str(run), "-o", str(tmp_path / "out"), "--set", "serving.max_model_len=300"
+    )
+    assert code == 0, err
+    early = written(tmp_path / "out")["before_cache_fills"]
+    assert early["not_simulated"] > 0 and early["requests"] + early["not_simulated"] == 15
+    assert np.isfinite(early["simulated_s"]) and "nan" not in out
+    assert f"; {early['not_simulated']} more not served by the simulation, left out" in out
 
 
 def test_plots_are_written(tmp_path, capsys):
@@ -439,6 +506,7 @@ def test_a_simulated_bench_json_replays_as_itself(tmp_path, capsys):
     )  # fmt: skip
     assert code == 0, err
     assert "recorded send times" in out
+    assert "prefix reuse: the file records lengths, not prompts" in out
     rows = {(r["metric"], r["stat"]): r for r in written(tmp_path / "out")["latency"]}
     ttfts = json.loads(bench.read_text())["ttfts"]
     assert rows["ttft", "mean"]["measured_s"] == pytest.approx(np.mean(ttfts))

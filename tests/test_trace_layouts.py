@@ -9,8 +9,9 @@ import pandas as pd
 import pytest
 
 import simulator as sim
-from hardware_models.errors import InfersimError
+from hardware_models.errors import InfersimError, InfersimWarning
 from hardware_models.yaml_io import validate_model
+from simulator.cli.main import main
 from simulator.scenario import Scenario
 from simulator.workload import WorkloadConfig, generate_requests, read_trace
 from tests.conftest import scenario_dict
@@ -67,7 +68,81 @@ def test_mooncake_hashes_cover_only_the_prompt_simulated(tmp_path):
     scaled = trace_workload(path, num_requests=1, prompt_length_scale=2.0)
     assert generate_requests(scaled, 0).prompt_hashes.covered[0] == 1000
     drawn = trace_workload(path, num_requests=1, prompt_tokens={"kind": "fixed", "tokens": 9})
-    assert generate_requests(drawn, 0).prompt_hashes is None  # not the trace's prompts
+    with pytest.warns(InfersimWarning, match="hash_ids are not used: the prompts are drawn"):
+        assert generate_requests(drawn, 0).prompt_hashes is None  # not the trace's prompts
+
+
+def test_hashes_finer_than_hash_block_tokens_are_refused(tmp_path):
+    """64 hashes for 1,024 tokens were hashed in blocks of 16, not Mooncake's 512: read
+    as 512-token blocks they would claim 32,768 shared tokens."""
+    path = tmp_path / "h16.jsonl"
+    path.write_text(
+        '{"timestamp": 0, "input_length": 1024, "output_length": 4, "hash_ids": [0, 1]}\n'
+        + json.dumps({"timestamp": 5, "input_length": 1024, "output_length": 4,
+                      "hash_ids": list(range(64))}) + "\n"
+    )  # fmt: skip
+    with pytest.raises(InfersimError) as err:
+        generate_requests(trace_workload(path, num_requests=2), 0)
+    assert "h16.jsonl: line 2: 64 hash_ids for input_length 1,024, more than " \
+        "ceil(1024 / arrivals.hash_block_tokens 512) = 2" in str(err.value)  # fmt: skip
+    fine = trace_workload(path, arrivals={"hash_block_tokens": 16}, num_requests=2)
+    assert generate_requests(fine, 0).prompt_hashes.covered.tolist() == [32, 1024]
+
+
+def test_lengths_drawn_from_a_mooncake_trace_say_its_hashes_are_not_used():
+    trace = {"kind": "trace", "path": str(SAMPLES / "mooncake_sample.jsonl")}
+    config = validate_model(
+        WorkloadConfig,
+        {"arrivals": {"kind": "offline"}, "prompt_tokens": trace, "output_tokens": trace,
+         "num_requests": 5},
+        "scenario.yaml",
+    )  # fmt: skip
+    with pytest.warns(InfersimWarning, match="hash_ids are not used: lengths drawn from a trace"):
+        assert generate_requests(config, 0).prompt_hashes is None
+
+
+BURSTGPT_WITH_FAILURES = (
+    "Timestamp,Model,Request tokens,Response tokens\n1,a,10,0\n2,a,12,5\n3,a,0,7\n4,a,14,6\n"
+)
+
+
+def test_zero_token_rows_are_dropped_and_counted(tmp_path):
+    """BurstGPT logs a failed request with 0 response tokens: it is left out, and the
+    run says how many were (it used to become a 1-token request silently)."""
+    path = tmp_path / "bg.csv"
+    path.write_text(BURSTGPT_WITH_FAILURES)
+    with pytest.warns(InfersimWarning) as record:
+        batch = generate_requests(trace_workload(path, num_requests=2), 0)
+    assert "bg.csv: 2 of its 4 rows left out (1 with 0 'Response tokens', 1 with 0 " \
+        "'Request tokens'" in str(record[0].message)  # fmt: skip
+    assert batch.arrival_s.tolist() == [2.0, 4.0] and batch.prompt_tokens.tolist() == [12, 14]
+    kept = generate_requests(trace_workload(path, num_requests=4, zero_token_rows="one_token"), 0)
+    assert kept.prompt_tokens.tolist() == [10, 12, 1, 14]
+    assert kept.output_tokens.tolist() == [1, 5, 7, 6]
+
+
+def test_a_trace_of_only_zero_token_rows_is_refused(tmp_path):
+    path = tmp_path / "bg.csv"
+    path.write_text("Timestamp,Request tokens,Response tokens\n1,10,0\n2,11,0\n")
+    with pytest.raises(InfersimError, match="every row has 0 tokens \\(2 with 0 'Response"):
+        generate_requests(trace_workload(path, num_requests=1), 0)
+
+
+def test_date_times_in_several_time_zones_are_instants(tmp_path):
+    """A daylight-saving change mid-trace: two offsets, one clock (it used to be an
+    internal ValueError); a row without a zone among zoned ones names no instant."""
+    path = tmp_path / "az.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    "2023-03-26 01:59:00+01:00,10,5\n2023-03-26 03:00:30+02:00,10,5\n")  # fmt: skip
+    assert generate_requests(trace_workload(path, num_requests=2), 0).arrival_s.tolist() == [0, 90]
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    "2023-11-16 18:15:47+00:00,10,5\n2023-11-16 18:15:48,10,5\n")  # fmt: skip
+    with pytest.raises(InfersimError) as err:
+        generate_requests(trace_workload(path, num_requests=2), 0)
+    assert str(err.value).endswith(
+        "az.csv: line 3: TIMESTAMP: '2023-11-16 18:15:48' has no time zone, but line 2's "
+        "'2023-11-16 18:15:47+00:00' has one; give every row a zone or none"
+    )
 
 
 def test_column_mapping_reads_any_csv():
@@ -158,6 +233,16 @@ def test_bad_rows_name_the_files_own_columns(tmp_path, name, content, message):
     assert message in str(err.value)
 
 
+def test_a_file_fitting_two_layouts_says_which_it_is_read_as(tmp_path):
+    path = tmp_path / "both.csv"
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens,Timestamp,Request tokens,"
+                    "Response tokens\n0,10,5,7,70,50\n")  # fmt: skip
+    with pytest.warns(InfersimWarning, match="fit the layouts infersim and burstgpt: read as "
+                      "infersim \\(arrived_at"):  # fmt: skip
+        trace = read_trace(path, ["num_prefill_tokens"], arrivals=True)
+    assert trace.tokens["num_prefill_tokens"].tolist() == [10]
+
+
 def test_mapping_requires_an_arrival_column():
     with pytest.raises(InfersimError, match="arrival"):
         trace_workload(Path("x.csv"), arrivals={"columns": {"prompt": "p"}}, num_requests=1)
@@ -200,3 +285,18 @@ def test_offline_run_is_a_closed_loop_of_as_many_users():
     np.testing.assert_array_equal(
         np.sort(offline.requests["finish"]), np.sort(closed.requests["finish"])
     )
+
+
+def test_the_command_line_prints_a_warning_in_one_line(tmp_path, capsys):
+    (tmp_path / "bg.csv").write_text(BURSTGPT_WITH_FAILURES)
+    workload = {"arrivals": {"kind": "trace", "path": "bg.csv"}, "num_requests": 2}
+    data = scenario_dict(workload=workload)
+    for role in ("prompt_tokens", "output_tokens"):
+        data["workload"].pop(role, None)
+    (tmp_path / "s.yaml").write_text(json.dumps(data))
+    code = main(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out"), "--quiet",
+                 "--no-plots"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 0, err
+    warned = [line for line in err.splitlines() if line.startswith("infersim: warning: ")]
+    assert len(warned) == 1 and "bg.csv: 2 of its 4 rows left out" in warned[0]

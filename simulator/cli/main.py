@@ -59,22 +59,25 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-_python_format_warning = warnings.formatwarning
-
-
-def _format_warning(message, category, filename, lineno, line=None) -> str:
-    """Our warnings as one line, like our errors; anyone else's as Python prints them."""
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """An InfersimWarning as one line on stderr; any other warning as Python shows it."""
     if issubclass(category, InfersimWarning):
-        return f"infersim: warning: {message}\n"
-    return _python_format_warning(message, category, filename, lineno, line)
+        print(f"infersim: warning: {message}", file=sys.stderr)
+    else:
+        _python_show_warning(message, category, filename, lineno, file, line)
+
+
+_python_show_warning = warnings.showwarning
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    warnings.formatwarning = _format_warning
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
     try:
-        return int(args.handler(args) or 0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("default", InfersimWarning)
+            warnings.showwarning = _show_warning
+            return int(args.handler(args) or 0)
     except InfersimError as exc:
         if args.debug:
             raise

@@ -86,4 +86,4 @@ def _for_variant(path: Path, variant: str | None) -> Path:
 def _dump(path: Path, document: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
-        json.dump(document, f)
+        json.dump(document, f, allow_nan=False)  # NaN or Infinity is not JSON

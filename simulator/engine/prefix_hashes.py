@@ -26,6 +26,7 @@ after a preemption reuses them behind its shared prefix.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Protocol
 
 import numpy as np
@@ -103,9 +104,22 @@ class HashedBlockManager(BlockManager):
         self._held: dict[int, list[Key]] = {}  # request -> shared blocks it holds
         self._named: dict[int, int] = {}  # request -> leading blocks given an identity
 
-    def own_blocks(self, rid: int, blocks: int) -> int:
-        """Of `rid`'s `blocks`, those that are its own, not shared blocks it holds."""
-        return blocks - len(self._held.get(rid, ()))
+    def freed_by(self, leaving: dict[int, int]) -> tuple[int, set[Key]]:
+        """Blocks freed if every request of `leaving` (request -> its blocks) left, and
+        the shared ones among them: a shared block is freed when all its holders leave."""
+        holders = Counter(key for rid in leaving for key in self._held.get(rid, ()))
+        unheld = {key for key, count in holders.items() if count == self._refs[key]}
+        own = sum(blocks - len(self._held.get(rid, ())) for rid, blocks in leaving.items())
+        return own + len(unheld), unheld
+
+    def held_hits(self, rid: int, hit: int) -> list[Key]:
+        """Of `rid`'s first `hit` blocks, those other requests hold now (they take no
+        new block while those requests run)."""
+        return [key for key in self.keys.of(rid)[:hit] if key in self._refs]
+
+    def unheld(self, keys: list[Key]) -> int:
+        """How many of `keys` no request holds any more."""
+        return sum(key not in self._refs for key in keys)
 
     def find(self, rid: int, most: int) -> tuple[int, int]:
         """Leading blocks of `rid` (at most `most`) found cached, and how many of those

@@ -23,7 +23,7 @@ from typing import Literal
 import numpy as np
 
 from simulator.engine.kv_cache import BlockManager, CacheKey, request_key, session_key
-from simulator.engine.prefix_hashes import HashedBlockManager
+from simulator.engine.prefix_hashes import HashedBlockManager, Key
 from simulator.engine.requests import RequestTable
 from simulator.engine.running import RunningSet
 from simulator.engine.waiting import WaitingQueue
@@ -254,8 +254,11 @@ class IterationScheduler:
             alone = run.count == 0
             first = blocks - shared + ahead  # what it needs to run alone
             fits = kv.can_admit(need + lookahead) or (alone and first <= kv.free)
-            if not fits and not self._preempt_for(level, need + lookahead, first, plan):
-                break
+            if not fits:
+                held = self.hashed.held_hits(rid, hit // kv.block_size) if shared else []
+                if not self._preempt_for(level, need + lookahead, first, plan, held):
+                    break
+                continue  # look again: its victims may have held blocks it counted shared
             lookahead += ahead
             self.waiting.pop(level)
             if swapped is None and cached is None and self.hashed is not None:
@@ -326,29 +329,38 @@ class IterationScheduler:
             kv.keep_cached(key, run.computed_of(slot) // kv.block_size)
         run.remove(slot)
 
-    def _releasable(self, slot: int) -> int:
-        """Blocks that preempting `slot` surely frees: with shared prompt blocks, only
-        its own (a shared one stays while another request holds it)."""
-        blocks = self.running.blocks_of(slot)
+    def _releasable(self, slots: np.ndarray, held: list[Key]) -> tuple[int, int]:
+        """Blocks that preempting every one of `slots` frees, and how many of `held` (a
+        newcomer's hits that running requests hold) go free with them: the newcomer
+        then takes those from the free blocks rather than sharing them. With shared
+        prompt blocks a victim frees its own, and a shared one when it is the last
+        holder."""
+        leaving = {int(self.running.rid[slot]): self.running.blocks_of(int(slot)) for slot in slots}
         if self.hashed is None:
-            return blocks
-        return self.hashed.own_blocks(int(self.running.rid[slot]), blocks)
+            return sum(leaving.values()), 0
+        freed, unheld = self.hashed.freed_by(leaving)
+        return freed, sum(key in unheld for key in held)
 
-    def _preempt_for(self, level: int, need: int, blocks: int, plan: StepPlan) -> bool:
+    def _preempt_for(
+        self, level: int, need: int, blocks: int, plan: StepPlan, held: list[Key]
+    ) -> bool:
         """Make room for a waiting request of priority `level` (`need` blocks to be
-        admitted beside others, `blocks` to run alone) by preempting strictly less
-        important running requests; False, preempting nobody, when even all of them
-        would not make room."""
+        admitted beside others, `blocks` to run alone, counting its hits in `held` as
+        shared) by preempting strictly less important running requests; False,
+        preempting nobody, when even all of them would not make room."""
         if not self.policy.priority_preemption:
             return False
         run, kv = self.running, self.kv
         lower = np.flatnonzero(run.active & (run.priority > level))
-        freed = kv.free + sum(self._releasable(int(slot)) for slot in lower)
+        freed, lost = self._releasable(lower, held)
+        freed += kv.free
         alone = len(lower) == run.count
-        if freed - need < kv.watermark_blocks and not (alone and blocks <= freed):
+        if freed - need - lost < kv.watermark_blocks and not (alone and blocks + lost <= freed):
             return False
-        while not (kv.can_admit(need) or (run.count == 0 and blocks <= kv.free)):
+        while True:
+            lost = self.hashed.unheld(held) if held else 0
+            if kv.can_admit(need + lost) or (run.count == 0 and blocks + lost <= kv.free):
+                return True
             victim = run.victim()
             self._drop_from_plan(victim, plan)
             self._preempt(victim, plan)
-        return True

@@ -11,8 +11,9 @@ finished it (in a disaggregated cluster, its decode replica; after a failure, th
 that retried it).
 
 A long run has millions of steps, more than a trace viewer opens, so a trace holds at
-most `max_events` events: above that it keeps the events that start before the time at
-which the cap is reached (the run's beginning, complete), and says where it stopped.
+most `max_events` events, the replicas' and lanes' names included: above that it keeps
+the events that start before the time at which the cap is reached (the run's beginning,
+complete), and says where it stopped.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class ChromeTrace:
 
     document: dict[str, Any]
     events: int
+    """Events in the document, the replicas' and lanes' names included."""
     dropped: int
     cut_s: float | None
     """Simulated time from which events were left out; None when nothing was."""
@@ -57,13 +59,13 @@ def chrome_trace(results: Results, *, max_events: int = MAX_EVENTS) -> ChromeTra
     events = _step_events(results.kept_steps) + _request_events(results.requests)
     events.sort(key=lambda e: (e["ts"], e["pid"], e["tid"]))
     dropped, cut = 0, None
-    if len(events) > max_events:
-        cut_us = events[max_events]["ts"]
+    over = _first_over_cap(events, max_events)
+    if over is not None:
+        cut_us = events[over]["ts"]
         keep = next(i for i, e in enumerate(events) if e["ts"] >= cut_us)
         dropped, cut = len(events) - keep, cut_us / _US
         events = events[:keep]
-    replicas = sorted(set(results.kept_steps["replica"].unique()) | _replicas(results.requests))
-    meta = _metadata(results, replicas, events)
+    meta = _metadata(results, events)
     document = {
         "traceEvents": meta + events,
         "displayTimeUnit": "ms",
@@ -75,7 +77,21 @@ def chrome_trace(results: Results, *, max_events: int = MAX_EVENTS) -> ChromeTra
             "events_dropped": dropped,
         },
     }
-    return ChromeTrace(document, len(events), dropped, cut)
+    return ChromeTrace(document, len(events) + len(meta), dropped, cut)
+
+
+def _first_over_cap(events: list[dict[str, Any]], max_events: int) -> int | None:
+    """Index of the first event that, with the names its replica and thread add (two
+    per replica, one per thread: see _metadata), takes the trace over `max_events`;
+    None when all of them fit."""
+    pids: set[int] = set()
+    threads: set[tuple[int, int]] = set()
+    for i, event in enumerate(events):
+        pids.add(event["pid"])
+        threads.add((event["pid"], event["tid"]))
+        if i + 1 + 2 * len(pids) + len(threads) > max_events:
+            return i
+    return None
 
 
 def _step_events(steps: pd.DataFrame) -> list[dict[str, Any]]:
@@ -151,17 +167,12 @@ def _lanes(replica: np.ndarray, begin: np.ndarray, end: np.ndarray) -> np.ndarra
     return lane
 
 
-def _replicas(requests: pd.DataFrame) -> set[int]:
-    return {int(r) for r in requests["replica"].unique() if r >= 0}
-
-
-def _metadata(
-    results: Results, replicas: list[int], events: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """Process and thread names, so the viewer shows replicas and lanes by name."""
+def _metadata(results: Results, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Process and thread names of the replicas and lanes in `events`, so the viewer
+    shows them by name."""
     infos = results.context.replicas
     meta: list[dict[str, Any]] = []
-    for r in replicas:
+    for r in sorted({e["pid"] for e in events}):
         info = infos[r] if r < len(infos) else None
         label = f"replica {r}" + (f" ({info.pool}, {info.gpus} x {info.gpu})" if info else "")
         meta.append({"name": "process_name", "ph": "M", "pid": int(r), "tid": 0,

@@ -191,22 +191,27 @@ def _after(t: float) -> float:
     return t + 1e-12 * max(abs(t), 1.0)
 
 
+INFINITE = "inf"
+"""An infinite request_rate or burstiness (evenly spaced sends), as vLLM writes an infinite
+request_rate: valid JSON, where a float infinity would not be."""
+
+
 def _traffic(scenario, requests: pd.DataFrame) -> dict[str, Any]:
     """request_rate, burstiness, max_concurrency as vLLM's client settings would be."""
     arrivals = scenario.workload.arrivals
-    rate: Any = "inf"
+    rate: Any = INFINITE
     burstiness = 1.0
     concurrency = None
     if arrivals.kind in ("poisson", "gamma", "constant"):
         rate = arrivals.rate_per_s
-        burstiness = {"poisson": 1.0, "constant": math.inf}.get(
+        burstiness = {"poisson": 1.0, "constant": INFINITE}.get(
             arrivals.kind, 1.0 / getattr(arrivals, "cv", 1.0) ** 2
         )
     elif arrivals.kind == "closed_loop":
         concurrency = arrivals.users
     elif arrivals.kind == "trace":
         span = float(requests["arrival"].max()) if len(requests) else 0.0
-        rate = len(requests) / span if span > 0 else "inf"  # the trace's mean rate
+        rate = len(requests) / span if span > 0 else INFINITE  # the trace's mean rate
     return {
         key.REQUEST_RATE: rate,
         key.BURSTINESS: burstiness,
@@ -246,8 +251,9 @@ def _errors(requests: pd.DataFrame, completed: np.ndarray) -> list[str]:
 
 
 def _peaks(requests: pd.DataFrame, completed: np.ndarray, itls: list[np.ndarray]) -> dict[str, Any]:
-    """vLLM's peak output tokens per second and the concurrent requests in that second:
-    tokens and live requests counted in 1 s buckets from the first successful send."""
+    """vLLM's peak output tokens per second (tokens counted in 1 s buckets from the first
+    successful send) and peak concurrent requests: the most successful requests in flight
+    at once, each over [send, send + latency) (an end before a start at the same time)."""
     if not completed.any():
         return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
     start = requests["arrival"].to_numpy()[completed]
@@ -262,12 +268,12 @@ def _peaks(requests: pd.DataFrame, completed: np.ndarray, itls: list[np.ndarray]
     index = (times - origin).astype(np.int64)
     index = index[(index >= 0) & (index < buckets)]
     tokens = np.bincount(index, minlength=buckets)
-    live = np.zeros(buckets + 1, dtype=np.int64)
-    np.add.at(live, (start - origin).astype(np.int64), 1)
-    np.add.at(live, (end - origin).astype(np.int64) + 1, -1)
+    times = np.concatenate((start, end))
+    steps = np.concatenate((np.ones(len(start), np.int64), -np.ones(len(end), np.int64)))
+    in_flight = np.cumsum(steps[np.lexsort((steps, times))])  # by time, ends first
     return {
         "max_output_tokens_per_s": float(tokens.max()),
-        "max_concurrent_requests": int(np.cumsum(live)[:buckets].max()),
+        "max_concurrent_requests": int(in_flight.max()),
     }
 
 

@@ -42,6 +42,8 @@ def vllm_client_arrivals(count: int, rate: float, burstiness: float, seed: int) 
     summed from the first gap on, then scaled so the last is at count / rate. The client
     seeds that generator before sampling its dataset, which may draw from it first, so
     these equal the run's own times only where the dataset drew nothing."""
+    if math.isinf(burstiness):  # no randomness left: evenly spaced
+        return np.arange(1, count + 1) / rate
     gaps = np.random.RandomState(seed).gamma(burstiness, 1.0 / (rate * burstiness), count)
     times = np.cumsum(gaps)
     return times * (count / rate) / times[-1]
@@ -70,7 +72,11 @@ def _arrivals(data: dict[str, Any], count: int, path: Path) -> tuple[np.ndarray,
     if rate in ("inf", float("inf")):
         return np.zeros(count), "arrivals: all at once (request_rate inf, no start_times)"
     rate = _number(rate, key.REQUEST_RATE, path)
-    burstiness = _number(data.get(key.BURSTINESS, 1.0), key.BURSTINESS, path)
+    burstiness = data.get(key.BURSTINESS, 1.0)
+    if burstiness in ("inf", float("inf")):  # as infersim writes a constant rate
+        burstiness = math.inf
+    else:
+        burstiness = _number(burstiness, key.BURSTINESS, path)
     if rate <= 0 or burstiness <= 0:
         raise InfersimError(f"{path}: request_rate and burstiness must be > 0")
     seed = data.get(key.SEED)
@@ -82,7 +88,9 @@ def _arrivals(data: dict[str, Any], count: int, path: Path) -> tuple[np.ndarray,
         seed = int(seed)  # --metadata values are strings
     elif not isinstance(seed, int) or isinstance(seed, bool):
         raise InfersimError(f"{path}: seed {seed!r} is not a whole number")
-    process = "Poisson" if burstiness == 1 else f"gamma (burstiness {burstiness:g})"
+    process = {1.0: "Poisson", math.inf: "evenly spaced (burstiness inf)"}.get(
+        burstiness, f"gamma (burstiness {burstiness:g})"
+    )
     note = (
         f"arrivals: the file has no start_times; drawn {process} at the recorded "
         f"{rate:g} requests/s with {seed_note}, as vLLM's client draws them: the same "
@@ -139,6 +147,8 @@ def read_bench_json(path: Path) -> MeasuredRun:
         arrival_note,
         "latencies as the client measured them: HTTP, tokenisation and streaming "
         "included, which infersim (the engine alone) does not model",
+        "prefix reuse: the file records lengths, not prompts, so the replayed prompts share "
+        "no prefix; any prefix-cache hits the server had are not rebuilt",
     ]
     if len(rows) < count:
         notes.append(f"{count - len(rows)} failed requests (non-empty 'errors') left out")

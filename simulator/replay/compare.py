@@ -119,18 +119,22 @@ def before_cache_fills(
 ) -> dict[str, float] | None:
     """The requests whose first token came before the engine log first shows the KV cache
     99% full, and when the last of them got it, measured and simulated: prefill steps
-    with next to no preemption, the compute-bound side apart from the scheduler. None
-    when the cache never fills or nothing came before."""
+    with next to no preemption, the compute-bound side apart from the scheduler. Those
+    the simulation did not serve are left out of both sides and counted. None when the
+    cache never fills or nothing came before."""
     tick = float(log.loc[log["kv_cache_pct"] >= 99, "t"].min())
     first = run.first_token_at.to_numpy()
-    early = first < tick  # all False when tick is NaN
-    if not early.any():
-        return None
     simulated = results.requests.sort_values("arrival", kind="stable", ignore_index=True)
-    measured_s = float(first[early].max())
-    simulated_s = float(simulated["first_token"].to_numpy()[early].max())
+    simulated_first = simulated["first_token"].to_numpy()
+    early = first < tick  # all False when tick is NaN
+    served = early & ~np.isnan(simulated_first)
+    if not served.any():
+        return None
+    measured_s = float(first[served].max())
+    simulated_s = float(simulated_first[served].max())
     return {
-        "requests": int(early.sum()),
+        "requests": int(served.sum()),
+        "not_simulated": int(early.sum() - served.sum()),
         "tick_s": tick,
         "measured_s": measured_s,
         "simulated_s": simulated_s,

@@ -74,18 +74,19 @@ class ReplayOptions:
 
 
 class _Settings:
-    """The run's engine settings, looked up where vLLM runs record them: the engine
-    arguments, the KV-cache summary, then the resolved configuration."""
+    """The run's engine settings, looked up where vLLM runs record them: what the engine
+    resolved first (the resolved configuration, then the KV-cache summary), then the
+    arguments it was given, which it may have changed."""
 
     def __init__(self, meta: dict[str, Any]) -> None:
         self.places: list[tuple[str, dict[str, Any]]] = []
-        for name in ("engine_kwargs", "kv_cache"):
-            self._add(meta, name, name)
         resolved = meta.get("resolved_config")
         if resolved is not None and not isinstance(resolved, dict):
             raise InfersimError("meta.json: 'resolved_config' must be an object")
         for section in sorted(set(_RESOLVED.values())):
             self._add(resolved or {}, section, f"resolved_config.{section}")
+        for name in ("kv_cache", "engine_kwargs"):
+            self._add(meta, name, name)
 
     def _add(self, parent: dict[str, Any], name: str, shown: str) -> None:
         value = parent.get(name)
@@ -95,8 +96,17 @@ class _Settings:
             raise InfersimError(f"meta.json: {shown!r} must be an object, got {value!r}")
         self.places.append((shown, value))
 
+    def place(self, shown: str) -> dict[str, Any]:
+        """The settings recorded at `shown` (empty where the run has none)."""
+        return next((values for name, values in self.places if name == shown), {})
+
     def get(self, field: str) -> tuple[Any, str] | None:
         """(value, where) of the first place recording `field` (not as null)."""
+        return next(iter(self.all(field)), None)
+
+    def all(self, field: str) -> list[tuple[Any, str]]:
+        """(value, where) of every place recording `field`, in lookup order."""
+        found = []
         for shown, values in self.places:
             name = field
             if shown.startswith("resolved_config."):
@@ -104,8 +114,8 @@ class _Settings:
                     continue
                 name = _RESOLVED_NAME.get(field, field)
             if values.get(name) is not None:
-                return values[name], f"{shown}.{name}"
-        return None
+                found.append((values[name], f"{shown}.{name}"))
+        return found
 
 
 def gpu_preset_for(device_name: str) -> str | None:
@@ -183,23 +193,40 @@ class _Resolver:
         self.settings = _Settings(run.meta)
         self.version, self.gpu_name, self.gpu_gib = version, gpu_name, gpu_gib
         self.assumptions: list[str] = []
+        self.disagreements: list[str] = []
 
-    def __call__(self, field: str) -> Any:
-        found = self.settings.get(field)
+    def _recorded(self, field: str) -> Any:
+        """`field` as the first place records it (None if none does); a place recording
+        another value is said (the engine's own value wins: it is what ran)."""
+        found = self.settings.all(field)
+        if not found:
+            return None
+        value = _checked(field, *found[0])
+        if field not in _TEXTS:
+            for other, where in found[1:]:
+                if _checked(field, other, where) != value:
+                    self.disagreements.append(
+                        f"{field}: {where} says {other!r}, {found[0][1]} {value!r} "
+                        f"(replayed with {value!r}, what the engine used)"
+                    )
+        return value
+
+    def __call__(self, field: str, **context: Any) -> Any:
+        """`field` from the run, else vLLM's default (`context`: see vllm_default)."""
+        found = self._recorded(field)
         if found is not None:
-            return _checked(field, *found)
+            return found
         if self.version is None:
             raise InfersimError(
                 f"{field}: not recorded in the run and its vLLM version is unknown; pass "
                 "--vllm-version so infersim can use that version's defaults"
             )
-        default = vllm_default(field, self.version, self.gpu_name, self.gpu_gib)
+        default = vllm_default(field, self.version, self.gpu_name, self.gpu_gib, **context)
         self.assumptions.append(f"{field} = {default.value} ({default.reason})")
         return default.value
 
     def optional(self, field: str) -> Any:
-        found = self.settings.get(field)
-        return None if found is None else _checked(field, *found)
+        return self._recorded(field)
 
 
 def _hardware(
@@ -223,11 +250,9 @@ def _hardware(
         notes.append(f"GPU: {gpu} (meta.json hardware.device_name {device_name!r})")
     spec = load_gpu(gpu)
     memory = device.get("device_total_memory_bytes")
-    gib = (
-        memory / 2**30
-        if isinstance(memory, int | float) and memory > 0
-        else spec.memory.capacity_gb
-    )
+    if memory is not None:
+        _checked("device_total_memory_bytes", memory, "hardware.device_total_memory_bytes")
+    gib = spec.memory.capacity_gb if memory is None else memory / 2**30
     calibration = options.calibration
     if calibration is None:
         calibration = spec.name if spec.name in list_calibrations() else NO_CALIBRATION
@@ -302,15 +327,19 @@ def _serving(setting: _Resolver, arch: ModelArchitecture, notes: list[str]) -> d
             "chunked prefill off: replayed with infersim's `continuous` policy, which "
             "models vLLM v0's prefill-first scheduler"
         )
+    max_len = setting.optional("max_model_len")
+    context = max_len or arch.max_position_embeddings
     serving = {
         "policy": "chunked_prefill" if chunked else "continuous",
         "max_num_seqs": setting("max_num_seqs"),
-        "max_num_batched_tokens": setting("max_num_batched_tokens"),
+        "max_num_batched_tokens": setting(
+            "max_num_batched_tokens", chunked_prefill=chunked, max_model_len=context
+        ),
         "block_size": setting("block_size"),
         "gpu_memory_utilization": setting("gpu_memory_utilization"),
         "enable_prefix_caching": setting("enable_prefix_caching"),
     }
-    blocks, max_len = setting.optional("num_gpu_blocks"), setting.optional("max_model_len")
+    blocks = setting.optional("num_gpu_blocks")
     if blocks is not None:
         serving["num_gpu_blocks"] = blocks
     else:
@@ -318,9 +347,34 @@ def _serving(setting: _Resolver, arch: ModelArchitecture, notes: list[str]) -> d
     if max_len is not None:
         serving["max_model_len"] = max_len
     else:
-        context = arch.max_position_embeddings
         notes.append(f"max_model_len not recorded: the model's context ({context:,})")
     return serving
+
+
+def _check_recorded(run: MeasuredRun, setting: _Resolver, serving: dict, given: set[str]) -> None:
+    """Refuse a meta.json that contradicts itself or its requests (unless the setting
+    in question is given with --set, the keys in `given`): which side is wrong cannot
+    be told, and replaying either would be silently wrong."""
+    blocks, size = serving.get("num_gpu_blocks"), serving["block_size"]
+    tokens = setting.settings.place("kv_cache").get("num_kv_tokens")
+    kv_given = given & {"serving.num_gpu_blocks", "serving.block_size"}
+    if blocks is not None and tokens is not None and tokens != blocks * size and not kv_given:
+        raise InfersimError(
+            f"meta.json kv_cache.num_kv_tokens {tokens!r} is not num_gpu_blocks x block_size "
+            f"({blocks} x {size} = {blocks * size}): the run contradicts itself; fix "
+            "meta.json or give both with --set"
+        )
+    max_len = serving.get("max_model_len")
+    if max_len is None or "serving.max_model_len" in given:
+        return
+    lengths = run.requests["prompt"] + run.requests["output"]
+    if longer := int((lengths > max_len).sum()):
+        raise InfersimError(
+            f"meta.json {setting.settings.get('max_model_len')[1]} {max_len}: {longer} of the "
+            f"run's requests are longer (up to {int(lengths.max()):,} tokens of prompt and "
+            "output), which that engine would have refused: the setting is not this run's "
+            "(--set serving.max_model_len=N to replay anyway)"
+        )
 
 
 def _engine(setting: _Resolver, pp: int, notes: list[str]) -> dict[str, bool]:
@@ -369,8 +423,11 @@ def replay_scenario(
         },
         "output": {"plots": False, "progress": False},
     }
+    given = {item.split("=", 1)[0].strip() for item in options.overrides}
+    _check_recorded(run, setting, sections["serving"], given)
     write_trace(run, trace)
     scenario = Scenario.from_dict(sections, source=str(run.source))
+    notes += setting.disagreements
     notes += [f"assumed {line}" for line in setting.assumptions]
     notes += [f"--set {item} (applied last)" for item in options.overrides]
     return scenario.with_overrides(list(options.overrides)), notes

@@ -105,6 +105,14 @@ def replay(
         counts = ", ".join(
             f"{n} {name}" for name, n in outcomes.items() if n and name != "completed"
         )
+        if not outcomes.get("completed", 0):
+            reasons = results.requests["reason"].dropna().value_counts()
+            why = ", ".join(f"{n} {reason}" for reason, n in reasons.items()) or counts
+            raise InfersimError(
+                f"the replay served none of the run's {len(results.requests)} requests "
+                f"({why}): the settings it replays with cannot serve this run, so there "
+                "is nothing to compare"
+            )
         notes.append(f"not every request completed in the simulation ({counts}): the "
                      "simulated figures leave those out")  # fmt: skip
     line = early = step = None
@@ -154,11 +162,13 @@ def report_text(result: Replay) -> str:
         f"{data['prompt_tokens']:,} prompt tokens (the rest is recomputation after preemption)"
     )
     if (early := result.before_cache_fills) is not None:
+        left_out = early["not_simulated"]
         lines.append(
             f"the {early['requests']} requests served before the KV cache first fills "
             f"(log: t = {early['tick_s']:.0f} s) have their first tokens by "
             f"{early['measured_s']:.2f} s measured, {early['simulated_s']:.2f} s simulated "
             f"({early['error_pct']:+.1f}%)"
+            + (f"; {left_out} more not served by the simulation, left out" if left_out else "")
         )
     if (step := result.decode_step) is not None:
         lines.append(

@@ -15,6 +15,8 @@ Sources (vLLM repository and release notes):
   Before 0.8.4 max_num_seqs was 1024 on every GPU (PR #16158 put it back to 256).
   Checked up to 0.28; PR #51726 (2026-08) adds a 16384-token tier for GPUs of 160 GiB
   or more in a release after it, so a later version is flagged as unchecked.
+- With chunked prefill off, max_num_batched_tokens is at least max_model_len, so a
+  whole prompt fits one step (`EngineArgs`: max(max_model_len, the default above)).
 - block_size 16 on CUDA; gpu_memory_utilization 0.9 (`CacheConfig`), every version.
 - Async scheduling: an opt-in flag from 0.10.0 (PR #19970), on by default from 0.14.0
   (release notes: "Async scheduling is now enabled by default", PR #27614), except with
@@ -68,11 +70,18 @@ def _big_gpu(version: tuple[int, int, int], name: str, gib: float) -> tuple[bool
 
 
 def vllm_default(
-    field: str, version: tuple[int, int, int], gpu_name: str, gpu_memory_gib: float
+    field: str,
+    version: tuple[int, int, int],
+    gpu_name: str,
+    gpu_memory_gib: float,
+    *,
+    chunked_prefill: bool = True,
+    max_model_len: int = 0,
 ) -> Default:
     """vLLM's default for `field` in `version` on the GPU named `gpu_name` (as vLLM sees
-    it: the device name) with `gpu_memory_gib` of memory. Versions before the V1 engine
-    (0.8.0) are not tabled: their defaults depended on max_model_len and the V0 scheduler."""
+    it: the device name) with `gpu_memory_gib` of memory; max_num_batched_tokens also
+    depends on chunked prefill and max_model_len. Versions before the V1 engine (0.8.0)
+    are not tabled: their defaults depended on max_model_len and the V0 scheduler."""
     if version < FIRST_V1:
         raise InfersimError(
             f"{field}: not recorded in the run, and vLLM {_shown(version)} predates the V1 "
@@ -83,7 +92,15 @@ def vllm_default(
         where += f" (table checked up to {_shown(LAST_CHECKED)}: a later vLLM may differ)"
     big, big_why = _big_gpu(version, gpu_name.lower(), gpu_memory_gib)
     if field == "max_num_batched_tokens":
-        return Default(8192 if big else 2048, f"{where} for `vllm serve` on this GPU ({big_why})")
+        tokens = 8192 if big else 2048
+        why = f"{where} for `vllm serve` on this GPU ({big_why})"
+        if not chunked_prefill and max_model_len > tokens:  # a whole prompt fits one step
+            return Default(
+                max_model_len,
+                f"{where}: max_model_len as chunked prefill is off, over the {tokens} "
+                f"for `vllm serve` on this GPU ({big_why})",
+            )
+        return Default(tokens, why)
     if field == "max_num_seqs":
         if version < (0, 8, 4):
             return Default(1024, f"{where} for `vllm serve`")

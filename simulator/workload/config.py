@@ -365,6 +365,12 @@ class WorkloadConfig(_Strict):
         "1 token) and then the prompt; proportional removes the excess from both in "
         "proportion to their lengths, as Vidur and Sarathi-Serve clip traces",
     )
+    zero_token_rows: Literal["drop", "one_token"] = Field(
+        default="drop",
+        description="trace rows with 0 prompt or output tokens (BurstGPT logs its failed "
+        "requests with 0 response tokens): drop leaves them out, and the run says how many; "
+        "one_token replays them as requests of 1 token",
+    )
     priorities: list[PriorityClass] = Field(
         default_factory=_default_classes,
         min_length=1,

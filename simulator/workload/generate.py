@@ -11,12 +11,13 @@ seed always give identical arrays.
 from __future__ import annotations
 
 import operator
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from hardware_models.errors import InfersimError
+from hardware_models.errors import InfersimError, InfersimWarning
 from simulator.workload.arrivals import open_loop_arrivals, think_times, trace_arrivals
 from simulator.workload.config import (
     ClosedLoopArrivals,
@@ -29,7 +30,7 @@ from simulator.workload.config import (
 )
 from simulator.workload.lengths import LengthSampler, LengthSource, TableLengths, draw, to_tokens
 from simulator.workload.trace_layouts import OUTPUT_COLUMN, PROMPT_COLUMN
-from simulator.workload.traces import MAX_TOKENS, Trace, read_trace
+from simulator.workload.traces import MAX_TOKENS, Trace, _name, read_trace
 
 _ROLES = (("prompt_tokens", PROMPT_COLUMN), ("output_tokens", OUTPUT_COLUMN))
 
@@ -136,13 +137,30 @@ def _prompt_hashes(
 ) -> PromptHashes | None:
     """The arrival trace's block hashes for the requests replayed, when it has them and
     the prompts are its own (not drawn from another distribution)."""
-    if trace is None or trace.block_hashes is None or config.prompt_tokens is not None:
+    if trace is None or trace.block_hashes is None:
+        return None
+    if config.prompt_tokens is not None:
+        _warn(
+            f"{_name(trace.path)}: its hash_ids are not used: the prompts are drawn from "
+            "workload.prompt_tokens, not the trace's"
+        )
         return None
     assert isinstance(config.arrivals, TraceArrivals)
     size = config.arrivals.hash_block_tokens
     ids = tuple(trace.block_hashes[: len(prompt)])
     blocks = np.fromiter((len(h) for h in ids), np.int64, len(ids))
-    covered = np.minimum.reduce([blocks * size, trace.tokens[PROMPT_COLUMN][: len(prompt)], prompt])
+    tokens = trace.tokens[PROMPT_COLUMN][: len(prompt)]
+    most = -(-tokens // size)
+    over = blocks > most
+    if over.any():  # hashed in smaller blocks than hash_block_tokens: hits would be too many
+        i = int(np.argmax(over))
+        name = trace.layout_name(PROMPT_COLUMN)
+        raise InfersimError(
+            f"{_name(trace.path)}: line {trace.line(i)}: {blocks[i]} hash_ids for {name} "
+            f"{tokens[i]:,}, more than ceil({tokens[i]} / arrivals.hash_block_tokens {size}) "
+            f"= {most[i]}; set hash_block_tokens to the block size the trace was hashed with"
+        )
+    covered = np.minimum.reduce([blocks * size, tokens, prompt])
     return PromptHashes(ids=ids, block_tokens=size, covered=covered)
 
 
@@ -296,15 +314,43 @@ def _read_traces(config: WorkloadConfig, base_dir: Path) -> dict[Path, Trace]:
         if isinstance(spec, TraceLength):
             columns.setdefault(_resolve(base_dir, spec.path), set()).add(spec.column or default)
     mapping = config.arrivals.columns if isinstance(config.arrivals, TraceArrivals) else None
-    return {
-        path: read_trace(
+    traces = {}
+    for path, cols in columns.items():
+        trace = read_trace(
             path,
             sorted(cols),
             arrivals=path == arrival_path,
             layout=mapping.layout() if mapping and path == arrival_path else None,
         )
-        for path, cols in columns.items()
-    }
+        if trace.hashes_unread:
+            _warn(
+                f"{_name(path)}: its hash_ids are not used: lengths drawn from a trace share "
+                "no prompt blocks (replay it with arrivals.kind trace for that)"
+            )
+        traces[path] = _drop_empty_rows(trace) if config.zero_token_rows == "drop" else trace
+    return traces
+
+
+def _drop_empty_rows(trace: Trace) -> Trace:
+    """`trace` less its rows with 0 tokens, which are said; no request is 0 tokens long."""
+    kept, empty = trace.without_empty_rows()
+    if empty:
+        counts = ", ".join(f"{n:,} with 0 {name!r}" for name, n in empty.items())
+        if not len(kept):
+            raise InfersimError(
+                f"{_name(trace.path)}: every row has 0 tokens ({counts}): no request to "
+                "simulate (workload.zero_token_rows: one_token replays them as 1 token)"
+            )
+        _warn(
+            f"{_name(trace.path)}: {len(trace) - len(kept):,} of its {len(trace):,} rows left "
+            f"out ({counts}; BurstGPT logs failed requests so); workload.zero_token_rows: "
+            "one_token keeps them as 1-token requests"
+        )
+    return kept
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, InfersimWarning, stacklevel=3)
 
 
 def _length_sampler(

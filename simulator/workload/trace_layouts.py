@@ -10,6 +10,7 @@ from a partial or misspelt header.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from hardware_models.errors import InfersimError
+from hardware_models.errors import InfersimError, InfersimWarning
 
 ARRIVAL_COLUMN = "arrived_at"
 PROMPT_COLUMN = "num_prefill_tokens"
@@ -78,6 +79,14 @@ def detect_layout(path: Path, found: Sequence[str], wanted: Sequence[str]) -> Tr
         return sum(layout.file_column(c) in present for c in wanted)
 
     best = max(LAYOUTS, key=has)  # max keeps the first of equals
+    complete = [layout.name for layout in LAYOUTS if has(layout) == len(wanted)]
+    if wanted and len(complete) > 1:
+        warnings.warn(
+            f"{_shown(str(path))}: its columns fit the layouts {' and '.join(complete)}: read "
+            f"as {best.describe()} (arrivals.columns names the columns otherwise)",
+            InfersimWarning,
+            stacklevel=3,
+        )
     if has(best) == 0 and wanted:
         shown = ", ".join(_shown(name) for name in found) or "none"
         known = "; ".join(layout.describe() for layout in LAYOUTS)
@@ -99,7 +108,7 @@ def arrival_seconds(
             return cells
         per_second = _PER_SECOND[unit]
         return [_in_seconds(cell, per_second) for cell in cells]
-    stamps = pd.to_datetime(pd.Series(cells, dtype=object), format="ISO8601", errors="coerce")
+    stamps = _datetimes(path, column, cells, line_no)
     bad = stamps.isna().to_numpy()
     if bad.any():
         i = int(np.argmax(bad))
@@ -111,6 +120,35 @@ def arrival_seconds(
         stamps = stamps.dt.tz_convert(None)
     nanoseconds = stamps.to_numpy(dtype="datetime64[ns]").astype(np.int64)
     return list((nanoseconds - nanoseconds.min()) / 1e9)  # the first row, unless out of order
+
+
+def _datetimes(path: Path, column: str, cells: list, line_no: np.ndarray) -> pd.Series:
+    """Date-time cells as timestamps (NaT where not one). Rows in different time zones
+    (a daylight-saving change) are the instants they name; a row without a zone among
+    rows with one names no instant, and is refused."""
+    series = pd.Series(cells, dtype=object)
+    try:
+        return pd.to_datetime(series, format="ISO8601", errors="coerce")
+    except ValueError:  # rows in different zones, or zoned and unzoned rows
+        pass
+    zones = [_zone(cell) for cell in cells]
+    if "none" in zones and "named" in zones:
+        i, j = zones.index("none"), zones.index("named")
+        raise InfersimError(
+            f"{_shown(str(path))}: line {line_no[i]}: {column}: {cells[i]!r} has no time "
+            f"zone, but line {line_no[j]}'s {cells[j]!r} has one; give every row a zone or none"
+        )
+    return pd.to_datetime(series, format="ISO8601", errors="coerce", utc=True)
+
+
+def _zone(cell) -> Literal["named", "none", "bad"]:
+    """Whether a date-time cell names its time zone ("bad": not a date-time, which the
+    caller reports with its line)."""
+    try:
+        stamp = pd.Timestamp(cell)
+    except (TypeError, ValueError):
+        return "bad"
+    return "none" if stamp.tzinfo is None else "named"
 
 
 def _in_seconds(cell, per_second: float):

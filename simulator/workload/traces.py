@@ -14,7 +14,7 @@ import csv
 import io
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,11 +54,41 @@ class Trace:
     block_hashes: list[np.ndarray] | None = None
     """int64 hash of each block of each prompt (Mooncake's hash_ids), when the file has them
     and arrivals were read."""
+    lines: np.ndarray | None = None
+    """The file line of each row, for messages."""
+    hashes_unread: bool = False
+    """The file has block hashes that were not read (arrivals were not asked for)."""
 
     def __len__(self) -> int:
         if self.arrived_at is not None:
             return len(self.arrived_at)
         return len(next(iter(self.tokens.values()))) if self.tokens else 0
+
+    def without_empty_rows(self) -> tuple[Trace, dict[str, int]]:
+        """The trace less its rows with 0 tokens in a column read, and how many rows each
+        such column emptied (BurstGPT logs failed requests with 0 response tokens)."""
+        empty = {self.layout_name(c): int((v == 0).sum()) for c, v in self.tokens.items()}
+        empty = {name: count for name, count in empty.items() if count}
+        if not empty:
+            return self, {}
+        keep = np.logical_and.reduce([v > 0 for v in self.tokens.values()])
+        hashes = self.block_hashes
+        trace = replace(
+            self,
+            arrived_at=None if self.arrived_at is None else self.arrived_at[keep],
+            tokens={c: v[keep] for c, v in self.tokens.items()},
+            block_hashes=None if hashes is None else [hashes[i] for i in np.flatnonzero(keep)],
+            lines=None if self.lines is None else self.lines[keep],
+        )
+        return trace, empty
+
+    def layout_name(self, column: str) -> str:
+        """The file's own name for one of infersim's column names."""
+        return self.layout.file_column(column) if self.layout else column
+
+    def line(self, row: int) -> int:
+        """The file line of `row`."""
+        return int(self.lines[row]) if self.lines is not None else row + 1
 
 
 def read_trace(
@@ -88,6 +118,7 @@ def read_trace(
     layout = layout or detect_layout(path, found, wanted)
     columns = [layout.file_column(c) for c in wanted]
     hashes = layout.hashes if arrivals and layout.hashes in found else None
+    unread = not arrivals and layout.hashes is not None and layout.hashes in found
     if suffix in _CSV_SUFFIXES:
         values, lines, found = _parse_csv(path, text, columns)
     else:
@@ -120,7 +151,13 @@ def read_trace(
         tokens[column] = _whole(path, name, numbers, line_no)
     block_hashes = values[hashes] if hashes else None
     return Trace(
-        path=path, arrived_at=arrived, tokens=tokens, layout=layout, block_hashes=block_hashes
+        path=path,
+        arrived_at=arrived,
+        tokens=tokens,
+        layout=layout,
+        block_hashes=block_hashes,
+        lines=line_no,
+        hashes_unread=unread,
     )
 
 
