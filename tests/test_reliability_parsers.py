@@ -626,7 +626,8 @@ def test_random_trace_files_are_read_or_refused_in_one_line(tmp_path_factory, ca
 
 
 def test_a_valid_fuzzed_trace_runs(tmp_path):
-    """The reader's lenient corners (Python number syntax, -0, spaces) still simulate."""
+    """The reader's lenient corners (Python number syntax, -0, spaces) still simulate; a
+    0-token row is kept as a 1-token request when asked (by default it is left out)."""
     trace = tmp_path / "t.csv"
     trace.write_text(HEADER + " 0 ,1_0,-0\n0.5,\u0665,2\n")
     arrivals = {"kind": "trace", "path": str(trace)}
@@ -637,6 +638,7 @@ def test_a_valid_fuzzed_trace_runs(tmp_path):
                 "prompt_tokens": None,
                 "output_tokens": None,
                 "num_requests": 2,
+                "zero_token_rows": "one_token",
             }
         )
     )

@@ -300,3 +300,16 @@ def test_the_command_line_prints_a_warning_in_one_line(tmp_path, capsys):
     assert code == 0, err
     warned = [line for line in err.splitlines() if line.startswith("infersim: warning: ")]
     assert len(warned) == 1 and "bg.csv: 2 of its 4 rows left out" in warned[0]
+
+
+def test_a_column_named_by_the_user_fits_no_layout_in_particular(tmp_path):
+    """Reading one column by its own name ("b") is no reason to say the file fits every
+    layout: nothing is ambiguous, so nothing is warned."""
+    import warnings
+
+    from simulator.workload.trace_layouts import detect_layout
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        layout = detect_layout(tmp_path / "l.csv", ["a", "b"], ["b"])
+    assert layout.name == "infersim"

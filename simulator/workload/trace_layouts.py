@@ -74,13 +74,20 @@ def detect_layout(path: Path, found: Sequence[str], wanted: Sequence[str]) -> Tr
     in infersim's names), else the one with most of them (its missing columns are then
     reported). A file with none of any layout's columns is refused with the list."""
     present = set(found)
+    # Only the columns layouts rename tell them apart; a column named by the user ("b")
+    # reads the same in every layout.
+    renamed = [c for c in wanted if c in (ARRIVAL_COLUMN, PROMPT_COLUMN, OUTPUT_COLUMN)]
 
     def has(layout: TraceLayout) -> int:
         return sum(layout.file_column(c) in present for c in wanted)
 
     best = max(LAYOUTS, key=has)  # max keeps the first of equals
-    complete = [layout.name for layout in LAYOUTS if has(layout) == len(wanted)]
-    if wanted and len(complete) > 1:
+    complete = [
+        layout.name
+        for layout in LAYOUTS
+        if has(layout) == len(wanted) and any(layout.file_column(c) in present for c in renamed)
+    ]
+    if len(complete) > 1:
         warnings.warn(
             f"{_shown(str(path))}: its columns fit the layouts {' and '.join(complete)}: read "
             f"as {best.describe()} (arrivals.columns names the columns otherwise)",
