@@ -7,7 +7,9 @@ Definitions (all times in seconds of simulated time, D = ctx.duration_s):
   or in flight; in-flight ones are `running` once they were first scheduled (a preempted
   and re-queued request stays `running`) and `queued` otherwise.
 - throughput over D: completed requests, prompt tokens of requests whose prefill finished
-  (a first token), and generated tokens of every request (in-flight ones included).
+  (a first token), and generated tokens of every request (in-flight ones included); in
+  steady state (`steady_*`): completions from the 10% to the 90% completion over the time
+  between the two, and the output tokens of those completions over the same time.
 - latency blocks {count, mean, p50, p90, p95, p99, max}: TTFT over requests with a first
   token; TPOT and E2E over completed requests (TPOT undefined for one-token outputs);
   queueing over requests that were scheduled; ITL over the gap samples, each weighted by
@@ -15,13 +17,10 @@ Definitions (all times in seconds of simulated time, D = ctx.duration_s):
   statistics, exactly as `numpy.percentile` on the samples repeated `weight` times.
 - goodput: completed requests for which every bound the SLO gives holds (a one-token
   output meets any TPOT bound).
-- overload: the cluster is `overloaded` when, over the second half of the arrival window,
-  it completed fewer than 90% of the servable requests that arrived in that half (judged
-  on >= 50 such arrivals, and only when the window is at least one median time in system
-  long, so a short run of long requests is not mistaken for one), when the median
-  queueing delay grew by more than 0.111 s per s of arrivals from the second to the last
-  quarter of the arrivals, or when more than 1% of arrivals were rejected because a
-  waiting queue was full. docs/METRICS.md has the reasoning.
+- overload: the cluster is `overloaded` when its waiting queue grew over the arrivals (a
+  significant and material trend, simulator.metrics.overload), or when more than 1% of
+  arrivals were rejected because a waiting queue was full. docs/METRICS.md has the
+  reasoning.
 - utilisation: busy fraction = step time of a replica / D, averaged over replicas; MFU =
   sum of step FLOPs / (sum of replica peak FLOP/s x D); MBU the same with DRAM bytes and
   peak bandwidth; the `_busy` variants divide by each replica's busy time instead of D;
@@ -47,12 +46,13 @@ import pandas as pd
 from simulator.engine.requests import REJECT_TEXT, RejectReason
 from simulator.engine.step_cost import StepBound
 from simulator.metrics.context import RunContext
+from simulator.metrics.overload import TREND_FIELDS, growing_text, is_growing, queue_trend
 from simulator.metrics.step_totals import StepTotals
 
 PERCENTILES = (50, 90, 95, 99)
-OVERLOAD_SHORTFALL = 0.10
-OVERLOAD_MIN_ARRIVALS = 50
 QUEUE_FULL_SHARE = 0.01
+STEADY_FROM, STEADY_TO = 0.10, 0.90  # steady-state throughput between these completions
+STEADY_MIN_COMPLETIONS = 20
 _REASON_KEY = {text: reason.name.lower() for reason, text in REJECT_TEXT.items()}
 _QUEUE_FULL = REJECT_TEXT[RejectReason.QUEUE_FULL]
 _OUTCOMES = ("in_flight", "completed", "rejected", "failed")
@@ -129,76 +129,44 @@ def _counts(requests: pd.DataFrame, masks: dict[str, np.ndarray]) -> dict[str, A
 
 
 def _load(requests: pd.DataFrame, masks: dict[str, np.ndarray], end: float) -> dict[str, Any]:
-    """Offered vs served rate, and queueing delay against arrival time; see module doc."""
-    arrival = requests["arrival"].to_numpy()
+    """The waiting queue's trend over the arrivals and the queue-full rejections; the
+    verdict from either (module doc of simulator.metrics.overload)."""
     queue_full = int((requests["reason"] == _QUEUE_FULL).to_numpy().sum())
+    # Rejected requests never wait: the unservable are not load, queue-full is counted below.
+    servable = ~masks["rejected"]
+    started = requests["first_scheduled"].to_numpy()[servable]
+    trend = queue_trend(
+        requests["arrival"].to_numpy()[servable], np.where(np.isnan(started), end, started)
+    )
     load: dict[str, Any] = {
-        "window_s": None,
-        "offered_requests_per_s": None,
-        "served_requests_per_s": None,
-        "shortfall": None,
-        "median_time_in_system_s": None,
-        "queueing_growth": None,
+        **(trend or dict.fromkeys(TREND_FIELDS)),
         "queue_full_rejections": queue_full,
     }
-    reasons = []
-    if len(arrival) >= 2 and arrival.max() > arrival.min():
-        first, last = float(arrival.min()), float(arrival.max())
-        mid = (first + last) / 2
-        servable = ~(masks["rejected"] & (requests["reason"] != _QUEUE_FULL).to_numpy())
-        offered = int(((arrival >= mid) & servable).sum())
-        finish = requests["finish"].to_numpy()
-        completed = masks["completed"]
-        served = int((completed & (finish >= mid) & (finish <= last)).sum())
-        window = last - mid
-        shortfall = 1 - served / offered if offered else 0.0
-        settle = (
-            float(np.median(finish[completed] - arrival[completed])) if completed.any() else 0.0
-        )
-        load |= {
-            "window_s": window,
-            "offered_requests_per_s": offered / window,
-            "served_requests_per_s": served / window,
-            "shortfall": shortfall,
-            "median_time_in_system_s": settle,
-        }
-        # Completions in the window come from arrivals a time in system earlier: when
-        # that reaches back before the first arrival, the window still sees the warm-up.
-        if offered >= OVERLOAD_MIN_ARRIVALS and shortfall > OVERLOAD_SHORTFALL and settle <= window:
-            reasons.append(
-                f"served {served / offered:.0%} of the offered load in the second half of "
-                f"the arrivals ({served / window:.3g} of {offered / window:.3g} req/s)"
-            )
-        growth = _queueing_growth(requests, servable, end)
-        load["queueing_growth"] = growth
-        if growth is not None and growth > OVERLOAD_SHORTFALL / (1 - OVERLOAD_SHORTFALL):
-            reasons.append(
-                f"queueing delay grew by {growth:.2f} s per second of arrivals (the queue "
-                "kept growing)"
-            )
-    if queue_full > QUEUE_FULL_SHARE * len(arrival):
+    reasons = [growing_text(trend)] if trend and is_growing(trend) else []
+    if queue_full > QUEUE_FULL_SHARE * len(requests):
         reasons.append(f"waiting queue full: {queue_full} requests rejected")
     load["overloaded"] = bool(reasons)
     load["reason"] = "; ".join(reasons)
     return load
 
 
-def _queueing_growth(requests: pd.DataFrame, servable: np.ndarray, end: float) -> float | None:
-    """Slope of the median queueing delay from the second to the last quarter of the
-    arrival window (a request never scheduled counts as waiting until the run's end);
-    None when either quarter holds too few requests to say."""
-    all_arrivals = requests["arrival"].to_numpy()
-    first, last = float(all_arrivals.min()), float(all_arrivals.max())
-    arrival = all_arrivals[servable]
-    scheduled = requests["first_scheduled"].to_numpy()[servable]
-    delay = np.where(np.isnan(scheduled), end, scheduled) - arrival
-    span = last - first
-    second = (arrival >= first + span / 4) & (arrival < first + span / 2)
-    fourth = arrival >= first + 3 * span / 4
-    if min(second.sum(), fourth.sum()) < OVERLOAD_MIN_ARRIVALS // 2:
-        return None
-    rise = np.median(delay[fourth]) - np.median(delay[second])
-    return float(rise / (np.median(arrival[fourth]) - np.median(arrival[second])))
+def _steady_throughput(requests: pd.DataFrame, completed: np.ndarray) -> dict[str, Any]:
+    """Completions per second between the 10% and the 90% completion, and the output
+    tokens of those completions over the same time: no ramp-up, no drain."""
+    finish = requests["finish"].to_numpy()[completed]
+    order = np.argsort(finish, kind="stable")
+    n = len(order)
+    lo, hi = int(np.ceil(STEADY_FROM * n)), int(np.floor(STEADY_TO * n)) - 1
+    if n < STEADY_MIN_COMPLETIONS or finish[order[hi]] <= finish[order[lo]]:
+        return {"steady_window_s": None, "steady_requests_per_s": None,
+                "steady_output_tokens_per_s": None}  # fmt: skip
+    span = float(finish[order[hi]] - finish[order[lo]])
+    tokens = requests["generated"].to_numpy()[completed][order[lo + 1 : hi + 1]].sum()
+    return {
+        "steady_window_s": [float(finish[order[lo]]), float(finish[order[hi]])],
+        "steady_requests_per_s": (hi - lo) / span,
+        "steady_output_tokens_per_s": float(tokens) / span,
+    }
 
 
 def _meets_slo(requests: pd.DataFrame, ctx: RunContext, completed: np.ndarray) -> np.ndarray:
@@ -438,6 +406,7 @@ def summarize(
             "requests_per_s": _ratio(n_completed, d),
             "input_tokens_per_s": _ratio(input_tokens, d),
             "output_tokens_per_s": _ratio(output_tokens, d),
+            **_steady_throughput(requests, completed),
         },
         "latency": latency,
         "goodput": {
