@@ -8,6 +8,10 @@ For every candidate (GPU type, tp, pp, batching policy) the planner
 4. verifies the fleet by simulating it at target x (1 + headroom) behind a
    least-outstanding router, adding replicas until the SLOs hold.
 
+A probe meets the SLOs when every request completed, the run is not overloaded (its
+waiting queue does not grow, simulator.metrics.overload) and each bound holds at the
+percentile. Each probe is long enough for a steady state (see `_probe`).
+
 With `plan.disaggregation` it also tries the candidate as a prefill pool and a decode pool
 (Splitwise / DistServe). The two pools load different resources (prompts: compute and
 TTFT; decodes: memory bandwidth and TPOT), so each is sized on its own: both pools start
@@ -39,6 +43,8 @@ if TYPE_CHECKING:
 
 BISECTION_STEPS = 7
 VERIFY_ATTEMPTS = 4
+STEADY_TURNOVERS = 5
+MAX_PROBE_REQUESTS = 20_000
 # Policies that hand a request over step by step (static and dynamic run whole batches).
 DISAGGREGATED_POLICIES = ("continuous", "chunked_prefill")
 # Doubling both pools must improve the tightest SLO margin by this factor to go on: below
@@ -121,11 +127,17 @@ def _probe(
     scenario: Scenario, c: Candidate, rate: float, fleet: Fleet, n: int | None = None
 ) -> tuple[bool, dict[str, Any]]:
     """Simulate the fleet at `rate`: does it meet the SLOs, and its summary. A fleet gets
-    requests_per_probe per replica, up to 8 replicas' worth."""
+    requests_per_probe per replica, up to 8 replicas' worth, and more when that is too
+    few to turn over what the fleet holds at once STEADY_TURNOVERS times (Little's law:
+    rate x median time in system), so the verdict is on a steady state, not a warm-up."""
     plan = scenario.plan
     assert plan is not None
     n = n or plan.requests_per_probe * min(_size(fleet), 8)
     summary = _run(_at(scenario, c, rate, fleet, n))
+    time_in_system = summary["latency"]["e2e"]["p50"] or 0.0
+    needed = min(math.ceil(STEADY_TURNOVERS * rate * time_in_system), MAX_PROBE_REQUESTS)
+    if needed > n:
+        summary = _run(_at(scenario, c, rate, fleet, needed))
     return _meets(summary, scenario, plan.percentile), summary
 
 
