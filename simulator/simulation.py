@@ -14,6 +14,7 @@ from hardware_models.errors import InfeasibleError, InfersimError
 from hardware_models.node import NodeSpec
 from hardware_models.presets import list_nodes, load_gpu, load_node, with_calibration
 from simulator.architecture import ModelArchitecture
+from simulator.caveats import check_token_budget, configuration_warnings
 from simulator.engine.replica import Clock, Replica, ReplicaConfig
 from simulator.engine.requests import Outcome, RejectReason, RequestTable
 from simulator.engine.step_cost import EngineOverheads, StepCostModel
@@ -21,6 +22,7 @@ from simulator.memory_planner import MemoryPlan, plan_memory
 from simulator.metrics.context import SLO, ReplicaInfo, RunContext
 from simulator.model_catalog import load_model
 from simulator.progress import Progress
+from simulator.provenance import provenance
 from simulator.results import Results
 from simulator.router import SessionAffinity, make_router
 from simulator.scenario import Scenario
@@ -148,13 +150,15 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
             f"B/token): {rows}"
         )
     pcie = gpu.pcie.unidirectional_gbps * 1e9
+    max_model_len = serving.max_model_len or arch.max_position_embeddings
+    check_token_budget(serving.policy, serving.max_num_batched_tokens, max_model_len)
     config = ReplicaConfig(
         policy=serving.policy,
         max_num_seqs=serving.max_num_seqs,
         max_num_batched_tokens=serving.max_num_batched_tokens,
         block_size=serving.block_size,
         total_blocks=blocks,
-        max_model_len=serving.max_model_len or arch.max_position_embeddings,
+        max_model_len=max_model_len,
         watermark=serving.kv_watermark,
         preemption=serving.preemption,
         swap_blocks=int(serving.swap_space_gb * 1e9 // block_bytes),
@@ -589,6 +593,16 @@ class _Run:
         return float(self.env.now)
 
 
+def _configuration_warnings(builds: list[tuple[str, ReplicaBuild]]) -> tuple[str, ...]:
+    """Each pool's configuration warnings, named by pool when there are several."""
+    named = len(builds) > 1
+    return tuple(
+        f"pool {pool}: {text}" if named else text
+        for pool, build in builds
+        for text in configuration_warnings(build)
+    )
+
+
 def simulate(scenario: Scenario, *, progress: bool | None = None) -> Results:
     """Run one scenario to its stop condition and return its results."""
     show = scenario.output.progress if progress is None else progress
@@ -611,6 +625,8 @@ def simulate(scenario: Scenario, *, progress: bool | None = None) -> Results:
         usd_per_kwh=scenario.cost.usd_per_kwh,
         priority_names=tuple(run.class_names),
         wall_seconds=wall,
+        provenance=provenance(scenario),
+        warnings=_configuration_warnings(run.builds),
     )
     memory = "\n".join(f"[{pool}] {build.memory.table()}" for pool, build in run.builds)
     return Results.from_run(scenario, memory, ctx, run.requests, run.replicas)

@@ -181,8 +181,23 @@ def test_throughput_over_duration():
     queued = requests(1, arrival=[3.0], prompt=[50])
     s = summarize(pd.concat([frame, queued]), NO_STEPS, NO_ITL, context(duration=10.0))
     assert s["throughput"] == pytest.approx(
-        {"requests_per_s": 0.3, "input_tokens_per_s": 30.0, "output_tokens_per_s": 6.0}
-    )
+        {"requests_per_s": 0.3, "input_tokens_per_s": 30.0, "output_tokens_per_s": 6.0,
+         "steady_window_s": None, "steady_requests_per_s": None,
+         "steady_output_tokens_per_s": None}  # too few completions to tell
+    )  # fmt: skip
+
+
+def test_steady_state_throughput_leaves_out_ramp_up_and_drain():
+    """100 completions, one a second from t = 10 s (each with 5 output tokens), after a 10 s
+    ramp-up and before a 40 s drain: the steady rate is 1/s, the whole run's 100 / 150."""
+    n = 100
+    finish = 10.0 + np.arange(n)
+    frame = completed(finish - 5, finish - 4, finish, np.full(n, 5))
+    s = summarize(frame, NO_STEPS, NO_ITL, context(duration=150.0))["throughput"]
+    assert s["requests_per_s"] == pytest.approx(n / 150)
+    assert s["steady_window_s"] == [20.0, 99.0]  # the 10th and the 90th completion
+    assert s["steady_requests_per_s"] == pytest.approx(1.0)
+    assert s["steady_output_tokens_per_s"] == pytest.approx(5.0)
 
 
 def test_latency_blocks_and_weighted_itl():
@@ -383,11 +398,30 @@ def test_summary_table_shows_key_numbers():
     s = summarize(frame, NO_STEPS, NO_ITL, context(duration=10.0, slo=SLO(ttft_s=0.2)))
     table = summary_table(s)
     assert "completed 2" in table
-    assert "0.20 req/s" in table
+    assert "0.200 req/s" in table
     assert "200.0" in table  # mean TTFT in ms
-    assert "ttft<=200.0ms" in table
-    assert "1 of 2 completed (50.0%)" in table
+    assert "goodput     0.100 req/s meet ttft <= 200.0 ms: 1 of 2 completed (50.0%)" in table
     assert "$4.00/h" in table
+    assert "e-0" not in table and "e+0" not in table  # no scientific notation
+    assert max(len(line) for line in table.splitlines()) <= 100
+
+
+def test_summary_table_names_what_ran_and_its_warnings(make_scenario):
+    from simulator.simulation import simulate
+
+    scenario = make_scenario(
+        serving={"num_gpu_blocks": 200},
+        workload={"arrivals": {"kind": "poisson", "rate_per_s": 20.0}, "num_requests": 200},
+    )
+    summary = simulate(scenario).summary()
+    table = summary_table(summary)
+    assert table.splitlines()[1:3] == [
+        "  llama-2-7b (weights bf16, KV bf16, activations bf16) on 1 x a100-80gb-sxm tp=1 pp=1",
+        "  chunked_prefill: 64 seqs, 512 tokens/step; poisson 20 req/s, 200 requests",
+    ]
+    assert summary["warnings"] and "the KV cache is short for this load" in summary["warnings"][0]
+    assert "warning: the KV cache is short" in table
+    assert max(len(line) for line in table.splitlines()) <= 100
 
 
 # ---- time series --------------------------------------------------------------------------

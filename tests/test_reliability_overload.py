@@ -165,7 +165,7 @@ def test_a_served_load_is_not_overloaded():
 @pytest.mark.parametrize("policy", ["static", "dynamic", "continuous", "chunked_prefill"])
 def test_no_step_is_counted_past_the_horizon(policy):
     data = scenario_dict(
-        serving={"policy": policy, "max_num_batched_tokens": 2048},
+        serving={"policy": policy, "max_num_batched_tokens": 2048, "max_model_len": 2048},
         workload={
             "arrivals": {"kind": "poisson", "rate_per_s": 30.0},
             "num_requests": None,
