@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 
 from hardware_models.errors import InfersimError
@@ -331,15 +332,48 @@ def plan_capacity(
 _MARKERS = {"colocated": "o", "disaggregated": "^"}
 
 
-def pareto_figure(table: pd.DataFrame, percentile: str = "p99") -> Figure:
+def _point_label(row: pd.Series) -> str:
+    """GPU, tp (and pp) and replicas of a plan row, e.g. 'h100-sxm tp4 x2'."""
+    pp = f" pp{row['pp']}" if row["pp"] > 1 else ""
+    if row["layout"] == "disaggregated":
+        fleet = f"{int(row['prefill_replicas'])}P+{int(row['decode_replicas'])}D"
+    else:
+        fleet = f"x{int(row['replicas'])}"
+    return f"{row['gpu']} tp{row['tp']}{pp} {fleet}"
+
+
+def _label_groups(rows: pd.DataFrame, column: str) -> dict[tuple[float, float], list[str]]:
+    """Point labels gathered into one block per cluster of points within 6% of the axes'
+    spans of each other, so labels of near-identical candidates do not overprint."""
+    x, y = rows[column].to_numpy(float), rows["usd_per_hour"].to_numpy(float)
+    sx, sy = max(np.ptp(x), 1e-9), max(np.ptp(y), 1e-9)
+    groups: dict[tuple[float, float], list[str]] = {}
+    for xi, yi, (_, row) in zip(x, y, rows.iterrows(), strict=True):
+        near = next(
+            (k for k in groups if abs(k[0] - xi) < 0.06 * sx and abs(k[1] - yi) < 0.06 * sy),
+            (xi, yi),
+        )
+        groups.setdefault(near, []).append(_point_label(row))
+    return groups
+
+
+def pareto_figure(
+    table: pd.DataFrame,
+    percentile: str = "p99",
+    *,
+    title: str = "",
+    slo_ms: dict[str, float | None] | None = None,
+) -> Figure:
     """$/hour against the latency percentile per feasible candidate (colour: GPU; marker:
-    colocated or disaggregated); the Pareto front (nothing both cheaper and faster) is
-    joined by a line."""
+    colocated or disaggregated), each point labelled with its GPU, tp and replicas; the
+    Pareto front (nothing both cheaper and faster) is joined by a line, and the SLO bound
+    (`slo_ms`, by metric) drawn where one is set."""
     from matplotlib.figure import Figure
 
     ok = table[table["status"] == "ok"]
-    fig = Figure(figsize=(9, 4), layout="constrained")
+    fig = Figure(figsize=(11, 4.8), layout="constrained")
     axes = fig.subplots(1, 2)
+    placements: list[list[Any]] = []
     colours = {gpu: f"C{i}" for i, gpu in enumerate(sorted(ok["gpu"].unique()))}
     for ax, metric in zip(axes, ("ttft", "tpot"), strict=True):
         column = f"{metric}_{percentile}_ms"
@@ -350,13 +384,44 @@ def pareto_figure(table: pd.DataFrame, percentile: str = "p99") -> Figure:
             label = gpu if layout == "colocated" else f"{gpu} ({layout})"
             ax.scatter(group[column], group["usd_per_hour"], label=label, s=30,
                        color=colours[gpu], marker=_MARKERS[layout])  # fmt: skip
-        ordered = ok.sort_values(column)
+        ordered = ok.sort_values([column, "usd_per_hour"])
+        texts = [
+            ax.annotate("\n".join(labels), (x, y), xytext=(5, 4), textcoords="offset points",
+                        fontsize=7, va="bottom")
+            for (x, y), labels in _label_groups(ordered, column).items()
+        ]  # fmt: skip
+        placements.append(texts)
         front = ordered[ordered["usd_per_hour"] <= ordered["usd_per_hour"].cummin()]
         ax.plot(front[column], front["usd_per_hour"], color="black", lw=1, ls="--")
+        bound = (slo_ms or {}).get(metric)
+        if bound is not None:
+            ax.axvline(bound, color="crimson", lw=1, ls=":", label=f"SLO {bound:g} ms")
         ax.set_xlabel(f"{metric.upper()} {percentile} (ms)")
         ax.set_ylabel("$ / hour")
         ax.grid(alpha=0.3)
-    if axes[0].get_legend_handles_labels()[0]:
-        axes[0].legend(fontsize="small")
-    fig.suptitle("Capacity plan: cost against latency (dashed: Pareto front)")
+        ax.margins(x=0.15, y=0.1)
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
+    name = f"{title}: " if title else ""
+    fig.suptitle(f"Capacity plan {name}cost against latency (dashed: Pareto front)")
+    for texts in placements:
+        _separate(fig, texts)
     return fig
+
+
+def _separate(fig: Figure, texts: list[Any]) -> None:
+    """Move each label down, a line at a time, until it overlaps none placed before it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw_without_rendering()
+    placed = []
+    for text in texts:
+        for _ in range(30):
+            box = text.get_window_extent(renderer).expanded(1.05, 1.1)
+            if not any(box.overlaps(other) for other in placed):
+                break
+            dx, dy = text.xyann
+            text.xyann = (dx, dy - 6)
+        placed.append(text.get_window_extent(renderer))

@@ -173,3 +173,15 @@ def test_the_70b_plan_sizes_tp4_fleets_at_two_replicas():
     assert (table["status"] == "ok").all(), table["reason"].tolist()
     assert table.set_index("gpu")["replicas"].to_dict() == {"h100-sxm": 2, "h200-sxm": 2}
     assert (table["replica_capacity_rps"] > 6).all()
+
+
+def test_plan_cli_exits_non_zero_when_no_candidate_is_feasible(tmp_path, capsys):
+    path = tmp_path / "plan.yaml"
+    data = scenario_dict(slo={"ttft_ms": 1500}, model={"name": "llama-3.1-405b"},
+                         plan={"gpus": ["l4"], "tp": [1], "requests_per_probe": 100})  # fmt: skip
+    path.write_text(yaml.safe_dump(data))
+    assert main(["plan", str(path), "-o", str(tmp_path / "out"), "--workers", "1"]) == 1
+    captured = capsys.readouterr()
+    assert "infeasible" in captured.out
+    assert "no candidate meets the SLOs" in captured.err
+    assert (tmp_path / "out" / "plan.csv").is_file()
