@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
-from simulator.metrics.formatting import ms, num, pct, sig, slo_text, usd
+from simulator.formatting import ms, num, pct, sig, slo_text, usd
 from simulator.metrics.summary import PERCENTILES
 from simulator.provenance import header_lines
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from hardware_models.errors import InfersimError
 from simulator.cli.options import add_overrides
 from simulator.cli.sweep_cmd import add_executor_flags, connect
-from simulator.metrics.formatting import sig
+from simulator.formatting import sig
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from simulator.metrics.formatting import ms, num, pct, sig, slo_text, usd, wrapped
+from simulator.formatting import ms, num, pct, sig, slo_text, usd, wrapped
 from simulator.metrics.summary import PERCENTILES
 from simulator.provenance import header_lines
 
