@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from hardware_models.errors import InfersimError
+from hardware_models.plot_labels import LEADER, spread_labels
 from simulator.scenario import PlanSection, Scenario
 from simulator.sweep import JobError, run_parallel
 
@@ -387,7 +388,7 @@ def pareto_figure(
         ordered = ok.sort_values([column, "usd_per_hour"])
         texts = [
             ax.annotate("\n".join(labels), (x, y), xytext=(5, 4), textcoords="offset points",
-                        fontsize=7, va="bottom")
+                        fontsize=7, va="bottom", arrowprops=LEADER)
             for (x, y), labels in _label_groups(ordered, column).items()
         ]  # fmt: skip
         placements.append(texts)
@@ -406,22 +407,5 @@ def pareto_figure(
     name = f"{title}: " if title else ""
     fig.suptitle(f"Capacity plan {name}cost against latency (dashed: Pareto front)")
     for texts in placements:
-        _separate(fig, texts)
+        spread_labels(fig, texts)
     return fig
-
-
-def _separate(fig: Figure, texts: list[Any]) -> None:
-    """Move each label down, a line at a time, until it overlaps none placed before it."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    renderer = FigureCanvasAgg(fig).get_renderer()
-    fig.draw_without_rendering()
-    placed = []
-    for text in texts:
-        for _ in range(30):
-            box = text.get_window_extent(renderer).expanded(1.05, 1.1)
-            if not any(box.overlaps(other) for other in placed):
-                break
-            dx, dy = text.xyann
-            text.xyann = (dx, dy - 6)
-        placed.append(text.get_window_extent(renderer))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -41,7 +42,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.register(sub)
+    _accept_debug_anywhere(sub)
     return parser
+
+
+def _accept_debug_anywhere(sub: argparse._SubParsersAction) -> None:
+    """`--debug` after the subcommand too (`infersim run x.yaml --debug`); SUPPRESS keeps
+    a subcommand from resetting the flag given before it."""
+    for parser in sub.choices.values():
+        parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                            help="show tracebacks on errors")  # fmt: skip
+        for action in parser._actions:  # nested subcommands (`hardware show`)
+            if isinstance(action, argparse._SubParsersAction):
+                _accept_debug_anywhere(action)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -57,6 +70,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("infersim: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`infersim hardware list | head`)
+        # Python flushes stdout again at exit; point it at nothing so that is quiet too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:  # a bug, not bad input: one line, and how to see more
         if args.debug:
             raise

@@ -80,7 +80,8 @@ def _run(args: argparse.Namespace) -> int:
     shown["us"] = shown.pop("seconds") * 1e6
     shown["tflop_s"] = [c.achieved_flops / 1e12 for c in costs]
     print(f"{gpu.display_name}")
-    print(shown.to_string(index=False, float_format=lambda x: sig(x, 4)))
+    shown.index += 1  # numbered as the plot's labels and the CSV's data rows
+    print(shown.to_string(float_format=lambda x: sig(x, 4)))
     if args.output:
         table.to_csv(args.output, index=False)
         print(f"wrote {args.output}")
