@@ -9,7 +9,7 @@ from pathlib import Path
 from hardware_models.errors import InfersimError
 from simulator.cli.options import add_overrides
 from simulator.cli.sweep_cmd import add_executor_flags, connect
-from simulator.formatting import sig
+from simulator.formatting import WIDTH, sig
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,7 +47,7 @@ def _run(args: argparse.Namespace) -> int:
           f"{plan.target_rate_per_s or scenario.workload.arrivals.rate_per_s} req/s "
           f"+{plan.headroom:.0%} headroom, SLO at {pct}")  # fmt: skip
     print(table[[c for c in shown if c in table]].to_string(
-        index=False, float_format=sig, na_rep="-"))  # fmt: skip
+        index=False, float_format=sig, na_rep="-", line_width=WIDTH))  # fmt: skip
     outdir.mkdir(parents=True, exist_ok=True)
     table.to_csv(outdir / "plan.csv", index=False)
     pareto_figure(

@@ -9,7 +9,7 @@ from pathlib import Path, PurePath
 from hardware_models.errors import InfersimError
 from simulator.cli.options import add_output_flags, add_overrides
 from simulator.compare import compare_table, write_comparison
-from simulator.formatting import sig
+from simulator.formatting import WIDTH, sig
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
 
@@ -80,7 +80,7 @@ def _run(args: argparse.Namespace) -> int:
         )
     if len(runs) > 1:
         print()
-        print(compare_table(results).to_string(float_format=sig))
+        print(compare_table(results).to_string(float_format=sig, line_width=WIDTH))
         written += write_comparison(results, outdir, plots=not args.no_plots)
     print(f"\nwrote {len(written)} files to {outdir}/", file=sys.stderr)
     return 0

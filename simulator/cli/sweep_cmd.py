@@ -13,7 +13,7 @@ import pandas as pd
 from hardware_models.errors import InfersimError
 from simulator.cli.options import add_output_flags, add_overrides
 from simulator.cli.run_cmd import folder_name, free_results_dir
-from simulator.formatting import sig
+from simulator.formatting import WIDTH, sig
 from simulator.scenario import Scenario
 from simulator.sweep import PER_USD, sweep
 
@@ -99,7 +99,7 @@ def _connect(address: str) -> Client:
 def _format_table(table: pd.DataFrame) -> str:
     shown = table.set_index("name")[list(_SHOWN)].rename(columns=_SHOWN)
     shown.index.name = None
-    return shown.to_string(float_format=lambda x: sig(x, 4), na_rep="-")
+    return shown.to_string(float_format=lambda x: sig(x, 4), na_rep="-", line_width=WIDTH)
 
 
 def _sweep(args: argparse.Namespace) -> int:
