@@ -2,8 +2,8 @@
 
 Executing them is the only way to know the examples still match the API; outputs stay
 out of git so that diffs show code changes, not re-rendered plots. Each notebook runs
-from the repository root (as a user starting Jupyter there would) and is never written
-back.
+with its kernel started in notebooks/, as Jupyter starts it (so its paths are relative to
+that folder), and is never written back.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def test_notebook_runs(path: Path):
         notebook,
         timeout=CELL_TIMEOUT_S,
         kernel_name="python3",
-        resources={"metadata": {"path": str(ROOT)}},
+        resources={"metadata": {"path": str(path.parent)}},  # where Jupyter starts it
     )
     try:
         client.execute()
