@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from simulator.metrics.overload import trend_p_value
+from simulator.metrics.overload import is_growing, queue_trend, trend_p_value
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
 from tests.conftest import scenario_dict
@@ -123,3 +123,11 @@ def test_trend_p_value_is_exact():
     rng = np.random.default_rng(0)
     p = np.array([trend_p_value(rng.normal(size=10)) for _ in range(4000)])
     assert np.mean(p < 0.01) == pytest.approx(0.01, abs=0.005)  # calibrated under no trend
+
+
+def test_blocks_arriving_at_one_instant_do_not_break_the_slope():
+    """A burst: half the requests arrive at one instant, so blocks share a mean time."""
+    arrival = np.concatenate([np.zeros(100), np.linspace(1.0, 10.0, 100)])
+    trend = queue_trend(arrival, arrival + 0.01)
+    assert trend is not None and np.isfinite(trend["queue_growth_per_s"])
+    assert not is_growing(trend)

@@ -90,6 +90,7 @@ def measure(duration_s: float) -> dict[str, Any]:
     return json.loads(out.stdout)
 
 
+@pytest.mark.slow  # 40 s: two subprocess runs under tracemalloc
 def test_ten_times_capacity_for_an_hour_keeps_memory_linear_and_loses_nothing():
     short, long = measure(900.0), measure(3600.0)
     for run in (short, long):

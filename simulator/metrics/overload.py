@@ -79,7 +79,11 @@ def trend_p_value(points: np.ndarray) -> float:
 
 
 def _theil_sen(t: np.ndarray, y: np.ndarray) -> float:
+    """Median slope over the pairs of points at different times (blocks of a burst can
+    share one); the caller ensures there is such a pair."""
     i, j = np.triu_indices(len(t), 1)
+    apart = t[j] > t[i]
+    i, j = i[apart], j[apart]
     return float(np.median((y[j] - y[i]) / (t[j] - t[i])))
 
 
