@@ -587,3 +587,14 @@ def test_growing_queue_is_overload_even_in_a_short_run():
     assert s["overloaded"]
     assert s["load"]["unserved_share"] == pytest.approx(0.5, rel=0.05)
     assert "the waiting queue grew" in s["overload_reason"]
+
+
+def test_notebook_html_names_what_ran_and_its_warnings(make_scenario):
+    from simulator.simulation import simulate
+
+    load = {"arrivals": {"kind": "poisson", "rate_per_s": 20.0}}
+    scenario = make_scenario(serving={"num_gpu_blocks": 200}, workload=load)
+    html = simulate(scenario)._repr_html_()
+    assert "llama-2-7b (weights bf16, KV bf16, activations bf16) on 1 x a100-80gb-sxm" in html
+    assert "<b>Warning:</b> the KV cache is short for this load" in html
+    assert "steady-state throughput" in html and "e+0" not in html
