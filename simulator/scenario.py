@@ -129,7 +129,11 @@ class ServingSection(BaseModel):
         default=256, ge=1, le=65536, description="sequences per step (batch size for static)"
     )
     max_num_batched_tokens: int = Field(
-        default=2048, ge=1, le=1 << 22, description="token budget per engine step"
+        default=2048,
+        ge=1,
+        le=1 << 22,
+        description="token budget per engine step; the continuous policy needs at least "
+        "max_model_len (vLLM refuses less at start-up)",
     )
     max_queue_delay_ms: float = Field(
         default=10.0, ge=0, description="dynamic batching: longest a request waits for a batch"
