@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from dataclasses import dataclass, field, replace
 
@@ -198,6 +199,7 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
         idle_power_w=gpu.power.idle_w,
         tdp_w=gpu.power.tdp_w,
         usd_per_gpu_hour=scenario.cost.usd_per_gpu_hour or gpu.price.usd_per_hour,
+        token_budget=config.max_num_batched_tokens if config.iterative else math.inf,
     )
     return ReplicaBuild(arch, gpu, node, memory, config, cost, info, par.replicas)
 

@@ -130,7 +130,7 @@ def test_missing_and_directory_paths(tmp_path, capsys):
     rc, err = run_cli(tmp_path / "nope.yaml", capsys)
     assert_input_error(rc, err, "nope.yaml: no such file")
     rc, err = run_cli(tmp_path, capsys)
-    assert_input_error(rc, err, f"{tmp_path}: no such file")
+    assert_input_error(rc, err, f"{tmp_path}: is a folder; give one YAML file in it")
 
 
 # ---- scenario files: one bad field ------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,7 @@ class ReplicaInfo:
     tdp_w: float  # per GPU
     usd_per_gpu_hour: float
     pool: str = "default"
+    token_budget: float = math.inf  # tokens per step; inf where the policy has none
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,6 +84,7 @@ class StepTotals:
             [r.peak_flops for r in reps],
             [r.peak_bandwidth for r in reps],
             [r.kv_total_blocks for r in reps],
+            [r.token_budget for r in reps],
         )
 
     @classmethod
