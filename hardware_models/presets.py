@@ -35,6 +35,7 @@ def _resolve(kind: str, name_or_path: str | Path) -> Path:
     text = str(name_or_path)
     if text.endswith((".yaml", ".yml")) or "/" in text:
         return Path(text)
+    text = text.lower()  # preset names are lower case; `H100-SXM` means h100-sxm
     path = PRESET_DIR / kind / f"{text}.yaml"
     if not path.is_file():
         raise unknown_name_error(kind.rstrip("s"), text, _preset_names(kind))

@@ -9,10 +9,13 @@ import numpy as np
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import Dtype
 from hardware_models.op_cost import OpCost
+from hardware_models.plot_labels import LEADER, spread_labels
 
 
 def plot_roofline(gpu: AcceleratorSpec, costs: Sequence[OpCost] = (), ax=None):
-    """Return a matplotlib Figure: attainable FLOP/s against arithmetic intensity."""
+    """Return a matplotlib Figure: attainable FLOP/s against arithmetic intensity; with
+    several operators each label starts with its number in `costs` (from 1, the CSV's
+    data rows), as the `roofline` table's index does."""
     from matplotlib.figure import Figure
 
     if ax is None:
@@ -29,15 +32,21 @@ def plot_roofline(gpu: AcceleratorSpec, costs: Sequence[OpCost] = (), ax=None):
     for peak, names in sorted(ceilings.items()):
         label = f"{'/'.join(names)}: {peak / 1e12:.0f} TFLOP/s"
         ax.loglog(intensity, np.minimum(peak, intensity * bandwidth), lw=1.2, label=label)
-    for cost in costs:
+    labels = []
+    for number, cost in enumerate(costs, start=1):
         if cost.flops <= 0 or cost.dram_bytes <= 0:
             continue
-        ax.scatter(cost.arithmetic_intensity, cost.achieved_flops, s=28, zorder=3)
-        ax.annotate(cost.name, (cost.arithmetic_intensity, cost.achieved_flops), fontsize=7)
+        point = (cost.arithmetic_intensity, cost.achieved_flops)
+        ax.scatter(*point, s=28, zorder=3)
+        text = f"{number} {cost.name}" if len(costs) > 1 else cost.name
+        labels.append(ax.annotate(text, point, xytext=(4, 3), textcoords="offset points",
+                                  fontsize=7, arrowprops=LEADER))  # fmt: skip
     ax.set_xlabel("arithmetic intensity (FLOP / DRAM byte)")
     ax.set_ylabel("FLOP/s")
     ax.set_title(f"{gpu.display_name}: roofline ({gpu.memory.bandwidth_gbps:.0f} GB/s)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
+    # Points in order of intensity, so a label moves away from its right-hand neighbours.
+    spread_labels(fig, sorted(labels, key=lambda t: (t.xy[0], -t.xy[1])))
     return fig

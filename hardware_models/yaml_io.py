@@ -93,6 +93,10 @@ def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
     """Read a YAML file that must hold a mapping; never constructs objects from tags.
     Every problem is one line naming the file, and the line where there is one."""
     path = Path(path)
+    if path.is_dir():
+        found = sorted(p.name for p in path.glob("*.y*ml"))[:5]
+        hint = f" (it holds {', '.join(found)}, ...)" if found else ""
+        raise InfersimError(f"{_name(path)}: is a folder; give one YAML file in it{hint}")
     if not path.is_file():
         raise InfersimError(f"{_name(path)}: no such file")
     raw = path.read_bytes()

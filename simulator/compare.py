@@ -22,7 +22,8 @@ _COLUMNS = (
     ("TPOT p99 ms", ("latency", "tpot", "p99"), 1000),
     ("ITL p99 ms", ("latency", "itl", "p99"), 1000),
     ("E2E p99 ms", ("latency", "e2e", "p99"), 1000),
-    ("goodput %", ("goodput", "fraction"), 100),
+    ("goodput req/s", ("goodput", "goodput_requests_per_s"), 1),
+    ("SLO met %", ("goodput", "fraction"), 100),
     ("preemptions", ("kv", "preemptions"), 1),
     ("KV max %", ("kv", "max_utilisation"), 100),
     ("prefix hit %", ("prefix_cache", "hit_rate"), 100),
@@ -66,13 +67,11 @@ def write_comparison(
     compare_table(results).to_csv(table_path)
     if not plots:
         return [table_path]
-    from simulator.metrics.plots import latency_cdfs
-    from simulator.plotting import plot_throughput_and_cost
+    from simulator.plotting import plot_latency_cdfs, plot_throughput_and_cost
 
     figures = {
-        "comparison_latency_cdfs.png": latency_cdfs(
-            {name: r.requests for name, r in results.items()},
-            {name: r.itl for name, r in results.items()},
+        "comparison_latency_cdfs.png": plot_latency_cdfs(
+            results, title=f"latency of {', '.join(map(str, results))}"
         ),
         "comparison_throughput_cost.png": plot_throughput_and_cost(results),
     }

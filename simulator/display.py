@@ -11,7 +11,9 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
-from simulator.metrics.summary import PERCENTILES, _ms, _num, _pct, _slo_text, _usd
+from simulator.formatting import ms, num, pct, sig, slo_text, usd
+from simulator.metrics.summary import PERCENTILES
+from simulator.provenance import header_lines
 
 _LATENCY_ROWS = ("ttft", "tpot", "itl", "e2e", "queueing")
 _LATENCY_COLS = ("mean", *(f"p{q}" for q in PERCENTILES), "max")
@@ -32,20 +34,21 @@ def _headline(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("rejected / failed", f"{c['rejected']:,} / {c['failed']:,}"),
         ("in flight (queued, running)",
          f"{c['in_flight']:,} ({c['in_flight_queued']:,}, {c['in_flight_running']:,})"),
-        ("throughput", f"{_num(t['requests_per_s'], ',.2f')} req/s"),
+        ("throughput", f"{sig(t['requests_per_s'])} req/s"),
+        ("steady-state throughput", f"{sig(t.get('steady_requests_per_s'))} req/s"),
         ("tokens/s in / out",
-         f"{_num(t['input_tokens_per_s'], ',.0f')} / {_num(t['output_tokens_per_s'], ',.0f')}"),
-        (f"goodput ({_slo_text(g['slo'])})",
-         f"{_pct(g['fraction'])}, {_num(g['goodput_requests_per_s'], ',.2f')} req/s"),
+         f"{num(t['input_tokens_per_s'], ',.0f')} / {num(t['output_tokens_per_s'], ',.0f')}"),
+        (f"goodput ({slo_text(g['slo'])})", f"{sig(g['goodput_requests_per_s'])} req/s"),
+        ("completed within the SLO", pct(g["fraction"])),
         ("busy / MFU / MBU",
-         f"{_pct(u['gpu_busy_fraction'])} / {_pct(u['mfu'])} / {_pct(u['mbu'])}"),
-        ("KV mean / max", f"{_pct(kv['mean_utilisation'])} / {_pct(kv['max_utilisation'])}"),
+         f"{pct(u['gpu_busy_fraction'])} / {pct(u['mfu'])} / {pct(u['mbu'])}"),
+        ("KV mean / max", f"{pct(kv['mean_utilisation'])} / {pct(kv['max_utilisation'])}"),
         ("preemptions", f"{kv['preemptions']:,} ({kv['requests_preempted']:,} requests)"),
-        ("cost", f"{_usd(cost['usd_per_hour'])}/h, run {_usd(cost['usd_total'])}"),
-        ("$ per request", _usd(cost["usd_per_request"])),
-        ("$ per 1M output tokens", _usd(cost["usd_per_million_output_tokens"])),
-        ("energy", f"{_num(e['energy_kwh'], ',.3f')} kWh, "
-                   f"{_num(e['joules_per_output_token'], ',.3g')} J/output token"),
+        ("cost", f"{usd(cost['usd_per_hour'])}/h, run {usd(cost['usd_total'])}"),
+        ("$ per request", usd(cost["usd_per_request"])),
+        ("$ per 1M output tokens", usd(cost["usd_per_million_output_tokens"])),
+        ("energy", f"{num(e['energy_kwh'], ',.3f')} kWh, "
+                   f"{num(e['joules_per_output_token'], ',.3g')} J/output token"),
     ]  # fmt: skip
 
 
@@ -58,8 +61,8 @@ def _breakdowns(summary: Mapping[str, Any]) -> list[str]:
                           "TTFT p99 ms", "TPOT p99 ms", "E2E p99 ms"], "th"))  # fmt: skip
     for name, c in classes.items():
         rows.append(_row([escape(name), f"{c['arrived']:,}", f"{c['completed']:,}",
-                          _pct(c["slo_fraction"]), _ms(c["ttft"]["p99"]),
-                          _ms(c["tpot"]["p99"]), _ms(c["e2e"]["p99"])]))  # fmt: skip
+                          pct(c["slo_fraction"]), ms(c["ttft"]["p99"]),
+                          ms(c["tpot"]["p99"]), ms(c["e2e"]["p99"])]))  # fmt: skip
     pools = summary.get("per_pool", {})
     if pools:
         rows.append(_row(["pool", "replicas", "GPUs", "completed", "req/s", "out tok/s",
@@ -67,9 +70,9 @@ def _breakdowns(summary: Mapping[str, Any]) -> list[str]:
     for name, p in pools.items():
         rows.append(_row([f"{escape(name)} ({escape(p['gpu'])})", str(p["replicas"]),
                           str(p["gpus"]), f"{p['completed']:,}",
-                          _num(p["requests_per_s"], ",.2f"),
-                          _num(p["output_tokens_per_s"], ",.0f"),
-                          _pct(p["busy_fraction"])]))  # fmt: skip
+                          num(p["requests_per_s"], ",.2f"),
+                          num(p["output_tokens_per_s"], ",.0f"),
+                          pct(p["busy_fraction"])]))  # fmt: skip
     return rows
 
 
@@ -84,6 +87,11 @@ def summary_html(summary: Mapping[str, Any]) -> str:
         f"{escape('/'.join(run['gpu_types']))} in {run['replicas']} replica(s)"
     )
     parts = [f"<p>{caption}</p>"]
+    if "configuration" in run:
+        parts.append(f"<p>{'<br>'.join(escape(t) for t in header_lines(run['configuration']))}</p>")
+    parts += [
+        f'<p style="color:#8a5300"><b>Warning:</b> {escape(w)}</p>' for w in summary["warnings"]
+    ]
     if summary["overloaded"]:
         reason = escape(str(summary["overload_reason"]))
         parts.append(f'<p style="color:#b00020"><b>Overloaded:</b> {reason}</p>')
@@ -91,7 +99,7 @@ def summary_html(summary: Mapping[str, Any]) -> str:
     latency = summary["latency"]
     lat_rows = [_row(["ms", *_LATENCY_COLS, "n"], "th")]
     lat_rows += [
-        _row([name.upper(), *(_ms(latency[name][col]) for col in _LATENCY_COLS),
+        _row([name.upper(), *(ms(latency[name][col]) for col in _LATENCY_COLS),
               f"{latency[name]['count']:,}"])
         for name in _LATENCY_ROWS
     ]  # fmt: skip

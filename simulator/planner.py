@@ -8,6 +8,10 @@ For every candidate (GPU type, tp, pp, batching policy) the planner
 4. verifies the fleet by simulating it at target x (1 + headroom) behind a
    least-outstanding router, adding replicas until the SLOs hold.
 
+A probe meets the SLOs when every request completed, the run is not overloaded (its
+waiting queue does not grow, simulator.metrics.overload) and each bound holds at the
+percentile. Each probe is long enough for a steady state (see `_probe`).
+
 With `plan.disaggregation` it also tries the candidate as a prefill pool and a decode pool
 (Splitwise / DistServe). The two pools load different resources (prompts: compute and
 TTFT; decodes: memory bandwidth and TPOT), so each is sized on its own: both pools start
@@ -27,9 +31,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 
 from hardware_models.errors import InfersimError
+from hardware_models.plot_labels import LEADER, spread_labels
 from simulator.scenario import PlanSection, Scenario
 from simulator.sweep import JobError, run_parallel
 
@@ -39,6 +45,8 @@ if TYPE_CHECKING:
 
 BISECTION_STEPS = 7
 VERIFY_ATTEMPTS = 4
+STEADY_TURNOVERS = 5
+MAX_PROBE_REQUESTS = 20_000
 # Policies that hand a request over step by step (static and dynamic run whole batches).
 DISAGGREGATED_POLICIES = ("continuous", "chunked_prefill")
 # Doubling both pools must improve the tightest SLO margin by this factor to go on: below
@@ -121,11 +129,17 @@ def _probe(
     scenario: Scenario, c: Candidate, rate: float, fleet: Fleet, n: int | None = None
 ) -> tuple[bool, dict[str, Any]]:
     """Simulate the fleet at `rate`: does it meet the SLOs, and its summary. A fleet gets
-    requests_per_probe per replica, up to 8 replicas' worth."""
+    requests_per_probe per replica, up to 8 replicas' worth, and more when that is too
+    few to turn over what the fleet holds at once STEADY_TURNOVERS times (Little's law:
+    rate x median time in system), so the verdict is on a steady state, not a warm-up."""
     plan = scenario.plan
     assert plan is not None
     n = n or plan.requests_per_probe * min(_size(fleet), 8)
     summary = _run(_at(scenario, c, rate, fleet, n))
+    time_in_system = summary["latency"]["e2e"]["p50"] or 0.0
+    needed = min(math.ceil(STEADY_TURNOVERS * rate * time_in_system), MAX_PROBE_REQUESTS)
+    if needed > n:
+        summary = _run(_at(scenario, c, rate, fleet, needed))
     return _meets(summary, scenario, plan.percentile), summary
 
 
@@ -319,15 +333,48 @@ def plan_capacity(
 _MARKERS = {"colocated": "o", "disaggregated": "^"}
 
 
-def pareto_figure(table: pd.DataFrame, percentile: str = "p99") -> Figure:
+def _point_label(row: pd.Series) -> str:
+    """GPU, tp (and pp) and replicas of a plan row, e.g. 'h100-sxm tp4 x2'."""
+    pp = f" pp{row['pp']}" if row["pp"] > 1 else ""
+    if row["layout"] == "disaggregated":
+        fleet = f"{int(row['prefill_replicas'])}P+{int(row['decode_replicas'])}D"
+    else:
+        fleet = f"x{int(row['replicas'])}"
+    return f"{row['gpu']} tp{row['tp']}{pp} {fleet}"
+
+
+def _label_groups(rows: pd.DataFrame, column: str) -> dict[tuple[float, float], list[str]]:
+    """Point labels gathered into one block per cluster of points within 6% of the axes'
+    spans of each other, so labels of near-identical candidates do not overprint."""
+    x, y = rows[column].to_numpy(float), rows["usd_per_hour"].to_numpy(float)
+    sx, sy = max(np.ptp(x), 1e-9), max(np.ptp(y), 1e-9)
+    groups: dict[tuple[float, float], list[str]] = {}
+    for xi, yi, (_, row) in zip(x, y, rows.iterrows(), strict=True):
+        near = next(
+            (k for k in groups if abs(k[0] - xi) < 0.06 * sx and abs(k[1] - yi) < 0.06 * sy),
+            (xi, yi),
+        )
+        groups.setdefault(near, []).append(_point_label(row))
+    return groups
+
+
+def pareto_figure(
+    table: pd.DataFrame,
+    percentile: str = "p99",
+    *,
+    title: str = "",
+    slo_ms: dict[str, float | None] | None = None,
+) -> Figure:
     """$/hour against the latency percentile per feasible candidate (colour: GPU; marker:
-    colocated or disaggregated); the Pareto front (nothing both cheaper and faster) is
-    joined by a line."""
+    colocated or disaggregated), each point labelled with its GPU, tp and replicas; the
+    Pareto front (nothing both cheaper and faster) is joined by a line, and the SLO bound
+    (`slo_ms`, by metric) drawn where one is set."""
     from matplotlib.figure import Figure
 
     ok = table[table["status"] == "ok"]
-    fig = Figure(figsize=(9, 4), layout="constrained")
+    fig = Figure(figsize=(11, 4.8), layout="constrained")
     axes = fig.subplots(1, 2)
+    placements: list[list[Any]] = []
     colours = {gpu: f"C{i}" for i, gpu in enumerate(sorted(ok["gpu"].unique()))}
     for ax, metric in zip(axes, ("ttft", "tpot"), strict=True):
         column = f"{metric}_{percentile}_ms"
@@ -338,13 +385,27 @@ def pareto_figure(table: pd.DataFrame, percentile: str = "p99") -> Figure:
             label = gpu if layout == "colocated" else f"{gpu} ({layout})"
             ax.scatter(group[column], group["usd_per_hour"], label=label, s=30,
                        color=colours[gpu], marker=_MARKERS[layout])  # fmt: skip
-        ordered = ok.sort_values(column)
+        ordered = ok.sort_values([column, "usd_per_hour"])
+        texts = [
+            ax.annotate("\n".join(labels), (x, y), xytext=(5, 4), textcoords="offset points",
+                        fontsize=7, va="bottom", arrowprops=LEADER)
+            for (x, y), labels in _label_groups(ordered, column).items()
+        ]  # fmt: skip
+        placements.append(texts)
         front = ordered[ordered["usd_per_hour"] <= ordered["usd_per_hour"].cummin()]
         ax.plot(front[column], front["usd_per_hour"], color="black", lw=1, ls="--")
+        bound = (slo_ms or {}).get(metric)
+        if bound is not None:
+            ax.axvline(bound, color="crimson", lw=1, ls=":", label=f"SLO {bound:g} ms")
         ax.set_xlabel(f"{metric.upper()} {percentile} (ms)")
         ax.set_ylabel("$ / hour")
         ax.grid(alpha=0.3)
-    if axes[0].get_legend_handles_labels()[0]:
-        axes[0].legend(fontsize="small")
-    fig.suptitle("Capacity plan: cost against latency (dashed: Pareto front)")
+        ax.margins(x=0.15, y=0.1)
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
+    name = f"{title}: " if title else ""
+    fig.suptitle(f"Capacity plan {name}cost against latency (dashed: Pareto front)")
+    for texts in placements:
+        spread_labels(fig, texts)
     return fig

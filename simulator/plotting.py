@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.op_cost import OpCost
+from hardware_models.plot_labels import LEADER, spread_labels
 from hardware_models.roofline_plot import plot_roofline
 from simulator.compare import compare_table
 from simulator.metrics.plots import LOG_SPAN, latency_cdfs
@@ -83,7 +84,11 @@ def _mark_overloaded(ax: Axes, table: pd.DataFrame, x: str, y: str, label: bool)
 
 
 def plot_pareto(
-    runs: Runs, cost: str = COST, latency: str = LATENCY, slo_ms: float | None = None
+    runs: Runs,
+    cost: str = COST,
+    latency: str = LATENCY,
+    slo_ms: float | None = None,
+    title: str = "",
 ) -> Figure:
     """Cost against latency, one point per run, the Pareto front drawn as a staircase
     and labelled; `slo_ms` draws the latency objective. Overloaded runs are ringed."""
@@ -95,9 +100,11 @@ def plot_pareto(
     best = table[front].sort_values(cost)
     ax.plot(best[cost], best[latency], color="C1", marker="o", drawstyle="steps-post",
             label="Pareto front")  # fmt: skip
-    for name, row in best.iterrows():
-        ax.annotate(str(name), (row[cost], row[latency]), fontsize=8,
-                    xytext=(4, 4), textcoords="offset points")  # fmt: skip
+    labels = [
+        ax.annotate(str(name), (row[cost], row[latency]), fontsize=8, xytext=(4, 4),
+                    textcoords="offset points", arrowprops=LEADER)
+        for name, row in best.iterrows()
+    ]  # fmt: skip
     _mark_overloaded(ax, table, cost, latency, label=True)
     if slo_ms is not None:
         ax.axhline(slo_ms, color="grey", ls="--", lw=1, label=f"SLO {slo_ms:g} ms")
@@ -106,6 +113,9 @@ def plot_pareto(
     ax.set_ylabel(latency)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    spread_labels(fig, labels)
     return fig
 
 
@@ -139,11 +149,15 @@ def plot_knee(
     return fig
 
 
-def plot_latency_cdfs(runs: Mapping[str, Results]) -> Figure:
-    """TTFT, TPOT, ITL and E2E CDFs of several runs overlaid, one line per name."""
+def plot_latency_cdfs(runs: Mapping[str, Results], title: str = "") -> Figure:
+    """TTFT, TPOT, ITL and E2E CDFs of several runs overlaid, one line per name, with the
+    SLO bounds when every run has the same."""
+    slos = [r.summary()["goodput"]["slo"] for r in runs.values()]
     return latency_cdfs(
         {name: r.requests for name, r in runs.items()},
         {name: r.itl for name, r in runs.items()},
+        title=title,
+        slo_s=slos[0] if slos and all(s == slos[0] for s in slos) else None,
     )
 
 

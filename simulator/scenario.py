@@ -12,7 +12,15 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from hardware_models.errors import InfersimError
 from hardware_models.yaml_io import load_yaml_mapping, parse_yaml
@@ -145,7 +153,11 @@ class ServingSection(BaseModel):
         default=256, ge=1, le=65536, description="sequences per step (batch size for static)"
     )
     max_num_batched_tokens: int = Field(
-        default=2048, ge=1, le=1 << 22, description="token budget per engine step"
+        default=2048,
+        ge=1,
+        le=1 << 22,
+        description="token budget per engine step; the continuous policy needs at least "
+        "max_model_len (vLLM refuses less at start-up)",
     )
     max_queue_delay_ms: float = Field(
         default=10.0, ge=0, description="dynamic batching: longest a request waits for a batch"
@@ -339,6 +351,12 @@ class Scenario(BaseModel):
     base_dir: str = Field(
         default=".", exclude=True, description="folder relative paths resolve against"
     )
+    _overrides: tuple[str, ...] = PrivateAttr(default=())
+
+    @property
+    def overrides(self) -> tuple[str, ...]:
+        """The `key.path=value` overrides (the CLI's --set) this scenario was built with."""
+        return self._overrides
 
     @model_validator(mode="after")
     def _hardware_or_pools(self) -> Scenario:
@@ -401,7 +419,9 @@ class Scenario(BaseModel):
         data = load_yaml_mapping(path)
         apply_overrides(data, overrides or [])
         data.setdefault("base_dir", str(path.parent.resolve()))
-        return cls.from_dict(data, source=str(path))
+        scenario = cls.from_dict(data, source=str(path))
+        scenario._overrides = tuple(overrides or ())
+        return scenario
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "scenario") -> Scenario:
@@ -429,6 +449,7 @@ class Scenario(BaseModel):
                 set_path(data, key, value, f"{source or self.name}: variants.{name}.{key}")
             try:
                 expanded.append(Scenario.model_validate(data))
+                expanded[-1]._overrides = self._overrides
             except ValidationError as exc:
                 where = f"{source or self.name}: variants.{name}"
                 raise InfersimError(f"{where}: {describe_errors(exc, Scenario)}") from None
@@ -443,7 +464,9 @@ class Scenario(BaseModel):
         data = self.model_dump(mode="json")
         data["base_dir"] = self.base_dir
         apply_overrides(data, overrides)
-        return Scenario.from_dict(data, source=self.name)
+        scenario = Scenario.from_dict(data, source=self.name)
+        scenario._overrides = (*self._overrides, *overrides)
+        return scenario
 
 
 # ---- overrides ----------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import math
 import os
 import time
 import warnings
@@ -16,6 +17,7 @@ from hardware_models.errors import InfeasibleError, InfersimError, InfersimWarni
 from hardware_models.node import NodeSpec
 from hardware_models.presets import list_nodes, load_gpu, load_node, with_calibration
 from simulator.architecture import ModelArchitecture
+from simulator.caveats import check_token_budget, configuration_warnings
 from simulator.engine.prefix_hashes import BlockKeys
 from simulator.engine.replica import Clock, Replica, ReplicaConfig
 from simulator.engine.requests import Outcome, RejectReason, RequestTable
@@ -24,6 +26,7 @@ from simulator.memory_planner import MemoryPlan, plan_memory
 from simulator.metrics.context import SLO, ReplicaInfo, RunContext
 from simulator.model_catalog import load_model
 from simulator.progress import Progress
+from simulator.provenance import provenance
 from simulator.results import Results
 from simulator.router import SessionAffinity, make_router
 from simulator.scenario import Scenario
@@ -175,13 +178,15 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
             f"B/token): {rows}"
         )
     pcie = gpu.pcie.unidirectional_gbps * 1e9
+    max_model_len = serving.max_model_len or arch.max_position_embeddings
+    check_token_budget(serving.policy, serving.max_num_batched_tokens, max_model_len)
     config = ReplicaConfig(
         policy=serving.policy,
         max_num_seqs=serving.max_num_seqs,
         max_num_batched_tokens=serving.max_num_batched_tokens,
         block_size=serving.block_size,
         total_blocks=blocks,
-        max_model_len=serving.max_model_len or arch.max_position_embeddings,
+        max_model_len=max_model_len,
         watermark=serving.kv_watermark,
         preemption=serving.preemption,
         swap_blocks=int(serving.swap_space_gb * 1e9 // block_bytes),
@@ -223,6 +228,7 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
         idle_power_w=gpu.power.idle_w,
         tdp_w=gpu.power.tdp_w,
         usd_per_gpu_hour=scenario.cost.usd_per_gpu_hour or gpu.price.usd_per_hour,
+        token_budget=config.max_num_batched_tokens if config.iterative else math.inf,
     )
     return ReplicaBuild(arch, gpu, node, memory, config, cost, info, par.replicas)
 
@@ -635,6 +641,16 @@ class _Run:
         return float(self.env.now)
 
 
+def _configuration_warnings(builds: list[tuple[str, ReplicaBuild]]) -> tuple[str, ...]:
+    """Each pool's configuration warnings, named by pool when there are several."""
+    named = len(builds) > 1
+    return tuple(
+        f"pool {pool}: {text}" if named else text
+        for pool, build in builds
+        for text in configuration_warnings(build)
+    )
+
+
 def simulate(
     scenario: Scenario | str | os.PathLike[str], *, progress: bool | None = None
 ) -> Results:
@@ -643,10 +659,20 @@ def simulate(
     if not isinstance(scenario, Scenario):
         scenario = Scenario.from_yaml(os.fspath(scenario))
     show = scenario.output.progress if progress is None else progress
-    run = _Run(scenario, show)
-    started = time.perf_counter()
-    end = run.run()
-    wall = time.perf_counter() - started
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", InfersimWarning)
+        run = _Run(scenario, show)
+        started = time.perf_counter()
+        end = run.run()
+        wall = time.perf_counter() - started
+    for caught_warning in caught:  # the caller's filters and display decide, as before
+        warnings.warn_explicit(
+            caught_warning.message,
+            caught_warning.category,
+            caught_warning.filename,
+            caught_warning.lineno,
+        )
+    raised = [str(w.message) for w in caught if issubclass(w.category, InfersimWarning)]
     slo = scenario.slo
     ctx = RunContext(
         scenario=scenario.name,
@@ -662,6 +688,8 @@ def simulate(
         usd_per_kwh=scenario.cost.usd_per_kwh,
         priority_names=tuple(run.class_names),
         wall_seconds=wall,
+        provenance=provenance(scenario),
+        warnings=(*_configuration_warnings(run.builds), *dict.fromkeys(raised)),
     )
     memory = "\n".join(f"[{pool}] {build.memory.table()}" for pool, build in run.builds)
     return Results.from_run(scenario, memory, ctx, run.requests, run.replicas)

@@ -106,3 +106,36 @@ def test_console_script_is_installed():
     )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
+
+
+def test_estimate_says_gb_and_gib_apart(capsys):
+    code, out, _ = run(capsys, "estimate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm",
+                       "--training")  # fmt: skip
+    assert code == 0
+    assert "(85.90 GB = 80 GiB each)" in out and "does NOT fit in 85.90 GB = 80 GiB" in out
+    assert "80 GB" not in out
+
+
+def test_paper_cuts(capsys, tmp_path):
+    # a closed pipe is not an internal error
+    listing = subprocess.run(
+        f"{sys.executable} -m simulator.cli.main hardware list | head -1",
+        shell=True, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert listing.stdout == "GPUs:\n" and listing.stderr == ""
+    # --debug after the subcommand; preset names in any case
+    with pytest.raises(Exception, match="unknown gpu 'nope'"):
+        main(["hardware", "show", "nope", "--debug"])
+    code, out, _ = run(capsys, "hardware", "show", "H100-SXM")
+    assert code == 0 and "h100-sxm" in out and "80 GiB (85.9 GB)" in out
+    # a folder is not a file
+    code, _, err = run(capsys, "run", "scenarios")
+    assert code == 2 and "scenarios: is a folder; give one YAML file in it" in err
+    # a node, by name or as a YAML file, is shown as a node
+    for node in ("dgx-h100", "hardware_models/presets/nodes/dgx-h100.yaml"):
+        code, out, err = run(capsys, "hardware", "show", node)
+        assert code == 0 and err == "" and "8 x h100-sxm" in out and "infiniband" in out
+    # the README's roofline example has its CSV
+    code, out, _ = run(capsys, "roofline", "--gpu", "h100-sxm", "--input", "scenarios/ops.csv",
+                       "--plot", str(tmp_path / "r.png"))  # fmt: skip
+    assert code == 0 and "all_reduce" in out and (tmp_path / "r.png").stat().st_size > 1000

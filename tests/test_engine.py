@@ -36,7 +36,8 @@ def _check_invariants(results) -> None:
 @pytest.mark.parametrize("policy", POLICIES)
 def test_every_request_completes_with_invariants(make_scenario, policy):
     budget = 512 if policy == "chunked_prefill" else 2048  # whole prompts must fit unchunked
-    results = simulate(make_scenario(serving={"policy": policy, "max_num_batched_tokens": budget}))
+    serving = {"policy": policy, "max_num_batched_tokens": budget, "max_model_len": 2048}
+    results = simulate(make_scenario(serving=serving))
     _check_invariants(results)
     assert (results.requests["outcome"] == "completed").all()
 
@@ -55,7 +56,7 @@ def _assert_same_run(fast, slow) -> None:
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_multi_step_matches_step_by_step(make_scenario, policy):
-    serving = {"policy": policy, "max_num_batched_tokens": 2048}
+    serving = {"policy": policy, "max_num_batched_tokens": 2048, "max_model_len": 2048}
     fast = simulate(make_scenario(serving=serving))
     slow = simulate(make_scenario(serving=serving, engine={"multi_step": False}))
     _assert_same_run(fast, slow)

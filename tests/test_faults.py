@@ -14,7 +14,12 @@ LOAD = {"arrivals": {"kind": "poisson", "rate_per_s": 12.0}, "num_requests": 500
 def _faulty(make_scenario, events, on_failure="retry", policy="chunked_prefill", **extra):
     return make_scenario(
         parallelism={"replicas": 2, "router": "round_robin"},
-        serving={"policy": policy, "max_num_seqs": 32, "max_num_batched_tokens": 2048},
+        serving={
+            "policy": policy,
+            "max_num_seqs": 32,
+            "max_num_batched_tokens": 2048,
+            "max_model_len": 2048,
+        },
         workload=LOAD,
         faults={"events": events, "on_failure": on_failure},
         **extra,

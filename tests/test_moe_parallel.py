@@ -210,3 +210,13 @@ def test_ep_scratch_holds_whole_experts():
     ep = activation_bytes(arch, 4096, tp=4, sampled_tokens=0, expert_parallel=True)
     rows = 4096 * arch.experts_per_token * 3  # gate, up and the product, per expert row
     assert ep - tp == pytest.approx(rows * (768 - 768 / 4) * 2)
+
+
+def test_warnings_raised_in_a_run_stand_in_its_summary():
+    """An InfersimWarning raised while a scenario runs is also a line of summary.json's
+    `warnings`, so a result read later still carries it."""
+    data = scenario_dict(model={"name": "gemma-2-9b"})
+    data["workload"] = {**data["workload"], "num_requests": 5}
+    with pytest.warns(InfersimWarning):
+        results = simulate(Scenario.from_dict(data), progress=False)
+    assert any("attend to a 4096-token window" in w for w in results.summary()["warnings"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 import yaml
@@ -12,6 +14,8 @@ from simulator.planner import plan_capacity
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
 from tests.conftest import scenario_dict
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _plan_scenario(make_scenario, **plan):
@@ -155,3 +159,29 @@ def test_plan_on_a_dask_cluster_matches_in_process(make_scenario):
     pd.testing.assert_frame_equal(on_dask, plan_capacity(scenario, workers=1))
     with pytest.raises(InfersimError, match="not both"):
         plan_capacity(scenario, client=client, workers=2)
+
+
+def test_the_70b_plan_sizes_tp4_fleets_at_two_replicas():
+    """One H100 or H200 tp=4 replica carries ~10 req/s of this traffic: 12 req/s (10 +20%
+    headroom) needs 2, which verification must not inflate to 3 by mistaking a short
+    probe's warm-up for overload."""
+    scenario = Scenario.from_yaml(
+        ROOT / "scenarios" / "capacity-plan-llama70b.yaml",
+        ["plan.gpus=[h100-sxm, h200-sxm]", "plan.tp=[4]"],
+    )
+    table = plan_capacity(scenario, workers=1)
+    assert (table["status"] == "ok").all(), table["reason"].tolist()
+    assert table.set_index("gpu")["replicas"].to_dict() == {"h100-sxm": 2, "h200-sxm": 2}
+    assert (table["replica_capacity_rps"] > 6).all()
+
+
+def test_plan_cli_exits_non_zero_when_no_candidate_is_feasible(tmp_path, capsys):
+    path = tmp_path / "plan.yaml"
+    data = scenario_dict(slo={"ttft_ms": 1500}, model={"name": "llama-3.1-405b"},
+                         plan={"gpus": ["l4"], "tp": [1], "requests_per_probe": 100})  # fmt: skip
+    path.write_text(yaml.safe_dump(data))
+    assert main(["plan", str(path), "-o", str(tmp_path / "out"), "--workers", "1"]) == 1
+    captured = capsys.readouterr()
+    assert "infeasible" in captured.out
+    assert "no candidate meets the SLOs" in captured.err
+    assert (tmp_path / "out" / "plan.csv").is_file()

@@ -90,6 +90,7 @@ def measure(duration_s: float) -> dict[str, Any]:
     return json.loads(out.stdout)
 
 
+@pytest.mark.slow  # 40 s: two subprocess runs under tracemalloc
 def test_ten_times_capacity_for_an_hour_keeps_memory_linear_and_loses_nothing():
     short, long = measure(900.0), measure(3600.0)
     for run in (short, long):
@@ -97,12 +98,9 @@ def test_ten_times_capacity_for_an_hour_keeps_memory_linear_and_loses_nothing():
         counts = summary["counts"]
         # overloaded, with its reason, and nothing lost: the backlog is in flight, queued
         assert summary["overloaded"] is True
-        assert (
-            "served" in summary["overload_reason"] and "offered load" in summary["overload_reason"]
-        )
-        assert (
-            summary["load"]["offered_requests_per_s"] > 8 * summary["load"]["served_requests_per_s"]
-        )
+        assert "waiting queue grew" in summary["overload_reason"]
+        assert "of the offered load" in summary["overload_reason"]
+        assert summary["load"]["unserved_share"] > 0.85
         assert counts["completed"] + counts["in_flight"] == counts["arrived"]
         assert counts["rejected"] == counts["failed"] == 0
         assert counts["in_flight_queued"] > 0.8 * counts["arrived"]
@@ -111,8 +109,8 @@ def test_ten_times_capacity_for_an_hour_keeps_memory_linear_and_loses_nothing():
         c, load = run["summary"]["counts"], run["summary"]["load"]
         print(
             f"\n{name}: offered {c['arrived'] * (PROMPT + OUTPUT):.3g} tokens "
-            f"({load['offered_requests_per_s']:.1f} req/s, served "
-            f"{load['served_requests_per_s']:.2f}); arrived {c['arrived']:,} = completed "
+            f"({load['offered_requests_per_s']:.1f} req/s, "
+            f"{load['unserved_share']:.0%} unserved); arrived {c['arrived']:,} = completed "
             f"{c['completed']:,} + in flight {c['in_flight']:,} ({c['in_flight_queued']:,} "
             f"queued); {run['steps']:,} steps; peak {run['peak_bytes'] / 1e6:.1f} MB traced, "
             f"RSS +{run['rss_growth_bytes'] / 1e6:.0f} MB, {run['objects']} new gc objects; "
@@ -168,7 +166,7 @@ def test_a_served_load_is_not_overloaded():
 @pytest.mark.parametrize("policy", ["static", "dynamic", "continuous", "chunked_prefill"])
 def test_no_step_is_counted_past_the_horizon(policy):
     data = scenario_dict(
-        serving={"policy": policy, "max_num_batched_tokens": 2048},
+        serving={"policy": policy, "max_num_batched_tokens": 2048, "max_model_len": 2048},
         workload={
             "arrivals": {"kind": "poisson", "rate_per_s": 30.0},
             "num_requests": None,

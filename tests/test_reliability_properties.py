@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from hardware_models.errors import InfersimError
+from hardware_models.errors import InfeasibleError, InfersimError
 from simulator.router import ROUTERS as ROUTER_NAMES
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
@@ -420,10 +420,13 @@ def test_static_batch_is_not_stranded_when_arrivals_end(tmp_path, case):
     assert results.requests["outcome"].astype(str).isin(["completed", "rejected"]).all()
 
 
-def test_a_preempted_decode_does_not_empty_the_step_of_a_tiny_budget():
+@pytest.mark.parametrize("policy", ["continuous", "chunked_prefill"])
+def test_a_preempted_decode_does_not_empty_the_step_of_a_tiny_budget(policy):
+    """A 1-token budget: chunked prefill runs it; a prefill-first engine is refused, as
+    vLLM refuses a budget below max_model_len."""
     data = {
         "name": "prop", "seed": 0, "hardware": {"gpu": "l4"}, "model": {"name": "llama-2-7b"},
-        "serving": {"policy": "continuous", "max_num_seqs": 2, "max_num_batched_tokens": 1,
+        "serving": {"policy": policy, "max_num_seqs": 2, "max_num_batched_tokens": 1,
                     "block_size": 16, "watermark": 0.0, "priority_preemption": False,
                     "num_gpu_blocks": 2},
         "workload": {
@@ -437,6 +440,10 @@ def test_a_preempted_decode_does_not_empty_the_step_of_a_tiny_budget():
         "output": {"plots": False, "progress": False},
     }  # fmt: skip
     scenario = Scenario.from_dict(data)
+    if policy == "continuous":
+        with pytest.raises(InfeasibleError, match="max_num_batched_tokens=1 is below"):
+            simulate(scenario)
+        return
     results = simulate(scenario)
     check_invariants(results, scenario)
     assert (results.requests["outcome"] == "completed").all()
@@ -447,7 +454,10 @@ def test_continuous_does_not_preempt_everyone_and_sleep():
             "prompt_tokens": {"kind": "fixed", "tokens": 8},
             "output_tokens": {"kind": "fixed", "tokens": 64}, "num_requests": 200}  # fmt: skip
     scenario = Scenario.from_dict(
-        scenario_dict(serving={"policy": "continuous", "num_gpu_blocks": 16}, workload=loop)
+        scenario_dict(
+            serving={"policy": "continuous", "num_gpu_blocks": 16, "max_model_len": 512},
+            workload=loop,
+        )
     )
     results = simulate(scenario)
     check_invariants(results, scenario)

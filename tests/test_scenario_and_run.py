@@ -92,6 +92,25 @@ def test_run_writes_results_and_is_deterministic(tmp_path, capsys):
     assert (tmp_path / "b" / "requests.csv").is_file()
 
 
+def test_summary_records_what_produced_it(tmp_path, capsys):
+    from simulator.build_id import build_id
+
+    path = write(tmp_path, scenario_dict())
+    sets = ["--set", "serving.max_num_seqs=32", "--set", "workload.num_requests=50"]
+    assert main(["run", str(path), "-o", str(tmp_path / "a"), "--quiet", *sets]) == 0
+    assert main(["run", str(path), "-o", str(tmp_path / "b"), "--quiet", *sets]) == 0
+    a = (tmp_path / "a" / "summary.json").read_bytes()
+    assert a == (tmp_path / "b" / "summary.json").read_bytes()  # no wall clock in it
+    origin = json.loads(a)["provenance"]
+    assert origin["overrides"] == ["serving.max_num_seqs=32", "workload.num_requests=50"]
+    assert origin["build_id"] == build_id() and build_id().startswith(origin["infersim_version"])
+    resolved = origin["scenario"]
+    assert resolved["serving"]["max_num_seqs"] == 32 and resolved["workload"]["num_requests"] == 50
+    assert Scenario.model_validate(resolved).serving.max_num_seqs == 32  # it runs again as is
+    out = capsys.readouterr().out
+    assert "llama-2-7b (weights bf16, KV bf16, activations bf16) on 1 x a100-80gb-sxm" in out
+
+
 def test_run_refuses_to_overwrite_before_simulating(tmp_path, capsys):
     path = write(tmp_path, scenario_dict())
     out = tmp_path / "out"

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import parse_dtype
 from hardware_models.errors import InfeasibleError
 from hardware_models.presets import load_gpu
-from simulator.memory_planner import plan_memory
+from simulator.memory_planner import GB, plan_memory
 from simulator.model_catalog import load_model
 from simulator.sizing import (
     TRAINING_MULTIPLIER,
@@ -36,6 +37,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=_run)
 
 
+def _capacity(gpu: AcceleratorSpec) -> str:
+    """A GPU's memory in GB (1e9 bytes, as every size here) and in the GiB it is sold as."""
+    return f"{gpu.memory_bytes / GB:.2f} GB = {gpu.memory.capacity_gb:g} GiB"
+
+
 def _rows(rows: list[tuple[str, float]]) -> str:
     return "\n".join(f"  {item:<28}{gb:>10.2f} GB" for item, gb in rows)
 
@@ -47,14 +53,14 @@ def _run(args: argparse.Namespace) -> int:
     kv_dtype = parse_dtype(args.kv_dtype or args.precision)
     params_b = arch.param_count() / 1e9
     print(f"{arch.display_name} ({params_b:.2f} B parameters) on {gpu.display_name}")
-    print(f"  ({gpu.memory.capacity_gb:g} GB each), {precision.value} weights")
+    print(f"  ({_capacity(gpu)} each), {precision.value} weights")
     quick_inf = quick_inference_gpus(arch, gpu, precision)
     quick_train = quick_training_gpus(arch, gpu, precision)
     print("\nQuick sizing (weights only):")
     print(f"  inference: {quick_inf} GPUs  = ceil({params_b:.1f} B x bytes/param / GPU memory)")
     print(
-        f"  training:  {quick_train} GPUs  = x{TRAINING_MULTIPLIER} (optimizer states 2x + "
-        "gradients 1x + activations 1x + temporary buffers 2x)"
+        f"  training:  {quick_train} GPUs  = x{TRAINING_MULTIPLIER} (optimizer 2x, gradients 1x, "
+        "activations 1x, buffers 2x)"
     )
     if args.training:
         est = detailed_training(
@@ -74,9 +80,7 @@ def _run(args: argparse.Namespace) -> int:
         )
         print(_rows(est.breakdown()))
         verdict = "fits" if est.fits else "does NOT fit"
-        print(
-            f"  {verdict} in {gpu.memory.capacity_gb:g} GB; effective batch {est.effective_batch}"
-        )
+        print(f"  {verdict} in {_capacity(gpu)}; effective batch {est.effective_batch}")
         if est.min_dp_zero3:
             print(f"  ZeRO-3 fits from dp={est.min_dp_zero3}")
         return 0

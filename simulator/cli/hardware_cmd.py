@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pandas as pd
 
 from hardware_models.calibration.profile_file import read_profile
 from hardware_models.dtypes import Dtype
+from hardware_models.node import LinkSpec
 from hardware_models.presets import (
     calibration_path,
     list_calibrations,
@@ -16,6 +18,7 @@ from hardware_models.presets import (
     load_gpu,
     load_node,
 )
+from hardware_models.yaml_io import load_yaml_mapping
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -23,8 +26,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True)
     lister = actions.add_parser("list", help="all GPU, node and calibration presets")
     lister.set_defaults(handler=_list)
-    show = actions.add_parser("show", help="one GPU: spec, derived peaks, ridge points")
-    show.add_argument("gpu", help="preset name (see `hardware list`) or path to a YAML file")
+    show = actions.add_parser(
+        "show", help="one GPU (spec, derived peaks, ridge points) or one node (its links)"
+    )
+    show.add_argument(
+        "gpu", help="GPU or node preset name (see `hardware list`) or path to a YAML file"
+    )
     show.set_defaults(handler=_show)
 
 
@@ -36,7 +43,7 @@ def gpu_table() -> pd.DataFrame:
             {
                 "gpu": name,
                 "name": gpu.display_name,
-                "memory_gb": gpu.memory.capacity_gb,
+                "memory_gib": gpu.memory.capacity_gb,
                 "hbm_tb_s": gpu.memory.bandwidth_gbps / 1000,
                 "bf16_tflops": round(gpu.peak_flops(Dtype.BF16) / 1e12, 1)
                 if gpu.supports(Dtype.BF16)
@@ -80,7 +87,37 @@ def calibration_table() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _is_node(name_or_path: str) -> bool:
+    """A node preset name, or a YAML file with a node's fields."""
+    if name_or_path.lower() in list_nodes():
+        return True
+    path = Path(name_or_path)
+    return path.suffix in (".yaml", ".yml") and "gpus_per_node" in load_yaml_mapping(path)
+
+
+def _link_text(link: LinkSpec | None) -> str:
+    if link is None:
+        return "none"
+    return (
+        f"{link.kind} {link.bandwidth_gbps:g} GB/s per GPU per direction, "
+        f"{link.latency_us:g} us, efficiency {link.efficiency:g}"
+    )
+
+
+def _show_node(name_or_path: str) -> int:
+    node = load_node(name_or_path)
+    print(f"{node.display_name} ({node.name}): {node.gpus_per_node} x {node.gpu}")
+    print(f"  inside the node: {node.intra_node_fabric}; {_link_text(node.intra_node_link)}")
+    print(f"  between nodes: {node.nics_per_node} NICs x {node.nic_bandwidth_gbps:g} GB/s; "
+          f"{_link_text(node.inter_node_link)}")  # fmt: skip
+    print(f"  host memory {node.host_memory_gb:g} GB (for swapped KV blocks)")
+    print(f"  its GPU: `infersim hardware show {node.gpu}`")
+    return 0
+
+
 def _show(args: argparse.Namespace) -> int:
+    if _is_node(args.gpu):
+        return _show_node(args.gpu)
     gpu = load_gpu(args.gpu)
     print(f"{gpu.display_name} ({gpu.name}), {gpu.vendor} {gpu.architecture}")
     clock = gpu.tensor_clock_mhz or gpu.boost_clock_mhz
@@ -89,7 +126,8 @@ def _show(args: argparse.Namespace) -> int:
         f"boost {gpu.boost_clock_mhz:.0f} MHz"
     )
     print(
-        f"  memory {gpu.memory.capacity_gb:g} GB {gpu.memory.kind} at "
+        f"  memory {gpu.memory.capacity_gb:g} GiB ({gpu.memory_bytes / 1e9:.1f} GB) "
+        f"{gpu.memory.kind} at "
         f"{gpu.memory.bandwidth_gbps:g} GB/s; L2 {gpu.l2.size_mb:g} MB at "
         f"{gpu.l2.bandwidth_gbps:g} GB/s"
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -56,6 +57,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=summary)
         if argv is None or name == chosen:
             importlib.import_module(f"simulator.cli.{module}").register(command)
+    _accept_debug_anywhere(sub)
     return parser
 
 
@@ -68,6 +70,17 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 _python_show_warning = warnings.showwarning
+
+
+def _accept_debug_anywhere(sub: argparse._SubParsersAction) -> None:
+    """`--debug` after the subcommand too (`infersim run x.yaml --debug`); SUPPRESS keeps
+    a subcommand from resetting the flag given before it."""
+    for parser in sub.choices.values():
+        parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                            help="show tracebacks on errors")  # fmt: skip
+        for action in parser._actions:  # nested subcommands (`hardware show`)
+            if isinstance(action, argparse._SubParsersAction):
+                _accept_debug_anywhere(action)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -86,6 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("infersim: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`infersim hardware list | head`)
+        # Python flushes stdout again at exit; point it at nothing so that is quiet too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:  # a bug, not bad input: one line, and how to see more
         if args.debug:
             raise

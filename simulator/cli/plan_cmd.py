@@ -9,6 +9,7 @@ from pathlib import Path
 from hardware_models.errors import InfersimError
 from simulator.cli.options import add_overrides
 from simulator.cli.sweep_cmd import add_executor_flags, connect
+from simulator.formatting import WIDTH, sig
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -42,9 +43,17 @@ def _run(args: argparse.Namespace) -> int:
           f"{plan.target_rate_per_s or scenario.workload.arrivals.rate_per_s} req/s "
           f"+{plan.headroom:.0%} headroom, SLO at {pct}")  # fmt: skip
     print(table[[c for c in shown if c in table]].to_string(
-        index=False, float_format=lambda x: f"{x:,.3g}", na_rep="-"))  # fmt: skip
+        index=False, float_format=sig, na_rep="-", line_width=WIDTH))  # fmt: skip
     outdir.mkdir(parents=True, exist_ok=True)
     table.to_csv(outdir / "plan.csv", index=False)
-    pareto_figure(table, pct).savefig(outdir / "pareto.png", dpi=110)
+    pareto_figure(
+        table,
+        pct,
+        title=scenario.name,
+        slo_ms={"ttft": scenario.slo.ttft_ms, "tpot": scenario.slo.tpot_ms},
+    ).savefig(outdir / "pareto.png", dpi=110)
     print(f"\nwrote plan.csv and pareto.png to {outdir}/", file=sys.stderr)
+    if not (table["status"] == "ok").any():
+        print("infersim: no candidate meets the SLOs (see the reasons above)", file=sys.stderr)
+        return 1
     return 0

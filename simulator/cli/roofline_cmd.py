@@ -11,6 +11,7 @@ from hardware_models.errors import InfersimError
 from hardware_models.node import NodeSpec
 from hardware_models.op_request import OperatorRequest, parse_request, price_rows
 from hardware_models.presets import list_nodes, load_gpu, load_node
+from simulator.formatting import sig
 
 _INT_FLAGS = ("m", "n", "k", "batch", "q_len", "kv_len", "context", "heads", "kv_heads")
 _INT_FLAGS += ("head_dim", "window", "tokens", "hidden", "gpus")
@@ -78,7 +79,8 @@ def _run(args: argparse.Namespace) -> int:
     shown["us"] = shown.pop("seconds") * 1e6
     shown["tflop_s"] = [c.achieved_flops / 1e12 for c in costs]
     print(f"{gpu.display_name}")
-    print(shown.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    shown.index += 1  # numbered as the plot's labels and the CSV's data rows
+    print(shown.to_string(float_format=lambda x: sig(x, 4)))
     if args.output:
         table.to_csv(args.output, index=False)
         print(f"wrote {args.output}")

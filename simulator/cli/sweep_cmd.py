@@ -13,6 +13,7 @@ import pandas as pd
 from hardware_models.errors import InfersimError
 from simulator.cli.options import add_output_flags, add_overrides
 from simulator.cli.run_cmd import folder_name, free_results_dir
+from simulator.formatting import WIDTH, sig
 from simulator.scenario import Scenario
 from simulator.sweep import PER_USD, sweep
 
@@ -25,7 +26,7 @@ _SHOWN = {
     "output_tokens_per_s": "out tok/s",
     "ttft_p99_ms": "TTFT p99 ms",
     "tpot_p99_ms": "TPOT p99 ms",
-    "goodput_fraction": "goodput",
+    "goodput_fraction": "SLO met",
     "usd_per_million_output_tokens": "$/1M out tok",
     PER_USD: "tok/s per $/h",
     "overloaded": "overloaded",
@@ -97,7 +98,7 @@ def _connect(address: str) -> Client:
 def _format_table(table: pd.DataFrame) -> str:
     shown = table.set_index("name")[list(_SHOWN)].rename(columns=_SHOWN)
     shown.index.name = None
-    return shown.to_string(float_format=lambda x: f"{x:,.4g}", na_rep="-")
+    return shown.to_string(float_format=lambda x: sig(x, 4), na_rep="-", line_width=WIDTH)
 
 
 def _sweep(args: argparse.Namespace) -> int:

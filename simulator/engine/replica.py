@@ -112,7 +112,12 @@ class Replica:
         self.on_handoff = on_handoff  # a prefill replica passes requests on through it
         self.log = StepLog(
             index,
-            StepTotals([cost.peak_flops], [cost.peak_bandwidth], [config.total_blocks]),
+            StepTotals(
+                [cost.peak_flops],
+                [cost.peak_bandwidth],
+                [config.total_blocks],
+                [config.max_num_batched_tokens if config.iterative else math.inf],
+            ),
             lambda: env.now,
             keep_rows=config.step_table,
             gaps_final=config.iterative,

@@ -5,7 +5,8 @@ third of a second to import, which a run without plots should not pay.
 """
 
 from simulator.metrics.context import SLO, ReplicaInfo, RunContext
-from simulator.metrics.summary import latency_stats, summarize, summary_table, weighted_percentile
+from simulator.metrics.summary import latency_stats, summarize, weighted_percentile
+from simulator.metrics.terminal import summary_table
 from simulator.metrics.timeseries import nice_bin_width, timeseries
 from simulator.metrics.writer import summary_json, write_run
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +30,7 @@ class ReplicaInfo:
     tdp_w: float  # per GPU
     usd_per_gpu_hour: float
     pool: str = "default"
+    token_budget: float = math.inf  # tokens per step; inf where the policy has none
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +44,10 @@ class RunContext:
     usd_per_kwh: float = 0.10
     priority_names: tuple[str, ...] = ("default",)
     wall_seconds: float = 0.0
+    # What produced the run (the resolved scenario, --set overrides, build), JSON-ready,
+    # and what its configuration quietly limits (simulator.caveats), for the summary.
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
 
     @property
     def gpus(self) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -55,17 +56,36 @@ def _cdf(ax: Axes, values: np.ndarray, weights: np.ndarray | None, label: str) -
     return ms
 
 
+def run_title(summary: Mapping[str, Any]) -> str:
+    """'scenario: model on replicas x GPU tp/pp' from a run's summary, for figure titles."""
+    run = summary["run"]
+    config = run.get("configuration")
+    if config is None:
+        return f"{run['scenario']}: {run['gpus']} x {'/'.join(run['gpu_types'])}"
+    layout = ", ".join(
+        f"{p['replicas']} x {p['gpu']} tp={p['tp']}" + (f" pp={p['pp']}" if p["pp"] > 1 else "")
+        for p in config["pools"]
+    )
+    return f"{run['scenario']}: {config['model']} on {layout}"
+
+
 def latency_cdfs(
     requests: Frames,
     itl: Frames | None = None,
     labels: Sequence[str] | None = None,
+    *,
+    title: str = "",
+    slo_s: Mapping[str, float | None] | None = None,
 ) -> Figure:
     """TTFT, TPOT, ITL and E2E CDFs in ms; several runs overlay when `requests` (and
     `itl`, with the same names) are a mapping or sequence. `labels` names the runs of a
-    single frame or sequence."""
+    single frame or sequence. `slo_s` (as the summary's goodput.slo: ttft_s, tpot_s,
+    e2e_s) draws each bound that is set as a vertical line."""
     runs = _named(requests, labels)
     gaps = _named(itl, labels if not isinstance(itl, Mapping) else None)
     fig = Figure(figsize=(11, 7.5), layout="constrained")
+    if title:
+        fig.suptitle(title)
     axes = fig.subplots(2, 2)
     for ax, (column, title) in zip(axes.flat, _LATENCIES, strict=True):
         drawn = [np.empty(0)]
@@ -86,10 +106,15 @@ def latency_cdfs(
         if not len(ms):
             ax.text(0.5, 0.5, "no samples", ha="center", va="center", transform=ax.transAxes)
             continue
+        bound = (slo_s or {}).get(f"{column}_s")
+        if bound is not None:
+            ax.axvline(1000 * bound, color="crimson", lw=1, ls="--",
+                       label=f"SLO {1000 * bound:g} ms")  # fmt: skip
+            ms = np.append(ms, 1000 * bound)
         positive = ms[ms > 0]
         if len(positive) and positive.max() > LOG_SPAN * positive.min():
             ax.set_xscale("log")
-        if len(runs) > 1:
+        if len(runs) > 1 or bound is not None:
             ax.legend(fontsize="small")
     return fig
 
@@ -109,9 +134,11 @@ def _legend(ax: Axes) -> None:
         ax.legend(fontsize="small")
 
 
-def throughput_and_queue(ts: pd.DataFrame) -> Figure:
+def throughput_and_queue(ts: pd.DataFrame, title: str = "") -> Figure:
     """Token rates, request rates in and out, and the waiting queue, per time bin."""
     fig = Figure(figsize=(11, 8), layout="constrained")
+    if title:
+        fig.suptitle(title)
     tokens, reqs, queue = fig.subplots(3, 1, sharex=True)
     span = (ts["t_end"] - ts["t_start"]).to_numpy()
     _bins(tokens, ts, ts["output_tokens_per_s"], label="output")
@@ -128,9 +155,11 @@ def throughput_and_queue(ts: pd.DataFrame) -> Figure:
     return fig
 
 
-def kv_and_batch(ts: pd.DataFrame) -> Figure:
+def kv_and_batch(ts: pd.DataFrame, title: str = "") -> Figure:
     """KV cache utilisation, running batch size and busy fraction, per time bin."""
     fig = Figure(figsize=(11, 8), layout="constrained")
+    if title:
+        fig.suptitle(title)
     kv, batch, busy = fig.subplots(3, 1, sharex=True)
     _bins(kv, ts, 100 * ts["kv_utilisation"], color="C2")
     kv.set_ylabel("KV blocks used (%)")
@@ -145,12 +174,24 @@ def kv_and_batch(ts: pd.DataFrame) -> Figure:
 
 
 def save_run_plots(
-    requests: pd.DataFrame, itl: pd.DataFrame, ts: pd.DataFrame, outdir: str | Path
+    requests: pd.DataFrame,
+    itl: pd.DataFrame,
+    ts: pd.DataFrame,
+    outdir: str | Path,
+    summary: Mapping[str, Any] | None = None,
 ) -> list[Path]:
-    """Write latency_cdfs.png, throughput_queue.png and kv_batch.png; returns their paths."""
+    """Write latency_cdfs.png, throughput_queue.png and kv_batch.png; returns their paths.
+    With the run's `summary`, each is titled with the scenario and hardware and the
+    latency CDFs carry the SLO bounds."""
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    figures = (latency_cdfs(requests, itl), throughput_and_queue(ts), kv_and_batch(ts))
+    title = run_title(summary) if summary else ""
+    slo = summary["goodput"]["slo"] if summary else None
+    figures = (
+        latency_cdfs(requests, itl, title=title, slo_s=slo),
+        throughput_and_queue(ts, title),
+        kv_and_batch(ts, title),
+    )
     paths = []
     for name, fig in zip(PLOT_FILES, figures, strict=True):
         path = outdir / name

@@ -55,11 +55,15 @@ class StepTotals:
     """Per-replica sums over steps and cluster-wide per-bin sums over time."""
 
     def __init__(self, peak_flops: Sequence[float], peak_bandwidth: Sequence[float],
-                 kv_total_blocks: Sequence[float]) -> None:  # fmt: skip
+                 kv_total_blocks: Sequence[float],
+                 token_budget: Sequence[float] | None = None) -> None:  # fmt: skip
         self.peak_flops = np.asarray(peak_flops, np.float64)
         self.peak_bandwidth = np.asarray(peak_bandwidth, np.float64)
         self.kv_total_blocks = np.asarray(kv_total_blocks, np.float64)
         n = len(self.peak_flops)
+        # Steps per replica's token budget (inf: not tracked), for the budget warning.
+        budget = np.full(n, np.inf) if token_budget is None else token_budget
+        self.token_budget = np.asarray(budget, np.float64)
         self.steps = np.zeros(n, np.int64)
         self.busy = np.zeros(n)  # seconds of steps
         self.flops = np.zeros(n)
@@ -67,6 +71,8 @@ class StepTotals:
         self.active = np.zeros(n)  # seconds x activity (fraction of peak), for energy
         self.kv_time = np.zeros(n)  # seconds x used / total KV blocks
         self.kv_max = 0.0
+        self.budget_full = np.zeros(n)  # seconds of steps that filled the token budget
+        self.budget_full_kv = np.zeros(n)  # ... while requests waited, x used / total KV
         self.bound_time = np.zeros(len(StepBound))  # seconds by StepBound code
         self.bin_width = _FIRST_WIDTH
         self.bins = np.zeros((len(BIN_ROWS), FINE_BINS))
@@ -78,6 +84,7 @@ class StepTotals:
             [r.peak_flops for r in reps],
             [r.peak_bandwidth for r in reps],
             [r.kv_total_blocks for r in reps],
+            [r.token_budget for r in reps],
         )
 
     @classmethod
@@ -118,6 +125,11 @@ class StepTotals:
         self.active += np.bincount(rep, activity * dur, n)
         self.kv_time += np.bincount(rep, kv * dur, n)
         self.kv_max = max(self.kv_max, float(kv.max()))
+        tokens = np.asarray(rows["prefill_tokens"], np.float64) + rows["decode_tokens"]
+        waited = np.asarray(rows["waiting"], np.float64) > 0
+        full = np.where((tokens >= self.token_budget[rep]) & waited, dur, 0.0)
+        self.budget_full += np.bincount(rep, full, n)
+        self.budget_full_kv += np.bincount(rep, full * kv, n)
         bound = np.asarray(rows["bound"], np.int64)
         self.bound_time += np.bincount(bound, dur, len(StepBound))
 
@@ -156,8 +168,10 @@ class StepTotals:
             np.concatenate([p.peak_flops for p in parts]),
             np.concatenate([p.peak_bandwidth for p in parts]),
             np.concatenate([p.kv_total_blocks for p in parts]),
+            np.concatenate([p.token_budget for p in parts]),
         )
-        for name in ("steps", "busy", "flops", "dram_bytes", "active", "kv_time"):
+        for name in ("steps", "busy", "flops", "dram_bytes", "active", "kv_time", "budget_full",
+                     "budget_full_kv"):  # fmt: skip
             setattr(merged, name, np.concatenate([getattr(p, name) for p in parts]))
         merged.kv_max = max((p.kv_max for p in parts), default=0.0)
         merged.bound_time = np.sum([p.bound_time for p in parts], axis=0)

@@ -1,5 +1,5 @@
 """One run's tables reduced to the numbers a capacity planner compares: a JSON-ready dict
-(`summarize`) and its terminal rendering (`summary_table`).
+(`summarize`; simulator.metrics.summary_table renders it for terminals).
 
 Definitions (all times in seconds of simulated time, D = ctx.duration_s):
 
@@ -7,7 +7,9 @@ Definitions (all times in seconds of simulated time, D = ctx.duration_s):
   or in flight; in-flight ones are `running` once they were first scheduled (a preempted
   and re-queued request stays `running`) and `queued` otherwise.
 - throughput over D: completed requests, prompt tokens of requests whose prefill finished
-  (a first token), and generated tokens of every request (in-flight ones included).
+  (a first token), and generated tokens of every request (in-flight ones included); in
+  steady state (`steady_*`): completions from the 10% to the 90% completion over the time
+  between the two, and the output tokens of those completions over the same time.
 - latency blocks {count, mean, p50, p90, p95, p99, max}: TTFT over requests with a first
   token; TPOT and E2E over completed requests (TPOT undefined for one-token outputs);
   queueing over requests that were scheduled; ITL over the gap samples, each weighted by
@@ -15,13 +17,10 @@ Definitions (all times in seconds of simulated time, D = ctx.duration_s):
   statistics, exactly as `numpy.percentile` on the samples repeated `weight` times.
 - goodput: completed requests for which every bound the SLO gives holds (a one-token
   output meets any TPOT bound).
-- overload: the cluster is `overloaded` when, over the second half of the arrival window,
-  it completed fewer than 90% of the servable requests that arrived in that half (judged
-  on >= 50 such arrivals, and only when the window is at least one median time in system
-  long, so a short run of long requests is not mistaken for one), when the median
-  queueing delay grew by more than 0.111 s per s of arrivals from the second to the last
-  quarter of the arrivals, or when more than 1% of arrivals were rejected because a
-  waiting queue was full. docs/METRICS.md has the reasoning.
+- overload: the cluster is `overloaded` when its waiting queue grew over the arrivals (a
+  significant and material trend, simulator.metrics.overload), or when more than 1% of
+  arrivals were rejected because a waiting queue was full. docs/METRICS.md has the
+  reasoning.
 - utilisation: busy fraction = step time of a replica / D, averaged over replicas; MFU =
   sum of step FLOPs / (sum of replica peak FLOP/s x D); MBU the same with DRAM bytes and
   peak bandwidth; the `_busy` variants divide by each replica's busy time instead of D;
@@ -47,12 +46,18 @@ import pandas as pd
 from simulator.engine.requests import REJECT_TEXT, RejectReason
 from simulator.engine.step_cost import StepBound
 from simulator.metrics.context import RunContext
+from simulator.metrics.overload import TREND_FIELDS, growing_text, is_growing, queue_trend
 from simulator.metrics.step_totals import StepTotals
+from simulator.provenance import configuration
 
 PERCENTILES = (50, 90, 95, 99)
-OVERLOAD_SHORTFALL = 0.10
-OVERLOAD_MIN_ARRIVALS = 50
 QUEUE_FULL_SHARE = 0.01
+STEADY_FROM, STEADY_TO = 0.10, 0.90  # steady-state throughput between these completions
+STEADY_MIN_COMPLETIONS = 20
+# Warn when steps filled the token budget for this share of busy time while requests
+# waited with the KV cache at most this full; and when this share of arrivals was preempted.
+BUDGET_CAP_SHARE, BUDGET_CAP_KV = 0.25, 0.50
+PREEMPTED_SHARE = 0.05
 _REASON_KEY = {text: reason.name.lower() for reason, text in REJECT_TEXT.items()}
 _QUEUE_FULL = REJECT_TEXT[RejectReason.QUEUE_FULL]
 _OUTCOMES = ("in_flight", "completed", "rejected", "failed")
@@ -129,76 +134,44 @@ def _counts(requests: pd.DataFrame, masks: dict[str, np.ndarray]) -> dict[str, A
 
 
 def _load(requests: pd.DataFrame, masks: dict[str, np.ndarray], end: float) -> dict[str, Any]:
-    """Offered vs served rate, and queueing delay against arrival time; see module doc."""
-    arrival = requests["arrival"].to_numpy()
+    """The waiting queue's trend over the arrivals and the queue-full rejections; the
+    verdict from either (module doc of simulator.metrics.overload)."""
     queue_full = int((requests["reason"] == _QUEUE_FULL).to_numpy().sum())
+    # Rejected requests never wait: the unservable are not load, queue-full is counted below.
+    servable = ~masks["rejected"]
+    started = requests["first_scheduled"].to_numpy()[servable]
+    trend = queue_trend(
+        requests["arrival"].to_numpy()[servable], np.where(np.isnan(started), end, started)
+    )
     load: dict[str, Any] = {
-        "window_s": None,
-        "offered_requests_per_s": None,
-        "served_requests_per_s": None,
-        "shortfall": None,
-        "median_time_in_system_s": None,
-        "queueing_growth": None,
+        **(trend or dict.fromkeys(TREND_FIELDS)),
         "queue_full_rejections": queue_full,
     }
-    reasons = []
-    if len(arrival) >= 2 and arrival.max() > arrival.min():
-        first, last = float(arrival.min()), float(arrival.max())
-        mid = (first + last) / 2
-        servable = ~(masks["rejected"] & (requests["reason"] != _QUEUE_FULL).to_numpy())
-        offered = int(((arrival >= mid) & servable).sum())
-        finish = requests["finish"].to_numpy()
-        completed = masks["completed"]
-        served = int((completed & (finish >= mid) & (finish <= last)).sum())
-        window = last - mid
-        shortfall = 1 - served / offered if offered else 0.0
-        settle = (
-            float(np.median(finish[completed] - arrival[completed])) if completed.any() else 0.0
-        )
-        load |= {
-            "window_s": window,
-            "offered_requests_per_s": offered / window,
-            "served_requests_per_s": served / window,
-            "shortfall": shortfall,
-            "median_time_in_system_s": settle,
-        }
-        # Completions in the window come from arrivals a time in system earlier: when
-        # that reaches back before the first arrival, the window still sees the warm-up.
-        if offered >= OVERLOAD_MIN_ARRIVALS and shortfall > OVERLOAD_SHORTFALL and settle <= window:
-            reasons.append(
-                f"served {served / offered:.0%} of the offered load in the second half of "
-                f"the arrivals ({served / window:.3g} of {offered / window:.3g} req/s)"
-            )
-        growth = _queueing_growth(requests, servable, end)
-        load["queueing_growth"] = growth
-        if growth is not None and growth > OVERLOAD_SHORTFALL / (1 - OVERLOAD_SHORTFALL):
-            reasons.append(
-                f"queueing delay grew by {growth:.2f} s per second of arrivals (the queue "
-                "kept growing)"
-            )
-    if queue_full > QUEUE_FULL_SHARE * len(arrival):
+    reasons = [growing_text(trend)] if trend and is_growing(trend) else []
+    if queue_full > QUEUE_FULL_SHARE * len(requests):
         reasons.append(f"waiting queue full: {queue_full} requests rejected")
     load["overloaded"] = bool(reasons)
     load["reason"] = "; ".join(reasons)
     return load
 
 
-def _queueing_growth(requests: pd.DataFrame, servable: np.ndarray, end: float) -> float | None:
-    """Slope of the median queueing delay from the second to the last quarter of the
-    arrival window (a request never scheduled counts as waiting until the run's end);
-    None when either quarter holds too few requests to say."""
-    all_arrivals = requests["arrival"].to_numpy()
-    first, last = float(all_arrivals.min()), float(all_arrivals.max())
-    arrival = all_arrivals[servable]
-    scheduled = requests["first_scheduled"].to_numpy()[servable]
-    delay = np.where(np.isnan(scheduled), end, scheduled) - arrival
-    span = last - first
-    second = (arrival >= first + span / 4) & (arrival < first + span / 2)
-    fourth = arrival >= first + 3 * span / 4
-    if min(second.sum(), fourth.sum()) < OVERLOAD_MIN_ARRIVALS // 2:
-        return None
-    rise = np.median(delay[fourth]) - np.median(delay[second])
-    return float(rise / (np.median(arrival[fourth]) - np.median(arrival[second])))
+def _steady_throughput(requests: pd.DataFrame, completed: np.ndarray) -> dict[str, Any]:
+    """Completions per second between the 10% and the 90% completion, and the output
+    tokens of those completions over the same time: no ramp-up, no drain."""
+    finish = requests["finish"].to_numpy()[completed]
+    order = np.argsort(finish, kind="stable")
+    n = len(order)
+    lo, hi = int(np.ceil(STEADY_FROM * n)), int(np.floor(STEADY_TO * n)) - 1
+    if n < STEADY_MIN_COMPLETIONS or finish[order[hi]] <= finish[order[lo]]:
+        return {"steady_window_s": None, "steady_requests_per_s": None,
+                "steady_output_tokens_per_s": None}  # fmt: skip
+    span = float(finish[order[hi]] - finish[order[lo]])
+    tokens = requests["generated"].to_numpy()[completed][order[lo + 1 : hi + 1]].sum()
+    return {
+        "steady_window_s": [float(finish[order[lo]]), float(finish[order[hi]])],
+        "steady_requests_per_s": (hi - lo) / span,
+        "steady_output_tokens_per_s": float(tokens) / span,
+    }
 
 
 def _meets_slo(requests: pd.DataFrame, ctx: RunContext, completed: np.ndarray) -> np.ndarray:
@@ -374,6 +347,30 @@ def _per_pool(replicas: list[dict[str, Any]], ctx: RunContext) -> dict[str, Any]
     return pools if len(pools) > 1 else {}
 
 
+def _run_warnings(
+    totals: StepTotals, kv: Mapping[str, Any], arrived: int, budget: Any
+) -> list[str]:
+    """What the run's figures show a setting quietly limited (module doc)."""
+    warnings = []
+    busy, full = float(totals.busy.sum()), float(totals.budget_full.sum())
+    kv_use = totals.budget_full_kv.sum() / full if full else 1.0
+    if busy and full >= BUDGET_CAP_SHARE * busy and kv_use <= BUDGET_CAP_KV:
+        warnings.append(
+            f"the token budget (serving.max_num_batched_tokens={budget}), not memory, capped "
+            f"the batch: steps filled it for {full / busy:.0%} of the busy time while requests "
+            f"waited and the KV cache was {kv_use:.0%} used"
+        )
+    preempted = kv["requests_preempted"]
+    if preempted > PREEMPTED_SHARE * arrived:
+        warnings.append(
+            f"the KV cache is short for this load: {preempted:,} requests "
+            f"({preempted / arrived:.0%}) were preempted {kv['preemptions']:,} times to free "
+            "blocks and redo their work; give the KV cache more memory "
+            "(gpu_memory_utilization, tp, kv_dtype) or admit fewer (max_num_seqs)"
+        )
+    return warnings
+
+
 def _run(ctx: RunContext, arrived: int) -> dict[str, Any]:
     run: dict[str, Any] = {
         "scenario": ctx.scenario,
@@ -383,6 +380,8 @@ def _run(ctx: RunContext, arrived: int) -> dict[str, Any]:
         "gpus": ctx.gpus,
         "gpu_types": sorted({r.gpu for r in ctx.replicas}),
     }
+    if "scenario" in ctx.provenance:
+        run["configuration"] = configuration(ctx.provenance["scenario"])
     if ctx.wall_seconds > 0:
         run["wall"] = {
             "seconds": ctx.wall_seconds,
@@ -428,8 +427,12 @@ def summarize(
     load = _load(requests, masks, d)
     latency = _latency_blocks(requests, completed)
     latency["itl"] = latency_stats(itl["seconds"].to_numpy(), itl["weight"].to_numpy())
+    run = _run(ctx, len(requests))
+    kv = _kv(totals, requests)
+    budget = run.get("configuration", {}).get("max_num_batched_tokens", "its value")
     summary = {
-        "run": _run(ctx, len(requests)),
+        "run": run,
+        "warnings": [*ctx.warnings, *_run_warnings(totals, kv, len(requests), budget)],
         "counts": _counts(requests, masks),
         "overloaded": load.pop("overloaded"),
         "overload_reason": load.pop("reason"),
@@ -438,6 +441,7 @@ def summarize(
             "requests_per_s": _ratio(n_completed, d),
             "input_tokens_per_s": _ratio(input_tokens, d),
             "output_tokens_per_s": _ratio(output_tokens, d),
+            **_steady_throughput(requests, completed),
         },
         "latency": latency,
         "goodput": {
@@ -448,123 +452,17 @@ def summarize(
             "goodput_requests_per_s": _ratio(ok.sum(), d),
         },
         "utilisation": _utilisation(totals, ctx, rep),
-        "kv": _kv(totals, requests),
+        "kv": kv,
         "prefix_cache": _prefix_cache(requests),
         "cost": _cost(ctx, rep, n_completed, input_tokens, output_tokens),
         "energy": _energy(totals, ctx, rep, output_tokens, n_completed),
     }
     if classes := _per_class(requests, ctx, masks, ok):
         summary["priority_classes"] = classes
+    if ctx.provenance:
+        summary["provenance"] = ctx.provenance
     if replicas := _per_replica(requests, totals, ctx, completed):
         summary["per_replica"] = replicas
         if pools := _per_pool(replicas, ctx):
             summary["per_pool"] = pools
     return _jsonable(summary)
-
-
-# ---- terminal rendering ------------------------------------------------------------------
-
-
-def _num(x: float | None, spec: str = ",.1f", suffix: str = "") -> str:
-    return "-" if x is None else f"{x:{spec}}{suffix}"
-
-
-def _pct(x: float | None) -> str:
-    return _num(None if x is None else 100 * x, ".1f", "%")
-
-
-def _ms(x: float | None) -> str:
-    if x is None:
-        return "-"
-    ms = 1000 * x
-    return f"{ms:.2f}" if ms < 10 else f"{ms:.1f}" if ms < 1000 else f"{ms:,.0f}"
-
-
-def _usd(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"${x:,.2f}" if abs(x) >= 1 else f"${x:.3g}"
-
-
-def _latency_table(latency: Mapping[str, Any], rows: tuple[str, ...], indent: str) -> list[str]:
-    cols = ("mean", *(f"p{q}" for q in PERCENTILES), "max")
-    head = f"{indent}{'(ms)':<10}" + "".join(f"{c:>10}" for c in cols) + f"{'n':>13}"
-    lines = [head]
-    for name in rows:
-        block = latency[name]
-        cells = "".join(f"{_ms(block[c]):>10}" for c in cols)
-        lines.append(f"{indent}{name.upper():<10}{cells}{block['count']:>13,}")
-    return lines
-
-
-def _slo_text(slo: Mapping[str, float | None]) -> str:
-    parts = [f"{k.removesuffix('_s')}<={_ms(v)}ms" for k, v in slo.items() if v is not None]
-    return ", ".join(parts) or "none set"
-
-
-MAX_REPLICA_LINES = 8  # beyond this the table shows pools only; summary.json has them all
-
-
-def summary_table(summary: Mapping[str, Any]) -> str:
-    """A compact aligned text rendering of `summarize`'s dict for terminals and notebooks."""
-    run, c, t = summary["run"], summary["counts"], summary["throughput"]
-    g, u, kv = summary["goodput"], summary["utilisation"], summary["kv"]
-    cost, e = summary["cost"], summary["energy"]
-    prefix = summary.get("prefix_cache", {"hit_rate": None})
-    head = (
-        f"{run['scenario']}  seed {run['seed']}  {_num(run['duration_s'])} s simulated  "
-        f"{run['gpus']} x {'/'.join(run['gpu_types'])} in {run['replicas']} replica(s)"
-    )
-    if "wall" in run:
-        head += f"  [{run['wall']['seconds']:.2f} s wall]"
-    lines = [head]
-    if summary["overloaded"]:
-        lines.append(f"*** OVERLOADED: {summary['overload_reason']} ***")
-    rejected = ", ".join(f"{k} {v}" for k, v in c["rejected_by_reason"].items())
-    lines += [
-        f"requests    arrived {c['arrived']:,}  completed {c['completed']:,}  "
-        f"rejected {c['rejected']:,}{f' ({rejected})' if rejected else ''}  "
-        f"failed {c['failed']:,}  in flight {c['in_flight']:,} "
-        f"(queued {c['in_flight_queued']:,}, running {c['in_flight_running']:,})",
-        f"throughput  {_num(t['requests_per_s'], ',.2f')} req/s  "
-        f"input {_num(t['input_tokens_per_s'], ',.0f')} tok/s  "
-        f"output {_num(t['output_tokens_per_s'], ',.0f')} tok/s",
-        "latency",
-        *_latency_table(summary["latency"], ("ttft", "tpot", "itl", "e2e", "queueing"), "  "),
-        f"goodput     SLO {_slo_text(g['slo'])}: {g['requests_meeting_slo']:,} of "
-        f"{c['completed']:,} completed ({_pct(g['fraction'])})  "
-        f"{_num(g['goodput_requests_per_s'], ',.2f')} req/s",
-        f"utilisation busy {_pct(u['gpu_busy_fraction'])}  MFU {_pct(u['mfu'])} "
-        f"(busy {_pct(u['mfu_busy'])})  MBU {_pct(u['mbu'])} (busy {_pct(u['mbu_busy'])})  "
-        "bound " + ", ".join(f"{k} {_pct(v)}" for k, v in u["bound_share"].items() if v),
-        f"kv cache    mean {_pct(kv['mean_utilisation'])}  max {_pct(kv['max_utilisation'])}  "
-        f"preemptions {kv['preemptions']:,} ({kv['requests_preempted']:,} requests)"
-        + (f"  prefix hits {_pct(hits)} of prompt tokens" if (hits := prefix["hit_rate"]) else ""),
-        f"cost        {_usd(cost['usd_per_hour'])}/h  run {_usd(cost['usd_total'])}  "
-        f"{_usd(cost['usd_per_request'])}/request  "
-        f"{_usd(cost['usd_per_million_output_tokens'])}/1M output tok  "
-        f"{_usd(cost['usd_per_million_total_tokens'])}/1M tok",
-        f"energy      {_num(e['energy_kwh'], ',.3f')} kWh (PUE {e['pue']:g})  "
-        f"{_num(e['average_power_w'], ',.0f')} W/GPU  "
-        f"{_num(e['joules_per_output_token'], ',.3g')} J/output tok  {_usd(e['usd_energy'])}",
-    ]
-    for name, block in summary.get("priority_classes", {}).items():
-        lines.append(
-            f"class {name}: arrived {block['arrived']:,}  completed {block['completed']:,}  "
-            f"meets SLO {_pct(block['slo_fraction'])}"
-        )
-        lines += _latency_table(block, ("ttft", "tpot", "e2e"), "  ")
-    for name, p in summary.get("per_pool", {}).items():
-        lines.append(
-            f"pool {name:<10} {p['replicas']} x {p['gpus'] // p['replicas']} x {p['gpu']}  "
-            f"completed {p['completed']:,}  {_num(p['requests_per_s'], ',.2f')} req/s  "
-            f"{_num(p['output_tokens_per_s'], ',.0f')} tok/s  busy {_pct(p['busy_fraction'])}"
-        )
-    replicas = summary.get("per_replica", [])
-    for r in replicas if len(replicas) <= MAX_REPLICA_LINES else []:
-        lines.append(
-            f"replica {r['replica']:<3} {r['gpus']} x {r['gpu']}  completed {r['completed']:,}  "
-            f"{_num(r['requests_per_s'], ',.2f')} req/s  "
-            f"{_num(r['output_tokens_per_s'], ',.0f')} tok/s  busy {_pct(r['busy_fraction'])}"
-        )
-    return "\n".join(lines)

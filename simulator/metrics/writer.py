@@ -92,5 +92,5 @@ def write_run(
     if plots:
         from simulator.metrics.plots import save_run_plots
 
-        written += save_run_plots(requests, itl, timeseries, outdir)
+        written += save_run_plots(requests, itl, timeseries, outdir, summary)
     return written

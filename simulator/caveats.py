@@ -1,0 +1,61 @@
+"""Settings that quietly bend a run's answer, said before it runs: a run that is allowed
+but not what the user may think it is gets a one-line warning (in the terminal and in
+summary.json's `warnings`), and what vLLM refuses at start-up is refused here too.
+
+What the run's figures reveal afterwards (a token budget that caps the batch while the KV
+cache is free, heavy preemption) is judged in simulator.metrics.summary.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hardware_models.dtypes import Dtype, bytes_per_element
+from hardware_models.errors import InfeasibleError
+
+if TYPE_CHECKING:
+    from simulator.simulation import ReplicaBuild
+
+
+def check_token_budget(policy: str, budget: int, max_model_len: int) -> None:
+    """vLLM refuses to start a prefill-first engine (no chunked prefill) whose token budget
+    is below max_model_len: a longer prompt could never be scheduled."""
+    if policy == "continuous" and budget < max_model_len:
+        raise InfeasibleError(
+            f"serving.max_num_batched_tokens={budget} is below max_model_len={max_model_len}: "
+            "the continuous policy prefills a prompt in one step, so vLLM refuses this at "
+            "start-up; raise max_num_batched_tokens, lower serving.max_model_len, or use "
+            "chunked_prefill"
+        )
+
+
+def _dtype_without_tensor_rate(build: ReplicaBuild, dtype: Dtype) -> bool:
+    return bytes_per_element(dtype) < 2 and dtype not in build.gpu.tensor_flops_per_core_per_clock
+
+
+def configuration_warnings(build: ReplicaBuild) -> list[str]:
+    """One replica layout's silent limits: tensor parallelism over the inter-node link,
+    narrow dtypes the GPU cannot multiply in (dequantized to the activation dtype)."""
+    cost, node, gpu = build.cost, build.node, build.gpu
+    warnings = []
+    if cost.tp > node.gpus_per_node and node.inter_node_link is not None:
+        link = node.inter_node_link
+        warnings.append(
+            f"tp={cost.tp} spans {cost.tp // node.gpus_per_node} {node.name} nodes of "
+            f"{node.gpus_per_node} GPUs: every layer's all-reduce crosses the "
+            f"{link.kind} link ({link.bandwidth_gbps:g} GB/s per GPU), not the node's own"
+        )
+    act = cost.act_dtype.value
+    if _dtype_without_tensor_rate(build, cost.weight_dtype):
+        warnings.append(
+            f"{gpu.name} has no {cost.weight_dtype.value} tensor rate: "
+            f"{cost.weight_dtype.value} weights are dequantized and multiplied at the {act} "
+            "rate (weight-only quantization: less memory and traffic, no faster math)"
+        )
+    if _dtype_without_tensor_rate(build, cost.kv_dtype):
+        warnings.append(
+            f"{gpu.name} has no {cost.kv_dtype.value} tensor rate: the "
+            f"{cost.kv_dtype.value} KV cache is dequantized and attention runs at the {act} "
+            "rate"
+        )
+    return warnings

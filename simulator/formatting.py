@@ -1,0 +1,55 @@
+"""Numbers as the terminal tables, notebooks and plan/compare/sweep tables show them: fixed
+point with a few significant digits, never scientific notation, '-' for what is missing,
+and text wrapped to the 100 columns a terminal is assumed to have."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Mapping
+
+WIDTH = 100
+
+
+def sig(x: float | None, digits: int = 3) -> str:
+    """`digits` significant digits in fixed point with thousands separators (1,080 not
+    1.08e+03, 0.000897 not 8.97e-04); integers of more digits are shown whole."""
+    if x is None or not math.isfinite(x):
+        return "-"
+    if x == 0:
+        return "0"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
+    return f"{x:,.{decimals}f}"
+
+
+def num(x: float | None, spec: str = ",.1f", suffix: str = "") -> str:
+    return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def pct(x: float | None) -> str:
+    return num(None if x is None else 100 * x, ".1f", "%")
+
+
+def ms(x: float | None) -> str:
+    """Seconds as milliseconds: two decimals below 10 ms, one below 1 s, whole above."""
+    if x is None:
+        return "-"
+    value = 1000 * x
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 1000 else f"{value:,.0f}"
+
+
+def usd(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"${x:,.2f}" if abs(x) >= 1 else f"${sig(x)}"
+
+
+def slo_text(slo: Mapping[str, float | None]) -> str:
+    parts = [f"{k.removesuffix('_s')} <= {ms(v)} ms" for k, v in slo.items() if v is not None]
+    return ", ".join(parts) or "none set"
+
+
+def wrapped(text: str, first: str, rest: str | None = None) -> list[str]:
+    """`text` after `first`, wrapped to WIDTH columns, continuation lines indented."""
+    indent = " " * len(first) if rest is None else rest
+    return textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=indent) or [first]

@@ -1,0 +1,136 @@
+"""Is the waiting queue growing? The overload verdict of a run, as a trend test.
+
+A stable server's waiting queue fluctuates about a level; an overloaded one's grows for as
+long as traffic arrives, by (offered - served rate) per second. The test therefore looks
+at the waiting queue over the arrivals, not at how many requests finished in some window
+(which a short run of long requests gets wrong: nothing finishes yet, nothing waits).
+
+- signal: the number of servable requests waiting (arrived, not yet first scheduled; one
+  never scheduled waits until the run's end) just before each arrival, which for Poisson
+  arrivals samples the time average;
+- warm-up: the first 10% of the arrivals are left out, the rest cut into 10 blocks of
+  equal arrival counts; each block's mean waiting count is one point of the series;
+- trend: Mann-Kendall's statistic over the 10 points, with its exact one-sided p-value
+  (no assumption on the shape or scale of the queue); blocks, not single arrivals, so
+  the short-range correlation of a queue does not pass for a trend;
+- size: the Theil-Sen slope of the points (requests per second), as a fraction of the
+  offered rate, is the share of the offered load left unserved.
+
+Overloaded means a significant trend (p < 0.01) that is also material: at least 2% of the
+offered load unserved and a queue at least 5 requests longer at the end. A stable queue
+never trends over ten blocks; a queue growing by a share g of n arrivals drifts g x n
+against random-walk noise of about sqrt(n), so g is detected from about n = (2.3 / g)^2
+arrivals: 105% of capacity (g = 0.048) from ~2,300 requests, 120% from ~200.
+docs/METRICS.md has the reasoning and the measurements.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+BLOCKS = 10
+WARMUP_SHARE = 0.10
+TREND_P_VALUE = 0.01
+MIN_UNSERVED_SHARE = 0.02
+MIN_QUEUE_RISE = 5.0
+MIN_ARRIVALS = 5 * BLOCKS
+TREND_FIELDS = (  # the keys of queue_trend's dict
+    "window_s",
+    "offered_requests_per_s",
+    "waiting_first",
+    "waiting_last",
+    "queue_growth_per_s",
+    "unserved_share",
+    "trend_p_value",
+)
+
+
+def waiting_at_arrivals(arrival: np.ndarray, started: np.ndarray) -> np.ndarray:
+    """Requests waiting just before each arrival (arrivals in time order): those arrived
+    earlier minus those started by then. `started` is when each was first scheduled."""
+    arrival = np.sort(arrival)
+    return np.arange(len(arrival)) - np.searchsorted(np.sort(started), arrival, side="left")
+
+
+@cache
+def _kendall_s_tail(n: int) -> np.ndarray:
+    """P(S >= s) for Mann-Kendall's S of n distinct values in random order, s indexed
+    from -n(n-1)/2. S = pairs - 2 x inversions, and the inversion counts of random
+    permutations follow the Mahonian numbers (built one element at a time)."""
+    counts = np.array([1.0])
+    for k in range(1, n):
+        counts = np.convolve(counts, np.ones(k + 1))
+    pairs = n * (n - 1) // 2
+    # inversions i -> S = pairs - 2i: reversed order gives S ascending in steps of 2
+    by_s = np.zeros(2 * pairs + 1)
+    by_s[::2] = counts[::-1]
+    return np.cumsum(by_s[::-1])[::-1] / counts.sum()
+
+
+def trend_p_value(points: np.ndarray) -> float:
+    """One-sided p-value that `points` rise by chance (Mann-Kendall, exact, ties as 0)."""
+    n = len(points)
+    diffs = np.sign(points[None, :] - points[:, None])
+    s = int(np.triu(diffs, 1).sum())
+    return float(_kendall_s_tail(n)[s + n * (n - 1) // 2])
+
+
+def _theil_sen(t: np.ndarray, y: np.ndarray) -> float:
+    """Median slope over the pairs of points at different times (blocks of a burst can
+    share one); the caller ensures there is such a pair."""
+    i, j = np.triu_indices(len(t), 1)
+    apart = t[j] > t[i]
+    i, j = i[apart], j[apart]
+    return float(np.median((y[j] - y[i]) / (t[j] - t[i])))
+
+
+def queue_trend(arrival: np.ndarray, started: np.ndarray) -> dict[str, Any] | None:
+    """The waiting queue's trend over the arrivals (module doc); None with too few."""
+    if len(arrival) < MIN_ARRIVALS:
+        return None
+    times = np.sort(arrival)
+    waiting = waiting_at_arrivals(arrival, started)
+    skip = int(len(times) * WARMUP_SHARE)
+    times, waiting = times[skip:], waiting[skip:]
+    window = float(times[-1] - times[0])
+    if window <= 0:
+        return None
+    blocks = np.array_split(np.arange(len(times)), BLOCKS)
+    t = np.array([times[b].mean() for b in blocks])
+    w = np.array([waiting[b].mean() for b in blocks])
+    if np.ptp(t) <= 0:
+        return None
+    offered = (len(times) - 1) / window
+    growth = _theil_sen(t, w)
+    return {
+        "window_s": window,
+        "offered_requests_per_s": offered,
+        "waiting_first": float(w[0]),
+        "waiting_last": float(w[-1]),
+        "queue_growth_per_s": growth,
+        "unserved_share": growth / offered,
+        "trend_p_value": trend_p_value(w),
+    }
+
+
+def is_growing(trend: dict[str, Any]) -> bool:
+    """A significant and material rise of the waiting queue (module doc)."""
+    rise = trend["queue_growth_per_s"] * trend["window_s"]
+    return (
+        trend["trend_p_value"] < TREND_P_VALUE
+        and trend["unserved_share"] >= MIN_UNSERVED_SHARE
+        and rise >= MIN_QUEUE_RISE
+    )
+
+
+def growing_text(trend: dict[str, Any]) -> str:
+    return (
+        f"the waiting queue grew from {trend['waiting_first']:,.0f} to "
+        f"{trend['waiting_last']:,.0f} requests over {trend['window_s']:,.0f} s of arrivals: "
+        f"{trend['unserved_share']:.0%} of the offered load "
+        f"({trend['offered_requests_per_s']:,.2f} req/s) went unserved "
+        f"(trend p = {trend['trend_p_value']:.1g})"
+    )

@@ -1,0 +1,134 @@
+"""A run's summary as aligned text for a 100-column terminal: what ran (model, hardware,
+layout, dtypes, policy, load), its warnings, then the figures, one topic a line."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from simulator.formatting import ms, num, pct, sig, slo_text, usd, wrapped
+from simulator.metrics.summary import PERCENTILES
+from simulator.provenance import header_lines
+
+MAX_REPLICA_LINES = 8  # beyond this the table shows pools only; summary.json has them all
+_LABEL = 12  # width of the topic column
+
+
+def _latency_table(latency: Mapping[str, Any], rows: tuple[str, ...], indent: str) -> list[str]:
+    cols = ("mean", *(f"p{q}" for q in PERCENTILES), "max")
+    head = f"{indent}{'(ms)':<10}" + "".join(f"{c:>10}" for c in cols) + f"{'n':>13}"
+    lines = [head]
+    for name in rows:
+        block = latency[name]
+        cells = "".join(f"{ms(block[c]):>10}" for c in cols)
+        lines.append(f"{indent}{name.upper():<10}{cells}{block['count']:>13,}")
+    return lines
+
+
+def _line(label: str, text: str) -> list[str]:
+    return wrapped(text, f"{label:<{_LABEL}}")
+
+
+def _header(summary: Mapping[str, Any]) -> list[str]:
+    run = summary["run"]
+    head = f"{run['scenario']}  seed {run['seed']}  {num(run['duration_s'])} s simulated"
+    if "wall" in run:
+        head += f"  [{run['wall']['seconds']:.2f} s wall]"
+    if "configuration" in run:
+        lines = [head]
+        for text in header_lines(run["configuration"]):
+            lines += wrapped(text, "  ", "    ")
+        return lines
+    return [f"{head}  {run['gpus']} x {'/'.join(run['gpu_types'])} in {run['replicas']} replica(s)"]
+
+
+def _throughput(t: Mapping[str, Any]) -> list[str]:
+    lines = _line(
+        "throughput",
+        f"{sig(t['requests_per_s'])} req/s  input {num(t['input_tokens_per_s'], ',.0f')} tok/s  "
+        f"output {num(t['output_tokens_per_s'], ',.0f')} tok/s  (whole run)",
+    )
+    if t.get("steady_requests_per_s") is not None:
+        lines += _line(
+            "",
+            f"{sig(t['steady_requests_per_s'])} req/s  output "
+            f"{num(t['steady_output_tokens_per_s'], ',.0f')} tok/s  (steady state: 10%-90% "
+            "of completions)",
+        )
+    return lines
+
+
+def summary_table(summary: Mapping[str, Any]) -> str:
+    """A compact aligned text rendering of `summarize`'s dict for terminals and notebooks."""
+    c, t = summary["counts"], summary["throughput"]
+    g, u, kv = summary["goodput"], summary["utilisation"], summary["kv"]
+    cost, e = summary["cost"], summary["energy"]
+    prefix = summary.get("prefix_cache", {"hit_rate": None})
+    lines = _header(summary)
+    for warning in summary.get("warnings", []):
+        lines += wrapped(warning, "warning: ", "  ")
+    if summary["overloaded"]:
+        lines += wrapped(f"*** OVERLOADED: {summary['overload_reason']} ***", "", "  ")
+    rejected = ", ".join(f"{k} {v}" for k, v in c["rejected_by_reason"].items())
+    bound = ", ".join(f"{k} {pct(v)}" for k, v in u["bound_share"].items() if v)
+    hits = prefix["hit_rate"]
+    lines += _line(
+        "requests",
+        f"arrived {c['arrived']:,}  completed {c['completed']:,}  rejected {c['rejected']:,}"
+        f"{f' ({rejected})' if rejected else ''}  failed {c['failed']:,}  in flight "
+        f"{c['in_flight']:,} ({c['in_flight_queued']:,} queued, {c['in_flight_running']:,} "
+        "running)",
+    )
+    lines += _throughput(t)
+    lines.append("latency")
+    lines += _latency_table(summary["latency"], ("ttft", "tpot", "itl", "e2e", "queueing"), "  ")
+    lines += _line(
+        "goodput",
+        f"{sig(g['goodput_requests_per_s'])} req/s meet {slo_text(g['slo'])}: "
+        f"{g['requests_meeting_slo']:,} of {c['completed']:,} completed ({pct(g['fraction'])})",
+    )
+    lines += _line(
+        "utilisation",
+        f"busy {pct(u['gpu_busy_fraction'])}  MFU {pct(u['mfu'])} (busy {pct(u['mfu_busy'])})  "
+        f"MBU {pct(u['mbu'])} (busy {pct(u['mbu_busy'])})",
+    )
+    lines += _line("", f"bound by {bound or '-'} (share of busy time)")
+    lines += _line(
+        "kv cache",
+        f"mean {pct(kv['mean_utilisation'])}  max {pct(kv['max_utilisation'])}  preemptions "
+        f"{kv['preemptions']:,} ({kv['requests_preempted']:,} requests)"
+        + (f"  prefix hits {pct(hits)} of prompt tokens" if hits else ""),
+    )
+    lines += _line(
+        "cost",
+        f"{usd(cost['usd_per_hour'])}/h  run {usd(cost['usd_total'])}  "
+        f"{usd(cost['usd_per_request'])}/request  "
+        f"{usd(cost['usd_per_million_output_tokens'])}/1M output tok  "
+        f"{usd(cost['usd_per_million_total_tokens'])}/1M tok",
+    )
+    lines += _line(
+        "energy",
+        f"{num(e['energy_kwh'], ',.3f')} kWh (PUE {e['pue']:g})  "
+        f"{num(e['average_power_w'], ',.0f')} W/GPU  "
+        f"{sig(e['joules_per_output_token'])} J/output tok  {usd(e['usd_energy'])}",
+    )
+    for name, block in summary.get("priority_classes", {}).items():
+        lines.append(
+            f"class {name}: arrived {block['arrived']:,}  completed {block['completed']:,}  "
+            f"meets SLO {pct(block['slo_fraction'])}"
+        )
+        lines += _latency_table(block, ("ttft", "tpot", "e2e"), "  ")
+    for name, p in summary.get("per_pool", {}).items():
+        lines.append(
+            f"pool {name:<10} {p['replicas']} x {p['gpus'] // p['replicas']} x {p['gpu']}  "
+            f"completed {p['completed']:,}  {sig(p['requests_per_s'])} req/s  "
+            f"{num(p['output_tokens_per_s'], ',.0f')} tok/s  busy {pct(p['busy_fraction'])}"
+        )
+    replicas = summary.get("per_replica", [])
+    for r in replicas if len(replicas) <= MAX_REPLICA_LINES else []:
+        lines.append(
+            f"replica {r['replica']:<3} {r['gpus']} x {r['gpu']}  completed {r['completed']:,}  "
+            f"{sig(r['requests_per_s'])} req/s  "
+            f"{num(r['output_tokens_per_s'], ',.0f')} tok/s  busy {pct(r['busy_fraction'])}"
+        )
+    return "\n".join(lines)

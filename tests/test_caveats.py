@@ -1,0 +1,76 @@
+"""A setting that quietly limits the answer is said (summary.json `warnings` and the
+terminal); what vLLM refuses at start-up is refused with the fields named."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from hardware_models.errors import InfeasibleError
+from simulator.cli.main import main
+from simulator.scenario import Scenario
+from simulator.simulation import simulate
+from tests.conftest import scenario_dict
+
+FEW = {"num_requests": 20}
+
+
+def _warnings(**sections) -> list[str]:
+    return simulate(Scenario.from_dict(scenario_dict(**sections))).summary()["warnings"]
+
+
+def test_a_healthy_run_has_no_warnings():
+    assert _warnings(workload=FEW) == []
+
+
+def test_fp4_weights_on_a_gpu_without_fp4_math_say_they_run_at_bf16():
+    fp4 = {"name": "llama-3.1-8b", "weight_dtype": "fp4"}
+    warnings = _warnings(hardware={"gpu": "h200-sxm"}, model=fp4, workload=FEW)
+    assert warnings == [
+        "h200-sxm has no fp4 tensor rate: fp4 weights are dequantized and multiplied at the "
+        "bf16 rate (weight-only quantization: less memory and traffic, no faster math)"
+    ]
+
+
+def test_fp8_on_an_a100_warns_for_weights_and_kv_but_not_on_an_h100():
+    fp8 = {"name": "llama-3.1-8b", "weight_dtype": "fp8", "kv_dtype": "fp8"}
+    a100 = _warnings(hardware={"gpu": "a100-80gb-sxm"}, model=fp8, workload=FEW)
+    assert len(a100) == 2 and "fp8 KV cache is dequantized" in a100[1]
+    assert _warnings(hardware={"gpu": "h100-sxm"}, model=fp8, workload=FEW) == []
+
+
+def test_tensor_parallelism_across_nodes_is_said():
+    warnings = _warnings(hardware={"gpu": "h100-sxm"}, model={"name": "llama-3.1-405b"},
+                         parallelism={"tp": 16}, workload=FEW)  # fmt: skip
+    assert len(warnings) == 1
+    assert warnings[0].startswith("tp=16 spans 2 dgx-h100 nodes of 8 GPUs")
+
+
+def test_a_token_budget_capping_the_batch_with_the_kv_cache_free_is_said():
+    load = {"arrivals": {"kind": "poisson", "rate_per_s": 20.0}, "num_requests": 600}
+    (warning,) = _warnings(workload=load)
+    assert warning.startswith(
+        "the token budget (serving.max_num_batched_tokens=512), not memory, capped the batch"
+    )
+    # the same traffic with a budget 8x larger: the batch is no longer capped by it
+    assert _warnings(workload=load, serving={"max_num_batched_tokens": 4096}) == []
+
+
+def test_a_kv_starved_layout_that_preempts_heavily_is_said():
+    load = {"arrivals": {"kind": "poisson", "rate_per_s": 20.0}, "num_requests": 300}
+    (warning,) = _warnings(serving={"num_gpu_blocks": 200}, workload=load)
+    assert warning.startswith("the KV cache is short for this load: ")
+    assert "were preempted" in warning
+
+
+def test_continuous_with_a_budget_below_max_model_len_is_refused_as_vllm_does(tmp_path, capsys):
+    data = scenario_dict(serving={"policy": "continuous", "max_num_batched_tokens": 2048})
+    with pytest.raises(InfeasibleError, match="max_num_batched_tokens=2048 is below max_model_len"):
+        simulate(Scenario.from_dict(data))
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["run", str(path), "-o", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "serving.max_num_batched_tokens=2048" in err
+    data["serving"]["max_model_len"] = 2048  # what a vLLM user does: runs
+    assert simulate(Scenario.from_dict(data)).summary()["counts"]["completed"] == 300
