@@ -16,6 +16,7 @@ from hardware_models.errors import InfeasibleError, InfersimError, InfersimWarni
 from hardware_models.node import NodeSpec
 from hardware_models.presets import list_nodes, load_gpu, load_node, with_calibration
 from simulator.architecture import ModelArchitecture
+from simulator.engine.dp_group import DpGroup
 from simulator.engine.prefix_hashes import BlockKeys
 from simulator.engine.replica import Clock, Replica, ReplicaConfig
 from simulator.engine.requests import Outcome, RejectReason, RequestTable
@@ -46,8 +47,9 @@ class ReplicaBuild:
     memory: MemoryPlan
     config: ReplicaConfig
     cost: StepCostModel
-    info: ReplicaInfo
+    info: ReplicaInfo  # of one dp rank (the whole replica when dp is 1)
     replicas: int
+    dp: int = 1  # attention data-parallel ranks per replica
 
 
 def resolve_gpu(scenario: Scenario) -> AcceleratorSpec:
@@ -117,11 +119,12 @@ def check_placement(scenario: Scenario, arch: ModelArchitecture, node: NodeSpec)
             "into equal stages"
         )
     if par.nodes is not None:
-        needed = par.replicas * par.tp * par.pp
+        needed = par.replicas * par.tp * par.pp * par.dp
         have = par.nodes * node.gpus_per_node
         if needed > have:
+            dp = f" x dp={par.dp}" if par.dp > 1 else ""
             raise InfeasibleError(
-                f"{par.replicas} replicas x tp={par.tp} x pp={par.pp} need {needed} GPUs; "
+                f"{par.replicas} replicas x tp={par.tp} x pp={par.pp}{dp} need {needed} GPUs; "
                 f"the cluster has {par.nodes} x {node.name} = {have}"
             )
 
@@ -150,7 +153,7 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
     node = resolve_node(scenario, gpu)
     arch = _named_field("model.name", load_model, _maybe_path(scenario, scenario.model.name))
     par, serving, engine = scenario.parallelism, scenario.serving, scenario.engine
-    gpus = par.tp * par.pp
+    gpus = par.tp * par.pp  # of one dp rank; the replica has dp of them
     check_placement(scenario, arch, node)
     memory = plan_memory(
         arch,
@@ -164,6 +167,7 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
         activation_dtype=scenario.model.activation_dtype,
         framework_overhead_gb=engine.framework_overhead_gb,
         expert_parallel=par.enable_expert_parallel,
+        dp=par.dp,
     )
     block_bytes = serving.block_size * memory.kv_bytes_per_token
     blocks = serving.num_gpu_blocks or int(memory.kv_capacity_bytes // block_bytes)
@@ -213,6 +217,8 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
         ),
         expert_parallel=par.enable_expert_parallel,
         moe_routing=scenario.model.moe_routing,
+        dp=par.dp,
+        all2all_backend=par.all2all_backend,
     )
     info = ReplicaInfo(
         gpu=gpu.name,
@@ -224,7 +230,7 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
         tdp_w=gpu.power.tdp_w,
         usd_per_gpu_hour=scenario.cost.usd_per_gpu_hour or gpu.price.usd_per_hour,
     )
-    return ReplicaBuild(arch, gpu, node, memory, config, cost, info, par.replicas)
+    return ReplicaBuild(arch, gpu, node, memory, config, cost, info, par.replicas, par.dp)
 
 
 @dataclass
@@ -290,7 +296,8 @@ class _Run:
         self.terminal = 0
         self.done = self.env.event()
         self.progress = Progress(self.expected, enabled=progress, label=scenario.name)
-        self.replicas: list[Replica] = []
+        self.replicas: list[Replica] = []  # every engine, a dp rank each
+        self.units: list[Replica | DpGroup] = []  # what routers and faults address
         self.infos: list[ReplicaInfo] = []
         roles = {pool.name: pool.role for pool in scenario.pool_list()}
         # A replica may run ahead of SimPy's clock only when it can foresee its inputs:
@@ -298,7 +305,7 @@ class _Run:
         # loop or sessions over several replicas (another's completion sends a request
         # at any time).
         feedback = self.closed or self.session_sampler is not None
-        blind = feedback and sum(b.replicas for _, b in self.builds) > 1
+        blind = feedback and sum(b.replicas * b.dp for _, b in self.builds) > 1
         for pool, build in self.builds:
             role = roles[pool]
             config = replace(
@@ -308,17 +315,21 @@ class _Run:
             )
             handoff = self._handoff_from(build) if role == "prefill" else None
             keys = self._prefix_keys(config)
+            lockstep = build.dp > 1 and build.arch.is_moe
             for _ in range(build.replicas):
-                index = len(self.replicas)
-                self.replicas.append(
-                    Replica(self.env, index, config, build.cost, self.requests, self.clock,
-                            self._on_finish, handoff, keys)
-                )  # fmt: skip
-                self.infos.append(replace(build.info, pool=pool))
-        entry = [r for r in self.replicas if r.cfg.role in ("mixed", "prefill")]
+                ranks = []
+                for _ in range(build.dp):
+                    ranks.append(
+                        Replica(self.env, len(self.replicas), config, build.cost, self.requests,
+                                self.clock, self._on_finish, handoff, keys, driven=lockstep)
+                    )  # fmt: skip
+                    self.replicas.append(ranks[-1])
+                    self.infos.append(replace(build.info, pool=pool))
+                self.units.append(ranks[0] if build.dp == 1 else DpGroup(self.env, ranks, lockstep))
+        entry = [r for r in self.units if r.cfg.role in ("mixed", "prefill")]
         router = scenario.parallelism.router
         self.router = make_router(router, entry, scenario.seed, self.requests)
-        decoders = [r for r in self.replicas if r.cfg.role == "decode"]
+        decoders = [r for r in self.units if r.cfg.role == "decode"]
         self.decode_router = (
             make_router(router, decoders, scenario.seed + 1, self.requests) if decoders else None
         )
@@ -357,8 +368,8 @@ class _Run:
 
     def _nudge_all(self) -> None:
         """No arrival is in sight: replicas holding partial batches may start them."""
-        for replica in self.replicas:
-            replica.nudge()
+        for unit in self.units:
+            unit.nudge()
 
     def _routing_is_foreseeable(self) -> bool:
         """Round robin and random routing do not look at replica state, so every
@@ -581,7 +592,7 @@ class _Run:
         for at, kind, index in events:
             if at > self.env.now:
                 yield self.env.timeout(at - self.env.now)
-            replica = self.replicas[index]
+            replica = self.units[index]
             if kind == "recover":
                 replica.recover()
                 continue

@@ -210,7 +210,14 @@ class DecodeSteps:
 
 
 class StepCostModel:
-    """Prices engine steps for one replica: a model sharded tp x pp over one GPU type."""
+    """Prices engine steps for one replica: a model sharded tp x pp over one GPU type.
+
+    With attention data parallelism (`dp` > 1, an MoE model) this prices one dp rank's
+    step: every rank runs the step padded to the same token count (vLLM pads each rank's
+    batch to the largest across ranks, `padded_tokens`), and each MoE layer runs over all
+    dp ranks' tokens, dispatched to the tp x dp GPUs holding the experts and combined
+    back (`all2all_backend`: vLLM's all-gather + reduce-scatter over the dp ranks, or an
+    all-to-all to the experts' GPUs as DeepEP and pplx do)."""
 
     def __init__(
         self,
@@ -226,10 +233,14 @@ class StepCostModel:
         overheads: EngineOverheads | None = None,
         expert_parallel: bool = False,
         moe_routing: str = "balanced",
+        dp: int = 1,
+        all2all_backend: str = "allgather_reducescatter",
     ) -> None:
         arch.check_tp(tp)
         self.arch, self.gpu, self.node, self.tp, self.pp = arch, gpu, node, tp, pp
-        self.experts = ExpertLayout.of(arch, tp, expert_parallel)
+        self.dp = dp if arch.is_moe else 1  # dense ranks are independent replicas
+        self.experts = ExpertLayout.of(arch, tp, expert_parallel, self.dp)
+        self.all2all_backend = all2all_backend
         self.moe_routing = moe_routing
         self.weight_dtype = parse_dtype(weight_dtype)
         self.kv_dtype = parse_dtype(kv_dtype)
@@ -242,6 +253,7 @@ class StepCostModel:
         self.kv_heads = arch.kv_heads_per_shard(tp)
         self.tp_link = self._link(tp, "tensor parallelism")
         self.pp_link = self._link(tp * pp, "pipeline parallelism") if pp > 1 else None
+        self.ep_link = self._link(tp * self.dp, "the MoE dispatch over tp x dp GPUs")
         # Constants of every step, looked up once (step() runs tens of thousands of times).
         self._layers = arch.num_layers
         self._step_us, self._per_seq_us = self.overheads.step_us, self.overheads.per_seq_us
@@ -333,7 +345,9 @@ class StepCostModel:
         for _, m, n, k, times in self.arch.gemms(tokens, self.tp):
             part.add(gemm_cost(self.gpu, m, n, k, self.compute_dtype, self.weight_dtype), times)
         if self.arch.is_moe:
-            part.add(self._routed_experts(tokens), self.arch.num_moe_layers)
+            part.add(self._routed_experts(tokens * self.dp), self.arch.num_moe_layers)
+            if self.dp > 1:
+                self._add_dispatch(part, tokens)
         fused = self.overheads.fused_kernels
         for chain, per_token, times in self._pointwise_chains():
             cost = elementwise_cost(
@@ -348,6 +362,21 @@ class StepCostModel:
         part.add(embedding_cost(self.gpu, tokens, self.arch.hidden_size, self.act_dtype))
         self._dense_cache[tokens] = part
         return part
+
+    def _add_dispatch(self, part: _Part, tokens: int) -> None:
+        """Each MoE layer's token dispatch to the experts' GPUs and combine back, with
+        every dp rank's batch padded to `tokens`."""
+        assert self.ep_link is not None
+        a, dp = self.arch, self.dp
+        row = a.hidden_size * bytes_per_element(self.act_dtype)
+        if self.all2all_backend == "all_to_all":  # each token to its top-k experts' GPUs
+            nbytes, group = tokens * a.experts_per_token * row, self.tp * dp
+            ops = (("all_to_all", nbytes), ("all_to_all", nbytes))
+        else:  # every rank gathers all ranks' tokens, then reduces and scatters back
+            nbytes, group = dp * tokens * row, dp
+            ops = (("all_gather", nbytes), ("reduce_scatter", nbytes))
+        for op, size in ops:
+            part.add(collective_cost(op, size, group, self.ep_link), a.num_moe_layers)
 
     def _routed_experts(self, tokens: int) -> OpCost:
         return routed_experts_cost(
@@ -399,13 +428,17 @@ class StepCostModel:
         prefill_pairs: float = 0.0,
         prefill_context: int = 0,
         sampled: int | None = None,
+        padded_tokens: int = 0,
     ) -> StepCost:
         """One step: `decode_seqs` decodes attending `decode_context` keys in total, plus
-        prefill chunks (`prefill_tokens` new tokens over `prefill_seqs` sequences)."""
+        prefill chunks (`prefill_tokens` new tokens over `prefill_seqs` sequences); the
+        forward pass runs over `padded_tokens` when that is more (a dp rank's padding)."""
         tokens = decode_seqs + prefill_tokens
         if tokens < 1:
             raise ValueError("a step must schedule at least one token")
-        if not (prefill_tokens or prefill_seqs) and sampled in (None, decode_seqs):
+        if padded_tokens > tokens:
+            tokens = padded_tokens
+        elif not (prefill_tokens or prefill_seqs) and sampled in (None, decode_seqs):
             return self.decode_steps(decode_seqs).one(decode_context)
         fixed = self._fixed(tokens, decode_seqs + prefill_seqs if sampled is None else sampled)
         by_bound = fixed.seconds.copy()
