@@ -369,8 +369,13 @@ class StepCostModel:
         assert self.ep_link is not None
         a, dp = self.arch, self.dp
         row = a.hidden_size * bytes_per_element(self.act_dtype)
-        if self.all2all_backend == "all_to_all":  # each token to its top-k experts' GPUs
-            nbytes, group = tokens * a.experts_per_token * row, self.tp * dp
+        if self.all2all_backend == "all_to_all":
+            # Each token goes once to every GPU holding one of its top-k experts (DeepEP
+            # and pplx send a token to a rank once): expected distinct GPUs under
+            # balanced routing, ep x (1 - (1 - 1/ep)^k).
+            group = self.tp * dp
+            copies = group * (1.0 - (1.0 - 1.0 / group) ** a.experts_per_token)
+            nbytes = tokens * copies * row
             ops = (("all_to_all", nbytes), ("all_to_all", nbytes))
         else:  # every rank gathers all ranks' tokens, then reduces and scatters back
             nbytes, group = dp * tokens * row, dp

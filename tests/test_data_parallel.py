@@ -1,0 +1,179 @@
+"""Attention data parallelism (parallelism.dp): ranks in lockstep for an MoE model,
+independent for a dense one; the MoE dispatch and combine over the tp x dp GPUs; each
+rank's share of the memory; exact stepping and determinism."""
+
+import pandas as pd
+import pytest
+
+from hardware_models.errors import InfersimError
+from hardware_models.presets import load_gpu, load_node
+from simulator.engine.step_cost import StepBound, StepCostModel
+from simulator.memory_planner import plan_memory
+from simulator.metrics.writer import summary_json
+from simulator.model_catalog import load_model
+from simulator.scenario import Scenario
+from simulator.simulation import simulate
+from tests.conftest import scenario_dict
+from tests.test_engine import _assert_same_run, _check_invariants
+
+_WORKLOAD = {
+    "arrivals": {"kind": "poisson", "rate_per_s": 12.0},
+    "prompt_tokens": {"kind": "lognormal", "mean": 1200, "std": 1500, "min": 16, "max": 6000},
+    "output_tokens": {"kind": "uniform", "low": 4, "high": 200},
+    "num_requests": 150,
+}
+
+
+def _scenario(model: str = "qwen3-30b-a3b", **parallelism) -> dict:
+    return scenario_dict(
+        hardware={"gpu": "h100-sxm"},
+        model={"name": model},
+        parallelism={"dp": 2, "enable_expert_parallel": model != "llama-3.1-8b", **parallelism},
+        serving={"policy": "chunked_prefill", "max_num_seqs": 64, "max_num_batched_tokens": 2048},
+        workload=_WORKLOAD,
+    )
+
+
+def _run(data: dict, **engine):
+    if engine:
+        data = {**data, "engine": engine}
+    return simulate(Scenario.from_dict(data), progress=False)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        {"dp": 2},
+        {"dp": 4, "all2all_backend": "all_to_all"},
+        {"dp": 2, "tp": 2, "enable_expert_parallel": False},
+    ],
+)
+def test_lockstep_multi_step_matches_step_by_step(layout):
+    data = _scenario(**layout)
+    fast, slow = _run(data), _run(data, multi_step=False)
+    _assert_same_run(fast, slow)
+    _check_invariants(fast)
+    assert (fast.requests["outcome"] == "completed").all()
+
+
+def test_dense_ranks_multi_step_matches_step_by_step():
+    data = _scenario("llama-3.1-8b")
+    _assert_same_run(_run(data), _run(data, multi_step=False))
+
+
+def test_moe_ranks_step_together_and_a_long_prefill_holds_the_others_back():
+    steps = _run(_scenario()).steps
+    by_start = steps.groupby("start")
+    # Every rank that stepped at a moment stepped for the same time: the slowest's.
+    assert (by_start["duration"].nunique() == 1).all()
+    assert by_start["replica"].nunique().max() == 2
+    # A decode-only step of one rank alongside a big prefill on the other lasts as long
+    # as that prefill: far longer than the decode-only steps the rank runs alone.
+    both = steps[by_start["replica"].transform("nunique") == 2]
+    prefilling = both.groupby("start")["prefill_tokens"].transform("max") >= 1024
+    held = both[prefilling & (both["prefill_tokens"] == 0)]
+    decode_alone = steps[(by_start["replica"].transform("nunique") == 1)]
+    decode_alone = decode_alone[decode_alone["prefill_tokens"] == 0]
+    assert len(held) and len(decode_alone)
+    assert held["duration"].median() > 3 * decode_alone["duration"].median()
+
+
+def test_dense_ranks_are_independent():
+    steps = _run(_scenario("llama-3.1-8b")).steps
+    starts = {r: set(g["start"]) for r, g in steps.groupby("replica")}
+    # Independent ranks step on their own clocks: few moments are shared.
+    shared = starts[0] & starts[1]
+    assert len(shared) < 0.05 * min(len(starts[0]), len(starts[1]))
+
+
+def test_requests_are_balanced_and_every_gpu_is_counted():
+    res = _run(_scenario(dp=4, tp=2))
+    per_rank = res.requests.groupby("replica").size()
+    assert len(per_rank) == 4 and per_rank.min() >= 0.6 * per_rank.max()
+    assert res.context.gpus == 8  # tp x dp, every one priced
+    summary = res.summary()
+    assert summary["cost"]["usd_per_hour"] == pytest.approx(
+        8 * res.context.replicas[0].usd_per_gpu_hour
+    )
+
+
+def test_same_seed_same_summary():
+    a, b = _run(_scenario(dp=4)), _run(_scenario(dp=4))
+    same = (summary_json(r.summary(), include_wall_time=False) for r in (a, b))
+    assert len(set(same)) == 1
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+
+
+# ---- the cost of a rank's step --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def deepseek():
+    return load_model("deepseek-v3"), load_gpu("h200-sxm"), load_node("hgx-h200")
+
+
+def _cost(deepseek, **kw) -> StepCostModel:
+    arch, gpu, node = deepseek
+    return StepCostModel(arch, gpu, node, weight_dtype="fp8", **kw)
+
+
+def test_padding_to_the_largest_rank_costs_a_decode_step_more(deepseek):
+    cost = _cost(deepseek, tp=1, dp=8, expert_parallel=True)
+    alone = cost.step(decode_seqs=8, decode_context=8000)
+    padded = cost.step(decode_seqs=8, decode_context=8000, padded_tokens=2048)
+    assert padded.seconds > 2 * alone.seconds
+    assert alone == cost.decode_steps(8).one(8000)  # unpadded: the decode fast path
+
+
+def test_dispatch_and_combine_are_priced_on_the_link(deepseek):
+    """DP8 + EP on one node: the dispatch adds communication that grows with the tokens,
+    all-to-all moving fewer bytes than gathering every rank's tokens; across two nodes
+    (tp2 x dp8) it runs on the slower inter-node link."""
+    comm = int(StepBound.COMMUNICATION)
+
+    def comm_seconds(tokens: int, **kw) -> float:
+        return _cost(deepseek, expert_parallel=True, **kw)._dense(tokens).seconds[comm]
+
+    single = comm_seconds(256, tp=1, dp=1)
+    gather = comm_seconds(256, tp=1, dp=8)
+    assert single == 0.0 and gather > 0.0
+    assert comm_seconds(2048, tp=1, dp=8) > 4 * gather
+    assert comm_seconds(256, tp=1, dp=8, all2all_backend="all_to_all") < gather
+    assert comm_seconds(256, tp=2, dp=8) > gather
+
+
+def test_each_rank_holds_its_kv_cache_and_a_share_of_the_experts(deepseek):
+    arch, gpu, _ = deepseek
+    dp8 = plan_memory(arch, gpu, weight_dtype="fp8", tp=1, dp=8, expert_parallel=True,
+                      max_num_batched_tokens=1024)  # fmt: skip
+    tp8 = plan_memory(arch, gpu, weight_dtype="fp8", tp=8, expert_parallel=True,
+                      max_num_batched_tokens=1024)  # fmt: skip
+    assert dp8.expert_weights == tp8.expert_weights  # 32 whole experts per GPU either way
+    assert dp8.weights > tp8.weights  # attention and dense layers whole on every rank
+    # MLA's latent is whole on every GPU: a rank of one GPU holds as many tokens per
+    # GPU as the TP8 replica, less the room its larger weights take.
+    assert dp8.kv_bytes_per_token == tp8.kv_bytes_per_token
+    assert dp8.kv_capacity_tokens < tp8.kv_capacity_tokens
+    assert "dp=8" in dp8.table()
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"serving": {"policy": "static", "max_num_seqs": 8}}, "parallelism.dp"),
+        ({"parallelism": {"dp": 0}}, "parallelism.dp"),
+    ],
+)
+def test_bad_dp_settings_are_refused_in_one_line(change, field):
+    data = _scenario()
+    for section, values in change.items():
+        data[section] = {**data[section], **values}
+    with pytest.raises(InfersimError, match=field.replace(".", r"\.")) as info:
+        Scenario.from_dict(data)
+    assert "\n" not in str(info.value)
+
+
+def test_dp_is_refused_with_pools():
+    data = _scenario()
+    data.pop("hardware")
+    data["pools"] = [{"name": "a", "hardware": {"gpu": "h100-sxm"}}]
+    with pytest.raises(InfersimError, match="parallelism.dp"):
+        Scenario.from_dict(data)
