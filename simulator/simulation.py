@@ -6,6 +6,7 @@ import heapq
 import os
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -17,6 +18,7 @@ from hardware_models.node import NodeSpec
 from hardware_models.presets import list_nodes, load_gpu, load_node, with_calibration
 from simulator.architecture import ModelArchitecture
 from simulator.engine.dp_group import DpGroup
+from simulator.engine.pipeline import PipelineGroup
 from simulator.engine.prefix_hashes import BlockKeys
 from simulator.engine.replica import Clock, Replica, ReplicaConfig
 from simulator.engine.requests import Outcome, RejectReason, RequestTable
@@ -315,17 +317,9 @@ class _Run:
             )
             handoff = self._handoff_from(build) if role == "prefill" else None
             keys = self._prefix_keys(config)
-            lockstep = build.dp > 1 and build.arch.is_moe
             for _ in range(build.replicas):
-                ranks = []
-                for _ in range(build.dp):
-                    ranks.append(
-                        Replica(self.env, len(self.replicas), config, build.cost, self.requests,
-                                self.clock, self._on_finish, handoff, keys, driven=lockstep)
-                    )  # fmt: skip
-                    self.replicas.append(ranks[-1])
-                    self.infos.append(replace(build.info, pool=pool))
-                self.units.append(ranks[0] if build.dp == 1 else DpGroup(self.env, ranks, lockstep))
+                self.units.append(self._replica(build, config, replace(build.info, pool=pool),
+                                                handoff, keys))  # fmt: skip
         entry = [r for r in self.units if r.cfg.role in ("mixed", "prefill")]
         router = scenario.parallelism.router
         self.router = make_router(router, entry, scenario.seed, self.requests)
@@ -333,6 +327,42 @@ class _Run:
         self.decode_router = (
             make_router(router, decoders, scenario.seed + 1, self.requests) if decoders else None
         )
+
+    def _replica(
+        self,
+        build: ReplicaBuild,
+        config: ReplicaConfig,
+        info: ReplicaInfo,
+        handoff: Callable[[int], None] | None,
+        keys: BlockKeys | None,
+    ) -> Replica | DpGroup | PipelineGroup:
+        """One replica: an engine, dp ranks (engine_group.py), or pp pipelined engines."""
+        pipelined = build.cost.pp > 1 and config.iterative and build.dp == 1
+        engines = build.dp if build.dp > 1 else build.cost.pp if pipelined else 1
+        driven = pipelined or (build.dp > 1 and build.arch.is_moe)
+        if pipelined:  # each virtual engine schedules over its share of the KV cache
+            config = replace(config, total_blocks=config.total_blocks // engines)
+            info = replace(info, kv_total_blocks=config.total_blocks * engines)
+            if config.total_blocks < 1:
+                raise InfeasibleError(
+                    f"parallelism.pp={engines}: the KV cache's {info.kv_total_blocks} blocks "
+                    f"do not give each of the {engines} pipelined engines one"
+                )
+        index = len(self.replicas)
+        members = []
+        for rank in range(engines):
+            members.append(
+                Replica(self.env, index if pipelined else index + rank, config, build.cost,
+                        self.requests, self.clock, self._on_finish, handoff, keys, driven=driven)
+            )  # fmt: skip
+            if rank == 0 or not pipelined:  # a pipelined replica's engines share one log
+                self.replicas.append(members[-1])
+                self.infos.append(info)
+        if pipelined:
+            return PipelineGroup(self.env, members)
+        if build.dp > 1:
+            return DpGroup(self.env, members, lockstep=driven)
+        return members[0]
 
     def _prefix_keys(self, config: ReplicaConfig) -> BlockKeys | None:
         """Block identities of the trace's prompts, for a prefix cache shared by hash."""
@@ -632,8 +662,8 @@ class _Run:
         if self.expected == 0:
             return 0.0
         self.env.run(until=until)
-        for replica in self.replicas:
-            replica.settle(self.env.now)
+        for unit in self.units:
+            unit.settle(self.env.now)
         self.progress.close()
         return float(self.env.now)
 

@@ -376,12 +376,16 @@ class Replica:
         )
         return cost, completes
 
-    def log_step(self, plan: StepPlan, seconds: float, cost: StepCost) -> None:
-        """Record a step of `seconds` that started at the replica's clock."""
+    def log_step(
+        self, plan: StepPlan, seconds: float, cost: StepCost, held: tuple[int, int] | None = None
+    ) -> None:
+        """Record a step of `seconds` that started at the replica's clock; `held`: the
+        (KV blocks used, requests waiting) to record, when not this engine's own."""
         n = len(plan.decode_slots)
+        used, waiting = held or (self.kv.used, len(self.waiting))
         self.log.step(
             self.t, seconds, n + len(plan.prefill_slots), n, sum(plan.prefill_chunks),
-            self.kv.used, len(self.waiting), cost.flops, cost.dram_bytes, cost.bound,
+            used, waiting, cost.flops, cost.dram_bytes, cost.bound,
         )  # fmt: skip
 
     def _apply_step(self, plan: StepPlan, end: float, completes: bool) -> None:
