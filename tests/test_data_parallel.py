@@ -116,11 +116,13 @@ def _cost(deepseek, **kw) -> StepCostModel:
 
 
 def test_padding_to_the_largest_rank_costs_a_decode_step_more(deepseek):
+    """Eight decodes on this rank while another rank prefills 2048 tokens: padded (CUDA
+    graphs), this rank's step runs 2048 tokens and the MoE layers 8 x 2048."""
     cost = _cost(deepseek, tp=1, dp=8, expert_parallel=True)
-    alone = cost.step(decode_seqs=8, decode_context=8000)
-    padded = cost.step(decode_seqs=8, decode_context=8000, padded_tokens=2048)
-    assert padded.seconds > 2 * alone.seconds
-    assert alone == cost.decode_steps(8).one(8000)  # unpadded: the decode fast path
+    alone = cost.step(decode_seqs=8, decode_context=8000, moe_tokens=64)
+    padded = cost.step(decode_seqs=8, decode_context=8000, padded_tokens=2048, moe_tokens=16384)
+    eager = cost.step(decode_seqs=8, decode_context=8000, moe_tokens=2048 + 7 * 8)
+    assert padded.seconds > eager.seconds > alone.seconds
 
 
 def test_dispatch_and_combine_are_priced_on_the_link(deepseek):
@@ -130,11 +132,12 @@ def test_dispatch_and_combine_are_priced_on_the_link(deepseek):
     comm = int(StepBound.COMMUNICATION)
 
     def comm_seconds(tokens: int, **kw) -> float:
-        return _cost(deepseek, expert_parallel=True, **kw)._dense(tokens).seconds[comm]
+        cost = _cost(deepseek, expert_parallel=True, **kw)
+        return cost._moe_over_ranks(cost.dp * tokens, tokens).seconds[comm]
 
-    single = comm_seconds(256, tp=1, dp=1)
     gather = comm_seconds(256, tp=1, dp=8)
-    assert single == 0.0 and gather > 0.0
+    assert gather > 0.0
+    assert _cost(deepseek, tp=8)._dense(256).seconds[comm] < gather  # TP8's all-reduces
     assert comm_seconds(2048, tp=1, dp=8) > 4 * gather
     assert comm_seconds(256, tp=1, dp=8, all2all_backend="all_to_all") < gather
     assert comm_seconds(256, tp=2, dp=8) > gather

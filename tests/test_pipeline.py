@@ -88,6 +88,7 @@ def test_each_engine_schedules_over_its_share_of_the_kv_cache():
     assert res.context.replicas[0].kv_total_blocks == 200
     used = res.steps["kv_blocks_used"]
     assert 100 < used.max() <= 200
+    assert res.summary()["kv"]["max_utilisation"] == used.max() / 200
     assert len(res.context.replicas) == 1 and res.context.gpus == 8
     _check_invariants(res)
 

@@ -5,10 +5,11 @@ vLLM runs each DP rank as its own engine core and spreads requests over them by 
 (its DP coordinator scores a rank waiting x 4 + running and takes the lowest). For a
 dense model the ranks are then independent replicas. For an MoE model they are not:
 every MoE layer runs over all ranks' tokens (the experts live on all tp x dp GPUs), so
-the ranks step in lockstep. Each step every rank with work runs its batch, padded to
-the largest rank's token count; a rank with nothing scheduled runs a dummy forward pass
-of that size to join the MoE layers' collectives; the step lasts as long as the slowest
-rank's. So one rank's long prefill holds every other rank's decodes back.
+the ranks step in lockstep. Each step every rank with work runs its batch, and a rank
+with nothing scheduled runs a dummy forward pass to join the MoE layers' collectives;
+with CUDA graphs vLLM pads every rank's batch to the largest rank's token count (eager,
+each runs its own). The step lasts as long as the slowest rank's, so one rank's long
+prefill holds every other rank's decodes back.
 
 The lockstep group reuses the replica's pieces (scheduler, running set, KV cache, step
 log) one step at a time; there is no fast-forwarding of decode runs, so a step is the
@@ -33,6 +34,7 @@ class DpGroup(EngineGroup):
     def __init__(self, env: simpy.Environment, ranks: Sequence[Replica], lockstep: bool) -> None:
         super().__init__(env, ranks)
         self.lockstep = lockstep
+        self.cfg_graphs = self.members[0].cost.overheads.cuda_graphs
         if lockstep:
             self.start()
 
@@ -60,6 +62,16 @@ class DpGroup(EngineGroup):
         for rank in self.members:
             rank.recover()
 
+    def _sizes(self, steps: list[tuple[Replica, StepPlan]]) -> tuple[int, int]:
+        """(tokens each rank's forward pass runs over at least, tokens the MoE layers
+        see). With CUDA graphs vLLM pads every rank, an idle one's dummy pass included,
+        to the largest rank's count; eager, each rank runs its own tokens (a dummy pass
+        one token)."""
+        tokens = [_tokens(plan) for _, plan in steps]
+        if self.cfg_graphs:
+            return max(tokens), max(tokens) * len(self.members)
+        return 0, sum(tokens) + len(self.members) - len(steps)
+
     def _step_loop(self):
         lead = self.members[0]
         while True:
@@ -67,8 +79,8 @@ class DpGroup(EngineGroup):
             if not steps:
                 yield from self._idle()
                 continue
-            padded = max(_tokens(plan) for _, plan in steps)
-            priced = [(rank, plan, *rank.plan_cost(plan, padded)) for rank, plan in steps]
+            priced = [(rank, plan, *rank.plan_cost(plan, *self._sizes(steps)))
+                      for rank, plan in steps]  # fmt: skip
             seconds = max(
                 cost.seconds + plan.swap_blocks * rank.cfg.swap_seconds_per_block
                 for rank, plan, cost, _ in priced

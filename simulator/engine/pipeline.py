@@ -54,8 +54,10 @@ class PipelineGroup(EngineGroup):
 
     def __init__(self, env: simpy.Environment, engines: Sequence[Replica]) -> None:
         super().__init__(env, engines)
+        log = self.members[0].log  # one replica: one step table, its KV the engines' sum
+        log.totals.kv_total_blocks[0] = self.kv.total
         for engine in self.members[1:]:
-            engine.log = self.members[0].log  # one replica: one step table
+            engine.log = log
         self.start()
 
     def _step_loop(self):

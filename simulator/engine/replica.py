@@ -342,9 +342,12 @@ class Replica:
         self.log_step(plan, seconds, cost)
         return seconds, completes
 
-    def plan_cost(self, plan: StepPlan, padded_tokens: int = 0) -> tuple[StepCost, bool]:
-        """Price one scheduled step (its forward pass over at least `padded_tokens`):
-        its cost and whether it completes a request."""
+    def plan_cost(
+        self, plan: StepPlan, padded_tokens: int = 0, moe_tokens: int = 0
+    ) -> tuple[StepCost, bool]:
+        """Price one scheduled step (a dp rank's: its forward pass over at least
+        `padded_tokens`, its MoE layers over all ranks' `moe_tokens`): its cost and
+        whether it completes a request."""
         run, cfg = self.running, self.cfg
         dec = plan.decode_slots
         n = len(dec)
@@ -373,6 +376,7 @@ class Replica:
             prefill_context=context,
             sampled=n + finishing,
             padded_tokens=padded_tokens,
+            moe_tokens=moe_tokens,
         )
         return cost, completes
 

@@ -267,6 +267,7 @@ class StepCostModel:
         self._dense_cache: dict[int, _Part] = {}
         self._head_cache: dict[int, _Part] = {}
         self._fixed_cache: dict[tuple[int, int], _Part] = {}
+        self._moe_cache: dict[tuple[int, int], _Part] = {}
         self._decode_steps: dict[int, DecodeSteps] = {}
         self._prefill_attention, self._decode_attention = self._attention()
 
@@ -344,10 +345,8 @@ class StepCostModel:
         layers = self.arch.num_layers
         for _, m, n, k, times in self.arch.gemms(tokens, self.tp):
             part.add(gemm_cost(self.gpu, m, n, k, self.compute_dtype, self.weight_dtype), times)
-        if self.arch.is_moe:
-            part.add(self._routed_experts(tokens * self.dp), self.arch.num_moe_layers)
-            if self.dp > 1:
-                self._add_dispatch(part, tokens)
+        if self.arch.is_moe and self.dp == 1:  # with dp > 1, _moe_over_ranks
+            part.add(self._routed_experts(tokens), self.arch.num_moe_layers)
         fused = self.overheads.fused_kernels
         for chain, per_token, times in self._pointwise_chains():
             cost = elementwise_cost(
@@ -363,9 +362,21 @@ class StepCostModel:
         self._dense_cache[tokens] = part
         return part
 
-    def _add_dispatch(self, part: _Part, tokens: int) -> None:
-        """Each MoE layer's token dispatch to the experts' GPUs and combine back, with
-        every dp rank's batch padded to `tokens`."""
+    def _moe_over_ranks(self, total: int, tokens: int) -> _Part:
+        """The MoE layers of a dp rank's step: the routed experts over all ranks' `total`
+        tokens, with the dispatch of this rank's `tokens` and the combine back."""
+        key = (total, tokens)
+        part = self._moe_cache.get(key)
+        if part is not None:
+            return part
+        part = _Part.empty()
+        part.add(self._routed_experts(total), self.arch.num_moe_layers)
+        self._add_dispatch(part, total, tokens)
+        self._moe_cache[key] = part
+        return part
+
+    def _add_dispatch(self, part: _Part, total: int, tokens: int) -> None:
+        """Each MoE layer's token dispatch to the experts' GPUs and combine back."""
         assert self.ep_link is not None
         a, dp = self.arch, self.dp
         row = a.hidden_size * bytes_per_element(self.act_dtype)
@@ -378,7 +389,7 @@ class StepCostModel:
             nbytes = tokens * copies * row
             ops = (("all_to_all", nbytes), ("all_to_all", nbytes))
         else:  # every rank gathers all ranks' tokens, then reduces and scatters back
-            nbytes, group = dp * tokens * row, dp
+            nbytes, group = total * row, dp
             ops = (("all_gather", nbytes), ("reduce_scatter", nbytes))
         for op, size in ops:
             part.add(collective_cost(op, size, group, self.ep_link), a.num_moe_layers)
@@ -434,18 +445,21 @@ class StepCostModel:
         prefill_context: int = 0,
         sampled: int | None = None,
         padded_tokens: int = 0,
+        moe_tokens: int = 0,
     ) -> StepCost:
         """One step: `decode_seqs` decodes attending `decode_context` keys in total, plus
-        prefill chunks (`prefill_tokens` new tokens over `prefill_seqs` sequences); the
-        forward pass runs over `padded_tokens` when that is more (a dp rank's padding)."""
+        prefill chunks (`prefill_tokens` new tokens over `prefill_seqs` sequences). A dp
+        rank's step runs over `padded_tokens` when that is more (vLLM pads every rank to
+        the largest's count), and its MoE layers over all ranks' `moe_tokens`."""
         tokens = decode_seqs + prefill_tokens
         if tokens < 1:
             raise ValueError("a step must schedule at least one token")
-        if padded_tokens > tokens:
-            tokens = padded_tokens
-        elif not (prefill_tokens or prefill_seqs) and sampled in (None, decode_seqs):
+        tokens = max(tokens, padded_tokens)
+        if self.dp == 1 and not (prefill_tokens or prefill_seqs) and sampled in (None, decode_seqs):
             return self.decode_steps(decode_seqs).one(decode_context)
         fixed = self._fixed(tokens, decode_seqs + prefill_seqs if sampled is None else sampled)
+        if self.dp > 1:
+            fixed = fixed.plus(self._moe_over_ranks(max(moe_tokens, tokens), tokens))
         by_bound = fixed.seconds.copy()
         flops, dram, kernels = fixed.flops, fixed.dram_bytes, fixed.kernels
         layers = self._layers
@@ -474,7 +488,9 @@ class StepCostModel:
         return StepCost(seconds, gpu_seconds, flops * ranks, dram * ranks, bound)
 
     def decode_steps(self, seqs: int) -> DecodeSteps:
-        """Decode-only steps of `seqs` sequences (memoised: batch sizes repeat)."""
+        """Decode-only steps of `seqs` sequences (memoised: batch sizes repeat); a dp
+        rank's steps depend on the other ranks' and go through step()."""
+        assert self.dp == 1, "a dp rank's MoE layers depend on every rank's tokens"
         steps = self._decode_steps.get(seqs)
         if steps is None:
             steps = self._decode_steps[seqs] = DecodeSteps(self, seqs)
