@@ -94,10 +94,10 @@ class ParallelismSection(BaseModel):
         ge=1,
         le=1024,
         description="vLLM's --data-parallel-size: attention data-parallel ranks per replica, "
-        "each tp x pp GPUs with its own scheduler and KV cache, requests balanced over them "
+        "each tp GPUs with its own scheduler and KV cache, requests balanced over them "
         "by load; with an MoE model the ranks step together (the MoE layers run over every "
         "rank's tokens; an idle rank runs a dummy pass), with a dense model they are "
-        "independent. The replica has tp x pp x dp GPUs",
+        "independent. The replica has tp x dp GPUs (pp must be 1)",
     )
     all2all_backend: Literal["allgather_reducescatter", "all_to_all"] = Field(
         default="allgather_reducescatter",
@@ -382,6 +382,11 @@ class Scenario(BaseModel):
             raise ValueError(
                 "parallelism.dp: data-parallel ranks inside a replica are not supported with "
                 "pools yet; give hardware and parallelism.replicas instead"
+            )
+        if self.parallelism.dp > 1 and self.parallelism.pp > 1:
+            raise ValueError(
+                "parallelism.dp: data-parallel ranks with pipeline stages (pp > 1) are not "
+                "modelled yet; use dp with pp = 1, or pp with dp = 1"
             )
         if self.parallelism.dp > 1 and self.serving.policy in ("static", "dynamic"):
             raise ValueError(

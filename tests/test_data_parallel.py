@@ -163,6 +163,7 @@ def test_each_rank_holds_its_kv_cache_and_a_share_of_the_experts(deepseek):
     [
         ({"serving": {"policy": "static", "max_num_seqs": 8}}, "parallelism.dp"),
         ({"parallelism": {"dp": 0}}, "parallelism.dp"),
+        ({"parallelism": {"dp": 2, "pp": 2}}, "parallelism.dp"),
     ],
 )
 def test_bad_dp_settings_are_refused_in_one_line(change, field):

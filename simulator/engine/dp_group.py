@@ -79,8 +79,8 @@ class DpGroup(EngineGroup):
             if not steps:
                 yield from self._idle()
                 continue
-            priced = [(rank, plan, *rank.plan_cost(plan, *self._sizes(steps)))
-                      for rank, plan in steps]  # fmt: skip
+            padded, moe = self._sizes(steps)
+            priced = [(rank, plan, *rank.plan_cost(plan, padded, moe)) for rank, plan in steps]
             seconds = max(
                 cost.seconds + plan.swap_blocks * rank.cfg.swap_seconds_per_block
                 for rank, plan, cost, _ in priced

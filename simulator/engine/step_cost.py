@@ -121,8 +121,8 @@ class DecodeSteps:
     numbers to the last bit (the same operations in the same order), so that runs match
     stepping one by one exactly."""
 
-    def __init__(self, model: StepCostModel, seqs: int) -> None:
-        fixed = model._fixed(seqs, seqs)
+    def __init__(self, model: StepCostModel, seqs: int, padded: int = 0, moe: int = 0) -> None:
+        fixed = model._rank_fixed(max(seqs, padded), seqs, moe)
         self.seqs = seqs
         self.parts = tuple(fixed.seconds)  # by StepBound; attention adds to MEMORY
         self.layers = model._layers
@@ -268,7 +268,8 @@ class StepCostModel:
         self._head_cache: dict[int, _Part] = {}
         self._fixed_cache: dict[tuple[int, int], _Part] = {}
         self._moe_cache: dict[tuple[int, int], _Part] = {}
-        self._decode_steps: dict[int, DecodeSteps] = {}
+        self._rank_cache: dict[tuple[int, int, int], _Part] = {}
+        self._decode_steps: dict[int | tuple[int, int, int], DecodeSteps] = {}
         self._prefill_attention, self._decode_attention = self._attention()
 
     # ---- configuration -------------------------------------------------------------
@@ -427,6 +428,18 @@ class StepCostModel:
             part.kernels += self.arch.num_layers  # the attention kernel of each layer
         return part
 
+    def _rank_fixed(self, tokens: int, sampled: int, moe_tokens: int) -> _Part:
+        """_fixed, plus with dp > 1 the MoE layers over all ranks' `moe_tokens` (at
+        least this rank's `tokens` times dp), memoised."""
+        if self.dp == 1:
+            return self._fixed(tokens, sampled)
+        key = (tokens, sampled, moe_tokens)
+        part = self._rank_cache.get(key)
+        if part is None:
+            moe = self._moe_over_ranks(max(moe_tokens, tokens), tokens)
+            part = self._rank_cache[key] = self._fixed(tokens, sampled).plus(moe)
+        return part
+
     def _host_seconds(self, seqs: int) -> float:
         return (self._step_us + self._per_seq_us * seqs) * 1e-6
 
@@ -455,11 +468,10 @@ class StepCostModel:
         if tokens < 1:
             raise ValueError("a step must schedule at least one token")
         tokens = max(tokens, padded_tokens)
-        if self.dp == 1 and not (prefill_tokens or prefill_seqs) and sampled in (None, decode_seqs):
-            return self.decode_steps(decode_seqs).one(decode_context)
-        fixed = self._fixed(tokens, decode_seqs + prefill_seqs if sampled is None else sampled)
-        if self.dp > 1:
-            fixed = fixed.plus(self._moe_over_ranks(max(moe_tokens, tokens), tokens))
+        if not (prefill_tokens or prefill_seqs) and sampled in (None, decode_seqs):
+            return self.decode_steps(decode_seqs, tokens, moe_tokens).one(decode_context)
+        sampled = decode_seqs + prefill_seqs if sampled is None else sampled
+        fixed = self._rank_fixed(tokens, sampled, moe_tokens)
         by_bound = fixed.seconds.copy()
         flops, dram, kernels = fixed.flops, fixed.dram_bytes, fixed.kernels
         layers = self._layers
@@ -487,13 +499,13 @@ class StepCostModel:
         ranks = self.tp  # the replica's work: every TP rank does one rank's
         return StepCost(seconds, gpu_seconds, flops * ranks, dram * ranks, bound)
 
-    def decode_steps(self, seqs: int) -> DecodeSteps:
+    def decode_steps(self, seqs: int, padded: int = 0, moe: int = 0) -> DecodeSteps:
         """Decode-only steps of `seqs` sequences (memoised: batch sizes repeat); a dp
-        rank's steps depend on the other ranks' and go through step()."""
-        assert self.dp == 1, "a dp rank's MoE layers depend on every rank's tokens"
-        steps = self._decode_steps.get(seqs)
+        rank's run over at least `padded` tokens, its MoE layers over `moe`."""
+        key = seqs if self.dp == 1 else (seqs, padded, moe)
+        steps = self._decode_steps.get(key)
         if steps is None:
-            steps = self._decode_steps[seqs] = DecodeSteps(self, seqs)
+            steps = self._decode_steps[key] = DecodeSteps(self, seqs, padded, moe)
         return steps
 
     def decode_run(
