@@ -179,5 +179,5 @@ def test_dp_is_refused_with_pools():
     data = _scenario()
     data.pop("hardware")
     data["pools"] = [{"name": "a", "hardware": {"gpu": "h100-sxm"}}]
-    with pytest.raises(InfersimError, match="parallelism.dp"):
+    with pytest.raises(InfersimError, match=r"parallelism\.dp"):
         Scenario.from_dict(data)

@@ -5,7 +5,6 @@ stages idle (the bubble)."""
 import pytest
 
 from hardware_models.errors import InfeasibleError
-
 from simulator.engine.pipeline import Stages
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
