@@ -338,6 +338,14 @@ class _Run:
     ) -> Replica | DpGroup | PipelineGroup:
         """One replica: an engine, dp ranks (engine_group.py), or pp pipelined engines."""
         pipelined = build.cost.pp > 1 and config.iterative and build.dp == 1
+        if build.cost.pp > 1 and not config.iterative:
+            warnings.warn(
+                f"parallelism.pp={build.cost.pp}: serving.policy {config.policy!r} runs whole "
+                "batches, one at a time, so the stages run one after another (no pipelining; "
+                "use continuous or chunked_prefill to pipeline)",
+                InfersimWarning,
+                stacklevel=2,
+            )
         engines = build.dp if build.dp > 1 else build.cost.pp if pipelined else 1
         driven = pipelined or (build.dp > 1 and build.arch.is_moe)
         if pipelined:  # each virtual engine schedules over its share of the KV cache

@@ -181,3 +181,17 @@ def test_dp_is_refused_with_pools():
     data["pools"] = [{"name": "a", "hardware": {"gpu": "h100-sxm"}}]
     with pytest.raises(InfersimError, match=r"parallelism\.dp"):
         Scenario.from_dict(data)
+
+
+@pytest.mark.parametrize("model", ["qwen3-30b-a3b", "llama-3.1-8b"])
+def test_a_failed_dp_replica_loses_every_rank_and_recovers(model):
+    data = _scenario(model, replicas=2)  # the retries go to the other meanwhile
+    data["faults"] = {"events": [{"replica": 0, "at_s": 3.0, "recover_at_s": 5.0}],
+                      "on_failure": "retry", "max_retries": 3}  # fmt: skip
+    res = _run(data)
+    _check_invariants(res)
+    assert (res.requests["outcome"] == "completed").all()
+    steps = res.steps[res.steps["replica"] < 2]  # replica 0's ranks
+    assert not ((steps["start"] > 3.0) & (steps["start"] < 5.0)).any()  # every rank down
+    assert set(steps[steps["start"] > 5.0]["replica"]) == {0, 1}  # and serving again
+    assert res.requests["retries"].sum() > 0

@@ -4,7 +4,7 @@ stages idle (the bubble)."""
 
 import pytest
 
-from hardware_models.errors import InfeasibleError
+from hardware_models.errors import InfeasibleError, InfersimWarning
 from simulator.engine.pipeline import Stages
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
@@ -95,3 +95,22 @@ def test_each_engine_schedules_over_its_share_of_the_kv_cache():
 def test_too_few_blocks_for_the_engines_is_refused():
     with pytest.raises(InfeasibleError, match="pp=4"):
         _run(_scenario(pp=4, num_gpu_blocks=3))
+
+
+def test_whole_batches_do_not_pipeline_and_the_run_says_so():
+    with pytest.warns(InfersimWarning, match="no pipelining"):
+        _run(_scenario(pp=2, policy="static", max_num_seqs=8))
+
+
+def test_a_failed_pipelined_replica_loses_its_batches_in_flight_and_recovers():
+    data = _scenario()
+    data["parallelism"]["replicas"] = 2  # the retries go to the other meanwhile
+    data["faults"] = {"events": [{"replica": 0, "at_s": 5.0, "recover_at_s": 8.0}],
+                      "on_failure": "retry", "max_retries": 3}  # fmt: skip
+    res = _run(data)
+    _check_invariants(res)
+    assert (res.requests["outcome"] == "completed").all()
+    steps = res.steps[res.steps["replica"] == 0]
+    assert not ((steps["start"] > 5.0) & (steps["start"] < 8.0)).any()  # down meanwhile
+    assert (steps["start"] > 8.0).any()  # and serving again
+    assert res.requests["retries"].sum() > 0
