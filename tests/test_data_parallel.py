@@ -56,6 +56,16 @@ def test_lockstep_multi_step_matches_step_by_step(layout):
     assert (fast.requests["outcome"] == "completed").all()
 
 
+def test_eager_lockstep_multi_step_matches_step_by_step():
+    data = {**_scenario(), "engine": {"cuda_graphs": False}}
+    fast = _run(data)
+    slow = _run({**data, "engine": {"cuda_graphs": False, "multi_step": False}})
+    _assert_same_run(fast, slow)
+    # Unpadded, the ranks' steps are cheaper than with CUDA graphs' padding.
+    padded = _run(_scenario())
+    assert fast.steps["flops"].sum() < padded.steps["flops"].sum()
+
+
 def test_dense_ranks_multi_step_matches_step_by_step():
     data = _scenario("llama-3.1-8b")
     _assert_same_run(_run(data), _run(data, multi_step=False))

@@ -34,7 +34,7 @@ class DpGroup(EngineGroup):
     def __init__(self, env: simpy.Environment, ranks: Sequence[Replica], lockstep: bool) -> None:
         super().__init__(env, ranks)
         self.lockstep = lockstep
-        self.cfg_graphs = self.members[0].cost.overheads.cuda_graphs
+        self.pad_to_largest = self.members[0].cost.overheads.cuda_graphs  # as vLLM pads
         if lockstep:
             self.start()
 
@@ -68,7 +68,7 @@ class DpGroup(EngineGroup):
         to the largest rank's count; eager, each rank runs its own tokens (a dummy pass
         one token)."""
         tokens = [_tokens(plan) for _, plan in steps]
-        if self.cfg_graphs:
+        if self.pad_to_largest:
             return max(tokens), max(tokens) * len(self.members)
         return 0, sum(tokens) + len(self.members) - len(steps)
 
