@@ -349,7 +349,8 @@ class _Run:
         engines = build.dp if build.dp > 1 else build.cost.pp if pipelined else 1
         driven = pipelined or (build.dp > 1 and build.arch.is_moe)
         if pipelined:  # each virtual engine schedules over its share of the KV cache
-            config = replace(config, total_blocks=config.total_blocks // engines)
+            config = replace(config, total_blocks=config.total_blocks // engines,
+                             swap_blocks=config.swap_blocks // engines)  # fmt: skip
             info = replace(info, kv_total_blocks=config.total_blocks * engines)
             if config.total_blocks < 1:
                 raise InfeasibleError(
