@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import simpy
 
 from simulator.engine.engine_group import EngineGroup
@@ -72,6 +73,21 @@ class DpGroup(EngineGroup):
             return max(tokens), max(tokens) * len(self.members)
         return 0, sum(tokens) + len(self.members) - len(steps)
 
+    def _log_dummy_passes(
+        self, steps: list[tuple[Replica, StepPlan]], seconds: float, padded: int, moe: int
+    ) -> None:
+        """The idle ranks' dummy forward passes (padded, or one token eager): their GPUs
+        are busy for the step too, on no request's behalf (a row with no sequences)."""
+        busy = {id(rank) for rank, _ in steps}
+        plan = _DUMMY
+        for rank in self.members:
+            if id(rank) not in busy:
+                dummy = rank.cost.step(
+                    decode_seqs=0, decode_context=0, sampled=0,
+                    padded_tokens=max(padded, 1), moe_tokens=moe,
+                )  # fmt: skip
+                rank.log_step(plan, seconds, dummy)
+
     def _step_loop(self):
         lead = self.members[0]
         while True:
@@ -91,9 +107,14 @@ class DpGroup(EngineGroup):
                 yield from self._catch_up(end)
             for rank, plan, cost, _ in priced:
                 rank.log_step(plan, seconds, cost)
+            if len(steps) < len(self.members):
+                self._log_dummy_passes(steps, seconds, padded, moe)
             self._set_time(end)
             for rank, plan, _, done in priced:
                 rank._apply_step(plan, end, done)
+
+
+_DUMMY = StepPlan(decode_slots=np.empty(0, np.int64))  # an idle rank's step: no sequences
 
 
 def _tokens(plan: StepPlan) -> int:

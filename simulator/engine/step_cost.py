@@ -464,11 +464,10 @@ class StepCostModel:
         prefill chunks (`prefill_tokens` new tokens over `prefill_seqs` sequences). A dp
         rank's step runs over `padded_tokens` when that is more (vLLM pads every rank to
         the largest's count), and its MoE layers over all ranks' `moe_tokens`."""
-        tokens = decode_seqs + prefill_tokens
+        tokens = max(decode_seqs + prefill_tokens, padded_tokens)  # a dummy pass: padding
         if tokens < 1:
             raise ValueError("a step must schedule at least one token")
-        tokens = max(tokens, padded_tokens)
-        if not (prefill_tokens or prefill_seqs) and sampled in (None, decode_seqs):
+        if decode_seqs and not (prefill_tokens or prefill_seqs) and sampled in (None, decode_seqs):
             return self.decode_steps(decode_seqs, tokens, moe_tokens).one(decode_context)
         sampled = decode_seqs + prefill_seqs if sampled is None else sampled
         fixed = self._rank_fixed(tokens, sampled, moe_tokens)
