@@ -79,14 +79,13 @@ class DpGroup(EngineGroup):
         """The idle ranks' dummy forward passes (padded, or one token eager): their GPUs
         are busy for the step too, on no request's behalf (a row with no sequences)."""
         busy = {id(rank) for rank, _ in steps}
-        plan = _DUMMY
         for rank in self.members:
             if id(rank) not in busy:
                 dummy = rank.cost.step(
                     decode_seqs=0, decode_context=0, sampled=0,
                     padded_tokens=max(padded, 1), moe_tokens=moe,
                 )  # fmt: skip
-                rank.log_step(plan, seconds, dummy)
+                rank.log_step(_DUMMY, seconds, dummy)
 
     def _step_loop(self):
         lead = self.members[0]
