@@ -253,7 +253,7 @@ class StepCostModel:
         self.kv_heads = arch.kv_heads_per_shard(tp)
         self.tp_link = self._link(tp, "tensor parallelism")
         self.pp_link = self._link(tp * pp, "pipeline parallelism") if pp > 1 else None
-        self.ep_link = self._link(tp * self.dp, "the MoE dispatch over tp x dp GPUs")
+        self.ep_link = self._link(tp * self.dp, "parallelism.dp: the MoE dispatch (tp x dp)")
         # Constants of every step, looked up once (step() runs tens of thousands of times).
         self._layers = arch.num_layers
         self._step_us, self._per_seq_us = self.overheads.step_us, self.overheads.per_seq_us
