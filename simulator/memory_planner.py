@@ -99,14 +99,16 @@ def stage_weights(
     tp: int = 1,
     pp: int = 1,
     expert_parallel: bool = False,
+    dp: int = 1,
 ) -> list[StageWeights]:
     """Weight bytes on one GPU of each pipeline stage.
 
     With pp stages the first adds the embedding and the last the final norm and the LM
     head (a copy of the embedding when tied and pp > 1); the vocabulary splits over tp.
+    With attention data parallelism the routed experts spread over all tp x dp GPUs.
     """
     arch.check_tp(tp)
-    experts = ExpertLayout.of(arch, tp, expert_parallel)
+    experts = ExpertLayout.of(arch, tp, expert_parallel, dp)
     a_bytes = bytes_per_element(activation_dtype)
     dense, moe, routed = _layer_weight_bytes(
         arch, tp, experts, weight_bytes_per_param(weight_dtype), a_bytes
@@ -148,6 +150,7 @@ def activation_bytes(
     activation_dtype: str | Dtype = Dtype.BF16,
     sampled_tokens: int | None = None,
     expert_parallel: bool = False,
+    dp: int = 1,
 ) -> float:
     """Peak transient memory of one forward step over `tokens` tokens, on one TP rank.
 
@@ -157,7 +160,8 @@ def activation_bytes(
       decompressed K and V) and the MLP's (gate_up output + activated product), sharded
       by tp; an MoE layer's routed experts see tokens x experts_per_token rows (fused-MoE
       scratch, each row an expert's width: sliced over tp, or whole with
-      `expert_parallel`, as every rank sees every token) besides the shared experts';
+      `expert_parallel`, as every rank sees every token, all dp ranks' tokens once
+      they are dispatched) besides the shared experts';
     - logits for the sampled positions (min(tokens, 256) by default), upcast to fp32,
       plus the softmax copy, over the full vocabulary (gathered on the first rank).
     Layers run one after another and free their intermediates, so only one counts.
@@ -174,10 +178,10 @@ def activation_bytes(
     width = (3 if arch.gated_mlp else 2) * math.ceil(arch.intermediate_size / tp)
     mlp = tokens * width
     if arch.is_moe:
-        width = ExpertLayout.of(arch, tp, expert_parallel).expert_width(arch)
+        width = ExpertLayout.of(arch, tp, expert_parallel, dp).expert_width(arch)
         expert = (3 if arch.gated_mlp else 2) * width
         shared = (3 if arch.gated_mlp else 2) * math.ceil(arch.shared_intermediate_size / tp)
-        mlp = max(mlp, tokens * (arch.experts_per_token * expert + shared))
+        mlp = max(mlp, tokens * (dp * arch.experts_per_token * expert + shared))
     residual = 2 * tokens * arch.hidden_size
     sampled = min(tokens, DEFAULT_MAX_NUM_SEQS) if sampled_tokens is None else sampled_tokens
     logits = sampled * arch.vocab_size * _LOGIT_BYTES * _LOGIT_BUFFERS
@@ -205,6 +209,7 @@ class MemoryPlan:
     kv_capacity_tokens: int
     expert_weights: float = 0.0  # of `weights`, the routed experts'
     expert_parallel: bool = False
+    dp: int = 1  # attention data-parallel ranks; the KV capacity is one rank's
 
     def breakdown(self) -> list[tuple[str, float]]:
         """(item, GB) rows that add up to the GPU's capacity."""
@@ -219,7 +224,8 @@ class MemoryPlan:
     def table(self) -> str:
         title = (
             f"{self.model} on {self.gpu} ({self.weight_dtype} weights, {self.kv_dtype} KV, "
-            f"tp={self.tp}, pp={self.pp}{', expert parallel' if self.expert_parallel else ''})"
+            f"tp={self.tp}, pp={self.pp}{f', dp={self.dp}' if self.dp > 1 else ''}"
+            f"{', expert parallel' if self.expert_parallel else ''})"
             ", per GPU"
         )
         rows = [f"  {item:<28}{gb:>9.2f} GB" for item, gb in self.breakdown()]
@@ -249,9 +255,11 @@ def plan_memory(
     activation_dtype: str | Dtype = Dtype.BF16,
     framework_overhead_gb: float = DEFAULT_FRAMEWORK_OVERHEAD_GB,
     expert_parallel: bool = False,
+    dp: int = 1,
 ) -> MemoryPlan:
-    """Plan one GPU of a tp x pp replica (experts sliced over tp, or whole over the tp
-    GPUs with `expert_parallel`); raise InfeasibleError (with the breakdown) when
+    """Plan one GPU of a tp x pp x dp replica (experts sliced over the tp x dp GPUs, or
+    whole over them with `expert_parallel`; each dp rank's tp GPUs hold that rank's KV
+    cache, so the plan's KV capacity is one rank's); raise InfeasibleError (with the breakdown) when
     weights, activations and overhead leave no room for a KV cache. The plan is the
     GPU whose stage holds the fewest KV tokens."""
     if not 0 < gpu_memory_utilization <= 1:
@@ -270,6 +278,7 @@ def plan_memory(
             tp=tp,
             pp=pp,
             expert_parallel=expert_parallel,
+            dp=dp,
         )
         activations = activation_bytes(
             arch,
@@ -277,6 +286,7 @@ def plan_memory(
             tp=tp,
             activation_dtype=activation_dtype,
             expert_parallel=expert_parallel,
+            dp=dp,
         )
         return weights, activations
 
@@ -285,7 +295,8 @@ def plan_memory(
     usable = gpu.memory_bytes * gpu_memory_utilization
     heaviest = max(stages)
     weights = heaviest.total
-    layout = f"tp={tp}, pp={pp}" + (", expert parallel" if expert_parallel else "")
+    layout = f"tp={tp}, pp={pp}" + (f", dp={dp}" if dp > 1 else "")
+    layout += ", expert parallel" if expert_parallel else ""
     experts = f", {heaviest.experts / GB:.1f} GB of them routed experts" if arch.is_moe else ""
     if weights + activations + overhead >= usable:
         raise InfeasibleError(
@@ -310,6 +321,7 @@ def plan_memory(
         kv_dtype=k_dtype.value,
         tp=tp,
         pp=pp,
+        dp=dp,
         capacity=gpu.memory_bytes,
         gpu_memory_utilization=gpu_memory_utilization,
         weights=stage.total,

@@ -94,8 +94,25 @@ class ParallelismSection(BaseModel):
     enable_expert_parallel: bool = Field(
         default=False,
         description="vLLM's --enable-expert-parallel: an MoE model's routed experts are "
-        "spread whole over the replica's tp GPUs (EP size = tp, as dp is 1) instead of each "
-        "expert being split tp ways; list the catalog's MoE models with `infersim models`",
+        "spread whole over the replica's tp x dp GPUs (EP size = tp x dp) instead of each "
+        "expert being split tp x dp ways; list the catalog's MoE models with `infersim models`",
+    )
+    dp: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="vLLM's --data-parallel-size: attention data-parallel ranks per replica, "
+        "each tp GPUs with its own scheduler and KV cache, requests balanced over them "
+        "by load; with an MoE model the ranks step together (the MoE layers run over every "
+        "rank's tokens; an idle rank runs a dummy pass), with a dense model they are "
+        "independent. The replica has tp x dp GPUs (pp must be 1)",
+    )
+    all2all_backend: Literal["allgather_reducescatter", "all_to_all"] = Field(
+        default="allgather_reducescatter",
+        description="vLLM's --all2all-backend when dp > 1 (MoE): allgather_reducescatter "
+        "gathers every dp rank's tokens before each MoE layer and reduce-scatters after it "
+        "(vLLM's default); all_to_all sends each token only to its top-k experts' GPUs and "
+        "back (DeepEP, pplx)",
     )
 
 
@@ -376,6 +393,22 @@ class Scenario(BaseModel):
         if roles & {"prefill", "decode"} and self.serving.policy in ("static", "dynamic"):
             raise ValueError(
                 f"pools: disaggregated serving hands requests over step by step; "
+                f"serving.policy {self.serving.policy!r} runs whole batches (use continuous "
+                "or chunked_prefill)"
+            )
+        if self.parallelism.dp > 1 and self.pools:
+            raise ValueError(
+                "parallelism.dp: data-parallel ranks inside a replica are not supported with "
+                "pools yet; give hardware and parallelism.replicas instead"
+            )
+        if self.parallelism.dp > 1 and self.parallelism.pp > 1:
+            raise ValueError(
+                "parallelism.dp: data-parallel ranks with pipeline stages (pp > 1) are not "
+                "modelled yet; use dp with pp = 1, or pp with dp = 1"
+            )
+        if self.parallelism.dp > 1 and self.serving.policy in ("static", "dynamic"):
+            raise ValueError(
+                f"parallelism.dp: data-parallel ranks step iteration by iteration; "
                 f"serving.policy {self.serving.policy!r} runs whole batches (use continuous "
                 "or chunked_prefill)"
             )

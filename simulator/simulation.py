@@ -7,6 +7,7 @@ import math
 import os
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -18,6 +19,8 @@ from hardware_models.node import NodeSpec
 from hardware_models.presets import list_nodes, load_gpu, load_node, with_calibration
 from simulator.architecture import ModelArchitecture
 from simulator.caveats import check_token_budget, configuration_warnings
+from simulator.engine.dp_group import DpGroup
+from simulator.engine.pipeline import PipelineGroup
 from simulator.engine.prefix_hashes import BlockKeys
 from simulator.engine.replica import Clock, Replica, ReplicaConfig
 from simulator.engine.requests import Outcome, RejectReason, RequestTable
@@ -49,8 +52,9 @@ class ReplicaBuild:
     memory: MemoryPlan
     config: ReplicaConfig
     cost: StepCostModel
-    info: ReplicaInfo
+    info: ReplicaInfo  # of one dp rank (the whole replica when dp is 1)
     replicas: int
+    dp: int = 1  # attention data-parallel ranks per replica
 
 
 def resolve_gpu(scenario: Scenario) -> AcceleratorSpec:
@@ -120,11 +124,12 @@ def check_placement(scenario: Scenario, arch: ModelArchitecture, node: NodeSpec)
             "into equal stages"
         )
     if par.nodes is not None:
-        needed = par.replicas * par.tp * par.pp
+        needed = par.replicas * par.tp * par.pp * par.dp
         have = par.nodes * node.gpus_per_node
         if needed > have:
+            dp = f" x dp={par.dp}" if par.dp > 1 else ""
             raise InfeasibleError(
-                f"{par.replicas} replicas x tp={par.tp} x pp={par.pp} need {needed} GPUs; "
+                f"{par.replicas} replicas x tp={par.tp} x pp={par.pp}{dp} need {needed} GPUs; "
                 f"the cluster has {par.nodes} x {node.name} = {have}"
             )
 
@@ -153,7 +158,7 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
     node = resolve_node(scenario, gpu)
     arch = _named_field("model.name", load_model, _maybe_path(scenario, scenario.model.name))
     par, serving, engine = scenario.parallelism, scenario.serving, scenario.engine
-    gpus = par.tp * par.pp
+    gpus = par.tp * par.pp  # of one dp rank; the replica has dp of them
     check_placement(scenario, arch, node)
     memory = plan_memory(
         arch,
@@ -167,6 +172,7 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
         activation_dtype=scenario.model.activation_dtype,
         framework_overhead_gb=engine.framework_overhead_gb,
         expert_parallel=par.enable_expert_parallel,
+        dp=par.dp,
     )
     block_bytes = serving.block_size * memory.kv_bytes_per_token
     blocks = serving.num_gpu_blocks or int(memory.kv_capacity_bytes // block_bytes)
@@ -218,6 +224,8 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
         ),
         expert_parallel=par.enable_expert_parallel,
         moe_routing=scenario.model.moe_routing,
+        dp=par.dp,
+        all2all_backend=par.all2all_backend,
     )
     info = ReplicaInfo(
         gpu=gpu.name,
@@ -230,7 +238,7 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
         usd_per_gpu_hour=scenario.cost.usd_per_gpu_hour or gpu.price.usd_per_hour,
         token_budget=config.max_num_batched_tokens if config.iterative else math.inf,
     )
-    return ReplicaBuild(arch, gpu, node, memory, config, cost, info, par.replicas)
+    return ReplicaBuild(arch, gpu, node, memory, config, cost, info, par.replicas, par.dp)
 
 
 @dataclass
@@ -296,7 +304,8 @@ class _Run:
         self.terminal = 0
         self.done = self.env.event()
         self.progress = Progress(self.expected, enabled=progress, label=scenario.name)
-        self.replicas: list[Replica] = []
+        self.replicas: list[Replica] = []  # every engine, a dp rank each
+        self.units: list[Replica | DpGroup] = []  # what routers and faults address
         self.infos: list[ReplicaInfo] = []
         roles = {pool.name: pool.role for pool in scenario.pool_list()}
         # A replica may run ahead of SimPy's clock only when it can foresee its inputs:
@@ -304,7 +313,7 @@ class _Run:
         # loop or sessions over several replicas (another's completion sends a request
         # at any time).
         feedback = self.closed or self.session_sampler is not None
-        blind = feedback and sum(b.replicas for _, b in self.builds) > 1
+        blind = feedback and sum(b.replicas * b.dp for _, b in self.builds) > 1
         for pool, build in self.builds:
             role = roles[pool]
             config = replace(
@@ -315,19 +324,60 @@ class _Run:
             handoff = self._handoff_from(build) if role == "prefill" else None
             keys = self._prefix_keys(config)
             for _ in range(build.replicas):
-                index = len(self.replicas)
-                self.replicas.append(
-                    Replica(self.env, index, config, build.cost, self.requests, self.clock,
-                            self._on_finish, handoff, keys)
-                )  # fmt: skip
-                self.infos.append(replace(build.info, pool=pool))
-        entry = [r for r in self.replicas if r.cfg.role in ("mixed", "prefill")]
+                self.units.append(self._replica(build, config, replace(build.info, pool=pool),
+                                                handoff, keys))  # fmt: skip
+        entry = [r for r in self.units if r.cfg.role in ("mixed", "prefill")]
         router = scenario.parallelism.router
         self.router = make_router(router, entry, scenario.seed, self.requests)
-        decoders = [r for r in self.replicas if r.cfg.role == "decode"]
+        decoders = [r for r in self.units if r.cfg.role == "decode"]
         self.decode_router = (
             make_router(router, decoders, scenario.seed + 1, self.requests) if decoders else None
         )
+
+    def _replica(
+        self,
+        build: ReplicaBuild,
+        config: ReplicaConfig,
+        info: ReplicaInfo,
+        handoff: Callable[[int], None] | None,
+        keys: BlockKeys | None,
+    ) -> Replica | DpGroup | PipelineGroup:
+        """One replica: an engine, dp ranks (engine_group.py), or pp pipelined engines."""
+        pipelined = build.cost.pp > 1 and config.iterative and build.dp == 1
+        if build.cost.pp > 1 and not config.iterative:
+            warnings.warn(
+                f"parallelism.pp={build.cost.pp}: serving.policy {config.policy!r} runs whole "
+                "batches, one at a time, so the stages run one after another (no pipelining; "
+                "use continuous or chunked_prefill to pipeline)",
+                InfersimWarning,
+                stacklevel=2,
+            )
+        engines = build.dp if build.dp > 1 else build.cost.pp if pipelined else 1
+        driven = pipelined or (build.dp > 1 and build.arch.is_moe)
+        if pipelined:  # each virtual engine schedules over its share of the KV cache
+            config = replace(config, total_blocks=config.total_blocks // engines,
+                             swap_blocks=config.swap_blocks // engines)  # fmt: skip
+            info = replace(info, kv_total_blocks=config.total_blocks * engines)
+            if config.total_blocks < 1:
+                raise InfeasibleError(
+                    f"parallelism.pp={engines}: the KV cache's {info.kv_total_blocks} blocks "
+                    f"do not give each of the {engines} pipelined engines one"
+                )
+        index = len(self.replicas)
+        members = []
+        for rank in range(engines):
+            members.append(
+                Replica(self.env, index if pipelined else index + rank, config, build.cost,
+                        self.requests, self.clock, self._on_finish, handoff, keys, driven=driven)
+            )  # fmt: skip
+            if rank == 0 or not pipelined:  # a pipelined replica's engines share one log
+                self.replicas.append(members[-1])
+                self.infos.append(info)
+        if pipelined:
+            return PipelineGroup(self.env, members)
+        if build.dp > 1:
+            return DpGroup(self.env, members, lockstep=driven)
+        return members[0]
 
     def _prefix_keys(self, config: ReplicaConfig) -> BlockKeys | None:
         """Block identities of the trace's prompts, for a prefix cache shared by hash."""
@@ -371,8 +421,8 @@ class _Run:
 
     def _nudge_all(self) -> None:
         """No arrival is in sight: replicas holding partial batches may start them."""
-        for replica in self.replicas:
-            replica.nudge()
+        for unit in self.units:
+            unit.nudge()
 
     def _routing_is_foreseeable(self) -> bool:
         """Round robin and random routing do not look at replica state, so every
@@ -595,7 +645,7 @@ class _Run:
         for at, kind, index in events:
             if at > self.env.now:
                 yield self.env.timeout(at - self.env.now)
-            replica = self.replicas[index]
+            replica = self.units[index]
             if kind == "recover":
                 replica.recover()
                 continue
@@ -635,8 +685,8 @@ class _Run:
         if self.expected == 0:
             return 0.0
         self.env.run(until=until)
-        for replica in self.replicas:
-            replica.settle(self.env.now)
+        for unit in self.units:
+            unit.settle(self.env.now)
         self.progress.close()
         return float(self.env.now)
 

@@ -330,6 +330,8 @@ def scenarios(draw: st.DrawFn, max_requests: int = MAX_REQUESTS) -> dict[str, An
             "replicas": draw(st.integers(1, 16)),
             "router": draw(st.sampled_from(ROUTERS)),
             "enable_expert_parallel": model in MOE_MODELS and draw(st.booleans()),
+            "dp": draw(st.sampled_from([1, 1, 1, 2, 4])),
+            "all2all_backend": draw(st.sampled_from(["allgather_reducescatter", "all_to_all"])),
         },
         "serving": serving,
         "engine": {"multi_step": draw(st.booleans())},

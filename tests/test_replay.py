@@ -117,6 +117,20 @@ def test_replay_is_deterministic(tmp_path, capsys):
     assert "no engine log" in " ".join(a["notes"]) and a["decode_only_step"] is None
 
 
+def test_dp2_ep_run_replays_with_its_ranks_and_experts(tmp_path, capsys):
+    run = write_run(
+        tmp_path / "run",
+        {"model": "mistralai/Mixtral-8x7B-v0.1", "vllm_version": "0.10.1", "hardware": H100,
+         "engine_kwargs": {"tensor_parallel_size": 2, "data_parallel_size": 2,
+                           "enable_expert_parallel": True, "dtype": "bfloat16"}},
+    )  # fmt: skip
+    code, out, err = replay(capsys, str(run), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    assert "assumed all2all_backend = allgather_reducescatter" in out
+    par = written(tmp_path / "out")["scenario"]["parallelism"]
+    assert (par["tp"], par["dp"], par["enable_expert_parallel"]) == (2, 2, True)
+
+
 def test_tp2_run_on_h100_takes_the_big_gpu_defaults(tmp_path, capsys):
     run = write_run(
         tmp_path / "run",
@@ -239,9 +253,6 @@ def test_client_arrivals_follow_vllm():
     assert times[-1] == pytest.approx(10.0)
 
 
-MIXTRAL_EP = {"enable_expert_parallel": True}
-
-
 @pytest.mark.parametrize(
     ("meta", "edit", "needle"),
     [
@@ -253,8 +264,6 @@ MIXTRAL_EP = {"enable_expert_parallel": True}
         (_meta(), ("timeseries.csv", "t,running\n1,2\n"), "missing column(s) prompt_through"),
         (_meta(model="acme/NotAModel-1B"), None, "model 'acme/NotAModel-1B' is not in the"),
         (_meta(hardware={"device_name": "Acme X1"}), None, "'Acme X1' matches no GPU preset"),
-        (_meta(engine_kwargs={"data_parallel_size": 2}), None, "data_parallel_size 2"),
-        (_meta(model="mistralai/Mixtral-8x7B-v0.1", engine_kwargs=MIXTRAL_EP), None, "no expert"),
         (_meta(vllm_version="0.6.3"), None, "predates the V1 engine"),
         (_meta(engine_kwargs={"max_model_len": 200}), None,
          "engine_kwargs.max_model_len 200: 20 of the run's requests are longer"),

@@ -2,10 +2,13 @@
 
 Without expert parallelism every GPU of the tp group holds a 1/tp slice of every expert
 (vLLM's default: experts are tensor-parallel). With `enable_expert_parallel` the experts
-are spread whole over the group's GPUs (vLLM's EP size = tp x dp; dp is 1 here), so a GPU
-holds ceil(num_experts / ep) experts at full width, the most loaded rank setting the pace.
-With dp = 1 the hidden states are the same on every rank, so no dispatch is needed and
-the combine is the all-reduce the tensor-parallel layer already does. The layer itself is
+are spread whole over the group's GPUs (vLLM's EP size = tp x dp), so a GPU holds
+ceil(num_experts / ep) experts at full width, the most loaded rank setting the pace.
+With attention data parallelism (dp > 1) the MoE group is all tp x dp GPUs either way
+(without EP each expert is sliced tp x dp ways, as vLLM flattens tp across dp), and
+every rank's tokens are dispatched to it and combined back (priced in step_cost). With
+dp = 1 the hidden states are the same on every rank, so no dispatch is needed and the
+combine is the all-reduce the tensor-parallel layer already does. The layer itself is
 vLLM's fused MoE kernel (hardware_models.moe): one kernel sequence, grouped GEMMs over
 the experts that receive tokens.
 """
@@ -40,7 +43,11 @@ class ExpertLayout:
     experts_per_gpu: int  # on the most loaded GPU
 
     @classmethod
-    def of(cls, arch: ModelArchitecture, tp: int, expert_parallel: bool) -> ExpertLayout:
+    def of(
+        cls, arch: ModelArchitecture, tp: int, expert_parallel: bool, dp: int = 1
+    ) -> ExpertLayout:
+        """The layout over a replica's MoE group: its tp x dp GPUs."""
+        group = tp * dp
         if expert_parallel and not arch.is_moe:
             raise InfersimError(
                 f"parallelism.enable_expert_parallel: {arch.name} has no experts (dense model)"
@@ -50,16 +57,16 @@ class ExpertLayout:
                 f"{arch.name}: gated_mlp is false, but the fused MoE kernel runs gated "
                 "(gate and up) experts"
             )
-        if not expert_parallel or tp == 1:
-            return cls(moe_tp=tp, ep=1, experts_per_gpu=arch.num_experts)
-        if tp > arch.num_experts:
+        if not expert_parallel or group == 1:
+            return cls(moe_tp=group, ep=1, experts_per_gpu=arch.num_experts)
+        if group > arch.num_experts:
             raise InfersimError(
                 f"parallelism.enable_expert_parallel: {arch.name} has {arch.num_experts} "
-                f"experts, fewer than the tp={tp} GPUs to spread them over"
+                f"experts, fewer than the tp x dp = {group} GPUs to spread them over"
             )
         from hardware_models.moe import local_experts  # scipy, for MoE models only
 
-        return cls(moe_tp=1, ep=tp, experts_per_gpu=local_experts(arch.num_experts, tp))
+        return cls(moe_tp=1, ep=group, experts_per_gpu=local_experts(arch.num_experts, group))
 
     def expert_width(self, arch: ModelArchitecture) -> int:
         return math.ceil(arch.expert_intermediate_size / self.moe_tp)

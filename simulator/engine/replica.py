@@ -32,7 +32,7 @@ from simulator.engine.prefix_hashes import BlockKeys, HashedBlockManager
 from simulator.engine.requests import Outcome, RejectReason, RequestTable
 from simulator.engine.running import RunningSet
 from simulator.engine.scheduler import IterationPolicy, IterationScheduler, StepPlan
-from simulator.engine.step_cost import DecodeSteps, StepCostModel
+from simulator.engine.step_cost import DecodeSteps, StepCost, StepCostModel
 from simulator.engine.step_log import StepLog
 from simulator.engine.waiting import WaitingQueue
 from simulator.metrics.step_totals import StepTotals
@@ -103,9 +103,11 @@ class Replica:
         on_finish: Callable[[int], None],
         on_handoff: Callable[[int], None] | None = None,
         prefix_keys: BlockKeys | None = None,
+        driven: bool = False,
     ) -> None:
         """`prefix_keys`: block identities of prompts that share blocks (a trace's block
-        hashes); with prefix caching the KV cache is then keyed by them."""
+        hashes); with prefix caching the KV cache is then keyed by them. A `driven`
+        replica has no process of its own: a DpGroup steps it with its other dp ranks."""
         self.env, self.index, self.cfg, self.cost = env, index, config, cost
         self.prefix_keys = prefix_keys
         self.requests, self.clock, self.on_finish = requests, clock, on_finish
@@ -127,8 +129,8 @@ class Replica:
         self.down = False
         self.t = 0.0  # the replica's own clock; SimPy's may lag it (see _catch_up)
         self._reset()
-        iterative = self.scheduler is not None
-        self.process = env.process(self._lifecycle(iterative))
+        if not driven:
+            self.process = env.process(self._lifecycle(self.scheduler is not None))
 
     def _reset(self) -> None:
         """Empty KV cache, queues and scheduler: at start, and after a failure."""
@@ -183,13 +185,18 @@ class Replica:
     def fail(self) -> list[int]:
         """The replica dies now: it stops, its KV cache is lost, and the requests it held
         (waiting, running, in a batch) are returned for the cluster to retry or fail."""
+        held = self.drop()
+        self.process.interrupt("replica failure")
+        return held
+
+    def drop(self) -> list[int]:
+        """Lose the KV cache and queues; the requests held, for fail()."""
         self.running.materialize()
         held = self.waiting.drain()
         held += [int(rid) for rid in self.running.rid[self.running.active]]
         held += self._batch
         self.down = True
         self._reset()
-        self.process.interrupt("replica failure")
         return sorted(held)
 
     def recover(self) -> None:
@@ -253,16 +260,9 @@ class Replica:
     # ---- iteration-level policies ----------------------------------------------------
     def _iteration_loop(self):
         assert self.scheduler is not None
-        schedule = self.scheduler.schedule
         while True:
-            plan = None
-            if self.running.count or len(self.waiting):
-                plan = schedule(self.t)
-                if plan.empty and self.running.decode_count:
-                    # Only admissions that decode from the next step on (their KV cache
-                    # arrived from a prefill replica): that next step is now.
-                    plan = schedule(self.t)
-            if plan is None or plan.empty:
+            plan = self.next_plan()
+            if plan is None:
                 # Armed before catching up: a request submitted meanwhile (a closed-loop
                 # user answering the step that just ended) must wake it.
                 wakeup = self._sleep()
@@ -280,6 +280,18 @@ class Replica:
                 yield from self._catch_up(end)
             self.t = end
             self._apply_step(plan, end, completes)
+
+    def next_plan(self) -> StepPlan | None:
+        """The step to run now, or None when there is nothing to do."""
+        if not (self.running.count or len(self.waiting)):
+            return None
+        assert self.scheduler is not None
+        plan = self.scheduler.schedule(self.t)
+        if plan.empty and self.running.decode_count:
+            # Only admissions that decode from the next step on (their KV cache arrived
+            # from a prefill replica): that next step is now.
+            plan = self.scheduler.schedule(self.t)
+        return None if plan.empty else plan
 
     def _catch_up(self, end: float):
         """Advance SimPy's clock to the replica's own: steps run ahead of it while nothing
@@ -330,6 +342,17 @@ class Replica:
     # ---- one step ----------------------------------------------------------------------
     def _price_step(self, plan: StepPlan) -> tuple[float, bool]:
         """Price and log one scheduled step: (its seconds, whether it completes a request)."""
+        cost, completes = self.plan_cost(plan)
+        seconds = cost.seconds + plan.swap_blocks * self.cfg.swap_seconds_per_block
+        self.log_step(plan, seconds, cost)
+        return seconds, completes
+
+    def plan_cost(
+        self, plan: StepPlan, padded_tokens: int = 0, moe_tokens: int = 0
+    ) -> tuple[StepCost, bool]:
+        """Price one scheduled step (a dp rank's: its forward pass over at least
+        `padded_tokens`, its MoE layers over all ranks' `moe_tokens`): its cost and
+        whether it completes a request."""
         run, cfg = self.running, self.cfg
         dec = plan.decode_slots
         n = len(dec)
@@ -357,13 +380,22 @@ class Replica:
             prefill_pairs=pairs,
             prefill_context=context,
             sampled=n + finishing,
+            padded_tokens=padded_tokens,
+            moe_tokens=moe_tokens,
         )
-        seconds = cost.seconds + plan.swap_blocks * cfg.swap_seconds_per_block
+        return cost, completes
+
+    def log_step(
+        self, plan: StepPlan, seconds: float, cost: StepCost, held: tuple[int, int] | None = None
+    ) -> None:
+        """Record a step of `seconds` that started at the replica's clock; `held`: the
+        (KV blocks used, requests waiting) to record, when not this engine's own."""
+        n = len(plan.decode_slots)
+        used, waiting = held or (self.kv.used, len(self.waiting))
         self.log.step(
-            self.t, seconds, n + len(plan.prefill_slots), n, prefill_tokens, self.kv.used,
-            len(self.waiting), cost.flops, cost.dram_bytes, cost.bound,
+            self.t, seconds, n + len(plan.prefill_slots), n, sum(plan.prefill_chunks),
+            used, waiting, cost.flops, cost.dram_bytes, cost.bound,
         )  # fmt: skip
-        return seconds, completes
 
     def _apply_step(self, plan: StepPlan, end: float, completes: bool) -> None:
         """The step's tokens, at its end: decodes advance one token, prefill chunks are

@@ -121,8 +121,8 @@ class DecodeSteps:
     numbers to the last bit (the same operations in the same order), so that runs match
     stepping one by one exactly."""
 
-    def __init__(self, model: StepCostModel, seqs: int) -> None:
-        fixed = model._fixed(seqs, seqs)
+    def __init__(self, model: StepCostModel, seqs: int, padded: int = 0, moe: int = 0) -> None:
+        fixed = model._rank_fixed(max(seqs, padded), seqs, moe)
         self.seqs = seqs
         self.parts = tuple(fixed.seconds)  # by StepBound; attention adds to MEMORY
         self.layers = model._layers
@@ -210,7 +210,14 @@ class DecodeSteps:
 
 
 class StepCostModel:
-    """Prices engine steps for one replica: a model sharded tp x pp over one GPU type."""
+    """Prices engine steps for one replica: a model sharded tp x pp over one GPU type.
+
+    With attention data parallelism (`dp` > 1, an MoE model) this prices one dp rank's
+    step: every rank runs the step padded to the same token count (vLLM pads each rank's
+    batch to the largest across ranks, `padded_tokens`), and each MoE layer runs over all
+    dp ranks' tokens, dispatched to the tp x dp GPUs holding the experts and combined
+    back (`all2all_backend`: vLLM's all-gather + reduce-scatter over the dp ranks, or an
+    all-to-all to the experts' GPUs as DeepEP and pplx do)."""
 
     def __init__(
         self,
@@ -226,10 +233,14 @@ class StepCostModel:
         overheads: EngineOverheads | None = None,
         expert_parallel: bool = False,
         moe_routing: str = "balanced",
+        dp: int = 1,
+        all2all_backend: str = "allgather_reducescatter",
     ) -> None:
         arch.check_tp(tp)
         self.arch, self.gpu, self.node, self.tp, self.pp = arch, gpu, node, tp, pp
-        self.experts = ExpertLayout.of(arch, tp, expert_parallel)
+        self.dp = dp if arch.is_moe else 1  # dense ranks are independent replicas
+        self.experts = ExpertLayout.of(arch, tp, expert_parallel, self.dp)
+        self.all2all_backend = all2all_backend
         self.moe_routing = moe_routing
         self.weight_dtype = parse_dtype(weight_dtype)
         self.kv_dtype = parse_dtype(kv_dtype)
@@ -242,6 +253,7 @@ class StepCostModel:
         self.kv_heads = arch.kv_heads_per_shard(tp)
         self.tp_link = self._link(tp, "tensor parallelism")
         self.pp_link = self._link(tp * pp, "pipeline parallelism") if pp > 1 else None
+        self.ep_link = self._link(tp * self.dp, "parallelism.dp: the MoE dispatch (tp x dp)")
         # Constants of every step, looked up once (step() runs tens of thousands of times).
         self._layers = arch.num_layers
         self._step_us, self._per_seq_us = self.overheads.step_us, self.overheads.per_seq_us
@@ -255,7 +267,9 @@ class StepCostModel:
         self._dense_cache: dict[int, _Part] = {}
         self._head_cache: dict[int, _Part] = {}
         self._fixed_cache: dict[tuple[int, int], _Part] = {}
-        self._decode_steps: dict[int, DecodeSteps] = {}
+        self._moe_cache: dict[tuple[int, int], _Part] = {}
+        self._rank_cache: dict[tuple[int, int, int], _Part] = {}
+        self._decode_steps: dict[int | tuple[int, int, int], DecodeSteps] = {}
         self._prefill_attention, self._decode_attention = self._attention()
 
     # ---- configuration -------------------------------------------------------------
@@ -332,7 +346,7 @@ class StepCostModel:
         layers = self.arch.num_layers
         for _, m, n, k, times in self.arch.gemms(tokens, self.tp):
             part.add(gemm_cost(self.gpu, m, n, k, self.compute_dtype, self.weight_dtype), times)
-        if self.arch.is_moe:
+        if self.arch.is_moe and self.dp == 1:  # with dp > 1, _moe_over_ranks
             part.add(self._routed_experts(tokens), self.arch.num_moe_layers)
         fused = self.overheads.fused_kernels
         for chain, per_token, times in self._pointwise_chains():
@@ -348,6 +362,38 @@ class StepCostModel:
         part.add(embedding_cost(self.gpu, tokens, self.arch.hidden_size, self.act_dtype))
         self._dense_cache[tokens] = part
         return part
+
+    def _moe_over_ranks(self, total: int, tokens: int) -> _Part:
+        """The MoE layers of a dp rank's step: the routed experts over all ranks' `total`
+        tokens, with the dispatch of this rank's `tokens` and the combine back."""
+        key = (total, tokens)
+        part = self._moe_cache.get(key)
+        if part is not None:
+            return part
+        part = _Part.empty()
+        part.add(self._routed_experts(total), self.arch.num_moe_layers)
+        self._add_dispatch(part, total, tokens)
+        self._moe_cache[key] = part
+        return part
+
+    def _add_dispatch(self, part: _Part, total: int, tokens: int) -> None:
+        """Each MoE layer's token dispatch to the experts' GPUs and combine back."""
+        assert self.ep_link is not None
+        a, dp = self.arch, self.dp
+        row = a.hidden_size * bytes_per_element(self.act_dtype)
+        if self.all2all_backend == "all_to_all":
+            # Each token goes once to every GPU holding one of its top-k experts (DeepEP
+            # and pplx send a token to a rank once): expected distinct GPUs under
+            # balanced routing, ep x (1 - (1 - 1/ep)^k).
+            group = self.tp * dp
+            copies = group * (1.0 - (1.0 - 1.0 / group) ** a.experts_per_token)
+            nbytes = tokens * copies * row
+            ops = (("all_to_all", nbytes), ("all_to_all", nbytes))
+        else:  # every rank gathers all ranks' tokens, then reduces and scatters back
+            nbytes, group = total * row, dp
+            ops = (("all_gather", nbytes), ("reduce_scatter", nbytes))
+        for op, size in ops:
+            part.add(collective_cost(op, size, group, self.ep_link), a.num_moe_layers)
 
     def _routed_experts(self, tokens: int) -> OpCost:
         return routed_experts_cost(
@@ -382,6 +428,18 @@ class StepCostModel:
             part.kernels += self.arch.num_layers  # the attention kernel of each layer
         return part
 
+    def _rank_fixed(self, tokens: int, sampled: int, moe_tokens: int) -> _Part:
+        """_fixed, plus with dp > 1 the MoE layers over all ranks' `moe_tokens` (at
+        least this rank's `tokens` times dp), memoised."""
+        if self.dp == 1:
+            return self._fixed(tokens, sampled)
+        key = (tokens, sampled, moe_tokens)
+        part = self._rank_cache.get(key)
+        if part is None:
+            moe = self._moe_over_ranks(max(moe_tokens, tokens), tokens)
+            part = self._rank_cache[key] = self._fixed(tokens, sampled).plus(moe)
+        return part
+
     def _host_seconds(self, seqs: int) -> float:
         return (self._step_us + self._per_seq_us * seqs) * 1e-6
 
@@ -399,15 +457,20 @@ class StepCostModel:
         prefill_pairs: float = 0.0,
         prefill_context: int = 0,
         sampled: int | None = None,
+        padded_tokens: int = 0,
+        moe_tokens: int = 0,
     ) -> StepCost:
         """One step: `decode_seqs` decodes attending `decode_context` keys in total, plus
-        prefill chunks (`prefill_tokens` new tokens over `prefill_seqs` sequences)."""
-        tokens = decode_seqs + prefill_tokens
+        prefill chunks (`prefill_tokens` new tokens over `prefill_seqs` sequences). A dp
+        rank's step runs over `padded_tokens` when that is more (vLLM pads every rank to
+        the largest's count), and its MoE layers over all ranks' `moe_tokens`."""
+        tokens = max(decode_seqs + prefill_tokens, padded_tokens)  # a dummy pass: padding
         if tokens < 1:
             raise ValueError("a step must schedule at least one token")
-        if not (prefill_tokens or prefill_seqs) and sampled in (None, decode_seqs):
-            return self.decode_steps(decode_seqs).one(decode_context)
-        fixed = self._fixed(tokens, decode_seqs + prefill_seqs if sampled is None else sampled)
+        if decode_seqs and not (prefill_tokens or prefill_seqs) and sampled in (None, decode_seqs):
+            return self.decode_steps(decode_seqs, tokens, moe_tokens).one(decode_context)
+        sampled = decode_seqs + prefill_seqs if sampled is None else sampled
+        fixed = self._rank_fixed(tokens, sampled, moe_tokens)
         by_bound = fixed.seconds.copy()
         flops, dram, kernels = fixed.flops, fixed.dram_bytes, fixed.kernels
         layers = self._layers
@@ -435,11 +498,13 @@ class StepCostModel:
         ranks = self.tp  # the replica's work: every TP rank does one rank's
         return StepCost(seconds, gpu_seconds, flops * ranks, dram * ranks, bound)
 
-    def decode_steps(self, seqs: int) -> DecodeSteps:
-        """Decode-only steps of `seqs` sequences (memoised: batch sizes repeat)."""
-        steps = self._decode_steps.get(seqs)
+    def decode_steps(self, seqs: int, padded: int = 0, moe: int = 0) -> DecodeSteps:
+        """Decode-only steps of `seqs` sequences (memoised: batch sizes repeat); a dp
+        rank's run over at least `padded` tokens, its MoE layers over `moe`."""
+        key = seqs if self.dp == 1 else (seqs, padded, moe)
+        steps = self._decode_steps.get(key)
         if steps is None:
-            steps = self._decode_steps[seqs] = DecodeSteps(self, seqs)
+            steps = self._decode_steps[key] = DecodeSteps(self, seqs, padded, moe)
         return steps
 
     def decode_run(

@@ -281,21 +281,23 @@ def _model(run: MeasuredRun, options: ReplayOptions, notes: list[str]) -> str:
 
 
 def _parallelism(setting: _Resolver, arch: ModelArchitecture, notes: list[str]) -> dict:
-    """tp and pp; data and expert parallelism, which the engine does not model, refused."""
-    dp = setting("data_parallel_size")
-    if dp != 1:
-        raise InfersimError(
-            f"data_parallel_size {dp}: infersim's engine has no data parallelism inside one "
-            "vLLM server yet; replay a run with data_parallel_size 1"
-        )
+    """tp, pp, dp and expert parallelism, as the run's server was launched."""
+    par = {
+        "tp": setting("tensor_parallel_size"),
+        "pp": setting("pipeline_parallel_size"),
+        "dp": setting("data_parallel_size"),
+    }
     if setting("enable_expert_parallel"):
         if arch.is_moe:
-            raise InfersimError(
-                "enable_expert_parallel: infersim's engine has no expert parallelism yet "
-                f"({arch.display_name} is a mixture of experts); replay a run without it"
-            )
-        notes.append("enable_expert_parallel is on but the model is dense: vLLM ignores it")
-    return {"tp": setting("tensor_parallel_size"), "pp": setting("pipeline_parallel_size")}
+            par["enable_expert_parallel"] = True
+        else:
+            notes.append("enable_expert_parallel is on but the model is dense: vLLM ignores it")
+    if par["dp"] > 1 and arch.is_moe:
+        setting.assumptions.append(
+            "all2all_backend = allgather_reducescatter (vLLM's default; a run does not "
+            "record VLLM_ALL2ALL_BACKEND)"
+        )
+    return par
 
 
 def _dtypes(setting: _Resolver) -> dict[str, str]:

@@ -1,0 +1,116 @@
+"""Pipeline parallelism that pipelines: pp virtual engines keep pp batches in flight, a
+batch waits for the stage the one before it occupies, and too few requests leave
+stages idle (the bubble)."""
+
+import pytest
+
+from hardware_models.errors import InfeasibleError, InfersimWarning
+from simulator.engine.pipeline import Stages
+from simulator.scenario import Scenario
+from simulator.simulation import simulate
+from tests.conftest import scenario_dict
+from tests.test_engine import _assert_same_run, _check_invariants
+
+
+def _scenario(users: int | None = None, pp: int = 2, **serving) -> dict:
+    workload = {
+        "arrivals": {"kind": "poisson", "rate_per_s": 8.0},
+        "prompt_tokens": {"kind": "uniform", "low": 32, "high": 3000},
+        "output_tokens": {"kind": "uniform", "low": 2, "high": 300},
+        "num_requests": 200,
+    }
+    if users is not None:  # saturated: fixed lengths, a closed loop of `users`
+        workload = {
+            "arrivals": {"kind": "closed_loop", "users": users},
+            "prompt_tokens": {"kind": "fixed", "tokens": 256},
+            "output_tokens": {"kind": "fixed", "tokens": 256},
+            "num_requests": max(4 * users, 8),
+        }
+    return scenario_dict(
+        hardware={"gpu": "h100-sxm"},
+        model={"name": "llama-3.1-70b"},
+        parallelism={"tp": 4, "pp": pp},
+        serving={"policy": "chunked_prefill", "max_num_seqs": 64,
+                 "max_num_batched_tokens": 2048, **serving},
+        workload=workload,
+    )  # fmt: skip
+
+
+def _run(data: dict, **engine):
+    if engine:
+        data = {**data, "engine": engine}
+    return simulate(Scenario.from_dict(data), progress=False)
+
+
+def test_stages_hold_a_batch_until_the_one_before_leaves():
+    stages = Stages(2)
+    assert stages.enter(0.0, 2.0) == (0.0, 1.0, 2.0)  # empty pipeline: the whole step
+    # Ready at once: it takes stage 0 when the first batch leaves it, stage 1 after.
+    assert stages.enter(0.0, 2.0) == (1.0, 1.0, 3.0)
+    # A short batch behind a long one waits for stage 1 to free.
+    stages = Stages(2)
+    stages.enter(0.0, 8.0)  # stage 0 until 4, stage 1 until 8
+    assert stages.enter(0.0, 2.0) == (4.0, 1.0, 9.0)
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_multi_step_matches_step_by_step(pp):
+    data = _scenario(pp=pp)
+    fast, slow = _run(data), _run(data, multi_step=False)
+    _assert_same_run(fast, slow)
+    _check_invariants(fast)
+    assert (fast.requests["outcome"] == "completed").all()
+
+
+def test_saturated_pp2_does_twice_the_work_of_its_stages_one_after_another():
+    """Each step-table row of a pipelined replica is its batch's turn in the first stage
+    (1/pp of the step's time through all stages). Saturated, the first stage is never
+    idle: the replica does pp x busy fraction times the work per second of the same
+    stages run one after another, i.e. of a replica with one batch in flight."""
+    saturated = _run(_scenario(users=256))
+    busy = saturated.summary()["utilisation"]["gpu_busy_fraction"]
+    assert 2 * busy >= 1.9
+    # One request at a time: one batch in flight, each stage idle while the other works.
+    alone = _run(_scenario(users=1))
+    assert alone.summary()["utilisation"]["gpu_busy_fraction"] == pytest.approx(0.5, abs=0.01)
+    # Its latency is the stages' one after another: a step row's duration times pp.
+    steps = alone.steps
+    decode = steps[steps["prefill_tokens"] == 0]
+    tpot = alone.requests["tpot"].median()
+    assert tpot == pytest.approx(2 * decode["duration"].median(), rel=0.02)
+
+
+def test_each_engine_schedules_over_its_share_of_the_kv_cache():
+    """200 blocks: 100 per engine (3 sequences of 512 tokens each); the step table
+    records the replica's blocks, both engines'."""
+    res = _run(_scenario(users=16, num_gpu_blocks=200))
+    assert res.context.replicas[0].kv_total_blocks == 200
+    used = res.steps["kv_blocks_used"]
+    assert 100 < used.max() <= 200
+    assert res.summary()["kv"]["max_utilisation"] == used.max() / 200
+    assert len(res.context.replicas) == 1 and res.context.gpus == 8
+    _check_invariants(res)
+
+
+def test_too_few_blocks_for_the_engines_is_refused():
+    with pytest.raises(InfeasibleError, match="pp=4"):
+        _run(_scenario(pp=4, num_gpu_blocks=3))
+
+
+def test_whole_batches_do_not_pipeline_and_the_run_says_so():
+    with pytest.warns(InfersimWarning, match="no pipelining"):
+        _run(_scenario(pp=2, policy="static", max_num_seqs=8))
+
+
+def test_a_failed_pipelined_replica_loses_its_batches_in_flight_and_recovers():
+    data = _scenario()
+    data["parallelism"]["replicas"] = 2  # the retries go to the other meanwhile
+    data["faults"] = {"events": [{"replica": 0, "at_s": 5.0, "recover_at_s": 8.0}],
+                      "on_failure": "retry", "max_retries": 3}  # fmt: skip
+    res = _run(data)
+    _check_invariants(res)
+    assert (res.requests["outcome"] == "completed").all()
+    steps = res.steps[res.steps["replica"] == 0]
+    assert not ((steps["start"] > 5.0) & (steps["start"] < 8.0)).any()  # down meanwhile
+    assert (steps["start"] > 8.0).any()  # and serving again
+    assert res.requests["retries"].sum() > 0
