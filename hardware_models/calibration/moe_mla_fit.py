@@ -113,6 +113,7 @@ def moe_mla_fits(table: pd.DataFrame) -> list[FitSpec]:
                     (("mla_decode_floor_us", None), 0.0, 2.0 * top),
                     (("mla_decode_compute", None), 0.05, 1.0),
                     (("mla_decode_cta_us_per_mb", None), 0.0, 20.0),
+                    (("mla_fp8_kv_us", None), 0.0, top),
                 ],
                 (
                     (("mla_decode_head_block", None), (0, 16)),
