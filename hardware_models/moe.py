@@ -28,7 +28,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
-from scipy.stats import binom
+from scipy.special import gammaln
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import parse_dtype
@@ -46,6 +46,8 @@ MARLIN_BLOCK_MS: tuple[int, ...] = (8, 16, 32, 48, 64)
 BLOCK_N = 128
 # Seeded draws of the power-law generator averaged per token count (the tables average 5).
 POWER_LAW_DRAWS = 16
+# Token counts MoeLayer.step prices in one array pass.
+STEP_CHUNK = 256
 # Bytes of one routing logit and of one (expert id, weight) pair the top-k kernel writes.
 LOGIT_BYTES = 4.0
 TOPK_PAIR_BYTES = 8.0
@@ -116,13 +118,22 @@ def expert_load(tokens: int, topk: int, num_experts: int, ep: int, routing: Rout
         return ExpertLoad(0.0, 0.0, tuple(0.0 for _ in BLOCK_MS), 0.0)
     if routing.kind == "balanced":
         p = topk / num_experts
-        # E[ceil(n / B)] = sum over j >= 0 of P(n > j B), n ~ Binomial(tokens, p).
-        tiles = tuple(
-            local * float(binom.sf(np.arange(0, tokens, b), tokens, p).sum()) for b in BLOCK_MS
+        # E[ceil(n / B)] = sum over j >= 0 of P(n > j B), n ~ Binomial(tokens, p): one
+        # survival function, cut where it is below 1e-15 (15 standard deviations out).
+        top = min(tokens, int(tokens * p + 15 * math.sqrt(tokens * p * (1 - p)) + 2))
+        x = np.arange(top + 1, dtype=float)
+        log_pmf = gammaln(tokens + 1) - gammaln(x + 1) - gammaln(tokens - x + 1)
+        pmf = (
+            np.exp(log_pmf + x * math.log(p) + (tokens - x) * math.log1p(-p))
+            if p < 1
+            else ((x == tokens).astype(float))
         )
+        sf = np.cumsum(pmf[::-1])[::-1] - pmf  # P(n > x)
+        tiles = tuple(local * float(sf[::b].sum()) for b in BLOCK_MS)
         active = local * (1.0 - (1.0 - p) ** tokens)
-        top = float(binom.ppf(local / (local + 1.0), tokens, p))
-        return ExpertLoad(active, local * tokens * p, tiles, top)
+        # The most loaded of `local` experts: the load its rank among them reaches.
+        most = float(np.searchsorted(1.0 - sf, local / (local + 1.0)))
+        return ExpertLoad(active, local * tokens * p, tiles, most)
     loads = _loads(tokens, topk, num_experts, ep, routing)  # one row per draw
     tiles = tuple(float(np.ceil(loads / b).sum(axis=1).mean()) for b in BLOCK_MS)
     return ExpertLoad(
@@ -394,6 +405,7 @@ class MoeLayer:
         floor_us = gpu.efficiency.moe_terms(shape.moe_format)[2]
         extra = gpu.efficiency.kernel_floor_us if include_routing else 0.0
         self.floor_s = (floor_us + extra) * 1e-6
+        self._steps: dict[int, np.ndarray] = {}
 
     def parts(self, num_tokens) -> MoeParts:
         """The layer's terms for each token count (an int or an array of them)."""
@@ -406,6 +418,18 @@ class MoeLayer:
             [self.routing] * len(tokens),
         )
         return moe_parts(self.gpu, s.moe_format, rows, self.include_routing)
+
+    def step(self, num_tokens: int) -> tuple[float, float, float]:
+        """(seconds, flops, dram_bytes) for `num_tokens` tokens, for an engine's every
+        step: token counts are priced STEP_CHUNK at a time (one array pass) and looked up
+        afterwards, where a single count costs about a millisecond of numpy."""
+        chunk, offset = divmod(int(num_tokens), STEP_CHUNK)
+        table = self._steps.get(chunk)
+        if table is None:
+            p = self.parts(np.arange(chunk * STEP_CHUNK, (chunk + 1) * STEP_CHUNK))
+            table = self._steps[chunk] = np.stack([p.seconds, p.flops, p.dram_bytes], axis=1)
+        seconds, flops, dram = table[offset]
+        return float(seconds), float(flops), float(dram)
 
     def cost(self, num_tokens: int) -> OpCost:
         """The layer for `num_tokens` tokens as an OpCost."""
