@@ -405,7 +405,7 @@ class MoeLayer:
         floor_us = gpu.efficiency.moe_terms(shape.moe_format)[2]
         extra = gpu.efficiency.kernel_floor_us if include_routing else 0.0
         self.floor_s = (floor_us + extra) * 1e-6
-        self._steps: dict[int, np.ndarray] = {}
+        self._chunks: dict[int, MoeParts] = {}
 
     def parts(self, num_tokens) -> MoeParts:
         """The layer's terms for each token count (an int or an array of them)."""
@@ -419,30 +419,36 @@ class MoeLayer:
         )
         return moe_parts(self.gpu, s.moe_format, rows, self.include_routing)
 
-    def step(self, num_tokens: int) -> tuple[float, float, float]:
-        """(seconds, flops, dram_bytes) for `num_tokens` tokens, for an engine's every
-        step: token counts are priced STEP_CHUNK at a time (one array pass) and looked up
-        afterwards, where a single count costs about a millisecond of numpy."""
+    def _chunk(self, num_tokens: int) -> tuple[MoeParts, int]:
+        """The parts of the STEP_CHUNK token counts around `num_tokens` (priced in one
+        array pass, then kept) and its row among them: an engine asks for a count
+        every step, and one count alone costs about a millisecond of numpy."""
         chunk, offset = divmod(int(num_tokens), STEP_CHUNK)
-        table = self._steps.get(chunk)
-        if table is None:
-            p = self.parts(np.arange(chunk * STEP_CHUNK, (chunk + 1) * STEP_CHUNK))
-            table = self._steps[chunk] = np.stack([p.seconds, p.flops, p.dram_bytes], axis=1)
-        seconds, flops, dram = table[offset]
-        return float(seconds), float(flops), float(dram)
+        parts = self._chunks.get(chunk)
+        if parts is None:
+            counts = np.arange(chunk * STEP_CHUNK, (chunk + 1) * STEP_CHUNK)
+            parts = self._chunks[chunk] = self.parts(counts)
+        return parts, offset
+
+    def step(self, num_tokens: int) -> tuple[float, float, float]:
+        """(seconds, flops, dram_bytes) for `num_tokens` tokens."""
+        p, i = self._chunk(num_tokens)
+        return float(p.seconds[i]), float(p.flops[i]), float(p.dram_bytes[i])
 
     def cost(self, num_tokens: int) -> OpCost:
         """The layer for `num_tokens` tokens as an OpCost."""
-        p = self.parts(num_tokens)
-        compute = float(p.compute_s[0])
-        memory = float(p.memory_s[0] + p.pass_s[0])
+        if num_tokens < 0:
+            raise InfersimError(f"MoE num_tokens must be >= 0, got {num_tokens}")
+        p, i = self._chunk(num_tokens)
+        compute = float(p.compute_s[i])
+        memory = float(p.memory_s[i] + p.pass_s[i])
         return OpCost(
             name="moe",
-            seconds=float(p.seconds[0]),
-            flops=float(p.flops[0]),
-            dram_bytes=float(p.dram_bytes[0]),
-            l2_bytes=float(p.l2_bytes[0]),
-            bound=classify(compute, memory, float(p.l2_s[0]), p.floor_s),
+            seconds=float(p.seconds[i]),
+            flops=float(p.flops[i]),
+            dram_bytes=float(p.dram_bytes[i]),
+            l2_bytes=float(p.l2_bytes[i]),
+            bound=classify(compute, memory, float(p.l2_s[i]), p.floor_s),
             compute_seconds=compute,
             memory_seconds=memory,
             overhead_seconds=p.floor_s,
