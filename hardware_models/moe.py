@@ -34,6 +34,7 @@ from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import parse_dtype
 from hardware_models.efficiency import MOE_FORMATS, moe_format_key
 from hardware_models.errors import InfersimError
+from hardware_models.gemm import WARP_MMA_ARCHITECTURES, shared_memory_share
 from hardware_models.op_cost import OpCost, classify
 
 # Rows of a grouped-GEMM tile: Triton's tuned configurations pick among 16-128 per token
@@ -332,10 +333,17 @@ def moe_parts(
     index = np.arange(count)
     totals = np.zeros((len(BLOCK_MS), 3, count))  # per BLOCK_M: the binding terms
     l2_bytes = np.zeros((len(BLOCK_MS), count))
+    warp_mma = gpu.architecture.strip().lower() in WARP_MMA_ARCHITECTURES
+    smem = gpu.shared_memory_bandwidth_per_sm
     for j, block in enumerate(BLOCK_MS):
         tiles = r.tiles[:, j]
+        # Before Hopper each warp loads its operands from shared memory, which caps a
+        # thin tile's math (gemm.shared_memory_share; Marlin's tiles are its own).
+        share = 1.0
+        if warp_mma and not fmt.marlin:
+            share = shared_memory_share(block, BLOCK_N, a_bpe, w_bpe, peak / gpu.sm_count, smem)
         for (n, k), moved in zip(gemms, dram, strict=True):
-            compute = 2.0 * tiles * block * n * k / (peak * c_eff)
+            compute = 2.0 * tiles * block * n * k / (peak * share * c_eff)
             memory = moved / (gpu.memory_bandwidth * m_eff)
             # Each thread block (a row tile x BLOCK_N columns) streams its expert's
             # weight panel and its rows through L2 into the SM at a capped rate.
