@@ -112,6 +112,9 @@ def moe_mla_fits(table: pd.DataFrame) -> list[FitSpec]:
     decode = table[table["op_class"] == "mla_decode"]
     if len(decode):
         top = _low_us(decode)
+        # An 8-bit cache's extra fixed time, searched only where rows have one.
+        fp8_kv = (decode["kv_dtype"].astype(str) == "fp8").any()
+        fp8_scalar = [(("mla_fp8_kv_us", None), 0.0, top)] if fp8_kv else []
         fits.append(
             (
                 "mla_decode",
@@ -121,7 +124,7 @@ def moe_mla_fits(table: pd.DataFrame) -> list[FitSpec]:
                     (("mla_decode_floor_us", None), 0.0, 2.0 * top),
                     (("mla_decode_compute", None), 0.05, 1.0),
                     (("mla_decode_cta_us_per_mb", None), 0.0, 20.0),
-                    (("mla_fp8_kv_us", None), 0.0, top),
+                    *fp8_scalar,
                 ],
                 (
                     (("mla_decode_head_block", None), (0, 16)),
