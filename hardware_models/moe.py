@@ -28,7 +28,6 @@ from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
-from scipy.special import gammaln
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import parse_dtype
@@ -123,12 +122,14 @@ def expert_load(tokens: int, topk: int, num_experts: int, ep: int, routing: Rout
         # survival function, cut where it is below 1e-15 (15 standard deviations out).
         top = min(tokens, int(tokens * p + 15 * math.sqrt(tokens * p * (1 - p)) + 2))
         x = np.arange(top + 1, dtype=float)
-        log_pmf = gammaln(tokens + 1) - gammaln(x + 1) - gammaln(tokens - x + 1)
-        pmf = (
-            np.exp(log_pmf + x * math.log(p) + (tokens - x) * math.log1p(-p))
-            if p < 1
-            else ((x == tokens).astype(float))
-        )
+        if p < 1:
+            # log C(T, x) as a running sum of log((T - i) / (i + 1)), in log space: the
+            # plain recurrence from (1 - p)^T underflows at thousands of tokens.
+            steps = np.log(tokens - x[:-1]) - np.log(x[:-1] + 1)
+            log_choose = np.concatenate(([0.0], np.cumsum(steps)))
+            pmf = np.exp(log_choose + x * math.log(p) + (tokens - x) * math.log1p(-p))
+        else:
+            pmf = (x == tokens).astype(float)
         sf = np.cumsum(pmf[::-1])[::-1] - pmf  # P(n > x)
         tiles = tuple(local * float(sf[::b].sum()) for b in BLOCK_MS)
         active = local * (1.0 - (1.0 - p) ** tokens)
