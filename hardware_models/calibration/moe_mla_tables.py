@@ -182,13 +182,14 @@ def mla_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> dict[str, np.ndarray]:
     out.update({k: np.zeros(n) for k in ("fixed_s", "floor_s", "projections_s", "dram")})
     batch, q_len, kv_len = (sub[c].to_numpy(dtype=float) for c in ("batch", "q_len", "kv_len"))
     new, context = batch * q_len, batch * kv_len
-    gemm_dtype = sub["gemm_dtype"] if "gemm_dtype" in sub else pd.Series(np.nan, index=sub.index)
+    # Kernel-only rows (and tables) have no linear layers: "" for them.
+    gemm_dtype = sub["gemm_dtype"] if "gemm_dtype" in sub else pd.Series(None, index=sub.index)
     keys = pd.DataFrame(
         {
             "op_class": sub["op_class"].to_numpy(),
             "heads": sub["num_heads"].to_numpy(),
             "kv": sub["kv_dtype"].astype(str).to_numpy(),
-            "gemm": gemm_dtype.fillna("").astype(str).to_numpy(),
+            "gemm": gemm_dtype.astype(object).where(gemm_dtype.notna(), "").to_numpy(),
         }
     )
     for (op_class, heads, kv, gemm), pos in keys.groupby(
