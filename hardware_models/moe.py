@@ -16,8 +16,11 @@ other ranks' experts cost no GEMM work but the intermediate buffers are sized T 
 (their tiles write zeros, the activation and the combine run over every pair), which
 at 16k tokens over 256 ranks is most of the time on the public H100 table.
 
-Costs are closed form over the token count and memoised per shape: the simulator
-prices a layer every engine step.
+Costs are closed form over the token count (the routing's expected loads memoised per
+count, power-law ones from seeded draws of the tables' generator) and vectorised over
+arrays of layers: the simulator prices a layer every engine step (MoeLayer.step and
+moe_cost price 256 token counts in one pass and look them up), a calibration fit whole
+tables at once.
 """
 
 from __future__ import annotations
