@@ -434,6 +434,13 @@ class EfficiencyProfile(BaseModel):
         description="fixed time of an MLA decode attention call, microseconds (None: "
         "attention_decode_floor_us)",
     )
+    mla_fp8_kv_us: float = Field(
+        default=0.0,
+        ge=0,
+        description="extra fixed time of an MLA attention call over an 8-bit latent "
+        "cache, microseconds: the new latents and the queries are quantised by kernels "
+        "of their own (the public H100 module table: ~20 us at short contexts)",
+    )
     mla_decode_head_block: int = Field(
         default=0,
         ge=0,

@@ -16,8 +16,11 @@ other ranks' experts cost no GEMM work but the intermediate buffers are sized T 
 (their tiles write zeros, the activation and the combine run over every pair), which
 at 16k tokens over 256 ranks is most of the time on the public H100 table.
 
-Costs are closed form over the token count and memoised per shape: the simulator
-prices a layer every engine step.
+Costs are closed form over the token count (the routing's expected loads memoised per
+count, power-law ones from seeded draws of the tables' generator) and vectorised over
+arrays of layers: the simulator prices a layer every engine step (MoeLayer.step and
+moe_cost price 256 token counts in one pass and look them up), a calibration fit whole
+tables at once.
 """
 
 from __future__ import annotations
@@ -28,12 +31,12 @@ from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
-from scipy.stats import binom
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import parse_dtype
 from hardware_models.efficiency import MOE_FORMATS, moe_format_key
 from hardware_models.errors import InfersimError
+from hardware_models.gemm import WARP_MMA_ARCHITECTURES, shared_memory_share
 from hardware_models.op_cost import OpCost, classify
 
 # Rows of a grouped-GEMM tile: Triton's tuned configurations pick among 16-128 per token
@@ -46,6 +49,8 @@ MARLIN_BLOCK_MS: tuple[int, ...] = (8, 16, 32, 48, 64)
 BLOCK_N = 128
 # Seeded draws of the power-law generator averaged per token count (the tables average 5).
 POWER_LAW_DRAWS = 16
+# Token counts MoeLayer.step prices in one array pass.
+STEP_CHUNK = 256
 # Bytes of one routing logit and of one (expert id, weight) pair the top-k kernel writes.
 LOGIT_BYTES = 4.0
 TOPK_PAIR_BYTES = 8.0
@@ -116,13 +121,24 @@ def expert_load(tokens: int, topk: int, num_experts: int, ep: int, routing: Rout
         return ExpertLoad(0.0, 0.0, tuple(0.0 for _ in BLOCK_MS), 0.0)
     if routing.kind == "balanced":
         p = topk / num_experts
-        # E[ceil(n / B)] = sum over j >= 0 of P(n > j B), n ~ Binomial(tokens, p).
-        tiles = tuple(
-            local * float(binom.sf(np.arange(0, tokens, b), tokens, p).sum()) for b in BLOCK_MS
-        )
+        # E[ceil(n / B)] = sum over j >= 0 of P(n > j B), n ~ Binomial(tokens, p): one
+        # survival function, cut where it is below 1e-15 (15 standard deviations out).
+        top = min(tokens, int(tokens * p + 15 * math.sqrt(tokens * p * (1 - p)) + 2))
+        x = np.arange(top + 1, dtype=float)
+        if p < 1:
+            # log C(T, x) as a running sum of log((T - i) / (i + 1)), in log space: the
+            # plain recurrence from (1 - p)^T underflows at thousands of tokens.
+            steps = np.log(tokens - x[:-1]) - np.log(x[:-1] + 1)
+            log_choose = np.concatenate(([0.0], np.cumsum(steps)))
+            pmf = np.exp(log_choose + x * math.log(p) + (tokens - x) * math.log1p(-p))
+        else:
+            pmf = (x == tokens).astype(float)
+        sf = np.cumsum(pmf[::-1])[::-1] - pmf  # P(n > x)
+        tiles = tuple(local * float(sf[::b].sum()) for b in BLOCK_MS)
         active = local * (1.0 - (1.0 - p) ** tokens)
-        top = float(binom.ppf(local / (local + 1.0), tokens, p))
-        return ExpertLoad(active, local * tokens * p, tiles, top)
+        # The most loaded of `local` experts: the load its rank among them reaches.
+        most = float(np.searchsorted(1.0 - sf, local / (local + 1.0)))
+        return ExpertLoad(active, local * tokens * p, tiles, most)
     loads = _loads(tokens, topk, num_experts, ep, routing)  # one row per draw
     tiles = tuple(float(np.ceil(loads / b).sum(axis=1).mean()) for b in BLOCK_MS)
     return ExpertLoad(
@@ -321,10 +337,17 @@ def moe_parts(
     index = np.arange(count)
     totals = np.zeros((len(BLOCK_MS), 3, count))  # per BLOCK_M: the binding terms
     l2_bytes = np.zeros((len(BLOCK_MS), count))
+    warp_mma = gpu.architecture.strip().lower() in WARP_MMA_ARCHITECTURES
+    smem = gpu.shared_memory_bandwidth_per_sm
     for j, block in enumerate(BLOCK_MS):
         tiles = r.tiles[:, j]
+        # Before Hopper each warp loads its operands from shared memory, which caps a
+        # thin tile's math (gemm.shared_memory_share; Marlin's tiles are its own).
+        share = 1.0
+        if warp_mma and not fmt.marlin:
+            share = shared_memory_share(block, BLOCK_N, a_bpe, w_bpe, peak / gpu.sm_count, smem)
         for (n, k), moved in zip(gemms, dram, strict=True):
-            compute = 2.0 * tiles * block * n * k / (peak * c_eff)
+            compute = 2.0 * tiles * block * n * k / (peak * share * c_eff)
             memory = moved / (gpu.memory_bandwidth * m_eff)
             # Each thread block (a row tile x BLOCK_N columns) streams its expert's
             # weight panel and its rows through L2 into the SM at a capped rate.
@@ -394,6 +417,7 @@ class MoeLayer:
         floor_us = gpu.efficiency.moe_terms(shape.moe_format)[2]
         extra = gpu.efficiency.kernel_floor_us if include_routing else 0.0
         self.floor_s = (floor_us + extra) * 1e-6
+        self._chunks: dict[int, MoeParts] = {}
 
     def parts(self, num_tokens) -> MoeParts:
         """The layer's terms for each token count (an int or an array of them)."""
@@ -407,18 +431,36 @@ class MoeLayer:
         )
         return moe_parts(self.gpu, s.moe_format, rows, self.include_routing)
 
+    def _chunk(self, num_tokens: int) -> tuple[MoeParts, int]:
+        """The parts of the STEP_CHUNK token counts around `num_tokens` (priced in one
+        array pass, then kept) and its row among them: an engine asks for a count
+        every step, and one count alone costs about a millisecond of numpy."""
+        chunk, offset = divmod(int(num_tokens), STEP_CHUNK)
+        parts = self._chunks.get(chunk)
+        if parts is None:
+            counts = np.arange(chunk * STEP_CHUNK, (chunk + 1) * STEP_CHUNK)
+            parts = self._chunks[chunk] = self.parts(counts)
+        return parts, offset
+
+    def step(self, num_tokens: int) -> tuple[float, float, float]:
+        """(seconds, flops, dram_bytes) for `num_tokens` tokens."""
+        p, i = self._chunk(num_tokens)
+        return float(p.seconds[i]), float(p.flops[i]), float(p.dram_bytes[i])
+
     def cost(self, num_tokens: int) -> OpCost:
         """The layer for `num_tokens` tokens as an OpCost."""
-        p = self.parts(num_tokens)
-        compute = float(p.compute_s[0])
-        memory = float(p.memory_s[0] + p.pass_s[0])
+        if num_tokens < 0:
+            raise InfersimError(f"MoE num_tokens must be >= 0, got {num_tokens}")
+        p, i = self._chunk(num_tokens)
+        compute = float(p.compute_s[i])
+        memory = float(p.memory_s[i] + p.pass_s[i])
         return OpCost(
             name="moe",
-            seconds=float(p.seconds[0]),
-            flops=float(p.flops[0]),
-            dram_bytes=float(p.dram_bytes[0]),
-            l2_bytes=float(p.l2_bytes[0]),
-            bound=classify(compute, memory, float(p.l2_s[0]), p.floor_s),
+            seconds=float(p.seconds[i]),
+            flops=float(p.flops[i]),
+            dram_bytes=float(p.dram_bytes[i]),
+            l2_bytes=float(p.l2_bytes[i]),
+            bound=classify(compute, memory, float(p.l2_s[i]), p.floor_s),
             compute_seconds=compute,
             memory_seconds=memory,
             overhead_seconds=p.floor_s,

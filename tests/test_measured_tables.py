@@ -22,6 +22,7 @@ from hardware_models.calibration import (
     supported_mask,
     to_markdown,
 )
+from hardware_models.calibration.moe_mla_tables import EXTRA_COLUMNS
 from hardware_models.collectives import collective_cost
 from hardware_models.errors import InfersimError
 from hardware_models.presets import load_gpu, load_node
@@ -114,10 +115,12 @@ def test_error_table_groups_and_buckets(tmp_path: Path) -> None:
 @pytest.mark.shared_data
 @needs_data
 def test_columns_and_units(h100: pd.DataFrame) -> None:
-    assert list(h100.columns) == list(COLUMNS)
+    # The MoE and MLA tables add their own shape columns after the common ones.
+    assert list(h100.columns) == [*COLUMNS, *EXTRA_COLUMNS]
     assert set(h100["op_class"]) == {
         "gemm", "attention_prefill", "attention_decode",
         "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+        "moe", "mla_prefill", "mla_decode",
     }  # fmt: skip
     raw = pd.read_parquet(MEASURED / "h100_sxm" / "gemm_perf.parquet")
     first = raw.iloc[0]

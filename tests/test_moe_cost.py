@@ -87,6 +87,17 @@ def test_time_grows_with_tokens():
     assert np.all(np.diff(seconds) > 0)
 
 
+def test_step_lookup_gives_the_layers_own_prices():
+    layer = MoeLayer(H100, MoeShape(**DSV3, ep=8), "balanced")
+    for tokens in (0, 1, 255, 256, 3000):
+        parts = layer.parts(tokens)
+        assert layer.step(tokens) == (
+            float(parts.seconds[0]),
+            float(parts.flops[0]),
+            float(parts.dram_bytes[0]),
+        )
+
+
 def test_expert_parallelism_reduces_each_ranks_experts():
     one = moe_cost(H100, num_tokens=64, **DSV3, ep=1)
     eight = moe_cost(H100, num_tokens=64, **DSV3, ep=8)

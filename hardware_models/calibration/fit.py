@@ -68,6 +68,8 @@ class ClassFit:
     choices: tuple[tuple[CurveLoc, tuple[object, ...]], ...] = ()
     # How many of `scalars` are searched for each option before the options are ranked.
     rank_scalars: int = 1
+    # Times the scalar search and curve refit run, each from the last one's result.
+    passes: int = 1
 
 
 def mape(measured: np.ndarray, predicted: np.ndarray) -> float:
@@ -150,8 +152,10 @@ def fit_class(
     else:
         profile = candidates[0]
     scalars = tuple(scalar for scalar in spec.scalars if scalar.applies(profile))
-    profile = _search_scalars(gpu, profile, scalars, spec.price, sample)
-    return refit_curves(gpu, profile, spec.rows, spec.price)
+    for _ in range(spec.passes):
+        profile = _search_scalars(gpu, profile, scalars, spec.price, sample)
+        profile = refit_curves(gpu, profile, spec.rows, spec.price)
+    return profile
 
 
 def _search_scalars(
@@ -261,9 +265,11 @@ def class_fits(table: pd.DataFrame) -> list[ClassFit]:
                     rank_scalars=len(scalars),
                 )
             )
-    for name, rows, price, bounds, choices in moe_mla_fits(table):
+    for name, rows, price, bounds, choices, passes in moe_mla_fits(table):
         scalars = tuple(Scalar(loc, low, high) for loc, low, high in bounds)
-        fits.append(ClassFit(name, rows, price, scalars, choices, rank_scalars=len(scalars)))
+        fits.append(
+            ClassFit(name, rows, price, scalars, choices, rank_scalars=len(scalars), passes=passes)
+        )
     return fits
 
 

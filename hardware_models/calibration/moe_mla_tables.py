@@ -41,7 +41,7 @@ import pandas as pd
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.attention import causal_pairs_many
 from hardware_models.dtypes import parse_dtype
-from hardware_models.efficiency import moe_format_key
+from hardware_models.efficiency import EfficiencyProfile, moe_format_key
 from hardware_models.errors import InfersimError
 from hardware_models.gemm import gemm_parts_many
 from hardware_models.mla import (
@@ -182,13 +182,14 @@ def mla_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> dict[str, np.ndarray]:
     out.update({k: np.zeros(n) for k in ("fixed_s", "floor_s", "projections_s", "dram")})
     batch, q_len, kv_len = (sub[c].to_numpy(dtype=float) for c in ("batch", "q_len", "kv_len"))
     new, context = batch * q_len, batch * kv_len
-    gemm_dtype = sub["gemm_dtype"] if "gemm_dtype" in sub else pd.Series(np.nan, index=sub.index)
+    # Kernel-only rows (and tables) have no linear layers: "" for them.
+    gemm_dtype = sub["gemm_dtype"] if "gemm_dtype" in sub else pd.Series(None, index=sub.index)
     keys = pd.DataFrame(
         {
             "op_class": sub["op_class"].to_numpy(),
             "heads": sub["num_heads"].to_numpy(),
             "kv": sub["kv_dtype"].astype(str).to_numpy(),
-            "gemm": gemm_dtype.fillna("").astype(str).to_numpy(),
+            "gemm": gemm_dtype.astype(object).where(gemm_dtype.notna(), "").to_numpy(),
         }
     )
     for (op_class, heads, kv, gemm), pos in keys.groupby(
@@ -229,7 +230,40 @@ def _projections(
     gemm_dtype: str,
 ) -> np.ndarray:
     """Seconds of the module's GEMMs, latent norms and rotary per row (mla_module_cost's
-    terms, the GEMMs priced as arrays)."""
+    terms, the GEMMs priced as arrays). They depend on the GEMM and streaming fields
+    only, which an MLA fit does not move: each is priced once per such profile."""
+    key = (
+        gpu.name,
+        gpu.efficiency.model_dump_json(exclude=_NOT_PROJECTION_FIELDS),
+        shape.num_heads,
+        decode,
+        gemm_dtype,
+        new.tobytes(),
+        context.tobytes(),
+    )
+    if key not in _PROJECTIONS:
+        if len(_PROJECTIONS) >= 256:
+            _PROJECTIONS.clear()
+        _PROJECTIONS[key] = _price_projections(gpu, shape, new, context, decode, gemm_dtype)
+    return _PROJECTIONS[key]
+
+
+_PROJECTIONS: dict[tuple, np.ndarray] = {}
+_NOT_PROJECTION_FIELDS = {
+    name
+    for name in EfficiencyProfile.model_fields
+    if name.startswith(("mla_", "moe_", "attention_", "decode_", "prefill_", "collective_"))
+}
+
+
+def _price_projections(
+    gpu: AcceleratorSpec,
+    shape: MlaShape,
+    new: np.ndarray,
+    context: np.ndarray,
+    decode: bool,
+    gemm_dtype: str,
+) -> np.ndarray:
     seconds = np.zeros(len(new))
     for _, cached, n, k, quantised in mla_projection_gemms(shape, decode):
         rows = np.maximum(context if cached else new, 1)

@@ -1,0 +1,111 @@
+"""The MoE and MLA tables in the calibration: what the importer reads, the split, and
+the held-out errors of the shipped profiles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from hardware_models.calibration import holdout_mask, load_measured, predict
+from hardware_models.calibration.moe_mla_tables import EXTRA_COLUMNS, read_mla, read_moe
+from hardware_models.calibration.profile_file import read_profile
+from hardware_models.presets import calibration_path, load_gpu
+from tests.conftest import SHARED_DATA, needs_shared_data
+
+MEASURED = SHARED_DATA / "measured"
+
+
+@needs_shared_data
+def test_moe_rows_are_one_ranks_layer_in_seconds():
+    raw = pd.read_parquet(MEASURED / "h100_sxm" / "moe_perf.parquet")
+    rows = read_moe(MEASURED / "h100_sxm" / "moe_perf.parquet", "h100-sxm")
+    assert len(rows) == len(raw)
+    assert (rows["op_class"] == "moe").all()
+    assert np.array_equal(rows["m"], raw["num_tokens"]) and np.array_equal(
+        rows["k"], raw["inter_size"]
+    )
+    assert np.allclose(rows["measured_s"], raw["latency"] / 1e3)
+    # The table's "balanced" deals the pairs round-robin; power-law rows keep their alpha.
+    assert set(rows["routing"]) == {"round_robin", "power_law_1.01", "power_law_1.2"}
+    assert set(rows["dtype"]) == {"bf16", "fp8", "fp8_block", "int4_wo"}
+    # vLLM runs an expert either tensor- or expert-parallel, never both.
+    assert ((rows["tp"] == 1) | (rows["ep"] == 1)).all()
+
+
+@needs_shared_data
+def test_mla_rows_distinguish_modules_from_kernels():
+    module = read_mla(MEASURED / "h100_sxm" / "mla_generation_module_perf.parquet", "h100-sxm")
+    kernel = read_mla(MEASURED / "a100_sxm" / "generation_mla_perf.parquet", "a100-80gb-sxm")
+    assert (module["module"] == 1).all() and (kernel["module"] == 0).all()
+    assert set(module["gemm_dtype"]) == {"bf16", "fp8_block"}
+    assert "gemm_dtype" not in kernel or kernel["gemm_dtype"].isna().all()
+    raw = pd.read_parquet(MEASURED / "a100_sxm" / "generation_mla_perf.parquet")
+    assert np.array_equal(kernel["kv_len"], raw["isl"] + raw["step"])  # the cached tokens
+    assert (kernel["q_len"] == 1).all()
+    prefill = read_mla(MEASURED / "h100_sxm" / "mla_context_module_perf.parquet", "h100-sxm")
+    assert np.array_equal(prefill["q_len"], prefill["kv_len"])  # no cached prefix
+
+
+def test_adding_moe_rows_moves_no_other_row_across_the_split():
+    gemm = pd.DataFrame(
+        {
+            "op_class": "gemm",
+            "dtype": "bf16",
+            "source_dtype": "bfloat16",
+            "m": np.arange(1, 200, dtype=float),
+            "n": 4096.0,
+            "k": 4096.0,
+        }
+    )
+    moe = pd.DataFrame(
+        {
+            "op_class": "moe",
+            "dtype": "bf16",
+            "source_dtype": "bfloat16",
+            "m": np.repeat([1.0, 64.0], 100),
+            "n": 7168.0,
+            "k": 2048.0,
+            "topk": 8.0,
+            "num_experts": 256.0,
+            "tp": 1.0,
+            "ep": np.tile(np.arange(1.0, 101.0), 2),
+            "routing": "round_robin",
+        }
+    )
+    alone = holdout_mask(gemm, 0.5, 0)
+    both = holdout_mask(pd.concat([gemm, moe], ignore_index=True), 0.5, 0)
+    assert both.iloc[: len(gemm)].tolist() == alone.tolist()
+    # The MoE rows differ only in their own columns (ep), and split between the halves.
+    assert 0.3 < both.iloc[len(gemm) :].mean() < 0.7
+    assert set(EXTRA_COLUMNS) >= {"topk", "num_experts", "tp", "ep", "routing"}
+
+
+def _held_out_mape(gpu: str, op_class: str, profile_gpu: str | None = None) -> float:
+    table = load_measured(gpus=[gpu], op_classes=[op_class])
+    profile = read_profile(calibration_path(profile_gpu or gpu))
+    if profile_gpu is None:
+        table = table[holdout_mask(table, profile.metadata.holdout, profile.metadata.seed)]
+    spec = load_gpu(gpu).with_efficiency(profile.efficiency)
+    predicted = predict(table, gpu_resolver=lambda _name: spec)
+    return float(np.mean(np.abs(predicted - table["measured_s"]) / table["measured_s"]))
+
+
+@needs_shared_data
+@pytest.mark.parametrize(
+    ("gpu", "op_class", "profile_gpu", "documented"),
+    [
+        # benchmarks/README.md, "MoE and MLA": held-out errors of the shipped profiles
+        # (the issue's targets, 10% MoE and 12% MLA, are not met; see there), and the
+        # H100 profile on every A100 MoE row (a transfer; target 20%, not met).
+        ("h100-sxm", "moe", None, 0.118),
+        ("h100-sxm", "mla_decode", None, 0.142),
+        ("h100-sxm", "mla_prefill", None, 0.165),
+        ("a100-80gb-sxm", "moe", None, 0.199),
+        ("a100-80gb-sxm", "moe", "h100-sxm", 0.347),
+    ],
+)
+def test_shipped_profiles_give_the_documented_moe_and_mla_errors(
+    gpu, op_class, profile_gpu, documented
+):
+    assert _held_out_mape(gpu, op_class, profile_gpu) == pytest.approx(documented, abs=0.0015)
