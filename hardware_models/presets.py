@@ -27,6 +27,11 @@ def list_nodes() -> list[str]:
     return _preset_names("nodes")
 
 
+def nodes_with_gpu(gpu_name: str) -> list[str]:
+    """The node presets built from the accelerator preset `gpu_name`."""
+    return [n for n in list_nodes() if load_node(n).gpu == gpu_name]
+
+
 def list_calibrations() -> list[str]:
     return _preset_names("calibrations")
 
