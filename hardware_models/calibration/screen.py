@@ -51,7 +51,7 @@ class Screened:
 
 def _element_bytes(dtypes: pd.Series) -> np.ndarray:
     sizes = {d: bytes_per_element(parse_dtype(d)) for d in pd.unique(dtypes.dropna())}
-    return dtypes.map(sizes).to_numpy(dtype=float)
+    return dtypes.astype(object).map(sizes).to_numpy(dtype=float)
 
 
 def working_set_bytes(rows: pd.DataFrame) -> np.ndarray:
@@ -87,7 +87,8 @@ def floors(rows: pd.DataFrame, spec: AcceleratorSpec, link: LinkSpec | None) -> 
         for d in pd.unique(rows["dtype"].dropna())
     }
     on_chip = ~np.isin(op, list(COLLECTIVE_CLASSES))
-    compute = np.where(on_chip, rows["size"].to_numpy(float) / rows["dtype"].map(peak), np.nan)
+    peaks = rows["dtype"].astype(object).map(peak).to_numpy(dtype=float)
+    compute = np.where(on_chip, rows["size"].to_numpy(dtype=float) / peaks, np.nan)
     ws = working_set_bytes(rows)
     l2_capacity = spec.l2.size_mb * 2**20
     memory = np.maximum(ws / spec.l2_bandwidth, (ws - l2_capacity) / spec.memory_bandwidth)

@@ -42,7 +42,10 @@ def node_link(
     spec: AcceleratorSpec, node: str | Path | None = None
 ) -> tuple[LinkSpec | None, str | None]:
     """(the GPU-to-GPU link collectives on `spec` ran over, None) or (None, why there is
-    none): `node`'s link, else that of the node preset built from the GPU."""
+    none): `node`'s link (a bad `node` is an error), else that of the node preset built
+    from the GPU."""
+    if node is not None:
+        return default_link_resolver(spec.name, node), None
     try:
         return default_link_resolver(spec.name, node), None
     except InfersimError as exc:

@@ -181,7 +181,9 @@ def validate_measurements(
     else:
         which = f"all (transfer: profile fitted on {meta.gpu})"
     if rows.empty:
-        raise InfersimError("no rows to validate on (is --holdout 0 in the profile?)")
+        left_out = "; ".join(usable.lines())
+        why = left_out or "is --holdout 0 in the profile?"
+        raise InfersimError(f"no rows to validate on ({why})")
     before = predict_all(rows, spec, node=node)
     after = predict_all(rows, spec, profile, node=node)
     tables = validation_tables(rows, before, after, transfer)

@@ -27,6 +27,7 @@ class ReplicaInfo:
     tdp_w: float  # per GPU
     usd_per_gpu_hour: float
     pool: str = "default"
+    calibration: str = "none"  # the profile its GPU runs with, and why (calibration_lookup)
 
 
 @dataclass(frozen=True, slots=True)

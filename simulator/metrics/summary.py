@@ -382,6 +382,7 @@ def _run(ctx: RunContext, arrived: int) -> dict[str, Any]:
         "replicas": len(ctx.replicas),
         "gpus": ctx.gpus,
         "gpu_types": sorted({r.gpu for r in ctx.replicas}),
+        "calibrations": sorted({f"{r.gpu}: {r.calibration}" for r in ctx.replicas}),
     }
     if ctx.wall_seconds > 0:
         run["wall"] = {
@@ -517,7 +518,7 @@ def summary_table(summary: Mapping[str, Any]) -> str:
     )
     if "wall" in run:
         head += f"  [{run['wall']['seconds']:.2f} s wall]"
-    lines = [head]
+    lines = [head, *(f"calibration {line}" for line in run.get("calibrations", []))]
     if summary["overloaded"]:
         lines.append(f"*** OVERLOADED: {summary['overload_reason']} ***")
     rejected = ", ".join(f"{k} {v}" for k, v in c["rejected_by_reason"].items())
