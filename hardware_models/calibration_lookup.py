@@ -74,12 +74,10 @@ def nearest_profile(gpu: AcceleratorSpec) -> str | None:
     return min(kin)[1] if kin else None
 
 
-def choose_calibration(
-    gpu: AcceleratorSpec, setting: str | Path | None = AUTO
-) -> CalibrationChoice:
+def choose_calibration(gpu: AcceleratorSpec, setting: str | Path = AUTO) -> CalibrationChoice:
     """`gpu` with the profile `setting` names: auto (see the module), none, a shipped
     profile's name or a profile file's path."""
-    text = AUTO if setting is None else str(setting)
+    text = str(setting)
     if text == NONE:
         return CalibrationChoice(gpu, None, "none (datasheet efficiencies)")
     if text == AUTO:
@@ -94,7 +92,7 @@ def choose_calibration(
     if fitted_on is None and Path(text).is_file():
         fitted_on = (load_yaml_mapping(text).get("metadata") or {}).get("gpu")
     calibrated = with_calibration(gpu, text)
-    how = "auto: " if str(setting or AUTO) == AUTO else ""
+    how = "auto: " if str(setting) == AUTO else ""
     if fitted_on == gpu.name:
         where = "fitted on this GPU"
     elif fitted_on is None:

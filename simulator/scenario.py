@@ -35,11 +35,12 @@ class HardwareSection(BaseModel):
         description="node preset or YAML path; default: the first node preset built from "
         "this GPU, or a single-GPU machine",
     )
-    calibration: str = Field(
+    calibration: str | None = Field(
         default="auto",
         description="calibration profile replacing the GPU's efficiencies: `auto` (the GPU's "
         "own shipped profile, else that of the nearest measured chip of the same "
-        "architecture and memory family, else none), `none` (the datasheet efficiencies), a "
+        "architecture and memory family, else none), `none` or null (the datasheet "
+        "efficiencies), a "
         "shipped profile's name (`infersim hardware list`) or a YAML path written by "
         "`infersim calibrate fit`",
     )

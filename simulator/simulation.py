@@ -47,7 +47,7 @@ def resolve_calibration(scenario: Scenario) -> CalibrationChoice:
     which one that is (for the summary and the terminal)."""
     hw = scenario.hardware
     gpu = _named_field("hardware.gpu", load_gpu, _maybe_path(scenario, hw.gpu))
-    value = _maybe_path(scenario, hw.calibration)
+    value = _maybe_path(scenario, hw.calibration or "none")
     return _named_field("hardware.calibration", lambda v: choose_calibration(gpu, v), value)
 
 

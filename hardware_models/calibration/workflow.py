@@ -203,7 +203,10 @@ def write_report(validation: Validation, out_dir: str | Path, title: str) -> lis
         path = out / f"{name}.csv"
         frame.to_csv(path, index=False, float_format="%.5g")
         written.append(path)
-        percent = ("mape", "target") if name == "targets" else None
+        percent = {
+            "targets": ("mape", "target"),
+            "worse_than_uncalibrated": ("mape_uncalibrated", "mape_calibrated"),
+        }.get(name)
         body = to_markdown(frame, percent) if percent else to_markdown(frame)
         markdown += [f"\n## {name}\n\n", body]
     report = out / "report.md"
