@@ -2,7 +2,7 @@
 
 `auto` (the default) takes the GPU's own shipped profile; a GPU without one borrows the
 profile of the nearest measured chip of the same architecture and memory family (an
-H200 shares the H100's die and its HBM; an L4 is an Ada GDDR part like the L40S), since
+H200 shares the H100's die and its HBM), since
 kernels, tile shapes and memory behaviour follow the die, while the sizes (SMs, clocks,
 bandwidth) come from the GPU's own spec. With no such chip, or `none`, the datasheet
 efficiencies of the preset stay. A profile named or given by path applies to any GPU;
@@ -45,10 +45,14 @@ def memory_family(spec: AcceleratorSpec) -> str:
 
 
 @cache
+def _metadata(name: str) -> dict:
+    """A shipped profile's metadata (empty for a bare efficiency profile)."""
+    return load_yaml_mapping(calibration_path(name)).get("metadata") or {}
+
+
 def _fitted_on(name: str) -> str | None:
-    """The GPU a shipped profile was fitted on (its metadata), None for a bare profile."""
-    metadata = load_yaml_mapping(calibration_path(name)).get("metadata") or {}
-    return metadata.get("gpu")
+    """The GPU a shipped profile was fitted on, None for a bare profile."""
+    return _metadata(name).get("gpu")
 
 
 def _distance(a: AcceleratorSpec, b: AcceleratorSpec) -> float:
@@ -59,7 +63,10 @@ def _distance(a: AcceleratorSpec, b: AcceleratorSpec) -> float:
 
 def nearest_profile(gpu: AcceleratorSpec) -> str | None:
     """The shipped profile `auto` gives `gpu`: its own, else the nearest chip's of the same
-    architecture and memory family (ties: the profile's name), else None."""
+    architecture and memory family (ties: the profile's name), else None. Only a full fit
+    of measured kernels transfers: a curves-only profile (a few published peak figures)
+    says nothing about another chip's small kernels, and on the L40S the RTX 4090's makes
+    GEMMs worse than the datasheet model (benchmarks/README.md)."""
     own = [name for name in list_calibrations() if _fitted_on(name) == gpu.name]
     if own:
         return own[0]
@@ -67,6 +74,8 @@ def nearest_profile(gpu: AcceleratorSpec) -> str | None:
     for name in list_calibrations():
         fitted_on = _fitted_on(name)
         if fitted_on is None or not (PRESET_DIR / "gpus" / f"{fitted_on}.yaml").is_file():
+            continue
+        if _metadata(name).get("curves_only"):
             continue
         other = load_gpu(fitted_on)
         if other.architecture == gpu.architecture and memory_family(other) == memory_family(gpu):
