@@ -379,6 +379,29 @@ class DecodeAttention:
         seconds = np.maximum(memory, fixed) + overhead
         return DecodeParts(seconds, memory, fixed, overhead, kv_bytes)
 
+    def _step_seconds(self, seqs: int, context: int, kv_bytes: float, dram: float) -> float:
+        """`parts(...).seconds` of one call in plain floats, the same operations in the
+        same order (so the same number): a calibrated profile's split and streaming terms
+        would otherwise cost the engine numpy's per-call overhead on every step."""
+        eff = self._curve.at(max(kv_bytes, 1.0))
+        memory = dram / (self.bandwidth * eff)
+        waves = math.ceil(seqs / self.blocks_per_wave)
+        blocks = max(seqs * self.num_kv_heads, 1.0)
+        keys = context / max(seqs, 1.0)
+        splits = 1.0
+        if self.splits_kv:
+            tiles = max(math.ceil(keys / DECODE_KEY_BLOCK), 1.0)
+            splits = min(max(math.floor(self.sm_count / blocks), 1.0), tiles)
+        streamed = max(keys / splits - DECODE_KEY_BLOCK, 0.0)
+        slice_bytes = streamed * (self.kv_bytes_per_key / self.num_kv_heads)
+        fixed = waves * (self.cta_seconds + slice_bytes * self.cta_seconds_per_byte)
+        overhead = (
+            self.floor
+            + (self.split_seconds if splits > 1.0 else 0.0)
+            + (self.copy_seconds if seqs > 1.0 else 0.0)
+        )
+        return max(memory, fixed) + overhead
+
     def __call__(self, num_seqs, context_tokens):
         """(seconds, flops, dram_bytes) for `num_seqs` decodes attending `context_tokens`
         keys in total; numpy arrays price many steps at once."""
@@ -417,7 +440,7 @@ class DecodeAttention:
         kv_bytes = context_tokens * self.kv_bytes_per_key
         dram = kv_bytes + num_seqs * self.bytes_per_seq
         if not self._plain:
-            seconds = float(self.parts(num_seqs, context_tokens).seconds)
+            seconds = self._step_seconds(num_seqs, context_tokens, kv_bytes, dram)
             return seconds, context_tokens * self.flops_per_key, dram
         eff = self._curve.values[0] if self._constant_eff else self._curve.at(max(kv_bytes, 1.0))
         memory = dram / (self.bandwidth * eff)

@@ -233,3 +233,17 @@ def test_a_run_says_which_profile_it_used(make_scenario) -> None:
     ]
     off = simulate(make_scenario(hardware={"gpu": "h200-sxm", "calibration": "none"})).summary()
     assert off["run"]["calibrations"] == ["h200-sxm: none (datasheet efficiencies)"]
+
+
+def test_a_curve_read_at_one_size_gives_numpys_interpolation_exactly() -> None:
+    """The engine's scalar path (plain floats) and the array path must give one number."""
+    from hardware_models.efficiency import EfficiencyCurve
+
+    rng = np.random.default_rng(0)
+    profiles = [read_profile(calibration_path(n)).efficiency for n in ("h100-sxm", "a100-80gb-sxm")]
+    curves = [c for p in profiles for c in p.gemm_memory_by_dtype.values()]
+    curves += [p.attention_decode_memory for p in profiles] + [EfficiencyCurve.constant(0.7)]
+    for curve in curves:
+        low, high = np.log(curve.sizes[0]) - 2, np.log(curve.sizes[-1]) + 2
+        sizes = np.concatenate([np.exp(rng.uniform(low, high, 2000)), curve.sizes])
+        assert [curve.at(float(s)) for s in sizes] == curve.at(sizes).tolist()
