@@ -413,6 +413,10 @@ class EfficiencyProfile(BaseModel):
             self._for_dtype(self.gemm_floor_us_by_dtype, dtype, self.kernel_floor_us),
         )
 
+    def gemm_floor_fitted(self, dtype: object) -> bool:
+        """True when a profile fitted `dtype`'s own GEMM floor."""
+        return self._for_dtype(self.gemm_floor_us_by_dtype, dtype, None) is not None
+
     @property
     def split_k_pass_us(self) -> float:
         """gemm_split_k_overhead_us, or one kernel floor where it is not set."""
@@ -420,10 +424,13 @@ class EfficiencyProfile(BaseModel):
             return self.kernel_floor_us
         return self.gemm_split_k_overhead_us
 
-    def gemm_kernel(self, dtype: object) -> tuple[GemmKernel, float, float]:
-        """(kernel family, wave latency in us, thread block us per MB) of GEMMs in `dtype`."""
+    def gemm_kernel(
+        self, dtype: object, default: GemmKernel | None = None
+    ) -> tuple[GemmKernel, float, float]:
+        """(kernel family, wave latency in us, thread block us per MB) of GEMMs in `dtype`;
+        the family is `default` (else plain cuBLAS) where no profile fitted one."""
         return (
-            self._for_dtype(self.gemm_kernel_by_dtype, dtype, GemmKernel()),
+            self._for_dtype(self.gemm_kernel_by_dtype, dtype, default or GemmKernel()),
             self._for_dtype(self.gemm_wave_latency_us_by_dtype, dtype, self.gemm_wave_latency_us),
             self._for_dtype(self.gemm_cta_us_per_mb_by_dtype, dtype, 0.0),
         )
