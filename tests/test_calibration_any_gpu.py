@@ -177,10 +177,15 @@ def test_an_operand_set_that_fits_in_l2_may_beat_device_memory() -> None:
 
 @needs_shared_data
 @pytest.mark.shared_data
-def test_the_public_l40s_tables_pass_the_screen() -> None:
-    rows = load_measured(L40S_TABLES)
+def test_the_public_l40s_tables_pass_the_screen_and_every_row_is_priced() -> None:
+    measurements = load_measurements(from_shared="l40s", shared_data=SHARED_DATA)
     spec = load_gpu("l40s")
-    assert screen(rows, spec, default_link_resolver("l40s")).excluded.empty
+    usable = usable_rows(measurements, spec)
+    assert usable.screened.excluded.empty and usable.unpriced.empty
+    assert len(usable.rows) == len(measurements.table) == 218_251
+    nccl = usable.rows[usable.rows["num_gpus"] > 1]
+    assert set(nccl["num_gpus"]) == {2, 4, 8} and usable.link.kind == "pcie"
+    assert predict_all(nccl, spec).notna().all()
 
 
 # ------------------------------------------------------------------ --from-shared
