@@ -36,7 +36,6 @@ from hardware_models.presets import calibration_path, load_gpu, load_node
 from simulator.cli.main import main
 from tests.conftest import SHARED_DATA, needs_shared_data
 
-L40S_TABLES = SHARED_DATA / "measured" / "l40s"
 CALIBRATIONS = Path(__file__).resolve().parents[1] / "hardware_models" / "presets" / "calibrations"
 
 
