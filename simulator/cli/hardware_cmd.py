@@ -7,6 +7,7 @@ import argparse
 import pandas as pd
 
 from hardware_models.calibration.profile_file import read_profile
+from hardware_models.calibration_lookup import nearest_profile
 from hardware_models.dtypes import Dtype
 from hardware_models.presets import (
     calibration_path,
@@ -43,6 +44,7 @@ def gpu_table() -> pd.DataFrame:
                 else None,
                 "tdp_w": gpu.power.tdp_w,
                 "usd_per_hour": gpu.price.usd_per_hour,
+                "calibration_auto": nearest_profile(gpu) or "none",
             }
         )
     return pd.DataFrame(rows)
