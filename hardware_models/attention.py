@@ -161,38 +161,61 @@ class PrefillAttention:
     def many(self, num_seqs, new_tokens, attended_pairs, context_tokens) -> tuple[np.ndarray, ...]:
         """__call__ over arrays of calls, the same arithmetic in the same order (so the
         same floats): a calibration fit prices every prefill row for each candidate."""
-        seqs, new, pairs, context = (
-            np.asarray(a, dtype=float)
-            for a in (num_seqs, new_tokens, attended_pairs, context_tokens)
-        )
-        flops = self.flops_per_pair * pairs
-        q_bytes = new * self.q_bytes_per_token
-        dram = 2.0 * q_bytes + context * self.kv_bytes_per_token
-        rows = new / np.maximum(seqs, 1) * self.row_group
-        units = np.maximum(1, seqs * self.row_heads * np.ceil(rows / PREFILL_QUERY_BLOCK))
-        waves = np.ceil(units / self.sm_count)
-        wave_eff = units / (waves * self.sm_count)
-        attainable = self._attainable_rate(pairs, new)
-        wasted = new * PREFILL_QUERY_BLOCK / 2
-        if self.window:
-            wasted = wasted + np.maximum(new - seqs * self.window, 0) * PREFILL_QUERY_BLOCK / 2
-        compute = (flops + wasted * self.flops_per_pair) / (attainable * wave_eff)
-        compute = compute + waves * self.cta_seconds
-        rate = self._memory_rate
-        if rate is None:
-            rate = self.bandwidth * self.memory_curve.at(np.maximum(dram, 1.0))
-        memory = dram / rate
-        seconds = np.maximum(compute, memory) + self.floor
-        # One token a sequence: the decode kernel's terms, as __call__ prices it.
-        one = new <= seqs
-        if one.any():
-            calls = np.maximum(seqs[one], 1)
-            keys = decode_keys_read(context[one] / calls, self.window)
-            decode = self.decode.parts(calls, calls * keys)
-            seconds[one], compute[one], memory[one] = decode.seconds, decode.fixed, decode.memory
-            kv_bytes = context[one] * self.kv_bytes_per_token
-            dram[one] = kv_bytes + new[one] * self.decode.bytes_per_seq
-        return seconds, flops, dram, compute, memory
+        layout = np.zeros(np.shape(num_seqs), dtype=int)
+        return prefill_many([self], layout, num_seqs, new_tokens, attended_pairs, context_tokens)
+
+
+def prefill_many(
+    models: list[PrefillAttention], layout, num_seqs, new_tokens, attended_pairs, context_tokens
+) -> tuple[np.ndarray, ...]:
+    """PrefillAttention.many over calls of several head layouts at once: call i runs
+    `models[layout[i]]`. One pass of numpy over every call instead of one per layout (a
+    fit prices tens of layouts per candidate); each call's arithmetic is its model's, in
+    the same order, so the floats are those of __call__. The models share one GPU and
+    efficiency profile (curves, floor, SMs), as a fit's do."""
+    first = models[0]
+    layout = np.asarray(layout, dtype=int)
+    seqs, new, pairs, context = (
+        np.asarray(a, dtype=float) for a in (num_seqs, new_tokens, attended_pairs, context_tokens)
+    )
+
+    def per_call(name: str) -> np.ndarray:
+        return np.array([getattr(m, name) for m in models], dtype=float)[layout]
+
+    flops_per_pair, window = per_call("flops_per_pair"), per_call("window")
+    flops = flops_per_pair * pairs
+    q_bytes = new * per_call("q_bytes_per_token")
+    dram = 2.0 * q_bytes + context * per_call("kv_bytes_per_token")
+    rows = new / np.maximum(seqs, 1) * per_call("row_group")
+    units = np.maximum(1, seqs * per_call("row_heads") * np.ceil(rows / PREFILL_QUERY_BLOCK))
+    waves = np.ceil(units / first.sm_count)
+    wave_eff = units / (waves * first.sm_count)
+    if first._attainable is not None:
+        attainable = per_call("_attainable")
+    else:
+        attainable = per_call("peak") * first.curve.at(keys_per_query(pairs, new))
+    wasted = new * PREFILL_QUERY_BLOCK / 2
+    far_edge = wasted + np.maximum(new - seqs * window, 0) * PREFILL_QUERY_BLOCK / 2
+    wasted = np.where(window > 0, far_edge, wasted)
+    compute = (flops + wasted * flops_per_pair) / (attainable * wave_eff)
+    compute = compute + waves * first.cta_seconds
+    rate = first._memory_rate
+    if rate is None:
+        rate = first.bandwidth * first.memory_curve.at(np.maximum(dram, 1.0))
+    memory = dram / rate
+    seconds = np.maximum(compute, memory) + first.floor
+    # One token a sequence: the decode kernel's terms, as __call__ prices it.
+    one = new <= seqs
+    for index in np.unique(layout[one]):
+        model = models[index]
+        sel = one & (layout == index)
+        calls = np.maximum(seqs[sel], 1)
+        keys = decode_keys_read(context[sel] / calls, model.window)
+        decode = model.decode.parts(calls, calls * keys)
+        seconds[sel], compute[sel], memory[sel] = decode.seconds, decode.fixed, decode.memory
+        kv_bytes = context[sel] * model.kv_bytes_per_token
+        dram[sel] = kv_bytes + new[sel] * model.decode.bytes_per_seq
+    return seconds, flops, dram, compute, memory
 
 
 def attention_prefill_cost(

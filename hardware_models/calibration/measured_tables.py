@@ -59,6 +59,7 @@ from hardware_models.attention import (
     PrefillAttention,
     causal_pairs_many,
     decode_keys_read,
+    prefill_many,
 )
 from hardware_models.collectives import collective_cost
 from hardware_models.dtypes import bytes_per_element, parse_dtype
@@ -451,18 +452,19 @@ def prefill_table(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
     """(seconds, compute s, memory s, DRAM bytes) of each prefill row as the benchmark
     ran it (uniform_prefill_cost), one attention model per head layout and window: a fit
     prices every row for each candidate it tries."""
-    out = np.empty((len(sub), 4))
     batch, q_len, kv_len, window = (
         sub[c].to_numpy(dtype=float) for c in ("batch", "q_len", "kv_len", "window")
     )
     pairs = batch * causal_pairs_many(q_len, kv_len, window)
-    for key, pos in sub.groupby([*_ATTN_COLS, "window"], sort=False, dropna=False).indices.items():
-        model = PrefillAttention(gpu, **_head_layout(key[:-1]), window=int(key[-1]) or None)
-        seqs = batch[pos]
-        args = (seqs, seqs * q_len[pos], pairs[pos], seqs * kv_len[pos])
-        seconds, _, dram, compute, memory = model.many(*args)
-        out[pos] = np.column_stack((seconds, compute, memory, dram))
-    return out
+    layout = np.empty(len(sub), dtype=int)
+    models = []
+    groups = sub.groupby([*_ATTN_COLS, "window"], sort=False, dropna=False).indices
+    for index, (key, pos) in enumerate(groups.items()):
+        models.append(PrefillAttention(gpu, **_head_layout(key[:-1]), window=int(key[-1]) or None))
+        layout[pos] = index
+    args = (batch, batch * q_len, pairs, batch * kv_len)
+    seconds, _, dram, compute, memory = prefill_many(models, layout, *args)
+    return np.column_stack((seconds, compute, memory, dram))
 
 
 def _predict_prefill(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
