@@ -59,6 +59,7 @@ from hardware_models.attention import (
     PrefillAttention,
     causal_pairs_many,
     decode_keys_read,
+    decode_parts_many,
     prefill_many,
 )
 from hardware_models.collectives import collective_cost
@@ -476,13 +477,12 @@ def decode_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> DecodeParts:
     """Every decode row priced term by term, as the fit and the predictions need it."""
     seen = decode_keys_read(sub["kv_len"], sub["window"])
     batch = sub["batch"].to_numpy(dtype=float)
-    out = DecodeParts(*(np.empty(len(sub)) for _ in DecodeParts._fields))
-    for key, pos in sub.groupby(_ATTN_COLS, sort=False).indices.items():
-        model = DecodeAttention(gpu, **_head_layout(key))
-        parts = model.parts(batch[pos], batch[pos] * seen[pos])
-        for column, values in zip(out, parts, strict=True):
-            column[pos] = values
-    return out
+    layout = np.empty(len(sub), dtype=int)
+    models = []
+    for index, (key, pos) in enumerate(sub.groupby(_ATTN_COLS, sort=False).indices.items()):
+        models.append(DecodeAttention(gpu, **_head_layout(key)))
+        layout[pos] = index
+    return decode_parts_many(models, layout, batch, batch * seen)
 
 
 def _predict_decode(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
