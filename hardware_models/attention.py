@@ -161,38 +161,62 @@ class PrefillAttention:
     def many(self, num_seqs, new_tokens, attended_pairs, context_tokens) -> tuple[np.ndarray, ...]:
         """__call__ over arrays of calls, the same arithmetic in the same order (so the
         same floats): a calibration fit prices every prefill row for each candidate."""
-        seqs, new, pairs, context = (
-            np.asarray(a, dtype=float)
-            for a in (num_seqs, new_tokens, attended_pairs, context_tokens)
-        )
-        flops = self.flops_per_pair * pairs
-        q_bytes = new * self.q_bytes_per_token
-        dram = 2.0 * q_bytes + context * self.kv_bytes_per_token
-        rows = new / np.maximum(seqs, 1) * self.row_group
-        units = np.maximum(1, seqs * self.row_heads * np.ceil(rows / PREFILL_QUERY_BLOCK))
-        waves = np.ceil(units / self.sm_count)
-        wave_eff = units / (waves * self.sm_count)
-        attainable = self._attainable_rate(pairs, new)
-        wasted = new * PREFILL_QUERY_BLOCK / 2
-        if self.window:
-            wasted = wasted + np.maximum(new - seqs * self.window, 0) * PREFILL_QUERY_BLOCK / 2
-        compute = (flops + wasted * self.flops_per_pair) / (attainable * wave_eff)
-        compute = compute + waves * self.cta_seconds
-        rate = self._memory_rate
-        if rate is None:
-            rate = self.bandwidth * self.memory_curve.at(np.maximum(dram, 1.0))
-        memory = dram / rate
-        seconds = np.maximum(compute, memory) + self.floor
-        # One token a sequence: the decode kernel's terms, as __call__ prices it.
-        one = new <= seqs
-        if one.any():
-            calls = np.maximum(seqs[one], 1)
-            keys = decode_keys_read(context[one] / calls, self.window)
-            decode = self.decode.parts(calls, calls * keys)
-            seconds[one], compute[one], memory[one] = decode.seconds, decode.fixed, decode.memory
-            kv_bytes = context[one] * self.kv_bytes_per_token
-            dram[one] = kv_bytes + new[one] * self.decode.bytes_per_seq
-        return seconds, flops, dram, compute, memory
+        layout = np.zeros(np.shape(num_seqs), dtype=int)
+        return prefill_many([self], layout, num_seqs, new_tokens, attended_pairs, context_tokens)
+
+
+def prefill_many(
+    models: list[PrefillAttention], layout, num_seqs, new_tokens, attended_pairs, context_tokens
+) -> tuple[np.ndarray, ...]:
+    """PrefillAttention.many over calls of several head layouts at once: call i runs
+    `models[layout[i]]`. One pass of numpy over every call instead of one per layout (a
+    fit prices tens of layouts per candidate); each call's arithmetic is its model's, in
+    the same order, so the floats are those of __call__. The models share one GPU and
+    efficiency profile (curves, floor, SMs), as a fit's do."""
+    if not models:
+        return tuple(np.empty(0) for _ in range(5))
+    first = models[0]
+    layout = np.asarray(layout, dtype=int)
+    seqs, new, pairs, context = (
+        np.asarray(a, dtype=float) for a in (num_seqs, new_tokens, attended_pairs, context_tokens)
+    )
+
+    def const(name: str) -> np.ndarray:
+        return per_call(models, layout, name)
+
+    flops_per_pair, window = const("flops_per_pair"), const("window")
+    flops = flops_per_pair * pairs
+    q_bytes = new * const("q_bytes_per_token")
+    dram = 2.0 * q_bytes + context * const("kv_bytes_per_token")
+    rows = new / np.maximum(seqs, 1) * const("row_group")
+    units = np.maximum(1, seqs * const("row_heads") * np.ceil(rows / PREFILL_QUERY_BLOCK))
+    waves = np.ceil(units / first.sm_count)
+    wave_eff = units / (waves * first.sm_count)
+    if first._attainable is not None:
+        attainable = const("_attainable")
+    else:
+        attainable = const("peak") * first.curve.at(keys_per_query(pairs, new))
+    wasted = new * PREFILL_QUERY_BLOCK / 2
+    far_edge = wasted + np.maximum(new - seqs * window, 0) * PREFILL_QUERY_BLOCK / 2
+    wasted = np.where(window > 0, far_edge, wasted)
+    compute = (flops + wasted * flops_per_pair) / (attainable * wave_eff)
+    compute = compute + waves * first.cta_seconds
+    rate = first._memory_rate
+    if rate is None:
+        rate = first.bandwidth * first.memory_curve.at(np.maximum(dram, 1.0))
+    memory = dram / rate
+    seconds = np.maximum(compute, memory) + first.floor
+    # One token a sequence: the decode kernel's terms, as __call__ prices it.
+    one = new <= seqs
+    if one.any():
+        calls = np.maximum(seqs[one], 1)
+        keys = decode_keys_read(context[one] / calls, window[one])
+        decoders = [m.decode for m in models]
+        decode = decode_parts_many(decoders, layout[one], calls, calls * keys)
+        seconds[one], compute[one], memory[one] = decode.seconds, decode.fixed, decode.memory
+        kv_bytes = context[one] * const("kv_bytes_per_token")[one]
+        dram[one] = kv_bytes + new[one] * per_call(decoders, layout, "bytes_per_seq")[one]
+    return seconds, flops, dram, compute, memory
 
 
 def attention_prefill_cost(
@@ -353,31 +377,31 @@ class DecodeAttention:
 
     def parts(self, num_seqs, context_tokens) -> DecodeParts:
         """The call's time term by term; numpy arrays price many calls at once."""
-        seqs = np.asarray(num_seqs, dtype=float)
-        context = np.asarray(context_tokens, dtype=float)
-        kv_bytes = context * self.kv_bytes_per_key
-        dram = kv_bytes + seqs * self.bytes_per_seq
-        eff = self._curve.at(np.maximum(kv_bytes, 1.0))
+        layout = np.zeros(np.shape(num_seqs), dtype=int)
+        return decode_parts_many([self], layout, num_seqs, context_tokens)
+
+    def _step_seconds(self, seqs: int, context: int, kv_bytes: float, dram: float) -> float:
+        """`parts(...).seconds` of one call in plain floats, the same operations in the
+        same order (so the same number): a calibrated profile's split and streaming terms
+        would otherwise cost the engine numpy's per-call overhead on every step."""
+        eff = self._curve.at(max(kv_bytes, 1.0))
         memory = dram / (self.bandwidth * eff)
-        waves = np.ceil(seqs / self.blocks_per_wave)
-        blocks = np.maximum(seqs * self.num_kv_heads, 1.0)
-        keys = context / np.maximum(seqs, 1.0)
-        splits = np.ones_like(blocks)
+        waves = math.ceil(seqs / self.blocks_per_wave)
+        blocks = max(seqs * self.num_kv_heads, 1.0)
+        keys = context / max(seqs, 1.0)
+        splits = 1.0
         if self.splits_kv:
-            # As many slices as fill the SMs once, none shorter than one key tile.
-            tiles = np.maximum(np.ceil(keys / DECODE_KEY_BLOCK), 1.0)
-            splits = np.minimum(np.maximum(np.floor(self.sm_count / blocks), 1.0), tiles)
-        # A block's first key tile loads with its fixed latency; the rest stream at its rate.
-        streamed = np.maximum(keys / splits - DECODE_KEY_BLOCK, 0.0)
+            tiles = max(math.ceil(keys / DECODE_KEY_BLOCK), 1.0)
+            splits = min(max(math.floor(self.sm_count / blocks), 1.0), tiles)
+        streamed = max(keys / splits - DECODE_KEY_BLOCK, 0.0)
         slice_bytes = streamed * (self.kv_bytes_per_key / self.num_kv_heads)
         fixed = waves * (self.cta_seconds + slice_bytes * self.cta_seconds_per_byte)
         overhead = (
             self.floor
-            + np.where(splits > 1.0, self.split_seconds, 0.0)
-            + np.where(seqs > 1.0, self.copy_seconds, 0.0)
+            + (self.split_seconds if splits > 1.0 else 0.0)
+            + (self.copy_seconds if seqs > 1.0 else 0.0)
         )
-        seconds = np.maximum(memory, fixed) + overhead
-        return DecodeParts(seconds, memory, fixed, overhead, kv_bytes)
+        return max(memory, fixed) + overhead
 
     def __call__(self, num_seqs, context_tokens):
         """(seconds, flops, dram_bytes) for `num_seqs` decodes attending `context_tokens`
@@ -417,13 +441,59 @@ class DecodeAttention:
         kv_bytes = context_tokens * self.kv_bytes_per_key
         dram = kv_bytes + num_seqs * self.bytes_per_seq
         if not self._plain:
-            seconds = float(self.parts(num_seqs, context_tokens).seconds)
+            seconds = self._step_seconds(num_seqs, context_tokens, kv_bytes, dram)
             return seconds, context_tokens * self.flops_per_key, dram
         eff = self._curve.values[0] if self._constant_eff else self._curve.at(max(kv_bytes, 1.0))
         memory = dram / (self.bandwidth * eff)
         fixed = math.ceil(num_seqs / self.blocks_per_wave) * self.cta_seconds
         seconds = max(memory, fixed) + self.floor
         return seconds, context_tokens * self.flops_per_key, dram
+
+
+def per_call(models: list, layout: np.ndarray, name: str) -> np.ndarray:
+    """Attribute `name` of the model each call runs (`models[layout[i]]`), as an array."""
+    return np.array([getattr(m, name) for m in models], dtype=float)[layout]
+
+
+def decode_parts_many(
+    models: list[DecodeAttention], layout, num_seqs, context_tokens
+) -> DecodeParts:
+    """DecodeAttention.parts over calls of several head layouts at once (call i runs
+    `models[layout[i]]`), each call's arithmetic its model's in the same order, so the
+    same floats; the models share one GPU and efficiency profile."""
+    if not models:
+        return DecodeParts(*(np.empty(0) for _ in DecodeParts._fields))
+    first = models[0]
+    layout = np.asarray(layout, dtype=int)
+    seqs = np.asarray(num_seqs, dtype=float)
+    context = np.asarray(context_tokens, dtype=float)
+
+    def const(name: str) -> np.ndarray:
+        return per_call(models, layout, name)
+
+    kv_bytes_per_key, num_kv_heads = const("kv_bytes_per_key"), const("num_kv_heads")
+    kv_bytes = context * kv_bytes_per_key
+    dram = kv_bytes + seqs * const("bytes_per_seq")
+    eff = first._curve.at(np.maximum(kv_bytes, 1.0))
+    memory = dram / (const("bandwidth") * eff)
+    waves = np.ceil(seqs / const("blocks_per_wave"))
+    blocks = np.maximum(seqs * num_kv_heads, 1.0)
+    keys = context / np.maximum(seqs, 1.0)
+    # As many slices as fill the SMs once, none shorter than one key tile.
+    tiles = np.maximum(np.ceil(keys / DECODE_KEY_BLOCK), 1.0)
+    split = np.minimum(np.maximum(np.floor(first.sm_count / blocks), 1.0), tiles)
+    splits = np.where(const("splits_kv") > 0, split, 1.0)
+    # A block's first key tile loads with its fixed latency; the rest stream at its rate.
+    streamed = np.maximum(keys / splits - DECODE_KEY_BLOCK, 0.0)
+    slice_bytes = streamed * (kv_bytes_per_key / num_kv_heads)
+    fixed = waves * (const("cta_seconds") + slice_bytes * const("cta_seconds_per_byte"))
+    overhead = (
+        const("floor")
+        + np.where(splits > 1.0, const("split_seconds"), 0.0)
+        + np.where(seqs > 1.0, const("copy_seconds"), 0.0)
+    )
+    seconds = np.maximum(memory, fixed) + overhead
+    return DecodeParts(seconds, memory, fixed, overhead, kv_bytes)
 
 
 def attention_decode_seconds(

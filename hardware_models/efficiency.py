@@ -8,6 +8,8 @@ clamped at the edges of the range it was fitted on.
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from functools import lru_cache
 from typing import Literal, NamedTuple
 
 import numpy as np
@@ -98,9 +100,31 @@ class EfficiencyCurve(BaseModel):
         """Efficiency at `size`, log-interpolated and clamped to the fitted range."""
         if len(self.sizes) == 1:
             return self.values[0] if np.isscalar(size) else np.full(np.shape(size), self.values[0])
+        log_sizes = _log_sizes(tuple(self.sizes))
+        if np.isscalar(size):
+            return _interp_one(float(np.log(max(float(size), 1e-30))), log_sizes, self.values)
         x = np.log(np.maximum(np.asarray(size, dtype=float), 1e-30))
-        y = np.interp(x, np.log(self.sizes), self.values)
+        y = np.interp(x, log_sizes, self.values)
         return float(y) if np.ndim(y) == 0 else y
+
+
+@lru_cache(maxsize=4096)
+def _log_sizes(sizes: tuple[float, ...]) -> list[float]:
+    """A curve's log sizes, taken once: the engine reads a calibrated curve on every step,
+    where converting and taking logs each time cost more than the interpolation."""
+    return np.log(np.asarray(sizes, dtype=float)).tolist()
+
+
+def _interp_one(x: float, xs: list[float], ys: list[float]) -> float:
+    """np.interp at one point in plain floats: the same clamping and the same arithmetic
+    (so the same number, tests/test_operators.py checks), without numpy's per-call cost."""
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    j = bisect_right(xs, x) - 1
+    slope = (ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j])
+    return slope * (x - xs[j]) + ys[j]
 
 
 def _const(value: float) -> EfficiencyCurve:
@@ -539,6 +563,10 @@ class EfficiencyProfile(BaseModel):
             self._for_dtype(self.gemm_floor_us_by_dtype, dtype, self.kernel_floor_us),
         )
 
+    def gemm_floor_fitted(self, dtype: object) -> bool:
+        """True when a profile fitted `dtype`'s own GEMM floor."""
+        return self._for_dtype(self.gemm_floor_us_by_dtype, dtype, None) is not None
+
     @property
     def split_k_pass_us(self) -> float:
         """gemm_split_k_overhead_us, or one kernel floor where it is not set."""
@@ -546,10 +574,13 @@ class EfficiencyProfile(BaseModel):
             return self.kernel_floor_us
         return self.gemm_split_k_overhead_us
 
-    def gemm_kernel(self, dtype: object) -> tuple[GemmKernel, float, float]:
-        """(kernel family, wave latency in us, thread block us per MB) of GEMMs in `dtype`."""
+    def gemm_kernel(
+        self, dtype: object, default: GemmKernel | None = None
+    ) -> tuple[GemmKernel, float, float]:
+        """(kernel family, wave latency in us, thread block us per MB) of GEMMs in `dtype`;
+        the family is `default` (else plain cuBLAS) where no profile fitted one."""
         return (
-            self._for_dtype(self.gemm_kernel_by_dtype, dtype, GemmKernel()),
+            self._for_dtype(self.gemm_kernel_by_dtype, dtype, default or GemmKernel()),
             self._for_dtype(self.gemm_wave_latency_us_by_dtype, dtype, self.gemm_wave_latency_us),
             self._for_dtype(self.gemm_cta_us_per_mb_by_dtype, dtype, 0.0),
         )

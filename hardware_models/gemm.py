@@ -20,7 +20,12 @@ import numpy as np
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
-from hardware_models.efficiency import EfficiencyCurve, GemmKernel
+from hardware_models.efficiency import (
+    BLOCK_SCALED_SPELLINGS,
+    EfficiencyCurve,
+    GemmKernel,
+    dtype_key,
+)
 from hardware_models.op_cost import OpCost, classify
 
 # (tile_m, tile_n) shapes cuBLAS/CUTLASS kernels commonly use on tensor cores.
@@ -55,6 +60,24 @@ PAD_PASS_ELEMENTS = 3.0
 # one tile while computing the next and feed a warpgroup's MMAs from shared memory
 # directly; other vendors' are not measured here, so they keep that pricing.
 WARP_MMA_ARCHITECTURES = frozenset({"volta", "turing", "ampere", "ada"})
+# The GEMM kernels a serving engine runs for 8-bit dtypes where no profile names one, per
+# architecture, from vLLM's source: on Hopper `cutlass_scaled_mm` (sm90) quantises the
+# activations per token in a kernel of its own, then runs CUTLASS tiles chosen by m
+# (TILES_BY_M) in 2x1 thread-block clusters past m = 64; block-scaled fp8 quantises per
+# 128-wide group, then runs 128x128 tiles over rows padded to a multiple of 4 for its
+# scales' TMA loads. Other architectures keep cuBLASLt's fastest tile until measured.
+SERVING_GEMM_KERNELS: dict[str, dict[str, GemmKernel]] = {
+    "hopper": {
+        "fp8": GemmKernel(dispatch="by_m", quantize_activations=True, cluster_m=2),
+        "fp8_block": GemmKernel(dispatch="fixed", quantize_activations=True, align_m=4),
+    }
+}
+# Depth of k one block scale covers in block-scaled fp8 (DeepSeek-V3's 128 x 128 weight
+# blocks and 1 x 128 activation groups).
+SCALE_BLOCK_K = 128
+# Architectures whose tensor cores apply block scales themselves (Blackwell's tcgen05
+# block-scaled MMA): no rescaling on the CUDA cores.
+HARDWARE_BLOCK_SCALING = frozenset({"blackwell"})
 # Share of L2 a GEMM can count on for keeping its operands resident.
 L2_RESIDENT_FRACTION = 0.5
 
@@ -186,15 +209,29 @@ class _Setup:
 
 
 @lru_cache(maxsize=256)
+def hardware_block_scaling(gpu: AcceleratorSpec) -> bool:
+    """True where the tensor cores scale blocks themselves (see HARDWARE_BLOCK_SCALING)."""
+    return gpu.architecture.strip().lower() in HARDWARE_BLOCK_SCALING
+
+
 def _setup(gpu: AcceleratorSpec, dtype: str | Dtype, weight_dtype: str | Dtype | None) -> _Setup:
     eff = gpu.efficiency
     compute_curve, memory_curve, floor_us = eff.gemm_terms(dtype)
-    kernel, wave_latency_us, cta_us_per_mb = eff.gemm_kernel(dtype)
+    serving = SERVING_GEMM_KERNELS.get(gpu.architecture.strip().lower(), {})
+    kernel, wave_latency_us, cta_us_per_mb = eff.gemm_kernel(dtype, serving.get(dtype_key(dtype)))
+    if kernel.quantize_activations and not eff.gemm_floor_fitted(dtype):
+        floor_us *= 2  # two kernels, each with its launch floor: the quantisation, the GEMM
     quant_fraction, pad_us = eff.gemm_passes(dtype)
     plain = parse_dtype(dtype)
     bpe = bytes_per_element(plain)
     bpe_b = bpe if weight_dtype is None else bytes_per_element(parse_dtype(weight_dtype))
     peak_per_sm = gpu.peak_flops(plain) / gpu.sm_count
+    if dtype_key(dtype) in BLOCK_SCALED_SPELLINGS and not hardware_block_scaling(gpu):
+        # Each 128-deep block of k ends with the accumulators rescaled by the A and B
+        # blocks' scales: one FMA per output element on the CUDA cores, in series with the
+        # tensor math, per 2 x 128 tensor FLOPs.
+        scale_s_per_flop = 1.0 / (SCALE_BLOCK_K * gpu.peak_vector_flops())
+        peak_per_sm = 1.0 / (1.0 / peak_per_sm + scale_s_per_flop * gpu.sm_count)
     warp_mma = gpu.architecture.strip().lower() in WARP_MMA_ARCHITECTURES
     tiles = {*TILE_SHAPES, TILE_LARGE, *(t for _, *pair in TILES_BY_M for t in pair)}
     return _Setup(

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.efficiency import EfficiencyProfile
-from hardware_models.errors import InfersimError
 from hardware_models.node import NodeSpec
 from hardware_models.yaml_io import load_yaml_mapping, unknown_name_error, validate_model
 
@@ -25,6 +24,11 @@ def list_gpus() -> list[str]:
 
 def list_nodes() -> list[str]:
     return _preset_names("nodes")
+
+
+def nodes_with_gpu(gpu_name: str) -> list[str]:
+    """The node presets built from the accelerator preset `gpu_name`."""
+    return [n for n in list_nodes() if load_node(n).gpu == gpu_name]
 
 
 def list_calibrations() -> list[str]:
@@ -69,16 +73,10 @@ def calibration_path(name_or_path: str | Path) -> Path:
 
 
 def with_calibration(gpu: AcceleratorSpec, name_or_path: str | Path) -> AcceleratorSpec:
-    """`gpu` with a calibration profile's efficiencies. A shipped profile, given by name,
-    was fitted on one GPU and is refused on another; a file given by path may be applied
-    anywhere (a transfer). A file holding a bare EfficiencyProfile works too."""
+    """`gpu` with a calibration profile's efficiencies: a shipped profile's name or a
+    file's path, applied to any GPU (on another than the one it was fitted on, a transfer:
+    calibration_lookup.choose_calibration says so). A bare EfficiencyProfile file works too."""
     path = calibration_path(name_or_path)
     data = load_yaml_mapping(path)
-    fitted_on = (data.get("metadata") or {}).get("gpu")
-    if str(path) != str(name_or_path) and fitted_on != gpu.name:
-        raise InfersimError(
-            f"{str(name_or_path)!r} was fitted on {fitted_on}, not {gpu.name}; to apply it "
-            f"to another GPU anyway (a transfer), give its path: {path}"
-        )
     profile = validate_model(EfficiencyProfile, data.get("efficiency", data), str(path))
     return gpu.with_efficiency(profile)

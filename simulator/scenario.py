@@ -44,9 +44,12 @@ class HardwareSection(BaseModel):
         "this GPU, or a single-GPU machine",
     )
     calibration: str | None = Field(
-        default=None,
-        description="calibration profile replacing the GPU's efficiencies: a shipped "
-        "profile's name (`infersim hardware list`, e.g. rtx-4090) or a YAML path written by "
+        default="auto",
+        description="calibration profile replacing the GPU's efficiencies: `auto` (the GPU's "
+        "own shipped profile, else that of the nearest measured chip of the same "
+        "architecture and memory family, else none), `none` or null (the datasheet "
+        "efficiencies), a "
+        "shipped profile's name (`infersim hardware list`) or a YAML path written by "
         "`infersim calibrate fit`",
     )
 

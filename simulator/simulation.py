@@ -14,9 +14,10 @@ import numpy as np
 import simpy
 
 from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.calibration_lookup import CalibrationChoice, choose_calibration
 from hardware_models.errors import InfeasibleError, InfersimError, InfersimWarning
 from hardware_models.node import NodeSpec
-from hardware_models.presets import list_nodes, load_gpu, load_node, with_calibration
+from hardware_models.presets import list_nodes, load_gpu, load_node
 from simulator.architecture import ModelArchitecture
 from simulator.caveats import check_token_budget, configuration_warnings
 from simulator.engine.dp_group import DpGroup
@@ -57,13 +58,17 @@ class ReplicaBuild:
     dp: int = 1  # attention data-parallel ranks per replica
 
 
-def resolve_gpu(scenario: Scenario) -> AcceleratorSpec:
+def resolve_calibration(scenario: Scenario) -> CalibrationChoice:
+    """The scenario's GPU with the profile `hardware.calibration` chooses, and a note of
+    which one that is (for the summary and the terminal)."""
     hw = scenario.hardware
     gpu = _named_field("hardware.gpu", load_gpu, _maybe_path(scenario, hw.gpu))
-    if hw.calibration:
-        value = _maybe_path(scenario, hw.calibration)
-        gpu = _named_field("hardware.calibration", lambda v: with_calibration(gpu, v), value)
-    return gpu
+    value = _maybe_path(scenario, hw.calibration or "none")
+    return _named_field("hardware.calibration", lambda v: choose_calibration(gpu, v), value)
+
+
+def resolve_gpu(scenario: Scenario) -> AcceleratorSpec:
+    return resolve_calibration(scenario).gpu
 
 
 def _named_field(field: str, load, value: str):
@@ -154,7 +159,8 @@ def _engine_window(arch: ModelArchitecture) -> int | None:
 def build_replica(scenario: Scenario) -> ReplicaBuild:
     """Model, hardware, memory plan and step costs: fails early, with the breakdown, when
     the configuration cannot run."""
-    gpu = resolve_gpu(scenario)
+    calibration = resolve_calibration(scenario)
+    gpu = calibration.gpu
     node = resolve_node(scenario, gpu)
     arch = _named_field("model.name", load_model, _maybe_path(scenario, scenario.model.name))
     par, serving, engine = scenario.parallelism, scenario.serving, scenario.engine
@@ -237,6 +243,7 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
         tdp_w=gpu.power.tdp_w,
         usd_per_gpu_hour=scenario.cost.usd_per_gpu_hour or gpu.price.usd_per_hour,
         token_budget=config.max_num_batched_tokens if config.iterative else math.inf,
+        calibration=calibration.note,
     )
     return ReplicaBuild(arch, gpu, node, memory, config, cost, info, par.replicas, par.dp)
 

@@ -143,8 +143,10 @@ def test_per_dtype_entries_default_to_the_generic_fields() -> None:
     assert profile.gemm_terms("fp8")[2] == profile.kernel_floor_us
     with pytest.raises(ValueError, match="unknown dtype"):
         EfficiencyProfile(gemm_floor_us_by_dtype={"bf17": 1.0})
-    gpu = load_gpu("h100-sxm")
-    # No per-dtype entries: fp8_block prices exactly like fp8 (uncalibrated unchanged).
+    # No per-dtype entries, and tensor cores that apply block scales themselves with no
+    # serving kernel of their own: fp8_block prices exactly like fp8 (tests/test_fp8_kernels.py
+    # has Hopper, where both differ).
+    gpu = load_gpu("b200")
     assert gemm_cost(gpu, 64, 4096, 4096, "fp8_block") == gemm_cost(gpu, 64, 4096, 4096, "fp8")
 
 
@@ -227,7 +229,8 @@ def test_a_scenario_prices_tensor_parallel_all_reduce_over_the_fitted_link(
     gpu = load_gpu("h100-sxm")
     profile = fit_measurements(Measurements(synthetic_table(), "synthetic", None), gpu)
     path = write_profile(profile, tmp_path / "profile.yaml")
-    plain = build_replica(make_scenario(hardware={"gpu": "h100-sxm"}, parallelism={"tp": 2}))
+    datasheet = {"gpu": "h100-sxm", "calibration": "none"}
+    plain = build_replica(make_scenario(hardware=datasheet, parallelism={"tp": 2}))
     fitted = build_replica(
         make_scenario(hardware={"gpu": "h100-sxm", "calibration": str(path)}, parallelism={"tp": 2})
     )

@@ -286,7 +286,8 @@ def test_cutlass_dispatch_by_m_pads_tiles_and_never_splits_k():
     tile_math = 2.0 * 128 * 128 * 65536 / (H100.peak_flops(Dtype.FP8) / H100.sm_count * eff)
     cost = gemm_cost(gpu, 256, 32, 65536, "fp8")
     assert cost.compute_seconds == pytest.approx(tile_math)
-    assert cost.seconds > 5 * gemm_cost(H100, 256, 32, 65536, "fp8").seconds
+    cublas = _with_fp8_kernel(H100)  # cuBLASLt: the fastest tile, split-K allowed
+    assert cost.seconds > 5 * gemm_cost(cublas, 256, 32, 65536, "fp8").seconds
     # Up to 64 rows it swaps A and B: 16 rows of m by 64 of n a tile (four of them, side
     # by side, at m = 64), a sixteenth of the padded work; 64x64 for wider n.
     small = gemm_cost(gpu, 64, 32, 65536, "fp8").compute_seconds
@@ -296,18 +297,21 @@ def test_cutlass_dispatch_by_m_pads_tiles_and_never_splits_k():
 
 
 def test_activation_quantisation_and_row_padding_passes():
-    plain = gemm_cost(H100, 4096, 32, 16384, "fp8")
+    cublas = _with_fp8_kernel(H100)  # cuBLASLt, inputs already quantised
+    plain = gemm_cost(cublas, 4096, 32, 16384, "fp8")
     quant = gemm_cost(_with_fp8_kernel(H100, quantize_activations=True), 4096, 32, 16384, "fp8")
     stream = H100.memory_bandwidth * H100.efficiency.memory_bandwidth
-    assert quant.seconds - plain.seconds == pytest.approx(4096 * 16384 * 3 / stream)
+    # The pass streams 3 bytes an element, and its kernel pays one launch floor of its own.
+    floor = H100.efficiency.kernel_floor_us * 1e-6
+    assert quant.seconds - plain.seconds == pytest.approx(4096 * 16384 * 3 / stream + floor)
     assert quant.kernels == 2 and quant.dram_bytes > plain.dram_bytes
     aligned = _with_fp8_kernel(H100, align_m=4)
     padded = gemm_cost(aligned, 257, 4096, 4096, "fp8").seconds
-    pad = padded - gemm_cost(H100, 257, 4096, 4096, "fp8").seconds
+    pad = padded - gemm_cost(cublas, 257, 4096, 4096, "fp8").seconds
     # Zero the padded fp8 buffer, copy the rows in: 3 bytes an element, plus the copies'
     # launches (one kernel floor unless a profile fitted gemm_pad_us_by_dtype).
     assert pad == pytest.approx(H100.efficiency.kernel_floor_us * 1e-6 + 257 * 4096 * 3 / stream)
-    assert gemm_cost(aligned, 256, 4096, 4096, "fp8") == gemm_cost(H100, 256, 4096, 4096, "fp8")
+    assert gemm_cost(aligned, 256, 4096, 4096, "fp8") == gemm_cost(cublas, 256, 4096, 4096, "fp8")
     pad = {"gemm_pad_us_by_dtype": {"fp8": 5.0}}
     fitted = aligned.with_efficiency(aligned.efficiency.model_copy(update=pad))
     extra = gemm_cost(fitted, 257, 4096, 4096, "fp8").seconds - padded

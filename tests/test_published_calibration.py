@@ -137,19 +137,20 @@ def test_a_scenario_names_a_shipped_calibration(make_scenario) -> None:
         resolve_gpu(missing)
 
 
-def test_a_shipped_profile_by_name_only_fits_its_own_gpu(make_scenario) -> None:
-    from simulator.simulation import resolve_gpu
+def test_a_shipped_profile_by_name_applies_to_another_gpu_as_a_transfer(make_scenario) -> None:
+    from simulator.simulation import resolve_calibration
 
-    other = make_scenario(hardware={"gpu": "h100-sxm", "calibration": "rtx-4090"})
-    with pytest.raises(InfersimError, match=r"fitted on rtx-4090, not h100-sxm; .*give its path"):
-        resolve_gpu(other)
+    shipped = read_profile(calibration_path("rtx-4090")).efficiency
+    other = resolve_calibration(
+        make_scenario(hardware={"gpu": "h100-sxm", "calibration": "rtx-4090"})
+    )
+    assert other.gpu.efficiency == shipped
+    assert other.note == "rtx-4090 (transfer: fitted on rtx-4090, applied to h100-sxm)"
     path = str(calibration_path("rtx-4090"))
-    transfer = make_scenario(hardware={"gpu": "h100-sxm", "calibration": path})
-    assert resolve_gpu(transfer).efficiency == read_profile(path).efficiency
-    # The same rule from Python.
-    assert load_gpu("rtx-4090", calibration="rtx-4090").efficiency == read_profile(path).efficiency
-    with pytest.raises(InfersimError, match="fitted on rtx-4090, not h100-sxm"):
-        load_gpu("h100-sxm", calibration="rtx-4090")
+    by_path = resolve_calibration(make_scenario(hardware={"gpu": "h100-sxm", "calibration": path}))
+    assert by_path.gpu.efficiency == shipped and "transfer" in by_path.note
+    # The same from Python.
+    assert load_gpu("h100-sxm", calibration="rtx-4090").efficiency == shipped
 
 
 def test_validate_takes_a_shipped_profile_by_name(tmp_path: Path, capsys, monkeypatch) -> None:

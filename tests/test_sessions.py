@@ -139,8 +139,11 @@ def test_no_turn_is_lost_when_a_replica_fails():
     assert (req.loc[req["arrival"].between(5.0, 20.0), "replica"] != 0).all()
 
 
-def test_failed_turns_end_their_sessions_and_every_request_has_an_outcome():
-    faults = {"events": [{"replica": 1, "at_s": 4.0}], "on_failure": "fail"}
+def test_failed_turns_end_their_sessions_and_every_request_has_an_outcome(affinity):
+    # Fail replica 1 half-way through a turn it serves, so that something is in flight.
+    served = affinity.requests[affinity.requests["replica"] == 1].iloc[3]
+    at_s = float((served["first_scheduled"] + served["finish"]) / 2)
+    faults = {"events": [{"replica": 1, "at_s": at_s}], "on_failure": "fail"}
     req = _turns(_run(faults=faults))
     failed = req[req["outcome"] == "failed"]
     assert len(failed)

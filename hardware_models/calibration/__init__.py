@@ -14,7 +14,6 @@ from hardware_models.calibration.fit import fit_profile
 from hardware_models.calibration.measured_tables import (
     COLUMNS,
     GPU_FOLDERS,
-    NODE_FOR_GPU,
     OP_CLASSES,
     big_gemm_mask,
     default_link_resolver,
@@ -35,7 +34,6 @@ from hardware_models.calibration.workflow import fit_measurements, validate_meas
 __all__ = [
     "COLUMNS",
     "GPU_FOLDERS",
-    "NODE_FOR_GPU",
     "OP_CLASSES",
     "CalibrationProfile",
     "add_errors",

@@ -43,7 +43,9 @@ operator cost model, pricing each distinct shape once.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +59,14 @@ from hardware_models.attention import (
     PrefillAttention,
     causal_pairs_many,
     decode_keys_read,
+    decode_parts_many,
+    prefill_many,
 )
 from hardware_models.calibration.moe_mla_tables import (
     EXTRA_COLUMNS,
+    MLA_FILES,
+    MOE_CLASS,
+    MOE_FILE,
     MOE_MLA_CLASSES,
     READERS,
     predict_moe_mla,
@@ -70,12 +77,22 @@ from hardware_models.efficiency import BLOCK_SCALED_SPELLINGS
 from hardware_models.errors import InfersimError
 from hardware_models.gemm import gemm_parts_many
 from hardware_models.node import LinkSpec
-from hardware_models.presets import load_gpu, load_node
+from hardware_models.presets import list_gpus, load_gpu, load_node, nodes_with_gpu
 
-# Folder under the measured/ directory -> accelerator preset name.
-GPU_FOLDERS: dict[str, str] = {"h100_sxm": "h100-sxm", "a100_sxm": "a100-80gb-sxm"}
-# Accelerator preset -> node preset whose intra-node link the NCCL runs used.
-NODE_FOR_GPU: dict[str, str] = {"h100-sxm": "dgx-h100", "a100-80gb-sxm": "dgx-a100"}
+# aiconfigurator's own folder names (`systems/data/<gpu>/`) -> accelerator preset name. A
+# folder of any other name is read too: its GPU is --gpu, or the preset its name spells.
+GPU_FOLDERS: dict[str, str] = {
+    "h100_sxm": "h100-sxm",
+    "a100_sxm": "a100-80gb-sxm",
+    "l40s": "l40s",
+    "h200_sxm": "h200-sxm",
+    "b200_sxm": "b200",
+}
+SHARED_DATA_ENV = "INFERSIM_SHARED_DATA"
+PUBLIC_TABLES = (
+    "NVIDIA ai-dynamo/aiconfigurator (Apache-2.0), "
+    "aic-core/src/aiconfigurator_core/systems/data/<gpu>/"
+)
 
 OP_CLASSES: tuple[str, ...] = (
     "gemm",
@@ -121,12 +138,6 @@ _NCCL_OPS = {
     "alltoall": "all_to_all",
     "all_to_all": "all_to_all",
 }
-FILES: dict[str, str] = {
-    "gemm": "gemm_perf.parquet",
-    "attention_prefill": "context_attention_perf.parquet",
-    "attention_decode": "generation_attention_perf.parquet",
-    "collectives": "nccl_perf.parquet",
-}
 
 
 def repo_root() -> Path:
@@ -134,19 +145,34 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
+def shared_measured_candidates() -> list[Path]:
+    """Where the public tables may be, in order: $INFERSIM_SHARED_DATA (a data/ or a
+    measured/ folder), ../shared/data/measured beside the working folder, and beside the
+    checkout (an editable install); a wheel install has no checkout, hence the first two."""
+    candidates = []
+    env = os.environ.get(SHARED_DATA_ENV)
+    if env:
+        candidates += [Path(env) / "measured", Path(env)]
+    candidates.append(Path.cwd().parent / "shared" / "data" / "measured")
+    candidates.append(repo_root().parent / "shared" / "data" / "measured")
+    return candidates
+
+
 def default_measured_dir() -> Path:
-    """`../shared/data/measured` beside the repository root."""
-    return repo_root().parent / "shared" / "data" / "measured"
+    """The first of `shared_measured_candidates` that exists (else the last, to name it)."""
+    candidates = shared_measured_candidates()
+    return next((c for c in candidates if c.is_dir()), candidates[-1])
 
 
-def resolve_measured_dir(data_dir: str | Path | None = None) -> Path:
-    """The measured/ directory to read, or a one-line InfersimError if it is not there."""
+def resolve_measured_dir(data_dir: str | Path | None = None, option: str = "--data") -> Path:
+    """The measured/ directory to read, or a one-line InfersimError naming `option` (the
+    caller's flag for it) and where the public tables come from."""
     path = Path(data_dir) if data_dir is not None else default_measured_dir()
     if not path.is_dir():
         raise InfersimError(
-            f"measured-data directory {path} not found; pass --data DIR pointing at a folder "
-            f"with {', '.join(sorted(GPU_FOLDERS))}/ subfolders (the public tables live in "
-            "../shared/data/measured beside the repository)"
+            f"measured-data directory {path} not found; pass {option} DIR (or set "
+            f"{SHARED_DATA_ENV}) pointing at a folder of GPU table folders; the public "
+            f"tables are {PUBLIC_TABLES}"
         )
     return path
 
@@ -236,49 +262,122 @@ def read_nccl(path: Path, gpu: str) -> pd.DataFrame:
     return out
 
 
-_READERS: dict[str, Callable[[Path, str], pd.DataFrame]] = {
-    "gemm": read_gemm,
-    "attention_prefill": read_context_attention,
-    "attention_decode": read_generation_attention,
-    "collectives": read_nccl,
-}
+@dataclass(frozen=True)
+class MeasuredTable:
+    """One table file of the aiconfigurator layout: the op classes its rows carry and the
+    reader that turns it into long rows for one GPU. Another table (a MoE layer, MLA) is
+    read by adding one entry to TABLES (and its op classes to OP_CLASSES and a pricer)."""
+
+    filename: str
+    op_classes: frozenset[str]
+    read: Callable[[Path, str], pd.DataFrame]
+
+
+TABLES: list[MeasuredTable] = [
+    MeasuredTable("gemm_perf.parquet", frozenset({"gemm"}), read_gemm),
+    MeasuredTable(
+        "context_attention_perf.parquet", frozenset({"attention_prefill"}), read_context_attention
+    ),
+    MeasuredTable(
+        "generation_attention_perf.parquet",
+        frozenset({"attention_decode"}),
+        read_generation_attention,
+    ),
+    MeasuredTable("nccl_perf.parquet", COLLECTIVE_CLASSES, read_nccl),
+    MeasuredTable(MOE_FILE, frozenset({MOE_CLASS}), READERS[MOE_FILE]),
+    *(
+        MeasuredTable(name, frozenset({op_class}), READERS[name])
+        for name, (op_class, _module) in MLA_FILES.items()
+    ),
+]
+
+
+def is_table_folder(path: Path) -> bool:
+    """True when `path` holds at least one table of the aiconfigurator layout."""
+    return path.is_dir() and any((path / t.filename).is_file() for t in TABLES)
+
+
+def gpu_of_folder(path: Path) -> str | None:
+    """The preset a folder's name spells: aiconfigurator's name (h100_sxm) or a preset name
+    (l40s, h100-pcie; `_` read as `-`); None for any other name."""
+    if path.name in GPU_FOLDERS:
+        return GPU_FOLDERS[path.name]
+    name = path.name.replace("_", "-")
+    return name if name in list_gpus() else None
+
+
+def read_table_folder(
+    folder: Path, gpu: str, op_classes: Iterable[str] | None = None
+) -> pd.DataFrame:
+    """Every table in one GPU's folder as long rows labelled `gpu` (columns: COLUMNS)."""
+    wanted = set(OP_CLASSES if op_classes is None else op_classes)
+    bad = wanted - set(OP_CLASSES)
+    if bad:
+        raise InfersimError(f"unknown op class {sorted(bad)}; allowed: {', '.join(OP_CLASSES)}")
+    frames = []
+    for table in TABLES:
+        path = folder / table.filename
+        if table.op_classes & wanted and path.is_file():
+            frame = table.read(path, gpu)
+            frames.append(frame[frame["op_class"].isin(wanted)])
+    if not frames:
+        return pd.DataFrame(columns=list(COLUMNS))
+    table = pd.concat(frames, ignore_index=True)
+    return table.reindex(columns=[*COLUMNS, *(c for c in EXTRA_COLUMNS if c in table)])
+
+
+def gpu_folders(root: Path, gpu: str | None = None) -> dict[Path, str]:
+    """The table folders under `root` with the GPU each was measured on. `root` itself when
+    it holds tables: its GPU is `gpu` when given, else the preset its name spells. Else
+    its subfolders that hold tables, each named by its folder name."""
+    if is_table_folder(root):
+        name = gpu or gpu_of_folder(root)
+        if name is None:
+            raise InfersimError(
+                f"cannot tell which GPU the tables in {root} were measured on (the folder "
+                "name is no preset's): pass --gpu PRESET_OR_YAML"
+            )
+        return {root: name}
+    folders = sorted(p for p in root.iterdir() if is_table_folder(p))
+    if not folders:
+        raise InfersimError(
+            f"no measurement tables found under {root} (expected a folder, or subfolders, "
+            f"with any of {', '.join(t.filename for t in TABLES)})"
+        )
+    unnamed = [p.name for p in folders if gpu_of_folder(p) is None]
+    if unnamed:
+        raise InfersimError(
+            f"cannot tell which GPU the tables in {root}/{{{','.join(unnamed)}}} were "
+            "measured on: point --measured at one GPU's folder and pass --gpu PRESET_OR_YAML"
+        )
+    return {p: str(gpu_of_folder(p)) for p in folders}
 
 
 def load_measured(
     data_dir: str | Path | None = None,
     gpus: Iterable[str] | None = None,
     op_classes: Iterable[str] | None = None,
+    gpu: str | None = None,
 ) -> pd.DataFrame:
-    """Every measured row of every known GPU folder as one long table (columns: COLUMNS).
+    """Every measured row under `data_dir` (a measured/ folder of GPU folders, or one GPU's
+    folder of any name) as one long table (columns: COLUMNS).
 
-    `gpus` filters by preset name (h100-sxm, a100-80gb-sxm); `op_classes` by OP_CLASSES.
+    `gpu` labels the rows of a single folder (else each folder's name says its GPU);
+    `gpus` filters by preset name (h100-sxm, l40s); `op_classes` by OP_CLASSES.
     """
     root = resolve_measured_dir(data_dir)
-    wanted_gpus = set(gpus) if gpus is not None else set(GPU_FOLDERS.values())
-    wanted_ops = set(op_classes) if op_classes is not None else set(OP_CLASSES)
-    bad = wanted_ops - set(OP_CLASSES)
-    if bad:
-        raise InfersimError(f"unknown op class {sorted(bad)}; allowed: {', '.join(OP_CLASSES)}")
-    frames = []
-    for folder, gpu in GPU_FOLDERS.items():
-        if gpu not in wanted_gpus or not (root / folder).is_dir():
-            continue
-        for kind, filename in FILES.items():
-            covers = COLLECTIVE_CLASSES if kind == "collectives" else {kind}
-            path = root / folder / filename
-            if not covers & wanted_ops or not path.is_file():
-                continue
-            frame = _READERS[kind](path, gpu)
-            frames.append(frame[frame["op_class"].isin(wanted_ops)])
-        for filename, reader in READERS.items():  # MoE and MLA (moe_mla_tables)
-            path = root / folder / filename
-            if path.is_file():
-                frame = reader(path, gpu)
-                frames.append(frame[frame["op_class"].isin(wanted_ops)])
+    folders = gpu_folders(root, gpu)
+    wanted = set(gpus) if gpus is not None else set(folders.values())
+    frames = [
+        read_table_folder(folder, name, op_classes)
+        for folder, name in folders.items()
+        if name in wanted
+    ]
+    frames = [f for f in frames if len(f)]
     if not frames:
         raise InfersimError(
-            f"no measurement tables found under {root} for GPUs {sorted(wanted_gpus)} "
-            f"(expected {', '.join(f'{f}/' for f in GPU_FOLDERS)} with {', '.join(FILES.values())})"
+            f"no measurement tables found under {root} for GPUs {sorted(wanted)} "
+            f"(it has {', '.join(sorted(set(folders.values())))})"
         )
     table = pd.concat(frames, ignore_index=True)
     return table.reindex(columns=[*COLUMNS, *(c for c in EXTRA_COLUMNS if c in table)])
@@ -293,16 +392,20 @@ def big_gemm_mask(table: pd.DataFrame, min_mnk: float = 2**30, dtype: str = "bf1
 # ----------------------------------------------------------------------------- prediction
 
 
-def default_link_resolver(gpu: str) -> LinkSpec:
-    """The intra-node link of the node preset the public NCCL runs correspond to."""
-    if gpu not in NODE_FOR_GPU:
-        raise InfersimError(
-            f"no node preset known for GPU {gpu!r}; known: {', '.join(sorted(NODE_FOR_GPU))}"
-        )
-    node = load_node(NODE_FOR_GPU[gpu])
-    if node.intra_node_link is None:
-        raise InfersimError(f"node preset {node.name} has no intra-node link")
-    return node.intra_node_link
+def default_link_resolver(gpu: str, node: str | Path | None = None) -> LinkSpec:
+    """The intra-node link a GPU's NCCL rows ran over: `node`'s (a preset name or YAML)
+    when given, else that of the one node preset built from the GPU (NVSwitch for the
+    H100 and A100, PCIe for the L40S). A one-line InfersimError says why there is none."""
+    if node is None:
+        names = nodes_with_gpu(gpu)
+        if len(names) != 1:
+            found = f"node presets {', '.join(names)}" if names else "no node preset"
+            raise InfersimError(f"{found} built from {gpu}: pass --node PRESET_OR_YAML")
+        node = names[0]
+    spec = load_node(node)
+    if spec.intra_node_link is None:
+        raise InfersimError(f"node {spec.name} has no intra-node link to run collectives over")
+    return spec.intra_node_link
 
 
 def _decode_seen(frame: pd.DataFrame) -> np.ndarray:
@@ -367,18 +470,19 @@ def prefill_table(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
     """(seconds, compute s, memory s, DRAM bytes) of each prefill row as the benchmark
     ran it (uniform_prefill_cost), one attention model per head layout and window: a fit
     prices every row for each candidate it tries."""
-    out = np.empty((len(sub), 4))
     batch, q_len, kv_len, window = (
         sub[c].to_numpy(dtype=float) for c in ("batch", "q_len", "kv_len", "window")
     )
     pairs = batch * causal_pairs_many(q_len, kv_len, window)
-    for key, pos in sub.groupby([*_ATTN_COLS, "window"], sort=False, dropna=False).indices.items():
-        model = PrefillAttention(gpu, **_head_layout(key[:-1]), window=int(key[-1]) or None)
-        seqs = batch[pos]
-        args = (seqs, seqs * q_len[pos], pairs[pos], seqs * kv_len[pos])
-        seconds, _, dram, compute, memory = model.many(*args)
-        out[pos] = np.column_stack((seconds, compute, memory, dram))
-    return out
+    layout = np.empty(len(sub), dtype=int)
+    models = []
+    groups = sub.groupby([*_ATTN_COLS, "window"], sort=False, dropna=False).indices
+    for index, (key, pos) in enumerate(groups.items()):
+        models.append(PrefillAttention(gpu, **_head_layout(key[:-1]), window=int(key[-1]) or None))
+        layout[pos] = index
+    args = (batch, batch * q_len, pairs, batch * kv_len)
+    seconds, _, dram, compute, memory = prefill_many(models, layout, *args)
+    return np.column_stack((seconds, compute, memory, dram))
 
 
 def _predict_prefill(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
@@ -390,13 +494,12 @@ def decode_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> DecodeParts:
     """Every decode row priced term by term, as the fit and the predictions need it."""
     seen = decode_keys_read(sub["kv_len"], sub["window"])
     batch = sub["batch"].to_numpy(dtype=float)
-    out = DecodeParts(*(np.empty(len(sub)) for _ in DecodeParts._fields))
-    for key, pos in sub.groupby(_ATTN_COLS, sort=False).indices.items():
-        model = DecodeAttention(gpu, **_head_layout(key))
-        parts = model.parts(batch[pos], batch[pos] * seen[pos])
-        for column, values in zip(out, parts, strict=True):
-            column[pos] = values
-    return out
+    layout = np.empty(len(sub), dtype=int)
+    models = []
+    for index, (key, pos) in enumerate(sub.groupby(_ATTN_COLS, sort=False).indices.items()):
+        models.append(DecodeAttention(gpu, **_head_layout(key)))
+        layout[pos] = index
+    return decode_parts_many(models, layout, batch, batch * seen)
 
 
 def _predict_decode(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:

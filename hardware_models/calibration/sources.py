@@ -15,11 +15,11 @@ from hardware_models.calibration.gemm_csv import read_gemm_csv
 from hardware_models.calibration.harness.runner import DEVICE_SPEC, METADATA
 from hardware_models.calibration.measured_tables import (
     COLUMNS,
-    FILES,
-    GPU_FOLDERS,
     NUMERIC_COLUMNS,
-    default_measured_dir,
+    gpu_folders,
     load_measured,
+    read_table_folder,
+    resolve_measured_dir,
 )
 from hardware_models.errors import InfersimError
 from hardware_models.presets import list_gpus, load_gpu
@@ -58,9 +58,13 @@ def load_measurements(
     folder: str | Path | None = None,
     measured: str | Path | None = None,
     from_shared: str | None = None,
+    gpu: str | None = None,
+    shared_data: str | Path | None = None,
 ) -> Measurements:
-    """Exactly one of: a harness folder or a CSV of GEMM timings, a measured/ folder (or one
-    GPU folder in it), or a GPU preset whose public tables sit in ../shared/data/measured."""
+    """Exactly one of: a harness folder or a CSV of GEMM timings, a folder of tables in the
+    aiconfigurator layout (one GPU's, of any name, its rows labelled `gpu`; or a measured/
+    folder of several), or a GPU preset whose public tables sit in `shared_data` (default:
+    see measured_tables.shared_measured_candidates)."""
     given = [x is not None for x in (folder, measured, from_shared)]
     if sum(given) != 1:
         raise InfersimError(
@@ -75,15 +79,18 @@ def load_measurements(
         return Measurements(read_harness_dir(path), f"harness run {path.name}", path)
     if measured is not None:
         path = Path(measured)
-        if path.name in GPU_FOLDERS and any((path / f).is_file() for f in FILES.values()):
-            table = load_measured(path.parent, gpus=[GPU_FOLDERS[path.name]])
-        else:
-            table = load_measured(path)
+        label = load_gpu(gpu).name if gpu is not None else None
+        table = load_measured(resolve_measured_dir(path, "--measured"), gpu=label)
         return Measurements(table, f"measured tables {path.name}", None)
-    known = sorted(GPU_FOLDERS.values())
+    if shared_data is not None and (Path(shared_data) / "measured").is_dir():
+        shared_data = Path(shared_data) / "measured"
+    root = resolve_measured_dir(shared_data, "--shared-data")
+    known = {name: folder for folder, name in gpu_folders(root).items()}
     if from_shared not in known:
-        raise InfersimError(f"--from-shared {from_shared!r}: public tables exist for {known}")
-    table = load_measured(default_measured_dir(), gpus=[from_shared])
+        raise InfersimError(
+            f"--from-shared {from_shared!r}: {root} has public tables for {sorted(known)}"
+        )
+    table = read_table_folder(known[from_shared], from_shared)
     return Measurements(table, f"aiconfigurator measured tables for {from_shared}", None)
 
 

@@ -18,7 +18,6 @@ from hardware_models.calibration.error_report import error_table, plot_predicted
 from hardware_models.calibration.layer import LayerShape, layer_seconds
 from hardware_models.calibration.measured_tables import (
     COLLECTIVE_CLASSES,
-    NODE_FOR_GPU,
     OP_CLASSES,
     default_link_resolver,
     predict,
@@ -42,9 +41,41 @@ TARGETS: dict[str, float] = {
 TRANSFER_TARGETS: dict[str, float] = {"gemm": 0.15, "moe": 0.20}
 
 
-def base_link(spec: AcceleratorSpec) -> LinkSpec | None:
-    """The intra-node link of the node preset built from `spec`, if there is one."""
-    return default_link_resolver(spec.name) if spec.name in NODE_FOR_GPU else None
+def node_link(
+    spec: AcceleratorSpec, node: str | Path | None = None
+) -> tuple[LinkSpec | None, str | None]:
+    """(the GPU-to-GPU link collectives on `spec` ran over, None) or (None, why there is
+    none): `node`'s link (a bad `node` is an error), else that of the node preset built
+    from the GPU."""
+    if node is not None:
+        return default_link_resolver(spec.name, node), None
+    try:
+        return default_link_resolver(spec.name, node), None
+    except InfersimError as exc:
+        return None, str(exc)
+
+
+def base_link(spec: AcceleratorSpec, node: str | Path | None = None) -> LinkSpec | None:
+    """The link of `node_link`, or None when there is none."""
+    return node_link(spec, node)[0]
+
+
+def unpriced_rows(
+    table: pd.DataFrame, predicted: pd.Series, spec: AcceleratorSpec, link_problem: str | None
+) -> pd.DataFrame:
+    """One line per (op class, reason) of the rows left without a price: a GEMM dtype the
+    chip lacks, collectives with no link to run over. Columns op_class, reason, rows."""
+    missing = table[predicted.isna()]
+    reasons = pd.Series(f"{spec.name} cannot price this row", index=missing.index)
+    gemm = missing["op_class"] == "gemm"
+    reasons[gemm] = f"{spec.name} has no GEMM kernels for " + missing.loc[gemm, "dtype"]
+    collective = missing["op_class"].isin(COLLECTIVE_CLASSES)
+    reasons[collective] = f"no GPU-to-GPU link ({link_problem})"
+    counts = missing.groupby([missing["op_class"], reasons]).size()
+    return pd.DataFrame(
+        [(op, why, int(n)) for (op, why), n in counts.items()],
+        columns=["op_class", "reason", "rows"],
+    )
 
 
 def _layer_row_seconds(spec: AcceleratorSpec, row) -> float:
@@ -59,11 +90,15 @@ def _layer_row_seconds(spec: AcceleratorSpec, row) -> float:
 
 
 def predict_all(
-    table: pd.DataFrame, spec: AcceleratorSpec, profile: CalibrationProfile | None = None
+    table: pd.DataFrame,
+    spec: AcceleratorSpec,
+    profile: CalibrationProfile | None = None,
+    node: str | Path | None = None,
 ) -> pd.Series:
     """Predicted seconds for every row, all priced on `spec` (with `profile`'s efficiency
-    and fitted links when given); NaN where the row cannot be priced (a dtype the chip
-    lacks, a collective on a chip with no node preset)."""
+    and fitted links when given), collectives over `node_link(spec, node)`; NaN where the
+    row cannot be priced (a dtype the chip lacks, a collective with no link: see
+    unpriced_rows)."""
     unknown = set(table["op_class"]) - {*OP_CLASSES, "memory_copy", "transformer_layer"}
     if unknown:
         raise InfersimError(f"cannot price op class {sorted(unknown)[0]!r}")
@@ -73,7 +108,7 @@ def predict_all(
     ops = table["op_class"].isin([c for c in OP_CLASSES if c not in COLLECTIVE_CLASSES])
     if ops.any():
         pred[ops] = predict(table[ops], gpu_resolver=lambda _name: spec)
-    link = base_link(spec)
+    link = base_link(spec, node)
     collectives = table[table["op_class"].isin(COLLECTIVE_CLASSES)]
     if len(collectives) and link is not None:
         for gpus, sub in collectives.groupby("num_gpus"):
@@ -115,7 +150,23 @@ def validation_tables(
             mape = float(calibrated.loc[op, "mape"])
             rows.append({"op_class": op, "target": target, "mape": mape, "met": mape <= target})
     tables["targets"] = pd.DataFrame(rows, columns=["op_class", "target", "mape", "met"])
+    if transfer:
+        tables["worse_than_uncalibrated"] = worse_classes(by_class)
     return tables
+
+
+def worse_classes(by_class: pd.DataFrame) -> pd.DataFrame:
+    """The op classes a profile prices worse than the datasheet efficiencies (MAPE up): a
+    transfer must say so. Columns op_class, mape_uncalibrated, mape_calibrated."""
+    wide = by_class.pivot(index="op_class", columns="stage", values="mape")
+    worse = wide[wide["calibrated"] > wide["uncalibrated"]]
+    return pd.DataFrame(
+        {
+            "op_class": worse.index,
+            "mape_uncalibrated": worse["uncalibrated"].to_numpy(),
+            "mape_calibrated": worse["calibrated"].to_numpy(),
+        }
+    )
 
 
 def plot_error_vs_size(

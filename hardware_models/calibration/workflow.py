@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from hardware_models.accelerator import AcceleratorSpec
@@ -13,22 +14,30 @@ from hardware_models.calibration.error_report import to_markdown
 from hardware_models.calibration.fit import fit_profile
 from hardware_models.calibration.fit_links import fit_links
 from hardware_models.calibration.gemm_csv import implausible_row
+from hardware_models.calibration.measured_tables import (
+    COLLECTIVE_CLASSES,
+    SHAPE_COLUMNS,
+    supported_mask,
+)
 from hardware_models.calibration.profile_file import (
     CalibrationProfile,
     FittedLink,
     ProfileMetadata,
 )
+from hardware_models.calibration.screen import Screened, screen
 from hardware_models.calibration.sources import Measurements, rows_for
 from hardware_models.calibration.split import holdout_mask
 from hardware_models.calibration.validate import (
-    base_link,
+    node_link,
     plot_before_after,
     plot_error_vs_size,
     predict_all,
+    unpriced_rows,
     validation_tables,
 )
 from hardware_models.efficiency import CollectiveFit
 from hardware_models.errors import InfersimError
+from hardware_models.node import LinkSpec
 
 LINK_FIT_OP = "all_reduce"
 
@@ -40,16 +49,22 @@ def fit_measurements(
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
     curves_only: bool = False,
+    node: str | Path | None = None,
 ) -> CalibrationProfile:
-    """A profile fitted to the shapes outside the seeded held-out fraction; with
-    `curves_only`, only its efficiency curves (see `fit_profile`), links left as they are."""
-    rows = checked_rows(measurements, spec)
+    """A profile fitted to the plausible shapes outside the seeded held-out fraction (see
+    `usable_rows`); with `curves_only`, only its efficiency curves (see `fit_profile`),
+    links left as they are. Collectives run over `node`'s link (default: see node_link)."""
+    usable = usable_rows(measurements, spec, node)
+    if progress is not None:
+        for line in usable.lines():
+            progress(line)
+    rows = usable.rows
     fit_rows = rows[~holdout_mask(rows, holdout, seed)]
     if fit_rows.empty:
         raise InfersimError("no rows left to fit after the holdout split")
     efficiency = fit_profile(spec, fit_rows, seed, progress, curves_only)
     links = []
-    link = base_link(spec)
+    link = usable.link
     if link is not None and not curves_only:
         fitted = fit_links(fit_rows, link, LINK_FIT_OP)
         counts = fit_rows[fit_rows["op_class"] == LINK_FIT_OP].groupby("num_gpus").size()
@@ -77,13 +92,47 @@ def fit_measurements(
     )
 
 
-def checked_rows(measurements: Measurements, spec: AcceleratorSpec) -> pd.DataFrame:
-    """The rows measured on `spec`; a hand-made table's first impossible row is refused."""
+@dataclass(frozen=True)
+class UsableRows:
+    """The rows a fit or a validation uses, and what it left out and why."""
+
+    rows: pd.DataFrame  # measured on the GPU, priceable and plausible
+    link: LinkSpec | None  # what the collectives ran over
+    screened: Screened  # the implausible rows (screen.py)
+    unpriced: pd.DataFrame  # op_class, reason, rows: rows no model here can price
+
+    def lines(self) -> list[str]:
+        """What was left out, one terminal line per (op class, reason)."""
+        out = [
+            f"left out {r.rows} {r.op_class} rows: {r.reason}"
+            for r in self.unpriced.itertuples(index=False)
+        ]
+        out += [
+            f"left out {r.rows} {r.op_class} rows as implausible: {r.reason} "
+            f"(up to {r.max_times_floor:.2g}x)"
+            for r in self.screened.counts().itertuples(index=False)
+        ]
+        return out
+
+
+def usable_rows(
+    measurements: Measurements, spec: AcceleratorSpec, node: str | Path | None = None
+) -> UsableRows:
+    """The rows measured on `spec` less those that cannot be priced on it (a GEMM dtype it
+    lacks, collectives with no link) and those the plausibility screen rejects; a
+    hand-made table's first impossible row is refused outright (a unit slip)."""
     rows = rows_for(measurements, spec)
     problem = implausible_row(rows, spec) if measurements.hand_made else None
     if problem is not None:
         raise InfersimError(f"{measurements.source}: {problem}")
-    return rows
+    link, link_problem = node_link(spec, node)
+    priceable = supported_mask(rows, lambda _name: spec)
+    if link is None:
+        priceable &= ~rows["op_class"].isin(COLLECTIVE_CLASSES)
+    marks = pd.Series(np.where(priceable, 0.0, np.nan), index=rows.index)
+    unpriced = unpriced_rows(rows, marks, spec, link_problem)
+    screened = screen(rows[priceable], spec, link)
+    return UsableRows(screened.kept, link, screened, unpriced)
 
 
 @dataclass(frozen=True)
@@ -93,15 +142,37 @@ class Validation:
     before: pd.Series
     after: pd.Series
     tables: dict[str, pd.DataFrame]
+    usable: UsableRows
+
+
+EXAMPLE_COLUMNS = [
+    "op_class",
+    "reason",
+    "times_floor",
+    "source_dtype",
+    *SHAPE_COLUMNS,
+    "measured_s",
+]
+
+
+def left_out_table(usable: UsableRows) -> pd.DataFrame:
+    """Every row left out of a validation, counted by op class and reason."""
+    screened = usable.screened.counts()[["op_class", "reason", "rows"]]
+    screened = screened.assign(reason="implausible: " + screened["reason"])
+    return pd.concat([usable.unpriced, screened], ignore_index=True)
 
 
 def validate_measurements(
-    measurements: Measurements, spec: AcceleratorSpec, profile: CalibrationProfile
+    measurements: Measurements,
+    spec: AcceleratorSpec,
+    profile: CalibrationProfile,
+    node: str | Path | None = None,
 ) -> Validation:
     """Errors before and after applying `profile` to `spec`. On the GPU the profile was
     fitted on, only the held-out shapes count; on another GPU (a transfer) no row was
     seen by the fit, so all count."""
-    rows = checked_rows(measurements, spec)
+    usable = usable_rows(measurements, spec, node)
+    rows = usable.rows
     meta = profile.metadata
     transfer = spec.name != meta.gpu
     if not transfer:
@@ -110,11 +181,15 @@ def validate_measurements(
     else:
         which = f"all (transfer: profile fitted on {meta.gpu})"
     if rows.empty:
-        raise InfersimError("no rows to validate on (is --holdout 0 in the profile?)")
-    before = predict_all(rows, spec)
-    after = predict_all(rows, spec, profile)
+        left_out = "; ".join(usable.lines())
+        why = left_out or "is --holdout 0 in the profile?"
+        raise InfersimError(f"no rows to validate on ({why})")
+    before = predict_all(rows, spec, node=node)
+    after = predict_all(rows, spec, profile, node=node)
     tables = validation_tables(rows, before, after, transfer)
-    return Validation(rows, which, before, after, tables)
+    tables["left_out"] = left_out_table(usable)
+    tables["implausible_examples"] = usable.screened.examples()[EXAMPLE_COLUMNS]
+    return Validation(rows, which, before, after, tables, usable)
 
 
 def write_report(validation: Validation, out_dir: str | Path, title: str) -> list[Path]:
@@ -128,7 +203,10 @@ def write_report(validation: Validation, out_dir: str | Path, title: str) -> lis
         path = out / f"{name}.csv"
         frame.to_csv(path, index=False, float_format="%.5g")
         written.append(path)
-        percent = ("mape", "target") if name == "targets" else None
+        percent = {
+            "targets": ("mape", "target"),
+            "worse_than_uncalibrated": ("mape_uncalibrated", "mape_calibrated"),
+        }.get(name)
         body = to_markdown(frame, percent) if percent else to_markdown(frame)
         markdown += [f"\n## {name}\n\n", body]
     report = out / "report.md"

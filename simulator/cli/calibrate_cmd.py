@@ -57,9 +57,28 @@ def _inputs(parser: argparse.ArgumentParser) -> None:
         help="a `calibrate run` folder, or a CSV of GEMM timings (m, n, k, dtype, measured_s "
         "or tflops; optional gpu, source)",
     )
-    parser.add_argument("--measured", type=Path, help="aiconfigurator measured/ (or GPU) folder")
-    parser.add_argument("--from-shared", metavar="GPU", help="public tables: h100-sxm, ...")
+    parser.add_argument(
+        "--measured",
+        type=Path,
+        help="a folder of tables in the aiconfigurator layout (any name; its GPU is --gpu), "
+        "or a measured/ folder of such folders named after their GPUs",
+    )
+    parser.add_argument(
+        "--from-shared", metavar="GPU", help="public tables by GPU: h100-sxm, a100-80gb-sxm, l40s"
+    )
+    parser.add_argument(
+        "--shared-data",
+        type=Path,
+        metavar="DIR",
+        help="where --from-shared looks (a data/ or measured/ folder; default: "
+        "$INFERSIM_SHARED_DATA, else ../shared/data beside the working folder or the checkout)",
+    )
     parser.add_argument("--gpu", help="accelerator preset or YAML (default: from the input)")
+    parser.add_argument(
+        "--node",
+        help="node preset or YAML whose GPU-to-GPU link the collectives ran over "
+        "(default: the node preset built from the GPU)",
+    )
 
 
 def _clock() -> Callable[[str], None]:
@@ -82,11 +101,19 @@ def _fit(args: argparse.Namespace) -> int:
     if not 0.0 <= args.holdout < 1.0:
         raise InfersimError(f"--holdout must be in [0, 1), got {args.holdout}")
     log = _clock()
-    measurements = load_measurements(args.folder, args.measured, args.from_shared)
+    measurements = load_measurements(
+        args.folder, args.measured, args.from_shared, args.gpu, args.shared_data
+    )
     spec = resolve_spec(measurements, args.gpu)
     log(f"{len(measurements.table)} rows from {measurements.source}; fitting against {spec.name}")
     profile = fit_measurements(
-        measurements, spec, args.holdout, args.seed, progress=log, curves_only=args.curves_only
+        measurements,
+        spec,
+        args.holdout,
+        args.seed,
+        progress=log,
+        curves_only=args.curves_only,
+        node=args.node,
     )
     for fitted in profile.links:
         log(
@@ -106,14 +133,18 @@ def _validate(args: argparse.Namespace) -> int:
     log = _clock()
     path = calibration_path(args.profile)
     profile = read_profile(path)
-    measurements = load_measurements(args.folder, args.measured, args.from_shared)
+    measurements = load_measurements(
+        args.folder, args.measured, args.from_shared, args.gpu, args.shared_data
+    )
     spec = resolve_spec(measurements, args.gpu, fallback=profile.metadata.gpu)
-    result = validate_measurements(measurements, spec, profile)
+    result = validate_measurements(measurements, spec, profile, args.node)
     # A shipped profile's report goes to the working folder, not into the package.
     beside = path.parent if path == args.profile else Path()
     out = args.out or beside / f"{path.stem}-validation-{spec.name}"
     title = f"Calibration of {spec.name} with {path.name}"
     paths = write_report(result, out, title)
+    for line in result.usable.lines():
+        log(line)
     log(f"{spec.name}: {len(result.rows)} rows, {result.which_rows}")
     print(_summary(result.tables["by_class"]).to_string(index=False))
     targets = result.tables["targets"]
@@ -121,6 +152,12 @@ def _validate(args: argparse.Namespace) -> int:
         verdict = "met" if row.met else f"MISSED by {100 * (row.mape - row.target):.1f} points"
         limit = f"MAPE <= {100 * row.target:.0f}%:"
         print(f"  target {row.op_class:<18} {limit} {100 * row.mape:5.1f}%  {verdict}")
+    worse = result.tables.get("worse_than_uncalibrated", pd.DataFrame())
+    for row in worse.itertuples(index=False):
+        print(
+            f"  WORSE than uncalibrated: {row.op_class} {100 * row.mape_uncalibrated:.1f}% -> "
+            f"{100 * row.mape_calibrated:.1f}% (this transfer should not be used for it)"
+        )
     log(f"wrote {len(paths)} files to {out}")
     return 0
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from hardware_models.calibration.profile_file import read_profile
+from hardware_models.calibration_lookup import nearest_profile
 from hardware_models.dtypes import Dtype
 from hardware_models.node import LinkSpec
 from hardware_models.presets import (
@@ -50,6 +51,7 @@ def gpu_table() -> pd.DataFrame:
                 else None,
                 "tdp_w": gpu.power.tdp_w,
                 "usd_per_hour": gpu.price.usd_per_hour,
+                "calibration_auto": nearest_profile(gpu) or "none",
             }
         )
     return pd.DataFrame(rows)

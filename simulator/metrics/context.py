@@ -31,6 +31,7 @@ class ReplicaInfo:
     usd_per_gpu_hour: float
     pool: str = "default"
     token_budget: float = math.inf  # tokens per step; inf where the policy has none
+    calibration: str = "none"  # the profile its GPU runs with, and why (calibration_lookup)
 
 
 @dataclass(frozen=True, slots=True)

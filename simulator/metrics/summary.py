@@ -379,6 +379,7 @@ def _run(ctx: RunContext, arrived: int) -> dict[str, Any]:
         "replicas": len(ctx.replicas),
         "gpus": ctx.gpus,
         "gpu_types": sorted({r.gpu for r in ctx.replicas}),
+        "calibrations": sorted({f"{r.gpu}: {r.calibration}" for r in ctx.replicas}),
     }
     if "scenario" in ctx.provenance:
         run["configuration"] = configuration(ctx.provenance["scenario"])

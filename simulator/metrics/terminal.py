@@ -65,6 +65,8 @@ def summary_table(summary: Mapping[str, Any]) -> str:
     cost, e = summary["cost"], summary["energy"]
     prefix = summary.get("prefix_cache", {"hit_rate": None})
     lines = _header(summary)
+    for calibration in summary["run"].get("calibrations", []):
+        lines += wrapped(calibration, "  calibration ", "    ")
     for warning in summary.get("warnings", []):
         lines += wrapped(warning, "warning: ", "  ")
     if summary["overloaded"]:
