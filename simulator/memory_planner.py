@@ -17,6 +17,12 @@ from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
 from hardware_models.errors import InfeasibleError, InfersimError
 from simulator.architecture import ModelArchitecture
 from simulator.engine.moe_layer import ExpertLayout
+from simulator.engine.weight_format import (
+    FP8_BLOCK,
+    FP8_BLOCK_SIZE,
+    check_block_shards,
+    weight_format,
+)
 
 GB = 1e9
 
@@ -28,8 +34,13 @@ DEFAULT_MAX_NUM_SEQS = 256
 """vLLM's default cap on sequences per step: the number of positions that get logits."""
 
 # Block-quantised formats store one scale per group of weights. Assumed: int4 as in
-# GPTQ/AWQ (group 128, fp16 scale) and fp4 as NVFP4 (group 16, fp8 scale).
-_SCALE_BYTES_PER_WEIGHT: dict[Dtype, float] = {Dtype.INT4: 2 / 128, Dtype.FP4: 1 / 16}
+# GPTQ/AWQ (group 128, fp16 scale) and fp4 as NVFP4 (group 16, fp8 scale); fp8_block as
+# DeepSeek-V3's checkpoint (one fp32 scale per 128 x 128 block).
+_SCALE_BYTES_PER_WEIGHT: dict[str, float] = {
+    Dtype.INT4.value: 2 / 128,
+    Dtype.FP4.value: 1 / 16,
+    FP8_BLOCK: 4 / (FP8_BLOCK_SIZE * FP8_BLOCK_SIZE),
+}
 
 # Logits are upcast to fp32 for sampling; the softmax makes a second vocab-wide buffer.
 _LOGIT_BUFFERS = 2
@@ -38,8 +49,7 @@ _LOGIT_BYTES = 4
 
 def weight_bytes_per_param(dtype: str | Dtype) -> float:
     """Storage per quantised weight, including its share of the group scale."""
-    d = parse_dtype(dtype)
-    return bytes_per_element(d) + _SCALE_BYTES_PER_WEIGHT.get(d, 0.0)
+    return bytes_per_element(dtype) + _SCALE_BYTES_PER_WEIGHT.get(weight_format(dtype), 0.0)
 
 
 class StageWeights(NamedTuple):
@@ -107,6 +117,7 @@ def stage_weights(
     """
     arch.check_tp(tp)
     experts = ExpertLayout.of(arch, tp, expert_parallel)
+    check_block_shards(arch, weight_format(weight_dtype), tp, experts.moe_tp)
     a_bytes = bytes_per_element(activation_dtype)
     dense, moe, routed = _layer_weight_bytes(
         arch, tp, experts, weight_bytes_per_param(weight_dtype), a_bytes
@@ -260,12 +271,12 @@ def plan_memory(
         )
     if framework_overhead_gb < 0:
         raise InfersimError(f"framework_overhead_gb must be >= 0, got {framework_overhead_gb}")
-    w_dtype, k_dtype = parse_dtype(weight_dtype), parse_dtype(kv_dtype)
+    w_format, k_dtype = weight_format(weight_dtype), parse_dtype(kv_dtype)
 
     def weights_and_activations(tp: int) -> tuple[list[StageWeights], float]:
         weights = stage_weights(
             arch,
-            weight_dtype=w_dtype,
+            weight_dtype=w_format,
             activation_dtype=activation_dtype,
             tp=tp,
             pp=pp,
@@ -289,7 +300,7 @@ def plan_memory(
     experts = f", {heaviest.experts / GB:.1f} GB of them routed experts" if arch.is_moe else ""
     if weights + activations + overhead >= usable:
         raise InfeasibleError(
-            f"{arch.name} ({w_dtype.value}, {layout}) does not fit on {gpu.name}: "
+            f"{arch.name} ({w_format}, {layout}) does not fit on {gpu.name}: "
             f"weights {weights / GB:.1f} GB + activations {activations / GB:.1f} GB + "
             f"overhead {overhead / GB:.1f} GB > usable {usable / GB:.1f} GB "
             f"({gpu.memory_bytes / GB:g} GB x {gpu_memory_utilization:.2f}) on the most "
@@ -306,7 +317,7 @@ def plan_memory(
     return MemoryPlan(
         model=arch.name,
         gpu=gpu.name,
-        weight_dtype=w_dtype.value,
+        weight_dtype=w_format,
         kv_dtype=k_dtype.value,
         tp=tp,
         pp=pp,

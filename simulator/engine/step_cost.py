@@ -39,6 +39,7 @@ from hardware_models.pointwise import (
 from simulator.architecture import ModelArchitecture
 from simulator.engine.latent_attention import MlaDecodeAttention, MlaPrefillAttention, mla_shape
 from simulator.engine.moe_layer import ExpertLayout, routed_experts_cost
+from simulator.engine.weight_format import check_block_shards, weight_format
 
 
 class StepBound(IntEnum):
@@ -231,12 +232,16 @@ class StepCostModel:
         self.arch, self.gpu, self.node, self.tp, self.pp = arch, gpu, node, tp, pp
         self.experts = ExpertLayout.of(arch, tp, expert_parallel)
         self.moe_routing = moe_routing
+        self.weight_format = weight_format(weight_dtype)  # fp8_block kept as spelled
+        check_block_shards(arch, self.weight_format, tp, self.experts.moe_tp)
         self.weight_dtype = parse_dtype(weight_dtype)
         self.kv_dtype = parse_dtype(kv_dtype)
         self.act_dtype = parse_dtype(activation_dtype)
-        self.compute_dtype = (
-            self.weight_dtype if self._tensor_native(self.weight_dtype) else (self.act_dtype)
-        )
+        native = self._tensor_native(self.weight_dtype)
+        self.compute_dtype = self.weight_dtype if native else self.act_dtype
+        # The GEMM kernels' key: a block-scaled format runs its own kernels where the
+        # chip multiplies its dtype natively (elsewhere its weights are dequantised).
+        self.gemm_dtype: str | Dtype = self.weight_format if native else self.compute_dtype
         self.overheads = overheads or EngineOverheads()
         self.heads = arch.num_attention_heads // tp
         self.kv_heads = arch.kv_heads_per_shard(tp)
@@ -289,7 +294,7 @@ class StepCostModel:
             prefill = MlaPrefillAttention(
                 self.gpu,
                 shape,
-                compute_dtype=self.compute_dtype,
+                compute_dtype=self.gemm_dtype,
                 weight_dtype=self.weight_dtype,
                 **dtypes,
             )
@@ -331,7 +336,7 @@ class StepCostModel:
         part = _Part.empty()
         layers = self.arch.num_layers
         for _, m, n, k, times in self.arch.gemms(tokens, self.tp):
-            part.add(gemm_cost(self.gpu, m, n, k, self.compute_dtype, self.weight_dtype), times)
+            part.add(gemm_cost(self.gpu, m, n, k, self.gemm_dtype, self.weight_dtype), times)
         if self.arch.is_moe:
             part.add(self._routed_experts(tokens), self.arch.num_moe_layers)
         fused = self.overheads.fused_kernels
@@ -355,7 +360,7 @@ class StepCostModel:
             self.gpu,
             tokens,
             self.experts,
-            weight_dtype=self.weight_dtype,
+            weight_dtype=self.weight_format,
             routing=self.moe_routing,
         )
 
