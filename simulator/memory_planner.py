@@ -92,13 +92,19 @@ def _layer_weight_bytes(
 
 
 def stage_layers(arch: ModelArchitecture, pp: int) -> list[range]:
-    """The layers of each pipeline stage: ceil(layers / pp) each, the last stage the rest."""
+    """The layers of each pipeline stage, as vLLM's get_pp_indices splits them: layers // pp
+    each, the remainder one apiece to the stages before the last, from the second last
+    back (the last stage also holds the final norm and the LM head). DeepSeek-V3's 61
+    layers over pp=4 are 15, 15, 16, 15; no stage is ever empty."""
     if pp < 1:
         raise InfersimError(f"pp must be >= 1, got {pp}")
     if pp > arch.num_layers:
         raise InfersimError(f"{arch.name}: pp={pp} exceeds num_layers ({arch.num_layers})")
-    size = math.ceil(arch.num_layers / pp)
-    return [range(i * size, min((i + 1) * size, arch.num_layers)) for i in range(pp)]
+    sizes = [arch.num_layers // pp] * pp
+    for i in range(2, arch.num_layers % pp + 2):
+        sizes[-i] += 1
+    starts = [sum(sizes[:i]) for i in range(pp)]
+    return [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
 
 
 def stage_weights(

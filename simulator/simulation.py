@@ -111,10 +111,10 @@ def check_placement(scenario: Scenario, arch: ModelArchitecture, node: NodeSpec)
             f"parallelism.tp={par.tp} spans nodes of {node.gpus_per_node} GPUs unevenly; "
             f"use a multiple of {node.gpus_per_node} or at most {node.gpus_per_node}"
         )
-    if arch.num_layers % par.pp:
+    if par.pp > arch.num_layers:
         raise InfeasibleError(
-            f"parallelism.pp={par.pp} does not divide {arch.name}'s {arch.num_layers} layers "
-            "into equal stages"
+            f"parallelism.pp={par.pp} exceeds {arch.name}'s {arch.num_layers} layers: a "
+            "stage would hold none (uneven stages are split as vLLM does)"
         )
     if par.nodes is not None:
         needed = par.replicas * par.tp * par.pp
