@@ -322,6 +322,10 @@ class StepCostModel:
             acts.append((-(-a.shared_intermediate_size // tp), a.num_moe_layers))
         layers = a.num_layers
         by_act = [([act], inter, n) for inter, n in acts if n]
+        # MLA normalises its compressed query and latent KV (q_a_layernorm and
+        # kv_a_layernorm, vLLM's DeepseekV2MLAAttention): two norm kernels more a layer.
+        latent = [([norm], a.q_lora_rank or 0, layers), ([norm], a.kv_lora_rank, layers)]
+        by_act += [chain for chain in latent if a.is_mla and chain[1]]
         if self.overheads.fused_kernels:
             return [([RESIDUAL_ADD, norm], h, layers), ([ROTARY], rope, layers),
                     ([RESIDUAL_ADD, norm], h, layers), *by_act]  # fmt: skip
@@ -335,7 +339,10 @@ class StepCostModel:
             return part
         part = _Part.empty()
         layers = self.arch.num_layers
-        for _, m, n, k, times in self.arch.gemms(tokens, self.tp):
+        for name, m, n, k, times in self.arch.gemms(tokens, self.tp):
+            if name == "router":  # vLLM leaves the MoE gate unquantised (quant_config=None)
+                part.add(gemm_cost(self.gpu, m, n, k, self.act_dtype), times)
+                continue
             part.add(gemm_cost(self.gpu, m, n, k, self.gemm_dtype, self.weight_dtype), times)
         if self.arch.is_moe:
             part.add(self._routed_experts(tokens), self.arch.num_moe_layers)
