@@ -340,10 +340,7 @@ class StepCostModel:
         part = _Part.empty()
         layers = self.arch.num_layers
         for name, m, n, k, times in self.arch.gemms(tokens, self.tp):
-            if name == "router":  # vLLM leaves the MoE gate unquantised (quant_config=None)
-                part.add(gemm_cost(self.gpu, m, n, k, self.act_dtype), times)
-                continue
-            part.add(gemm_cost(self.gpu, m, n, k, self.gemm_dtype, self.weight_dtype), times)
+            part.add(gemm_cost(self.gpu, m, n, k, *self.gemm_dtypes(name)), times)
         if self.arch.is_moe:
             part.add(self._routed_experts(tokens), self.arch.num_moe_layers)
         fused = self.overheads.fused_kernels
@@ -360,6 +357,14 @@ class StepCostModel:
         part.add(embedding_cost(self.gpu, tokens, self.arch.hidden_size, self.act_dtype))
         self._dense_cache[tokens] = part
         return part
+
+    def gemm_dtypes(self, name: str) -> tuple[str | Dtype, Dtype | None]:
+        """(kernel dtype, weight dtype) of the model's GEMM `name` (Architecture.gemms):
+        the weights' format, but the MoE gate in the activation dtype, as vLLM builds it
+        with quant_config=None."""
+        if name == "router":
+            return self.act_dtype, None
+        return self.gemm_dtype, self.weight_dtype
 
     def _routed_experts(self, tokens: int) -> OpCost:
         return routed_experts_cost(
