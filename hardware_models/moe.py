@@ -79,16 +79,21 @@ class Routing(NamedTuple):
         if isinstance(value, Routing):
             return value
         text = str(value).strip().lower()
+        allowed = f"allowed: {', '.join(ROUTING_KINDS)} (power_law as power_law_<alpha>, alpha > 1)"
         if text.startswith("power_law_"):
-            text, alpha = "power_law", float(text.removeprefix("power_law_"))
+            try:
+                text, alpha = "power_law", float(text.removeprefix("power_law_"))
+            except ValueError:
+                raise InfersimError(
+                    f"unknown MoE routing {value!r}: its alpha is not a number; {allowed}"
+                ) from None
         if text not in ROUTING_KINDS:
-            raise InfersimError(
-                f"unknown MoE routing {value!r}; allowed: {', '.join(ROUTING_KINDS)} "
-                "(power_law with alpha > 1, or spelled power_law_<alpha>)"
-            )
+            raise InfersimError(f"unknown MoE routing {value!r}; {allowed}")
         if text == "power_law":
             if alpha is None or not alpha > 1.0:
-                raise InfersimError(f"power_law routing needs alpha > 1, got {alpha}")
+                raise InfersimError(
+                    f"power_law routing needs alpha > 1, got {alpha} (e.g. power_law_1.2)"
+                )
             return cls("power_law", float(alpha))
         return cls(text, 0.0)
 

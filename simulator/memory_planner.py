@@ -309,7 +309,7 @@ def plan_memory(
             f"{arch.name} ({w_format}, {layout}) does not fit on {gpu.name}: "
             f"weights {weights / GB:.1f} GB + activations {activations / GB:.1f} GB + "
             f"overhead {overhead / GB:.1f} GB > usable {usable / GB:.1f} GB "
-            f"({gpu.memory_bytes / GB:g} GB x {gpu_memory_utilization:.2f}) on the most "
+            f"({gpu.memory_bytes / 2**30:g} GiB x {gpu_memory_utilization:.2f}) on the most "
             f"loaded GPU{experts}; " + _hint(arch, tp, usable - overhead, weights_and_activations)
         )
     # Each stage's GPUs keep their own KV cache; the stage holding the fewest tokens

@@ -26,7 +26,7 @@ from simulator.model_catalog import load_model
 from simulator.progress import Progress
 from simulator.results import Results
 from simulator.router import SessionAffinity, make_router
-from simulator.scenario import Scenario
+from simulator.scenario import ModelSection, Scenario
 from simulator.workload import (
     ClosedLoopSampler,
     PromptHashes,
@@ -152,6 +152,12 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
     par, serving, engine = scenario.parallelism, scenario.serving, scenario.engine
     gpus = par.tp * par.pp
     check_placement(scenario, arch, node)
+    routing = scenario.model.moe_routing
+    if not arch.is_moe and routing != ModelSection.model_fields["moe_routing"].default:
+        # As parallelism.enable_expert_parallel: true on a dense model: refused, not ignored.
+        raise InfersimError(
+            f"model.moe_routing: {routing} routing, but {arch.name} has no experts (dense model)"
+        )
     memory = plan_memory(
         arch,
         gpu,
