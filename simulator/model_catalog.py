@@ -59,7 +59,8 @@ def load_model(name_or_path: str | Path) -> ModelArchitecture:
         return _load_yaml(path.resolve())
     if path.is_dir():
         path = path / "config.json"
-    if not path.exists() and _HUB_ID.match(text):
+    # A missing file's name (mymodel/config.json) is a mistyped path, not a hub id.
+    if not path.exists() and _HUB_ID.match(text) and not text.endswith(".json"):
         raise InfersimError(
             f"model {text!r} looks like a HuggingFace hub id; infersim does not download: "
             f"give the path of a local config.json (or its directory), or a catalog name "

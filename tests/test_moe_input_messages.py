@@ -48,3 +48,10 @@ def test_the_estimate_rounds_up_to_a_tensor_parallel_size_the_heads_split_over()
     assert (est.gpus, est.tp) == (5, 8)
     one = detailed_inference(load_model("llama-3.1-8b"), load_gpu("h100-sxm"))
     assert one.gpus == one.tp == 1
+
+
+def test_a_mistyped_config_path_is_not_taken_for_a_hub_id():
+    with pytest.raises(InfersimError, match=r"config\.json: no such file"):
+        load_model("mymodel/config.json")
+    with pytest.raises(InfersimError, match="looks like a HuggingFace hub id"):
+        load_model("deepseek-ai/DeepSeek-V3")
