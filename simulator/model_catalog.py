@@ -39,6 +39,24 @@ _QK_NORM_TYPES = {"qwen3", "qwen3_moe", "gemma3_text"}
 _SANDWICH_NORM_TYPES = {"gemma2", "gemma3_text"}  # norms before and after attention and MLP
 _DEEPSEEK_TYPES = {"deepseek_v2", "deepseek_v3"}
 _LAYERNORM_KEYS = ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")
+# transformers' defaults for the keys a real config may leave out: Gemma 3's multimodal
+# checkpoints (gemma-3-27b-it) give a text_config without vocab_size, max_position_embeddings
+# or rms_norm_eps (transformers' Gemma3TextConfig.__init__).
+_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {
+        "vocab_size": 262_208,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "max_position_embeddings": 131_072,
+        "rms_norm_eps": 1e-6,
+        "sliding_window": 4096,
+    }
+}
+_SHOWN_VALUE_CHARS = 60  # of a refused value in an error message
 # Window patterns as transformers defines them where the config gives no layer_types.
 _DEFAULT_FULL_INTERVAL = {"gemma2": 2, "gemma3_text": 6, "gpt_oss": 2, "llama4_text": 4}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -100,9 +118,10 @@ class _Config:
         return default if value is None else value
 
     def refuse(self, key: str, why: str) -> InfersimError:
-        return InfersimError(
-            f"{self.path}: {self.prefix + key!r} ({self.config.get(key)!r}): {why}"
-        )
+        shown = repr(self.config.get(key))
+        if len(shown) > _SHOWN_VALUE_CHARS:  # a 94-entry layer list is no one-line error
+            shown = shown[: _SHOWN_VALUE_CHARS - 3] + "..."
+        return InfersimError(f"{self.path}: {self.prefix + key!r} ({shown}): {why}")
 
 
 def hf_config_to_fields(config: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -114,8 +133,10 @@ def hf_config_to_fields(config: dict[str, Any], path: Path) -> dict[str, Any]:
         text = config.get("text_config")
         if not isinstance(text, dict):
             raise InfersimError(f"{path}: model_type {model_type!r} needs a 'text_config' object")
-        c = _Config(text, path, "text_config.")
         model_type = str(text.get("model_type") or _TEXT_CONFIG_TYPES[model_type])
+        c = _Config(text, path, "text_config.")
+    if model_type in _TYPE_DEFAULTS:  # keys a real config leaves to transformers' defaults
+        c = _Config({**_TYPE_DEFAULTS[model_type], **c.config}, path, c.prefix)
     if model_type not in _TEXT_TYPES:
         raise InfersimError(
             f"{path}: model_type {model_type!r} is not supported; supported: "
@@ -236,6 +257,8 @@ def _window(c: _Config, model_type: str, layers: int) -> dict[str, Any]:
     if types is not None:
         if len(types) != layers:
             raise c.refuse("layer_types", f"needs one entry per layer ({layers})")
+        if "sliding_attention" not in types:  # a window no layer uses (Qwen3's configs)
+            return {}
         return {
             "sliding_window": window,
             "full_attention_interval": _full_interval(
