@@ -49,10 +49,12 @@ class HardwareSection(BaseModel):
 class ModelSection(BaseModel):
     model_config = _STRICT
     name: str = Field(description="catalog name (`infersim models`) or path to a config.json")
-    weight_dtype: WeightDType = Field(
-        default="bf16",
+    weight_dtype: WeightDType | None = Field(
+        default=None,
         description="storage type of the weights; fp8_block: fp8 with one fp32 scale per "
-        "128 x 128 block (DeepSeek-V3, Qwen3-FP8 checkpoints), run by block-scaled kernels",
+        "128 x 128 block (DeepSeek-V3, Qwen3-FP8 checkpoints), run by block-scaled kernels. "
+        "Default: the checkpoint's own format (`infersim models show`; a config.json's "
+        "quantization_config), else bf16, as vLLM serves a checkpoint as stored",
     )
     kv_dtype: DType = Field(default="bf16", description="storage type of the KV cache")
     activation_dtype: Literal["fp16", "bf16"] = Field(default="bf16")

@@ -143,6 +143,23 @@ def _engine_window(arch: ModelArchitecture) -> int | None:
     return None
 
 
+def resolve_weight_dtype(asked: str | None, arch: ModelArchitecture) -> str:
+    """model.weight_dtype, or the checkpoint's format when unset (vLLM serves a checkpoint
+    as stored: gpt-oss's MXFP4 experts, not 234 GB of bf16); a format other than the
+    checkpoint's is priced as asked, and said."""
+    stored = arch.checkpoint_dtype
+    if asked is None:
+        return stored or "bf16"
+    if stored is not None and asked != stored:
+        warnings.warn(
+            f"model.weight_dtype {asked}: {arch.name}'s checkpoint is stored in {stored}; "
+            f"priced as {asked} (a re-quantised or upcast copy)",
+            InfersimWarning,
+            stacklevel=2,
+        )
+    return asked
+
+
 def build_replica(scenario: Scenario) -> ReplicaBuild:
     """Model, hardware, memory plan and step costs: fails early, with the breakdown, when
     the configuration cannot run."""
@@ -158,10 +175,11 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
         raise InfersimError(
             f"model.moe_routing: {routing} routing, but {arch.name} has no experts (dense model)"
         )
+    weight_dtype = resolve_weight_dtype(scenario.model.weight_dtype, arch)
     memory = plan_memory(
         arch,
         gpu,
-        weight_dtype=scenario.model.weight_dtype,
+        weight_dtype=weight_dtype,
         kv_dtype=scenario.model.kv_dtype,
         tp=par.tp,
         pp=par.pp,
@@ -205,7 +223,7 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
         arch,
         gpu,
         node,
-        weight_dtype=scenario.model.weight_dtype,
+        weight_dtype=weight_dtype,
         kv_dtype=scenario.model.kv_dtype,
         activation_dtype=scenario.model.activation_dtype,
         tp=par.tp,

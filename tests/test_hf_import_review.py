@@ -5,9 +5,12 @@ import json
 
 import pytest
 
-from hardware_models.errors import InfersimError
+from hardware_models.errors import InfersimError, InfersimWarning
 from simulator.model_catalog import load_model
-from tests.test_moe_models import QWEN3_8B
+from simulator.scenario import Scenario
+from simulator.simulation import build_replica
+from tests.conftest import scenario_dict
+from tests.test_moe_models import DEEPSEEK_V3, GPT_OSS_120B, QWEN3_8B
 
 # google/gemma-3-27b-it's config.json (vision_config and token ids left out): its
 # text_config gives no vocab_size, max_position_embeddings or rms_norm_eps.
@@ -58,3 +61,36 @@ def test_a_refused_long_value_is_shortened(tmp_path):
         _load(tmp_path, dict(QWEN3_8B, sliding_window=4096, layer_types=types))
     message = str(exc.value)
     assert "layer_types" in message and "...)" in message and len(message) < 300
+
+
+@pytest.mark.parametrize(
+    ("config", "stored"),
+    [(DEEPSEEK_V3, "fp8_block"), (GPT_OSS_120B, "fp4"),
+     ({**QWEN3_8B, "quantization_config": {"quant_method": "fp8"}}, "fp8"),
+     ({**QWEN3_8B, "quantization_config": {"quant_method": "awq", "bits": 4}}, "int4"),
+     (QWEN3_8B, None)],
+)  # fmt: skip
+def test_the_checkpoint_format_is_read_from_quantization_config(tmp_path, config, stored):
+    assert _load(tmp_path, config).checkpoint_dtype == stored
+
+
+def test_an_unknown_quantization_method_is_said(tmp_path):
+    config = {**QWEN3_8B, "quantization_config": {"quant_method": "bitsandbytes"}}
+    with pytest.warns(InfersimWarning, match="quant_method 'bitsandbytes' is not understood"):
+        assert _load(tmp_path, config).checkpoint_dtype is None
+
+
+def test_the_weights_default_to_the_checkpoints_format():
+    """vLLM serves gpt-oss-120b's MXFP4 experts as stored (~65 GB), not the 234 GB a bf16
+    copy would take; asking for another format is priced as asked, and said."""
+    data = scenario_dict(hardware={"gpu": "h200-sxm"}, model={"name": "gpt-oss-120b"})
+    plan = build_replica(Scenario.from_dict(data)).memory
+    assert plan.weight_dtype == "fp4" and 55e9 < plan.weights < 75e9
+    bf16 = scenario_dict(
+        hardware={"gpu": "h200-sxm"}, model={"name": "gpt-oss-120b", "weight_dtype": "bf16"},
+        parallelism={"tp": 2},
+    )  # fmt: skip
+    with pytest.warns(InfersimWarning, match="checkpoint is stored in fp4; priced as bf16"):
+        assert build_replica(Scenario.from_dict(bf16)).memory.weight_dtype == "bf16"
+    dense = build_replica(Scenario.from_dict(scenario_dict(model={"name": "llama-3.1-8b"})))
+    assert dense.memory.weight_dtype == "bf16"

@@ -130,6 +130,8 @@ DEEPSEEK_V3 = {
     "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
     "max_position_embeddings": 163840, "rms_norm_eps": 1e-06, "tie_word_embeddings": False,
     "vocab_size": 129280, "attention_bias": False,
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
+                            "quant_method": "fp8", "weight_block_size": [128, 128]},
 }  # fmt: skip
 DEEPSEEK_V2_LITE = {
     "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
@@ -149,6 +151,9 @@ GPT_OSS_120B = {
     "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 18,
     "attention_bias": True, "max_position_embeddings": 131072, "rms_norm_eps": 1e-05,
     "tie_word_embeddings": False, "vocab_size": 201088, "swiglu_limit": 7.0,
+    "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+        "lm_head"]},
 }  # fmt: skip
 GEMMA2_9B = {
     "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",

@@ -42,7 +42,7 @@ def test_a_replica_with_uneven_stages_builds():
     a stage."""
     data = scenario_dict(
         hardware={"gpu": "h200-sxm"},
-        model={"name": "deepseek-v3", "weight_dtype": "fp8"},
+        model={"name": "deepseek-v3"},
         parallelism={"tp": 8, "pp": 2},
     )
     build = build_replica(Scenario.from_dict(data))
