@@ -34,11 +34,12 @@ DEFAULT_MAX_NUM_SEQS = 256
 """vLLM's default cap on sequences per step: the number of positions that get logits."""
 
 # Block-quantised formats store one scale per group of weights. Assumed: int4 as in
-# GPTQ/AWQ (group 128, fp16 scale) and fp4 as NVFP4 (group 16, fp8 scale); fp8_block as
-# DeepSeek-V3's checkpoint (one fp32 scale per 128 x 128 block).
+# GPTQ/AWQ (group 128, fp16 scale) and fp4 as MXFP4 (group 32, 8-bit scale: gpt-oss's
+# checkpoint, and the fused-MoE format fp4 experts run, efficiency.MOE_FORMATS
+# w4a16_mxfp4); fp8_block as DeepSeek-V3's checkpoint (one fp32 scale per 128 x 128 block).
 _SCALE_BYTES_PER_WEIGHT: dict[str, float] = {
     Dtype.INT4.value: 2 / 128,
-    Dtype.FP4.value: 1 / 16,
+    Dtype.FP4.value: 1 / 32,
     FP8_BLOCK: 4 / (FP8_BLOCK_SIZE * FP8_BLOCK_SIZE),
 }
 

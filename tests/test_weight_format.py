@@ -2,10 +2,9 @@
 dtype of its own: accepted by a scenario, run by the block-scaled GEMM and fused-MoE
 kernels, stored with its scales, and refused on shards vLLM refuses."""
 
-from pathlib import Path
-
 import pytest
 
+from hardware_models.efficiency import MOE_FORMATS
 from hardware_models.errors import InfersimError
 from hardware_models.presets import load_gpu, load_node, with_calibration
 from simulator.engine.moe_layer import moe_format
@@ -14,8 +13,6 @@ from simulator.memory_planner import plan_memory, weight_bytes_per_param
 from simulator.model_catalog import load_model
 from simulator.scenario import Scenario
 from tests.conftest import scenario_dict
-
-H100_PROFILE = Path(__file__).parent.parent / "hardware_models/presets/calibrations/h100-sxm.yaml"
 
 
 def test_a_scenario_takes_fp8_block_weights():
@@ -70,3 +67,10 @@ def test_fp8_block_refuses_partial_block_shards(tp):
     StepCostModel(arch, gpu, node, weight_dtype="fp8_block", tp=tp, expert_parallel=True)
     StepCostModel(arch, gpu, node, weight_dtype="fp8", tp=tp)
     StepCostModel(arch, gpu, node, weight_dtype="fp8_block", tp=2)
+
+
+def test_fp4_weights_are_stored_as_the_moe_kernel_reads_them():
+    """fp4 is MXFP4 (one 8-bit scale per 32 weights: gpt-oss's checkpoint) in the planner
+    and in the fused-MoE format alike; the planner used NVFP4's 1/16."""
+    assert weight_bytes_per_param("fp4") == MOE_FORMATS[moe_format("fp4")].weight_bytes
+    assert weight_bytes_per_param("fp4") == pytest.approx(0.5 + 1 / 32)
