@@ -94,3 +94,9 @@ def test_the_weights_default_to_the_checkpoints_format():
         assert build_replica(Scenario.from_dict(bf16)).memory.weight_dtype == "bf16"
     dense = build_replica(Scenario.from_dict(scenario_dict(model={"name": "llama-3.1-8b"})))
     assert dense.memory.weight_dtype == "bf16"
+
+
+def test_models_show_names_the_checkpoint_format():
+    from simulator.cli.models_cmd import describe
+
+    assert ("checkpoint weights", "fp8_block") in describe(load_model("deepseek-v3"))
