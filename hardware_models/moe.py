@@ -145,10 +145,6 @@ def expert_load(
 
 
 # ---- the slowest of ep ranks under balanced routing ----------------------------------
-# Tail mass of one expert's Binomial load left off its support (far below any rounding).
-_LOAD_TAIL = 1e-12
-
-
 def slowest_rank_load(tokens: int, topk: int, num_experts: int, ep: int) -> ExpertLoad:
     """Balanced routing's ExpertLoad of the most loaded of `ep` ranks, which sets the step
     (every rank waits for the combine): the expected maximum over the ranks of their
@@ -161,18 +157,30 @@ def slowest_rank_load(tokens: int, topk: int, num_experts: int, ep: int) -> Expe
     / 24.1; the mean rank's 1.0 / 7.2 / 20.4), pairs within 3% (tests/test_moe_cost.py)."""
     local = local_experts(num_experts, ep)
     p = topk / num_experts
-    hit = 1.0 - (1.0 - p) ** tokens
-    ranks = np.arange(local)
-    active = float(np.sum(1.0 - binom.cdf(ranks, local, hit) ** ep))
-    rows = np.arange(int(binom.isf(_LOAD_TAIL, tokens, p)) + 2)
-    per_expert = binom.pmf(rows, tokens, p)
+    hit = _binomial_pmf(local, 1.0 - (1.0 - p) ** tokens)  # activated experts of a rank
+    active = float(np.sum(1.0 - np.minimum(np.cumsum(hit)[:local], 1.0) ** ep))
+    per_expert = _binomial_pmf(tokens, p)
+    rows = np.arange(len(per_expert))
     pairs = _expected_max_of_sums(per_expert, local, ep)
     tiles = tuple(
         _expected_max_of_sums(np.bincount(-(-rows // b), weights=per_expert), local, ep)
         for b in BLOCK_MS
     )
-    top = float(binom.ppf(local / (local + 1.0), tokens, p))
+    # The most loaded of the rank's experts: the load its rank among them reaches.
+    top = float(np.searchsorted(np.cumsum(per_expert), local / (local + 1.0)))
     return ExpertLoad(active, pairs, tiles, top)
+
+
+def _binomial_pmf(n: int, p: float) -> np.ndarray:
+    """P(X = x), X ~ Binomial(n, p), for x from 0 to 15 standard deviations past the mean
+    (the rest is below 1e-15); log C(n, x) as a running sum, as (1 - p)^n underflows at
+    thousands of tokens."""
+    top = min(n, int(n * p + 15 * math.sqrt(n * p * (1 - p)) + 2))
+    x = np.arange(top + 1, dtype=float)
+    if p >= 1.0:
+        return (x == n).astype(float)
+    log_choose = np.concatenate(([0.0], np.cumsum(np.log(n - x[:-1]) - np.log(x[:-1] + 1))))
+    return np.exp(log_choose + x * math.log(p) + (n - x) * math.log1p(-p))
 
 
 def _expected_max_of_sums(pmf: np.ndarray, count: int, ep: int) -> float:
