@@ -142,7 +142,7 @@ def validate_model(model: type[M], data: dict[str, Any], source: str) -> M:
 
 
 def unknown_name_error(kind: str, name: str, known: list[str]) -> InfersimError:
-    """'unknown gpu 'h10'; did you mean h100-sxm? known: ...'"""
+    """'unknown gpu 'h10'; did you mean 'h100-sxm'?; known: ...'"""
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.4)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    return InfersimError(f"unknown {kind} {name!r}{hint} known: {', '.join(sorted(known))}")
+    return InfersimError(f"unknown {kind} {name!r}{hint}; known: {', '.join(sorted(known))}")

@@ -110,6 +110,12 @@ class ModelArchitecture(BaseModel):
         default=None, gt=0, description="the publisher's parameters active per token, billions"
     )
     source: str = Field(min_length=1)
+    checkpoint_dtype: Literal["bf16", "fp16", "fp8", "fp8_block", "int4", "fp4"] | None = Field(
+        default=None,
+        description="the weight format the published checkpoint is stored in (its "
+        "quantization_config): fp8_block for DeepSeek-V3, fp4 (MXFP4 experts) for gpt-oss; "
+        "model.weight_dtype follows it unless set, as vLLM serves the checkpoint as stored",
+    )
 
     @model_validator(mode="before")
     @classmethod

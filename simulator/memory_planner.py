@@ -17,6 +17,12 @@ from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
 from hardware_models.errors import InfeasibleError, InfersimError
 from simulator.architecture import ModelArchitecture
 from simulator.engine.moe_layer import ExpertLayout
+from simulator.engine.weight_format import (
+    FP8_BLOCK,
+    FP8_BLOCK_SIZE,
+    check_block_shards,
+    weight_format,
+)
 
 GB = 1e9
 
@@ -28,8 +34,14 @@ DEFAULT_MAX_NUM_SEQS = 256
 """vLLM's default cap on sequences per step: the number of positions that get logits."""
 
 # Block-quantised formats store one scale per group of weights. Assumed: int4 as in
-# GPTQ/AWQ (group 128, fp16 scale) and fp4 as NVFP4 (group 16, fp8 scale).
-_SCALE_BYTES_PER_WEIGHT: dict[Dtype, float] = {Dtype.INT4: 2 / 128, Dtype.FP4: 1 / 16}
+# GPTQ/AWQ (group 128, fp16 scale) and fp4 as MXFP4 (group 32, 8-bit scale: gpt-oss's
+# checkpoint, and the fused-MoE format fp4 experts run, efficiency.MOE_FORMATS
+# w4a16_mxfp4); fp8_block as DeepSeek-V3's checkpoint (one fp32 scale per 128 x 128 block).
+_SCALE_BYTES_PER_WEIGHT: dict[str, float] = {
+    Dtype.INT4.value: 2 / 128,
+    Dtype.FP4.value: 1 / 32,
+    FP8_BLOCK: 4 / (FP8_BLOCK_SIZE * FP8_BLOCK_SIZE),
+}
 
 # Logits are upcast to fp32 for sampling; the softmax makes a second vocab-wide buffer.
 _LOGIT_BUFFERS = 2
@@ -38,8 +50,7 @@ _LOGIT_BYTES = 4
 
 def weight_bytes_per_param(dtype: str | Dtype) -> float:
     """Storage per quantised weight, including its share of the group scale."""
-    d = parse_dtype(dtype)
-    return bytes_per_element(d) + _SCALE_BYTES_PER_WEIGHT.get(d, 0.0)
+    return bytes_per_element(dtype) + _SCALE_BYTES_PER_WEIGHT.get(weight_format(dtype), 0.0)
 
 
 class StageWeights(NamedTuple):
@@ -82,13 +93,19 @@ def _layer_weight_bytes(
 
 
 def stage_layers(arch: ModelArchitecture, pp: int) -> list[range]:
-    """The layers of each pipeline stage: ceil(layers / pp) each, the last stage the rest."""
+    """The layers of each pipeline stage, as vLLM's get_pp_indices splits them: layers // pp
+    each, the remainder one apiece to the stages before the last, from the second last
+    back (the last stage also holds the final norm and the LM head). DeepSeek-V3's 61
+    layers over pp=4 are 15, 15, 16, 15; no stage is ever empty."""
     if pp < 1:
         raise InfersimError(f"pp must be >= 1, got {pp}")
     if pp > arch.num_layers:
         raise InfersimError(f"{arch.name}: pp={pp} exceeds num_layers ({arch.num_layers})")
-    size = math.ceil(arch.num_layers / pp)
-    return [range(i * size, min((i + 1) * size, arch.num_layers)) for i in range(pp)]
+    sizes = [arch.num_layers // pp] * pp
+    for i in range(2, arch.num_layers % pp + 2):
+        sizes[-i] += 1
+    starts = [sum(sizes[:i]) for i in range(pp)]
+    return [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
 
 
 def stage_weights(
@@ -109,6 +126,7 @@ def stage_weights(
     """
     arch.check_tp(tp)
     experts = ExpertLayout.of(arch, tp, expert_parallel, dp)
+    check_block_shards(arch, weight_format(weight_dtype), tp, experts.moe_tp)
     a_bytes = bytes_per_element(activation_dtype)
     dense, moe, routed = _layer_weight_bytes(
         arch, tp, experts, weight_bytes_per_param(weight_dtype), a_bytes
@@ -268,12 +286,12 @@ def plan_memory(
         )
     if framework_overhead_gb < 0:
         raise InfersimError(f"framework_overhead_gb must be >= 0, got {framework_overhead_gb}")
-    w_dtype, k_dtype = parse_dtype(weight_dtype), parse_dtype(kv_dtype)
+    w_format, k_dtype = weight_format(weight_dtype), parse_dtype(kv_dtype)
 
     def weights_and_activations(tp: int) -> tuple[list[StageWeights], float]:
         weights = stage_weights(
             arch,
-            weight_dtype=w_dtype,
+            weight_dtype=w_format,
             activation_dtype=activation_dtype,
             tp=tp,
             pp=pp,
@@ -300,10 +318,10 @@ def plan_memory(
     experts = f", {heaviest.experts / GB:.1f} GB of them routed experts" if arch.is_moe else ""
     if weights + activations + overhead >= usable:
         raise InfeasibleError(
-            f"{arch.name} ({w_dtype.value}, {layout}) does not fit on {gpu.name}: "
+            f"{arch.name} ({w_format}, {layout}) does not fit on {gpu.name}: "
             f"weights {weights / GB:.1f} GB + activations {activations / GB:.1f} GB + "
             f"overhead {overhead / GB:.1f} GB > usable {usable / GB:.1f} GB "
-            f"({gpu.memory_bytes / GB:g} GB x {gpu_memory_utilization:.2f}) on the most "
+            f"({gpu.memory_bytes / 2**30:g} GiB x {gpu_memory_utilization:.2f}) on the most "
             f"loaded GPU{experts}; " + _hint(arch, tp, usable - overhead, weights_and_activations)
         )
     # Each stage's GPUs keep their own KV cache; the stage holding the fewest tokens
@@ -317,7 +335,7 @@ def plan_memory(
     return MemoryPlan(
         model=arch.name,
         gpu=gpu.name,
-        weight_dtype=w_dtype.value,
+        weight_dtype=w_format,
         kv_dtype=k_dtype.value,
         tp=tp,
         pp=pp,

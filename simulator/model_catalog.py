@@ -10,11 +10,12 @@ the field, never a silent dense approximation.
 from __future__ import annotations
 
 import re
+import warnings
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from hardware_models.errors import InfersimError
+from hardware_models.errors import InfersimError, InfersimWarning
 from hardware_models.yaml_io import (
     load_json_object,
     load_yaml_mapping,
@@ -39,6 +40,24 @@ _QK_NORM_TYPES = {"qwen3", "qwen3_moe", "gemma3_text"}
 _SANDWICH_NORM_TYPES = {"gemma2", "gemma3_text"}  # norms before and after attention and MLP
 _DEEPSEEK_TYPES = {"deepseek_v2", "deepseek_v3"}
 _LAYERNORM_KEYS = ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")
+# transformers' defaults for the keys a real config may leave out: Gemma 3's multimodal
+# checkpoints (gemma-3-27b-it) give a text_config without vocab_size, max_position_embeddings
+# or rms_norm_eps (transformers' Gemma3TextConfig.__init__).
+_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {
+        "vocab_size": 262_208,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "max_position_embeddings": 131_072,
+        "rms_norm_eps": 1e-6,
+        "sliding_window": 4096,
+    }
+}
+_SHOWN_VALUE_CHARS = 60  # of a refused value in an error message
 # Window patterns as transformers defines them where the config gives no layer_types.
 _DEFAULT_FULL_INTERVAL = {"gemma2": 2, "gemma3_text": 6, "gpt_oss": 2, "llama4_text": 4}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -59,7 +78,8 @@ def load_model(name_or_path: str | Path) -> ModelArchitecture:
         return _load_yaml(path.resolve())
     if path.is_dir():
         path = path / "config.json"
-    if not path.exists() and _HUB_ID.match(text):
+    # A missing file's name (mymodel/config.json) is a mistyped path, not a hub id.
+    if not path.exists() and _HUB_ID.match(text) and not text.endswith(".json"):
         raise InfersimError(
             f"model {text!r} looks like a HuggingFace hub id; infersim does not download: "
             f"give the path of a local config.json (or its directory), or a catalog name "
@@ -99,9 +119,10 @@ class _Config:
         return default if value is None else value
 
     def refuse(self, key: str, why: str) -> InfersimError:
-        return InfersimError(
-            f"{self.path}: {self.prefix + key!r} ({self.config.get(key)!r}): {why}"
-        )
+        shown = repr(self.config.get(key))
+        if len(shown) > _SHOWN_VALUE_CHARS:  # a 94-entry layer list is no one-line error
+            shown = shown[: _SHOWN_VALUE_CHARS - 3] + "..."
+        return InfersimError(f"{self.path}: {self.prefix + key!r} ({shown}): {why}")
 
 
 def hf_config_to_fields(config: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -113,8 +134,10 @@ def hf_config_to_fields(config: dict[str, Any], path: Path) -> dict[str, Any]:
         text = config.get("text_config")
         if not isinstance(text, dict):
             raise InfersimError(f"{path}: model_type {model_type!r} needs a 'text_config' object")
-        c = _Config(text, path, "text_config.")
         model_type = str(text.get("model_type") or _TEXT_CONFIG_TYPES[model_type])
+        c = _Config(text, path, "text_config.")
+    if model_type in _TYPE_DEFAULTS:  # keys a real config leaves to transformers' defaults
+        c = _Config({**_TYPE_DEFAULTS[model_type], **c.config}, path, c.prefix)
     if model_type not in _TEXT_TYPES:
         raise InfersimError(
             f"{path}: model_type {model_type!r} is not supported; supported: "
@@ -145,10 +168,35 @@ def hf_config_to_fields(config: dict[str, Any], path: Path) -> dict[str, Any]:
         "source": str(path),
     }
     fields.update(_experts(c, model_type))
+    fields.update(_checkpoint_dtype(config, c))
     fields.update(_window(c, model_type, fields["num_layers"]))
     if model_type in _DEEPSEEK_TYPES:
         fields.update(_mla(c))
     return fields
+
+
+def _checkpoint_dtype(config: dict[str, Any], c: _Config) -> dict[str, Any]:
+    """The weight format of a quantised checkpoint (its quantization_config), which vLLM
+    serves as stored: block fp8 (weight_block_size, DeepSeek-V3, Qwen3-FP8), per-tensor
+    fp8, MXFP4 (gpt-oss's experts), 4-bit GPTQ/AWQ. Another method is said, not guessed."""
+    quant = c.config.get("quantization_config") or config.get("quantization_config")
+    if not isinstance(quant, dict):
+        return {}
+    method = str(quant.get("quant_method", "")).lower()
+    if method == "fp8":
+        return {"checkpoint_dtype": "fp8_block" if quant.get("weight_block_size") else "fp8"}
+    if method == "mxfp4":
+        return {"checkpoint_dtype": "fp4"}
+    if method in ("gptq", "awq") and quant.get("bits", 4) == 4:
+        return {"checkpoint_dtype": "int4"}
+    warnings.warn(
+        f"{c.path}: quantization_config quant_method {method!r} is not understood "
+        "(understood: fp8, mxfp4, 4-bit gptq/awq); the weights are priced as "
+        "model.weight_dtype says",
+        InfersimWarning,
+        stacklevel=3,
+    )
+    return {}
 
 
 def _tied(config: dict[str, Any], c: _Config, model_type: str) -> bool:
@@ -235,6 +283,8 @@ def _window(c: _Config, model_type: str, layers: int) -> dict[str, Any]:
     if types is not None:
         if len(types) != layers:
             raise c.refuse("layer_types", f"needs one entry per layer ({layers})")
+        if "sliding_attention" not in types:  # a window no layer uses (Qwen3's configs)
+            return {}
         return {
             "sliding_window": window,
             "full_attention_interval": _full_interval(

@@ -33,7 +33,8 @@ def _pools(scenario: Mapping[str, Any]) -> list[dict[str, Any]]:
         ]  # fmt: skip
     par = scenario["parallelism"]
     return [{"pool": "default", "gpu": scenario["hardware"]["gpu"], "tp": par["tp"],
-             "pp": par["pp"], "replicas": par["replicas"]}]  # fmt: skip
+             "pp": par["pp"], "dp": par.get("dp", 1), "ep": par.get("enable_expert_parallel"),
+             "replicas": par["replicas"]}]  # fmt: skip
 
 
 def _load(workload: Mapping[str, Any]) -> str:
@@ -72,6 +73,8 @@ def header_lines(config: Mapping[str, Any]) -> list[str]:
     """Two lines naming what ran: model and hardware, then policy and load."""
     layout = ", ".join(
         f"{p['replicas']} x {p['gpu']} tp={p['tp']} pp={p['pp']}"
+        + (f" dp={p['dp']}" if p.get("dp", 1) > 1 else "")
+        + (" ep" if p.get("ep") else "")
         + ("" if p["pool"] == "default" else f" ({p['pool']})")
         for p in config["pools"]
     )

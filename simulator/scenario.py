@@ -30,6 +30,9 @@ from simulator.workload.config import WorkloadConfig
 # No NaN or infinity anywhere in a scenario: every number must be a real quantity.
 _STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 DType = Literal["fp32", "fp16", "bf16", "fp8", "int8", "int4", "fp4"]
+# Weights also come block-scaled: fp8_block is DeepSeek-V3's and Qwen3-FP8's checkpoint
+# format (simulator.engine.weight_format).
+WeightDType = Literal["fp32", "fp16", "bf16", "fp8", "fp8_block", "int8", "int4", "fp4"]
 
 
 VLLM_V0_WATERMARK = 0.01  # share of KV blocks vLLM v0's block manager kept free
@@ -57,7 +60,13 @@ class HardwareSection(BaseModel):
 class ModelSection(BaseModel):
     model_config = _STRICT
     name: str = Field(description="catalog name (`infersim models`) or path to a config.json")
-    weight_dtype: DType = Field(default="bf16", description="storage type of the weights")
+    weight_dtype: WeightDType | None = Field(
+        default=None,
+        description="storage type of the weights; fp8_block: fp8 with one fp32 scale per "
+        "128 x 128 block (DeepSeek-V3, Qwen3-FP8 checkpoints), run by block-scaled kernels. "
+        "Default: the checkpoint's own format (`infersim models show`; a config.json's "
+        "quantization_config), else bf16, as vLLM serves a checkpoint as stored",
+    )
     kv_dtype: DType = Field(default="bf16", description="storage type of the KV cache")
     activation_dtype: Literal["fp16", "bf16"] = Field(default="bf16")
     moe_routing: str = Field(

@@ -33,7 +33,7 @@ from simulator.progress import Progress
 from simulator.provenance import provenance
 from simulator.results import Results
 from simulator.router import SessionAffinity, make_router
-from simulator.scenario import Scenario
+from simulator.scenario import ModelSection, Scenario
 from simulator.workload import (
     ClosedLoopSampler,
     PromptHashes,
@@ -123,10 +123,10 @@ def check_placement(scenario: Scenario, arch: ModelArchitecture, node: NodeSpec)
             f"parallelism.tp={par.tp} spans nodes of {node.gpus_per_node} GPUs unevenly; "
             f"use a multiple of {node.gpus_per_node} or at most {node.gpus_per_node}"
         )
-    if arch.num_layers % par.pp:
+    if par.pp > arch.num_layers:
         raise InfeasibleError(
-            f"parallelism.pp={par.pp} does not divide {arch.name}'s {arch.num_layers} layers "
-            "into equal stages"
+            f"parallelism.pp={par.pp} exceeds {arch.name}'s {arch.num_layers} layers: a "
+            "stage would hold none (uneven stages are split as vLLM does)"
         )
     if par.nodes is not None:
         needed = par.replicas * par.tp * par.pp * par.dp
@@ -156,6 +156,23 @@ def _engine_window(arch: ModelArchitecture) -> int | None:
     return None
 
 
+def resolve_weight_dtype(asked: str | None, arch: ModelArchitecture) -> str:
+    """model.weight_dtype, or the checkpoint's format when unset (vLLM serves a checkpoint
+    as stored: gpt-oss's MXFP4 experts, not 234 GB of bf16); a format other than the
+    checkpoint's is priced as asked, and said."""
+    stored = arch.checkpoint_dtype
+    if asked is None:
+        return stored or "bf16"
+    if stored is not None and asked != stored:
+        warnings.warn(
+            f"model.weight_dtype {asked}: {arch.name}'s checkpoint is stored in {stored}; "
+            f"priced as {asked} (a re-quantised or upcast copy)",
+            InfersimWarning,
+            stacklevel=2,
+        )
+    return asked
+
+
 def build_replica(scenario: Scenario) -> ReplicaBuild:
     """Model, hardware, memory plan and step costs: fails early, with the breakdown, when
     the configuration cannot run."""
@@ -166,10 +183,17 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
     par, serving, engine = scenario.parallelism, scenario.serving, scenario.engine
     gpus = par.tp * par.pp  # of one dp rank; the replica has dp of them
     check_placement(scenario, arch, node)
+    routing = scenario.model.moe_routing
+    if not arch.is_moe and routing != ModelSection.model_fields["moe_routing"].default:
+        # As parallelism.enable_expert_parallel: true on a dense model: refused, not ignored.
+        raise InfersimError(
+            f"model.moe_routing: {routing} routing, but {arch.name} has no experts (dense model)"
+        )
+    weight_dtype = resolve_weight_dtype(scenario.model.weight_dtype, arch)
     memory = plan_memory(
         arch,
         gpu,
-        weight_dtype=scenario.model.weight_dtype,
+        weight_dtype=weight_dtype,
         kv_dtype=scenario.model.kv_dtype,
         tp=par.tp,
         pp=par.pp,
@@ -216,7 +240,7 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
         arch,
         gpu,
         node,
-        weight_dtype=scenario.model.weight_dtype,
+        weight_dtype=weight_dtype,
         kv_dtype=scenario.model.kv_dtype,
         activation_dtype=scenario.model.activation_dtype,
         tp=par.tp,
@@ -708,6 +732,17 @@ def _configuration_warnings(builds: list[tuple[str, ReplicaBuild]]) -> tuple[str
     )
 
 
+def _as_run(scenario: Scenario, builds: list[tuple[str, ReplicaBuild]]) -> Scenario:
+    """The scenario as it ran: an unset model.weight_dtype is the checkpoint's format the
+    replicas were built with (resolve_weight_dtype), so summary.json names it."""
+    if scenario.model.weight_dtype is not None or not builds:
+        return scenario
+    used = builds[0][1].memory.weight_dtype
+    return scenario.model_copy(
+        update={"model": scenario.model.model_copy(update={"weight_dtype": used})}
+    )
+
+
 def simulate(
     scenario: Scenario | str | os.PathLike[str], *, progress: bool | None = None
 ) -> Results:
@@ -745,7 +780,7 @@ def simulate(
         usd_per_kwh=scenario.cost.usd_per_kwh,
         priority_names=tuple(run.class_names),
         wall_seconds=wall,
-        provenance=provenance(scenario),
+        provenance=provenance(_as_run(scenario, run.builds)),
         warnings=(*_configuration_warnings(run.builds), *dict.fromkeys(raised)),
     )
     memory = "\n".join(f"[{pool}] {build.memory.table()}" for pool, build in run.builds)

@@ -54,7 +54,8 @@ class InferenceEstimate:
     activations: float
     framework_overhead: float
     usable_per_gpu: float
-    gpus: int
+    gpus: int  # by memory
+    tp: int  # the smallest tensor-parallel size of at least `gpus` the heads split over
 
     @property
     def total(self) -> float:
@@ -127,8 +128,22 @@ def detailed_inference(
         activations=activations,
         framework_overhead=overhead,
         usable_per_gpu=usable,
-        gpus=math.ceil(shardable / (usable - overhead)),
+        gpus=(gpus := math.ceil(shardable / (usable - overhead))),
+        tp=valid_tp_at_least(arch, gpus),
     )
+
+
+def valid_tp_at_least(arch: ModelArchitecture, gpus: int) -> int:
+    """The smallest tp >= `gpus` that vLLM would run (arch.check_tp: attention heads and
+    KV heads split evenly): DeepSeek-V3's 128 heads need 8 GPUs where memory asks 5.
+    Past the head count, `gpus` itself (no tensor-parallel size fits; pp must help)."""
+    for tp in range(max(gpus, 1), arch.num_attention_heads + 1):
+        try:
+            arch.check_tp(tp)
+        except InfersimError:
+            continue
+        return tp
+    return gpus
 
 
 def training_activation_bytes(

@@ -47,7 +47,7 @@ def test_routing_is_deterministic(make_scenario):
 @pytest.mark.parametrize(
     ("sections", "needle"),
     [
-        ({"parallelism": {"pp": 3}}, "does not divide"),
+        ({"parallelism": {"pp": 33}}, "exceeds"),
         ({"parallelism": {"replicas": 9, "nodes": 1}}, "need 9 GPUs"),
         ({"hardware": {"gpu": "a100-80gb-sxm", "node": "dgx-h100"}}, "built from"),
     ],

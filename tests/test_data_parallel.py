@@ -208,3 +208,15 @@ def test_a_failed_dp_replica_loses_every_rank_and_recovers(model):
     assert not ((steps["start"] > 3.0) & (steps["start"] < 5.0)).any()  # every rank down
     assert set(steps[steps["start"] > 5.0]["replica"]) == {0, 1}  # and serving again
     assert res.requests["retries"].sum() > 0
+
+
+def test_the_terminal_header_names_dp_and_ep():
+    """The header says what ran, data and expert parallelism included."""
+    from simulator.provenance import header_lines
+
+    pools = [{"pool": "default", "gpu": "h200-sxm", "tp": 1, "pp": 1, "dp": 8, "ep": True,
+              "replicas": 1}]  # fmt: skip
+    config = {"model": "m", "weight_dtype": "fp8_block", "kv_dtype": "bf16",
+              "activation_dtype": "bf16", "pools": pools, "policy": "chunked_prefill",
+              "max_num_seqs": 32, "max_num_batched_tokens": 512, "load": "poisson"}  # fmt: skip
+    assert "1 x h200-sxm tp=1 pp=1 dp=8 ep" in header_lines(config)[0]

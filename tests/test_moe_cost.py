@@ -21,29 +21,50 @@ DSV3 = {"hidden_size": 7168, "inter_size": 2048, "topk": 8, "num_experts": 256}
 
 
 def _monte_carlo(tokens: int, topk: int, experts: int, ep: int, draws: int = 400):
-    """Seeded draws of uniform top-k routing: (active, pairs, tiles per BLOCK_M) on rank 0."""
+    """Seeded draws of uniform top-k routing: (active, pairs, tiles per BLOCK_M) on the
+    slowest of the ep ranks (the largest of each over the ranks, per draw)."""
     rng = np.random.default_rng(0)
     local = -(-experts // ep)
     out = np.zeros((draws, 2 + len(BLOCK_MS)))
     for d in range(draws):
         keys = rng.random((tokens, experts))
         chosen = np.argpartition(keys, topk, axis=1)[:, :topk]
-        counts = np.bincount(chosen.ravel(), minlength=experts)[:local]
-        out[d, 0] = (counts > 0).sum()
-        out[d, 1] = counts.sum()
-        out[d, 2:] = [np.ceil(counts / b).sum() for b in BLOCK_MS]
+        counts = np.bincount(chosen.ravel(), minlength=local * ep).reshape(ep, local)
+        out[d, 0] = (counts > 0).sum(axis=1).max()
+        out[d, 1] = counts.sum(axis=1).max()
+        out[d, 2:] = [np.ceil(counts / b).sum(axis=1).max() for b in BLOCK_MS]
     return out.mean(axis=0), out.std(axis=0) / np.sqrt(draws)
 
 
-@pytest.mark.parametrize(("tokens", "ep"), [(1, 1), (8, 1), (32, 8), (200, 4), (1024, 1)])
-def test_balanced_occupancy_matches_monte_carlo(tokens, ep):
+@pytest.mark.parametrize(
+    ("tokens", "experts", "ep", "rel"),
+    [(1, 64, 1, 0.01), (8, 64, 1, 0.01), (1024, 64, 1, 0.01),
+     (32, 64, 8, 0.04), (200, 64, 4, 0.04),
+     (1, 256, 8, 0.04), (8, 256, 8, 0.04), (32, 256, 8, 0.04), (256, 256, 8, 0.04)],
+)  # fmt: skip
+def test_balanced_occupancy_matches_monte_carlo(tokens, experts, ep, rel):
     """E (1 - (1 - k/E)^T) activated experts and the binomial tile counts agree with a
-    seeded Monte Carlo draw to within 4 standard errors (and 1% of the value)."""
-    load = expert_load(tokens, 8, 64, ep, Routing("balanced"))
-    mean, sem = _monte_carlo(tokens, 8, 64, ep)
+    seeded Monte Carlo draw to within 4 standard errors and 1% of the value; with ep > 1
+    the slowest rank's (the expected maximum over the ranks), to within 4%: the closed
+    form takes experts and ranks as independent, where the draws' loads are slightly
+    negatively correlated (a token's k experts are distinct, the pairs add up to T k)."""
+    load = expert_load(tokens, 8, experts, ep, Routing("balanced"))
+    mean, sem = _monte_carlo(tokens, 8, experts, ep)
     expected = np.array([load.active, load.pairs, *load.tiles])
-    tolerance = 4 * sem + 0.01 * np.abs(mean) + 1e-9
+    tolerance = 4 * sem + rel * np.abs(mean) + 1e-9
     assert np.all(np.abs(expected - mean) <= tolerance), (expected, mean, tolerance)
+
+
+def test_the_slowest_rank_not_the_mean_one_is_priced():
+    """DeepSeek-V3 over 8 EP ranks, one token: the mean rank holds 1 of the 8 experts it
+    activates, but the slowest of the 8 holds ~2.6 (seeded draws), and the step waits
+    for it."""
+    load = expert_load(1, 8, 256, 8, Routing("balanced"))
+    assert 2.3 < load.active < 2.8 and 2.3 < load.pairs < 2.8
+    assert expert_load(256, 8, 256, 8, Routing("balanced")).active == pytest.approx(32, 1e-3)
+    layer = MoeLayer(H100, MoeShape(**DSV3, ep=8), "balanced")
+    slowest, mean = layer.parts(1).seconds[0], layer.parts(1, slowest=False).seconds[0]
+    assert layer.cost(1).seconds == slowest > 1.2 * mean
 
 
 def test_round_robin_spreads_pairs_evenly():
@@ -90,18 +111,18 @@ def test_time_grows_with_tokens():
 def test_step_lookup_gives_the_layers_own_prices():
     layer = MoeLayer(H100, MoeShape(**DSV3, ep=8), "balanced")
     for tokens in (0, 1, 255, 256, 3000):
-        parts = layer.parts(tokens)
+        parts, work = layer.parts(tokens), layer.parts(tokens, slowest=False)
         assert layer.step(tokens) == (
             float(parts.seconds[0]),
-            float(parts.flops[0]),
-            float(parts.dram_bytes[0]),
+            float(work.flops[0]),
+            float(work.dram_bytes[0]),
         )
 
 
 def test_expert_parallelism_reduces_each_ranks_experts():
     one = moe_cost(H100, num_tokens=64, **DSV3, ep=1)
     eight = moe_cost(H100, num_tokens=64, **DSV3, ep=8)
-    assert eight.flops == pytest.approx(one.flops / 8, rel=0.01)
+    assert eight.flops == pytest.approx(one.flops / 8, rel=0.01)  # the mean rank's work
     assert eight.seconds < one.seconds / 4
 
 

@@ -35,16 +35,23 @@ def test_tp2_mfu_is_per_gpu():
     """A TP2 replica's MFU is its FLOPs per GPU / time / one GPU's peak: each step records
     the replica's FLOPs (both ranks'), twice one rank's, and the same work as TP1 does."""
     one, two = _run(1), _run(2)
-    steps = two.steps
-    cost = StepCostModel(
-        load_model("llama-3.1-8b"), load_gpu("h100-sxm"), load_node("dgx-h100"), tp=2
-    )
-    per_gpu_flops = steps["flops"].sum() / 2
-    duration = two.context.duration_s
+    steps, requests = two.steps, two.requests
+    arch = load_model("llama-3.1-8b")
+    cost = StepCostModel(arch, load_gpu("h100-sxm"), load_node("dgx-h100"), tp=2)
+    # The run's work counted independently of the step cost: 2 FLOPs per weight per token
+    # through the layers, the LM head for sampled positions only (decodes and each
+    # prompt's last token), and attention's 4 x heads x head_dim per attended pair.
+    head = arch.vocab_size * arch.hidden_size
+    body = arch.param_count() - arch.embedding_params - head
+    tokens = steps["decode_tokens"].sum() + steps["prefill_tokens"].sum()
+    sampled = steps["decode_tokens"].sum() + len(requests)
+    prompt, decodes = requests["prompt"], (requests["generated"] - 1).clip(lower=0)
+    pairs = (prompt * (prompt + 1) / 2 + decodes * prompt + decodes * (decodes + 1) / 2).sum()
+    attention = 4 * arch.num_attention_heads * arch.head_dim * pairs * arch.num_layers
+    work = 2 * body * tokens + 2 * head * sampled + attention
     peak = cost.gpu.peak_flops(cost.compute_dtype)
-    assert two.summary()["utilisation"]["mfu"] == pytest.approx(
-        per_gpu_flops / duration / peak, rel=1e-9
-    )
+    mfu = two.summary()["utilisation"]["mfu"]
+    assert mfu == pytest.approx(work / 2 / two.context.duration_s / peak, rel=0.01)
     # Decode steps of n sequences: the replica's FLOPs are twice one rank's.
     decode = cost.decode_steps(8)
     rank_flops = decode.fixed_flops / 2 + decode.attention.one_step(8, 800)[1] * 32

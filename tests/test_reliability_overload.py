@@ -315,7 +315,7 @@ def test_a_kv_cache_smaller_than_one_block_is_one_line_in_the_cli(tmp_path, caps
         ("h100-sxm", {"tp": 12}, ["spans nodes of 8 GPUs unevenly", "multiple of 8"]),
         ("a100-80gb-sxm", {"tp": 8, "replicas": 3, "nodes": 2},
          ["3 replicas x tp=8 x pp=1 need 24 GPUs", "2 x dgx-a100 = 16"]),
-        ("h100-sxm", {"pp": 3}, ["pp=3 does not divide", "32 layers"]),
+        ("h100-sxm", {"pp": 33}, ["pp=33 exceeds", "32 layers"]),
     ],
 )  # fmt: skip
 def test_a_placement_the_topology_cannot_hold_is_explained(tmp_path, capsys, gpu, parallelism,

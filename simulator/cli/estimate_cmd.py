@@ -95,7 +95,8 @@ def _run(args: argparse.Namespace) -> int:
     )
     print(f"\nDetailed inference, batch {args.batch} x {args.seq} tokens, {kv_dtype.value} KV:")
     print(_rows(est.breakdown()))
-    print(f"  GPUs needed: {est.gpus}")
+    rounded = f" ({est.gpus} by memory, rounded up to a valid tp)" if est.tp != est.gpus else ""
+    print(f"  GPUs needed: {est.tp}{rounded}")
     print(f"\nServing plan at tp={args.tp} (vLLM-style memory budget):")
     try:
         plan = plan_memory(arch, gpu, weight_dtype=precision, kv_dtype=kv_dtype, tp=args.tp)

@@ -97,6 +97,7 @@ def describe(arch: ModelArchitecture) -> list[tuple[str, str]]:
     )
     for dtype in KV_DTYPES:
         rows.append((f"KV bytes/token ({dtype.value})", f"{arch.kv_bytes_per_token(dtype):,.0f}"))
+    rows.append(("checkpoint weights", arch.checkpoint_dtype or "unquantised (bf16 default)"))
     rows.append(("source", arch.source))
     return rows
 

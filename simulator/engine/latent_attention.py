@@ -64,7 +64,7 @@ class MlaPrefillAttention:
         *,
         dtype: Dtype,
         kv_dtype: Dtype,
-        compute_dtype: Dtype,
+        compute_dtype: str | Dtype,  # the GEMM kernels' key (fp8_block as spelled)
         weight_dtype: Dtype,
     ) -> None:
         self._model = MlaPrefill(gpu, shape, kv_dtype, dtype)

@@ -23,14 +23,17 @@ from hardware_models.dtypes import Dtype
 from hardware_models.errors import InfersimError
 from hardware_models.op_cost import OpCost
 from simulator.architecture import ModelArchitecture
+from simulator.engine.weight_format import FP8_BLOCK, weight_format
 
-# The fused-MoE kernel that runs each weight dtype (hardware_models.efficiency.MOE_FORMATS).
+# The fused-MoE kernel that runs each weight format (simulator.engine.weight_format) by
+# its name (hardware_models.efficiency.MOE_FORMATS).
 _MOE_FORMAT = {
-    Dtype.BF16: "bf16",
-    Dtype.FP16: "bf16",  # the same kernel and bytes
-    Dtype.FP8: "fp8",
-    Dtype.INT4: "int4_wo",  # Marlin, 4-bit weights with group scales
-    Dtype.FP4: "w4a16_mxfp4",  # gpt-oss's MXFP4 experts
+    Dtype.BF16.value: "bf16",
+    Dtype.FP16.value: "bf16",  # the same kernel and bytes
+    Dtype.FP8.value: "fp8",  # per-tensor scales
+    FP8_BLOCK: "fp8_block",  # 128 x 128 block scales (DeepSeek-V3, Qwen3-FP8)
+    Dtype.INT4.value: "int4_wo",  # Marlin, 4-bit weights with group scales
+    Dtype.FP4.value: "w4a16_mxfp4",  # gpt-oss's MXFP4 experts
 }
 
 
@@ -72,14 +75,15 @@ class ExpertLayout:
         return math.ceil(arch.expert_intermediate_size / self.moe_tp)
 
 
-def moe_format(weight_dtype: Dtype) -> str:
-    """The fused-MoE kernel format for experts stored in `weight_dtype`."""
-    if weight_dtype not in _MOE_FORMAT:
+def moe_format(weight_dtype: str | Dtype) -> str:
+    """The fused-MoE kernel format for experts stored in `weight_dtype` (a weight format)."""
+    fmt = weight_format(weight_dtype)
+    if fmt not in _MOE_FORMAT:
         raise InfersimError(
-            f"model.weight_dtype: MoE experts in {weight_dtype.value} have no fused-MoE "
-            f"kernel cost; allowed: {', '.join(d.value for d in _MOE_FORMAT)}"
+            f"model.weight_dtype: MoE experts in {fmt} have no fused-MoE kernel cost; "
+            f"allowed: {', '.join(_MOE_FORMAT)}"
         )
-    return _MOE_FORMAT[weight_dtype]
+    return _MOE_FORMAT[fmt]
 
 
 def routed_experts_cost(
@@ -88,7 +92,7 @@ def routed_experts_cost(
     tokens: int,
     layout: ExpertLayout,
     *,
-    weight_dtype: Dtype,
+    weight_dtype: str | Dtype,
     routing: str = "balanced",
 ) -> OpCost:
     """One MoE layer's routed experts for `tokens` tokens on the most loaded GPU: the

@@ -39,6 +39,7 @@ from hardware_models.pointwise import (
 from simulator.architecture import ModelArchitecture
 from simulator.engine.latent_attention import MlaDecodeAttention, MlaPrefillAttention, mla_shape
 from simulator.engine.moe_layer import ExpertLayout, routed_experts_cost
+from simulator.engine.weight_format import check_block_shards, weight_format
 
 
 class StepBound(IntEnum):
@@ -242,12 +243,16 @@ class StepCostModel:
         self.experts = ExpertLayout.of(arch, tp, expert_parallel, self.dp)
         self.all2all_backend = all2all_backend
         self.moe_routing = moe_routing
+        self.weight_format = weight_format(weight_dtype)  # fp8_block kept as spelled
+        check_block_shards(arch, self.weight_format, tp, self.experts.moe_tp)
         self.weight_dtype = parse_dtype(weight_dtype)
         self.kv_dtype = parse_dtype(kv_dtype)
         self.act_dtype = parse_dtype(activation_dtype)
-        self.compute_dtype = (
-            self.weight_dtype if self._tensor_native(self.weight_dtype) else (self.act_dtype)
-        )
+        native = self._tensor_native(self.weight_dtype)
+        self.compute_dtype = self.weight_dtype if native else self.act_dtype
+        # The GEMM kernels' key: a block-scaled format runs its own kernels where the
+        # chip multiplies its dtype natively (elsewhere its weights are dequantised).
+        self.gemm_dtype: str | Dtype = self.weight_format if native else self.compute_dtype
         self.overheads = overheads or EngineOverheads()
         self.heads = arch.num_attention_heads // tp
         self.kv_heads = arch.kv_heads_per_shard(tp)
@@ -303,7 +308,7 @@ class StepCostModel:
             prefill = MlaPrefillAttention(
                 self.gpu,
                 shape,
-                compute_dtype=self.compute_dtype,
+                compute_dtype=self.gemm_dtype,
                 weight_dtype=self.weight_dtype,
                 **dtypes,
             )
@@ -331,6 +336,10 @@ class StepCostModel:
             acts.append((-(-a.shared_intermediate_size // tp), a.num_moe_layers))
         layers = a.num_layers
         by_act = [([act], inter, n) for inter, n in acts if n]
+        # MLA normalises its compressed query and latent KV (q_a_layernorm and
+        # kv_a_layernorm, vLLM's DeepseekV2MLAAttention): two norm kernels more a layer.
+        latent = [([norm], a.q_lora_rank or 0, layers), ([norm], a.kv_lora_rank, layers)]
+        by_act += [chain for chain in latent if a.is_mla and chain[1]]
         if self.overheads.fused_kernels:
             return [([RESIDUAL_ADD, norm], h, layers), ([ROTARY], rope, layers),
                     ([RESIDUAL_ADD, norm], h, layers), *by_act]  # fmt: skip
@@ -344,8 +353,8 @@ class StepCostModel:
             return part
         part = _Part.empty()
         layers = self.arch.num_layers
-        for _, m, n, k, times in self.arch.gemms(tokens, self.tp):
-            part.add(gemm_cost(self.gpu, m, n, k, self.compute_dtype, self.weight_dtype), times)
+        for name, m, n, k, times in self.arch.gemms(tokens, self.tp):
+            part.add(gemm_cost(self.gpu, m, n, k, *self.gemm_dtypes(name)), times)
         if self.arch.is_moe and self.dp == 1:  # with dp > 1, _moe_over_ranks
             part.add(self._routed_experts(tokens), self.arch.num_moe_layers)
         fused = self.overheads.fused_kernels
@@ -362,6 +371,14 @@ class StepCostModel:
         part.add(embedding_cost(self.gpu, tokens, self.arch.hidden_size, self.act_dtype))
         self._dense_cache[tokens] = part
         return part
+
+    def gemm_dtypes(self, name: str) -> tuple[str | Dtype, Dtype | None]:
+        """(kernel dtype, weight dtype) of the model's GEMM `name` (Architecture.gemms):
+        the weights' format, but the MoE gate in the activation dtype, as vLLM builds it
+        with quant_config=None."""
+        if name == "router":
+            return self.act_dtype, None
+        return self.gemm_dtype, self.weight_dtype
 
     def _moe_over_ranks(self, total: int, tokens: int) -> _Part:
         """The MoE layers of a dp rank's step: the routed experts over all ranks' `total`
@@ -401,7 +418,7 @@ class StepCostModel:
             self.gpu,
             tokens,
             self.experts,
-            weight_dtype=self.weight_dtype,
+            weight_dtype=self.weight_format,
             routing=self.moe_routing,
         )
 
