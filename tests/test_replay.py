@@ -511,7 +511,7 @@ def test_a_simulated_bench_json_replays_as_itself(tmp_path, capsys):
     ]  # fmt: skip
     code, out, err = replay(
         capsys, str(bench), "-o", str(tmp_path / "out"), "--gpu", "a100-80gb-sxm",
-        "--model", "llama-2-7b", "--vllm-version", "0.19.0", "--calibration", "none", *settings,
+        "--model", "llama-2-7b", "--vllm-version", "0.19.0", *settings,
     )  # fmt: skip
     assert code == 0, err
     assert "recorded send times" in out
