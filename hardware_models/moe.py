@@ -152,7 +152,6 @@ def expert_load(tokens: int, topk: int, num_experts: int, ep: int, routing: Rout
 def _loads(tokens: int, topk: int, num_experts: int, ep: int, routing: Routing) -> np.ndarray:
     """Rows per expert of the rank priced (one row per draw) for round_robin and
     power_law routing."""
-    pairs = tokens * topk
     local = local_experts(num_experts, ep)
     if routing.kind == "round_robin":
         return _round_robin_loads(tokens, topk, num_experts, local)[None, :]

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from hardware_models import InfersimError, load_gpu
+from hardware_models.efficiency import MOE_FORMATS
 from hardware_models.moe import (
     BLOCK_MS,
     MoeLayer,
@@ -16,7 +17,6 @@ from hardware_models.moe import (
     marlin_stream_s,
     moe_cost,
 )
-from hardware_models.efficiency import MOE_FORMATS
 
 H100 = load_gpu("h100-sxm")
 DSV3 = {"hidden_size": 7168, "inter_size": 2048, "topk": 8, "num_experts": 256}
