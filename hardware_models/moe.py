@@ -423,6 +423,10 @@ def moe_parts(
         chosen = np.argmin(np.where(allowed[:, None], by_block, np.inf), axis=0)
     compute_s, memory_s, stream_s = totals[chosen, :, index].T
     pass_bytes = _pass_bytes(r, all_pairs, fmt.act_bytes < 2, include_routing)
+    # With an expert map vLLM zeroes the down GEMM's T x top-k output before it runs
+    # (fused_moe and fused_marlin_moe alike): one more pass over every pair's row.
+    zeroed = np.where(r.local < r.num_experts, all_pairs * r.hidden * 2.0, 0.0)
+    pass_bytes = pass_bytes + zeroed
     pass_s = pass_bytes / (gpu.memory_bandwidth * eff.memory_bandwidth)
     return MoeParts(
         seconds=by_block[chosen, index] + pass_s + floor_s,
