@@ -366,7 +366,10 @@ def moe_parts(
     # Unfitted: each SM's share of the L2 bandwidth (Triton's tiles, without Hopper's
     # multicast, are fed from L2: 128 x 128 bf16 tiles at 64 FLOPs per byte reach
     # ~470 TFLOPS at the H100's 7.3 TB/s, where the public table saturates near 450).
-    if cta_us_per_mb is None:
+    # Marlin's weight tiles are each read by one thread block, from DRAM: its share.
+    if cta_us_per_mb is None and fmt.marlin:
+        cta_s_per_byte = gpu.sm_count / (gpu.memory_bandwidth * eff.memory_bandwidth)
+    elif cta_us_per_mb is None:
         cta_s_per_byte = gpu.sm_count / (gpu.l2_bandwidth * eff.l2_bandwidth)
     else:
         cta_s_per_byte = cta_us_per_mb * 1e-12
