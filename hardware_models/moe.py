@@ -34,7 +34,7 @@ import numpy as np
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import parse_dtype
-from hardware_models.efficiency import MOE_FORMATS, moe_format_key
+from hardware_models.efficiency import MOE_FORMATS, MoeFormat, moe_format_key
 from hardware_models.errors import InfersimError
 from hardware_models.gemm import WARP_MMA_ARCHITECTURES, shared_memory_share
 from hardware_models.op_cost import OpCost, classify
@@ -282,7 +282,7 @@ def marlin_stream_s(
     n: np.ndarray,
     k: np.ndarray,
     all_pairs: np.ndarray,
-    fmt,
+    fmt: MoeFormat,
     cta_s: float,
     s_per_byte: float,
 ) -> np.ndarray:
