@@ -34,7 +34,7 @@ import numpy as np
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import parse_dtype
-from hardware_models.efficiency import MOE_FORMATS, moe_format_key
+from hardware_models.efficiency import MOE_FORMATS, MoeFormat, moe_format_key
 from hardware_models.errors import InfersimError
 from hardware_models.gemm import WARP_MMA_ARCHITECTURES, shared_memory_share
 from hardware_models.op_cost import OpCost, classify
@@ -65,9 +65,9 @@ class Routing(NamedTuple):
     - balanced: each token picks top-k distinct experts uniformly at random (a router
       balanced in expectation, as load-balancing losses aim for): an expert is hit by
       Binomial(T, k / E) tokens, so T tokens activate E (1 - (1 - k/E)^T) of them.
-    - round_robin: the pairs are dealt evenly, min(E, T k) experts with loads that
-      differ by at most one (the public tables' "balanced" rows, aiconfigurator's
-      generator).
+    - round_robin: the pairs are dealt evenly by a stride over the experts, min(E, T k)
+      experts with loads that differ by at most one, expert 0 always among them (the
+      public tables' "balanced" rows, aiconfigurator's generator).
     - power_law: expert loads follow a truncated power law of exponent `alpha` (the
       tables' "power_law_<alpha>" rows): loads drawn on [1, 0.8 T] when T k > E, else on
       [0.01, 2], scaled to T k pairs, averaged over seeded draws of the tables' own
@@ -216,14 +216,24 @@ def _expected_max_of_sums(pmf: np.ndarray, count: int, ep: int) -> float:
 def _loads(tokens: int, topk: int, num_experts: int, ep: int, routing: Routing) -> np.ndarray:
     """Rows per expert of the rank priced (one row per draw) for round_robin and
     power_law routing."""
-    pairs = tokens * topk
     local = local_experts(num_experts, ep)
     if routing.kind == "round_robin":
-        share = pairs * local / num_experts  # the rank's even share of the pairs
-        base = math.floor(share / local)
-        extra = round(share - base * local)
-        return np.array([[base + 1] * extra + [base] * (local - extra)], dtype=float)
+        return _round_robin_loads(tokens, topk, num_experts, local)[None, :]
     return _power_law_loads(tokens, topk, num_experts, ep, routing.alpha)
+
+
+def _round_robin_loads(tokens: int, topk: int, num_experts: int, local: int) -> np.ndarray:
+    """Rows per expert of the first rank's `local` experts as aiconfigurator's balanced
+    generator deals them (collector helper.py, balanced_logits): token i takes experts
+    i + j x stride (stride = ceil(E / top-k), j < top-k), or, with fewer tokens than
+    the stride, i x stride / T + j x stride, spreading them over the experts. So one
+    token already activates expert 0, on the rank timed: an EP rank is never idle."""
+    stride = math.ceil(num_experts / topk)
+    i = np.arange(tokens, dtype=float)[:, None]
+    j = np.arange(topk, dtype=float)[None, :]
+    start = i if tokens >= stride else i * stride / tokens
+    chosen = np.floor((start + j * stride) % num_experts).astype(np.int64)
+    return np.bincount(chosen.ravel(), minlength=num_experts)[:local].astype(float)
 
 
 def _power_law_loads(tokens: int, topk: int, num_experts: int, ep: int, alpha: float):
@@ -321,6 +331,47 @@ def marlin_block_m(tokens, topk, local) -> np.ndarray:
     return chosen
 
 
+# Marlin's MoE kernel configurations (vLLM csrc/moe/marlin_moe_wna16/ops.cu): one
+# 16-row m block takes 128 x 128 (k x n) weight tiles and up to 4 thread blocks per SM,
+# larger m blocks 64 x 256 tiles and up to 2; a width the first does not divide falls
+# back to 128 columns.
+MARLIN_SMALL = (128, 128, 4)
+MARLIN_LARGE = (64, 256, 2)
+
+
+def marlin_stream_s(
+    sm_count: int,
+    block: int,
+    tiles: np.ndarray,
+    n: np.ndarray,
+    k: np.ndarray,
+    all_pairs: np.ndarray,
+    fmt: MoeFormat,
+    cta_s: float,
+    s_per_byte: float,
+) -> np.ndarray:
+    """Seconds of one Marlin grouped GEMM (`tiles` m blocks of `block` rows, n x k per
+    expert) as its thread blocks run it. Marlin is stream-K: the grid (SMs x blocks per
+    SM, fewer when there are few tokens) splits the m blocks x n tiles x k tiles evenly,
+    each thread block streaming its share of k tiles (weights dequantised on the CUDA
+    cores, activation rows) through its SM; the thread blocks that share one output
+    slice then reduce it in turn through global memory, one fixed step each. Few
+    activated experts leave many thread blocks per slice: a long serial reduction, which
+    is why an expert's tile costs more when fewer experts share the SMs."""
+    thread_k, thread_n, per_sm = MARLIN_SMALL if block <= 16 else MARLIN_LARGE
+    thread_n = np.where(n % thread_n == 0, thread_n, BLOCK_N)
+    n_tiles = np.ceil(n / thread_n)
+    k_tiles = np.ceil(k / thread_k)
+    # vLLM caps the blocks per SM where n tiles x tokens x top-k x 4 is below the grid.
+    per_sm = np.clip(np.floor(n_tiles * all_pairs * 4 / sm_count), 1, per_sm)
+    grid = sm_count * per_sm
+    iters = np.ceil(tiles * n_tiles * k_tiles / grid)
+    panel = (thread_n * fmt.weight_bytes + block * fmt.act_bytes) * thread_k
+    # Thread blocks per slice: k_tiles / iters of them reduce one after another.
+    chain = np.where(iters > 0, np.ceil(k_tiles / np.maximum(iters, 1)), 0.0)
+    return iters * per_sm * panel * s_per_byte + chain * cta_s
+
+
 class MoeRows(NamedTuple):
     """Layers to price at once, one value per layer (numpy arrays): the token count,
     the shape on the rank (inter = the rank's share of an expert's width) and the
@@ -382,7 +433,10 @@ def moe_parts(
     # Unfitted: each SM's share of the L2 bandwidth (Triton's tiles, without Hopper's
     # multicast, are fed from L2: 128 x 128 bf16 tiles at 64 FLOPs per byte reach
     # ~470 TFLOPS at the H100's 7.3 TB/s, where the public table saturates near 450).
-    if cta_us_per_mb is None:
+    # Marlin's weight tiles are each read by one thread block, from DRAM: its share.
+    if cta_us_per_mb is None and fmt.marlin:
+        cta_s_per_byte = gpu.sm_count / (gpu.memory_bandwidth * eff.memory_bandwidth)
+    elif cta_us_per_mb is None:
         cta_s_per_byte = gpu.sm_count / (gpu.l2_bandwidth * eff.l2_bandwidth)
     else:
         cta_s_per_byte = cta_us_per_mb * 1e-12
@@ -419,8 +473,13 @@ def moe_parts(
             # Each thread block (a row tile x BLOCK_N columns) streams its expert's
             # weight panel and its rows through L2 into the SM at a capped rate.
             panel = (BLOCK_N * w_bpe + block * a_bpe) * k
-            waves = np.ceil(tiles * np.ceil(n / BLOCK_N) / gpu.sm_count)
-            stream = waves * (cta_s + panel * cta_s_per_byte)
+            if fmt.marlin:
+                stream = marlin_stream_s(
+                    gpu.sm_count, block, tiles, n, k, r.tokens * r.topk, fmt, cta_s, cta_s_per_byte
+                )
+            else:
+                waves = np.ceil(tiles * np.ceil(n / BLOCK_N) / gpu.sm_count)
+                stream = waves * (cta_s + panel * cta_s_per_byte)
             l2 = tiles * np.ceil(n / BLOCK_N) * panel
             terms = np.stack([compute, memory, stream])
             which = np.argmax(terms, axis=0)
@@ -434,6 +493,10 @@ def moe_parts(
         chosen = np.argmin(np.where(allowed[:, None], by_block, np.inf), axis=0)
     compute_s, memory_s, stream_s = totals[chosen, :, index].T
     pass_bytes = _pass_bytes(r, all_pairs, fmt.act_bytes < 2, include_routing)
+    # With an expert map vLLM zeroes the down GEMM's T x top-k output before it runs
+    # (fused_moe and fused_marlin_moe alike): one more pass over every pair's row.
+    zeroed = np.where(r.local < r.num_experts, all_pairs * r.hidden * 2.0, 0.0)
+    pass_bytes = pass_bytes + zeroed
     pass_s = pass_bytes / (gpu.memory_bandwidth * eff.memory_bandwidth)
     return MoeParts(
         seconds=by_block[chosen, index] + pass_s + floor_s,

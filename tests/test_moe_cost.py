@@ -7,12 +7,14 @@ import numpy as np
 import pytest
 
 from hardware_models import InfersimError, load_gpu
+from hardware_models.efficiency import MOE_FORMATS
 from hardware_models.moe import (
     BLOCK_MS,
     MoeLayer,
     MoeShape,
     Routing,
     expert_load,
+    marlin_stream_s,
     moe_cost,
 )
 
@@ -139,6 +141,25 @@ def test_weight_formats_scale_the_bytes():
     assert weights["fp8"] == weights["bf16"] / 2
     assert weights["fp8"] < weights["fp8_block"] < 1.001 * weights["fp8"]
     assert weights["bf16"] / 4 < weights["int4_wo"] < weights["bf16"] / 3.8
+
+
+def test_marlin_is_stream_k_with_a_serial_reduction():
+    """Marlin splits m blocks x n tiles x k tiles evenly over the grid: the streaming
+    time follows the total work, and the thread blocks sharing a slice reduce it one
+    after another, so an m block costs more when few of them share the SMs."""
+    fmt = MOE_FORMATS["int4_wo"]
+    n, k, pairs = np.array([4096.0]), np.array([7168.0]), np.array([4096.0])
+
+    def stream(tiles: float, cta_s: float, per_byte: float) -> float:
+        args = (132, 16, np.array([tiles]), n, k, pairs, fmt, cta_s, per_byte)
+        return float(marlin_stream_s(*args)[0])
+
+    # Streaming alone: 32 n tiles x 56 k tiles per m block over 132 x 4 thread blocks.
+    assert stream(64, 0.0, 1e-10) == pytest.approx(8 * stream(8, 0.0, 1e-10), rel=0.05)
+    # Reduction alone: 2 m blocks leave 8 thread blocks per slice, 64 leave 1.
+    assert stream(2, 1e-6, 0.0) == pytest.approx(8e-6)
+    assert stream(64, 1e-6, 0.0) == pytest.approx(1e-6)
+    assert stream(0, 1e-6, 1e-10) == 0.0
 
 
 @pytest.mark.parametrize(

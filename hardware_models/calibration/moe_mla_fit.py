@@ -102,7 +102,9 @@ def moe_mla_fits(table: pd.DataFrame) -> list[FitSpec]:
                     # leave SMs idle), so that large batches inform the compute curve,
                     # a fraction of peak that carries to other chips (the H100's fit
                     # on A100 rows: 35% error with 0-80 us/MB, 27% with 0-4, the H100's
-                    # own the same); for Marlin's 4-bit tiles dequantisation, up to 400
+                    # own the same); for Marlin's 4-bit tiles, dequantised on the CUDA
+                    # cores, up to 400 per k tile streamed (moe.marlin_stream_s, where
+                    # the thread block's fixed time is one step of a slice's reduction)
                     (("moe_cta_us_per_mb_by_dtype", key), 0.0, 400.0 if marlin else 4.0),
                 ],
                 (),
