@@ -26,7 +26,7 @@ from simulator.engine.prefix_hashes import BlockKeys
 from simulator.engine.replica import Clock, Replica, ReplicaConfig
 from simulator.engine.requests import Outcome, RejectReason, RequestTable
 from simulator.engine.step_cost import EngineOverheads, StepCostModel
-from simulator.memory_planner import MemoryPlan, plan_memory
+from simulator.memory_planner import MemoryPlan, plan_memory, stage_layers
 from simulator.metrics.context import SLO, ReplicaInfo, RunContext
 from simulator.model_catalog import load_model
 from simulator.progress import Progress
@@ -405,7 +405,9 @@ class _Run:
                 self.replicas.append(members[-1])
                 self.infos.append(info)
         if pipelined:
-            return PipelineGroup(self.env, members)
+            return PipelineGroup(
+                self.env, members, [len(s) for s in stage_layers(build.arch, engines)]
+            )
         if build.dp > 1:
             return DpGroup(self.env, members, lockstep=driven)
         return members[0]

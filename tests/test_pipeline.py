@@ -2,6 +2,8 @@
 batch waits for the stage the one before it occupies, and too few requests leave
 stages idle (the bubble)."""
 
+import itertools
+
 import pytest
 
 from hardware_models.errors import InfeasibleError, InfersimWarning
@@ -43,14 +45,55 @@ def _run(data: dict, **engine):
 
 
 def test_stages_hold_a_batch_until_the_one_before_leaves():
-    stages = Stages(2)
+    stages = Stages([0.5, 0.5])
     assert stages.enter(0.0, 2.0) == (0.0, 1.0, 2.0)  # empty pipeline: the whole step
     # Ready at once: it takes stage 0 when the first batch leaves it, stage 1 after.
     assert stages.enter(0.0, 2.0) == (1.0, 1.0, 3.0)
     # A short batch behind a long one waits for stage 1 to free.
-    stages = Stages(2)
+    stages = Stages([0.5, 0.5])
     stages.enter(0.0, 8.0)  # stage 0 until 4, stage 1 until 8
     assert stages.enter(0.0, 2.0) == (4.0, 1.0, 9.0)
+
+
+def test_stages_take_their_share_of_the_layers_and_the_slowest_sets_the_rate():
+    """DeepSeek-V3's 61 layers over pp=2 are 31 + 30: stage 0 takes 31/61 of the GPU
+    time, and saturated, batches leave one per slowest stage's time."""
+    stages = Stages([31 / 61, 30 / 61])
+    assert stages.enter(0.0, 61.0) == (0.0, 31.0, 61.0)
+    outs = [stages.enter(0.0, 61.0)[2] for _ in range(4)]
+    assert [b - a for a, b in itertools.pairwise(outs)] == [31.0, 31.0, 31.0]
+
+
+def test_host_work_is_serial_across_the_batches_in_flight():
+    """One CPU thread schedules every batch (vLLM's engine core): host time does not
+    pipeline. Synchronous, a batch's GPU work starts after its host work; overlapped
+    (async scheduling), a batch leaves when both its stages and its host work are done."""
+    sync = Stages([0.5, 0.5], overlap=False)
+    assert sync.enter(0.0, 2.0, host=3.0) == (3.0, 1.0, 5.0)
+    assert sync.enter(0.0, 2.0, host=3.0) == (6.0, 1.0, 8.0)  # after the first's host work
+    hidden = Stages([0.5, 0.5], overlap=True)
+    assert hidden.enter(0.0, 2.0, host=3.0) == (0.0, 1.0, 3.0)
+    assert hidden.enter(0.0, 2.0, host=3.0) == (3.0, 1.0, 6.0)  # host-bound: 1 per 3 s
+
+
+def test_a_host_bound_replica_does_not_gain_from_pp():
+    """Host work of 20 ms a step dwarfs an 8B model's GPU time: PP cannot multiply it."""
+
+    def throughput(pp: int) -> float:
+        data = scenario_dict(
+            hardware={"gpu": "h100-sxm"},
+            model={"name": "llama-3.1-8b"},
+            parallelism={"pp": pp},
+            engine={"host_overhead_step_us": 20000},
+            serving={"policy": "chunked_prefill", "max_num_seqs": 64},
+            workload={"arrivals": {"kind": "offline"},
+                      "prompt_tokens": {"kind": "fixed", "tokens": 200},
+                      "output_tokens": {"kind": "fixed", "tokens": 100},
+                      "num_requests": 256},
+        )  # fmt: skip
+        return _run(data).summary()["throughput"]["output_tokens_per_s"]
+
+    assert throughput(2) <= 1.05 * throughput(1)
 
 
 @pytest.mark.parametrize("pp", [2, 4])

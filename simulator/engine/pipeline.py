@@ -6,14 +6,14 @@ size pp does the same job): each has its own scheduler over a 1/pp share of the 
 cache blocks, requests go to the one with the fewest unfinished, and each schedules its
 next batch as soon as its previous one has come out of the last stage. A batch flows
 through the stages in order, waiting at a stage the batch before it still occupies; a
-stage takes 1/pp of the batch's step time (the layers split evenly; the stage hand-offs'
-send/recv are in that step time). So an empty pipeline gives a batch the latency of the
-stages one after another, and at saturation every stage works on a different batch: pp
-times the throughput. With fewer requests than engines, stages idle (the bubble).
-
-The group's one process applies each batch when it leaves the last stage and schedules
-the next at that moment, always on SimPy's clock: no step runs ahead, and no decode
-runs are fast-forwarded, so stepping one event at a time gives the same run.
+stage takes its share of the layers' share of the batch's GPU time (vLLM's
+get_pp_indices split, memory_planner.stage_layers; the hand-offs' send/recv are in that
+time), so the slowest stage sets the rate. The host work (scheduling, output
+processing) is not split: vLLM's engine core does it for every batch on one CPU thread,
+so it is a serial resource and a host-bound replica gains nothing from PP. An empty
+pipeline gives a batch the latency of the stages one after another, and at saturation
+every stage works on a different batch: up to pp times the throughput. With fewer
+requests than engines, stages idle (the bubble).
 """
 
 from __future__ import annotations
@@ -30,30 +30,45 @@ from simulator.engine.scheduler import StepPlan
 
 
 class Stages:
-    """When each pipeline stage is next free."""
+    """When each pipeline stage, and the one host thread that schedules every batch, is
+    next free."""
 
-    def __init__(self, stages: int) -> None:
-        self.free = [0.0] * stages
+    def __init__(self, shares: Sequence[float], overlap: bool = True) -> None:
+        self.shares = list(shares)  # each stage's fraction of a batch's GPU time
+        self.free = [0.0] * len(self.shares)
+        self.host_free = 0.0
+        self.overlap = overlap  # host work hidden under the GPU's (async scheduling)
 
-    def enter(self, ready: float, seconds: float) -> tuple[float, float, float]:
-        """A batch of `seconds` (its step time over all stages) ready at `ready`: when it
-        enters the first stage, its time in each stage, and when it leaves the last."""
+    def enter(self, ready: float, gpu: float, host: float = 0.0) -> tuple[float, float, float]:
+        """A batch of `gpu` seconds over all stages and `host` seconds of host work, ready
+        at `ready`: when it enters the first stage, its time there, and when it leaves.
+        The host work of a batch starts when the previous batch's ends; its GPU work
+        starts after it (synchronous scheduling) or with it (async), and the batch is
+        out when both are done."""
+        began = ready if ready >= self.host_free else self.host_free
+        host_end = self.host_free = began + host
+        t = began if self.overlap else host_end
+        start = first = 0.0
         free = self.free
-        stage = seconds / len(free)
-        t = ready
-        start = max(ready, free[0])
-        for s, busy_until in enumerate(free):
-            t = (t if t >= busy_until else busy_until) + stage
-            free[s] = t
-        return start, stage, t
+        for s, (busy_until, share) in enumerate(zip(free, self.shares, strict=True)):
+            begin = t if t >= busy_until else busy_until
+            t = free[s] = begin + gpu * share
+            if s == 0:
+                start, first = begin, t - begin
+        return start, first, t if t >= host_end else host_end
 
 
 class PipelineGroup(EngineGroup):
     """One replica of pp stages served by pp virtual engines (`driven` replicas sharing
     the replica's step log)."""
 
-    def __init__(self, env: simpy.Environment, engines: Sequence[Replica]) -> None:
+    def __init__(
+        self, env: simpy.Environment, engines: Sequence[Replica], layers: Sequence[int]
+    ) -> None:
+        """`layers`: each stage's layer count (memory_planner.stage_layers)."""
         super().__init__(env, engines)
+        total = sum(layers)
+        self.shares = [n / total for n in layers]
         log = self.members[0].log  # one replica: one step table, its KV the engines' sum
         log.totals.kv_total_blocks[0] = self.kv.total
         for engine in self.members[1:]:
@@ -61,7 +76,8 @@ class PipelineGroup(EngineGroup):
         self.start()
 
     def _step_loop(self):
-        stages = Stages(len(self.members))
+        cost = self.members[0].cost
+        stages = Stages(self.shares, cost.overheads.async_scheduling)
         flying: list[tuple[float, int, int, StepPlan, bool]] = []  # (out at, order, engine...)
         busy = [False] * len(self.members)
         order = itertools.count()
@@ -69,12 +85,13 @@ class PipelineGroup(EngineGroup):
             for i, engine in enumerate(self.members):
                 if busy[i] or (plan := engine.next_plan()) is None:
                     continue
-                cost, completes = engine.plan_cost(plan)
-                seconds = cost.seconds + plan.swap_blocks * engine.cfg.swap_seconds_per_block
-                start, stage, out = stages.enter(self.t, seconds)
+                step, completes = engine.plan_cost(plan)
+                gpu = step.gpu_seconds + plan.swap_blocks * engine.cfg.swap_seconds_per_block
+                host = cost.host_seconds(len(plan.decode_slots) + len(plan.prefill_slots))
+                start, stage, out = stages.enter(self.t, gpu, host)
                 engine.t = start  # its row in the step table: its turn in the first stage
                 held = (self.kv.used, sum(len(e.waiting) for e in self.members))
-                engine.log_step(plan, stage, cost, held)
+                engine.log_step(plan, stage, step, held)
                 engine.t = self.t
                 heapq.heappush(flying, (out, next(order), i, plan, completes))
                 busy[i] = True

@@ -128,7 +128,7 @@ class DecodeSteps:
         self.parts = tuple(fixed.seconds)  # by StepBound; attention adds to MEMORY
         self.layers = model._layers
         self.launch = model._launch_seconds(fixed.kernels)
-        self.host = model._host_seconds(seqs)
+        self.host = model.host_seconds(seqs)
         self.overlap = model._async  # host work hidden under the GPU's
         # Priced per GPU; recorded for the replica, its tp ranks doing the same work.
         ranks = model.tp
@@ -457,7 +457,8 @@ class StepCostModel:
             part = self._rank_cache[key] = self._fixed(tokens, sampled).plus(moe)
         return part
 
-    def _host_seconds(self, seqs: int) -> float:
+    def host_seconds(self, seqs: int) -> float:
+        """The engine core's CPU time for a step of `seqs` sequences (one thread)."""
         return (self._step_us + self._per_seq_us * seqs) * 1e-6
 
     def _launch_seconds(self, kernels: int) -> float:
@@ -506,7 +507,7 @@ class StepCostModel:
             flops += f * layers
             dram += d * layers
         gpu_seconds = sum(by_bound) + self._launch_seconds(kernels)
-        host = self._host_seconds(decode_seqs + prefill_seqs)
+        host = self.host_seconds(decode_seqs + prefill_seqs)
         seconds = max(gpu_seconds, host) if self._async else gpu_seconds + host
         if host >= gpu_seconds:
             bound = StepBound.HOST
