@@ -4,9 +4,10 @@ stages idle (the bubble)."""
 
 import itertools
 
+import numpy as np
 import pytest
 
-from hardware_models.errors import InfeasibleError, InfersimWarning
+from hardware_models.errors import InfersimWarning
 from simulator.engine.pipeline import Stages
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
@@ -123,9 +124,9 @@ def test_saturated_pp2_does_twice_the_work_of_its_stages_one_after_another():
     assert tpot == pytest.approx(2 * decode["duration"].median(), rel=0.02)
 
 
-def test_each_engine_schedules_over_its_share_of_the_kv_cache():
-    """200 blocks: 100 per engine (3 sequences of 512 tokens each); the step table
-    records the replica's blocks, both engines'."""
+def test_the_engines_share_one_kv_cache():
+    """vLLM V1 has one KV cache for the replica's batches in flight: 200 blocks, and a
+    request of 69 blocks (1000 + 100 tokens) is served, though more than half of them."""
     res = _run(_scenario(users=16, num_gpu_blocks=200))
     assert res.context.replicas[0].kv_total_blocks == 200
     used = res.steps["kv_blocks_used"]
@@ -133,11 +134,29 @@ def test_each_engine_schedules_over_its_share_of_the_kv_cache():
     assert res.summary()["kv"]["max_utilisation"] == used.max() / 200
     assert len(res.context.replicas) == 1 and res.context.gpus == 8
     _check_invariants(res)
+    data = _scenario(num_gpu_blocks=100, max_model_len=4096)
+    data["workload"] = {"arrivals": {"kind": "poisson", "rate_per_s": 0.5},
+                        "prompt_tokens": {"kind": "fixed", "tokens": 1000},
+                        "output_tokens": {"kind": "fixed", "tokens": 100},
+                        "num_requests": 10}  # fmt: skip
+    res = _run(data)
+    assert (res.requests["outcome"] == "completed").all()
 
 
-def test_too_few_blocks_for_the_engines_is_refused():
-    with pytest.raises(InfeasibleError, match="pp=4"):
-        _run(_scenario(pp=4, num_gpu_blocks=3))
+@pytest.mark.parametrize("max_num_seqs", [64, 3, 1])
+def test_max_num_seqs_caps_the_requests_of_all_batches_in_flight(max_num_seqs):
+    """vLLM V1's one scheduler admits at most max_num_seqs requests over the batches in
+    flight; with fewer than pp, fewer batches fly."""
+    data = _scenario(users=128, max_num_seqs=max_num_seqs)
+    data["workload"]["num_requests"] = 256
+    res = _run(data)
+    q = res.requests
+    starts, ends = q["first_scheduled"].to_numpy(), q["finish"].to_numpy()
+    times = np.concatenate([starts, ends])
+    change = np.concatenate([np.ones_like(starts), -np.ones_like(ends)])
+    order = np.lexsort((change, times))  # a finish before a start at the same time
+    assert np.cumsum(change[order]).max() == max_num_seqs
+    assert (q["outcome"] == "completed").all()
 
 
 def test_whole_batches_do_not_pipeline_and_the_run_says_so():

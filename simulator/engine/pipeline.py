@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import simpy
 
-from simulator.engine.engine_group import EngineGroup
+from simulator.engine.engine_group import EngineGroup, PooledBlocks
+from simulator.engine.kv_cache import BlockManager
 from simulator.engine.replica import Replica
 from simulator.engine.scheduler import StepPlan
 
@@ -58,22 +59,51 @@ class Stages:
         return start, first, t if t >= host_end else host_end
 
 
+class SharedKv:
+    """The one KV cache of a pipelined replica's engines (vLLM V1's one scheduler holds
+    one for all batches in flight): every engine's `kv_source`. A failure loses it;
+    `renew` makes the next engine to ask build an empty one, which the others share."""
+
+    def __init__(self, make: Callable[[], BlockManager]) -> None:
+        self.make = make
+        self._kv: BlockManager | None = None
+
+    def __call__(self) -> BlockManager:
+        if self._kv is None:
+            self._kv = self.make()
+        return self._kv
+
+    def renew(self) -> None:
+        self._kv = None
+
+
 class PipelineGroup(EngineGroup):
-    """One replica of pp stages served by pp virtual engines (`driven` replicas sharing
-    the replica's step log)."""
+    """One replica of pp stages served by up to pp engines (`driven` replicas sharing the
+    replica's step log and its one KV cache, `kv`)."""
 
     def __init__(
-        self, env: simpy.Environment, engines: Sequence[Replica], layers: Sequence[int]
+        self,
+        env: simpy.Environment,
+        engines: Sequence[Replica],
+        layers: Sequence[int],
+        kv: SharedKv,
     ) -> None:
-        """`layers`: each stage's layer count (memory_planner.stage_layers)."""
+        """`layers`: each stage's layer count (memory_planner.stage_layers); `kv`: the
+        engines' `kv_source`."""
         super().__init__(env, engines)
         total = sum(layers)
         self.shares = [n / total for n in layers]
-        log = self.members[0].log  # one replica: one step table, its KV the engines' sum
+        self.shared_kv = kv
+        self.kv = PooledBlocks(self.members[:1])  # every engine's kv is the one cache
+        log = self.members[0].log  # one replica: one step table
         log.totals.kv_total_blocks[0] = self.kv.total
         for engine in self.members[1:]:
             engine.log = log
         self.start()
+
+    def fail(self) -> list[int]:
+        self.shared_kv.renew()  # the engines' resets build the next one, empty
+        return super().fail()
 
     def _step_loop(self):
         cost = self.members[0].cost
