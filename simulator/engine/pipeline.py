@@ -1,12 +1,19 @@
 """Pipeline parallelism that pipelines: a PP replica keeps as many batches in flight as it
 has stages.
 
-vLLM runs a pp-stage replica as pp virtual engines (its V0 engine; V1's batch queue of
-size pp does the same job): each has its own scheduler over a 1/pp share of the KV
-cache blocks, requests go to the one with the fewest unfinished, and each schedules its
-next batch as soon as its previous one has come out of the last stage. A batch flows
-through the stages in order, waiting at a stage the batch before it still occupies; a
-stage takes its share of the layers' share of the batch's GPU time (vLLM's
+vLLM V1 serves a pp-stage replica with one scheduler, one KV cache and a batch queue of
+pp (EngineCore.step_with_batch_queue): it schedules a new batch while the queue has
+room, and a request whose batch is still in flight has nothing to schedule until that
+batch's output is back. Here up to pp engines (min(pp, max_num_seqs)) share the
+replica's one KV cache (`SharedKv`) and split max_num_seqs between them, so at most
+max_num_seqs requests are running over all batches in flight; each engine has one
+batch in flight and schedules its next when that one leaves the last stage, so no
+request is in two batches at once. Requests go to the engine with the fewest
+unfinished. (V1 lets any running request join the next batch; here a request stays
+with its engine, so the batches are the engines' and can differ in size.)
+
+A batch flows through the stages in order, waiting at a stage the batch before it still
+occupies; a stage takes its share of the layers of the batch's GPU time (vLLM's
 get_pp_indices split, memory_planner.stage_layers; the hand-offs' send/recv are in that
 time), so the slowest stage sets the rate. The host work (scheduling, output
 processing) is not split: vLLM's engine core does it for every batch on one CPU thread,
@@ -14,6 +21,10 @@ so it is a serial resource and a host-bound replica gains nothing from PP. An em
 pipeline gives a batch the latency of the stages one after another, and at saturation
 every stage works on a different batch: up to pp times the throughput. With fewer
 requests than engines, stages idle (the bubble).
+
+The group's one process applies each batch when it leaves the last stage and schedules
+the next at that moment, always on SimPy's clock: no step runs ahead, and no decode
+runs are fast-forwarded, so stepping one event at a time gives the same run.
 """
 
 from __future__ import annotations
