@@ -9,8 +9,9 @@ replica's one KV cache (`SharedKv`) and split max_num_seqs between them, so at m
 max_num_seqs requests are running over all batches in flight; each engine has one
 batch in flight and schedules its next when that one leaves the last stage, so no
 request is in two batches at once. Requests go to the engine with the fewest
-unfinished. (V1 lets any running request join the next batch; here a request stays
-with its engine, so the batches are the engines' and can differ in size.)
+unfinished and stay there, as in V1 a request keeps the cadence of the batch it was
+first scheduled in (it is eligible again only when that batch is out); V1's cap is
+global, though, so its groups may be more uneven than the engines' shares.
 
 A batch flows through the stages in order, waiting at a stage the batch before it still
 occupies; a stage takes its share of the layers of the batch's GPU time (vLLM's
