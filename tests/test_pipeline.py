@@ -106,6 +106,19 @@ def test_multi_step_matches_step_by_step(pp):
     assert (fast.requests["outcome"] == "completed").all()
 
 
+def test_engines_short_of_their_one_kv_cache_preempt_their_own_and_stay_exact():
+    """400 blocks for 64 sequences of up to 3,300 tokens: engines preempt their own
+    requests when the shared cache is full, and every request still completes, the same
+    stepping one event at a time."""
+    data = _scenario(num_gpu_blocks=400)
+    fast, slow = _run(data), _run(data, multi_step=False)
+    _assert_same_run(fast, slow)
+    _check_invariants(fast)
+    assert fast.summary()["kv"]["preemptions"] > 0
+    assert fast.steps["kv_blocks_used"].max() <= 400
+    assert (fast.requests["outcome"] == "completed").all()
+
+
 def test_saturated_pp2_does_twice_the_work_of_its_stages_one_after_another():
     """Each step-table row of a pipelined replica is its batch's turn in the first stage
     (1/pp of the step's time through all stages). Saturated, the first stage is never
