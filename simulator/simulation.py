@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import os
@@ -21,12 +22,12 @@ from hardware_models.presets import list_nodes, load_gpu, load_node
 from simulator.architecture import ModelArchitecture
 from simulator.caveats import check_token_budget, configuration_warnings
 from simulator.engine.dp_group import DpGroup
-from simulator.engine.pipeline import PipelineGroup
+from simulator.engine.pipeline import PipelineGroup, SharedKv
 from simulator.engine.prefix_hashes import BlockKeys
-from simulator.engine.replica import Clock, Replica, ReplicaConfig
+from simulator.engine.replica import Clock, Replica, ReplicaConfig, empty_kv_cache
 from simulator.engine.requests import Outcome, RejectReason, RequestTable
 from simulator.engine.step_cost import EngineOverheads, StepCostModel
-from simulator.memory_planner import MemoryPlan, plan_memory
+from simulator.memory_planner import MemoryPlan, plan_memory, stage_layers
 from simulator.metrics.context import SLO, ReplicaInfo, RunContext
 from simulator.model_catalog import load_model
 from simulator.progress import Progress
@@ -292,6 +293,11 @@ class _SessionState:
     starts_done: bool = False  # no session starts any more (all started, or count reached)
 
 
+def _split(total: int, parts: int) -> list[int]:
+    """`total` in `parts` as even as integers go, the larger first."""
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
 class _Run:
     """The live state of one simulation: environment, replicas, request accounting."""
 
@@ -374,38 +380,39 @@ class _Run:
         keys: BlockKeys | None,
     ) -> Replica | DpGroup | PipelineGroup:
         """One replica: an engine, dp ranks (engine_group.py), or pp pipelined engines."""
-        pipelined = build.cost.pp > 1 and config.iterative and build.dp == 1
-        if build.cost.pp > 1 and not config.iterative:
+        pp = build.cost.pp
+        pipelined = pp > 1 and config.iterative and build.dp == 1
+        if pp > 1 and not config.iterative:
             warnings.warn(
-                f"parallelism.pp={build.cost.pp}: serving.policy {config.policy!r} runs whole "
+                f"parallelism.pp={pp}: serving.policy {config.policy!r} runs whole "
                 "batches, one at a time, so the stages run one after another (no pipelining; "
                 "use continuous or chunked_prefill to pipeline)",
                 InfersimWarning,
                 stacklevel=2,
             )
-        engines = build.dp if build.dp > 1 else build.cost.pp if pipelined else 1
+        engines = build.dp if build.dp > 1 else min(pp, config.max_num_seqs) if pipelined else 1
         driven = pipelined or (build.dp > 1 and build.arch.is_moe)
-        if pipelined:  # each virtual engine schedules over its share of the KV cache
-            config = replace(config, total_blocks=config.total_blocks // engines,
-                             swap_blocks=config.swap_blocks // engines)  # fmt: skip
-            info = replace(info, kv_total_blocks=config.total_blocks * engines)
-            if config.total_blocks < 1:
-                raise InfeasibleError(
-                    f"parallelism.pp={engines}: the KV cache's {info.kv_total_blocks} blocks "
-                    f"do not give each of the {engines} pipelined engines one"
-                )
+        configs = [config] * engines
+        shared_kv = None
+        if pipelined:  # one KV cache; max_num_seqs over all batches in flight
+            configs = [replace(config, max_num_seqs=seqs, swap_blocks=config.swap_blocks // engines)
+                       for seqs in _split(config.max_num_seqs, engines)]  # fmt: skip
+            shared_kv = SharedKv(functools.partial(empty_kv_cache, config, keys))
         index = len(self.replicas)
         members = []
-        for rank in range(engines):
+        for rank, engine_config in enumerate(configs):
             members.append(
-                Replica(self.env, index if pipelined else index + rank, config, build.cost,
-                        self.requests, self.clock, self._on_finish, handoff, keys, driven=driven)
+                Replica(self.env, index if pipelined else index + rank, engine_config,
+                        build.cost, self.requests, self.clock, self._on_finish, handoff, keys,
+                        driven=driven, kv_source=shared_kv)
             )  # fmt: skip
             if rank == 0 or not pipelined:  # a pipelined replica's engines share one log
                 self.replicas.append(members[-1])
                 self.infos.append(info)
         if pipelined:
-            return PipelineGroup(self.env, members)
+            assert shared_kv is not None
+            layers = [len(stage) for stage in stage_layers(build.arch, pp)]
+            return PipelineGroup(self.env, members, layers, shared_kv)
         if build.dp > 1:
             return DpGroup(self.env, members, lockstep=driven)
         return members[0]

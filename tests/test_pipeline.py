@@ -2,9 +2,12 @@
 batch waits for the stage the one before it occupies, and too few requests leave
 stages idle (the bubble)."""
 
+import itertools
+
+import numpy as np
 import pytest
 
-from hardware_models.errors import InfeasibleError, InfersimWarning
+from hardware_models.errors import InfersimWarning
 from simulator.engine.pipeline import Stages
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
@@ -43,14 +46,55 @@ def _run(data: dict, **engine):
 
 
 def test_stages_hold_a_batch_until_the_one_before_leaves():
-    stages = Stages(2)
+    stages = Stages([0.5, 0.5])
     assert stages.enter(0.0, 2.0) == (0.0, 1.0, 2.0)  # empty pipeline: the whole step
     # Ready at once: it takes stage 0 when the first batch leaves it, stage 1 after.
     assert stages.enter(0.0, 2.0) == (1.0, 1.0, 3.0)
     # A short batch behind a long one waits for stage 1 to free.
-    stages = Stages(2)
+    stages = Stages([0.5, 0.5])
     stages.enter(0.0, 8.0)  # stage 0 until 4, stage 1 until 8
     assert stages.enter(0.0, 2.0) == (4.0, 1.0, 9.0)
+
+
+def test_stages_take_their_share_of_the_layers_and_the_slowest_sets_the_rate():
+    """DeepSeek-V3's 61 layers over pp=2 are 31 + 30: stage 0 takes 31/61 of the GPU
+    time, and saturated, batches leave one per slowest stage's time."""
+    stages = Stages([31 / 61, 30 / 61])
+    assert stages.enter(0.0, 61.0) == (0.0, 31.0, 61.0)
+    outs = [stages.enter(0.0, 61.0)[2] for _ in range(4)]
+    assert [b - a for a, b in itertools.pairwise(outs)] == [31.0, 31.0, 31.0]
+
+
+def test_host_work_is_serial_across_the_batches_in_flight():
+    """One CPU thread schedules every batch (vLLM's engine core): host time does not
+    pipeline. Synchronous, a batch's GPU work starts after its host work; overlapped
+    (async scheduling), a batch leaves when both its stages and its host work are done."""
+    sync = Stages([0.5, 0.5], overlap=False)
+    assert sync.enter(0.0, 2.0, host=3.0) == (3.0, 1.0, 5.0)
+    assert sync.enter(0.0, 2.0, host=3.0) == (6.0, 1.0, 8.0)  # after the first's host work
+    hidden = Stages([0.5, 0.5], overlap=True)
+    assert hidden.enter(0.0, 2.0, host=3.0) == (0.0, 1.0, 3.0)
+    assert hidden.enter(0.0, 2.0, host=3.0) == (3.0, 1.0, 6.0)  # host-bound: 1 per 3 s
+
+
+def test_a_host_bound_replica_does_not_gain_from_pp():
+    """Host work of 20 ms a step dwarfs an 8B model's GPU time: PP cannot multiply it."""
+
+    def throughput(pp: int) -> float:
+        data = scenario_dict(
+            hardware={"gpu": "h100-sxm"},
+            model={"name": "llama-3.1-8b"},
+            parallelism={"pp": pp},
+            engine={"host_overhead_step_us": 20000},
+            serving={"policy": "chunked_prefill", "max_num_seqs": 64},
+            workload={"arrivals": {"kind": "offline"},
+                      "prompt_tokens": {"kind": "fixed", "tokens": 200},
+                      "output_tokens": {"kind": "fixed", "tokens": 100},
+                      "num_requests": 256},
+        )  # fmt: skip
+        return _run(data).summary()["throughput"]["output_tokens_per_s"]
+
+    assert throughput(2) <= 1.05 * throughput(1)
 
 
 @pytest.mark.parametrize("pp", [2, 4])
@@ -59,6 +103,19 @@ def test_multi_step_matches_step_by_step(pp):
     fast, slow = _run(data), _run(data, multi_step=False)
     _assert_same_run(fast, slow)
     _check_invariants(fast)
+    assert (fast.requests["outcome"] == "completed").all()
+
+
+def test_engines_short_of_their_one_kv_cache_preempt_their_own_and_stay_exact():
+    """400 blocks for 64 sequences of up to 3,300 tokens: engines preempt their own
+    requests when the shared cache is full, and every request still completes, the same
+    stepping one event at a time."""
+    data = _scenario(num_gpu_blocks=400)
+    fast, slow = _run(data), _run(data, multi_step=False)
+    _assert_same_run(fast, slow)
+    _check_invariants(fast)
+    assert fast.summary()["kv"]["preemptions"] > 0
+    assert fast.steps["kv_blocks_used"].max() <= 400
     assert (fast.requests["outcome"] == "completed").all()
 
 
@@ -80,9 +137,9 @@ def test_saturated_pp2_does_twice_the_work_of_its_stages_one_after_another():
     assert tpot == pytest.approx(2 * decode["duration"].median(), rel=0.02)
 
 
-def test_each_engine_schedules_over_its_share_of_the_kv_cache():
-    """200 blocks: 100 per engine (3 sequences of 512 tokens each); the step table
-    records the replica's blocks, both engines'."""
+def test_the_engines_share_one_kv_cache():
+    """vLLM V1 has one KV cache for the replica's batches in flight: 200 blocks, and a
+    request of 69 blocks (1000 + 100 tokens) is served, though more than half of them."""
     res = _run(_scenario(users=16, num_gpu_blocks=200))
     assert res.context.replicas[0].kv_total_blocks == 200
     used = res.steps["kv_blocks_used"]
@@ -90,11 +147,29 @@ def test_each_engine_schedules_over_its_share_of_the_kv_cache():
     assert res.summary()["kv"]["max_utilisation"] == used.max() / 200
     assert len(res.context.replicas) == 1 and res.context.gpus == 8
     _check_invariants(res)
+    data = _scenario(num_gpu_blocks=100, max_model_len=4096)
+    data["workload"] = {"arrivals": {"kind": "poisson", "rate_per_s": 0.5},
+                        "prompt_tokens": {"kind": "fixed", "tokens": 1000},
+                        "output_tokens": {"kind": "fixed", "tokens": 100},
+                        "num_requests": 10}  # fmt: skip
+    res = _run(data)
+    assert (res.requests["outcome"] == "completed").all()
 
 
-def test_too_few_blocks_for_the_engines_is_refused():
-    with pytest.raises(InfeasibleError, match="pp=4"):
-        _run(_scenario(pp=4, num_gpu_blocks=3))
+@pytest.mark.parametrize("max_num_seqs", [64, 3, 1])
+def test_max_num_seqs_caps_the_requests_of_all_batches_in_flight(max_num_seqs):
+    """vLLM V1's one scheduler admits at most max_num_seqs requests over the batches in
+    flight; with fewer than pp, fewer batches fly."""
+    data = _scenario(users=128, max_num_seqs=max_num_seqs)
+    data["workload"]["num_requests"] = 256
+    res = _run(data)
+    q = res.requests
+    starts, ends = q["first_scheduled"].to_numpy(), q["finish"].to_numpy()
+    times = np.concatenate([starts, ends])
+    change = np.concatenate([np.ones_like(starts), -np.ones_like(ends)])
+    order = np.lexsort((change, times))  # a finish before a start at the same time
+    assert np.cumsum(change[order]).max() == max_num_seqs
+    assert (q["outcome"] == "completed").all()
 
 
 def test_whole_batches_do_not_pipeline_and_the_run_says_so():

@@ -2,7 +2,9 @@
 
 import pytest
 
-from hardware_models.presets import load_gpu
+from hardware_models.collectives import collective_cost
+from hardware_models.presets import load_gpu, load_node
+from simulator.engine.step_cost import StepCostModel
 from simulator.memory_planner import plan_memory, stage_layers
 from simulator.model_catalog import load_model
 from simulator.scenario import Scenario
@@ -47,3 +49,23 @@ def test_a_replica_with_uneven_stages_builds():
     )
     build = build_replica(Scenario.from_dict(data))
     assert build.memory.pp == 2
+
+
+def test_only_the_hand_offs_between_nodes_cross_them():
+    """tp=4 x pp=4 over 8-GPU nodes: stages 0-1 on one node, 2-3 on the next, so of the
+    three hand-offs one crosses nodes; each is a send/recv between two GPUs, priced on
+    the link's own terms (the calibrated link efficiencies are all-reduce fits)."""
+    arch, gpu, node = load_model("llama-3.1-70b"), load_gpu("h100-sxm"), load_node("dgx-h100")
+    assert node.gpus_per_node == 8 and node.inter_node_link is not None
+
+    def step(pp: int) -> float:
+        cost = StepCostModel(arch, gpu, node, tp=4, pp=pp)
+        return cost.step(decode_seqs=32, decode_context=32 * 1000).gpu_seconds
+
+    hidden = 32 * arch.hidden_size * 2  # the bf16 activations of 32 tokens
+    launch = gpu.efficiency.launch_overhead_graph_us * 1e-6  # a kernel's, CUDA graphs on
+    sends = [collective_cost("send_recv", hidden, 2, link)
+             for link in (node.intra_node_link, node.inter_node_link)]  # fmt: skip
+    seconds = sum(send.seconds + send.kernels * launch for send in sends)
+    # pp=2 -> pp=4 adds one hand-off inside the first node and one across nodes.
+    assert step(4) - step(2) == pytest.approx(seconds, rel=1e-9)

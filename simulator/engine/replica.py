@@ -16,6 +16,7 @@ Every path gives the same numbers, to the last bit, as stepping one by one, whic
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import sys
@@ -91,6 +92,16 @@ class Clock:
         self.arrivals_done = False
 
 
+def empty_kv_cache(config: ReplicaConfig, prefix_keys: BlockKeys | None) -> BlockManager:
+    """An empty KV cache of the configured size, keyed by block identity when the
+    prompts share blocks (`prefix_keys`) and prefix caching is on."""
+    if prefix_keys is not None and config.prefix_caching:
+        return HashedBlockManager(
+            config.total_blocks, config.block_size, config.watermark, prefix_keys
+        )
+    return BlockManager(config.total_blocks, config.block_size, config.watermark)
+
+
 class Replica:
     def __init__(
         self,
@@ -104,12 +115,16 @@ class Replica:
         on_handoff: Callable[[int], None] | None = None,
         prefix_keys: BlockKeys | None = None,
         driven: bool = False,
+        kv_source: Callable[[], BlockManager] | None = None,
     ) -> None:
         """`prefix_keys`: block identities of prompts that share blocks (a trace's block
         hashes); with prefix caching the KV cache is then keyed by them. A `driven`
-        replica has no process of its own: a DpGroup steps it with its other dp ranks."""
+        replica has no process of its own: a DpGroup steps it with its other dp ranks.
+        `kv_source`: where its KV cache comes from when it is shared with other engines
+        (a pipelined replica's, pipeline.SharedKv); by default its own."""
         self.env, self.index, self.cfg, self.cost = env, index, config, cost
         self.prefix_keys = prefix_keys
+        self._kv_source = kv_source or functools.partial(empty_kv_cache, config, prefix_keys)
         self.requests, self.clock, self.on_finish = requests, clock, on_finish
         self.on_handoff = on_handoff  # a prefill replica passes requests on through it
         self.log = StepLog(
@@ -135,13 +150,7 @@ class Replica:
     def _reset(self) -> None:
         """Empty KV cache, queues and scheduler: at start, and after a failure."""
         config, requests = self.cfg, self.requests
-        self.kv = (
-            HashedBlockManager(
-                config.total_blocks, config.block_size, config.watermark, self.prefix_keys
-            )
-            if self.prefix_keys is not None and config.prefix_caching
-            else BlockManager(config.total_blocks, config.block_size, config.watermark)
-        )
+        self.kv = self._kv_source()
         self.running = RunningSet(config.max_num_seqs, config.block_size, requests)
         self.waiting = WaitingQueue()
         self._batch: list[int] = []  # a run-to-completion batch in progress

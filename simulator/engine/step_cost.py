@@ -128,7 +128,7 @@ class DecodeSteps:
         self.parts = tuple(fixed.seconds)  # by StepBound; attention adds to MEMORY
         self.layers = model._layers
         self.launch = model._launch_seconds(fixed.kernels)
-        self.host = model._host_seconds(seqs)
+        self.host = model.host_seconds(seqs)
         self.overlap = model._async  # host work hidden under the GPU's
         # Priced per GPU; recorded for the replica, its tp ranks doing the same work.
         ranks = model.tp
@@ -257,7 +257,7 @@ class StepCostModel:
         self.heads = arch.num_attention_heads // tp
         self.kv_heads = arch.kv_heads_per_shard(tp)
         self.tp_link = self._link(tp, "tensor parallelism")
-        self.pp_link = self._link(tp * pp, "pipeline parallelism") if pp > 1 else None
+        self.handoffs = self._handoffs()
         self.ep_link = self._link(tp * self.dp, "parallelism.dp: the MoE dispatch (tp x dp)")
         # Constants of every step, looked up once (step() runs tens of thousands of times).
         self._layers = arch.num_layers
@@ -299,6 +299,31 @@ class StepCostModel:
                 f"but node {self.node.name} has no inter-node link"
             )
         return self.node.inter_node_link
+
+    def _handoffs(self) -> list[tuple[LinkSpec, int]]:
+        """The links of the pp - 1 stage hand-offs, with how many use each. Stages sit
+        in order on the replica's GPUs and each tp rank sends to the same rank of the
+        next stage (GPU g to g + tp): a hand-off crosses nodes when one of those pairs
+        does. A send/recv between two GPUs is priced on the link's own latency and
+        efficiency (a calibration profile's links are all-reduce fits)."""
+        tp, per_node = self.tp, self.node.gpus_per_node
+        crossing = sum(
+            any((s * tp + i) // per_node != ((s + 1) * tp + i) // per_node for i in range(tp))
+            for s in range(self.pp - 1)
+        )
+        inside = self.pp - 1 - crossing
+        if inside and self.node.intra_node_link is None:
+            raise InfeasibleError(
+                f"pipeline parallelism hands activations between GPUs of node "
+                f"{self.node.name}, which has no GPU-to-GPU link ({per_node} GPU per node)"
+            )
+        if crossing and self.node.inter_node_link is None:
+            raise InfeasibleError(
+                f"pipeline parallelism over {tp * self.pp} GPUs spans nodes of {per_node} "
+                f"GPUs, but node {self.node.name} has no inter-node link"
+            )
+        links = ((self.node.intra_node_link, inside), (self.node.inter_node_link, crossing))
+        return [(link, count) for link, count in links if count and link is not None]
 
     def _attention(self) -> tuple:
         """(prefill, decode) attention of one layer on one rank: GQA/MHA, or MLA."""
@@ -366,8 +391,8 @@ class StepCostModel:
         act_bytes = tokens * self.arch.hidden_size * bytes_per_element(self.act_dtype)
         if self.tp_link is not None:
             part.add(collective_cost("all_reduce", act_bytes, self.tp, self.tp_link), 2 * layers)
-        if self.pp_link is not None:
-            part.add(collective_cost("send_recv", act_bytes, 2, self.pp_link), self.pp - 1)
+        for link, count in self.handoffs:
+            part.add(collective_cost("send_recv", act_bytes, 2, link), count)
         part.add(embedding_cost(self.gpu, tokens, self.arch.hidden_size, self.act_dtype))
         self._dense_cache[tokens] = part
         return part
@@ -457,7 +482,8 @@ class StepCostModel:
             part = self._rank_cache[key] = self._fixed(tokens, sampled).plus(moe)
         return part
 
-    def _host_seconds(self, seqs: int) -> float:
+    def host_seconds(self, seqs: int) -> float:
+        """The engine core's CPU time for a step of `seqs` sequences (one thread)."""
         return (self._step_us + self._per_seq_us * seqs) * 1e-6
 
     def _launch_seconds(self, kernels: int) -> float:
@@ -506,7 +532,7 @@ class StepCostModel:
             flops += f * layers
             dram += d * layers
         gpu_seconds = sum(by_bound) + self._launch_seconds(kernels)
-        host = self._host_seconds(decode_seqs + prefill_seqs)
+        host = self.host_seconds(decode_seqs + prefill_seqs)
         seconds = max(gpu_seconds, host) if self._async else gpu_seconds + host
         if host >= gpu_seconds:
             bound = StepBound.HOST
