@@ -135,7 +135,12 @@ def test_exact_under_kv_pressure_and_same_stepping(policy, classes):
     """A cache far too small: preemptions (by a more important class too), recomputes and
     evictions; every request completes within the cache, and stepping one by one
     agrees to the last bit."""
-    serving = {"policy": policy, "num_gpu_blocks": 900, "max_num_batched_tokens": 8192}
+    serving = {
+        "policy": policy,
+        "num_gpu_blocks": 900,
+        "max_num_batched_tokens": 8192,
+        "max_model_len": 8192,
+    }  # fmt: skip (vLLM refuses a prefill-first budget below it)
     workload = {"priorities": classes} if classes else {}
     fast = run(SAMPLE, 48, serving=serving, workload=workload)
     slow = run(SAMPLE, 48, serving=serving, workload=workload, engine={"multi_step": False})
@@ -182,6 +187,8 @@ def test_preempting_the_last_holder_of_a_shared_prefix(tmp_path, policy, blocks)
     them frees those blocks, which it must then take from the free ones (it used to
     ask for more than was freed: KV over-allocation)."""
     serving = {"policy": policy, "num_gpu_blocks": blocks}
+    if policy == "continuous":  # prefill-first: vLLM wants a budget of max_model_len
+        serving |= {"max_num_batched_tokens": 10240, "max_model_len": 10240}
     fast = run_priority_rows(tmp_path, **serving)
     slow = run_priority_rows(tmp_path, step_by_step=True, **serving)
     assert (fast.requests["outcome"] == "completed").all()
