@@ -18,9 +18,11 @@ Definitions (all times in seconds of simulated time, D = ctx.duration_s):
 - goodput: completed requests for which every bound the SLO gives holds (a one-token
   output meets any TPOT bound).
 - overload: the cluster is `overloaded` when its waiting queue grew over the arrivals (a
-  significant and material trend, simulator.metrics.overload), or when more than 1% of
-  arrivals were rejected because a waiting queue was full. docs/METRICS.md has the
-  reasoning.
+  significant and material trend beyond the arrivals' noise, simulator.metrics.overload),
+  or when more than 1% of arrivals were rejected because a waiting queue was full;
+  `overload_verdict` is overloaded, stable, too_short_to_judge (a rise the run is too
+  short to tell from its bursts) or None (not judged: fewer than 50 arrivals, or all at
+  once). docs/METRICS.md has the reasoning.
 - utilisation: busy fraction = step time of a replica / D, averaged over replicas; MFU =
   sum of step FLOPs / (sum of replica peak FLOP/s x D); MBU the same with DRAM bytes and
   peak bandwidth; the `_busy` variants divide by each replica's busy time instead of D;
@@ -46,7 +48,15 @@ import pandas as pd
 from simulator.engine.requests import REJECT_TEXT, RejectReason
 from simulator.engine.step_cost import StepBound
 from simulator.metrics.context import RunContext
-from simulator.metrics.overload import TREND_FIELDS, growing_text, is_growing, queue_trend
+from simulator.metrics.overload import (
+    OVERLOADED,
+    TOO_SHORT,
+    TREND_FIELDS,
+    growing_text,
+    queue_trend,
+    too_short_text,
+    verdict,
+)
 from simulator.metrics.step_totals import StepTotals
 from simulator.provenance import configuration
 
@@ -147,11 +157,13 @@ def _load(requests: pd.DataFrame, masks: dict[str, np.ndarray], end: float) -> d
         **(trend or dict.fromkeys(TREND_FIELDS)),
         "queue_full_rejections": queue_full,
     }
-    reasons = [growing_text(trend)] if trend and is_growing(trend) else []
+    judged = verdict(trend) if trend else None
+    reasons = [growing_text(trend)] if judged == OVERLOADED else []
     if queue_full > QUEUE_FULL_SHARE * len(requests):
         reasons.append(f"waiting queue full: {queue_full} requests rejected")
     load["overloaded"] = bool(reasons)
-    load["reason"] = "; ".join(reasons)
+    load["verdict"] = OVERLOADED if reasons else judged
+    load["reason"] = "; ".join(reasons) or (too_short_text(trend) if judged == TOO_SHORT else "")
     return load
 
 
@@ -436,6 +448,7 @@ def summarize(
         "warnings": [*ctx.warnings, *_run_warnings(totals, kv, len(requests), budget)],
         "counts": _counts(requests, masks),
         "overloaded": load.pop("overloaded"),
+        "overload_verdict": load.pop("verdict"),
         "overload_reason": load.pop("reason"),
         "load": load,
         "throughput": {
