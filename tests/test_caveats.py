@@ -74,3 +74,28 @@ def test_continuous_with_a_budget_below_max_model_len_is_refused_as_vllm_does(tm
     assert err.count("\n") == 1 and "serving.max_num_batched_tokens=2048" in err
     data["serving"]["max_model_len"] = 2048  # what a vLLM user does: runs
     assert simulate(Scenario.from_dict(data)).summary()["counts"]["completed"] == 300
+
+
+@pytest.mark.parametrize(
+    ("serving", "setting"),
+    [
+        ({"max_model_len": 512}, "serving.max_model_len is too short"),
+        ({"num_gpu_blocks": 40}, "the KV cache is too small for them"),
+    ],
+)
+def test_many_rejected_requests_are_said_with_the_setting_responsible(serving, setting):
+    data = scenario_dict(serving=serving, workload={"num_requests": 100})
+    summary = simulate(Scenario.from_dict(data)).summary()
+    rejected = summary["counts"]["rejected"]
+    assert rejected > 1, "the setting must reject some of these requests"
+    (warning,) = [w for w in summary["warnings"] if "were rejected because" in w]
+    assert warning.startswith(f"{rejected:,} of 100 requests (")
+    assert setting in warning
+
+
+def test_a_rare_rejection_is_not_warned_about():
+    """2 requests of 200 (1%) over max_model_len: not more than the 1% a warning needs."""
+    data = scenario_dict(serving={"max_model_len": 1240}, workload={"num_requests": 200})
+    summary = simulate(Scenario.from_dict(data)).summary()
+    assert summary["counts"]["rejected"] == 2
+    assert not [w for w in summary["warnings"] if "rejected" in w]

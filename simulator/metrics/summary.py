@@ -68,6 +68,15 @@ STEADY_MIN_COMPLETIONS = 20
 # waited with the KV cache at most this full; and when this share of arrivals was preempted.
 BUDGET_CAP_SHARE, BUDGET_CAP_KV = 0.25, 0.50
 PREEMPTED_SHARE = 0.05
+# Warn when more than this share of arrivals was rejected for one reason a setting decides.
+REJECTED_SHARE = 0.01
+_REJECT_ADVICE = {
+    RejectReason.EXCEEDS_KV_CACHE: "the KV cache is too small for them: give it more memory "
+    "(serving.gpu_memory_utilization, parallelism.tp, model.kv_dtype) or shorten the workload",
+    RejectReason.EXCEEDS_MAX_MODEL_LEN: "serving.max_model_len is too short for them",
+    RejectReason.EXCEEDS_TOKEN_BUDGET: "the token budget (serving.max_num_batched_tokens) is "
+    "below their prompts: raise it or use the chunked_prefill policy",
+}
 _REASON_KEY = {text: reason.name.lower() for reason, text in REJECT_TEXT.items()}
 _QUEUE_FULL = REJECT_TEXT[RejectReason.QUEUE_FULL]
 _OUTCOMES = ("in_flight", "completed", "rejected", "failed")
@@ -359,6 +368,19 @@ def _per_pool(replicas: list[dict[str, Any]], ctx: RunContext) -> dict[str, Any]
     return pools if len(pools) > 1 else {}
 
 
+def _rejection_warnings(rejected_by_reason: Mapping[str, int], arrived: int) -> list[str]:
+    """A warning per reason a setting decides, when it rejected more than REJECTED_SHARE."""
+    warnings = []
+    for reason, advice in _REJECT_ADVICE.items():
+        n = rejected_by_reason.get(reason.name.lower(), 0)
+        if n > REJECTED_SHARE * arrived:
+            warnings.append(
+                f"{n:,} of {arrived:,} requests ({n / arrived:.0%}) were rejected because "
+                f"{REJECT_TEXT[reason]}; {advice}"
+            )
+    return warnings
+
+
 def _run_warnings(
     totals: StepTotals, kv: Mapping[str, Any], arrived: int, budget: Any
 ) -> list[str]:
@@ -443,10 +465,15 @@ def summarize(
     run = _run(ctx, len(requests))
     kv = _kv(totals, requests)
     budget = run.get("configuration", {}).get("max_num_batched_tokens", "its value")
+    counts = _counts(requests, masks)
     summary = {
         "run": run,
-        "warnings": [*ctx.warnings, *_run_warnings(totals, kv, len(requests), budget)],
-        "counts": _counts(requests, masks),
+        "warnings": [
+            *ctx.warnings,
+            *_rejection_warnings(counts["rejected_by_reason"], len(requests)),
+            *_run_warnings(totals, kv, len(requests), budget),
+        ],
+        "counts": counts,
         "overloaded": load.pop("overloaded"),
         "overload_verdict": load.pop("verdict"),
         "overload_reason": load.pop("reason"),
