@@ -64,8 +64,9 @@ PERCENTILES = (50, 90, 95, 99)
 QUEUE_FULL_SHARE = 0.01
 STEADY_FROM, STEADY_TO = 0.10, 0.90  # steady-state throughput between these completions
 STEADY_MIN_COMPLETIONS = 20
-# Warn when steps filled the token budget for this share of busy time while requests
-# waited with the KV cache at most this full; and when this share of arrivals was preempted.
+# Warn when steps filled the token budget, not compute-bound, for this share of busy time
+# while requests waited with the KV cache at most this full; and when this share of
+# arrivals was preempted.
 BUDGET_CAP_SHARE, BUDGET_CAP_KV = 0.25, 0.50
 PREEMPTED_SHARE = 0.05
 # Warn when more than this share of arrivals was rejected for one reason a setting decides.
@@ -388,11 +389,14 @@ def _run_warnings(
     warnings = []
     busy, full = float(totals.busy.sum()), float(totals.budget_full.sum())
     kv_use = totals.budget_full_kv.sum() / full if full else 1.0
-    if busy and full >= BUDGET_CAP_SHARE * busy and kv_use <= BUDGET_CAP_KV:
+    # A compute-bound step would take as much longer as a bigger budget gave it tokens:
+    # only the budget-full steps that are not compute-bound were capped by the budget.
+    capped = full - float(totals.budget_full_compute.sum())
+    if busy and capped >= BUDGET_CAP_SHARE * busy and kv_use <= BUDGET_CAP_KV:
         warnings.append(
             f"the token budget (serving.max_num_batched_tokens={budget}), not memory, capped "
-            f"the batch: steps filled it for {full / busy:.0%} of the busy time while requests "
-            f"waited and the KV cache was {kv_use:.0%} used"
+            f"the batch: steps filled it, not compute-bound, for {capped / busy:.0%} of the "
+            f"busy time while requests waited and the KV cache was {kv_use:.0%} used"
         )
     preempted = kv["requests_preempted"]
     if preempted > PREEMPTED_SHARE * arrived:
