@@ -8,6 +8,10 @@ For every candidate (GPU type, tp, pp, batching policy) the planner
 4. verifies the fleet by simulating it at target x (1 + headroom) behind a
    least-outstanding router, adding replicas until the SLOs hold.
 
+Every candidate keeps the scenario's parallelism.dp (data-parallel ranks in a replica,
+as vLLM's --data-parallel-size): a replica has tp x pp x dp GPUs, and the table's `dp`
+column says so.
+
 A probe meets the SLOs when every request completed, the run is not overloaded (its
 waiting queue does not grow, simulator.metrics.overload) and each bound holds at the
 percentile. Each probe is long enough for a steady state (see `_probe`).
@@ -233,7 +237,7 @@ def _row(
         "replicas": _size(fleet),
         "prefill_replicas": split.get("prefill"),
         "decode_replicas": split.get("decode"),
-        "gpus": _size(fleet) * candidate.tp * candidate.pp,
+        "gpus": _size(fleet) * candidate.tp * candidate.pp * scenario.parallelism.dp,
         "usd_per_hour": summary["cost"]["usd_per_hour"],
         "usd_per_million_output_tokens": summary["cost"]["usd_per_million_output_tokens"],
         f"ttft_{pct}_ms": 1000 * summary["latency"]["ttft"][pct],
@@ -249,7 +253,7 @@ def evaluate(scenario: Scenario, candidate: Candidate) -> list[dict[str, Any]]:
     plan = scenario.plan
     assert plan is not None
     target = (plan.target_rate_per_s or _base_rate(scenario)) * (1 + plan.headroom)
-    base = asdict(candidate)
+    base = {**asdict(candidate), "dp": scenario.parallelism.dp}  # the scenario's, every probe's
     rows = []
     start = 1  # where the disaggregated search starts: the colocated size, when known
     try:
@@ -334,8 +338,9 @@ _MARKERS = {"colocated": "o", "disaggregated": "^"}
 
 
 def _point_label(row: pd.Series) -> str:
-    """GPU, tp (and pp) and replicas of a plan row, e.g. 'h100-sxm tp4 x2'."""
+    """GPU, tp (and pp, dp) and replicas of a plan row, e.g. 'h100-sxm tp4 x2'."""
     pp = f" pp{row['pp']}" if row["pp"] > 1 else ""
+    pp += f" dp{row['dp']}" if row["dp"] > 1 else ""
     if row["layout"] == "disaggregated":
         fleet = f"{int(row['prefill_replicas'])}P+{int(row['decode_replicas'])}D"
     else:

@@ -47,13 +47,22 @@ def test_tensor_parallelism_across_nodes_is_said():
 
 
 def test_a_token_budget_capping_the_batch_with_the_kv_cache_free_is_said():
-    load = {"arrivals": {"kind": "poisson", "rate_per_s": 20.0}, "num_requests": 600}
-    (warning,) = _warnings(workload=load)
+    """128 tokens a step on an H100: memory-bound steps, so a bigger budget serves more
+    per step (TTFT p50 0.93 s at 128, 0.025 s at 2048)."""
+    load = {"arrivals": {"kind": "poisson", "rate_per_s": 20.0}, "num_requests": 300}
+    h100 = {"gpu": "h100-sxm"}
+    (warning,) = _warnings(hardware=h100, workload=load, serving={"max_num_batched_tokens": 128})
     assert warning.startswith(
-        "the token budget (serving.max_num_batched_tokens=512), not memory, capped the batch"
+        "the token budget (serving.max_num_batched_tokens=128), not memory, capped the batch"
     )
-    # the same traffic with a budget 8x larger: the batch is no longer capped by it
-    assert _warnings(workload=load, serving={"max_num_batched_tokens": 4096}) == []
+    assert _warnings(hardware=h100, workload=load, serving={"max_num_batched_tokens": 2048}) == []
+
+
+def test_a_full_budget_of_compute_bound_steps_is_not_blamed():
+    """512 tokens a step of a 7B model on an A100 is compute-bound: a budget 8x larger
+    serves no faster (TTFT p50 7.8 s at 512, 8.3 s at 4096), so nothing to warn about."""
+    load = {"arrivals": {"kind": "poisson", "rate_per_s": 20.0}, "num_requests": 600}
+    assert not [w for w in _warnings(workload=load) if "token budget" in w]
 
 
 def test_a_kv_starved_layout_that_preempts_heavily_is_said():
@@ -74,3 +83,28 @@ def test_continuous_with_a_budget_below_max_model_len_is_refused_as_vllm_does(tm
     assert err.count("\n") == 1 and "serving.max_num_batched_tokens=2048" in err
     data["serving"]["max_model_len"] = 2048  # what a vLLM user does: runs
     assert simulate(Scenario.from_dict(data)).summary()["counts"]["completed"] == 300
+
+
+@pytest.mark.parametrize(
+    ("serving", "setting"),
+    [
+        ({"max_model_len": 512}, "serving.max_model_len is too short"),
+        ({"num_gpu_blocks": 40}, "the KV cache is too small for them"),
+    ],
+)
+def test_many_rejected_requests_are_said_with_the_setting_responsible(serving, setting):
+    data = scenario_dict(serving=serving, workload={"num_requests": 100})
+    summary = simulate(Scenario.from_dict(data)).summary()
+    rejected = summary["counts"]["rejected"]
+    assert rejected > 1, "the setting must reject some of these requests"
+    (warning,) = [w for w in summary["warnings"] if "were rejected because" in w]
+    assert warning.startswith(f"{rejected:,} of 100 requests (")
+    assert setting in warning
+
+
+def test_a_rare_rejection_is_not_warned_about():
+    """2 requests of 200 (1%) over max_model_len: not more than the 1% a warning needs."""
+    data = scenario_dict(serving={"max_model_len": 1240}, workload={"num_requests": 200})
+    summary = simulate(Scenario.from_dict(data)).summary()
+    assert summary["counts"]["rejected"] == 2
+    assert not [w for w in summary["warnings"] if "rejected" in w]

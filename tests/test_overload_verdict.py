@@ -5,7 +5,8 @@ traffic of the capacity-plan scenario on tp=4, a small model's mixed requests), 
 fraction of its capacity: the steady-state throughput of a burst of requests far beyond
 it. Stable loads (50-90%) are never flagged at 200 to 5,000 requests; loads of 105-150%
 are flagged from the run length at which their queue's drift beats its noise
-(simulator.metrics.overload: about (2.3 / g)^2 arrivals for an unserved share g).
+(simulator.metrics.overload: about (2.3 x cv / g)^2 arrivals for an unserved share g and
+inter-arrival cv: Poisson, and gamma arrivals of cv 2 and 4).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from simulator.metrics.overload import is_growing, queue_trend, trend_p_value
+from simulator.metrics.overload import TOO_SHORT, is_growing, queue_trend, trend_p_value, verdict
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
 from tests.conftest import scenario_dict
@@ -51,10 +52,15 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 }
 
 
-def _at(name: str, rate: float, n: int, seed: int) -> dict[str, Any]:
+def _at(name: str, rate: float, n: int, seed: int, cv: float = 1.0) -> dict[str, Any]:
+    """A run at `rate`: Poisson arrivals for cv 1, else gamma ones of that cv (bursts)."""
     data = WORKLOADS[name]
     workload = {**data["workload"], "num_requests": n}
-    workload["arrivals"] = {"kind": "poisson", "rate_per_s": rate}
+    workload["arrivals"] = (
+        {"kind": "poisson", "rate_per_s": rate}
+        if cv == 1.0
+        else {"kind": "gamma", "rate_per_s": rate, "cv": cv}
+    )
     return simulate(Scenario.from_dict({**data, "workload": workload, "seed": seed})).summary()
 
 
@@ -64,21 +70,23 @@ def capacity(name: str) -> float:
     return _at(name, 1000.0, 2000, 0)["throughput"]["steady_requests_per_s"]
 
 
-def verdicts(name: str, load: float, n: int, seeds: range) -> list[tuple[bool, str]]:
+def verdicts(
+    name: str, load: float, n: int, seeds: range, cv: float = 1.0
+) -> list[tuple[bool, str]]:
     out = []
     for seed in seeds:
-        summary = _at(name, load * capacity(name), n, seed)
+        summary = _at(name, load * capacity(name), n, seed, cv)
         out.append((summary["overloaded"], summary["overload_reason"]))
     return out
 
 
 def _check(name: str, loads: tuple[float, ...], lengths: tuple[int, ...], seeds: range,
-           expected: bool) -> None:  # fmt: skip
+           expected: bool, cv: float = 1.0) -> None:  # fmt: skip
     wrong = [
-        f"{load:.0%} of capacity, {n} requests, seed {seed}: {reason or 'not overloaded'}"
+        f"{load:.0%} of capacity, {n} requests, cv {cv}, seed {seed}: {reason or 'not overloaded'}"
         for load in loads
         for n in lengths
-        for seed, (flagged, reason) in zip(seeds, verdicts(name, load, n, seeds), strict=True)
+        for seed, (flagged, reason) in zip(seeds, verdicts(name, load, n, seeds, cv), strict=True)
         if flagged is not expected
     ]
     assert not wrong, "\n".join(wrong)
@@ -100,6 +108,21 @@ def test_the_capacity_plan_traffic_on_one_replica_is_judged_right():
     _check("70b-chat", (1.5,), (1000,), range(2), expected=True)
 
 
+def test_bursty_arrivals_do_not_make_a_short_stable_run_overloaded():
+    """Gamma arrivals: a burst late in 200 requests lifts the last blocks' queue together,
+    a rise Mann-Kendall alone reads as a trend (seed 1 was flagged at cv 2 and 4)."""
+    _check("small-mixed", (0.7, 0.9), (200,), range(2), expected=False, cv=4.0)
+    _check("small-mixed", (0.9,), (200,), range(2), expected=False, cv=2.0)
+    summary = _at("small-mixed", 0.9 * capacity("small-mixed"), 200, 1, cv=4.0)
+    assert summary["overload_verdict"] == TOO_SHORT
+    assert summary["load"]["detectable_unserved_share"] > 0.3  # cv 4 over 180 arrivals
+    assert "too short to judge" in summary["overload_reason"]
+
+
+def test_a_bursty_overload_is_flagged_once_detectable():
+    _check("small-mixed", (1.5,), (1000,), range(2), expected=True, cv=2.0)
+
+
 # ---- the whole matrix --------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(WORKLOADS))
@@ -112,6 +135,22 @@ def test_stable_loads_are_never_overloaded(name):
 def test_overloads_are_flagged_once_the_queue_outgrows_its_noise(name):
     _check(name, (1.05, 1.1, 1.2, 1.5), (5000,), range(3), expected=True)
     _check(name, (1.2, 1.5), (1000,), range(3), expected=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cv", [2.0, 4.0])
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_bursty_stable_loads_are_never_overloaded(name, cv):
+    _check(name, (0.5, 0.7, 0.9), (200, 1000, 5000), range(3), expected=False, cv=cv)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_bursty_overloads_are_flagged_where_detectable(name):
+    """Detectable from n = (2.3 x cv / g)^2 arrivals: g = 1/3 (150%) at cv 4 from ~800."""
+    _check(name, (1.2, 1.5), (5000,), range(3), expected=True, cv=2.0)
+    _check(name, (1.5,), (1000,), range(3), expected=True, cv=2.0)
+    _check(name, (1.5,), (5000,), range(3), expected=True, cv=4.0)
 
 
 # ---- the trend test itself ---------------------------------------------------------------------
@@ -131,3 +170,14 @@ def test_blocks_arriving_at_one_instant_do_not_break_the_slope():
     trend = queue_trend(arrival, arrival + 0.01)
     assert trend is not None and np.isfinite(trend["queue_growth_per_s"])
     assert not is_growing(trend)
+
+
+def test_a_rise_within_the_bursts_noise_is_too_short_to_judge():
+    """The same significant rise: overload under Poisson arrivals, too short under cv 4."""
+    trend = {"window_s": 100.0, "offered_requests_per_s": 2.0, "waiting_first": 2.0,
+             "waiting_last": 40.0, "queue_growth_per_s": 0.4, "unserved_share": 0.2,
+             "trend_p_value": 1e-4, "arrival_cv": 1.0,
+             "detectable_unserved_share": 2.3 / np.sqrt(200)}  # fmt: skip
+    assert verdict(trend) == "overloaded"
+    bursty = {**trend, "arrival_cv": 4.0, "detectable_unserved_share": 2.3 * 4 / np.sqrt(200)}
+    assert verdict(bursty) == TOO_SHORT

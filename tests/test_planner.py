@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from hardware_models.errors import InfersimError
+from hardware_models.presets import load_gpu
 from simulator.cli.main import main
 from simulator.planner import plan_capacity
 from simulator.scenario import Scenario
@@ -185,3 +186,16 @@ def test_plan_cli_exits_non_zero_when_no_candidate_is_feasible(tmp_path, capsys)
     assert "infeasible" in captured.out
     assert "no candidate meets the SLOs" in captured.err
     assert (tmp_path / "out" / "plan.csv").is_file()
+
+
+def test_a_replica_of_dp_ranks_counts_and_prices_all_its_gpus(make_scenario):
+    """parallelism.dp = 2: every probe runs two data-parallel ranks per replica, so a
+    replica is tp x dp GPUs and is priced as such."""
+    scenario = _plan_scenario(make_scenario, gpus=["h100-sxm"], tp=[1])
+    scenario = scenario.with_overrides(["parallelism.dp=2"])
+    row = plan_capacity(scenario, workers=1).iloc[0]
+    assert row["status"] == "ok"
+    assert row["gpus"] == 2 * row["replicas"]
+    price = load_gpu("h100-sxm").price.usd_per_hour
+    assert row["usd_per_hour"] == pytest.approx(row["gpus"] * price)
+    assert row["dp"] == 2

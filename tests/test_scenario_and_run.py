@@ -148,3 +148,20 @@ def test_set_addresses_one_sweep_grid_key_and_one_variant_field():
     assert scenario.sweep.grid["serving.max_num_seqs"] == [8, 16]
     assert scenario.sweep.grid["workload.arrivals.rate_per_s"]  # the file's key is kept
     assert scenario.variants == {"small": {"serving.max_num_seqs": 4}}
+
+
+def test_the_build_id_covers_the_calibration_tables_that_change_results(tmp_path):
+    from simulator.build_id import source_digest
+
+    table = tmp_path / "hardware_models/presets/calibrations/published/gpu-gemm.csv"
+    table.parent.mkdir(parents=True)
+    (tmp_path / "simulator").mkdir()
+    (tmp_path / "simulator/a.py").write_text("x = 1\n")
+    table.write_text("m,n,k,tflops\n4096,4096,4096,600\n")
+    notes = table.parent.parent / "README.md"
+    notes.write_text("notes\n")
+    before = source_digest(tmp_path)
+    notes.write_text("other notes\n")  # documentation changes no result
+    assert source_digest(tmp_path) == before
+    table.write_text("m,n,k,tflops\n4096,4096,4096,650\n")
+    assert source_digest(tmp_path) != before

@@ -16,12 +16,18 @@ at the waiting queue over the arrivals, not at how many requests finished in som
 - size: the Theil-Sen slope of the points (requests per second), as a fraction of the
   offered rate, is the share of the offered load left unserved.
 
-Overloaded means a significant trend (p < 0.01) that is also material: at least 2% of the
-offered load unserved and a queue at least 5 requests longer at the end. A stable queue
-never trends over ten blocks; a queue growing by a share g of n arrivals drifts g x n
-against random-walk noise of about sqrt(n), so g is detected from about n = (2.3 / g)^2
-arrivals: 105% of capacity (g = 0.048) from ~2,300 requests, 120% from ~200.
-docs/METRICS.md has the reasoning and the measurements.
+Overloaded means a significant trend (p < 0.01) that is also material (at least 2% of
+the offered load unserved, a queue at least 5 requests longer at the end) and beyond the
+arrivals' noise. A queue growing by a share g of n arrivals drifts g x n against a random
+walk of about cv x sqrt(n), cv the coefficient of variation of the inter-arrival times
+(1 for Poisson, measured from the run, never taken below 1): bursts make a stable queue's
+block means swing together, so Mann-Kendall alone, which assumes exchangeable points,
+reads a burst late in a short run as a trend. The rise must therefore also exceed
+2.3 x cv x sqrt(n), so a share g is detectable from n = (2.3 x cv / g)^2 arrivals: for
+Poisson 105% of capacity (g = 0.048) from ~2,300 requests, 120% from ~200; for cv = 4,
+150% from ~800. A significant, material rise below that bound is `too_short_to_judge`,
+not overloaded; `detectable_unserved_share` (2.3 x cv / sqrt(n)) is the smallest share
+the run could have told from noise. docs/METRICS.md has the reasoning and measurements.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ TREND_P_VALUE = 0.01
 MIN_UNSERVED_SHARE = 0.02
 MIN_QUEUE_RISE = 5.0
 MIN_ARRIVALS = 5 * BLOCKS
+NOISE_Z = 2.3  # the rise must beat NOISE_Z random-walk standard deviations
+STABLE, OVERLOADED, TOO_SHORT = "stable", "overloaded", "too_short_to_judge"
 TREND_FIELDS = (  # the keys of queue_trend's dict
     "window_s",
     "offered_requests_per_s",
@@ -45,6 +53,8 @@ TREND_FIELDS = (  # the keys of queue_trend's dict
     "queue_growth_per_s",
     "unserved_share",
     "trend_p_value",
+    "arrival_cv",
+    "detectable_unserved_share",
 )
 
 
@@ -105,6 +115,7 @@ def queue_trend(arrival: np.ndarray, started: np.ndarray) -> dict[str, Any] | No
         return None
     offered = (len(times) - 1) / window
     growth = _theil_sen(t, w)
+    cv = arrival_cv(times)
     return {
         "window_s": window,
         "offered_requests_per_s": offered,
@@ -113,17 +124,37 @@ def queue_trend(arrival: np.ndarray, started: np.ndarray) -> dict[str, Any] | No
         "queue_growth_per_s": growth,
         "unserved_share": growth / offered,
         "trend_p_value": trend_p_value(w),
+        "arrival_cv": cv,
+        "detectable_unserved_share": NOISE_Z * max(cv, 1.0) / np.sqrt(len(times)),
     }
 
 
-def is_growing(trend: dict[str, Any]) -> bool:
-    """A significant and material rise of the waiting queue (module doc)."""
+def arrival_cv(times: np.ndarray) -> float:
+    """Coefficient of variation of the gaps between arrivals (sorted times): 1 for a
+    Poisson process, above 1 for bursty traffic."""
+    gaps = np.diff(times)
+    return float(gaps.std() / gaps.mean())
+
+
+def verdict(trend: dict[str, Any]) -> str:
+    """STABLE, OVERLOADED or TOO_SHORT (module doc): a significant and material rise of
+    the waiting queue is overload only where it beats the arrivals' noise."""
     rise = trend["queue_growth_per_s"] * trend["window_s"]
-    return (
+    if not (
         trend["trend_p_value"] < TREND_P_VALUE
         and trend["unserved_share"] >= MIN_UNSERVED_SHARE
         and rise >= MIN_QUEUE_RISE
+    ):
+        return STABLE
+    # rise / arrivals is the unserved share, the noise bound / arrivals the detectable one
+    return (
+        OVERLOADED if trend["unserved_share"] >= trend["detectable_unserved_share"] else TOO_SHORT
     )
+
+
+def is_growing(trend: dict[str, Any]) -> bool:
+    """The waiting queue grew beyond doubt: the run is overloaded."""
+    return verdict(trend) == OVERLOADED
 
 
 def growing_text(trend: dict[str, Any]) -> str:
@@ -133,4 +164,13 @@ def growing_text(trend: dict[str, Any]) -> str:
         f"{trend['unserved_share']:.0%} of the offered load "
         f"({trend['offered_requests_per_s']:,.2f} req/s) went unserved "
         f"(trend p = {trend['trend_p_value']:.1g})"
+    )
+
+
+def too_short_text(trend: dict[str, Any]) -> str:
+    return (
+        f"too short to judge overload: the waiting queue rose from {trend['waiting_first']:,.0f}"
+        f" to {trend['waiting_last']:,.0f} requests, within the noise of arrivals this bursty "
+        f"(inter-arrival cv {trend['arrival_cv']:.1f}); this run could only detect "
+        f"{trend['detectable_unserved_share']:.0%} or more of the offered load unserved"
     )

@@ -73,6 +73,7 @@ class StepTotals:
         self.kv_max = 0.0
         self.budget_full = np.zeros(n)  # seconds of steps that filled the token budget
         self.budget_full_kv = np.zeros(n)  # ... while requests waited, x used / total KV
+        self.budget_full_compute = np.zeros(n)  # ... of those, compute-bound steps' seconds
         self.bound_time = np.zeros(len(StepBound))  # seconds by StepBound code
         self.bin_width = _FIRST_WIDTH
         self.bins = np.zeros((len(BIN_ROWS), FINE_BINS))
@@ -131,6 +132,7 @@ class StepTotals:
         self.budget_full += np.bincount(rep, full, n)
         self.budget_full_kv += np.bincount(rep, full * kv, n)
         bound = np.asarray(rows["bound"], np.int64)
+        self.budget_full_compute += np.bincount(rep, full * (bound == StepBound.COMPUTE), n)
         self.bound_time += np.bincount(bound, dur, len(StepBound))
 
         self._cover(float(stop.max()))
@@ -171,7 +173,7 @@ class StepTotals:
             np.concatenate([p.token_budget for p in parts]),
         )
         for name in ("steps", "busy", "flops", "dram_bytes", "active", "kv_time", "budget_full",
-                     "budget_full_kv"):  # fmt: skip
+                     "budget_full_kv", "budget_full_compute"):  # fmt: skip
             setattr(merged, name, np.concatenate([getattr(p, name) for p in parts]))
         merged.kv_max = max((p.kv_max for p in parts), default=0.0)
         merged.bound_time = np.sum([p.bound_time for p in parts], axis=0)

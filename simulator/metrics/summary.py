@@ -18,9 +18,11 @@ Definitions (all times in seconds of simulated time, D = ctx.duration_s):
 - goodput: completed requests for which every bound the SLO gives holds (a one-token
   output meets any TPOT bound).
 - overload: the cluster is `overloaded` when its waiting queue grew over the arrivals (a
-  significant and material trend, simulator.metrics.overload), or when more than 1% of
-  arrivals were rejected because a waiting queue was full. docs/METRICS.md has the
-  reasoning.
+  significant and material trend beyond the arrivals' noise, simulator.metrics.overload),
+  or when more than 1% of arrivals were rejected because a waiting queue was full;
+  `overload_verdict` is overloaded, stable, too_short_to_judge (a rise the run is too
+  short to tell from its bursts) or None (not judged: fewer than 50 arrivals, or all at
+  once). docs/METRICS.md has the reasoning.
 - utilisation: busy fraction = step time of a replica / D, averaged over replicas; MFU =
   sum of step FLOPs / (sum of replica peak FLOP/s x D); MBU the same with DRAM bytes and
   peak bandwidth; the `_busy` variants divide by each replica's busy time instead of D;
@@ -46,7 +48,15 @@ import pandas as pd
 from simulator.engine.requests import REJECT_TEXT, RejectReason
 from simulator.engine.step_cost import StepBound
 from simulator.metrics.context import RunContext
-from simulator.metrics.overload import TREND_FIELDS, growing_text, is_growing, queue_trend
+from simulator.metrics.overload import (
+    OVERLOADED,
+    TOO_SHORT,
+    TREND_FIELDS,
+    growing_text,
+    queue_trend,
+    too_short_text,
+    verdict,
+)
 from simulator.metrics.step_totals import StepTotals
 from simulator.provenance import configuration
 
@@ -54,10 +64,20 @@ PERCENTILES = (50, 90, 95, 99)
 QUEUE_FULL_SHARE = 0.01
 STEADY_FROM, STEADY_TO = 0.10, 0.90  # steady-state throughput between these completions
 STEADY_MIN_COMPLETIONS = 20
-# Warn when steps filled the token budget for this share of busy time while requests
-# waited with the KV cache at most this full; and when this share of arrivals was preempted.
+# Warn when steps filled the token budget, not compute-bound, for this share of busy time
+# while requests waited with the KV cache at most this full; and when this share of
+# arrivals was preempted.
 BUDGET_CAP_SHARE, BUDGET_CAP_KV = 0.25, 0.50
 PREEMPTED_SHARE = 0.05
+# Warn when more than this share of arrivals was rejected for one reason a setting decides.
+REJECTED_SHARE = 0.01
+_REJECT_ADVICE = {
+    RejectReason.EXCEEDS_KV_CACHE: "the KV cache is too small for them: give it more memory "
+    "(serving.gpu_memory_utilization, parallelism.tp, model.kv_dtype) or shorten the workload",
+    RejectReason.EXCEEDS_MAX_MODEL_LEN: "serving.max_model_len is too short for them",
+    RejectReason.EXCEEDS_TOKEN_BUDGET: "the token budget (serving.max_num_batched_tokens) is "
+    "below their prompts: raise it or use the chunked_prefill policy",
+}
 _REASON_KEY = {text: reason.name.lower() for reason, text in REJECT_TEXT.items()}
 _QUEUE_FULL = REJECT_TEXT[RejectReason.QUEUE_FULL]
 _OUTCOMES = ("in_flight", "completed", "rejected", "failed")
@@ -147,11 +167,13 @@ def _load(requests: pd.DataFrame, masks: dict[str, np.ndarray], end: float) -> d
         **(trend or dict.fromkeys(TREND_FIELDS)),
         "queue_full_rejections": queue_full,
     }
-    reasons = [growing_text(trend)] if trend and is_growing(trend) else []
+    judged = verdict(trend) if trend else None
+    reasons = [growing_text(trend)] if judged == OVERLOADED else []
     if queue_full > QUEUE_FULL_SHARE * len(requests):
         reasons.append(f"waiting queue full: {queue_full} requests rejected")
     load["overloaded"] = bool(reasons)
-    load["reason"] = "; ".join(reasons)
+    load["verdict"] = OVERLOADED if reasons else judged
+    load["reason"] = "; ".join(reasons) or (too_short_text(trend) if judged == TOO_SHORT else "")
     return load
 
 
@@ -347,6 +369,19 @@ def _per_pool(replicas: list[dict[str, Any]], ctx: RunContext) -> dict[str, Any]
     return pools if len(pools) > 1 else {}
 
 
+def _rejection_warnings(rejected_by_reason: Mapping[str, int], arrived: int) -> list[str]:
+    """A warning per reason a setting decides, when it rejected more than REJECTED_SHARE."""
+    warnings = []
+    for reason, advice in _REJECT_ADVICE.items():
+        n = rejected_by_reason.get(reason.name.lower(), 0)
+        if n > REJECTED_SHARE * arrived:
+            warnings.append(
+                f"{n:,} of {arrived:,} requests ({n / arrived:.0%}) were rejected because "
+                f"{REJECT_TEXT[reason]}; {advice}"
+            )
+    return warnings
+
+
 def _run_warnings(
     totals: StepTotals, kv: Mapping[str, Any], arrived: int, budget: Any
 ) -> list[str]:
@@ -354,11 +389,14 @@ def _run_warnings(
     warnings = []
     busy, full = float(totals.busy.sum()), float(totals.budget_full.sum())
     kv_use = totals.budget_full_kv.sum() / full if full else 1.0
-    if busy and full >= BUDGET_CAP_SHARE * busy and kv_use <= BUDGET_CAP_KV:
+    # A compute-bound step would take as much longer as a bigger budget gave it tokens:
+    # only the budget-full steps that are not compute-bound were capped by the budget.
+    capped = full - float(totals.budget_full_compute.sum())
+    if busy and capped >= BUDGET_CAP_SHARE * busy and kv_use <= BUDGET_CAP_KV:
         warnings.append(
             f"the token budget (serving.max_num_batched_tokens={budget}), not memory, capped "
-            f"the batch: steps filled it for {full / busy:.0%} of the busy time while requests "
-            f"waited and the KV cache was {kv_use:.0%} used"
+            f"the batch: steps filled it, not compute-bound, for {capped / busy:.0%} of the "
+            f"busy time while requests waited and the KV cache was {kv_use:.0%} used"
         )
     preempted = kv["requests_preempted"]
     if preempted > PREEMPTED_SHARE * arrived:
@@ -431,11 +469,17 @@ def summarize(
     run = _run(ctx, len(requests))
     kv = _kv(totals, requests)
     budget = run.get("configuration", {}).get("max_num_batched_tokens", "its value")
+    counts = _counts(requests, masks)
     summary = {
         "run": run,
-        "warnings": [*ctx.warnings, *_run_warnings(totals, kv, len(requests), budget)],
-        "counts": _counts(requests, masks),
+        "warnings": [
+            *ctx.warnings,
+            *_rejection_warnings(counts["rejected_by_reason"], len(requests)),
+            *_run_warnings(totals, kv, len(requests), budget),
+        ],
+        "counts": counts,
         "overloaded": load.pop("overloaded"),
+        "overload_verdict": load.pop("verdict"),
         "overload_reason": load.pop("reason"),
         "load": load,
         "throughput": {

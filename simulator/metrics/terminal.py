@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from simulator.formatting import ms, num, pct, sig, slo_text, usd, wrapped
+from simulator.metrics.overload import TOO_SHORT
 from simulator.metrics.summary import PERCENTILES
 from simulator.provenance import header_lines
 
@@ -71,6 +72,8 @@ def summary_table(summary: Mapping[str, Any]) -> str:
         lines += wrapped(warning, "warning: ", "  ")
     if summary["overloaded"]:
         lines += wrapped(f"*** OVERLOADED: {summary['overload_reason']} ***", "", "  ")
+    elif summary.get("overload_verdict") == TOO_SHORT:
+        lines += wrapped(summary["overload_reason"], "note: ", "  ")
     rejected = ", ".join(f"{k} {v}" for k, v in c["rejected_by_reason"].items())
     bound = ", ".join(f"{k} {pct(v)}" for k, v in u["bound_share"].items() if v)
     hits = prefix["hit_rate"]
