@@ -9,6 +9,7 @@ clamped at the edges of the range it was fitted on.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Literal, NamedTuple
 
@@ -511,15 +512,7 @@ class EfficiencyProfile(BaseModel):
     )
     @classmethod
     def _dtype_keys(cls, v: dict) -> dict:
-        out = {}
-        for key, value in v.items():
-            try:
-                out[dtype_key(key)] = value
-            except InfersimError as exc:
-                raise ValueError(str(exc)) from None
-            if isinstance(value, float | int) and value < 0:
-                raise ValueError(f"{key}: a floor must be >= 0 us, got {value}")
-        return out
+        return _normalised_keys(v, dtype_key)
 
     @field_validator(
         "moe_compute_by_dtype",
@@ -530,15 +523,7 @@ class EfficiencyProfile(BaseModel):
     )
     @classmethod
     def _moe_keys(cls, v: dict) -> dict:
-        out = {}
-        for key, value in v.items():
-            try:
-                out[moe_format_key(key)] = value
-            except InfersimError as exc:
-                raise ValueError(str(exc)) from None
-            if isinstance(value, float | int) and value < 0:
-                raise ValueError(f"{key}: a floor must be >= 0 us, got {value}")
-        return out
+        return _normalised_keys(v, moe_format_key)
 
     @field_validator("gemm_quant_bandwidth_by_dtype")
     @classmethod
@@ -648,3 +633,17 @@ class EfficiencyProfile(BaseModel):
             if self.attention_decode_floor_us is None
             else self.attention_decode_floor_us
         )
+
+
+def _normalised_keys(v: dict, key: Callable[[str], str]) -> dict:
+    """A per-dtype (or per-format) field with its keys spelled one way: a key `key` cannot
+    read, or a negative floor, is a one-line validation error naming it."""
+    out = {}
+    for name, value in v.items():
+        try:
+            out[key(name)] = value
+        except InfersimError as exc:
+            raise ValueError(str(exc)) from None
+        if isinstance(value, float | int) and value < 0:
+            raise ValueError(f"{name}: a floor must be >= 0 us, got {value}")
+    return out
