@@ -98,6 +98,7 @@ class PrefillAttention:
         math_dtype = dtype if gpu.supports(dtype) else Dtype.BF16
         self.peak = gpu.peak_flops(math_dtype)
         self.curve = eff.attention_prefill_compute
+        self._compute_at = self.curve.scalar_at()
         # With a constant efficiency, peak x efficiency is worked out once (the same
         # product __call__ would form first).
         constant = len(self.curve.sizes) == 1
@@ -106,6 +107,7 @@ class PrefillAttention:
         self.cta_seconds = eff.prefill_cta_latency_us * 1e-6
         self.bandwidth = gpu.memory_bandwidth
         self.memory_curve = eff.prefill_memory
+        self._memory_at = self.memory_curve.scalar_at()
         constant_memory = len(self.memory_curve.sizes) == 1
         self._memory_rate = (
             self.bandwidth * self.memory_curve.values[0] if constant_memory else None
@@ -119,7 +121,10 @@ class PrefillAttention:
         """FLOP/s the key loops run at: the curve's efficiency at the mean keys per query."""
         if self._attainable is not None:
             return self._attainable
-        return self.peak * self.curve.at(keys_per_query(attended_pairs, new_tokens))
+        # keys_per_query in plain floats: numpy's conversions and operations, so the
+        # same number, without its per-call cost (priced on every prefill step).
+        keys = float(attended_pairs) / float(max(new_tokens, 1))
+        return self.peak * self._compute_at(max(keys, 1.0))
 
     def __call__(
         self, num_seqs: int, new_tokens: int, attended_pairs: float, context_tokens: int
@@ -154,7 +159,7 @@ class PrefillAttention:
         compute = tiles / (attainable * wave_eff) + waves * self.cta_seconds
         rate = self._memory_rate
         if rate is None:
-            rate = self.bandwidth * self.memory_curve.at(max(dram, 1.0))
+            rate = self.bandwidth * self._memory_at(max(dram, 1.0))
         memory = dram / rate
         return max(compute, memory) + self.floor, flops, dram, compute, memory
 
@@ -351,6 +356,7 @@ class DecodeAttention:
     ) -> None:
         eff = gpu.efficiency
         self._curve = eff.attention_decode_memory
+        self._curve_at = self._curve.scalar_at()
         self._constant_eff = len(self._curve.sizes) == 1
         self.flops_per_key = 4.0 * num_heads * head_dim
         self.kv_bytes_per_key = (
@@ -384,7 +390,7 @@ class DecodeAttention:
         """`parts(...).seconds` of one call in plain floats, the same operations in the
         same order (so the same number): a calibrated profile's split and streaming terms
         would otherwise cost the engine numpy's per-call overhead on every step."""
-        eff = self._curve.at(max(kv_bytes, 1.0))
+        eff = self._curve_at(max(kv_bytes, 1.0))
         memory = dram / (self.bandwidth * eff)
         waves = math.ceil(seqs / self.blocks_per_wave)
         blocks = max(seqs * self.num_kv_heads, 1.0)
@@ -443,7 +449,7 @@ class DecodeAttention:
         if not self._plain:
             seconds = self._step_seconds(num_seqs, context_tokens, kv_bytes, dram)
             return seconds, context_tokens * self.flops_per_key, dram
-        eff = self._curve.values[0] if self._constant_eff else self._curve.at(max(kv_bytes, 1.0))
+        eff = self._curve.values[0] if self._constant_eff else self._curve_at(max(kv_bytes, 1.0))
         memory = dram / (self.bandwidth * eff)
         fixed = math.ceil(num_seqs / self.blocks_per_wave) * self.cta_seconds
         seconds = max(memory, fixed) + self.floor
