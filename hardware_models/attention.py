@@ -8,6 +8,7 @@ with the batch size. Arguments may be numpy arrays to price many steps at once.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -380,34 +381,45 @@ class DecodeAttention:
         self.copy_seconds = eff.decode_gqa_copy_us * 1e-6 if swaps else 0.0
         # Without those terms the original closed form holds (and the engine's fast path).
         self._plain = not (self.cta_seconds_per_byte or self.split_seconds or self.copy_seconds)
+        self._step_seconds: dict[int, Callable[[int, float, float], float]] = {}
 
     def parts(self, num_seqs, context_tokens) -> DecodeParts:
         """The call's time term by term; numpy arrays price many calls at once."""
         layout = np.zeros(np.shape(num_seqs), dtype=int)
         return decode_parts_many([self], layout, num_seqs, context_tokens)
 
-    def _step_seconds(self, seqs: int, context: int, kv_bytes: float, dram: float) -> float:
-        """`parts(...).seconds` of one call in plain floats, the same operations in the
-        same order (so the same number): a calibrated profile's split and streaming terms
-        would otherwise cost the engine numpy's per-call overhead on every step."""
-        eff = self._curve_at(max(kv_bytes, 1.0))
-        memory = dram / (self.bandwidth * eff)
+    def step_seconds(self, seqs: int) -> Callable[[int, float, float], float]:
+        """`parts(...).seconds` of one call of `seqs` decodes, as a function of (context,
+        KV bytes, DRAM bytes), in plain floats with the same operations in the same order
+        (so the same number): a calibrated profile's split and streaming terms would
+        otherwise cost the engine numpy's per-call overhead on every step. What depends
+        on the batch alone is worked out once per batch size (memoised: sizes repeat)."""
+        seconds_of = self._step_seconds.get(seqs)
+        if seconds_of is not None:
+            return seconds_of
+        curve_at, bandwidth, splits_kv = self._curve_at, self.bandwidth, self.splits_kv
         waves = math.ceil(seqs / self.blocks_per_wave)
         blocks = max(seqs * self.num_kv_heads, 1.0)
-        keys = context / max(seqs, 1.0)
-        splits = 1.0
-        if self.splits_kv:
-            tiles = max(math.ceil(keys / DECODE_KEY_BLOCK), 1.0)
-            splits = min(max(math.floor(self.sm_count / blocks), 1.0), tiles)
-        streamed = max(keys / splits - DECODE_KEY_BLOCK, 0.0)
-        slice_bytes = streamed * (self.kv_bytes_per_key / self.num_kv_heads)
-        fixed = waves * (self.cta_seconds + slice_bytes * self.cta_seconds_per_byte)
-        overhead = (
-            self.floor
-            + (self.split_seconds if splits > 1.0 else 0.0)
-            + (self.copy_seconds if seqs > 1.0 else 0.0)
-        )
-        return max(memory, fixed) + overhead
+        per_seq = max(seqs, 1.0)
+        most_splits = max(math.floor(self.sm_count / blocks), 1.0)
+        slice_per_key = self.kv_bytes_per_key / self.num_kv_heads
+        cta_seconds, cta_seconds_per_byte = self.cta_seconds, self.cta_seconds_per_byte
+        copy_seconds = self.copy_seconds if seqs > 1.0 else 0.0
+        floor = self.floor  # plus the split pass's overhead when it splits, as parts adds
+        overheads = (floor + 0.0 + copy_seconds, floor + self.split_seconds + copy_seconds)
+
+        def seconds_of(context: int, kv_bytes: float, dram: float) -> float:
+            memory = dram / (bandwidth * curve_at(max(kv_bytes, 1.0)))
+            keys = context / per_seq
+            splits = 1.0
+            if splits_kv:
+                splits = min(most_splits, max(math.ceil(keys / DECODE_KEY_BLOCK), 1.0))
+            slice_bytes = max(keys / splits - DECODE_KEY_BLOCK, 0.0) * slice_per_key
+            fixed = waves * (cta_seconds + slice_bytes * cta_seconds_per_byte)
+            return max(memory, fixed) + overheads[splits > 1.0]
+
+        self._step_seconds[seqs] = seconds_of
+        return seconds_of
 
     def __call__(self, num_seqs, context_tokens):
         """(seconds, flops, dram_bytes) for `num_seqs` decodes attending `context_tokens`
@@ -447,7 +459,7 @@ class DecodeAttention:
         kv_bytes = context_tokens * self.kv_bytes_per_key
         dram = kv_bytes + num_seqs * self.bytes_per_seq
         if not self._plain:
-            seconds = self._step_seconds(num_seqs, context_tokens, kv_bytes, dram)
+            seconds = self.step_seconds(num_seqs)(context_tokens, kv_bytes, dram)
             return seconds, context_tokens * self.flops_per_key, dram
         eff = self._curve.values[0] if self._constant_eff else self._curve_at(max(kv_bytes, 1.0))
         memory = dram / (self.bandwidth * eff)
