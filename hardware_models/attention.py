@@ -8,6 +8,7 @@ with the batch size. Arguments may be numpy arrays to price many steps at once.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -98,6 +99,7 @@ class PrefillAttention:
         math_dtype = dtype if gpu.supports(dtype) else Dtype.BF16
         self.peak = gpu.peak_flops(math_dtype)
         self.curve = eff.attention_prefill_compute
+        self._compute_at = self.curve.scalar_at()
         # With a constant efficiency, peak x efficiency is worked out once (the same
         # product __call__ would form first).
         constant = len(self.curve.sizes) == 1
@@ -106,6 +108,7 @@ class PrefillAttention:
         self.cta_seconds = eff.prefill_cta_latency_us * 1e-6
         self.bandwidth = gpu.memory_bandwidth
         self.memory_curve = eff.prefill_memory
+        self._memory_at = self.memory_curve.scalar_at()
         constant_memory = len(self.memory_curve.sizes) == 1
         self._memory_rate = (
             self.bandwidth * self.memory_curve.values[0] if constant_memory else None
@@ -119,7 +122,10 @@ class PrefillAttention:
         """FLOP/s the key loops run at: the curve's efficiency at the mean keys per query."""
         if self._attainable is not None:
             return self._attainable
-        return self.peak * self.curve.at(keys_per_query(attended_pairs, new_tokens))
+        # keys_per_query in plain floats: numpy's conversions and operations, so the
+        # same number, without its per-call cost (priced on every prefill step).
+        keys = float(attended_pairs) / float(max(new_tokens, 1))
+        return self.peak * self._compute_at(max(keys, 1.0))
 
     def __call__(
         self, num_seqs: int, new_tokens: int, attended_pairs: float, context_tokens: int
@@ -154,7 +160,7 @@ class PrefillAttention:
         compute = tiles / (attainable * wave_eff) + waves * self.cta_seconds
         rate = self._memory_rate
         if rate is None:
-            rate = self.bandwidth * self.memory_curve.at(max(dram, 1.0))
+            rate = self.bandwidth * self._memory_at(max(dram, 1.0))
         memory = dram / rate
         return max(compute, memory) + self.floor, flops, dram, compute, memory
 
@@ -351,6 +357,7 @@ class DecodeAttention:
     ) -> None:
         eff = gpu.efficiency
         self._curve = eff.attention_decode_memory
+        self._curve_at = self._curve.scalar_at()
         self._constant_eff = len(self._curve.sizes) == 1
         self.flops_per_key = 4.0 * num_heads * head_dim
         self.kv_bytes_per_key = (
@@ -374,34 +381,64 @@ class DecodeAttention:
         self.copy_seconds = eff.decode_gqa_copy_us * 1e-6 if swaps else 0.0
         # Without those terms the original closed form holds (and the engine's fast path).
         self._plain = not (self.cta_seconds_per_byte or self.split_seconds or self.copy_seconds)
+        self._one_step: dict[int, Callable[[int], tuple[float, float, float]]] = {}
 
     def parts(self, num_seqs, context_tokens) -> DecodeParts:
         """The call's time term by term; numpy arrays price many calls at once."""
         layout = np.zeros(np.shape(num_seqs), dtype=int)
         return decode_parts_many([self], layout, num_seqs, context_tokens)
 
-    def _step_seconds(self, seqs: int, context: int, kv_bytes: float, dram: float) -> float:
-        """`parts(...).seconds` of one call in plain floats, the same operations in the
-        same order (so the same number): a calibrated profile's split and streaming terms
-        would otherwise cost the engine numpy's per-call overhead on every step."""
-        eff = self._curve.at(max(kv_bytes, 1.0))
-        memory = dram / (self.bandwidth * eff)
+    def one_step_for(self, seqs: int) -> Callable[[int], tuple[float, float, float]]:
+        """`one_step` for `seqs` decodes as a function of the context: the terms that
+        depend on the batch alone are worked out once per batch size (memoised: sizes
+        repeat), and each step does the rest in plain floats, the same operations in the
+        same order as `parts` (so the same number): a calibrated profile's split and
+        streaming terms would otherwise cost the engine numpy's per-call overhead."""
+        one_step = self._one_step.get(seqs)
+        if one_step is None:
+            one_step = self._one_step[seqs] = self._build_one_step(seqs)
+        return one_step
+
+    def _build_one_step(self, seqs: int) -> Callable[[int], tuple[float, float, float]]:
+        curve_at, bandwidth, splits_kv = self._curve_at, self.bandwidth, self.splits_kv
+        per_key, seq_bytes = self.kv_bytes_per_key, seqs * self.bytes_per_seq
+        flops_per_key, floor = self.flops_per_key, self.floor
         waves = math.ceil(seqs / self.blocks_per_wave)
+        if self._plain:
+            constant = self._curve.values[0] if self._constant_eff else None
+            fixed = waves * self.cta_seconds
+
+            def plain(context: int) -> tuple[float, float, float]:
+                kv_bytes = context * per_key
+                dram = kv_bytes + seq_bytes
+                eff = constant if constant is not None else curve_at(max(kv_bytes, 1.0))
+                memory = dram / (bandwidth * eff)
+                return max(memory, fixed) + floor, context * flops_per_key, dram
+
+            return plain
         blocks = max(seqs * self.num_kv_heads, 1.0)
-        keys = context / max(seqs, 1.0)
-        splits = 1.0
-        if self.splits_kv:
-            tiles = max(math.ceil(keys / DECODE_KEY_BLOCK), 1.0)
-            splits = min(max(math.floor(self.sm_count / blocks), 1.0), tiles)
-        streamed = max(keys / splits - DECODE_KEY_BLOCK, 0.0)
-        slice_bytes = streamed * (self.kv_bytes_per_key / self.num_kv_heads)
-        fixed = waves * (self.cta_seconds + slice_bytes * self.cta_seconds_per_byte)
-        overhead = (
-            self.floor
-            + (self.split_seconds if splits > 1.0 else 0.0)
-            + (self.copy_seconds if seqs > 1.0 else 0.0)
-        )
-        return max(memory, fixed) + overhead
+        per_seq = max(seqs, 1.0)
+        most_splits = max(math.floor(self.sm_count / blocks), 1.0)
+        slice_per_key = per_key / self.num_kv_heads
+        cta_seconds, cta_seconds_per_byte = self.cta_seconds, self.cta_seconds_per_byte
+        copy_seconds = self.copy_seconds if seqs > 1.0 else 0.0
+        # The floor, plus the split pass's overhead when it splits, as parts adds them.
+        overheads = (floor + 0.0 + copy_seconds, floor + self.split_seconds + copy_seconds)
+
+        def split(context: int) -> tuple[float, float, float]:
+            kv_bytes = context * per_key
+            dram = kv_bytes + seq_bytes
+            memory = dram / (bandwidth * curve_at(max(kv_bytes, 1.0)))
+            keys = context / per_seq
+            splits = 1.0
+            if splits_kv:
+                splits = min(most_splits, max(math.ceil(keys / DECODE_KEY_BLOCK), 1.0))
+            slice_bytes = max(keys / splits - DECODE_KEY_BLOCK, 0.0) * slice_per_key
+            fixed = waves * (cta_seconds + slice_bytes * cta_seconds_per_byte)
+            seconds = max(memory, fixed) + overheads[splits > 1.0]
+            return seconds, context * flops_per_key, dram
+
+        return split
 
     def __call__(self, num_seqs, context_tokens):
         """(seconds, flops, dram_bytes) for `num_seqs` decodes attending `context_tokens`
@@ -438,16 +475,7 @@ class DecodeAttention:
     def one_step(self, num_seqs: int, context_tokens: int) -> tuple[float, float, float]:
         """`__call__` for one step, in plain floats: the same numbers without the cost of
         numpy scalars (the engine prices a step this way tens of thousands of times)."""
-        kv_bytes = context_tokens * self.kv_bytes_per_key
-        dram = kv_bytes + num_seqs * self.bytes_per_seq
-        if not self._plain:
-            seconds = self._step_seconds(num_seqs, context_tokens, kv_bytes, dram)
-            return seconds, context_tokens * self.flops_per_key, dram
-        eff = self._curve.values[0] if self._constant_eff else self._curve.at(max(kv_bytes, 1.0))
-        memory = dram / (self.bandwidth * eff)
-        fixed = math.ceil(num_seqs / self.blocks_per_wave) * self.cta_seconds
-        seconds = max(memory, fixed) + self.floor
-        return seconds, context_tokens * self.flops_per_key, dram
+        return self.one_step_for(num_seqs)(context_tokens)
 
 
 def per_call(models: list, layout: np.ndarray, name: str) -> np.ndarray:

@@ -108,6 +108,22 @@ class EfficiencyCurve(BaseModel):
         y = np.interp(x, log_sizes, self.values)
         return float(y) if np.ndim(y) == 0 else y
 
+    def scalar_at(self) -> Callable[[float], float]:
+        """at() for one size as a plain function, the curve's logs taken once: an engine
+        reads its curves on every step, where at()'s own lookups (the log sizes' cache
+        key, the scalar test) cost more than the interpolation. The same arithmetic, so
+        the same floats."""
+        values = self.values
+        if len(self.sizes) == 1:
+            value = values[0]
+            return lambda size: value
+        log_sizes, log = _log_sizes(tuple(self.sizes)), np.log
+
+        def at_one(size: float) -> float:
+            return _interp_one(float(log(max(float(size), 1e-30))), log_sizes, values)
+
+        return at_one
+
 
 @lru_cache(maxsize=4096)
 def _log_sizes(sizes: tuple[float, ...]) -> list[float]:

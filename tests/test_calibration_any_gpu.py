@@ -253,3 +253,5 @@ def test_a_curve_read_at_one_size_gives_numpys_interpolation_exactly() -> None:
         low, high = np.log(curve.sizes[0]) - 2, np.log(curve.sizes[-1]) + 2
         sizes = np.concatenate([np.exp(rng.uniform(low, high, 2000)), curve.sizes])
         assert [curve.at(float(s)) for s in sizes] == curve.at(sizes).tolist()
+        at_one = curve.scalar_at()  # what the attention models read on every step
+        assert [at_one(float(s)) for s in sizes] == curve.at(sizes).tolist()

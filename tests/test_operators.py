@@ -435,6 +435,29 @@ def test_fa2_gqa_decode_copies_queries_and_outputs_unless_the_swap_is_a_view():
         assert seconds(batch, heads, kv_heads) == seconds(batch, heads, kv_heads, "always")
 
 
+def test_decode_steps_of_a_calibrated_curve_price_as_the_array_path() -> None:
+    """one_step (plain floats, the batch's terms worked out once per batch size) gives
+    the array path's numbers to the bit, with and without the split-KV terms."""
+    import numpy as np
+
+    from hardware_models.attention import DecodeAttention
+    from hardware_models.calibration.profile_file import read_profile
+    from hardware_models.presets import calibration_path
+
+    calibrated = A100.with_efficiency(read_profile(calibration_path("a100-80gb-sxm")).efficiency)
+    plain = calibrated.efficiency.model_copy(
+        update={"decode_cta_us_per_mb": 0.0, "decode_split_overhead_us": 0.0,
+                "decode_gqa_copy_us": 0.0}
+    )  # fmt: skip
+    contexts = np.array([1, 64, 4096, 40000, 131072, 1_000_000])
+    for gpu in (calibrated, A100.with_efficiency(plain)):
+        model = DecodeAttention(gpu, num_heads=32, num_kv_heads=8, head_dim=128)
+        for seqs in (1, 4, 96):
+            many = model(seqs, seqs * contexts)
+            for j, c in enumerate(seqs * contexts):
+                assert model.one_step(seqs, int(c)) == (many[0][j], many[1][j], many[2][j])
+
+
 def test_prefill_memory_curve_defaults_to_the_streaming_bandwidth():
     """Unfitted, prefill streams at memory_bandwidth; a fitted attention_prefill_memory
     slows the memory-bound calls (short prompts in large MHA batches) and only those."""

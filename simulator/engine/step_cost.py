@@ -136,6 +136,7 @@ class DecodeSteps:
         self.rank_layers = self.layers * ranks
         self.attention = model._decode_attention
         self._terms = self.attention.batch_terms(seqs)
+        self._one_step = self.attention.one_step_for(seqs)  # one_step for this batch
         # The bound when the memory part does not lead: the first largest other part.
         others = list(self.parts)
         others[_MEMORY] = -math.inf
@@ -152,7 +153,7 @@ class DecodeSteps:
         prices runs of decode steps with it one step at a time)."""
         attention = self.attention
         if self._terms is None:
-            attn_s, attn_f, attn_d = attention.one_step(self.seqs, context)
+            attn_s, attn_f, attn_d = self._one_step(context)
         else:  # DecodeAttention.one_step with its constant terms worked out once
             seq_bytes, bandwidth, waves = self._terms
             attn_d = context * attention.kv_bytes_per_key + seq_bytes
