@@ -173,7 +173,8 @@ def _load(requests: pd.DataFrame, masks: dict[str, np.ndarray], end: float) -> d
         reasons.append(f"waiting queue full: {queue_full} requests rejected")
     load["overloaded"] = bool(reasons)
     load["verdict"] = OVERLOADED if reasons else judged
-    load["reason"] = "; ".join(reasons) or (too_short_text(trend) if judged == TOO_SHORT else "")
+    load["reason"] = "; ".join(reasons)  # explains `overloaded`, and only it
+    load["note"] = too_short_text(trend) if load["verdict"] == TOO_SHORT else ""
     return load
 
 
@@ -481,6 +482,7 @@ def summarize(
         "overloaded": load.pop("overloaded"),
         "overload_verdict": load.pop("verdict"),
         "overload_reason": load.pop("reason"),
+        "overload_note": load.pop("note"),
         "load": load,
         "throughput": {
             "requests_per_s": _ratio(n_completed, d),

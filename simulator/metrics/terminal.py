@@ -73,7 +73,7 @@ def summary_table(summary: Mapping[str, Any]) -> str:
     if summary["overloaded"]:
         lines += wrapped(f"*** OVERLOADED: {summary['overload_reason']} ***", "", "  ")
     elif summary.get("overload_verdict") == TOO_SHORT:
-        lines += wrapped(summary["overload_reason"], "note: ", "  ")
+        lines += wrapped(summary["overload_note"], "note: ", "  ")
     rejected = ", ".join(f"{k} {v}" for k, v in c["rejected_by_reason"].items())
     bound = ", ".join(f"{k} {pct(v)}" for k, v in u["bound_share"].items() if v)
     hits = prefix["hit_rate"]
