@@ -5,6 +5,7 @@ process steps (failure drops every member, recovery restarts them together)."""
 from __future__ import annotations
 
 import sys
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 import simpy
@@ -28,8 +29,9 @@ class PooledBlocks:
         return sum(member.kv.total for member in self._members)
 
 
-class EngineGroup:
-    """Members (`driven` replicas) that this group's one process steps (`_step_loop`)."""
+class EngineGroup(ABC):
+    """Members (`driven` replicas) that this group's one process steps (`_step_loop`,
+    which each kind of group defines: DP lockstep, PP batches in flight)."""
 
     def __init__(self, env: simpy.Environment, members: Sequence[Replica]) -> None:
         self.env, self.members = env, list(members)
@@ -113,8 +115,9 @@ class EngineGroup:
                     member.down = False
                 self._set_time(self.env.now)
 
+    @abstractmethod
     def _step_loop(self):
-        raise NotImplementedError
+        """The SimPy generator that schedules and steps the members until interrupted."""
 
     def _set_time(self, t: float) -> None:
         self.t = t
