@@ -398,6 +398,15 @@ class _Run:
             configs = [replace(config, max_num_seqs=seqs, swap_blocks=config.swap_blocks // engines)
                        for seqs in _split(config.max_num_seqs, engines)]  # fmt: skip
             shared_kv = SharedKv(functools.partial(empty_kv_cache, config, keys))
+            if not self.replicas:  # once a run, not once per replica
+                warnings.warn(
+                    f"parallelism.pp={pp}: serving.max_num_seqs={config.max_num_seqs} is split "
+                    f"as {_split(config.max_num_seqs, engines)} over the {engines} batches in "
+                    "flight, and a request stays in its batch; vLLM V1 caps only their total, "
+                    "so its batches may be less even than these",
+                    InfersimWarning,
+                    stacklevel=2,
+                )
         index = len(self.replicas)
         members = []
         for rank, engine_config in enumerate(configs):

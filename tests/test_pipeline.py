@@ -189,3 +189,12 @@ def test_a_failed_pipelined_replica_loses_its_batches_in_flight_and_recovers():
     assert not ((steps["start"] > 5.0) & (steps["start"] < 8.0)).any()  # down meanwhile
     assert (steps["start"] > 8.0).any()  # and serving again
     assert res.requests["retries"].sum() > 0
+
+
+def test_the_split_of_max_num_seqs_over_batches_in_flight_is_said():
+    """The per-batch split approximates vLLM V1's global cap: the run says so."""
+    data = scenario_dict(model={"name": "llama-3.1-8b"}, parallelism={"tp": 1, "pp": 2})
+    data["workload"] = {**data["workload"], "num_requests": 5}
+    with pytest.warns(InfersimWarning, match=r"max_num_seqs=64 is split as \[32, 32\]"):
+        results = simulate(Scenario.from_dict(data), progress=False)
+    assert any("batches in flight" in w for w in results.summary()["warnings"])
