@@ -227,3 +227,12 @@ def test_warnings_raised_in_a_run_stand_in_its_summary():
     with pytest.warns(InfersimWarning):
         results = simulate(Scenario.from_dict(data), progress=False)
     assert any("attend to a 4096-token window" in w for w in results.summary()["warnings"])
+
+
+def test_fp4_experts_on_a_chip_with_native_fp4_say_they_are_priced_as_marlin():
+    """gpt-oss's MXFP4 experts run as Marlin W4A16 in the model everywhere; on Blackwell,
+    where vLLM runs native fp4 MoE kernels, the run says so."""
+    data = scenario_dict(model={"name": "gpt-oss-20b"}, hardware={"gpu": "b200"})
+    data["workload"] = {**data["workload"], "num_requests": 5}
+    with pytest.warns(InfersimWarning, match="priced as the Marlin W4A16 kernel"):
+        simulate(Scenario.from_dict(data), progress=False)
