@@ -522,3 +522,19 @@ def test_a_simulated_bench_json_replays_as_itself(tmp_path, capsys):
     for metric in ("ttft", "tpot", "e2e"):
         for stat in ("mean", "p50", "p99"):
             assert rows[metric, stat]["error_pct"] == pytest.approx(0, abs=1e-9), (metric, stat)
+
+
+def test_the_timeline_sums_every_rank_of_a_multi_rank_run():
+    """A DP run's ranks are replicas of the results: running, waiting and KV use at a tick
+    are their sum, as the engine's log sums its engines, not one rank's."""
+    import pandas as pd
+
+    from simulator.replay.compare import _sampled
+
+    steps = pd.DataFrame(
+        {"replica": [0, 1, 0, 1], "start": [0.0, 0.0, 1.0, 1.5], "batch_size": [2, 3, 4, 5],
+         "waiting": [1, 0, 0, 2], "kv_blocks_used": [10, 20, 30, 40]}
+    )  # fmt: skip
+    running, waiting, kv = _sampled(steps.sort_values("start"), np.array([0.5, 1.2, 2.0]))
+    assert running.tolist() == [5, 7, 9] and waiting.tolist() == [1, 0, 2]
+    assert kv.tolist() == [30, 50, 70]

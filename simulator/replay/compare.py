@@ -32,14 +32,7 @@ def _measured_stats(run: MeasuredRun, metric: str) -> dict[str, float | None]:
 def latency_table(run: MeasuredRun, results: Results) -> list[dict[str, object]]:
     """One row per metric and statistic: measured and simulated seconds, signed error in
     percent of the measured value (None where the run does not give the figure)."""
-    simulated = {
-        metric: latency_stats(results.requests[metric].to_numpy())
-        for metric in METRICS
-        if metric != "itl"
-    }
-    simulated["itl"] = latency_stats(
-        results.itl["seconds"].to_numpy(), results.itl["weight"].to_numpy()
-    )
+    simulated = results.summary()["latency"]  # the same statistics the summary reports
     rows = []
     for metric in METRICS:
         measured = _measured_stats(run, metric)
@@ -63,11 +56,10 @@ def timeline(log: pd.DataFrame, results: Results) -> pd.DataFrame:
     running / waiting / KV use sampled at the tick."""
     ticks = log["t"].to_numpy()
     requests, steps = results.requests, results.steps
-    total_blocks = results.context.replicas[0].kv_total_blocks
     first = requests["first_token"].to_numpy()
     ends = (steps["start"] + steps["duration"]).to_numpy()
-    # the step running at each tick (the last one started by then)
-    at = np.clip(np.searchsorted(steps["start"].to_numpy(), ticks, side="right") - 1, 0, None)
+    running, waiting, kv_used = _sampled(steps, ticks)
+    total_blocks = sum(replica.kv_total_blocks for replica in results.context.replicas)
     edges = np.concatenate(([ticks[0] - 1], ticks))
     generated = np.histogram(ends, edges, weights=steps["decode_tokens"])[0]
     generated += np.histogram(first, edges)[0]  # each request's first token
@@ -79,16 +71,28 @@ def timeline(log: pd.DataFrame, results: Results) -> pd.DataFrame:
             "measured_gen_tok_s": log["gen_throughput"],
             "simulated_gen_tok_s": generated,
             "measured_running": log["running"],
-            "simulated_running": steps["batch_size"].to_numpy()[at],
+            "simulated_running": running,
             "measured_waiting": log["waiting"],
-            "simulated_waiting": steps["waiting"].to_numpy()[at],
+            "simulated_waiting": waiting,
             "measured_kv_pct": log["kv_cache_pct"],
-            "simulated_kv_pct": 100 * steps["kv_blocks_used"].to_numpy()[at] / total_blocks,
+            "simulated_kv_pct": 100 * kv_used / total_blocks,
             "simulated_prefill_tok_s": np.histogram(ends, edges, weights=steps["prefill_tokens"])[
                 0
             ],
         }
     )
+
+
+def _sampled(steps: pd.DataFrame, ticks: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Running, waiting and KV blocks used at each tick, summed over the replicas (a DP
+    run's ranks, as the engine's log sums its engines): each replica's last step started
+    by then."""
+    totals = [np.zeros(len(ticks)) for _ in range(3)]
+    for _, own in steps.groupby("replica", sort=True):
+        at = np.clip(np.searchsorted(own["start"].to_numpy(), ticks, side="right") - 1, 0, None)
+        for total, column in zip(totals, ("batch_size", "waiting", "kv_blocks_used"), strict=True):
+            total += own[column].to_numpy()[at]
+    return tuple(totals)
 
 
 def decode_only_step(line: pd.DataFrame) -> dict[str, float] | None:
