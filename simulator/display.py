@@ -95,6 +95,11 @@ def summary_html(summary: Mapping[str, Any]) -> str:
     if summary["overloaded"]:
         reason = escape(str(summary["overload_reason"]))
         parts.append(f'<p style="color:#b00020"><b>Overloaded:</b> {reason}</p>')
+    elif summary.get("overload_note"):
+        parts.append(f"<p><b>Note:</b> {escape(summary['overload_note'])}</p>")
+    parts += [
+        f"<p><b>Calibration:</b> {escape(c)}</p>" for c in summary["run"].get("calibrations", [])
+    ]
     headline = "".join(_row([escape(k), escape(v)]) for k, v in _headline(summary))
     latency = summary["latency"]
     lat_rows = [_row(["ms", *_LATENCY_COLS, "n"], "th")]

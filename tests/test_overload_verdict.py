@@ -182,3 +182,14 @@ def test_a_rise_within_the_bursts_noise_is_too_short_to_judge():
     assert verdict(trend) == "overloaded"
     bursty = {**trend, "arrival_cv": 4.0, "detectable_unserved_share": 2.3 * 4 / np.sqrt(200)}
     assert verdict(bursty) == TOO_SHORT
+
+
+
+def test_the_notebook_view_shows_the_too_short_note():
+    """The HTML view says what the terminal says: a run too short to judge shows its note."""
+    from simulator.display import summary_html
+
+    summary = simulate(Scenario.from_dict(scenario_dict(workload={"num_requests": 60})),
+                       progress=False).summary()  # fmt: skip
+    summary["overload_note"] = "too short to judge overload: the queue rose"
+    assert "<b>Note:</b> too short to judge overload" in summary_html(summary)
