@@ -208,12 +208,12 @@ class _Setup:
     split_pass_us: float  # the split-K reduction pass (EfficiencyProfile.split_k_pass_us)
 
 
-@lru_cache(maxsize=256)
 def hardware_block_scaling(gpu: AcceleratorSpec) -> bool:
     """True where the tensor cores scale blocks themselves (see HARDWARE_BLOCK_SCALING)."""
     return gpu.architecture.strip().lower() in HARDWARE_BLOCK_SCALING
 
 
+@lru_cache(maxsize=256)
 def _setup(gpu: AcceleratorSpec, dtype: str | Dtype, weight_dtype: str | Dtype | None) -> _Setup:
     eff = gpu.efficiency
     compute_curve, memory_curve, floor_us = eff.gemm_terms(dtype)

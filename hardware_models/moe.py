@@ -132,18 +132,8 @@ def expert_load(
         return slowest_rank_load(tokens, topk, num_experts, ep)
     if routing.kind == "balanced":
         p = topk / num_experts
-        # E[ceil(n / B)] = sum over j >= 0 of P(n > j B), n ~ Binomial(tokens, p): one
-        # survival function, cut where it is below 1e-15 (15 standard deviations out).
-        top = min(tokens, int(tokens * p + 15 * math.sqrt(tokens * p * (1 - p)) + 2))
-        x = np.arange(top + 1, dtype=float)
-        if p < 1:
-            # log C(T, x) as a running sum of log((T - i) / (i + 1)), in log space: the
-            # plain recurrence from (1 - p)^T underflows at thousands of tokens.
-            steps = np.log(tokens - x[:-1]) - np.log(x[:-1] + 1)
-            log_choose = np.concatenate(([0.0], np.cumsum(steps)))
-            pmf = np.exp(log_choose + x * math.log(p) + (tokens - x) * math.log1p(-p))
-        else:
-            pmf = (x == tokens).astype(float)
+        # E[ceil(n / B)] = sum over j >= 0 of P(n > j B), n ~ Binomial(tokens, p).
+        pmf = _binomial_pmf(tokens, p)
         sf = np.cumsum(pmf[::-1])[::-1] - pmf  # P(n > x)
         tiles = tuple(local * float(sf[::b].sum()) for b in BLOCK_MS)
         active = local * (1.0 - (1.0 - p) ** tokens)
