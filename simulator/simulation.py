@@ -407,15 +407,14 @@ class _Run:
             configs = [replace(config, max_num_seqs=seqs, swap_blocks=config.swap_blocks // engines)
                        for seqs in _split(config.max_num_seqs, engines)]  # fmt: skip
             shared_kv = SharedKv(functools.partial(empty_kv_cache, config, keys))
-            if not self.replicas:  # once a run, not once per replica
-                warnings.warn(
-                    f"parallelism.pp={pp}: serving.max_num_seqs={config.max_num_seqs} is split "
-                    f"as {_split(config.max_num_seqs, engines)} over the {engines} batches in "
-                    "flight, and a request stays in its batch; vLLM V1 caps only their total, "
-                    "so its batches may be less even than these",
-                    InfersimWarning,
-                    stacklevel=2,
-                )
+            warnings.warn(  # per replica; simulate() passes each distinct one on once
+                f"parallelism.pp={pp}: serving.max_num_seqs={config.max_num_seqs} is split "
+                f"as {_split(config.max_num_seqs, engines)} over the {engines} batches in "
+                "flight, and a request stays in its batch; vLLM V1 caps only their total, "
+                "so its batches may be less even than these",
+                InfersimWarning,
+                stacklevel=2,
+            )
         index = len(self.replicas)
         members = []
         for rank, engine_config in enumerate(configs):
@@ -782,14 +781,19 @@ def simulate(
         started = time.perf_counter()
         end = run.run()
         wall = time.perf_counter() - started
-    for caught_warning in caught:  # the caller's filters and display decide, as before
+    # Each distinct warning once (one raised per replica is one fact), then the caller's
+    # filters and display decide, as before.
+    distinct: dict[tuple[type[Warning], str], warnings.WarningMessage] = {}
+    for caught_warning in caught:
+        distinct.setdefault((caught_warning.category, str(caught_warning.message)), caught_warning)
+    for caught_warning in distinct.values():
         warnings.warn_explicit(
             caught_warning.message,
             caught_warning.category,
             caught_warning.filename,
             caught_warning.lineno,
         )
-    raised = [str(w.message) for w in caught if issubclass(w.category, InfersimWarning)]
+    raised = [msg for category, msg in distinct if issubclass(category, InfersimWarning)]
     slo = scenario.slo
     ctx = RunContext(
         scenario=scenario.name,

@@ -198,3 +198,16 @@ def test_the_split_of_max_num_seqs_over_batches_in_flight_is_said():
     with pytest.warns(InfersimWarning, match=r"max_num_seqs=64 is split as \[32, 32\]"):
         results = simulate(Scenario.from_dict(data), progress=False)
     assert any("batches in flight" in w for w in results.summary()["warnings"])
+
+
+def test_a_warning_raised_by_every_replica_is_passed_on_once():
+    """Four pipelined replicas each raise the split warning: the caller sees it once."""
+    import warnings
+
+    data = scenario_dict(model={"name": "llama-3.1-8b"},
+                         parallelism={"tp": 1, "pp": 2, "replicas": 4})  # fmt: skip
+    data["workload"] = {**data["workload"], "num_requests": 8}
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        simulate(Scenario.from_dict(data), progress=False)
+    assert sum("batches in flight" in str(w.message) for w in seen) == 1
