@@ -184,7 +184,6 @@ def test_a_rise_within_the_bursts_noise_is_too_short_to_judge():
     assert verdict(bursty) == TOO_SHORT
 
 
-
 def test_the_notebook_view_shows_the_too_short_note():
     """The HTML view says what the terminal says: a run too short to judge shows its note."""
     from simulator.display import summary_html
