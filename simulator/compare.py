@@ -52,6 +52,7 @@ def compare_table(results: Mapping[str, Results]) -> pd.DataFrame:
             for column, path, scale in _COLUMNS
         }
         rows[name]["overloaded"] = bool(summary.get("overloaded"))
+        rows[name]["overload_verdict"] = summary.get("overload_verdict")
     frame = pd.DataFrame.from_dict(rows, orient="index")
     frame.index.name = "run"
     return frame

@@ -40,6 +40,7 @@ import pandas as pd
 
 from hardware_models.errors import InfersimError
 from hardware_models.plot_labels import LEADER, spread_labels
+from simulator.metrics.overload import TOO_SHORT
 from simulator.scenario import PlanSection, Scenario
 from simulator.sweep import JobError, run_parallel
 
@@ -129,33 +130,62 @@ def _run(scenario: Scenario) -> dict[str, Any]:
     return simulate(scenario, progress=False).summary()
 
 
+@dataclass(frozen=True)
+class Probe:
+    """One simulated probe: whether it met the SLOs, its summary, and what bent the
+    verdict (a probe held at MAX_PROBE_REQUESTS), for the plan table's `note`."""
+
+    ok: bool
+    summary: dict[str, Any]
+    note: str = ""
+
+
+def _requests_needed(summary: dict[str, Any], rate: float, n: int) -> int:
+    """Requests a steady-state verdict needs: STEADY_TURNOVERS turnovers of what the fleet
+    holds at once (Little's law: rate x median time in system), and, where the queue rose
+    by a share this length could not judge, enough arrivals for that share to be
+    detectable (the detectable share falls as 1 / sqrt(arrivals))."""
+    time_in_system = summary["latency"]["e2e"]["p50"] or 0.0
+    needed = math.ceil(STEADY_TURNOVERS * rate * time_in_system)
+    load = summary["load"]
+    if summary["overload_verdict"] == TOO_SHORT and load["unserved_share"]:
+        ratio = load["detectable_unserved_share"] / load["unserved_share"]
+        needed = max(needed, math.ceil(n * ratio**2))
+    return needed
+
+
 def _probe(
     scenario: Scenario, c: Candidate, rate: float, fleet: Fleet, n: int | None = None
-) -> tuple[bool, dict[str, Any]]:
-    """Simulate the fleet at `rate`: does it meet the SLOs, and its summary. A fleet gets
-    requests_per_probe per replica, up to 8 replicas' worth, and more when that is too
-    few to turn over what the fleet holds at once STEADY_TURNOVERS times (Little's law:
-    rate x median time in system), so the verdict is on a steady state, not a warm-up."""
+) -> Probe:
+    """Simulate the fleet at `rate`. A fleet gets requests_per_probe per replica, up to 8
+    replicas' worth, and is run again longer when that is too few for a verdict on a
+    steady state (`_requests_needed`), up to MAX_PROBE_REQUESTS; a probe held at that cap
+    says so in its note."""
     plan = scenario.plan
     assert plan is not None
     n = n or plan.requests_per_probe * min(_size(fleet), 8)
     summary = _run(_at(scenario, c, rate, fleet, n))
-    time_in_system = summary["latency"]["e2e"]["p50"] or 0.0
-    needed = min(math.ceil(STEADY_TURNOVERS * rate * time_in_system), MAX_PROBE_REQUESTS)
+    needed = _requests_needed(summary, rate, n)
+    note = ""
+    if needed > n and n < MAX_PROBE_REQUESTS:
+        n = min(needed, MAX_PROBE_REQUESTS)
+        summary = _run(_at(scenario, c, rate, fleet, n))
     if needed > n:
-        summary = _run(_at(scenario, c, rate, fleet, needed))
-    return _meets(summary, scenario, plan.percentile), summary
+        note = f"verified with {n:,} requests where a steady-state verdict needs {needed:,}"
+    if summary["overload_verdict"] == TOO_SHORT:
+        note = "; ".join(filter(None, (note, summary["overload_note"])))
+    return Probe(_meets(summary, scenario, plan.percentile), summary, note)
 
 
 def _replica_capacity(scenario: Scenario, c: Candidate, plan: PlanSection, hi: float) -> float:
     """Highest rate one replica serves within the SLOs (0 if none)."""
     n = plan.requests_per_probe
     lo = 0.0
-    if _probe(scenario, c, hi, 1, n)[0]:
+    if _probe(scenario, c, hi, 1, n).ok:
         return hi
     for _ in range(BISECTION_STEPS):
         mid = (lo + hi) / 2 if lo else hi / 2 ** (BISECTION_STEPS // 2)
-        if _probe(scenario, c, mid, 1, n)[0]:
+        if _probe(scenario, c, mid, 1, n).ok:
             lo = mid
         else:
             hi = mid
@@ -166,7 +196,7 @@ def _replica_capacity(scenario: Scenario, c: Candidate, plan: PlanSection, hi: f
 
 def _colocated(
     scenario: Scenario, c: Candidate, plan: PlanSection, target: float, capacity: float
-) -> tuple[int, dict[str, Any]]:
+) -> tuple[int, Probe]:
     """The verified fleet of colocated replicas, starting from the capacity estimate."""
     if capacity <= 0:
         raise InfersimError("one replica misses the SLO even at the lowest probed rate")
@@ -174,39 +204,37 @@ def _colocated(
     for _ in range(VERIFY_ATTEMPTS):
         if replicas > plan.max_replicas:
             raise InfersimError(f"needs more than {plan.max_replicas} replicas")
-        ok, summary = _probe(scenario, c, target, replicas)
-        if ok:
-            return replicas, summary
+        probe = _probe(scenario, c, target, replicas)
+        if probe.ok:
+            return replicas, probe
         replicas += max(1, replicas // 10)
     raise InfersimError("fleet never met the SLO")
 
 
-def _smallest(
-    probe: Callable[[int], tuple[bool, dict[str, Any]]], hi: int, summary: dict[str, Any]
-) -> tuple[int, dict[str, Any]]:
-    """The fewest replicas in 1..hi that pass `probe`, given that hi passes (with
-    `summary`); bisection, so it assumes more replicas never hurt."""
+def _smallest(probe: Callable[[int], Probe], hi: int, passed: Probe) -> tuple[int, Probe]:
+    """The fewest replicas in 1..hi that pass `probe`, given that hi passes (`passed`);
+    bisection, so it assumes more replicas never hurt."""
     lo = 0
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        ok, found = probe(mid)
-        if ok:
-            hi, summary = mid, found
+        found = probe(mid)
+        if found.ok:
+            hi, passed = mid, found
         else:
             lo = mid
-    return hi, summary
+    return hi, passed
 
 
 def _disaggregated(
     scenario: Scenario, c: Candidate, plan: PlanSection, target: float, start: int
-) -> tuple[tuple[int, int], dict[str, Any]]:
+) -> tuple[tuple[int, int], Probe]:
     """The smallest verified (prefill, decode) pools; see the module docstring."""
     ample, tightest = max(1, start), 0.0
     while True:
-        ok, summary = _probe(scenario, c, target, (ample, ample))
-        if ok:
+        probe = _probe(scenario, c, target, (ample, ample))
+        if probe.ok:
             break
-        margin = min(_margins(summary, scenario, plan.percentile).values())
+        margin = min(_margins(probe.summary, scenario, plan.percentile).values())
         if 4 * ample > plan.max_replicas:
             raise InfersimError(f"needs more than {plan.max_replicas} replicas")
         if tightest and margin < MIN_GAIN * tightest:
@@ -214,9 +242,9 @@ def _disaggregated(
                 f"{2 * ample} replicas miss the SLO and doubling the pools did not help"
             )
         ample, tightest = 2 * ample, margin
-    decode, summary = _smallest(lambda d: _probe(scenario, c, target, (ample, d)), ample, summary)
-    prefill, summary = _smallest(lambda p: _probe(scenario, c, target, (p, decode)), ample, summary)
-    return (prefill, decode), summary
+    decode, probe = _smallest(lambda d: _probe(scenario, c, target, (ample, d)), ample, probe)
+    prefill, probe = _smallest(lambda p: _probe(scenario, c, target, (p, decode)), ample, probe)
+    return (prefill, decode), probe
 
 
 def _layouts(plan: PlanSection, candidate: Candidate) -> list[str]:
@@ -224,10 +252,10 @@ def _layouts(plan: PlanSection, candidate: Candidate) -> list[str]:
     return ["colocated", "disaggregated"] if disaggregated else ["colocated"]
 
 
-def _row(
-    scenario: Scenario, candidate: Candidate, fleet: Fleet, summary: dict[str, Any]
-) -> dict[str, Any]:
-    """A feasible fleet's row: its size, cost and latency at the planned load."""
+def _row(scenario: Scenario, candidate: Candidate, fleet: Fleet, probe: Probe) -> dict[str, Any]:
+    """A feasible fleet's row: its size, cost and latency at the planned load, and the
+    verifying probe's verdict and note."""
+    summary = probe.summary
     plan = scenario.plan
     assert plan is not None
     pct = plan.percentile
@@ -243,6 +271,8 @@ def _row(
         f"ttft_{pct}_ms": 1000 * summary["latency"]["ttft"][pct],
         f"tpot_{pct}_ms": 1000 * summary["latency"]["tpot"][pct],
         **{f"{k}_margin": v for k, v in _margins(summary, scenario, pct).items()},
+        "overload_verdict": summary["overload_verdict"],
+        "note": probe.note,
         "reason": "",
     }
 
@@ -259,17 +289,17 @@ def evaluate(scenario: Scenario, candidate: Candidate) -> list[dict[str, Any]]:
     try:
         capacity = _replica_capacity(scenario, candidate, plan, target)
         start = math.ceil(target / capacity) if capacity else 1
-        replicas, summary = _colocated(scenario, candidate, plan, target, capacity)
+        replicas, probe = _colocated(scenario, candidate, plan, target, capacity)
         start = replicas
-        row = {"replica_capacity_rps": capacity, **_row(scenario, candidate, replicas, summary)}
+        row = {"replica_capacity_rps": capacity, **_row(scenario, candidate, replicas, probe)}
     except InfersimError as exc:
         row = {"status": "infeasible", "reason": str(exc).splitlines()[0]}
     rows.append({**base, "layout": "colocated", **row})
     if "disaggregated" in _layouts(plan, candidate):
         try:
             start = min(start, max(1, plan.max_replicas // 2))
-            pools, summary = _disaggregated(scenario, candidate, plan, target, start)
-            row = _row(scenario, candidate, pools, summary)
+            pools, probe = _disaggregated(scenario, candidate, plan, target, start)
+            row = _row(scenario, candidate, pools, probe)
         except InfersimError as exc:
             row = {"status": "infeasible", "reason": str(exc).splitlines()[0]}
         rows.append({**base, "layout": "disaggregated", **row})

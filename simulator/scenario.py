@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -464,16 +465,19 @@ class Scenario(BaseModel):
         data = load_yaml_mapping(path)
         apply_overrides(data, overrides or [])
         data.setdefault("base_dir", str(path.parent.resolve()))
-        scenario = cls.from_dict(data, source=str(path))
-        scenario._overrides = tuple(overrides or ())
-        return scenario
+        return cls.from_dict(data, source=str(path), overrides=overrides or ())
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "scenario") -> Scenario:
+    def from_dict(
+        cls, data: dict[str, Any], source: str = "scenario", overrides: Sequence[str] = ()
+    ) -> Scenario:
+        """Validate `data`; `overrides` are the --set items already applied to it, kept
+        for the run's provenance."""
         try:
             scenario = cls.model_validate(data)
         except ValidationError as exc:
             raise InfersimError(f"{source}: {describe_errors(exc, cls)}") from None
+        scenario._overrides = tuple(overrides)
         scenario.expand(source)  # a bad variant is reported now, not after other runs
         return scenario
 
@@ -509,9 +513,7 @@ class Scenario(BaseModel):
         data = self.model_dump(mode="json")
         data["base_dir"] = self.base_dir
         apply_overrides(data, overrides)
-        scenario = Scenario.from_dict(data, source=self.name)
-        scenario._overrides = (*self._overrides, *overrides)
-        return scenario
+        return Scenario.from_dict(data, self.name, (*self._overrides, *overrides))
 
 
 # ---- overrides ----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ planner's candidates.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -168,12 +169,14 @@ def _grid_error(exc: ValidationError, values: Mapping[str, Any], name: str, wher
 
 
 # ---- one point, in a worker -----------------------------------------------------------------
-def run_point(data: dict[str, Any]) -> dict[str, Any]:
-    """Simulate one point wherever it is sent. Never raises: any exception becomes a failed
-    outcome, so one bad point costs one row, not the sweep."""
+def run_point(data: dict[str, Any], overrides: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Simulate one point wherever it is sent; `overrides` are the sweep's --set, recorded
+    in the point's provenance (the point's data already has them applied). Never raises:
+    any exception becomes a failed outcome, so one bad point costs one row, not the sweep."""
     started, cpu = time.perf_counter(), time.process_time()
     try:
-        summary = simulate(Scenario.model_validate(data), progress=False).summary()
+        scenario = Scenario.from_dict(data, source="sweep point", overrides=overrides)
+        summary = simulate(scenario, progress=False).summary()
     except Exception as exc:
         return _failure("failed", exc, time.perf_counter() - started)
     run = {k: v for k, v in summary["run"].items() if k != "wall"}  # the only varying part
@@ -455,6 +458,7 @@ def sweep_table(points: Sequence[SweepPoint], records: Mapping[str, Mapping]) ->
         tokens, usd = row["output_tokens_per_s"], row["usd_per_hour"]
         row[PER_USD] = tokens / usd if tokens is not None and usd else None
         row["overloaded"] = _get(summary, ("overloaded",))
+        row["overload_verdict"] = _get(summary, ("overload_verdict",))
         row["wall_s"] = record.get("wall_s")
         row["cpu_s"] = record.get("cpu_s")
         rows.append(row)
@@ -605,7 +609,8 @@ def sweep(
     elif resume:
         raise InfersimError("resume: needs the outdir of the sweep to continue")
     pending = [p for p in points if p.id not in records]
-    results = run_parallel(run_point, [p.data for p in pending], workers=workers, client=client)
+    job = functools.partial(run_point, overrides=scenario.overrides)
+    results = run_parallel(job, [p.data for p in pending], workers=workers, client=client)
     show = progress and sys.stderr.isatty()
     with tqdm(total=len(points), initial=len(records), desc=scenario.name, unit="point",
               disable=not show, leave=False) as bar:  # fmt: skip

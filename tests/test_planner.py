@@ -116,7 +116,7 @@ def _meets_at(scenario, row, pool: str) -> bool:
     fleet = [int(row["prefill_replicas"]), int(row["decode_replicas"])]
     fleet[pool == "decode"] -= 1
     c = Candidate(row["gpu"], int(row["tp"]), int(row["pp"]), row["policy"])
-    return _probe(scenario, c, 6.6, tuple(fleet))[0]
+    return _probe(scenario, c, 6.6, tuple(fleet)).ok
 
 
 def test_parallel_plan_uses_the_sweep_executor_and_matches_in_process(make_scenario):
@@ -199,3 +199,29 @@ def test_a_replica_of_dp_ranks_counts_and_prices_all_its_gpus(make_scenario):
     price = load_gpu("h100-sxm").price.usd_per_hour
     assert row["usd_per_hour"] == pytest.approx(row["gpus"] * price)
     assert row["dp"] == 2
+
+
+def _summary(verdict: str, unserved: float | None, detectable: float, p50_s: float) -> dict:
+    load = {"unserved_share": unserved, "detectable_unserved_share": detectable}
+    return {"overload_verdict": verdict, "load": load, "latency": {"e2e": {"p50": p50_s}}}
+
+
+def test_a_probe_too_short_to_judge_is_run_long_enough_to_see_its_rise():
+    from simulator.planner import _requests_needed
+
+    # Little's law alone: 5 turnovers of rate x time in system
+    assert _requests_needed(_summary("stable", 0.001, 0.2, 2.0), 10.0, 1_000) == 100
+    # a 5% rise where 1,000 arrivals can only see 10%: 4x the arrivals halve the limit
+    assert _requests_needed(_summary("too_short_to_judge", 0.05, 0.1, 2.0), 10.0, 1_000) == 4_000
+
+
+def test_a_probe_held_at_the_request_cap_says_so_in_the_plan(make_scenario, monkeypatch):
+    from simulator import planner
+
+    monkeypatch.setattr(planner, "MAX_PROBE_REQUESTS", 120)
+    monkeypatch.setattr(planner, "STEADY_TURNOVERS", 500)  # asks for far more than the cap
+    table = plan_capacity(_plan_scenario(make_scenario, gpus=["a100-80gb-sxm"]), workers=1)
+    ok = table[table["status"] == "ok"]
+    assert not ok.empty
+    assert ok["note"].str.startswith("verified with 120 requests where a steady-state").all()
+    assert set(ok["overload_verdict"]) <= {"stable", "too_short_to_judge"}

@@ -191,12 +191,12 @@ def test_a_killed_local_worker_costs_a_retry_not_the_sweep(tmp_path):
     assert files[point.id]["summary"]["latency"] == alone["latency"]
 
 
-def kill_the_worker_on_8(data: dict[str, Any]) -> dict[str, Any]:
+def kill_the_worker_on_8(data: dict[str, Any], overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     """run_point, except that the point with max_num_seqs 8 kills its worker process, as
     the OOM killer would, every time it starts."""
     if data["serving"]["max_num_seqs"] == 8:
         os.kill(os.getpid(), signal.SIGKILL)
-    return run_point(data)
+    return run_point(data, overrides)
 
 
 def test_a_point_that_kills_every_local_worker_fails_with_the_reason(tmp_path, monkeypatch,

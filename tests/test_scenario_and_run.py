@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -129,6 +130,11 @@ def test_run_variants_writes_a_comparison(tmp_path, capsys):
     table = (tmp_path / "cmp" / "comparison.csv").read_text()
     assert table.startswith("run,") and "small" in table and "big" in table
     assert (tmp_path / "cmp" / "small" / "summary.json").is_file()
+    frame = pd.read_csv(tmp_path / "cmp" / "comparison.csv", index_col="run")
+    for run in ("small", "big"):  # the verdict beside the flag: a short run is not "stable"
+        summary = json.loads((tmp_path / "cmp" / run / "summary.json").read_text())
+        verdict = frame.loc[run, "overload_verdict"]
+        assert (None if pd.isna(verdict) else verdict) == summary["overload_verdict"]
 
 
 def test_run_bad_input_is_one_line(tmp_path, capsys):

@@ -280,3 +280,18 @@ def test_cli_compare_files_and_variants(tmp_path, capsys):
     assert "already has results" in capsys.readouterr().err
     assert main(["compare", str(a), "-o", str(tmp_path / "one")]) == 2
     assert "two or more runs" in capsys.readouterr().err
+
+
+def test_each_point_records_the_sweeps_set_overrides_and_its_overload_verdict(tmp_path):
+    path, out = write(tmp_path, tiny({"serving.max_num_seqs": [4, 32]})), tmp_path / "out"
+    argv = ["sweep", str(path), "-o", str(out), "--workers", "1", "--quiet", "--no-plots"]
+    assert main([*argv, "--set", "seed=7"]) == 0
+    verdicts = {}
+    for record in point_files(out).values():
+        provenance = record["summary"]["provenance"]
+        assert provenance["overrides"] == ["seed=7", "output.plots=false"]
+        assert provenance["scenario"]["seed"] == 7
+        verdicts[record["name"]] = record["summary"]["overload_verdict"]
+    table = pd.read_parquet(out / "sweep.parquet")
+    assert "overload_verdict" in table  # None here: 30 arrivals are too few for a trend
+    assert dict(zip(table["name"], table["overload_verdict"], strict=True)) == verdicts

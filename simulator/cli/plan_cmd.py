@@ -38,7 +38,7 @@ def _run(args: argparse.Namespace) -> int:
     split = ["prefill_replicas", "decode_replicas"] if plan.disaggregation else []
     shown = ["rank", "gpu", "tp", "pp", "dp", "policy", "layout", "replicas", *split, "gpus",
              "usd_per_hour", "usd_per_million_output_tokens", f"ttft_{pct}_ms",
-             f"tpot_{pct}_ms", "status", "reason"]  # fmt: skip
+             f"tpot_{pct}_ms", "status", "reason", "note"]  # fmt: skip
     print(f"Plan for {scenario.model.name}: "
           f"{plan.target_rate_per_s or scenario.workload.arrivals.rate_per_s} req/s "
           f"+{plan.headroom:.0%} headroom, SLO at {pct}")  # fmt: skip
