@@ -650,6 +650,32 @@ class EfficiencyProfile(BaseModel):
             else self.attention_decode_floor_us
         )
 
+    # MLA's own fields where fitted, else the attention kernels' (one place for the
+    # fallback: the pricing and the fitter both read these).
+    @property
+    def mla_decode_memory_curve(self) -> EfficiencyCurve:
+        return self.mla_decode_memory or self.attention_decode_memory
+
+    @property
+    def mla_decode_floor(self) -> float:
+        """mla_decode_floor_us, or decode_floor_us, in microseconds."""
+        return (
+            self.decode_floor_us if self.mla_decode_floor_us is None else self.mla_decode_floor_us
+        )
+
+    @property
+    def mla_prefill_compute_curve(self) -> EfficiencyCurve:
+        return self.mla_prefill_compute or self.attention_prefill_compute
+
+    @property
+    def mla_prefill_floor(self) -> float:
+        """mla_prefill_floor_us, or prefill_floor_us, in microseconds."""
+        return (
+            self.prefill_floor_us
+            if self.mla_prefill_floor_us is None
+            else self.mla_prefill_floor_us
+        )
+
 
 def _normalised_keys(v: dict, key: Callable[[str], str]) -> dict:
     """A per-dtype (or per-format) field with its keys spelled one way: a key `key` cannot

@@ -24,6 +24,7 @@ adds the projections (a calibration table of whole modules measures those too).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -130,7 +131,8 @@ class MlaDecode:
         self.bytes_per_seq = shape.num_heads * (shape.latent_dim + shape.kv_lora_rank) * act
         self.flops_per_key = shape.decode_flops_per_key()
         self.bandwidth = gpu.memory_bandwidth
-        self.curve = eff.mla_decode_memory or eff.attention_decode_memory
+        self.curve = eff.mla_decode_memory_curve
+        self._curve_at = self.curve.scalar_at()
         self.compute_rate = gpu.peak_flops(Dtype.BF16) * eff.mla_decode_compute
         block = eff.mla_decode_head_block
         self.reads = 1 if block == 0 else math.ceil(shape.num_heads / block)
@@ -138,10 +140,8 @@ class MlaDecode:
         self.sm_count = gpu.sm_count
         self.cta_seconds = eff.decode_cta_latency_us * 1e-6
         self.cta_seconds_per_byte = eff.mla_decode_cta_us_per_mb * 1e-12
-        floor_us = (
-            eff.decode_floor_us if eff.mla_decode_floor_us is None else eff.mla_decode_floor_us
-        )
-        self.floor = floor_us * 1e-6
+        self.floor = eff.mla_decode_floor * 1e-6
+        self._one_step: dict[int, Callable[[int], tuple[float, float, float]]] = {}
 
     def parts(self, num_seqs, context_tokens) -> MlaDecodeParts:
         """`num_seqs` decodes attending `context_tokens` cached tokens in total."""
@@ -165,6 +165,40 @@ class MlaDecode:
         seconds = np.maximum(np.maximum(memory, compute), fixed) + self.floor
         return MlaDecodeParts(seconds, memory, compute, fixed, self.floor, dram, flops)
 
+    def one_step_for(self, num_seqs: int) -> Callable[[int], tuple[float, float, float]]:
+        """(seconds, flops, dram_bytes) of `num_seqs` decodes as a function of their
+        cached tokens, in plain floats: `parts`' operations in the same order (so the
+        same numbers) without numpy's per-call cost, the batch's terms worked out once
+        per batch size (the engine prices a decode step this way on every step)."""
+        one_step = self._one_step.get(num_seqs)
+        if one_step is None:
+            one_step = self._one_step[num_seqs] = self._build_one_step(num_seqs)
+        return one_step
+
+    def _build_one_step(self, num_seqs: int) -> Callable[[int], tuple[float, float, float]]:
+        seqs = max(float(num_seqs), 1.0)
+        per_key, reads, curve_at = self.kv_bytes_per_key, float(self.reads), self._curve_at
+        seq_bytes, bandwidth = seqs * self.bytes_per_seq, self.bandwidth
+        flops_per_key, compute_rate, floor = self.flops_per_key, self.compute_rate, self.floor
+        groups, sm_count = seqs * reads, float(self.sm_count)
+        fill = float(self.splits) if self.splits else max(math.floor(sm_count / groups), 1.0)
+        cta_seconds, cta_seconds_per_byte = self.cta_seconds, self.cta_seconds_per_byte
+
+        def one_step(context_tokens: int) -> tuple[float, float, float]:
+            context = float(context_tokens)
+            dram = context * per_key * reads + seq_bytes
+            memory = dram / (bandwidth * curve_at(max(dram, 1.0)))
+            flops = context * flops_per_key
+            compute = flops / compute_rate
+            keys = context / seqs
+            splits = min(fill, max(float(math.ceil(keys / DECODE_KEY_BLOCK)), 1.0))
+            waves = float(math.ceil(groups * splits / sm_count))
+            slice_bytes = max(keys / splits - DECODE_KEY_BLOCK, 0.0) * per_key
+            fixed = waves * (cta_seconds + slice_bytes * cta_seconds_per_byte)
+            return max(max(memory, compute), fixed) + floor, flops, dram
+
+        return one_step
+
 
 class MlaPrefill:
     """MLA prefill attention (decompressed K/V, flash attention) for one layer shape;
@@ -178,20 +212,16 @@ class MlaPrefill:
         dtype: str | Dtype = "bf16",
     ) -> None:
         eff = gpu.efficiency
-        update: dict[str, object] = {}
-        if eff.mla_prefill_compute is not None:
-            update["attention_prefill_compute"] = eff.mla_prefill_compute
-        if eff.mla_prefill_floor_us is not None:
-            update["attention_prefill_floor_us"] = eff.mla_prefill_floor_us
-        mla_gpu = gpu.with_efficiency(eff.model_copy(update=update)) if update else gpu
         # Decompressed K and V are written in the compute dtype whatever the cache holds.
         self.flash = PrefillAttention(
-            mla_gpu,
+            gpu,
             num_heads=shape.num_heads,
             num_kv_heads=shape.num_heads,
             head_dim=shape.prefill_head_dim(),  # type: ignore[arg-type]
             dtype=dtype,
             kv_dtype=dtype,
+            compute_curve=eff.mla_prefill_compute_curve,
+            floor_us=eff.mla_prefill_floor,
         )
         self.decode = MlaDecode(gpu, shape, kv_dtype, dtype)
 
@@ -201,15 +231,18 @@ class MlaPrefill:
             np.atleast_1d(np.asarray(a, dtype=float))
             for a in (num_seqs, new_tokens, attended_pairs, context_tokens)
         )
-        seconds, flops, dram, compute, memory = (
-            np.array(a, dtype=float) for a in self.flash.many(seqs, new, pairs, context)
-        )
+        out = tuple(np.zeros(len(seqs)) for _ in range(5))
         one = new <= seqs
         if one.any():
             d = self.decode.parts(seqs[one], context[one])
-            seconds[one], flops[one], dram[one] = d.seconds, d.flops, d.dram_bytes
-            compute[one], memory[one] = d.compute, d.memory
-        return seconds, flops, dram, compute, memory
+            terms = (d.seconds, d.flops, d.dram_bytes, d.compute, d.memory)
+            for part, value in zip(out, terms, strict=True):
+                part[one] = value
+        if not one.all():
+            flash = self.flash.many(seqs[~one], new[~one], pairs[~one], context[~one])
+            for part, value in zip(out, flash, strict=True):
+                part[~one] = value
+        return out
 
 
 def mla_decode_cost(

@@ -11,6 +11,7 @@ from hardware_models.attention import causal_pairs
 from hardware_models.mla import (
     DEEPSEEK_V3,
     MlaDecode,
+    MlaPrefill,
     MlaShape,
     mla_decode_cost,
     mla_module_cost,
@@ -87,3 +88,36 @@ def test_bad_shape_is_one_line_error():
             qk_rope_head_dim=32,
             v_head_dim=64,
         )
+
+
+@pytest.mark.parametrize(
+    "update",
+    [
+        {},
+        {"mla_decode_kv_splits": 4, "mla_decode_cta_us_per_mb": 0.5},
+        {"mla_decode_head_block": 16},
+    ],
+)
+def test_decode_one_step_is_parts_in_plain_floats(update):
+    """The engine's per-step path gives parts' numbers exactly (bit for bit)."""
+    gpu = H100.with_efficiency(H100.efficiency.model_copy(update=update))
+    for heads, kv in ((1, "bf16"), (16, "fp8"), (128, "bf16")):
+        model = MlaDecode(gpu, dataclasses.replace(DEEPSEEK_V3, num_heads=heads), kv)
+        for seqs in (1, 3, 64, 500):
+            for keys in (1, 17, 4096, 70_001):
+                parts = model.parts(seqs, seqs * keys)
+                expected = (float(parts.seconds), float(parts.flops), float(parts.dram_bytes))
+                assert model.one_step_for(seqs)(seqs * keys) == expected
+
+
+def test_prefill_calls_of_one_token_per_sequence_run_the_decode_kernel():
+    """Mixed arrays price each call as it would be priced alone."""
+    model = MlaPrefill(H100, DEEPSEEK_V3)
+    seqs, new, context = [4, 4, 1], [4, 4096, 512], [4000, 4096 * 4, 512]
+    pairs = [4000.0, 4 * causal_pairs(1024, 1024), causal_pairs(512, 512)]
+    together = model.many(seqs, new, pairs, context)
+    for i in range(3):
+        alone = model.many(seqs[i], new[i], pairs[i], context[i])
+        assert [a[i] for a in together] == [a[0] for a in alone]
+    decode = MlaDecode(H100, DEEPSEEK_V3).parts(4, 4000)
+    assert together[0][0] == float(decode.seconds)

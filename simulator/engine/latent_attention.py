@@ -10,7 +10,6 @@ earlier steps), which the step's GEMMs over its new tokens do not cover.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 
 import numpy as np
 
@@ -52,13 +51,13 @@ class MlaDecodeAttention:
         return p.seconds, p.flops, p.dram_bytes
 
     def one_step(self, num_seqs: int, context_tokens: int) -> tuple[float, float, float]:
-        p = self._model.parts(num_seqs, context_tokens)
-        return float(p.seconds), float(p.flops), float(p.dram_bytes)
+        """`__call__` for one step in plain floats (the same numbers)."""
+        return self._model.one_step_for(num_seqs)(context_tokens)
 
     def one_step_for(self, num_seqs: int) -> Callable[[int], tuple[float, float, float]]:
         """one_step for `num_seqs` decodes as a function of the context, as
         DecodeAttention offers it."""
-        return partial(self.one_step, num_seqs)
+        return self._model.one_step_for(num_seqs)
 
 
 class MlaPrefillAttention:
