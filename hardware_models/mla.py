@@ -10,11 +10,18 @@ vLLM runs the two phases differently:
   attention with one 576-wide key (whose first 512 values are also the value) shared
   by every head. Each head multiplies the whole latent, so many heads over long caches
   turn it compute-bound (FlashMLA on H100), and a kernel whose thread blocks serve a
-  few heads each re-reads the latent per group (Triton MLA, BLOCK_H = 16).
+  few heads each re-reads the latent per group (Triton MLA, BLOCK_H = 16). FlashMLA
+  and FlashAttention's MLA kernel give each thread block a tile of 64 query rows
+  (heads x query tokens): 1 to 64 heads cost one tile's math. With an 8-bit cache
+  vLLM quantises the absorbed queries first (a kernel of its own) and runs FlashMLA's
+  FP8 kernel; with a 16-bit one, on Hopper, FlashAttention's MLA kernel.
 - prefill decompresses K and V for the sequence (kv_b_proj over its cached tokens)
   and runs flash attention with qk_nope + qk_rope wide keys and v_head_dim wide values
   per head: the FLOPs and K/V bytes of multi-head attention with head_dim (qk + v) / 2,
   which is how it is priced (attention.PrefillAttention, with MLA's own efficiency).
+  A chunk of up to the backend's reorder_batch_threshold tokens a sequence (512 for
+  FlashAttention MLA, 128 for FlashMLA, 1 for Triton MLA) runs the decode kernel
+  instead, absorbed: the public H100 module table steps at exactly those lengths.
 
 `MlaShape` describes the layer after tensor parallelism (num_heads per rank);
 `mla_decode_cost` / `mla_prefill_cost` price the attention kernels, `mla_module_cost`
@@ -113,8 +120,16 @@ class MlaDecodeParts(NamedTuple):
     flops: np.ndarray
 
 
+# Query rows (heads x query tokens of one sequence) of one FlashMLA / FlashAttention-3
+# MLA thread block: the tensor cores compute whole 64-row tiles, so 1 to 64 heads cost
+# one tile's math per key (vLLM's Triton MLA tiles by its head block instead).
+MLA_TILE_ROWS = 64
+
+
 class MlaDecode:
-    """Absorbed MLA decode for one layer shape, constants worked out once."""
+    """Absorbed MLA attention (vLLM's decode kernel) for one layer shape, constants
+    worked out once: one query token per sequence, or a few (a short prefill chunk that
+    vLLM's MLA backends run through the decode kernel, see `query_threshold`)."""
 
     def __init__(
         self,
@@ -124,8 +139,9 @@ class MlaDecode:
         dtype: str | Dtype = "bf16",
     ) -> None:
         eff = gpu.efficiency
+        kv = parse_dtype(kv_dtype)
         self.shape = shape
-        self.kv_bytes_per_key = shape.kv_bytes_per_token(kv_dtype)
+        self.kv_bytes_per_key = shape.kv_bytes_per_token(kv)
         act = bytes_per_element(parse_dtype(dtype))
         # Absorbed queries (latent wide) in, the latent output out, per head.
         self.bytes_per_seq = shape.num_heads * (shape.latent_dim + shape.kv_lora_rank) * act
@@ -136,23 +152,45 @@ class MlaDecode:
         self.compute_rate = gpu.peak_flops(Dtype.BF16) * eff.mla_decode_compute
         block = eff.mla_decode_head_block
         self.reads = 1 if block == 0 else math.ceil(shape.num_heads / block)
+        self.tile_rows = block or MLA_TILE_ROWS
+        self.pad = self._pad(float(shape.num_heads))
+        self.head_tiles = math.ceil(shape.num_heads / self.tile_rows)
         self.splits = eff.mla_decode_kv_splits
         self.sm_count = gpu.sm_count
-        self.cta_seconds = eff.decode_cta_latency_us * 1e-6
+        self.cta_seconds = eff.mla_decode_cta_latency * 1e-6
         self.cta_seconds_per_byte = eff.mla_decode_cta_us_per_mb * 1e-12
-        self.floor = eff.mla_decode_floor * 1e-6
+        # An 8-bit cache runs vLLM's FP8 path: the absorbed queries are quantised by a
+        # kernel of their own (_decode_concat_quant_fp8_op) before FlashMLA's FP8 kernel.
+        fp8_us = eff.mla_fp8_kv_us if bytes_per_element(kv) < 2 else 0.0
+        self.floor = (eff.mla_decode_floor + fp8_us) * 1e-6
+        self.query_threshold = eff.mla_decode_query_threshold(kv)
         self._one_step: dict[int, Callable[[int], tuple[float, float, float]]] = {}
 
-    def parts(self, num_seqs, context_tokens) -> MlaDecodeParts:
-        """`num_seqs` decodes attending `context_tokens` cached tokens in total."""
+    def _pad(self, rows):
+        """Rows the tensor cores compute per useful row: whole tiles of query rows."""
+        return np.ceil(rows / self.tile_rows) * self.tile_rows / rows
+
+    def parts(
+        self, num_seqs, context_tokens, new_tokens=None, attended_pairs=None
+    ) -> MlaDecodeParts:
+        """`num_seqs` sequences attending `context_tokens` cached tokens in total, one
+        query token each, or `new_tokens` over them attending `attended_pairs`."""
         seqs = np.maximum(np.asarray(num_seqs, dtype=float), 1.0)
         context = np.asarray(context_tokens, dtype=float)
+        if new_tokens is None:
+            queries, pairs, pad, head_tiles = seqs, context, self.pad, self.head_tiles
+        else:
+            queries = np.asarray(new_tokens, dtype=float)
+            pairs = np.asarray(attended_pairs, dtype=float)
+            rows = self.shape.num_heads * np.maximum(queries / seqs, 1.0)
+            pad, head_tiles = self._pad(rows), np.ceil(rows / self.tile_rows)
         latent = context * self.kv_bytes_per_key
-        dram = latent * self.reads + seqs * self.bytes_per_seq
+        dram = latent * self.reads + queries * self.bytes_per_seq
         memory = dram / (self.bandwidth * self.curve.at(np.maximum(dram, 1.0)))
-        flops = context * self.flops_per_key
-        compute = flops / self.compute_rate
-        groups = seqs * self.reads  # (sequence, head group) work units
+        flops = pairs * self.flops_per_key
+        compute = flops * pad / self.compute_rate
+        # Thread blocks: (sequence, tile of query rows, KV slice).
+        groups = seqs * head_tiles
         keys = context / seqs
         tiles = np.maximum(np.ceil(keys / DECODE_KEY_BLOCK), 1.0)
         if self.splits:
@@ -180,7 +218,8 @@ class MlaDecode:
         per_key, reads, curve_at = self.kv_bytes_per_key, float(self.reads), self._curve_at
         seq_bytes, bandwidth = seqs * self.bytes_per_seq, self.bandwidth
         flops_per_key, compute_rate, floor = self.flops_per_key, self.compute_rate, self.floor
-        groups, sm_count = seqs * reads, float(self.sm_count)
+        pad = float(self.pad)
+        groups, sm_count = seqs * self.head_tiles, float(self.sm_count)
         fill = float(self.splits) if self.splits else max(math.floor(sm_count / groups), 1.0)
         cta_seconds, cta_seconds_per_byte = self.cta_seconds, self.cta_seconds_per_byte
 
@@ -189,7 +228,7 @@ class MlaDecode:
             dram = context * per_key * reads + seq_bytes
             memory = dram / (bandwidth * curve_at(max(dram, 1.0)))
             flops = context * flops_per_key
-            compute = flops / compute_rate
+            compute = flops * pad / compute_rate
             keys = context / seqs
             splits = min(fill, max(float(math.ceil(keys / DECODE_KEY_BLOCK)), 1.0))
             waves = float(math.ceil(groups * splits / sm_count))
@@ -201,8 +240,10 @@ class MlaDecode:
 
 
 class MlaPrefill:
-    """MLA prefill attention (decompressed K/V, flash attention) for one layer shape;
-    a call of one token per sequence runs the decode kernel, as vLLM dispatches it."""
+    """MLA prefill attention for one layer shape: decompressed K/V through flash
+    attention, except where vLLM runs the decode kernel instead: one token per sequence,
+    and chunks of up to the backend's `query_threshold` tokens per sequence (its
+    reorder_batch_threshold: FlashAttention MLA 512, FlashMLA 128), absorbed."""
 
     def __init__(
         self,
@@ -225,6 +266,10 @@ class MlaPrefill:
         )
         self.decode = MlaDecode(gpu, shape, kv_dtype, dtype)
 
+    def absorbed(self, num_seqs, new_tokens):
+        """Whether calls run the decode kernel (no decompression): scalars or arrays."""
+        return new_tokens <= num_seqs * self.decode.query_threshold
+
     def many(self, num_seqs, new_tokens, attended_pairs, context_tokens) -> tuple[np.ndarray, ...]:
         """(seconds, flops, dram_bytes, compute_s, memory_s) per call (numpy arrays)."""
         seqs, new, pairs, context = (
@@ -233,15 +278,21 @@ class MlaPrefill:
         )
         out = tuple(np.zeros(len(seqs)) for _ in range(5))
         one = new <= seqs
-        if one.any():
-            d = self.decode.parts(seqs[one], context[one])
-            terms = (d.seconds, d.flops, d.dram_bytes, d.compute, d.memory)
+        short = self.absorbed(seqs, new) & ~one
+        flash = ~(one | short)
+        for rows, args in (
+            (one, (seqs[one], context[one])),
+            (short, (seqs[short], context[short], new[short], pairs[short])),
+        ):
+            if rows.any():
+                d = self.decode.parts(*args)
+                terms = (d.seconds, d.flops, d.dram_bytes, d.compute, d.memory)
+                for part, value in zip(out, terms, strict=True):
+                    part[rows] = value
+        if flash.any():
+            terms = self.flash.many(seqs[flash], new[flash], pairs[flash], context[flash])
             for part, value in zip(out, terms, strict=True):
-                part[one] = value
-        if not one.all():
-            flash = self.flash.many(seqs[~one], new[~one], pairs[~one], context[~one])
-            for part, value in zip(out, flash, strict=True):
-                part[~one] = value
+                part[flash] = value
         return out
 
 
@@ -288,7 +339,7 @@ def mla_prefill_cost(
     seconds, flops, dram, compute, memory = (
         float(a[0]) for a in model.many(num_seqs, new_tokens, attended_pairs, context_tokens)
     )
-    floor = model.decode.floor if new_tokens <= num_seqs else model.flash.floor
+    floor = model.decode.floor if model.absorbed(num_seqs, new_tokens) else model.flash.floor
     return OpCost(
         name="mla_prefill",
         seconds=seconds,
@@ -348,13 +399,14 @@ def mla_module_cost(
     """The whole MLA module of one layer (vLLM's DeepseekV2MLAAttention forward):
     projections, the two latent norms, rotary, attention and the output projection.
     `gemm_dtype` is the linear layers' kernel dtype (bf16, fp8, fp8_block)."""
-    decode = new_tokens <= num_seqs
+    # The absorbed kernel's calls (decodes, short chunks) take W_UK / W_UV, not kv_b.
+    decode = bool(MlaPrefill(gpu, shape, kv_dtype).absorbed(num_seqs, new_tokens))
     parts: list[OpCost] = []
     for _, cached, n, k, quantised in mla_projection_gemms(shape, decode):
         m = max(context_tokens if cached else new_tokens, 1)
         parts.append(gemm_cost(gpu, m, n, k, gemm_dtype if quantised else "bf16"))
     parts += mla_pointwise_costs(gpu, shape, new_tokens)
-    if decode:
+    if new_tokens <= num_seqs:
         parts.append(
             mla_decode_cost(
                 gpu, shape, num_seqs=num_seqs, context_tokens=context_tokens, kv_dtype=kv_dtype

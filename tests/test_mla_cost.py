@@ -121,3 +121,63 @@ def test_prefill_calls_of_one_token_per_sequence_run_the_decode_kernel():
         assert [a[i] for a in together] == [a[0] for a in alone]
     decode = MlaDecode(H100, DEEPSEEK_V3).parts(4, 4000)
     assert together[0][0] == float(decode.seconds)
+
+
+def test_heads_fill_whole_64_row_tiles():
+    """FlashMLA / FlashAttention MLA compute 64 query rows a thread block: 1 to 64 heads
+    cost one tile's math per key (and are memory-bound unless the cache is 8-bit)."""
+    one, full = (dataclasses.replace(DEEPSEEK_V3, num_heads=h) for h in (1, 64))
+    p1, p64 = (MlaDecode(H100, s).parts(64, 64 * 8192) for s in (one, full))
+    assert float(p1.compute) == pytest.approx(float(p64.compute))
+    assert float(p64.flops) == 64 * float(p1.flops)  # the useful FLOPs are the heads'
+
+
+def test_an_8bit_cache_pays_the_query_quantisation():
+    eff = H100.efficiency.model_copy(update={"mla_fp8_kv_us": 20.0})
+    gpu = H100.with_efficiency(eff)
+    bf16, fp8 = (MlaDecode(gpu, DEEPSEEK_V3, kv) for kv in ("bf16", "fp8"))
+    assert fp8.floor - bf16.floor == pytest.approx(20e-6)
+
+
+def test_short_chunks_run_the_decode_kernel_as_vllm_dispatches_them():
+    """FlashAttention MLA takes chunks of up to 512 tokens a sequence through the
+    absorbed kernel (nothing decompressed); longer ones, or any with no threshold
+    (Triton MLA), run flash attention over decompressed K and V."""
+    eff = H100.efficiency.model_copy(update={"mla_decode_query_threshold_by_kv": {"bf16": 512}})
+    model = MlaPrefill(H100.with_efficiency(eff), DEEPSEEK_V3)
+    pairs = 4 * causal_pairs(512, 512)
+    short = model.many(4, 4 * 512, pairs, 4 * 512)
+    decode = model.decode.parts(4, 4 * 512, 4 * 512, pairs)
+    assert short[0][0] == float(decode.seconds)
+    assert short[1][0] == pairs * DEEPSEEK_V3.decode_flops_per_key()
+    long = model.many(4, 4 * 1024, 4 * causal_pairs(1024, 1024), 4 * 1024)
+    assert long[1][0] == pytest.approx(2 * 128 * 4 * causal_pairs(1024, 1024) * (192 + 128))
+    assert not MlaPrefill(H100, DEEPSEEK_V3).absorbed(4, 8)  # Triton MLA: one token only
+    assert {g[0] for g in mla_projection_gemms(DEEPSEEK_V3, decode=True)} >= {"w_uk", "w_uv"}
+
+
+def test_query_threshold_is_checked_by_cache_dtype():
+    with pytest.raises(ValueError, match="query threshold must be >= 1"):
+        H100.efficiency.model_validate({"mla_decode_query_threshold_by_kv": {"bf16": 0}})
+    eff = H100.efficiency.model_validate({"mla_decode_query_threshold_by_kv": {"fp8_e4m3": 128}})
+    assert eff.mla_decode_query_threshold("fp8") == 128
+    assert eff.mla_decode_query_threshold("bf16") == 1
+
+
+def test_the_engine_decompresses_the_prefix_only_outside_the_decode_kernel():
+    from hardware_models.dtypes import Dtype
+    from simulator.engine.latent_attention import MlaPrefillAttention
+
+    eff = H100.efficiency.model_copy(update={"mla_decode_query_threshold_by_kv": {"bf16": 512}})
+    dtypes = {"dtype": Dtype.BF16, "kv_dtype": Dtype.BF16, "weight_dtype": Dtype.BF16}
+    engine = MlaPrefillAttention(
+        H100.with_efficiency(eff), DEEPSEEK_V3, compute_dtype="bf16", **dtypes
+    )
+    triton = MlaPrefillAttention(H100, DEEPSEEK_V3, compute_dtype="bf16", **dtypes)
+    # A 512-token chunk after 3,584 cached tokens: absorbed, or decompressed with kv_b.
+    call = (1, 512, 512 * 3584 + causal_pairs(512, 512), 4096)
+    absorbed, flash = engine(*call), triton(*call)
+    assert absorbed[:3] == tuple(float(a[0]) for a in engine._model.many(*call)[:3])
+    attention_flops = 2 * 128 * call[2] * (192 + 128)
+    kv_b_flops = 2 * 3584 * 128 * (128 + 128) * 512  # the cached prefix, decompressed
+    assert flash[1] - attention_flops == pytest.approx(kv_b_flops)

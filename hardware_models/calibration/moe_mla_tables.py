@@ -176,10 +176,11 @@ def mla_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> dict[str, np.ndarray]:
     """Every MLA row priced: 'seconds', 'attention_s', 'compute_s', 'memory_s',
     'fixed_s' (thread-block waves), 'floor_s' (the attention call's floor), 'dram'
     (the attention's DRAM bytes), 'projections_s' (the module's GEMMs, norms and rotary;
-    0 for kernel-only rows)."""
+    0 for kernel-only rows), 'absorbed' (the row runs the decode kernel)."""
     n = len(sub)
     out = {k: np.zeros(n) for k in ("seconds", "attention_s", "compute_s", "memory_s")}
     out.update({k: np.zeros(n) for k in ("fixed_s", "floor_s", "projections_s", "dram")})
+    out["absorbed"] = np.zeros(n, dtype=bool)
     batch, q_len, kv_len = (sub[c].to_numpy(dtype=float) for c in ("batch", "q_len", "kv_len"))
     new, context = batch * q_len, batch * kv_len
     # Kernel-only rows (and tables) have no linear layers: "" for them.
@@ -201,22 +202,26 @@ def mla_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> dict[str, np.ndarray]:
             d = decode.parts(batch[pos], context[pos])
             seconds, compute, memory, fixed = d.seconds, d.compute, d.memory, d.fixed
             floor, dram = np.full(len(pos), d.floor), d.dram_bytes
+            absorbed = np.ones(len(pos), dtype=bool)
         else:
             prefill = MlaPrefill(gpu, shape, kv)
             pairs = batch[pos] * causal_pairs_many(q_len[pos], kv_len[pos], np.zeros(len(pos)))
             seconds, _, dram, compute, memory = prefill.many(
                 batch[pos], new[pos], pairs, context[pos]
             )
-            one = new[pos] <= batch[pos]
-            floor = np.where(one, decode.floor, prefill.flash.floor)
+            absorbed = prefill.absorbed(batch[pos], new[pos])
+            floor = np.where(absorbed, decode.floor, prefill.flash.floor)
             fixed = np.zeros(len(pos))
         out["attention_s"][pos] = seconds
         out["compute_s"][pos], out["memory_s"][pos] = compute, memory
         out["fixed_s"][pos], out["floor_s"][pos], out["dram"][pos] = fixed, floor, dram
-        if gemm:
-            out["projections_s"][pos] = _projections(
-                gpu, shape, new[pos], context[pos], op_class == "mla_decode", gemm
-            )
+        out["absorbed"][pos] = absorbed
+        for flag in (True, False) if gemm else ():
+            rows = pos[absorbed == flag]
+            if len(rows):
+                out["projections_s"][rows] = _projections(
+                    gpu, shape, new[rows], context[rows], flag, gemm
+                )
     out["seconds"] = out["attention_s"] + out["projections_s"]
     return out
 

@@ -2,9 +2,11 @@
 
 The step cost prices attention through two small interfaces (DecodeAttention's
 `one_step` / `__call__` / `batch_terms`, PrefillAttention's `__call__`); these adapters
-give them hardware_models.mla's absorbed decode and decompressed prefill. Prefill also
-decompresses the cached prefix of each chunk (kv_b_proj over the tokens computed in
-earlier steps), which the step's GEMMs over its new tokens do not cover.
+give them hardware_models.mla's absorbed decode and decompressed prefill. A prefill
+chunk that vLLM's MLA backend runs through the decode kernel (up to its query threshold
+a sequence) stays absorbed; a longer one also decompresses its cached prefix (kv_b_proj
+over the tokens computed in earlier steps), which the step's GEMMs over its new tokens
+do not cover.
 """
 
 from __future__ import annotations
@@ -85,7 +87,9 @@ class MlaPrefillAttention:
         self, num_seqs: int, new_tokens: int, attended_pairs: float, context_tokens: int
     ) -> tuple[float, float, float, float, float]:
         call = (num_seqs, new_tokens, attended_pairs, context_tokens)
-        if new_tokens <= num_seqs:  # one token a sequence: the decode kernel (as MlaPrefill)
+        if self._model.absorbed(num_seqs, new_tokens):
+            # The decode kernel over the latent (as MlaPrefill prices it): nothing to
+            # decompress.
             seconds, flops, dram, compute, memory = (
                 float(np.asarray(a)[0]) for a in self._model.many(*call)
             )
