@@ -153,7 +153,7 @@ class MlaDecode:
         block = eff.mla_decode_head_block
         self.reads = 1 if block == 0 else math.ceil(shape.num_heads / block)
         self.tile_rows = block or MLA_TILE_ROWS
-        self.pad = self._pad(float(shape.num_heads))
+        self.pad = float(self._pad(float(shape.num_heads)))
         self.head_tiles = math.ceil(shape.num_heads / self.tile_rows)
         self.splits = eff.mla_decode_kv_splits
         self.sm_count = gpu.sm_count
@@ -205,38 +205,60 @@ class MlaDecode:
 
     def one_step_for(self, num_seqs: int) -> Callable[[int], tuple[float, float, float]]:
         """(seconds, flops, dram_bytes) of `num_seqs` decodes as a function of their
-        cached tokens, in plain floats: `parts`' operations in the same order (so the
-        same numbers) without numpy's per-call cost, the batch's terms worked out once
-        per batch size (the engine prices a decode step this way on every step)."""
+        cached tokens, in plain floats (`terms`; the engine prices a decode step this
+        way on every step)."""
         one_step = self._one_step.get(num_seqs)
         if one_step is None:
-            one_step = self._one_step[num_seqs] = self._build_one_step(num_seqs)
+            seqs, pad, tiles, terms = (
+                max(float(num_seqs), 1.0),
+                self.pad,
+                self.head_tiles,
+                self.terms,
+            )
+
+            def one_step(context_tokens: int) -> tuple[float, float, float]:
+                context = float(context_tokens)
+                seconds, _, _, dram, flops = terms(seqs, context, seqs, context, pad, tiles)
+                return seconds, flops, dram
+
+            self._one_step[num_seqs] = one_step
         return one_step
 
-    def _build_one_step(self, num_seqs: int) -> Callable[[int], tuple[float, float, float]]:
-        seqs = max(float(num_seqs), 1.0)
-        per_key, reads, curve_at = self.kv_bytes_per_key, float(self.reads), self._curve_at
-        seq_bytes, bandwidth = seqs * self.bytes_per_seq, self.bandwidth
-        flops_per_key, compute_rate, floor = self.flops_per_key, self.compute_rate, self.floor
-        pad = float(self.pad)
-        groups, sm_count = seqs * self.head_tiles, float(self.sm_count)
-        fill = float(self.splits) if self.splits else max(math.floor(sm_count / groups), 1.0)
-        cta_seconds, cta_seconds_per_byte = self.cta_seconds, self.cta_seconds_per_byte
+    def chunk_terms(
+        self, num_seqs: int, new_tokens: int, attended_pairs: float, context_tokens: int
+    ) -> tuple[float, float, float, float, float]:
+        """(seconds, compute, memory, dram_bytes, flops) of one call in plain floats:
+        `num_seqs` decodes, or a short prefill chunk of `new_tokens` over them."""
+        seqs, context = max(float(num_seqs), 1.0), float(context_tokens)
+        if new_tokens <= num_seqs:
+            return self.terms(seqs, context, seqs, context, self.pad, self.head_tiles)
+        rows = self.shape.num_heads * max(new_tokens / seqs, 1.0)
+        tiles = math.ceil(rows / self.tile_rows)
+        pad = tiles * self.tile_rows / rows
+        return self.terms(seqs, context, float(new_tokens), float(attended_pairs), pad, tiles)
 
-        def one_step(context_tokens: int) -> tuple[float, float, float]:
-            context = float(context_tokens)
-            dram = context * per_key * reads + seq_bytes
-            memory = dram / (bandwidth * curve_at(max(dram, 1.0)))
-            flops = context * flops_per_key
-            compute = flops * pad / compute_rate
-            keys = context / seqs
-            splits = min(fill, max(float(math.ceil(keys / DECODE_KEY_BLOCK)), 1.0))
-            waves = float(math.ceil(groups * splits / sm_count))
-            slice_bytes = max(keys / splits - DECODE_KEY_BLOCK, 0.0) * per_key
-            fixed = waves * (cta_seconds + slice_bytes * cta_seconds_per_byte)
-            return max(max(memory, compute), fixed) + floor, flops, dram
-
-        return one_step
+    def terms(
+        self, seqs: float, context: float, queries: float, pairs: float, pad: float, tiles: float
+    ) -> tuple[float, float, float, float, float]:
+        """`parts` for one call in plain floats, its operations in the same order (so
+        the same numbers) without numpy's per-call cost: (seconds, compute, memory,
+        dram_bytes, flops)."""
+        dram = context * self.kv_bytes_per_key * self.reads + queries * self.bytes_per_seq
+        memory = dram / (self.bandwidth * self._curve_at(max(dram, 1.0)))
+        flops = pairs * self.flops_per_key
+        compute = flops * pad / self.compute_rate
+        groups = seqs * tiles
+        keys = context / seqs
+        tiles_kv = max(float(math.ceil(keys / DECODE_KEY_BLOCK)), 1.0)
+        if self.splits:
+            splits = min(float(self.splits), tiles_kv)
+        else:
+            splits = min(max(float(math.floor(self.sm_count / groups)), 1.0), tiles_kv)
+        waves = float(math.ceil(groups * splits / self.sm_count))
+        slice_bytes = max(keys / splits - DECODE_KEY_BLOCK, 0.0) * self.kv_bytes_per_key
+        fixed = waves * (self.cta_seconds + slice_bytes * self.cta_seconds_per_byte)
+        seconds = max(max(memory, compute), fixed) + self.floor
+        return seconds, compute, memory, dram, flops
 
 
 class MlaPrefill:

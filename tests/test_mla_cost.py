@@ -181,3 +181,20 @@ def test_the_engine_decompresses_the_prefix_only_outside_the_decode_kernel():
     attention_flops = 2 * 128 * call[2] * (192 + 128)
     kv_b_flops = 2 * 3584 * 128 * (128 + 128) * 512  # the cached prefix, decompressed
     assert flash[1] - attention_flops == pytest.approx(kv_b_flops)
+
+
+def test_chunk_terms_are_parts_in_plain_floats():
+    """The engine's scalar path for calls the decode kernel runs equals MlaPrefill.many."""
+    eff = H100.efficiency.model_copy(update={"mla_decode_query_threshold_by_kv": {"bf16": 512}})
+    for heads in (1, 16, 128):
+        model = MlaPrefill(
+            H100.with_efficiency(eff), dataclasses.replace(DEEPSEEK_V3, num_heads=heads)
+        )
+        for seqs, new, cached in ((3, 3, 9000), (4, 4 * 37, 4 * 700), (2, 2 * 512, 0)):
+            pairs = seqs * (cached / seqs * new / seqs + causal_pairs(new // seqs, new // seqs))
+            context = cached + new
+            seconds, flops, dram, compute, memory = (
+                float(a[0]) for a in model.many(seqs, new, pairs, context)
+            )
+            terms = model.decode.chunk_terms(seqs, new, pairs, context)
+            assert terms == (seconds, compute, memory, dram, flops)

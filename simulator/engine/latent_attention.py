@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import Dtype
 from hardware_models.gemm import gemm_cost
@@ -88,11 +86,9 @@ class MlaPrefillAttention:
     ) -> tuple[float, float, float, float, float]:
         call = (num_seqs, new_tokens, attended_pairs, context_tokens)
         if self._model.absorbed(num_seqs, new_tokens):
-            # The decode kernel over the latent (as MlaPrefill prices it): nothing to
-            # decompress.
-            seconds, flops, dram, compute, memory = (
-                float(np.asarray(a)[0]) for a in self._model.many(*call)
-            )
+            # The decode kernel over the latent (MlaPrefill's numbers in plain floats):
+            # nothing to decompress.
+            seconds, compute, memory, dram, flops = self._model.decode.chunk_terms(*call)
             return seconds, flops, dram, compute, memory
         # The flash kernel's scalar path: MlaPrefill.many's numbers, without numpy's cost.
         seconds, flops, dram, compute, memory = self._model.flash(*call)
