@@ -43,7 +43,7 @@ from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
 from hardware_models.errors import InfersimError
 from hardware_models.gemm import gemm_cost
 from hardware_models.op_cost import OpCost, classify
-from hardware_models.pointwise import RMSNORM, ROTARY, elementwise_cost
+from hardware_models.pointwise import RMSNORM, ROTARY, Pointwise, elementwise_cost
 
 
 @dataclass(frozen=True)
@@ -400,11 +400,41 @@ def mla_projection_gemms(shape: MlaShape, decode: bool) -> list[tuple[str, bool,
     return out
 
 
-def mla_pointwise_costs(gpu: AcceleratorSpec, shape: MlaShape, tokens: int) -> list[OpCost]:
-    """The module's two latent RMSNorms and the rotary embedding of `tokens` tokens."""
-    norm = tokens * ((shape.q_lora_rank or 0) + shape.kv_lora_rank)
+# vLLM's RMSNorm and DeepSeek's YaRN rotary as PyTorch runs their forward_native, one
+# kernel an op, in units of the bf16 activation (fp32 is 2): what an uncompiled module
+# runs (vLLM disables its custom ops where torch.compile would fuse them, and the
+# public module tables time the module without compiling it).
+EAGER_RMSNORM = (
+    Pointwise("to_fp32", reads=1, writes=2, flops_per_element=0),
+    Pointwise("pow", reads=2, writes=2, flops_per_element=1),
+    Pointwise("mean", reads=2, writes=0, flops_per_element=1),
+    Pointwise("scale", reads=2, writes=2, flops_per_element=1),
+    Pointwise("to_bf16", reads=2, writes=1, flops_per_element=0),
+    Pointwise("weight", reads=1, writes=1, flops_per_element=1),
+)
+EAGER_ROTARY_GPTJ = (
+    Pointwise("mul_cos", reads=1, writes=1, flops_per_element=1),
+    Pointwise("neg", reads=0.5, writes=0.5, flops_per_element=0.5),
+    Pointwise("stack", reads=1, writes=1, flops_per_element=0),
+    Pointwise("mul_sin", reads=1, writes=1, flops_per_element=1),
+    Pointwise("add", reads=2, writes=1, flops_per_element=1),
+    Pointwise("copy_back", reads=1, writes=1, flops_per_element=0),
+)
+
+
+def mla_pointwise_costs(
+    gpu: AcceleratorSpec, shape: MlaShape, tokens: int, eager: bool = False
+) -> list[OpCost]:
+    """The module's two latent RMSNorms and the rotary embedding of `tokens` tokens:
+    vLLM's fused kernels, or with `eager` their PyTorch-native ops (EAGER_RMSNORM)."""
+    norms = [tokens * rank for rank in (shape.q_lora_rank or 0, shape.kv_lora_rank) if rank]
     rope = tokens * (shape.num_heads + 1) * shape.qk_rope_head_dim
-    return [elementwise_cost(gpu, [RMSNORM], norm), elementwise_cost(gpu, [ROTARY], rope)]
+    if not eager:
+        return [elementwise_cost(gpu, [RMSNORM], sum(norms)), elementwise_cost(gpu, [ROTARY], rope)]
+    return [
+        *(elementwise_cost(gpu, EAGER_RMSNORM, n) for n in norms),
+        elementwise_cost(gpu, EAGER_ROTARY_GPTJ, rope),
+    ]
 
 
 def mla_module_cost(

@@ -10,11 +10,13 @@ from hardware_models import InfersimError, load_gpu
 from hardware_models.attention import causal_pairs
 from hardware_models.mla import (
     DEEPSEEK_V3,
+    EAGER_RMSNORM,
     MlaDecode,
     MlaPrefill,
     MlaShape,
     mla_decode_cost,
     mla_module_cost,
+    mla_pointwise_costs,
     mla_prefill_cost,
     mla_projection_gemms,
 )
@@ -198,3 +200,15 @@ def test_chunk_terms_are_parts_in_plain_floats():
             )
             terms = model.decode.chunk_terms(seqs, new, pairs, context)
             assert terms == (seconds, compute, memory, dram, flops)
+
+
+def test_the_uncompiled_module_runs_pytorch_native_norms_and_rotary():
+    """The public module tables time vLLM's module without torch.compile: its RMSNorms
+    run as PyTorch ops through fp32 (36 bytes moved per bf16 element, not 4)."""
+    fused = mla_pointwise_costs(H100, DEEPSEEK_V3, 1024)
+    eager = mla_pointwise_costs(H100, DEEPSEEK_V3, 1024, eager=True)
+    norm_elements = 1024 * (1536 + 512)
+    assert fused[0].dram_bytes == norm_elements * 2 * 2
+    assert eager[0].dram_bytes + eager[1].dram_bytes == norm_elements * 36
+    assert eager[0].kernels == len(EAGER_RMSNORM)
+    assert sum(c.seconds for c in eager) > sum(c.seconds for c in fused)
