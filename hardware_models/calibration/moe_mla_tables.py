@@ -29,10 +29,10 @@ What the columns mean, checked against the data and the collector that wrote the
   collector calls it directly), so vLLM's RMSNorm and rotary run their PyTorch-native
   ops through fp32 (mla.EAGER_RMSNORM): measured minus the GEMMs regresses to ~26 ns a
   token whatever the heads (1.5% error), what those ops move over 2,048 norm values a
-  token. Chunks of up to 512 tokens a sequence (128 with fp8) ran the decode kernel. A100 `context_mla_perf` / `generation_mla_perf`: the
-  attention kernel only (vLLM's Triton MLA), bf16, `tp_size` x `num_heads` = 128: its
-  latency does not grow with the heads at short contexts (0.3 ms) where the projections
-  would add their weights.
+  token. Chunks of up to 512 tokens a sequence (128 with fp8) ran the decode kernel.
+  A100 `context_mla_perf` / `generation_mla_perf`: the attention kernel only (vLLM's
+  Triton MLA), bf16, `tp_size` x `num_heads` = 128: its latency does not grow with the
+  heads at short contexts (0.3 ms) where the projections would add their weights.
 """
 
 from __future__ import annotations
