@@ -143,7 +143,7 @@ class MlaDecode:
         self.shape = shape
         self.kv_bytes_per_key = shape.kv_bytes_per_token(kv)
         act = bytes_per_element(parse_dtype(dtype))
-        # Absorbed queries (latent wide) in, the latent output out, per head.
+        # Absorbed queries (latent wide) in, the latent output out: per query token.
         self.bytes_per_seq = shape.num_heads * (shape.latent_dim + shape.kv_lora_rank) * act
         self.flops_per_key = shape.decode_flops_per_key()
         self.bandwidth = gpu.memory_bandwidth
