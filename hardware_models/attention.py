@@ -15,6 +15,7 @@ import numpy as np
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
+from hardware_models.efficiency import EfficiencyCurve
 from hardware_models.op_cost import Bound, OpCost, classify
 
 # FlashAttention processes queries in blocks of this many rows per thread block.
@@ -83,7 +84,11 @@ class PrefillAttention:
         dtype: str | Dtype = "bf16",
         kv_dtype: str | Dtype = "bf16",
         window: int | None = None,
+        compute_curve: EfficiencyCurve | None = None,
+        floor_us: float | None = None,
     ) -> None:
+        """`compute_curve` and `floor_us` replace the profile's attention_prefill_compute
+        and prefill floor for a kernel fitted on its own (MLA prefill)."""
         dtype, kv_dtype = parse_dtype(dtype), parse_dtype(kv_dtype)
         eff = gpu.efficiency
         self.flops_per_pair = 4.0 * num_heads * head_dim  # QK^T and PV
@@ -98,7 +103,7 @@ class PrefillAttention:
         self.kv_bytes_per_token = 2.0 * num_kv_heads * head_dim * bytes_per_element(kv_dtype)
         math_dtype = dtype if gpu.supports(dtype) else Dtype.BF16
         self.peak = gpu.peak_flops(math_dtype)
-        self.curve = eff.attention_prefill_compute
+        self.curve = compute_curve or eff.attention_prefill_compute
         self._compute_at = self.curve.scalar_at()
         # With a constant efficiency, peak x efficiency is worked out once (the same
         # product __call__ would form first).
@@ -113,7 +118,7 @@ class PrefillAttention:
         self._memory_rate = (
             self.bandwidth * self.memory_curve.values[0] if constant_memory else None
         )
-        self.floor = eff.prefill_floor_us * 1e-6
+        self.floor = (eff.prefill_floor_us if floor_us is None else floor_us) * 1e-6
         # One token a sequence runs the decode kernel (see the class docstring).
         heads = {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim}
         self.decode = DecodeAttention(gpu, **heads, dtype=dtype, kv_dtype=kv_dtype)

@@ -478,9 +478,17 @@ class EfficiencyProfile(BaseModel):
     mla_fp8_kv_us: float = Field(
         default=0.0,
         ge=0,
-        description="extra fixed time of an MLA attention call over an 8-bit latent "
-        "cache, microseconds: the new latents and the queries are quantised by kernels "
-        "of their own (the public H100 module table: ~20 us at short contexts)",
+        description="extra fixed time of an MLA decode-kernel call over an 8-bit latent "
+        "cache, microseconds: vLLM quantises the absorbed queries by a kernel of its own "
+        "and runs FlashMLA's FP8 kernel (the public H100 module table: ~20 us at short "
+        "contexts)",
+    )
+    mla_decode_query_threshold_by_kv: dict[str, int] = Field(
+        default_factory=dict,
+        description="most query tokens per sequence the MLA decode kernel takes, per KV "
+        "cache dtype: vLLM runs a prefill chunk this short through the absorbed decode "
+        "kernel rather than decompressing K and V (its MLA backends' "
+        "reorder_batch_threshold: FlashAttention MLA 512, FlashMLA 128). No entry: 1",
     )
     mla_decode_head_block: int = Field(
         default=0,
@@ -506,6 +514,14 @@ class EfficiencyProfile(BaseModel):
         ge=0,
         description="fixed time of an MLA prefill attention call, microseconds (None: "
         "the prefill attention floor)",
+    )
+    mla_decode_cta_latency_us: float | None = Field(
+        default=None,
+        ge=0,
+        description="fixed time of one MLA decode thread block, microseconds: a tile of "
+        "64 query rows (heads x query tokens) with a 576-wide latent key and 512-wide "
+        "value, loaded and stored whole however few heads fill it. None: "
+        "decode_cta_latency_us",
     )
     mla_decode_cta_us_per_mb: float = Field(
         default=0.0,
@@ -540,6 +556,14 @@ class EfficiencyProfile(BaseModel):
     @classmethod
     def _moe_keys(cls, v: dict) -> dict:
         return _normalised_keys(v, moe_format_key)
+
+    @field_validator("mla_decode_query_threshold_by_kv")
+    @classmethod
+    def _kv_keys(cls, v: dict) -> dict:
+        for name, tokens in v.items():
+            if tokens < 1:
+                raise ValueError(f"{name}: a query threshold must be >= 1 token, got {tokens}")
+        return _normalised_keys(v, lambda name: parse_dtype(name).value)
 
     @field_validator("gemm_quant_bandwidth_by_dtype")
     @classmethod
@@ -648,6 +672,43 @@ class EfficiencyProfile(BaseModel):
             self.attention_floor_us
             if self.attention_decode_floor_us is None
             else self.attention_decode_floor_us
+        )
+
+    # MLA's own fields where fitted, else the attention kernels' (one place for the
+    # fallback: the pricing and the fitter both read these).
+    @property
+    def mla_decode_memory_curve(self) -> EfficiencyCurve:
+        return self.mla_decode_memory or self.attention_decode_memory
+
+    @property
+    def mla_decode_floor(self) -> float:
+        """mla_decode_floor_us, or decode_floor_us, in microseconds."""
+        return (
+            self.decode_floor_us if self.mla_decode_floor_us is None else self.mla_decode_floor_us
+        )
+
+    def mla_decode_query_threshold(self, kv_dtype: object) -> int:
+        """mla_decode_query_threshold_by_kv's entry for `kv_dtype`, else 1."""
+        return self.mla_decode_query_threshold_by_kv.get(parse_dtype(kv_dtype).value, 1)
+
+    @property
+    def mla_decode_cta_latency(self) -> float:
+        """mla_decode_cta_latency_us, or decode_cta_latency_us, in microseconds."""
+        if self.mla_decode_cta_latency_us is None:
+            return self.decode_cta_latency_us
+        return self.mla_decode_cta_latency_us
+
+    @property
+    def mla_prefill_compute_curve(self) -> EfficiencyCurve:
+        return self.mla_prefill_compute or self.attention_prefill_compute
+
+    @property
+    def mla_prefill_floor(self) -> float:
+        """mla_prefill_floor_us, or prefill_floor_us, in microseconds."""
+        return (
+            self.prefill_floor_us
+            if self.mla_prefill_floor_us is None
+            else self.mla_prefill_floor_us
         )
 
 

@@ -10,11 +10,18 @@ vLLM runs the two phases differently:
   attention with one 576-wide key (whose first 512 values are also the value) shared
   by every head. Each head multiplies the whole latent, so many heads over long caches
   turn it compute-bound (FlashMLA on H100), and a kernel whose thread blocks serve a
-  few heads each re-reads the latent per group (Triton MLA, BLOCK_H = 16).
+  few heads each re-reads the latent per group (Triton MLA, BLOCK_H = 16). FlashMLA
+  and FlashAttention's MLA kernel give each thread block a tile of 64 query rows
+  (heads x query tokens): 1 to 64 heads cost one tile's math. With an 8-bit cache
+  vLLM quantises the absorbed queries first (a kernel of its own) and runs FlashMLA's
+  FP8 kernel; with a 16-bit one, on Hopper, FlashAttention's MLA kernel.
 - prefill decompresses K and V for the sequence (kv_b_proj over its cached tokens)
   and runs flash attention with qk_nope + qk_rope wide keys and v_head_dim wide values
   per head: the FLOPs and K/V bytes of multi-head attention with head_dim (qk + v) / 2,
   which is how it is priced (attention.PrefillAttention, with MLA's own efficiency).
+  A chunk of up to the backend's reorder_batch_threshold tokens a sequence (512 for
+  FlashAttention MLA, 128 for FlashMLA, 1 for Triton MLA) runs the decode kernel
+  instead, absorbed: the public H100 module table steps at exactly those lengths.
 
 `MlaShape` describes the layer after tensor parallelism (num_heads per rank);
 `mla_decode_cost` / `mla_prefill_cost` price the attention kernels, `mla_module_cost`
@@ -24,6 +31,7 @@ adds the projections (a calibration table of whole modules measures those too).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -35,7 +43,7 @@ from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
 from hardware_models.errors import InfersimError
 from hardware_models.gemm import gemm_cost
 from hardware_models.op_cost import OpCost, classify
-from hardware_models.pointwise import RMSNORM, ROTARY, elementwise_cost
+from hardware_models.pointwise import RMSNORM, ROTARY, Pointwise, elementwise_cost
 
 
 @dataclass(frozen=True)
@@ -112,8 +120,16 @@ class MlaDecodeParts(NamedTuple):
     flops: np.ndarray
 
 
+# Query rows (heads x query tokens of one sequence) of one FlashMLA / FlashAttention-3
+# MLA thread block: the tensor cores compute whole 64-row tiles, so 1 to 64 heads cost
+# one tile's math per key (vLLM's Triton MLA tiles by its head block instead).
+MLA_TILE_ROWS = 64
+
+
 class MlaDecode:
-    """Absorbed MLA decode for one layer shape, constants worked out once."""
+    """Absorbed MLA attention (vLLM's decode kernel) for one layer shape, constants
+    worked out once: one query token per sequence, or a few (a short prefill chunk that
+    vLLM's MLA backends run through the decode kernel, see `query_threshold`)."""
 
     def __init__(
         self,
@@ -123,36 +139,58 @@ class MlaDecode:
         dtype: str | Dtype = "bf16",
     ) -> None:
         eff = gpu.efficiency
+        kv = parse_dtype(kv_dtype)
         self.shape = shape
-        self.kv_bytes_per_key = shape.kv_bytes_per_token(kv_dtype)
+        self.kv_bytes_per_key = shape.kv_bytes_per_token(kv)
         act = bytes_per_element(parse_dtype(dtype))
-        # Absorbed queries (latent wide) in, the latent output out, per head.
+        # Absorbed queries (latent wide) in, the latent output out: per query token.
         self.bytes_per_seq = shape.num_heads * (shape.latent_dim + shape.kv_lora_rank) * act
         self.flops_per_key = shape.decode_flops_per_key()
         self.bandwidth = gpu.memory_bandwidth
-        self.curve = eff.mla_decode_memory or eff.attention_decode_memory
+        self.curve = eff.mla_decode_memory_curve
+        self._curve_at = self.curve.scalar_at()
         self.compute_rate = gpu.peak_flops(Dtype.BF16) * eff.mla_decode_compute
         block = eff.mla_decode_head_block
         self.reads = 1 if block == 0 else math.ceil(shape.num_heads / block)
+        self.tile_rows = block or MLA_TILE_ROWS
+        self.pad = float(self._pad(float(shape.num_heads)))
+        self.head_tiles = math.ceil(shape.num_heads / self.tile_rows)
         self.splits = eff.mla_decode_kv_splits
         self.sm_count = gpu.sm_count
-        self.cta_seconds = eff.decode_cta_latency_us * 1e-6
+        self.cta_seconds = eff.mla_decode_cta_latency * 1e-6
         self.cta_seconds_per_byte = eff.mla_decode_cta_us_per_mb * 1e-12
-        floor_us = (
-            eff.decode_floor_us if eff.mla_decode_floor_us is None else eff.mla_decode_floor_us
-        )
-        self.floor = floor_us * 1e-6
+        # An 8-bit cache runs vLLM's FP8 path: the absorbed queries are quantised by a
+        # kernel of their own (_decode_concat_quant_fp8_op) before FlashMLA's FP8 kernel.
+        fp8_us = eff.mla_fp8_kv_us if bytes_per_element(kv) < 2 else 0.0
+        self.floor = (eff.mla_decode_floor + fp8_us) * 1e-6
+        self.query_threshold = eff.mla_decode_query_threshold(kv)
+        self._one_step: dict[int, Callable[[int], tuple[float, float, float]]] = {}
 
-    def parts(self, num_seqs, context_tokens) -> MlaDecodeParts:
-        """`num_seqs` decodes attending `context_tokens` cached tokens in total."""
+    def _pad(self, rows):
+        """Rows the tensor cores compute per useful row: whole tiles of query rows."""
+        return np.ceil(rows / self.tile_rows) * self.tile_rows / rows
+
+    def parts(
+        self, num_seqs, context_tokens, new_tokens=None, attended_pairs=None
+    ) -> MlaDecodeParts:
+        """`num_seqs` sequences attending `context_tokens` cached tokens in total, one
+        query token each, or `new_tokens` over them attending `attended_pairs`."""
         seqs = np.maximum(np.asarray(num_seqs, dtype=float), 1.0)
         context = np.asarray(context_tokens, dtype=float)
+        if new_tokens is None:
+            queries, pairs, pad, head_tiles = seqs, context, self.pad, self.head_tiles
+        else:
+            queries = np.asarray(new_tokens, dtype=float)
+            pairs = np.asarray(attended_pairs, dtype=float)
+            rows = self.shape.num_heads * np.maximum(queries / seqs, 1.0)
+            pad, head_tiles = self._pad(rows), np.ceil(rows / self.tile_rows)
         latent = context * self.kv_bytes_per_key
-        dram = latent * self.reads + seqs * self.bytes_per_seq
+        dram = latent * self.reads + queries * self.bytes_per_seq
         memory = dram / (self.bandwidth * self.curve.at(np.maximum(dram, 1.0)))
-        flops = context * self.flops_per_key
-        compute = flops / self.compute_rate
-        groups = seqs * self.reads  # (sequence, head group) work units
+        flops = pairs * self.flops_per_key
+        compute = flops * pad / self.compute_rate
+        # Thread blocks: (sequence, tile of query rows, KV slice).
+        groups = seqs * head_tiles
         keys = context / seqs
         tiles = np.maximum(np.ceil(keys / DECODE_KEY_BLOCK), 1.0)
         if self.splits:
@@ -165,10 +203,69 @@ class MlaDecode:
         seconds = np.maximum(np.maximum(memory, compute), fixed) + self.floor
         return MlaDecodeParts(seconds, memory, compute, fixed, self.floor, dram, flops)
 
+    def one_step_for(self, num_seqs: int) -> Callable[[int], tuple[float, float, float]]:
+        """(seconds, flops, dram_bytes) of `num_seqs` decodes as a function of their
+        cached tokens, in plain floats (`terms`; the engine prices a decode step this
+        way on every step)."""
+        one_step = self._one_step.get(num_seqs)
+        if one_step is None:
+            seqs, pad, tiles, terms = (
+                max(float(num_seqs), 1.0),
+                self.pad,
+                self.head_tiles,
+                self.terms,
+            )
+
+            def one_step(context_tokens: int) -> tuple[float, float, float]:
+                context = float(context_tokens)
+                seconds, _, _, dram, flops = terms(seqs, context, seqs, context, pad, tiles)
+                return seconds, flops, dram
+
+            self._one_step[num_seqs] = one_step
+        return one_step
+
+    def chunk_terms(
+        self, num_seqs: int, new_tokens: int, attended_pairs: float, context_tokens: int
+    ) -> tuple[float, float, float, float, float]:
+        """(seconds, compute, memory, dram_bytes, flops) of one call in plain floats:
+        `num_seqs` decodes, or a short prefill chunk of `new_tokens` over them."""
+        seqs, context = max(float(num_seqs), 1.0), float(context_tokens)
+        if new_tokens <= num_seqs:
+            return self.terms(seqs, context, seqs, context, self.pad, self.head_tiles)
+        rows = self.shape.num_heads * max(new_tokens / seqs, 1.0)
+        tiles = math.ceil(rows / self.tile_rows)
+        pad = tiles * self.tile_rows / rows
+        return self.terms(seqs, context, float(new_tokens), float(attended_pairs), pad, tiles)
+
+    def terms(
+        self, seqs: float, context: float, queries: float, pairs: float, pad: float, tiles: float
+    ) -> tuple[float, float, float, float, float]:
+        """`parts` for one call in plain floats, its operations in the same order (so
+        the same numbers) without numpy's per-call cost: (seconds, compute, memory,
+        dram_bytes, flops)."""
+        dram = context * self.kv_bytes_per_key * self.reads + queries * self.bytes_per_seq
+        memory = dram / (self.bandwidth * self._curve_at(max(dram, 1.0)))
+        flops = pairs * self.flops_per_key
+        compute = flops * pad / self.compute_rate
+        groups = seqs * tiles
+        keys = context / seqs
+        tiles_kv = max(float(math.ceil(keys / DECODE_KEY_BLOCK)), 1.0)
+        if self.splits:
+            splits = min(float(self.splits), tiles_kv)
+        else:
+            splits = min(max(float(math.floor(self.sm_count / groups)), 1.0), tiles_kv)
+        waves = float(math.ceil(groups * splits / self.sm_count))
+        slice_bytes = max(keys / splits - DECODE_KEY_BLOCK, 0.0) * self.kv_bytes_per_key
+        fixed = waves * (self.cta_seconds + slice_bytes * self.cta_seconds_per_byte)
+        seconds = max(max(memory, compute), fixed) + self.floor
+        return seconds, compute, memory, dram, flops
+
 
 class MlaPrefill:
-    """MLA prefill attention (decompressed K/V, flash attention) for one layer shape;
-    a call of one token per sequence runs the decode kernel, as vLLM dispatches it."""
+    """MLA prefill attention for one layer shape: decompressed K/V through flash
+    attention, except where vLLM runs the decode kernel instead: one token per sequence,
+    and chunks of up to the backend's `query_threshold` tokens per sequence (its
+    reorder_batch_threshold: FlashAttention MLA 512, FlashMLA 128), absorbed."""
 
     def __init__(
         self,
@@ -178,22 +275,22 @@ class MlaPrefill:
         dtype: str | Dtype = "bf16",
     ) -> None:
         eff = gpu.efficiency
-        update: dict[str, object] = {}
-        if eff.mla_prefill_compute is not None:
-            update["attention_prefill_compute"] = eff.mla_prefill_compute
-        if eff.mla_prefill_floor_us is not None:
-            update["attention_prefill_floor_us"] = eff.mla_prefill_floor_us
-        mla_gpu = gpu.with_efficiency(eff.model_copy(update=update)) if update else gpu
         # Decompressed K and V are written in the compute dtype whatever the cache holds.
         self.flash = PrefillAttention(
-            mla_gpu,
+            gpu,
             num_heads=shape.num_heads,
             num_kv_heads=shape.num_heads,
             head_dim=shape.prefill_head_dim(),  # type: ignore[arg-type]
             dtype=dtype,
             kv_dtype=dtype,
+            compute_curve=eff.mla_prefill_compute_curve,
+            floor_us=eff.mla_prefill_floor,
         )
         self.decode = MlaDecode(gpu, shape, kv_dtype, dtype)
+
+    def absorbed(self, num_seqs, new_tokens):
+        """Whether calls run the decode kernel (no decompression): scalars or arrays."""
+        return new_tokens <= num_seqs * self.decode.query_threshold
 
     def many(self, num_seqs, new_tokens, attended_pairs, context_tokens) -> tuple[np.ndarray, ...]:
         """(seconds, flops, dram_bytes, compute_s, memory_s) per call (numpy arrays)."""
@@ -201,15 +298,24 @@ class MlaPrefill:
             np.atleast_1d(np.asarray(a, dtype=float))
             for a in (num_seqs, new_tokens, attended_pairs, context_tokens)
         )
-        seconds, flops, dram, compute, memory = (
-            np.array(a, dtype=float) for a in self.flash.many(seqs, new, pairs, context)
-        )
+        out = tuple(np.zeros(len(seqs)) for _ in range(5))
         one = new <= seqs
-        if one.any():
-            d = self.decode.parts(seqs[one], context[one])
-            seconds[one], flops[one], dram[one] = d.seconds, d.flops, d.dram_bytes
-            compute[one], memory[one] = d.compute, d.memory
-        return seconds, flops, dram, compute, memory
+        short = self.absorbed(seqs, new) & ~one
+        flash = ~(one | short)
+        for rows, args in (
+            (one, (seqs[one], context[one])),
+            (short, (seqs[short], context[short], new[short], pairs[short])),
+        ):
+            if rows.any():
+                d = self.decode.parts(*args)
+                terms = (d.seconds, d.flops, d.dram_bytes, d.compute, d.memory)
+                for part, value in zip(out, terms, strict=True):
+                    part[rows] = value
+        if flash.any():
+            terms = self.flash.many(seqs[flash], new[flash], pairs[flash], context[flash])
+            for part, value in zip(out, terms, strict=True):
+                part[flash] = value
+        return out
 
 
 def mla_decode_cost(
@@ -255,7 +361,7 @@ def mla_prefill_cost(
     seconds, flops, dram, compute, memory = (
         float(a[0]) for a in model.many(num_seqs, new_tokens, attended_pairs, context_tokens)
     )
-    floor = model.decode.floor if new_tokens <= num_seqs else model.flash.floor
+    floor = model.decode.floor if model.absorbed(num_seqs, new_tokens) else model.flash.floor
     return OpCost(
         name="mla_prefill",
         seconds=seconds,
@@ -294,11 +400,41 @@ def mla_projection_gemms(shape: MlaShape, decode: bool) -> list[tuple[str, bool,
     return out
 
 
-def mla_pointwise_costs(gpu: AcceleratorSpec, shape: MlaShape, tokens: int) -> list[OpCost]:
-    """The module's two latent RMSNorms and the rotary embedding of `tokens` tokens."""
-    norm = tokens * ((shape.q_lora_rank or 0) + shape.kv_lora_rank)
+# vLLM's RMSNorm and DeepSeek's YaRN rotary as PyTorch runs their forward_native, one
+# kernel an op, in units of the bf16 activation (fp32 is 2): what an uncompiled module
+# runs (vLLM disables its custom ops where torch.compile would fuse them, and the
+# public module tables time the module without compiling it).
+EAGER_RMSNORM = (
+    Pointwise("to_fp32", reads=1, writes=2, flops_per_element=0),
+    Pointwise("pow", reads=2, writes=2, flops_per_element=1),
+    Pointwise("mean", reads=2, writes=0, flops_per_element=1),
+    Pointwise("scale", reads=2, writes=2, flops_per_element=1),
+    Pointwise("to_bf16", reads=2, writes=1, flops_per_element=0),
+    Pointwise("weight", reads=1, writes=1, flops_per_element=1),
+)
+EAGER_ROTARY_GPTJ = (
+    Pointwise("mul_cos", reads=1, writes=1, flops_per_element=1),
+    Pointwise("neg", reads=0.5, writes=0.5, flops_per_element=0.5),
+    Pointwise("stack", reads=1, writes=1, flops_per_element=0),
+    Pointwise("mul_sin", reads=1, writes=1, flops_per_element=1),
+    Pointwise("add", reads=2, writes=1, flops_per_element=1),
+    Pointwise("copy_back", reads=1, writes=1, flops_per_element=0),
+)
+
+
+def mla_pointwise_costs(
+    gpu: AcceleratorSpec, shape: MlaShape, tokens: int, eager: bool = False
+) -> list[OpCost]:
+    """The module's two latent RMSNorms and the rotary embedding of `tokens` tokens:
+    vLLM's fused kernels, or with `eager` their PyTorch-native ops (EAGER_RMSNORM)."""
+    norms = [tokens * rank for rank in (shape.q_lora_rank or 0, shape.kv_lora_rank) if rank]
     rope = tokens * (shape.num_heads + 1) * shape.qk_rope_head_dim
-    return [elementwise_cost(gpu, [RMSNORM], norm), elementwise_cost(gpu, [ROTARY], rope)]
+    if not eager:
+        return [elementwise_cost(gpu, [RMSNORM], sum(norms)), elementwise_cost(gpu, [ROTARY], rope)]
+    return [
+        *(elementwise_cost(gpu, EAGER_RMSNORM, n) for n in norms),
+        elementwise_cost(gpu, EAGER_ROTARY_GPTJ, rope),
+    ]
 
 
 def mla_module_cost(
@@ -315,13 +451,14 @@ def mla_module_cost(
     """The whole MLA module of one layer (vLLM's DeepseekV2MLAAttention forward):
     projections, the two latent norms, rotary, attention and the output projection.
     `gemm_dtype` is the linear layers' kernel dtype (bf16, fp8, fp8_block)."""
-    decode = new_tokens <= num_seqs
+    # The absorbed kernel's calls (decodes, short chunks) take W_UK / W_UV, not kv_b.
+    decode = bool(MlaPrefill(gpu, shape, kv_dtype).absorbed(num_seqs, new_tokens))
     parts: list[OpCost] = []
     for _, cached, n, k, quantised in mla_projection_gemms(shape, decode):
         m = max(context_tokens if cached else new_tokens, 1)
         parts.append(gemm_cost(gpu, m, n, k, gemm_dtype if quantised else "bf16"))
     parts += mla_pointwise_costs(gpu, shape, new_tokens)
-    if decode:
+    if new_tokens <= num_seqs:
         parts.append(
             mla_decode_cost(
                 gpu, shape, num_seqs=num_seqs, context_tokens=context_tokens, kv_dtype=kv_dtype

@@ -10,10 +10,13 @@ from hardware_models import InfersimError, load_gpu
 from hardware_models.attention import causal_pairs
 from hardware_models.mla import (
     DEEPSEEK_V3,
+    EAGER_RMSNORM,
     MlaDecode,
+    MlaPrefill,
     MlaShape,
     mla_decode_cost,
     mla_module_cost,
+    mla_pointwise_costs,
     mla_prefill_cost,
     mla_projection_gemms,
 )
@@ -87,3 +90,125 @@ def test_bad_shape_is_one_line_error():
             qk_rope_head_dim=32,
             v_head_dim=64,
         )
+
+
+@pytest.mark.parametrize(
+    "update",
+    [
+        {},
+        {"mla_decode_kv_splits": 4, "mla_decode_cta_us_per_mb": 0.5},
+        {"mla_decode_head_block": 16},
+    ],
+)
+def test_decode_one_step_is_parts_in_plain_floats(update):
+    """The engine's per-step path gives parts' numbers exactly (bit for bit)."""
+    gpu = H100.with_efficiency(H100.efficiency.model_copy(update=update))
+    for heads, kv in ((1, "bf16"), (16, "fp8"), (128, "bf16")):
+        model = MlaDecode(gpu, dataclasses.replace(DEEPSEEK_V3, num_heads=heads), kv)
+        for seqs in (1, 3, 64, 500):
+            for keys in (1, 17, 4096, 70_001):
+                parts = model.parts(seqs, seqs * keys)
+                expected = (float(parts.seconds), float(parts.flops), float(parts.dram_bytes))
+                assert model.one_step_for(seqs)(seqs * keys) == expected
+
+
+def test_prefill_calls_of_one_token_per_sequence_run_the_decode_kernel():
+    """Mixed arrays price each call as it would be priced alone."""
+    model = MlaPrefill(H100, DEEPSEEK_V3)
+    seqs, new, context = [4, 4, 1], [4, 4096, 512], [4000, 4096 * 4, 512]
+    pairs = [4000.0, 4 * causal_pairs(1024, 1024), causal_pairs(512, 512)]
+    together = model.many(seqs, new, pairs, context)
+    for i in range(3):
+        alone = model.many(seqs[i], new[i], pairs[i], context[i])
+        assert [a[i] for a in together] == [a[0] for a in alone]
+    decode = MlaDecode(H100, DEEPSEEK_V3).parts(4, 4000)
+    assert together[0][0] == float(decode.seconds)
+
+
+def test_heads_fill_whole_64_row_tiles():
+    """FlashMLA / FlashAttention MLA compute 64 query rows a thread block: 1 to 64 heads
+    cost one tile's math per key (and are memory-bound unless the cache is 8-bit)."""
+    one, full = (dataclasses.replace(DEEPSEEK_V3, num_heads=h) for h in (1, 64))
+    p1, p64 = (MlaDecode(H100, s).parts(64, 64 * 8192) for s in (one, full))
+    assert float(p1.compute) == pytest.approx(float(p64.compute))
+    assert float(p64.flops) == 64 * float(p1.flops)  # the useful FLOPs are the heads'
+
+
+def test_an_8bit_cache_pays_the_query_quantisation():
+    eff = H100.efficiency.model_copy(update={"mla_fp8_kv_us": 20.0})
+    gpu = H100.with_efficiency(eff)
+    bf16, fp8 = (MlaDecode(gpu, DEEPSEEK_V3, kv) for kv in ("bf16", "fp8"))
+    assert fp8.floor - bf16.floor == pytest.approx(20e-6)
+
+
+def test_short_chunks_run_the_decode_kernel_as_vllm_dispatches_them():
+    """FlashAttention MLA takes chunks of up to 512 tokens a sequence through the
+    absorbed kernel (nothing decompressed); longer ones, or any with no threshold
+    (Triton MLA), run flash attention over decompressed K and V."""
+    eff = H100.efficiency.model_copy(update={"mla_decode_query_threshold_by_kv": {"bf16": 512}})
+    model = MlaPrefill(H100.with_efficiency(eff), DEEPSEEK_V3)
+    pairs = 4 * causal_pairs(512, 512)
+    short = model.many(4, 4 * 512, pairs, 4 * 512)
+    decode = model.decode.parts(4, 4 * 512, 4 * 512, pairs)
+    assert short[0][0] == float(decode.seconds)
+    assert short[1][0] == pairs * DEEPSEEK_V3.decode_flops_per_key()
+    long = model.many(4, 4 * 1024, 4 * causal_pairs(1024, 1024), 4 * 1024)
+    assert long[1][0] == pytest.approx(2 * 128 * 4 * causal_pairs(1024, 1024) * (192 + 128))
+    assert not MlaPrefill(H100, DEEPSEEK_V3).absorbed(4, 8)  # Triton MLA: one token only
+    assert {g[0] for g in mla_projection_gemms(DEEPSEEK_V3, decode=True)} >= {"w_uk", "w_uv"}
+
+
+def test_query_threshold_is_checked_by_cache_dtype():
+    with pytest.raises(ValueError, match="query threshold must be >= 1"):
+        H100.efficiency.model_validate({"mla_decode_query_threshold_by_kv": {"bf16": 0}})
+    eff = H100.efficiency.model_validate({"mla_decode_query_threshold_by_kv": {"fp8_e4m3": 128}})
+    assert eff.mla_decode_query_threshold("fp8") == 128
+    assert eff.mla_decode_query_threshold("bf16") == 1
+
+
+def test_the_engine_decompresses_the_prefix_only_outside_the_decode_kernel():
+    from hardware_models.dtypes import Dtype
+    from simulator.engine.latent_attention import MlaPrefillAttention
+
+    eff = H100.efficiency.model_copy(update={"mla_decode_query_threshold_by_kv": {"bf16": 512}})
+    dtypes = {"dtype": Dtype.BF16, "kv_dtype": Dtype.BF16, "weight_dtype": Dtype.BF16}
+    engine = MlaPrefillAttention(
+        H100.with_efficiency(eff), DEEPSEEK_V3, compute_dtype="bf16", **dtypes
+    )
+    triton = MlaPrefillAttention(H100, DEEPSEEK_V3, compute_dtype="bf16", **dtypes)
+    # A 512-token chunk after 3,584 cached tokens: absorbed, or decompressed with kv_b.
+    call = (1, 512, 512 * 3584 + causal_pairs(512, 512), 4096)
+    absorbed, flash = engine(*call), triton(*call)
+    assert absorbed[:3] == tuple(float(a[0]) for a in engine._model.many(*call)[:3])
+    attention_flops = 2 * 128 * call[2] * (192 + 128)
+    kv_b_flops = 2 * 3584 * 128 * (128 + 128) * 512  # the cached prefix, decompressed
+    assert flash[1] - attention_flops == pytest.approx(kv_b_flops)
+
+
+def test_chunk_terms_are_parts_in_plain_floats():
+    """The engine's scalar path for calls the decode kernel runs equals MlaPrefill.many."""
+    eff = H100.efficiency.model_copy(update={"mla_decode_query_threshold_by_kv": {"bf16": 512}})
+    for heads in (1, 16, 128):
+        model = MlaPrefill(
+            H100.with_efficiency(eff), dataclasses.replace(DEEPSEEK_V3, num_heads=heads)
+        )
+        for seqs, new, cached in ((3, 3, 9000), (4, 4 * 37, 4 * 700), (2, 2 * 512, 0)):
+            pairs = seqs * (cached / seqs * new / seqs + causal_pairs(new // seqs, new // seqs))
+            context = cached + new
+            seconds, flops, dram, compute, memory = (
+                float(a[0]) for a in model.many(seqs, new, pairs, context)
+            )
+            terms = model.decode.chunk_terms(seqs, new, pairs, context)
+            assert terms == (seconds, compute, memory, dram, flops)
+
+
+def test_the_uncompiled_module_runs_pytorch_native_norms_and_rotary():
+    """The public module tables time vLLM's module without torch.compile: its RMSNorms
+    run as PyTorch ops through fp32 (36 bytes moved per bf16 element, not 4)."""
+    fused = mla_pointwise_costs(H100, DEEPSEEK_V3, 1024)
+    eager = mla_pointwise_costs(H100, DEEPSEEK_V3, 1024, eager=True)
+    norm_elements = 1024 * (1536 + 512)
+    assert fused[0].dram_bytes == norm_elements * 2 * 2
+    assert eager[0].dram_bytes + eager[1].dram_bytes == norm_elements * 36
+    assert eager[0].kernels == len(EAGER_RMSNORM)
+    assert sum(c.seconds for c in eager) > sum(c.seconds for c in fused)

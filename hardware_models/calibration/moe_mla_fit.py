@@ -5,10 +5,12 @@ efficiency scales which part of its time), and the scalars and kernel choices se
   rows of an activated expert) and memory curve (against their DRAM bytes), each
   informed by the rows whose GEMM time that term sets; the layer's fixed cost, and a
   thread block's fixed time and streaming cap.
-- MLA decode: the latent stream's bandwidth curve, the floor, the math rate, a thread
-  block's streaming cap, and the kernel's layout (heads per block that re-read the
-  latent; fixed or SM-filling KV splits), chosen as the data says.
-- MLA prefill: its own flash-attention compute curve and floor.
+- MLA decode: the latent stream's bandwidth curve, the floor, the 8-bit cache's query
+  quantisation, the math rate, a thread block's fixed time and streaming cap, and the
+  kernel's layout (heads per block that re-read the latent; fixed or SM-filling KV
+  splits), chosen as the data says.
+- MLA prefill: its own flash-attention compute curve and floor, and which vLLM backends
+  run (which chunks they send through the decode kernel).
 
 Module rows (H100) carry the projections, priced with the GEMM fit that runs first.
 """
@@ -28,6 +30,10 @@ from hardware_models.calibration.moe_mla_tables import (
 )
 from hardware_models.calibration.operator_terms import CurveLoc, CurveTerm, Terms
 from hardware_models.efficiency import MOE_FORMATS
+
+# vLLM's MLA backends on Hopper: prefill chunks of up to this many tokens a sequence
+# run the decode kernel (FlashAttention MLA with a 16-bit cache, FlashMLA with fp8).
+HOPPER_MLA_THRESHOLDS = {"bf16": 512, "fp8": 128}
 
 # (name, rows, pricer, scalars as (field location, low, high), discrete choices, passes)
 FitSpec = tuple[str, pd.DataFrame, object, list[tuple[CurveLoc, float, float]], tuple, int]
@@ -68,8 +74,7 @@ def mla_prefill_terms(gpu: AcceleratorSpec, rows: pd.DataFrame) -> Terms:
     p = mla_parts(rows, gpu)
     no_cta = gpu.with_efficiency(gpu.efficiency.model_copy(update={"prefill_cta_latency_us": 0}))
     math_s = mla_parts(rows, no_cta)["compute_s"]
-    prefill = (rows["q_len"] > 1).to_numpy()
-    binds = (p["compute_s"] >= p["memory_s"]) & prefill
+    binds = (p["compute_s"] >= p["memory_s"]) & ~p["absorbed"]  # the flash kernel's rows
     new = rows["batch"].to_numpy(dtype=float) * rows["q_len"].to_numpy(dtype=float)
     # read_mla's size is the attention FLOPs, 4 x heads x head_dim per query-key pair.
     per_pair = 4.0 * rows["num_heads"].to_numpy(dtype=float) * MLA_SHAPE.prefill_head_dim()
@@ -125,6 +130,7 @@ def moe_mla_fits(table: pd.DataFrame) -> list[FitSpec]:
                 [
                     (("mla_decode_floor_us", None), 0.0, 2.0 * top),
                     (("mla_decode_compute", None), 0.05, 1.0),
+                    (("mla_decode_cta_latency_us", None), 0.0, 0.5 * top),
                     (("mla_decode_cta_us_per_mb", None), 0.0, 20.0),
                     *fp8_scalar,
                 ],
@@ -144,7 +150,11 @@ def moe_mla_fits(table: pd.DataFrame) -> list[FitSpec]:
                 prefill,
                 mla_prefill_terms,
                 [(("mla_prefill_floor_us", None), 0.0, 2.0 * top)],
-                (),
+                # Which chunks the decode kernel takes, by the backends vLLM pairs:
+                # Triton MLA (one token a sequence), or on Hopper FlashAttention MLA
+                # for a 16-bit cache and FlashMLA for an 8-bit one (their
+                # reorder_batch_threshold), told apart by the rows.
+                ((("mla_decode_query_threshold_by_kv", None), ({}, HOPPER_MLA_THRESHOLDS)),),
                 1,
             )
         )

@@ -25,10 +25,14 @@ What the columns mean, checked against the data and the collector that wrote the
   included (the collector says so, and the data agree: at batch 64 and 2 cached tokens
   128 heads take 0.25 ms against 0.09 ms for one head, the 0.34 GB more of q_b, kv_b and
   o_proj weights at ~2.2 TB/s), `gemm_type` bfloat16 or fp8_block for the linear layers,
-  `kv_cache_dtype` bfloat16 or fp8. A100 `context_mla_perf` / `generation_mla_perf`: the
-  attention kernel only (vLLM's Triton MLA), bf16, `tp_size` x `num_heads` = 128: its
-  latency does not grow with the heads at short contexts (0.3 ms) where the projections
-  would add their weights.
+  `kv_cache_dtype` bfloat16 or fp8. The module runs uncompiled under a CUDA graph (the
+  collector calls it directly), so vLLM's RMSNorm and rotary run their PyTorch-native
+  ops through fp32 (mla.EAGER_RMSNORM): measured minus the GEMMs regresses to ~26 ns a
+  token whatever the heads (1.5% error), what those ops move over 2,048 norm values a
+  token. Chunks of up to 512 tokens a sequence (128 with fp8) ran the decode kernel.
+  A100 `context_mla_perf` / `generation_mla_perf`: the attention kernel only (vLLM's
+  Triton MLA), bf16, `tp_size` x `num_heads` = 128: its latency does not grow with the
+  heads at short contexts (0.3 ms) where the projections would add their weights.
 """
 
 from __future__ import annotations
@@ -176,10 +180,11 @@ def mla_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> dict[str, np.ndarray]:
     """Every MLA row priced: 'seconds', 'attention_s', 'compute_s', 'memory_s',
     'fixed_s' (thread-block waves), 'floor_s' (the attention call's floor), 'dram'
     (the attention's DRAM bytes), 'projections_s' (the module's GEMMs, norms and rotary;
-    0 for kernel-only rows)."""
+    0 for kernel-only rows), 'absorbed' (the row runs the decode kernel)."""
     n = len(sub)
     out = {k: np.zeros(n) for k in ("seconds", "attention_s", "compute_s", "memory_s")}
     out.update({k: np.zeros(n) for k in ("fixed_s", "floor_s", "projections_s", "dram")})
+    out["absorbed"] = np.zeros(n, dtype=bool)
     batch, q_len, kv_len = (sub[c].to_numpy(dtype=float) for c in ("batch", "q_len", "kv_len"))
     new, context = batch * q_len, batch * kv_len
     # Kernel-only rows (and tables) have no linear layers: "" for them.
@@ -201,22 +206,26 @@ def mla_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> dict[str, np.ndarray]:
             d = decode.parts(batch[pos], context[pos])
             seconds, compute, memory, fixed = d.seconds, d.compute, d.memory, d.fixed
             floor, dram = np.full(len(pos), d.floor), d.dram_bytes
+            absorbed = np.ones(len(pos), dtype=bool)
         else:
             prefill = MlaPrefill(gpu, shape, kv)
             pairs = batch[pos] * causal_pairs_many(q_len[pos], kv_len[pos], np.zeros(len(pos)))
             seconds, _, dram, compute, memory = prefill.many(
                 batch[pos], new[pos], pairs, context[pos]
             )
-            one = new[pos] <= batch[pos]
-            floor = np.where(one, decode.floor, prefill.flash.floor)
+            absorbed = prefill.absorbed(batch[pos], new[pos])
+            floor = np.where(absorbed, decode.floor, prefill.flash.floor)
             fixed = np.zeros(len(pos))
         out["attention_s"][pos] = seconds
         out["compute_s"][pos], out["memory_s"][pos] = compute, memory
         out["fixed_s"][pos], out["floor_s"][pos], out["dram"][pos] = fixed, floor, dram
-        if gemm:
-            out["projections_s"][pos] = _projections(
-                gpu, shape, new[pos], context[pos], op_class == "mla_decode", gemm
-            )
+        out["absorbed"][pos] = absorbed
+        for flag in (True, False) if gemm else ():
+            rows = pos[absorbed == flag]
+            if len(rows):
+                out["projections_s"][rows] = _projections(
+                    gpu, shape, new[rows], context[rows], flag, gemm
+                )
     out["seconds"] = out["attention_s"] + out["projections_s"]
     return out
 
@@ -271,7 +280,10 @@ def _price_projections(
         ones = np.ones(len(rows))
         seconds += gemm_parts_many(gpu, rows, ones * n, ones * k, dtype).seconds
     uniq, codes = np.unique(new, return_inverse=True)
-    pointwise = [sum(c.seconds for c in mla_pointwise_costs(gpu, shape, int(t))) for t in uniq]
+    # The tables time the module uncompiled: its norms and rotary run PyTorch's ops.
+    pointwise = [
+        sum(c.seconds for c in mla_pointwise_costs(gpu, shape, int(t), eager=True)) for t in uniq
+    ]
     return seconds + np.asarray(pointwise)[codes]
 
 

@@ -139,10 +139,7 @@ def curve_at(profile: EfficiencyProfile, loc: CurveLoc):
     if name == "attention_prefill_memory":
         return profile.prefill_memory
     if name in ("mla_decode_memory", "mla_prefill_compute"):
-        generic = {"mla_decode_memory": "attention_decode_memory"}.get(
-            name, "attention_prefill_compute"
-        )
-        return getattr(profile, name) or getattr(profile, generic)
+        return getattr(profile, f"{name}_curve")
     if name in ("moe_compute_by_dtype", "moe_memory_by_dtype"):
         return profile.moe_terms(str(key))[0 if name == "moe_compute_by_dtype" else 1]
     if key is None:

@@ -2,17 +2,16 @@
 
 The step cost prices attention through two small interfaces (DecodeAttention's
 `one_step` / `__call__` / `batch_terms`, PrefillAttention's `__call__`); these adapters
-give them hardware_models.mla's absorbed decode and decompressed prefill. Prefill also
-decompresses the cached prefix of each chunk (kv_b_proj over the tokens computed in
-earlier steps), which the step's GEMMs over its new tokens do not cover.
+give them hardware_models.mla's absorbed decode and decompressed prefill. A prefill
+chunk that vLLM's MLA backend runs through the decode kernel (up to its query threshold
+a sequence) stays absorbed; a longer one also decompresses its cached prefix (kv_b_proj
+over the tokens computed in earlier steps), which the step's GEMMs over its new tokens
+do not cover.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
-
-import numpy as np
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import Dtype
@@ -52,13 +51,13 @@ class MlaDecodeAttention:
         return p.seconds, p.flops, p.dram_bytes
 
     def one_step(self, num_seqs: int, context_tokens: int) -> tuple[float, float, float]:
-        p = self._model.parts(num_seqs, context_tokens)
-        return float(p.seconds), float(p.flops), float(p.dram_bytes)
+        """`__call__` for one step in plain floats (the same numbers)."""
+        return self._model.one_step_for(num_seqs)(context_tokens)
 
     def one_step_for(self, num_seqs: int) -> Callable[[int], tuple[float, float, float]]:
         """one_step for `num_seqs` decodes as a function of the context, as
         DecodeAttention offers it."""
-        return partial(self.one_step, num_seqs)
+        return self._model.one_step_for(num_seqs)
 
 
 class MlaPrefillAttention:
@@ -86,10 +85,10 @@ class MlaPrefillAttention:
         self, num_seqs: int, new_tokens: int, attended_pairs: float, context_tokens: int
     ) -> tuple[float, float, float, float, float]:
         call = (num_seqs, new_tokens, attended_pairs, context_tokens)
-        if new_tokens <= num_seqs:  # one token a sequence: the decode kernel (as MlaPrefill)
-            seconds, flops, dram, compute, memory = (
-                float(np.asarray(a)[0]) for a in self._model.many(*call)
-            )
+        if self._model.absorbed(num_seqs, new_tokens):
+            # The decode kernel over the latent (MlaPrefill's numbers in plain floats):
+            # nothing to decompress.
+            seconds, compute, memory, dram, flops = self._model.decode.chunk_terms(*call)
             return seconds, flops, dram, compute, memory
         # The flash kernel's scalar path: MlaPrefill.many's numbers, without numpy's cost.
         seconds, flops, dram, compute, memory = self._model.flash(*call)
