@@ -75,8 +75,9 @@ from hardware_models.collectives import collective_cost
 from hardware_models.dtypes import bytes_per_element, parse_dtype
 from hardware_models.efficiency import BLOCK_SCALED_SPELLINGS
 from hardware_models.errors import InfersimError
-from hardware_models.gemm import gemm_parts_many
+from hardware_models.gemm import gemm_launches, gemm_parts_many
 from hardware_models.node import LinkSpec
+from hardware_models.pointwise import launch_overhead_seconds
 from hardware_models.presets import list_gpus, load_gpu, load_node, nodes_with_gpu
 
 # aiconfigurator's own folder names (`systems/data/<gpu>/`) -> accelerator preset name. A
@@ -89,6 +90,9 @@ GPU_FOLDERS: dict[str, str] = {
     "b200_sxm": "b200",
 }
 SHARED_DATA_ENV = "INFERSIM_SHARED_DATA"
+GEMM_TABLE = "gemm_perf.parquet"
+# GEMM dtypes the aiconfigurator collector times without a CUDA graph (timed_eagerly).
+EAGER_GEMM_DTYPES = frozenset({"fp8_block"})
 PUBLIC_TABLES = (
     "NVIDIA ai-dynamo/aiconfigurator (Apache-2.0), "
     "aic-core/src/aiconfigurator_core/systems/data/<gpu>/"
@@ -274,7 +278,7 @@ class MeasuredTable:
 
 
 TABLES: list[MeasuredTable] = [
-    MeasuredTable("gemm_perf.parquet", frozenset({"gemm"}), read_gemm),
+    MeasuredTable(GEMM_TABLE, frozenset({"gemm"}), read_gemm),
     MeasuredTable(
         "context_attention_perf.parquet", frozenset({"attention_prefill"}), read_context_attention
     ),
@@ -441,13 +445,27 @@ def gemm_kernel_dtype(table: pd.DataFrame) -> pd.Series:
     return source.where(source.isin(BLOCK_SCALED_SPELLINGS), table["dtype"].astype(str))
 
 
+def timed_eagerly(table: pd.DataFrame) -> pd.Series:
+    """GEMM rows of the aiconfigurator layout timed without a CUDA graph: its vLLM
+    collector graphs every GEMM but fp8_block (collector/vllm/collect_gemm.py:
+    use_cuda_graph=gemm_type != "fp8_block"), so the host launches those rows' kernels."""
+    source = table["source"].astype(str).map(lambda s: Path(s).name)
+    return (source == GEMM_TABLE) & table["source_dtype"].astype(str).isin(EAGER_GEMM_DTYPES)
+
+
 def _predict_gemm(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
-    sub = sub.assign(dtype=gemm_kernel_dtype(sub))
-    uniq, codes = _unique_groups(sub, ["m", "n", "k", "dtype"])
+    """Device time of each GEMM; a row timed eagerly takes at least its kernels' host
+    launches (the layer rows' rule, calibration/layer.py)."""
+    sub = sub.assign(dtype=gemm_kernel_dtype(sub), eager=timed_eagerly(sub).to_numpy())
+    uniq, codes = _unique_groups(sub, ["m", "n", "k", "dtype", "eager"])
     secs = np.empty(len(uniq))
-    for dtype, pos in uniq.groupby("dtype", sort=False).indices.items():
+    for (dtype, eager), pos in uniq.groupby(["dtype", "eager"], sort=False).indices.items():
         shapes = uniq.iloc[pos]
         secs[pos] = gemm_parts_many(gpu, shapes["m"], shapes["n"], shapes["k"], dtype).seconds
+        if eager:
+            launches = gemm_launches(gpu, shapes["m"].to_numpy(), dtype)
+            host = launch_overhead_seconds(gpu, 1, cuda_graph=False) * launches
+            secs[pos] = np.maximum(secs[pos], host)
     return secs[codes]
 
 
