@@ -156,16 +156,30 @@ _SM100_FP4_TILES = (
     TileBucket(_INF, (128, 256), 2),
 )
 _ONE_SM_128 = (TileBucket(_INF, (128, 128), 1),)
-_HW_SCALED = GemmKernel(dispatch="fixed", quantize_activations=True)
+# vLLM's CUTLASS fp8 GEMMs (per-tensor or per-token scales): scaled_mm_sm100_fp8_dispatch
+# (A and B swapped up to m = 64, a 2-SM cluster past it) and scaled_mm_sm120_fp8_dispatch
+# (1 x 1 clusters only).
+_SM100_FP8_TILES = (
+    TileBucket(16, (32, 128), 1),
+    TileBucket(64, (64, 128), 1),
+    TileBucket(_INF, (128, 128), 2),
+)
+_SM120_FP8_TILES = (
+    TileBucket(16, (16, 64), 1),
+    TileBucket(32, (32, 64), 1),
+    TileBucket(256, (64, 64), 1),
+    TileBucket(_INF, (128, 128), 1),
+)
+_QUANTISED = GemmKernel(dispatch="fixed", quantize_activations=True)
 
 # The GEMM kernels a serving engine runs for low-precision dtypes where no profile names
 # one, per family, from vLLM's source. Hopper: `cutlass_scaled_mm` quantises activations
 # per token in a kernel of its own, then runs CUTLASS tiles chosen by m in 2x1 clusters
 # past m = 64; block-scaled fp8 quantises per 128-wide group, then runs 128 x 128 tiles
 # (cooperative: stored after the k loop) over rows padded to a multiple of 4 for its
-# scales' TMA loads. Blackwell: a quantisation kernel writes the 4-bit activations and
-# their swizzled scales, then the block-scaled tiles above. Other families keep cuBLAS's
-# fastest tile until measured.
+# scales' TMA loads. Blackwell: a quantisation kernel writes the fp8 or 4-bit activations
+# (and their swizzled scales), then the tiles above. Other families keep cuBLAS's fastest
+# tile until measured.
 SERVING_GEMM_KERNELS: dict[str, dict[str, KernelRule]] = {
     HOPPER: {
         "fp8": KernelRule(GemmKernel(dispatch="by_m", quantize_activations=True, cluster_m=2)),
@@ -174,15 +188,17 @@ SERVING_GEMM_KERNELS: dict[str, dict[str, KernelRule]] = {
         ),
     },
     BLACKWELL_DATACENTER: {
-        "nvfp4": KernelRule(_HW_SCALED, _SM100_FP4_TILES),
-        "mxfp4": KernelRule(_HW_SCALED, _SM100_FP4_TILES),
+        "fp8": KernelRule(_QUANTISED, _SM100_FP8_TILES),
+        "nvfp4": KernelRule(_QUANTISED, _SM100_FP4_TILES),
+        "mxfp4": KernelRule(_QUANTISED, _SM100_FP4_TILES),
         "fp8_block": KernelRule(
-            GemmKernel(dispatch="fixed", quantize_activations=True, align_m=4), _SM100_FP4_TILES
+            GemmKernel(dispatch="fixed", quantize_activations=True, align_m=4), _SM100_FP8_TILES
         ),
     },
     BLACKWELL_WORKSTATION: {
-        "nvfp4": KernelRule(_HW_SCALED, _ONE_SM_128),
-        "mxfp4": KernelRule(_HW_SCALED, _ONE_SM_128),
+        "fp8": KernelRule(_QUANTISED, _SM120_FP8_TILES),
+        "nvfp4": KernelRule(_QUANTISED, _ONE_SM_128),
+        "mxfp4": KernelRule(_QUANTISED, _ONE_SM_128),
         "fp8_block": KernelRule(
             GemmKernel(dispatch="fixed", quantize_activations=True, align_m=4), _ONE_SM_128
         ),
