@@ -26,7 +26,10 @@ is why the family is the key (see `gemm_family`):
   in tensor memory, so epilogue warps drain one tile while the next one's MMAs run; two
   SMs can share one 256-row UMMA (a 2-SM cluster). vLLM's CUTLASS nvfp4 GEMM
   (nvfp4_scaled_mm_kernels.cu): 128 x 128 per SM up to m = 16, then 2-SM 256 x 128 up to
-  m = 256, then 2-SM 256 x 256 (128 x 256 per SM).
+  m = 256, then 2-SM 256 x 256 (128 x 256 per SM). fp8 and fp8_block take vLLM's fp8
+  tiles (scaled_mm_sm100_fp8_dispatch.cuh: A and B swapped up to m = 64, 2-SM past it);
+  fp8_block's 128-blocks are applied in hardware too (DeepGEMM converts their scales to
+  e8m0 for the block-scaled MMA) or under the next tile's MMAs (CUTLASS).
 - Workstation Blackwell (sm_120, RTX 50 / RTX PRO): no tcgen05 and no tensor memory; warp
   MMAs (`mma.sync`, as on Ampere and Ada) with accumulators in registers, 1-SM clusters.
   The MX/NV block scales are applied by the `mma.sync ... .block_scale` instructions;
