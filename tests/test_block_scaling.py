@@ -123,8 +123,8 @@ def test_the_engine_runs_nvfp4_natively_on_blackwell_and_dequantised_on_hopper()
 
 
 def test_fp8_block_rows_of_the_public_table_are_priced_as_timed_eagerly():
-    """aiconfigurator's collector runs fp8_block GEMMs without a CUDA graph: a row takes
-    at least its kernels' host launches; the graphed dtypes and other tables do not."""
+    """aiconfigurator's "vllm_default" collector ran fp8_block GEMMs without a CUDA graph:
+    a row takes at least its kernels' host launches; graphed rows and other tables do not."""
     rows = pd.DataFrame(
         {
             "gpu": "h100-sxm",
@@ -134,10 +134,13 @@ def test_fp8_block_rows_of_the_public_table_are_priced_as_timed_eagerly():
             "k": 128.0,
             "dtype": ["fp8", "fp8", "fp8"],
             "source_dtype": ["fp8_block", "fp8", "fp8_block"],
-            "source": ["/x/h100_sxm/gemm_perf.parquet"] * 2 + ["mine.csv"],
+            "source": ["/x/h100_sxm/gemm_perf.parquet:vllm_default"] * 2 + ["mine.csv"],
         }
     )
     assert timed_eagerly(rows).tolist() == [True, False, False]
+    # A later collector names the kernel it timed, inside a CUDA graph.
+    graphed = rows.assign(source="/x/l40s/gemm_perf.parquet:TritonFp8BlockScaledMMKernel")
+    assert not timed_eagerly(graphed).any()
     priced = predict(rows, gpu_resolver=lambda _name: H100).to_numpy()
     launches = gemm_launches(H100, np.array([5.0]), "fp8_block")[0]
     assert launches == 3  # quantisation, the padding copy (5 rows), the matmul

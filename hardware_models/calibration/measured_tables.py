@@ -34,7 +34,7 @@ The long table (COLUMNS): `gpu` (preset name), `op_class` (OP_CLASSES), `dtype` 
 Dtype name), shape columns m, n, k (GEMM), batch, q_len, kv_len, num_heads, num_kv_heads,
 head_dim, kv_dtype, window (attention; window 0 = none), num_gpus, nbytes (collectives),
 NaN where not applicable; `size` (FLOPs for GEMM and attention, counting only the
-attended query-key pairs; bytes for collectives), `measured_s` (seconds), `source` (file)
+attended query-key pairs; bytes for collectives), `measured_s` (seconds), `source` (file; GEMM rows add `:kernel_source`)
 and `source_dtype` (the table's own dtype spelling, e.g. fp8_block, bfloat16/kv:fp8).
 
 `load_measured()` returns the normalised long table; `predict()` prices every row with the
@@ -91,7 +91,10 @@ GPU_FOLDERS: dict[str, str] = {
 }
 SHARED_DATA_ENV = "INFERSIM_SHARED_DATA"
 GEMM_TABLE = "gemm_perf.parquet"
-# GEMM dtypes the aiconfigurator collector times without a CUDA graph (timed_eagerly).
+# The aiconfigurator collector that timed fp8_block GEMMs without a CUDA graph labels its
+# rows kernel_source "vllm_default"; later ones name the kernel vLLM selected and publish
+# graph timing only (timed_eagerly).
+EAGER_KERNEL_SOURCE = "vllm_default"
 EAGER_GEMM_DTYPES = frozenset({"fp8_block"})
 PUBLIC_TABLES = (
     "NVIDIA ai-dynamo/aiconfigurator (Apache-2.0), "
@@ -209,6 +212,8 @@ def read_gemm(path: Path, gpu: str) -> pd.DataFrame:
     out["source_dtype"] = raw["gemm_dtype"].astype(object).to_numpy()
     out["size"] = 2.0 * out["m"] * out["n"] * out["k"]
     out["measured_s"] = raw["latency"].to_numpy(dtype=float) / 1e3
+    if "kernel_source" in raw:  # which collector, so which timing (timed_eagerly)
+        out["source"] = (f"{path}:" + raw["kernel_source"].astype(str)).to_numpy()
     return out
 
 
@@ -447,10 +452,14 @@ def gemm_kernel_dtype(table: pd.DataFrame) -> pd.Series:
 
 def timed_eagerly(table: pd.DataFrame) -> pd.Series:
     """GEMM rows of the aiconfigurator layout timed without a CUDA graph: its vLLM
-    collector graphs every GEMM but fp8_block (collector/vllm/collect_gemm.py:
-    use_cuda_graph=gemm_type != "fp8_block"), so the host launches those rows' kernels."""
+    collector graphed every GEMM but fp8_block (collector/vllm/collect_gemm.py:
+    use_cuda_graph=gemm_type != "fp8_block") while it labelled rows "vllm_default" (the
+    public H100 table, vLLM 0.19), so the host launched those rows' kernels. Its later
+    versions, which name the selected kernel instead (the L40S table), refuse to publish
+    eager timing. `source` is read_gemm's "<file>:<kernel_source>"."""
     source = table["source"].astype(str).map(lambda s: Path(s).name)
-    return (source == GEMM_TABLE) & table["source_dtype"].astype(str).isin(EAGER_GEMM_DTYPES)
+    old_collector = source == f"{GEMM_TABLE}:{EAGER_KERNEL_SOURCE}"
+    return old_collector & table["source_dtype"].astype(str).isin(EAGER_GEMM_DTYPES)
 
 
 def _predict_gemm(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
