@@ -22,7 +22,13 @@ from hardware_models.block_scaling import (
     stored_bytes,
     weight_support,
 )
-from hardware_models.calibration.measured_tables import predict, timed_eagerly
+from hardware_models.calibration.measured_tables import (
+    EAGER_RUNS,
+    eager_seconds,
+    predict,
+    timed_eagerly,
+)
+from hardware_models.calibration.operator_terms import gemm_terms
 from hardware_models.errors import InfersimError
 from hardware_models.gemm import gemm_launches, gemm_parts
 from hardware_models.presets import load_gpu, load_node
@@ -144,5 +150,32 @@ def test_fp8_block_rows_of_the_public_table_are_priced_as_timed_eagerly():
     priced = predict(rows, gpu_resolver=lambda _name: H100).to_numpy()
     launches = gemm_launches(H100, np.array([5.0]), "fp8_block")[0]
     assert launches == 3  # quantisation, the padding copy (5 rows), the matmul
-    host = launches * H100.efficiency.launch_overhead_eager_us * 1e-6
-    assert priced[0] == pytest.approx(host) and priced[2] < host
+    launch = H100.efficiency.launch_overhead_eager_us * 1e-6
+    device = priced[2]  # the same GEMM, not timed eagerly
+    # Host-bound: six calls' launches, then the last call's kernels.
+    assert priced[0] == pytest.approx(launches * launch + device / EAGER_RUNS)
+    # GPU-bound (a long GEMM): the device time, plus the first launch over six calls.
+    long = eager_seconds(np.array([1e-3]), np.array([3]), launch)[0]
+    assert long == pytest.approx(1e-3 + launch / EAGER_RUNS)
+
+
+def test_the_fit_prices_eager_rows_as_validation_does_and_learns_no_curve_from_host_bound_ones():
+    rows = pd.DataFrame(
+        {
+            "gpu": "h100-sxm",
+            "op_class": "gemm",
+            "m": [4.0, 8192.0],
+            "n": [128.0, 8192.0],
+            "k": [128.0, 8192.0],
+            "dtype": "fp8",
+            "source_dtype": "fp8_block",
+            "source": "/x/h100_sxm/gemm_perf.parquet:vllm_default",
+        }
+    )
+    terms = gemm_terms(H100, rows, "fp8_block")
+    priced = predict(rows, gpu_resolver=lambda _name: H100).to_numpy()
+    assert terms.seconds == pytest.approx(priced)
+    curves = terms.curves.values()
+    assert not any(c.binds[0] for c in curves)  # host-bound: the launches set its time
+    assert any(c.binds[1] for c in curves)  # GPU-bound: the math does
+    assert terms.floor_s[0] == pytest.approx(terms.seconds[0])

@@ -34,8 +34,9 @@ The long table (COLUMNS): `gpu` (preset name), `op_class` (OP_CLASSES), `dtype` 
 Dtype name), shape columns m, n, k (GEMM), batch, q_len, kv_len, num_heads, num_kv_heads,
 head_dim, kv_dtype, window (attention; window 0 = none), num_gpus, nbytes (collectives),
 NaN where not applicable; `size` (FLOPs for GEMM and attention, counting only the
-attended query-key pairs; bytes for collectives), `measured_s` (seconds), `source` (file; GEMM rows add `:kernel_source`)
-and `source_dtype` (the table's own dtype spelling, e.g. fp8_block, bfloat16/kv:fp8).
+attended query-key pairs; bytes for collectives), `measured_s` (seconds), `source` (file;
+GEMM rows add `:kernel_source`) and `source_dtype` (the table's own dtype spelling, e.g.
+fp8_block, bfloat16/kv:fp8).
 
 `load_measured()` returns the normalised long table; `predict()` prices every row with the
 operator cost model, pricing each distinct shape once.
@@ -96,6 +97,9 @@ GEMM_TABLE = "gemm_perf.parquet"
 # graph timing only (timed_eagerly).
 EAGER_KERNEL_SOURCE = "vllm_default"
 EAGER_GEMM_DTYPES = frozenset({"fp8_block"})
+# Calls the collector's eager path times between its two CUDA events (benchmark_with_power:
+# num_runs = 6 without power sampling), the GPU idle at the first.
+EAGER_RUNS = 6
 PUBLIC_TABLES = (
     "NVIDIA ai-dynamo/aiconfigurator (Apache-2.0), "
     "aic-core/src/aiconfigurator_core/systems/data/<gpu>/"
@@ -457,14 +461,24 @@ def timed_eagerly(table: pd.DataFrame) -> pd.Series:
     public H100 table, vLLM 0.19), so the host launched those rows' kernels. Its later
     versions, which name the selected kernel instead (the L40S table), refuse to publish
     eager timing. `source` is read_gemm's "<file>:<kernel_source>"."""
-    source = table["source"].astype(str).map(lambda s: Path(s).name)
-    old_collector = source == f"{GEMM_TABLE}:{EAGER_KERNEL_SOURCE}"
-    return old_collector & table["source_dtype"].astype(str).isin(EAGER_GEMM_DTYPES)
+    eager = table["source_dtype"].isin(EAGER_GEMM_DTYPES)
+    if eager.any():  # the sources, once each (a fit prices one table many times)
+        label = f"{GEMM_TABLE}:{EAGER_KERNEL_SOURCE}"
+        old_collector = {s: Path(str(s)).name == label for s in pd.unique(table["source"])}
+        eager &= table["source"].map(old_collector).astype(bool)
+    return eager
+
+
+def eager_seconds(device_s, launches, launch_s: float, runs: int = EAGER_RUNS):
+    """Time per call of `runs` eager calls between two events, the GPU idle at the first:
+    GPU-bound, each call's device time plus the first launch spread over the runs; host-
+    bound, each call's launches plus the last call's device time spread over them."""
+    return np.maximum(device_s + launch_s / runs, launches * launch_s + device_s / runs)
 
 
 def _predict_gemm(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
-    """Device time of each GEMM; a row timed eagerly takes at least its kernels' host
-    launches (the layer rows' rule, calibration/layer.py)."""
+    """Device time of each GEMM, or for a row timed eagerly the time its calls took with
+    the host launching their kernels (eager_seconds)."""
     sub = sub.assign(dtype=gemm_kernel_dtype(sub), eager=timed_eagerly(sub).to_numpy())
     uniq, codes = _unique_groups(sub, ["m", "n", "k", "dtype", "eager"])
     secs = np.empty(len(uniq))
@@ -473,8 +487,8 @@ def _predict_gemm(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
         secs[pos] = gemm_parts_many(gpu, shapes["m"], shapes["n"], shapes["k"], dtype).seconds
         if eager:
             launches = gemm_launches(gpu, shapes["m"].to_numpy(), dtype)
-            host = launch_overhead_seconds(gpu, 1, cuda_graph=False) * launches
-            secs[pos] = np.maximum(secs[pos], host)
+            launch_s = launch_overhead_seconds(gpu, 1, cuda_graph=False)
+            secs[pos] = eager_seconds(secs[pos], launches, launch_s)
     return secs[codes]
 
 
