@@ -31,6 +31,7 @@ from hardware_models.calibration.measured_tables import (
 from hardware_models.calibration.operator_terms import gemm_terms
 from hardware_models.errors import InfersimError
 from hardware_models.gemm import gemm_launches, gemm_parts
+from hardware_models.op_request import parse_request
 from hardware_models.presets import load_gpu, load_node
 from simulator.engine.step_cost import StepCostModel
 from simulator.memory_planner import plan_memory, weight_bytes_per_param
@@ -179,3 +180,12 @@ def test_the_fit_prices_eager_rows_as_validation_does_and_learns_no_curve_from_h
     assert not any(c.binds[0] for c in curves)  # host-bound: the launches set its time
     assert any(c.binds[1] for c in curves)  # GPU-bound: the math does
     assert terms.floor_s[0] == pytest.approx(terms.seconds[0])
+
+
+def test_the_roofline_request_takes_block_scaled_gemm_dtypes_only_for_gemms():
+    gemm = parse_request({"op": "gemm", "dtype": "NVFP4", "m": 64, "n": 4096, "k": 4096}, "x")
+    assert gemm.price(B200).seconds == gemm_parts(B200, 64, 4096, 4096, "nvfp4").seconds
+    with pytest.raises(InfersimError, match="dtype mxfp4 is a block-scaled GEMM format"):
+        parse_request({"op": "embedding", "dtype": "mxfp4", "tokens": 8, "hidden": 64}, "x")
+    with pytest.raises(InfersimError, match="for gemm also fp8_block, nvfp4, mxfp4"):
+        parse_request({"op": "gemm", "dtype": "fp7", "m": 1, "n": 1, "k": 1}, "x")
