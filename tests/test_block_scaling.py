@@ -29,10 +29,12 @@ from hardware_models.calibration.measured_tables import (
     timed_eagerly,
 )
 from hardware_models.calibration.operator_terms import gemm_terms
+from hardware_models.efficiency import MOE_FORMATS
 from hardware_models.errors import InfersimError
 from hardware_models.gemm import gemm_launches, gemm_parts
 from hardware_models.op_request import parse_request
 from hardware_models.presets import load_gpu, load_node
+from simulator.engine.moe_layer import moe_format
 from simulator.engine.step_cost import StepCostModel
 from simulator.memory_planner import plan_memory, weight_bytes_per_param
 from simulator.model_catalog import load_model
@@ -114,6 +116,9 @@ def test_where_vllm_runs_4_bit_weights():
 def test_nvfp4_weights_are_stored_with_their_scales():
     assert weight_bytes_per_param("nvfp4") == pytest.approx(0.5625)
     assert weight_bytes_per_param("mxfp4") == pytest.approx(0.53125)
+    # The experts run Marlin's W4A16 kernels, reading the same bytes.
+    for fmt in ("nvfp4", "mxfp4"):
+        assert MOE_FORMATS[moe_format(fmt)].weight_bytes == weight_bytes_per_param(fmt)
     arch = load_model("llama-3.1-8b")
     nv, mx = (plan_memory(arch, B200, weight_dtype=f).weights for f in ("nvfp4", "mxfp4"))
     assert nv > mx
