@@ -90,10 +90,17 @@ class AcceleratorSpec(BaseModel):
     vendor: Literal["nvidia", "amd", "intel", "google", "other"]
     architecture: str = Field(
         description="Ampere, Ada, Hopper, Blackwell, CDNA3, ... It prices GEMMs: on Volta, "
-        "Turing, Ampere and Ada (any case) output stores follow the k loops "
-        "(GemmKernel.serial_epilogue) and each warp loads its operands from shared memory, "
-        "which caps small tiles; any other name overlaps the stores and has no such cap, "
-        "as Hopper's kernels do"
+        "Turing, Ampere, Ada and workstation Blackwell (any case) output stores follow the k "
+        "loops (GemmKernel.serial_epilogue) and each warp loads its operands from shared "
+        "memory, which caps small tiles; any other name overlaps the stores and has no such "
+        "cap, as Hopper's kernels do (hardware_models.block_scaling.gemm_family)"
+    )
+    compute_capability: str | None = Field(
+        default=None,
+        pattern=r"^\d{1,2}\.\d{1,2}$",
+        description="CUDA compute capability (major.minor), required for Blackwell, which is "
+        "two GEMM machines: 10.x (B200, GB200: tcgen05 MMAs, tensor memory, 2-SM UMMA) and "
+        "12.x (RTX 50, RTX PRO: warp-level MMAs like Ada)",
     )
     sm_count: int = Field(gt=0, description="streaming multiprocessors (NVIDIA) or CUs (AMD)")
     tensor_cores_per_sm: int = Field(gt=0)
@@ -147,6 +154,11 @@ class AcceleratorSpec(BaseModel):
         for dtype, rate in self.tensor_flops_per_core_per_clock.items():
             if rate <= 0:
                 raise ValueError(f"tensor_flops_per_core_per_clock.{dtype.value} must be > 0")
+        if self.architecture.strip().lower() == "blackwell" and self.compute_capability is None:
+            raise ValueError(
+                "compute_capability is required for a Blackwell GPU: 10.0 (B200, GB200) or "
+                "12.0 (RTX 50 series, RTX PRO Blackwell), whose GEMM kernels differ"
+            )
         return self
 
     def __hash__(self) -> int:

@@ -37,14 +37,16 @@ class MoeFormat(NamedTuple):
 
 # The public tables' moe_dtype: fp8 scales per tensor, fp8_block per 128 x 128 block
 # (fp32); int4_wo 4-bit weights with a bf16 scale per 128 (Marlin); w4a16_mxfp4 4-bit
-# weights with an 8-bit scale per 32 (Marlin). 8-bit formats quantise the activations
-# before each grouped GEMM (two more kernels).
+# weights with an 8-bit scale per 32 (Marlin); w4a16_nvfp4 (no table yet) with an fp8
+# scale per 16 (Marlin's NVFP4 path). 8-bit formats quantise the activations before each
+# grouped GEMM (two more kernels).
 MOE_FORMATS: dict[str, MoeFormat] = {
     "bf16": MoeFormat("bf16", 2.0, 2.0, 5, False),
     "fp8": MoeFormat("fp8", 1.0, 1.0, 7, False),
     "fp8_block": MoeFormat("fp8", 1.0, 1.0 + 4.0 / (128 * 128), 7, False),
     "int4_wo": MoeFormat("bf16", 2.0, 0.5 + 2.0 / 128, 5, True),
     "w4a16_mxfp4": MoeFormat("bf16", 2.0, 0.5 + 1.0 / 32, 5, True),
+    "w4a16_nvfp4": MoeFormat("bf16", 2.0, 0.5 + 1.0 / 16, 5, True),
 }
 _MOE_ALIASES = {"bfloat16": "bf16", "int4": "int4_wo", "mxfp4": "w4a16_mxfp4"}
 

@@ -19,13 +19,19 @@ from typing import NamedTuple
 import numpy as np
 
 from hardware_models.accelerator import AcceleratorSpec
-from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
-from hardware_models.efficiency import (
-    BLOCK_SCALED_SPELLINGS,
-    EfficiencyCurve,
-    GemmKernel,
-    dtype_key,
+from hardware_models.block_scaling import (
+    WARP_MMA_FAMILIES,
+    TileBucket,
+    gemm_family,
+    operand_bytes,
+    quantisation_pass_bytes,
+    scaled_format,
+    scales_on_cuda_cores,
+    serving_rule,
+    stored_bytes,
 )
+from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
+from hardware_models.efficiency import EfficiencyCurve, GemmKernel, dtype_key
 from hardware_models.op_cost import OpCost, classify
 
 # (tile_m, tile_n) shapes cuBLAS/CUTLASS kernels commonly use on tensor cores.
@@ -49,35 +55,9 @@ TILE_LARGE = (128, 128)
 # Past the swapped buckets m lies along the kernel's M, where a thread-block cluster
 # (GemmKernel.cluster_m) rounds the tile rows up to a whole number of clusters.
 SWAPPED_UP_TO_M = TILES_BY_M[1][0]
-# Bytes a quantisation pass moves per activation element: read 16-bit, write 8-bit.
-QUANT_PASS_BYTES = 3.0
 # Elements the padding copies move per quantised activation element: zero the padded
 # buffer, then read and write the rows into it.
 PAD_PASS_ELEMENTS = 3.0
-# NVIDIA architectures before Hopper, whose GEMM kernels run warp-level mma.sync: each
-# thread block stores its output tile after its k loop, and each warp loads its own A and
-# B fragments from shared memory. Hopper's and Blackwell's warp-specialised kernels store
-# one tile while computing the next and feed a warpgroup's MMAs from shared memory
-# directly; other vendors' are not measured here, so they keep that pricing.
-WARP_MMA_ARCHITECTURES = frozenset({"volta", "turing", "ampere", "ada"})
-# The GEMM kernels a serving engine runs for 8-bit dtypes where no profile names one, per
-# architecture, from vLLM's source: on Hopper `cutlass_scaled_mm` (sm90) quantises the
-# activations per token in a kernel of its own, then runs CUTLASS tiles chosen by m
-# (TILES_BY_M) in 2x1 thread-block clusters past m = 64; block-scaled fp8 quantises per
-# 128-wide group, then runs 128x128 tiles over rows padded to a multiple of 4 for its
-# scales' TMA loads. Other architectures keep cuBLASLt's fastest tile until measured.
-SERVING_GEMM_KERNELS: dict[str, dict[str, GemmKernel]] = {
-    "hopper": {
-        "fp8": GemmKernel(dispatch="by_m", quantize_activations=True, cluster_m=2),
-        "fp8_block": GemmKernel(dispatch="fixed", quantize_activations=True, align_m=4),
-    }
-}
-# Depth of k one block scale covers in block-scaled fp8 (DeepSeek-V3's 128 x 128 weight
-# blocks and 1 x 128 activation groups).
-SCALE_BLOCK_K = 128
-# Architectures whose tensor cores apply block scales themselves (Blackwell's tcgen05
-# block-scaled MMA): no rescaling on the CUDA cores.
-HARDWARE_BLOCK_SCALING = frozenset({"blackwell"})
 # Share of L2 a GEMM can count on for keeping its operands resident.
 L2_RESIDENT_FRACTION = 0.5
 
@@ -137,10 +117,12 @@ def _every_layout(tiles: tuple, splits: tuple) -> tuple[Layout, ...]:
     return tuple(Layout(tile, split, 1) for tile in tiles for split in splits)
 
 
-def candidate_layouts(kernel: GemmKernel, m: int, n: int) -> Sequence[Layout]:
+def candidate_layouts(
+    kernel: GemmKernel, m: int, n: int, fixed: Sequence[TileBucket] = ()
+) -> Sequence[Layout]:
     """The layouts a kernel family may run: every tile and split for cuBLAS-style
     heuristics (which pick their own clusters), one clustered tile and no split-K for
-    CUTLASS dispatch."""
+    CUTLASS dispatch (`fixed`: the family's tile for m's bucket, else 128 x 128)."""
     if kernel.dispatch == "fastest":
         return _every_layout(TILE_SHAPES, SPLIT_K_FACTORS)
     if kernel.dispatch == "by_m":
@@ -149,7 +131,10 @@ def candidate_layouts(kernel: GemmKernel, m: int, n: int) -> Sequence[Layout]:
             TILE_LARGE,
         )
         return [Layout(tile, 1, 1 if m <= SWAPPED_UP_TO_M else kernel.cluster_m)]
-    return [Layout(TILE_LARGE, 1, kernel.cluster_m)]
+    bucket = next((b for b in fixed if m <= b.up_to_m), None)
+    if bucket is None:
+        return [Layout(TILE_LARGE, 1, kernel.cluster_m)]
+    return [Layout(bucket.tile, 1, bucket.cluster_m)]
 
 
 def tile_rows(m, tm: int, cluster_m: int):
@@ -193,6 +178,7 @@ class _Setup:
     memory_curve: EfficiencyCurve
     floor_us: float
     kernel: GemmKernel
+    fixed_tiles: tuple[TileBucket, ...]  # a `fixed` kernel's tile by m (block_scaling)
     wave_latency_us: float
     cta_us_per_mb: float
     bpe: float
@@ -202,43 +188,55 @@ class _Setup:
     concurrent: int
     pass_bandwidth: float  # the padding copies and serial epilogue stores stream at this rate
     quant_bandwidth: float  # the activation-quantisation pass streams at this rate
+    quant_bytes: float  # bytes that pass moves per activation element, scales included
     pad_s: float  # fixed time of the padding copies
     serial_epilogue: bool  # output stores in series with the k loops (GemmKernel)
     tile_share: dict[tuple[int, int], float]  # shared_memory_share by tile (1 if uncapped)
     split_pass_us: float  # the split-K reduction pass (EfficiencyProfile.split_k_pass_us)
 
 
-def hardware_block_scaling(gpu: AcceleratorSpec) -> bool:
-    """True where the tensor cores scale blocks themselves (see HARDWARE_BLOCK_SCALING)."""
-    return gpu.architecture.strip().lower() in HARDWARE_BLOCK_SCALING
-
-
 @lru_cache(maxsize=256)
 def _setup(gpu: AcceleratorSpec, dtype: str | Dtype, weight_dtype: str | Dtype | None) -> _Setup:
     eff = gpu.efficiency
     compute_curve, memory_curve, floor_us = eff.gemm_terms(dtype)
-    serving = SERVING_GEMM_KERNELS.get(gpu.architecture.strip().lower(), {})
-    kernel, wave_latency_us, cta_us_per_mb = eff.gemm_kernel(dtype, serving.get(dtype_key(dtype)))
+    fmt = scaled_format(dtype)
+    rule = serving_rule(gpu, fmt.name if fmt is not None else dtype_key(dtype))
+    kernel, wave_latency_us, cta_us_per_mb = eff.gemm_kernel(
+        dtype, rule.kernel if rule is not None else None
+    )
     if kernel.quantize_activations and not eff.gemm_floor_fitted(dtype):
         floor_us *= 2  # two kernels, each with its launch floor: the quantisation, the GEMM
     quant_fraction, pad_us = eff.gemm_passes(dtype)
     plain = parse_dtype(dtype)
-    bpe = bytes_per_element(plain)
-    bpe_b = bpe if weight_dtype is None else bytes_per_element(parse_dtype(weight_dtype))
+    # Operands carry their block scales: activations one per 1 x block_k group, weights
+    # their share of a block (fp8_block's 128 x 128 blocks: 1/4096 byte a weight).
+    bpe = operand_bytes(dtype)
+    if weight_dtype is not None:
+        bpe_b = stored_bytes(weight_dtype)
+    else:
+        bpe_b = bpe if fmt is None else fmt.weight_bytes
     peak_per_sm = gpu.peak_flops(plain) / gpu.sm_count
-    if dtype_key(dtype) in BLOCK_SCALED_SPELLINGS and not hardware_block_scaling(gpu):
-        # Each 128-deep block of k ends with the accumulators rescaled by the A and B
-        # blocks' scales: one FMA per output element on the CUDA cores, in series with the
-        # tensor math, per 2 x 128 tensor FLOPs.
-        scale_s_per_flop = 1.0 / (SCALE_BLOCK_K * gpu.peak_vector_flops())
+    if fmt is not None and scales_on_cuda_cores(gpu, dtype):
+        # Each block of k ends with the accumulators rescaled by the A and B blocks'
+        # scales: one FMA per output element on the CUDA cores, in series with the
+        # tensor math, per 2 x block_k tensor FLOPs.
+        scale_s_per_flop = 1.0 / (fmt.block_k * gpu.peak_vector_flops())
         peak_per_sm = 1.0 / (1.0 / peak_per_sm + scale_s_per_flop * gpu.sm_count)
-    warp_mma = gpu.architecture.strip().lower() in WARP_MMA_ARCHITECTURES
-    tiles = {*TILE_SHAPES, TILE_LARGE, *(t for _, *pair in TILES_BY_M for t in pair)}
+    warp_mma = gemm_family(gpu) in WARP_MMA_FAMILIES
+    fixed = rule.tiles if rule is not None and rule.tiles is not None else None
+    fixed = fixed or (TileBucket(math.inf, TILE_LARGE, kernel.cluster_m),)
+    tiles = {
+        *TILE_SHAPES,
+        TILE_LARGE,
+        *(t for _, *pair in TILES_BY_M for t in pair),
+        *(b.tile for b in fixed),
+    }
     return _Setup(
         compute_curve=compute_curve,
         memory_curve=memory_curve,
         floor_us=floor_us,
         kernel=kernel,
+        fixed_tiles=fixed,
         wave_latency_us=wave_latency_us,
         cta_us_per_mb=cta_us_per_mb,
         bpe=bpe,
@@ -248,6 +246,7 @@ def _setup(gpu: AcceleratorSpec, dtype: str | Dtype, weight_dtype: str | Dtype |
         concurrent=gpu.sm_count * eff.ctas_per_sm,
         pass_bandwidth=gpu.memory_bandwidth * eff.memory_bandwidth,
         quant_bandwidth=gpu.memory_bandwidth * quant_fraction,
+        quant_bytes=quantisation_pass_bytes(dtype),
         pad_s=pad_us * 1e-6,
         serial_epilogue=warp_mma if kernel.serial_epilogue is None else kernel.serial_epilogue,
         split_pass_us=eff.split_k_pass_us,
@@ -287,7 +286,7 @@ def _shape_terms(gpu: AcceleratorSpec, c: _Setup, m, n, k) -> _ShapeTerms:
     operands = m * k * c.bpe + k * n * c.bpe_b
     compulsory = operands + m * n * c.out_bpe
     pad = m % c.kernel.align_m != 0
-    quant_bytes = m * k * QUANT_PASS_BYTES * c.kernel.quantize_activations
+    quant_bytes = m * k * c.quant_bytes * c.kernel.quantize_activations
     pad_bytes = m * k * PAD_PASS_ELEMENTS * c.bpe * pad
     return _ShapeTerms(
         flops=flops,
@@ -335,7 +334,7 @@ def gemm_parts(
 
     best: tuple[float, tuple] | None = None
     tile_counts: dict[tuple[int, int, int], int] = {}  # splits of one tile share them
-    for (tm, tn), split, cluster_m in candidate_layouts(c.kernel, m, n):
+    for (tm, tn), split, cluster_m in candidate_layouts(c.kernel, m, n, c.fixed_tiles):
         tiles = tile_counts.get((tm, tn, cluster_m))
         if tiles is None:
             tiles = tile_counts[tm, tn, cluster_m] = tile_rows(m, tm, cluster_m) * math.ceil(n / tn)
@@ -398,14 +397,24 @@ class GemmPartsArray(NamedTuple):
     seconds: np.ndarray
 
 
-def _layouts_many(kernel: GemmKernel, m: np.ndarray, n: np.ndarray):
+def _layouts_many(
+    kernel: GemmKernel, m: np.ndarray, n: np.ndarray, fixed: Sequence[TileBucket] = ()
+):
     """candidate_layouts for many shapes: (layout, rows that may run it) per layout, in
     the scalar loop's order."""
     every = np.ones(len(m), dtype=bool)
     if kernel.dispatch == "fastest":
         return [(layout, every) for layout in _every_layout(TILE_SHAPES, SPLIT_K_FACTORS)]
     if kernel.dispatch == "fixed":
-        return [(Layout(TILE_LARGE, 1, kernel.cluster_m), every)]
+        if not fixed:
+            return [(Layout(TILE_LARGE, 1, kernel.cluster_m), every)]
+        below = np.zeros(len(m), dtype=bool)  # served by an earlier bucket
+        out = []
+        for bucket in fixed:
+            rows = (m <= bucket.up_to_m) & ~below
+            below |= rows
+            out.append((Layout(bucket.tile, 1, bucket.cluster_m), rows))
+        return out
     bucket = np.full(len(m), len(TILES_BY_M))  # past the last bucket: TILE_LARGE
     for i in reversed(range(len(TILES_BY_M))):
         bucket = np.where(m <= TILES_BY_M[i][0], i, bucket)
@@ -417,6 +426,14 @@ def _layouts_many(kernel: GemmKernel, m: np.ndarray, n: np.ndarray):
             key = (tile, cluster_m)
             chosen[key] = chosen.get(key, np.zeros(len(m), dtype=bool)) | rows
     return [(Layout(tile, 1, cluster_m), rows) for (tile, cluster_m), rows in chosen.items()]
+
+
+def gemm_launches(gpu: AcceleratorSpec, m: np.ndarray, dtype: str | Dtype = "bf16") -> np.ndarray:
+    """Kernels one GEMM call launches per shape of m rows: the activation quantisation,
+    the padding copy where m is not a multiple of the kernel's align_m, the matmul."""
+    kernel = _setup(gpu, dtype, None).kernel
+    m = np.asarray(m, dtype=float)
+    return 1 + int(kernel.quantize_activations) + (m % kernel.align_m != 0)
 
 
 def gemm_parts_many(
@@ -440,7 +457,7 @@ def gemm_parts_many(
     out = {name: np.zeros(len(m)) for name in GemmPartsArray._fields}
     out["seconds"].fill(np.inf)
     tile_counts: dict[tuple[int, int, int], np.ndarray] = {}
-    for ((tm, tn), split, cluster_m), allowed in _layouts_many(c.kernel, m, n):
+    for ((tm, tn), split, cluster_m), allowed in _layouts_many(c.kernel, m, n, c.fixed_tiles):
         key = (tm, tn, cluster_m)
         if key not in tile_counts:
             tile_counts[key] = tile_rows(m, tm, cluster_m) * np.ceil(n / tn)

@@ -33,10 +33,11 @@ from typing import NamedTuple
 import numpy as np
 
 from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.block_scaling import WARP_MMA_FAMILIES, gemm_family
 from hardware_models.dtypes import parse_dtype
 from hardware_models.efficiency import MOE_FORMATS, MoeFormat, moe_format_key
 from hardware_models.errors import InfersimError
-from hardware_models.gemm import WARP_MMA_ARCHITECTURES, shared_memory_share
+from hardware_models.gemm import shared_memory_share
 from hardware_models.op_cost import OpCost, classify
 
 # Rows of a grouped-GEMM tile: Triton's tuned configurations pick among 16-128 per token
@@ -448,7 +449,7 @@ def moe_parts(
     index = np.arange(count)
     totals = np.zeros((len(BLOCK_MS), 3, count))  # per BLOCK_M: the binding terms
     l2_bytes = np.zeros((len(BLOCK_MS), count))
-    warp_mma = gpu.architecture.strip().lower() in WARP_MMA_ARCHITECTURES
+    warp_mma = gemm_family(gpu) in WARP_MMA_FAMILIES
     smem = gpu.shared_memory_bandwidth_per_sm
     for j, block in enumerate(BLOCK_MS):
         tiles = r.tiles[:, j]

@@ -7,7 +7,7 @@ import math
 from typing import Literal
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.attention import (
@@ -15,7 +15,7 @@ from hardware_models.attention import (
     uniform_prefill_cost,
 )
 from hardware_models.collectives import collective_cost
-from hardware_models.dtypes import Dtype
+from hardware_models.dtypes import Dtype, parse_dtype
 from hardware_models.errors import InfersimError
 from hardware_models.gemm import gemm_cost
 from hardware_models.node import NodeSpec
@@ -34,6 +34,8 @@ OpName = Literal[
     "all_to_all",
     "send_recv",
 ]
+# Block-scaled GEMM formats (hardware_models.block_scaling): a GEMM's dtype only.
+ScaledGemmDtype = Literal["fp8_block", "nvfp4", "mxfp4"]
 COLLECTIVES = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}
 REQUIRED: dict[str, tuple[str, ...]] = {
     "gemm": ("m", "n", "k"),
@@ -50,7 +52,9 @@ class OperatorRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     op: OpName = "gemm"
-    dtype: Dtype = Dtype.BF16
+    dtype: Dtype | ScaledGemmDtype = Field(
+        default=Dtype.BF16, description="a dtype; for gemm also fp8_block, nvfp4 or mxfp4"
+    )
     kv_dtype: Dtype | None = None
     m: int | None = Field(default=None, ge=1)
     n: int | None = Field(default=None, ge=1)
@@ -68,11 +72,27 @@ class OperatorRequest(BaseModel):
     bytes: float | None = Field(default=None, ge=0, description="collective buffer size")
     gpus: int | None = Field(default=None, ge=1)
 
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _one_line_dtype_error(cls, value: object) -> object:
+        text, scaled = str(value).strip().lower(), ScaledGemmDtype.__args__
+        if text in scaled:
+            return text
+        try:
+            return parse_dtype(text)
+        except InfersimError as exc:
+            raise ValueError(f"{exc}; for gemm also {', '.join(scaled)}") from None
+
     @model_validator(mode="after")
     def _required_fields(self) -> OperatorRequest:
         missing = [f for f in REQUIRED[self.op] if getattr(self, f) is None]
         if missing:
             raise ValueError(f"op {self.op} needs {', '.join(missing)}")
+        if self.op != "gemm" and self.dtype not in tuple(Dtype):
+            raise ValueError(
+                f"dtype {self.dtype} is a block-scaled GEMM format; op {self.op} "
+                f"takes {', '.join(d.value for d in Dtype)}"
+            )
         if self.kv_len is not None and self.q_len is not None and self.kv_len < self.q_len:
             raise ValueError(f"kv_len ({self.kv_len}) must be >= q_len ({self.q_len})")
         return self

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.block_scaling import stored_bytes
 from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
 from hardware_models.errors import InfeasibleError, InfersimError
 from simulator.architecture import ModelArchitecture
 from simulator.engine.moe_layer import ExpertLayout
 from simulator.engine.weight_format import (
-    FP8_BLOCK,
-    FP8_BLOCK_SIZE,
     check_block_shards,
+    check_weight_support,
     weight_format,
 )
 
@@ -34,14 +34,12 @@ DEFAULT_MAX_NUM_SEQS = 256
 """vLLM's default cap on sequences per step: the number of positions that get logits."""
 
 # Block-quantised formats store one scale per group of weights. Assumed: int4 as in
-# GPTQ/AWQ (group 128, fp16 scale) and fp4 as MXFP4 (group 32, 8-bit scale: gpt-oss's
-# checkpoint, and the fused-MoE format fp4 experts run, efficiency.MOE_FORMATS
-# w4a16_mxfp4); fp8_block as DeepSeek-V3's checkpoint (one fp32 scale per 128 x 128 block).
-_SCALE_BYTES_PER_WEIGHT: dict[str, float] = {
-    Dtype.INT4.value: 2 / 128,
-    Dtype.FP4.value: 1 / 32,
-    FP8_BLOCK: 4 / (FP8_BLOCK_SIZE * FP8_BLOCK_SIZE),
-}
+# GPTQ/AWQ (group 128, fp16 scale) and a plain fp4 as MXFP4 (group 32, 8-bit scale:
+# gpt-oss's checkpoint, and the fused-MoE format fp4 experts run, efficiency.MOE_FORMATS
+# w4a16_mxfp4); the block-scaled formats as hardware_models.block_scaling stores them
+# (fp8_block: one fp32 scale per 128 x 128 block; nvfp4: an fp8 scale per 16; mxfp4: an
+# e8m0 scale per 32). nvfp4's per-tensor fp32 scale is 4 bytes a matrix: left out.
+_INT4_SCALE_BYTES_PER_WEIGHT = 2 / 128
 
 # Logits are upcast to fp32 for sampling; the softmax makes a second vocab-wide buffer.
 _LOGIT_BUFFERS = 2
@@ -50,7 +48,10 @@ _LOGIT_BYTES = 4
 
 def weight_bytes_per_param(dtype: str | Dtype) -> float:
     """Storage per quantised weight, including its share of the group scale."""
-    return bytes_per_element(dtype) + _SCALE_BYTES_PER_WEIGHT.get(weight_format(dtype), 0.0)
+    fmt = weight_format(dtype)
+    if fmt == Dtype.INT4.value:
+        return bytes_per_element(fmt) + _INT4_SCALE_BYTES_PER_WEIGHT
+    return stored_bytes(fmt)
 
 
 class StageWeights(NamedTuple):
@@ -287,6 +288,7 @@ def plan_memory(
     if framework_overhead_gb < 0:
         raise InfersimError(f"framework_overhead_gb must be >= 0, got {framework_overhead_gb}")
     w_format, k_dtype = weight_format(weight_dtype), parse_dtype(kv_dtype)
+    check_weight_support(gpu, w_format, "model.weight_dtype")
 
     def weights_and_activations(tp: int) -> tuple[list[StageWeights], float]:
         weights = stage_weights(

@@ -32,8 +32,10 @@ from simulator.workload.config import WorkloadConfig
 _STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 DType = Literal["fp32", "fp16", "bf16", "fp8", "int8", "int4", "fp4"]
 # Weights also come block-scaled: fp8_block is DeepSeek-V3's and Qwen3-FP8's checkpoint
-# format (simulator.engine.weight_format).
-WeightDType = Literal["fp32", "fp16", "bf16", "fp8", "fp8_block", "int8", "int4", "fp4"]
+# format, nvfp4 and mxfp4 Blackwell's 4-bit ones (simulator.engine.weight_format).
+WeightDType = Literal[
+    "fp32", "fp16", "bf16", "fp8", "fp8_block", "int8", "int4", "fp4", "nvfp4", "mxfp4"
+]
 
 
 VLLM_V0_WATERMARK = 0.01  # share of KV blocks vLLM v0's block manager kept free
@@ -64,7 +66,11 @@ class ModelSection(BaseModel):
     weight_dtype: WeightDType | None = Field(
         default=None,
         description="storage type of the weights; fp8_block: fp8 with one fp32 scale per "
-        "128 x 128 block (DeepSeek-V3, Qwen3-FP8 checkpoints), run by block-scaled kernels. "
+        "128 x 128 block (DeepSeek-V3, Qwen3-FP8 checkpoints), run by block-scaled kernels; "
+        "nvfp4: 4-bit with an fp8 scale per 16 weights and an fp32 one per tensor; mxfp4 "
+        "(and fp4): 4-bit with an e8m0 scale per 32. Blackwell multiplies the 4-bit "
+        "formats natively (activations quantised to them before each GEMM); NVIDIA sm_80+ "
+        "dequantises them (W4A16), and mxfp4 also runs on CDNA3; elsewhere they are refused. "
         "Default: the checkpoint's own format (`infersim models show`; a config.json's "
         "quantization_config), else bf16, as vLLM serves a checkpoint as stored",
     )

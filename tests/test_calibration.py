@@ -143,11 +143,14 @@ def test_per_dtype_entries_default_to_the_generic_fields() -> None:
     assert profile.gemm_terms("fp8")[2] == profile.kernel_floor_us
     with pytest.raises(ValueError, match="unknown dtype"):
         EfficiencyProfile(gemm_floor_us_by_dtype={"bf17": 1.0})
-    # No per-dtype entries, and tensor cores that apply block scales themselves with no
-    # serving kernel of their own: fp8_block prices exactly like fp8 (tests/test_fp8_kernels.py
-    # has Hopper, where both differ).
+    # No per-dtype entries, and tensor cores that apply block scales themselves with the
+    # same tiles for both: fp8_block prices like fp8 but for its scales' bytes
+    # (tests/test_fp8_kernels.py has Hopper, where the kernels differ).
     gpu = load_gpu("b200")
-    assert gemm_cost(gpu, 64, 4096, 4096, "fp8_block") == gemm_cost(gpu, 64, 4096, 4096, "fp8")
+    block, plain = (gemm_cost(gpu, 64, 4096, 4096, d) for d in ("fp8_block", "fp8"))
+    assert block.compute_seconds == plain.compute_seconds
+    scales = 4 / 128 * 64 * 4096 * 2 + 4 / 128**2 * 4096 * 4096  # A (GEMM, quant pass), B
+    assert block.dram_bytes - plain.dram_bytes == pytest.approx(scales)
 
 
 # ------------------------------------------------------------------ split and fit

@@ -191,7 +191,16 @@ def test_ampere_has_no_fp8(name: str):
 
 
 def test_only_blackwell_has_fp4():
-    assert [n for n in list_gpus() if load_gpu(n).supports(Dtype.FP4)] == ["b200"]
+    fp4 = [n for n in list_gpus() if load_gpu(n).supports(Dtype.FP4)]
+    assert fp4 == ["b200", "rtx-pro-6000"]
+    assert {load_gpu(n).architecture for n in fp4} == {"Blackwell"}
+
+
+def test_a_blackwell_gpu_must_say_which_blackwell_it_is():
+    raw = _raw(GPU_DIR / "b200.yaml")
+    del raw["compute_capability"], raw["sources"]["compute_capability"]
+    with pytest.raises(ValueError, match="compute_capability is required for a Blackwell"):
+        AcceleratorSpec(**raw)
 
 
 def test_memory_figures():

@@ -16,11 +16,18 @@ import pandas as pd
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.attention import keys_per_query
-from hardware_models.calibration.measured_tables import decode_parts, prefill_table
+from hardware_models.calibration.measured_tables import (
+    EAGER_RUNS,
+    decode_parts,
+    eager_seconds,
+    prefill_table,
+    timed_eagerly,
+)
 from hardware_models.dtypes import bytes_per_element, parse_dtype
 from hardware_models.efficiency import EfficiencyProfile, dtype_key
 from hardware_models.errors import InfersimError
-from hardware_models.gemm import gemm_parts_many, output_dtype
+from hardware_models.gemm import gemm_launches, gemm_parts_many, output_dtype
+from hardware_models.pointwise import launch_overhead_seconds
 
 # A curve's place in an EfficiencyProfile: (field, None) or (dict field, dtype key).
 CurveLoc = tuple[str, str | None]
@@ -64,6 +71,21 @@ def gemm_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, kernel: str) -> Terms:
     dtype = parse_dtype(kernel)
     bpe, out_bpe = bytes_per_element(dtype), bytes_per_element(output_dtype(dtype))
     m, n, k = (rows[c].to_numpy(dtype=float) for c in ("m", "n", "k"))
+    eager = timed_eagerly(rows).to_numpy()
+    if eager.any():
+        # Rows timed with the host launching their kernels (measured_tables.eager_seconds):
+        # GPU-bound, the first launch adds to the floor; host-bound, no curve binds.
+        launch_s = launch_overhead_seconds(gpu, 1, cuda_graph=False)
+        timed = eager_seconds(seconds, gemm_launches(gpu, m, kernel), launch_s)
+        gpu_bound = timed <= seconds + launch_s / EAGER_RUNS
+        host_bound = eager & ~gpu_bound
+        floor = np.where(host_bound, timed, floor + eager * launch_s / EAGER_RUNS)
+        seconds = np.where(eager, timed, seconds)
+        compute_binds &= ~host_bound
+        math_binds &= ~host_bound
+        memory_binds = ~compute_binds & ~host_bound
+    else:
+        memory_binds = ~compute_binds
     compulsory = (m * k + k * n) * bpe + m * n * out_bpe  # gemm.py's memory-curve size
     key = dtype_key(kernel)
     return Terms(
@@ -71,7 +93,7 @@ def gemm_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, kernel: str) -> Terms:
         floor_s=floor,
         curves={
             ("gemm_compute_by_dtype", key): CurveTerm(2.0 * m * n * k, math_s, math_binds),
-            ("gemm_memory_by_dtype", key): CurveTerm(compulsory, memory, ~compute_binds),
+            ("gemm_memory_by_dtype", key): CurveTerm(compulsory, memory, memory_binds),
         },
     )
 

@@ -72,7 +72,7 @@ class MlaPrefillAttention:
         dtype: Dtype,
         kv_dtype: Dtype,
         compute_dtype: str | Dtype,  # the GEMM kernels' key (fp8_block as spelled)
-        weight_dtype: Dtype,
+        weight_dtype: str | Dtype,  # the weights' format (block-scaled spellings kept)
     ) -> None:
         self._model = MlaPrefill(gpu, shape, kv_dtype, dtype)
         self._gpu, self._compute, self._weight = gpu, compute_dtype, weight_dtype

@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.block_scaling import MXFP4, NVFP4
 from hardware_models.dtypes import Dtype
 from hardware_models.errors import InfersimError
 from hardware_models.op_cost import OpCost
@@ -34,6 +35,8 @@ _MOE_FORMAT = {
     FP8_BLOCK: "fp8_block",  # 128 x 128 block scales (DeepSeek-V3, Qwen3-FP8)
     Dtype.INT4.value: "int4_wo",  # Marlin, 4-bit weights with group scales
     Dtype.FP4.value: "w4a16_mxfp4",  # gpt-oss's MXFP4 experts
+    MXFP4.name: "w4a16_mxfp4",
+    NVFP4.name: "w4a16_nvfp4",  # Marlin with an fp8 scale per 16 weights
 }
 
 

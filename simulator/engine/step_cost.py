@@ -39,7 +39,11 @@ from hardware_models.pointwise import (
 from simulator.architecture import ModelArchitecture
 from simulator.engine.latent_attention import MlaDecodeAttention, MlaPrefillAttention, mla_shape
 from simulator.engine.moe_layer import ExpertLayout, routed_experts_cost
-from simulator.engine.weight_format import check_block_shards, weight_format
+from simulator.engine.weight_format import (
+    check_block_shards,
+    check_weight_support,
+    weight_format,
+)
 
 
 class StepBound(IntEnum):
@@ -246,6 +250,7 @@ class StepCostModel:
         self.moe_routing = moe_routing
         self.weight_format = weight_format(weight_dtype)  # fp8_block kept as spelled
         check_block_shards(arch, self.weight_format, tp, self.experts.moe_tp)
+        check_weight_support(gpu, self.weight_format, "model.weight_dtype")
         self.weight_dtype = parse_dtype(weight_dtype)
         self.kv_dtype = parse_dtype(kv_dtype)
         self.act_dtype = parse_dtype(activation_dtype)
@@ -335,7 +340,7 @@ class StepCostModel:
                 self.gpu,
                 shape,
                 compute_dtype=self.gemm_dtype,
-                weight_dtype=self.weight_dtype,
+                weight_dtype=self.weight_format,
                 **dtypes,
             )
             return prefill, MlaDecodeAttention(self.gpu, shape, **dtypes)
@@ -398,13 +403,13 @@ class StepCostModel:
         self._dense_cache[tokens] = part
         return part
 
-    def gemm_dtypes(self, name: str) -> tuple[str | Dtype, Dtype | None]:
-        """(kernel dtype, weight dtype) of the model's GEMM `name` (Architecture.gemms):
-        the weights' format, but the MoE gate in the activation dtype, as vLLM builds it
-        with quant_config=None."""
+    def gemm_dtypes(self, name: str) -> tuple[str | Dtype, str | None]:
+        """(kernel dtype, weight format) of the model's GEMM `name` (Architecture.gemms):
+        the weights' format as spelled (its block scales' bytes), but the MoE gate in the
+        activation dtype, as vLLM builds it with quant_config=None."""
         if name == "router":
             return self.act_dtype, None
-        return self.gemm_dtype, self.weight_dtype
+        return self.gemm_dtype, self.weight_format
 
     def _moe_over_ranks(self, total: int, tokens: int) -> _Part:
         """The MoE layers of a dp rank's step: the routed experts over all ranks' `total`

@@ -1,26 +1,32 @@
 """How a model's weights are stored: a dtype, or a block-scaled format of one.
 
 The dtype (hardware_models.dtypes) says what the tensor cores multiply in and how many
-bytes an element takes; a block-scaled format is that dtype plus one scale per block of
-weights, which runs other kernels and stores a little more. `fp8_block` is DeepSeek-V3's
-and Qwen3-FP8's checkpoint format (quantization_config weight_block_size [128, 128]):
-fp8 e4m3 weights with one fp32 scale per 128 x 128 block, activations quantised per token
-in groups of 128 before each GEMM. The format keeps its spelling (the key the GEMM and
-fused-MoE costs look its kernels up by); `parse_dtype` folds it into fp8 for the
-arithmetic.
+bytes an element takes; a block-scaled format (hardware_models.block_scaling) is that
+dtype plus one scale per block of weights, which runs other kernels and stores a little
+more. `fp8_block` is DeepSeek-V3's and Qwen3-FP8's checkpoint format (quantization_config
+weight_block_size [128, 128]): fp8 e4m3 weights with one fp32 scale per 128 x 128 block,
+activations quantised per token in groups of 128 before each GEMM. `nvfp4` (an fp8 scale
+per 16 weights and one fp32 scale per tensor) and `mxfp4` (an e8m0 scale per 32) are the
+4-bit formats Blackwell multiplies natively; elsewhere vLLM dequantises them in Marlin's
+W4A16 kernels, or has no kernel (check_weight_support). The format keeps its spelling
+(the key the GEMM and fused-MoE costs look its kernels up by); `parse_dtype` folds it into
+its element dtype for the arithmetic.
 """
 
 from __future__ import annotations
 
+from hardware_models.block_scaling import FORMATS
+from hardware_models.block_scaling import FP8_BLOCK as FP8_BLOCK_FORMAT
+from hardware_models.block_scaling import check_weight_support as check_weight_support
 from hardware_models.dtypes import Dtype, parse_dtype
 from hardware_models.errors import InfersimError
 from simulator.architecture import ModelArchitecture
 
-FP8_BLOCK = "fp8_block"
+FP8_BLOCK = FP8_BLOCK_FORMAT.name
 # Rows and columns of one scale block: vLLM refuses a tensor-parallel shard of a
 # block-quantised layer that does not cut whole blocks.
-FP8_BLOCK_SIZE = 128
-BLOCK_SCALED_FORMATS = (FP8_BLOCK,)
+FP8_BLOCK_SIZE = FP8_BLOCK_FORMAT.block_k
+BLOCK_SCALED_FORMATS = tuple(FORMATS)
 
 
 def weight_format(value: str | Dtype) -> str:
