@@ -58,6 +58,8 @@ TOPK_PAIR_BYTES = 8.0
 # Bytes a quantisation pass moves per element: read 16-bit, write 8-bit.
 QUANT_PASS_BYTES = 3.0
 ROUTING_KINDS = ("balanced", "round_robin", "power_law")
+# Bytes of one L2 sector, the unit an uncoalesced load moves.
+SECTOR_BYTES = 32.0
 
 
 class Routing(NamedTuple):
@@ -363,6 +365,18 @@ def marlin_stream_s(
     return iters * per_sm * panel * s_per_byte + chain * cta_s
 
 
+def unaligned_sector(k) -> np.ndarray:
+    """L2 bytes a grouped GEMM moves per operand element when its rows are `k` elements
+    long: 0 when k is a multiple of 16 (vectorised loads, counted by the panel streams),
+    else one 32-byte sector per element. Triton specialises an integer argument only
+    on divisibility by 16; a row stride it cannot prove so leaves it nothing to
+    vectorise or coalesce by, so the down projection of an expert split to 58, 116 or
+    232 columns (Nemotron's, 8-32 ways) reads its operands one element per sector: on
+    the public H100 and A100 tables those layers take about the same time on both
+    chips (the A100's L2 bandwidth is the H100's), 2-7x what their bytes would."""
+    return np.where(np.asarray(k, dtype=np.int64) % 16 == 0, 0.0, SECTOR_BYTES)
+
+
 class MoeRows(NamedTuple):
     """Layers to price at once, one value per layer (numpy arrays): the token count,
     the shape on the rank (inter = the rank's share of an expert's width) and the
@@ -432,6 +446,7 @@ def moe_parts(
     else:
         cta_s_per_byte = cta_us_per_mb * 1e-12
     floor_s = (floor_us + (eff.kernel_floor_us if include_routing else 0.0)) * 1e-6
+    l2_rate = gpu.l2_bandwidth * eff.l2_bandwidth
     w_bpe, a_bpe = fmt.weight_bytes, fmt.act_bytes
     r = rows
     count = len(r.tokens)
@@ -463,7 +478,8 @@ def moe_parts(
             memory = moved / (gpu.memory_bandwidth * m_eff)
             # Each thread block (a row tile x BLOCK_N columns) streams its expert's
             # weight panel and its rows through L2 into the SM at a capped rate.
-            panel = (BLOCK_N * w_bpe + block * a_bpe) * k
+            rows = np.minimum(r.pairs / np.maximum(tiles, 1.0), block)
+            panel = (BLOCK_N * w_bpe + rows * a_bpe) * k
             if fmt.marlin:
                 stream = marlin_stream_s(
                     gpu.sm_count, block, tiles, n, k, r.tokens * r.topk, fmt, cta_s, cta_s_per_byte
@@ -471,6 +487,9 @@ def moe_parts(
             else:
                 waves = np.ceil(tiles * np.ceil(n / BLOCK_N) / gpu.sm_count)
                 stream = waves * (cta_s + panel * cta_s_per_byte)
+                # Rows of K elements Triton cannot vectorise: a sector per element.
+                elements = tiles * np.ceil(n / BLOCK_N) * (BLOCK_N + rows) * k
+                stream = np.maximum(stream, elements * unaligned_sector(k) / l2_rate)
             l2 = tiles * np.ceil(n / BLOCK_N) * panel
             terms = np.stack([compute, memory, stream])
             which = np.argmax(terms, axis=0)

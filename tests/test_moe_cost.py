@@ -16,6 +16,7 @@ from hardware_models.moe import (
     expert_load,
     marlin_stream_s,
     moe_cost,
+    unaligned_sector,
 )
 
 H100 = load_gpu("h100-sxm")
@@ -160,6 +161,19 @@ def test_marlin_is_stream_k_with_a_serial_reduction():
     assert stream(2, 1e-6, 0.0) == pytest.approx(8e-6)
     assert stream(64, 1e-6, 0.0) == pytest.approx(1e-6)
     assert stream(0, 1e-6, 1e-10) == 0.0
+
+
+@pytest.mark.parametrize("gpu", ["h100-sxm", "a100-80gb-sxm"])
+def test_rows_triton_cannot_vectorise_are_read_a_sector_per_element(gpu):
+    """Nemotron's 1856-wide experts split 32 ways leave the down projection rows of 58
+    elements, which Triton cannot prove 16-aligned: that layer costs more than the
+    one of 2048-wide experts (64 columns, more bytes) by half on either chip."""
+    assert unaligned_sector(np.array([58, 64, 116, 2048])).tolist() == [32.0, 0.0, 32.0, 0.0]
+    spec = load_gpu(gpu)
+    nemotron = {"hidden_size": 2688, "topk": 6, "num_experts": 128, "tp": 32}
+    odd = moe_cost(spec, num_tokens=4096, inter_size=1856, **nemotron).seconds
+    even = moe_cost(spec, num_tokens=4096, inter_size=2048, **nemotron).seconds
+    assert odd > 1.5 * even
 
 
 @pytest.mark.parametrize(
