@@ -35,6 +35,17 @@ class L2Spec(BaseModel):
     model_config = _STRICT
     size_mb: float = Field(gt=0, description="L2 (last-level) cache size, MB")
     bandwidth_gbps: float = Field(gt=0, description="L2 read bandwidth, GB/s")
+    partitions: int = Field(
+        default=1,
+        ge=1,
+        le=8,
+        description="parts the L2 is split into, each caching what the SMs wired to it "
+        "read (A100 and H100 whitepapers: two, joined by a crossbar; B200: one per die; "
+        "Ada's L2 is one). A loop that re-runs the same kernels keeps one part's worth of "
+        "operands warm (its thread blocks land on either side from one run to the next, "
+        "so lines end up cached on both), and only a single L2 keeps the outputs too: "
+        "the L40S's table writes outputs at up to 2 TB/s where the H100's never beat HBM",
+    )
 
 
 class NVLinkSpec(BaseModel):

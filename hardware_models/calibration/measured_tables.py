@@ -62,6 +62,7 @@ from hardware_models.attention import (
     decode_parts_many,
     prefill_many,
 )
+from hardware_models.calibration.benchmark_loops import gemm_loop_bytes
 from hardware_models.calibration.moe_mla_tables import (
     EXTRA_COLUMNS,
     MLA_FILES,
@@ -442,12 +443,16 @@ def gemm_kernel_dtype(table: pd.DataFrame) -> pd.Series:
 
 
 def _predict_gemm(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
-    sub = sub.assign(dtype=gemm_kernel_dtype(sub))
-    uniq, codes = _unique_groups(sub, ["m", "n", "k", "dtype"])
+    """Each row as its benchmark ran it: warm in L2 where its loop fits (benchmark_loops)."""
+    kernel = gemm_kernel_dtype(sub)
+    sub = sub.assign(dtype=kernel, loop_bytes=gemm_loop_bytes(sub, kernel))
+    uniq, codes = _unique_groups(sub, ["m", "n", "k", "dtype", "loop_bytes"])
     secs = np.empty(len(uniq))
     for dtype, pos in uniq.groupby("dtype", sort=False).indices.items():
-        shapes = uniq.iloc[pos]
-        secs[pos] = gemm_parts_many(gpu, shapes["m"], shapes["n"], shapes["k"], dtype).seconds
+        s = uniq.iloc[pos]
+        secs[pos] = gemm_parts_many(
+            gpu, s["m"], s["n"], s["k"], dtype, None, s["loop_bytes"]
+        ).seconds
     return secs[codes]
 
 

@@ -16,11 +16,12 @@ import pandas as pd
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.attention import keys_per_query
+from hardware_models.calibration.benchmark_loops import gemm_loop_bytes
 from hardware_models.calibration.measured_tables import decode_parts, prefill_table
 from hardware_models.dtypes import bytes_per_element, parse_dtype
 from hardware_models.efficiency import EfficiencyProfile, dtype_key
 from hardware_models.errors import InfersimError
-from hardware_models.gemm import gemm_parts_many, output_dtype
+from hardware_models.gemm import gemm_parts_many, l2_hit_fraction, output_dtype
 
 # A curve's place in an EfficiencyProfile: (field, None) or (dict field, dtype key).
 CurveLoc = tuple[str, str | None]
@@ -49,9 +50,12 @@ def _unique(sub: pd.DataFrame, cols: list[str]) -> tuple[pd.DataFrame, np.ndarra
 
 
 def gemm_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, kernel: str) -> Terms:
-    """GEMM rows all of one kernel dtype `kernel` (see gemm_kernel_dtype)."""
-    uniq, codes = _unique(rows, ["m", "n", "k"])
-    parts = gemm_parts_many(gpu, uniq["m"], uniq["n"], uniq["k"], kernel)
+    """GEMM rows all of one kernel dtype `kernel` (see gemm_kernel_dtype). A memory-bound
+    row informs the L2 curve where its benchmark kept the operands warm, else the DRAM
+    one (gemm_l2_memory_by_dtype)."""
+    rows = rows.assign(loop_bytes=gemm_loop_bytes(rows, kernel))
+    uniq, codes = _unique(rows, ["m", "n", "k", "loop_bytes"])
+    parts = gemm_parts_many(gpu, uniq["m"], uniq["n"], uniq["k"], kernel, None, uniq["loop_bytes"])
     seconds, math_s, stream, compute, memory, fixed = (
         getattr(parts, f)[codes]
         for f in ("seconds", "math_s", "stream_s", "compute_s", "memory_s", "fixed_s")
@@ -65,13 +69,15 @@ def gemm_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, kernel: str) -> Terms:
     bpe, out_bpe = bytes_per_element(dtype), bytes_per_element(output_dtype(dtype))
     m, n, k = (rows[c].to_numpy(dtype=float) for c in ("m", "n", "k"))
     compulsory = (m * k + k * n) * bpe + m * n * out_bpe  # gemm.py's memory-curve size
+    warm = l2_hit_fraction(gpu, rows["loop_bytes"].to_numpy(dtype=float)) > 0.5
     key = dtype_key(kernel)
     return Terms(
         seconds=seconds,
         floor_s=floor,
         curves={
             ("gemm_compute_by_dtype", key): CurveTerm(2.0 * m * n * k, math_s, math_binds),
-            ("gemm_memory_by_dtype", key): CurveTerm(compulsory, memory, ~compute_binds),
+            ("gemm_memory_by_dtype", key): CurveTerm(compulsory, memory, ~compute_binds & ~warm),
+            ("gemm_l2_memory_by_dtype", key): CurveTerm(compulsory, memory, ~compute_binds & warm),
         },
     )
 
@@ -143,6 +149,8 @@ def curve_at(profile: EfficiencyProfile, loc: CurveLoc):
             name, "attention_prefill_compute"
         )
         return getattr(profile, name) or getattr(profile, generic)
+    if name == "gemm_l2_memory_by_dtype":
+        return profile.gemm_l2_memory(str(key))
     if name in ("moe_compute_by_dtype", "moe_memory_by_dtype"):
         return profile.moe_terms(str(key))[0 if name == "moe_compute_by_dtype" else 1]
     if key is None:

@@ -1,0 +1,56 @@
+"""What the benchmark behind a measured GEMM row touched between two runs of it.
+
+A benchmark times a GEMM by running it again and again; whatever its loop touches in
+between decides whether the operands are still in L2 when the next run starts
+(gemm.warm_l2_bytes). A serving engine's forward pass cycles through every layer's
+weights, far more than any L2, so the simulator prices GEMMs cold; a fit must know which
+measured rows ran warm, or it reads an L2's rate as the DRAM's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from hardware_models.dtypes import bytes_per_element, parse_dtype
+from hardware_models.gemm import output_dtype
+
+# The aiconfigurator table file GEMM rows come from (measured_tables.read_gemm).
+AICONFIGURATOR_GEMM_FILE = "gemm_perf.parquet"
+# aiconfigurator's vLLM collector (collector/vllm/collect_gemm.py) builds this many
+# linear layers of one shape, each with weights of its own, runs them in turn on one
+# activation tensor and reports the time per layer: six for bf16 and per-tensor fp8
+# (`outside_loop_count`), one for block-scaled fp8.
+AICONFIGURATOR_GEMM_LAYERS = {"fp8_block": 1}
+AICONFIGURATOR_DEFAULT_LAYERS = 6
+ACTIVATION_BYTES = 2.0  # the collectors' activations are bf16, quantised per call for fp8
+HARNESS_PREFIX = "harness:"  # `calibrate run` rows: one GEMM on the same tensors
+
+
+def gemm_loop_bytes(rows: pd.DataFrame, kernel: pd.Series | str) -> np.ndarray:
+    """Bytes each GEMM row's benchmark touched between two runs of it (gemm_parts's
+    `loop_bytes`): aiconfigurator's layers' weights, the activations (and their 8-bit
+    copy) and the output; the harness's one GEMM's operands and output; NaN (priced cold)
+    for rows of unknown origin, such as a hand-made CSV. `kernel` is each row's kernel
+    dtype (measured_tables.gemm_kernel_dtype), or one for all."""
+    if isinstance(kernel, str):
+        kernel = pd.Series(kernel, index=rows.index)
+    keys = pd.unique(kernel)
+    weight_bpe = kernel.map({d: bytes_per_element(parse_dtype(d)) for d in keys})
+    out_bpe = kernel.map({d: bytes_per_element(output_dtype(parse_dtype(d))) for d in keys})
+    weight_bpe, out_bpe = weight_bpe.to_numpy(dtype=float), out_bpe.to_numpy(dtype=float)
+    m, n, k = (rows[c].to_numpy(dtype=float) for c in ("m", "n", "k"))
+    source = rows["source"].astype(str)
+    outputs = m * n * out_bpe
+    layers = kernel.map(
+        lambda d: AICONFIGURATOR_GEMM_LAYERS.get(str(d), AICONFIGURATOR_DEFAULT_LAYERS)
+    ).to_numpy(dtype=float)
+    quantised = np.where(weight_bpe < ACTIVATION_BYTES, m * k * weight_bpe, 0.0)
+    aiconfigurator = layers * n * k * weight_bpe + m * k * ACTIVATION_BYTES + quantised
+    harness = (m + n) * k * weight_bpe
+    is_table = source.map(lambda s: Path(s).name == AICONFIGURATOR_GEMM_FILE).to_numpy()
+    is_harness = source.str.startswith(HARNESS_PREFIX).to_numpy()
+    loop = np.where(is_table, aiconfigurator, np.where(is_harness, harness, np.nan))
+    return loop + outputs
