@@ -41,10 +41,10 @@ class L2Spec(BaseModel):
         le=8,
         description="parts the L2 is split into, each caching what the SMs wired to it "
         "read (A100 and H100 whitepapers: two, joined by a crossbar; B200: one per die; "
-        "Ada's L2 is one). A loop that re-runs the same kernels keeps one part's worth of "
-        "operands warm (its thread blocks land on either side from one run to the next, "
-        "so lines end up cached on both), and only a single L2 keeps the outputs too: "
-        "the L40S's table writes outputs at up to 2 TB/s where the H100's never beat HBM",
+        "Ada: one). It decides whether a benchmark loop that re-runs the same GEMMs keeps "
+        "them warm (gemm.warm_l2_bytes): a single L2 does, up to its size (the L40S's "
+        "table); a partitioned one is priced cold (the H100's and A100's tables never "
+        "beat their HBM rate)",
     )
 
 

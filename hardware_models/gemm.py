@@ -91,18 +91,25 @@ L2_HIT_RAMP = 0.15
 
 def warm_l2_bytes(gpu: AcceleratorSpec) -> float:
     """Bytes a loop that re-runs the same kernels can keep in L2 from one run to the
-    next: one partition's worth (L2Spec.partitions), in binary MiB as caches are sized.
-    The L40S's single 96 MiB L2 shows it whole: its benchmark cycles six copies of a
-    GEMM's weights, which at m <= 8 run at 1.0-2.3 TB/s (above GDDR6's 864 GB/s) up to
-    ~90 MB and at GDDR6's rate from ~110 MB (benchmarks/README.md, "Calibration for any
-    GPU"); the H100's rows beat their cold price only up to ~30 MiB of its 50."""
-    return gpu.l2.size_mb * 2**20 / gpu.l2.partitions
+    next, in binary MiB as caches are sized: a single L2 whole (the L40S's 96 MiB: its
+    benchmark cycles six copies of a GEMM's weights, which at m <= 8 run at 1.0-2.3 TB/s,
+    above GDDR6's 864 GB/s, up to ~90 MB of copies, and at GDDR6's rate from ~110 MB;
+    benchmarks/README.md, "Calibration for any GPU"). None of a partitioned one
+    (L2Spec.partitions): a line is cached by the partition of the SM that read it, and
+    the next run's thread blocks land on either side; the H100's and A100's tables never
+    beat their HBM rate at any size, and pricing half their L2 as warm made both fits
+    worse, so they keep the cold price."""
+    if gpu.l2.partitions > 1:
+        return 0.0
+    return gpu.l2.size_mb * 2**20
 
 
 def l2_hit_fraction(gpu: AcceleratorSpec, loop_bytes):
-    """Share of a loop's operand reads that find their lines still in L2 (see
+    """Share of a loop's reads and writes that find their lines still in L2 (see
     L2_HIT_RAMP); NaN loop bytes (a benchmark not known) count as cold."""
     capacity = warm_l2_bytes(gpu)
+    if capacity == 0.0:
+        return np.zeros_like(loop_bytes, dtype=float)
     over = (capacity * (1 + L2_HIT_RAMP) - loop_bytes) / (2 * L2_HIT_RAMP * capacity)
     return np.nan_to_num(np.clip(over, 0.0, 1.0))
 
@@ -308,27 +315,21 @@ class _ShapeTerms(NamedTuple):
     pass_s: Num  # the kernels before the matmul
 
 
-def _memory_rates(gpu: AcceleratorSpec, c: _Setup, operands, compulsory, loop_bytes):
+def _memory_rates(gpu: AcceleratorSpec, c: _Setup, compulsory, loop_bytes):
     """(the rate a GEMM's compulsory bytes move at, at the memory curves; the rate its
     serial epilogue's stores drain at; whether its operands are warm): DRAM's, or for
-    the share of a warm loop that hits in L2 the L2's at its own curve; outputs stay in
-    L2 only where it is one partition (L2Spec.partitions). A cold GEMM gets the DRAM
+    the share of a warm loop that hits in L2 the L2's, at its own curve. The outputs
+    too: a loop rewrites the same output lines, which stay in L2 as dirty lines (the
+    L40S writes outputs of up to ~60 MB at 1.4-2 TB/s). A cold GEMM gets the DRAM
     figures themselves, not a round trip through a blend."""
     dram = gpu.memory_bandwidth * c.memory_curve.at(compulsory)
     if loop_bytes is None:
         return dram, c.pass_bandwidth, False
     hit = l2_hit_fraction(gpu, loop_bytes)
-    store_hit = hit if gpu.l2.partitions == 1 else np.zeros_like(hit)
     l2_s = 1.0 / (gpu.l2_bandwidth * c.l2_memory_curve.at(compulsory))
-    outputs = compulsory - operands
-    one_pass_s = operands * (hit * l2_s + (1.0 - hit) / dram) + outputs * (
-        store_hit * l2_s + (1.0 - store_hit) / dram
-    )
-    rate = np.where(hit > 0, compulsory / one_pass_s, dram)
+    rate = np.where(hit > 0, 1.0 / (hit * l2_s + (1.0 - hit) / dram), dram)
     store = np.where(
-        store_hit > 0,
-        1.0 / (store_hit * c.l2_s_per_byte + (1.0 - store_hit) / c.pass_bandwidth),
-        c.pass_bandwidth,
+        hit > 0, 1.0 / (hit * c.l2_s_per_byte + (1.0 - hit) / c.pass_bandwidth), c.pass_bandwidth
     )
     if rate.ndim == 0:
         return float(rate), float(store), bool(hit > 0.5)
@@ -349,7 +350,7 @@ def _shape_terms(gpu: AcceleratorSpec, c: _Setup, m, n, k, loop_bytes=None) -> _
     pad = m % c.kernel.align_m != 0
     quant_bytes = m * k * QUANT_PASS_BYTES * c.kernel.quantize_activations
     pad_bytes = m * k * PAD_PASS_ELEMENTS * c.bpe * pad
-    mem_bw, store_bw, warm = _memory_rates(gpu, c, operands, compulsory, loop_bytes)
+    mem_bw, store_bw, warm = _memory_rates(gpu, c, compulsory, loop_bytes)
     return _ShapeTerms(
         flops=flops,
         compute_eff=c.compute_curve.at(flops),
