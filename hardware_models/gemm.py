@@ -5,7 +5,8 @@ at a time, so the last wave runs partly empty (wave quantisation) and padded til
 do useless work (tile quantisation). Like cuBLAS, the model tries a few tile shapes and
 split-K factors and keeps the fastest. DRAM traffic counts the A row-panels and B
 column-panels each wave needs (tiles running together share them through L2); when the
-operands fit in L2 they are read once.
+operands fit in L2 they are read once, and where a benchmark's loop kept them in L2 they
+come from there (gemm_cost's `loop_bytes`).
 """
 
 from __future__ import annotations
@@ -340,10 +341,8 @@ def _shape_terms(gpu: AcceleratorSpec, c: _Setup, m, n, k, loop_bytes=None) -> _
     """The layout-independent terms, one arithmetic for the scalar and array paths.
     Before the matmul, dynamic scaling streams the activations once more in a kernel of
     its own (its launch is part of the dtype's fitted floor), and a kernel that needs
-    aligned rows gets them padded by copies. Operands a loop keeps warm in L2 (see
-    gemm_parts) are read at the L2's rate; the memory curve is the fraction of the rate
-    of the level they come from, so that a table whose small GEMMs ran from L2 and whose
-    large ones from DRAM gives one rising curve, not a rise and a fall."""
+    aligned rows gets them padded by copies. Bytes a loop keeps warm in L2 (gemm_cost's
+    `loop_bytes`) move at the L2's rate (_memory_rates)."""
     flops = 2.0 * m * n * k
     operands = m * k * c.bpe + k * n * c.bpe_b
     compulsory = operands + m * n * c.out_bpe
@@ -571,7 +570,7 @@ def _epilogue_s(c: _Setup, m, n, split: int, store_bw):
     per split under split-K) at the streaming bandwidth. Once L2 holds dirty output
     lines, each store waits on a DRAM write, and an SM with one thread block has no k
     loop running meanwhile; unless a warm loop keeps the output's lines in L2, where
-    the stores overwrite them at the L2's rate (`store_bw`, _level_bandwidths)."""
+    the stores overwrite them at the L2's rate (`store_bw`, _memory_rates)."""
     if not c.serial_epilogue:
         return 0.0
     out_bytes = m * n * (c.out_bpe if split == 1 else 4.0 * split)
@@ -606,10 +605,11 @@ def gemm_cost(
     though before Hopper fewer bytes through shared memory can lift a small tile's cap.
 
     `loop_bytes` is what the caller's loop touches between two runs of this GEMM, the
-    GEMM's own operands included: where they fit in L2 (warm_l2_bytes) the operands are
-    still there and are read at the L2's rate. A benchmark that re-runs one GEMM over a
-    few weight copies keeps them warm; a serving engine's forward pass cycles through
-    every layer's weights, far more than any L2, hence None (from DRAM) by default.
+    GEMM's own operands included: where they fit a single L2 (warm_l2_bytes) the
+    operands are still there and are read, and the output rewritten, at the L2's rate.
+    A benchmark that re-runs one GEMM over a few weight copies keeps them warm; a
+    serving engine's forward pass cycles through every layer's weights, far more than
+    any L2, hence None (from DRAM) by default.
     """
     parts = gemm_parts(gpu, m, n, k, dtype, weight_dtype, loop_bytes)
     return OpCost(
