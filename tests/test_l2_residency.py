@@ -114,3 +114,16 @@ def test_the_l40s_bf16_gemms_meet_the_uncalibrated_target() -> None:
     held = rows[holdout_mask(rows, 0.5, 0)]
     error = (predict_all(held, spec) - held["measured_s"]).abs() / held["measured_s"]
     assert error.mean() <= 0.20
+
+
+def test_rows_of_unknown_origin_are_priced_cold_and_the_fit_says_so(tmp_path) -> None:
+    path = tmp_path / "gemms.csv"
+    path.write_text("m,n,k,dtype,measured_s\n4,4096,1024,bf16,2e-5\n4096,4096,4096,bf16,5e-4\n")
+    measurements = load_measurements(path)
+    l40s = usable_rows(measurements, load_gpu("l40s"))
+    assert l40s.lines() == [
+        "priced 2 gemm rows cold: their benchmark's loop is not known (neither "
+        "aiconfigurator's nor the harness's); on the l40s's single L2, shapes re-run in a "
+        "loop that fits it run from L2, faster than its DRAM allows"
+    ]
+    assert usable_rows(measurements, load_gpu("h100-sxm")).lines() == []

@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import bytes_per_element, parse_dtype
-from hardware_models.gemm import output_dtype
+from hardware_models.gemm import output_dtype, warm_l2_bytes
 
 # The aiconfigurator table file GEMM rows come from (measured_tables.read_gemm).
 AICONFIGURATOR_GEMM_FILE = "gemm_perf.parquet"
@@ -54,3 +55,21 @@ def gemm_loop_bytes(rows: pd.DataFrame, kernel: pd.Series | str) -> np.ndarray:
     is_harness = source.str.startswith(HARNESS_PREFIX).to_numpy()
     loop = np.where(is_table, aiconfigurator, np.where(is_harness, harness, np.nan))
     return loop + outputs
+
+
+def unknown_loop_note(rows: pd.DataFrame, spec: AcceleratorSpec) -> str | None:
+    """A terminal line when GEMM rows of unknown origin are priced cold on a chip whose L2
+    keeps a benchmark loop warm: their small shapes may have run from L2, which a fit
+    would then read as DRAM bandwidth. None when there are none, or the L2 keeps nothing
+    warm."""
+    gemm = rows[rows["op_class"] == "gemm"]
+    if gemm.empty or warm_l2_bytes(spec) == 0.0:
+        return None
+    unknown = int(np.isnan(gemm_loop_bytes(gemm, gemm["dtype"].astype(str))).sum())
+    if unknown == 0:
+        return None
+    return (
+        f"priced {unknown} gemm rows cold: their benchmark's loop is not known (neither "
+        f"aiconfigurator's nor the harness's); on the {spec.name}'s single L2, shapes re-run "
+        "in a loop that fits it run from L2, faster than its DRAM allows"
+    )
