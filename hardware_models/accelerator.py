@@ -35,6 +35,17 @@ class L2Spec(BaseModel):
     model_config = _STRICT
     size_mb: float = Field(gt=0, description="L2 (last-level) cache size, MB")
     bandwidth_gbps: float = Field(gt=0, description="L2 read bandwidth, GB/s")
+    partitions: int = Field(
+        default=1,
+        ge=1,
+        le=8,
+        description="parts the L2 is split into, each caching what the SMs wired to it "
+        "read (A100 and H100 whitepapers: two, joined by a crossbar; B200: one per die; "
+        "Ada: one). It decides whether a benchmark loop that re-runs the same GEMMs keeps "
+        "them warm (gemm.warm_l2_bytes): a single L2 does, up to its size (the L40S's "
+        "table); a partitioned one is priced cold (the H100's and A100's tables never "
+        "beat their HBM rate)",
+    )
 
 
 class NVLinkSpec(BaseModel):

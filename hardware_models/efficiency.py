@@ -367,6 +367,15 @@ class EfficiencyProfile(BaseModel):
         default_factory=dict,
         description="gemm_memory for one dtype; a dtype without an entry uses gemm_memory",
     )
+    gemm_l2_memory_by_dtype: dict[str, EfficiencyCurve] = Field(
+        default_factory=dict,
+        description="fraction of the L2's rate a GEMM sustains on operands a benchmark "
+        "loop kept warm in L2 (gemm.warm_l2_bytes), per dtype, against the same bytes as "
+        "gemm_memory. Fitted apart from gemm_memory, which is fitted on the cold rows "
+        "only: a table whose small GEMMs all ran warm (the L40S's) then says nothing false "
+        "about the cold ones a serving engine runs. A dtype without an entry uses its "
+        "gemm_memory curve",
+    )
     gemm_floor_us_by_dtype: dict[str, float] = Field(
         default_factory=dict,
         description="kernel_floor_us for GEMMs of one dtype: fp8 GEMMs in serving engines "
@@ -537,6 +546,7 @@ class EfficiencyProfile(BaseModel):
     @field_validator(
         "gemm_compute_by_dtype",
         "gemm_memory_by_dtype",
+        "gemm_l2_memory_by_dtype",
         "gemm_floor_us_by_dtype",
         "gemm_wave_latency_us_by_dtype",
         "gemm_cta_us_per_mb_by_dtype",
@@ -589,6 +599,11 @@ class EfficiencyProfile(BaseModel):
             self._for_dtype(self.gemm_memory_by_dtype, dtype, self.gemm_memory),
             self._for_dtype(self.gemm_floor_us_by_dtype, dtype, self.kernel_floor_us),
         )
+
+    def gemm_l2_memory(self, dtype: object) -> EfficiencyCurve:
+        """The memory curve of GEMMs in `dtype` whose operands are warm in L2: its own
+        fitted entry, else the dtype's (cold) memory curve."""
+        return self._for_dtype(self.gemm_l2_memory_by_dtype, dtype, self.gemm_terms(dtype)[1])
 
     def gemm_floor_fitted(self, dtype: object) -> bool:
         """True when a profile fitted `dtype`'s own GEMM floor."""

@@ -5,7 +5,8 @@ at a time, so the last wave runs partly empty (wave quantisation) and padded til
 do useless work (tile quantisation). Like cuBLAS, the model tries a few tile shapes and
 split-K factors and keeps the fastest. DRAM traffic counts the A row-panels and B
 column-panels each wave needs (tiles running together share them through L2); when the
-operands fit in L2 they are read once.
+operands fit in L2 they are read once, and where a benchmark's loop kept them in L2 they
+come from there (gemm_cost's `loop_bytes`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,38 @@ SWAPPED_UP_TO_M = TILES_BY_M[1][0]
 PAD_PASS_ELEMENTS = 3.0
 # Share of L2 a GEMM can count on for keeping its operands resident.
 L2_RESIDENT_FRACTION = 0.5
+
+
+# A warm loop's hit share falls from 1 to 0 as it grows from (1 - x) to (1 + x) times the
+# L2 it can keep warm: an L2 is no true LRU (hashed slices, non-LRU replacement), so a loop
+# a little over capacity keeps some lines and one a little under loses some. The L40S's
+# bf16 rows at m <= 8: six weight copies of 76 MB run warm, 88-101 MB mixed, 110 MB cold.
+L2_HIT_RAMP = 0.15
+
+
+def warm_l2_bytes(gpu: AcceleratorSpec) -> float:
+    """Bytes a loop that re-runs the same kernels can keep in L2 from one run to the
+    next, in binary MiB as caches are sized: a single L2 whole (the L40S's 96 MiB: its
+    benchmark cycles six copies of a GEMM's weights, which at m <= 8 run at 1.0-2.3 TB/s,
+    above GDDR6's 864 GB/s, up to ~90 MB of copies, and at GDDR6's rate from ~110 MB;
+    benchmarks/README.md, "Calibration for any GPU"). None of a partitioned one
+    (L2Spec.partitions): a line is cached by the partition of the SM that read it, and
+    the next run's thread blocks land on either side; the H100's and A100's tables never
+    beat their HBM rate at any size, and pricing half their L2 as warm made both fits
+    worse, so they keep the cold price."""
+    if gpu.l2.partitions > 1:
+        return 0.0
+    return gpu.l2.size_mb * 2**20
+
+
+def l2_hit_fraction(gpu: AcceleratorSpec, loop_bytes):
+    """Share of a loop's reads and writes that find their lines still in L2 (see
+    L2_HIT_RAMP); NaN loop bytes (a benchmark not known) count as cold."""
+    capacity = warm_l2_bytes(gpu)
+    if capacity == 0.0:
+        return np.zeros_like(loop_bytes, dtype=float)
+    over = (capacity * (1 + L2_HIT_RAMP) - loop_bytes) / (2 * L2_HIT_RAMP * capacity)
+    return np.nan_to_num(np.clip(over, 0.0, 1.0))
 
 
 def warp_tile(tm: int, tn: int) -> tuple[int, int]:
@@ -176,6 +209,7 @@ class _Setup:
 
     compute_curve: EfficiencyCurve
     memory_curve: EfficiencyCurve
+    l2_memory_curve: EfficiencyCurve  # operands a loop keeps warm in L2
     floor_us: float
     kernel: GemmKernel
     fixed_tiles: tuple[TileBucket, ...]  # a `fixed` kernel's tile by m (block_scaling)
@@ -186,7 +220,8 @@ class _Setup:
     out_bpe: float
     peak_per_sm: float
     concurrent: int
-    pass_bandwidth: float  # the padding copies and serial epilogue stores stream at this rate
+    pass_bandwidth: float  # the padding copies and cold serial epilogue stores stream at this rate
+    l2_s_per_byte: float  # warm stores into L2, at its sustained rate
     quant_bandwidth: float  # the activation-quantisation pass streams at this rate
     quant_bytes: float  # bytes that pass moves per activation element, scales included
     pad_s: float  # fixed time of the padding copies
@@ -234,6 +269,7 @@ def _setup(gpu: AcceleratorSpec, dtype: str | Dtype, weight_dtype: str | Dtype |
     return _Setup(
         compute_curve=compute_curve,
         memory_curve=memory_curve,
+        l2_memory_curve=eff.gemm_l2_memory(dtype),
         floor_us=floor_us,
         kernel=kernel,
         fixed_tiles=fixed,
@@ -245,6 +281,7 @@ def _setup(gpu: AcceleratorSpec, dtype: str | Dtype, weight_dtype: str | Dtype |
         peak_per_sm=peak_per_sm,
         concurrent=gpu.sm_count * eff.ctas_per_sm,
         pass_bandwidth=gpu.memory_bandwidth * eff.memory_bandwidth,
+        l2_s_per_byte=1.0 / (gpu.l2_bandwidth * eff.l2_bandwidth),
         quant_bandwidth=gpu.memory_bandwidth * quant_fraction,
         quant_bytes=quantisation_pass_bytes(dtype),
         pad_s=pad_us * 1e-6,
@@ -270,30 +307,55 @@ class _ShapeTerms(NamedTuple):
     flops: Num
     compute_eff: Num
     compulsory: Num  # operand and output bytes, each moved once
-    fits_in_l2: bool | np.ndarray
-    mem_bw: Num
+    fits_in_l2: bool | np.ndarray  # its panels are read from DRAM once (or not at all)
+    mem_bw: Num  # the rate of the levels its bytes move through, at the memory curve
+    store_bw: Num  # the rate output stores drain at (a serial epilogue's)
     pad: bool | np.ndarray  # m is not a multiple of the kernel's align_m
     pass_bytes: Num
     pass_s: Num  # the kernels before the matmul
 
 
-def _shape_terms(gpu: AcceleratorSpec, c: _Setup, m, n, k) -> _ShapeTerms:
+def _memory_rates(gpu: AcceleratorSpec, c: _Setup, compulsory, loop_bytes):
+    """(the rate a GEMM's compulsory bytes move at, at the memory curves; the rate its
+    serial epilogue's stores drain at; whether its operands are warm): DRAM's, or for
+    the share of a warm loop that hits in L2 the L2's, at its own curve. The outputs
+    too: a loop rewrites the same output lines, which stay in L2 as dirty lines (the
+    L40S writes outputs of up to ~60 MB at 1.4-2 TB/s). A cold GEMM gets the DRAM
+    figures themselves, not a round trip through a blend."""
+    dram = gpu.memory_bandwidth * c.memory_curve.at(compulsory)
+    if loop_bytes is None:
+        return dram, c.pass_bandwidth, False
+    hit = l2_hit_fraction(gpu, loop_bytes)
+    l2_s = 1.0 / (gpu.l2_bandwidth * c.l2_memory_curve.at(compulsory))
+    rate = np.where(hit > 0, 1.0 / (hit * l2_s + (1.0 - hit) / dram), dram)
+    store = np.where(
+        hit > 0, 1.0 / (hit * c.l2_s_per_byte + (1.0 - hit) / c.pass_bandwidth), c.pass_bandwidth
+    )
+    if rate.ndim == 0:
+        return float(rate), float(store), bool(hit > 0.5)
+    return rate, store, hit > 0.5
+
+
+def _shape_terms(gpu: AcceleratorSpec, c: _Setup, m, n, k, loop_bytes=None) -> _ShapeTerms:
     """The layout-independent terms, one arithmetic for the scalar and array paths.
     Before the matmul, dynamic scaling streams the activations once more in a kernel of
     its own (its launch is part of the dtype's fitted floor), and a kernel that needs
-    aligned rows gets them padded by copies."""
+    aligned rows gets them padded by copies. Bytes a loop keeps warm in L2 (gemm_cost's
+    `loop_bytes`) move at the L2's rate (_memory_rates)."""
     flops = 2.0 * m * n * k
     operands = m * k * c.bpe + k * n * c.bpe_b
     compulsory = operands + m * n * c.out_bpe
     pad = m % c.kernel.align_m != 0
     quant_bytes = m * k * c.quant_bytes * c.kernel.quantize_activations
     pad_bytes = m * k * PAD_PASS_ELEMENTS * c.bpe * pad
+    mem_bw, store_bw, warm = _memory_rates(gpu, c, compulsory, loop_bytes)
     return _ShapeTerms(
         flops=flops,
         compute_eff=c.compute_curve.at(flops),
         compulsory=compulsory,
-        fits_in_l2=operands <= gpu.l2_bytes * L2_RESIDENT_FRACTION,
-        mem_bw=gpu.memory_bandwidth * c.memory_curve.at(compulsory),
+        fits_in_l2=warm | (operands <= gpu.l2_bytes * L2_RESIDENT_FRACTION),
+        mem_bw=mem_bw,
+        store_bw=store_bw,
         pad=pad,
         pass_bytes=quant_bytes + pad_bytes,
         pass_s=quant_bytes / c.quant_bandwidth + pad_bytes / c.pass_bandwidth + c.pad_s * pad,
@@ -307,15 +369,16 @@ def gemm_parts(
     k: int,
     dtype: str | Dtype = "bf16",
     weight_dtype: str | Dtype | None = None,
+    loop_bytes: float | None = None,
 ) -> GemmParts:
     """gemm_cost's terms, uncached (see gemm_cost)."""
     if min(m, n, k) < 1:
         raise ValueError(f"GEMM dimensions must be >= 1, got m={m} n={n} k={k}")
     c = _setup(gpu, dtype, weight_dtype)
     bpe, bpe_b, out_bpe, concurrent = c.bpe, c.bpe_b, c.out_bpe, c.concurrent
-    flops, compute_eff, compulsory, fits_in_l2, mem_bw, pad, pass_bytes, pass_s = _shape_terms(
-        gpu, c, m, n, k
-    )
+    terms = _shape_terms(gpu, c, m, n, k, loop_bytes)
+    flops, compute_eff, compulsory, fits_in_l2, mem_bw, store_bw = terms[:6]
+    pad, pass_bytes, pass_s = terms.pad, terms.pass_bytes, terms.pass_s
     if c.kernel.gemv and m == 1:
         # No tiles: every SM streams its share of B once. Two FLOPs per weight element
         # read is far below any GPU's machine balance, so no compute term.
@@ -360,7 +423,7 @@ def gemm_parts(
         # fills its pipeline besides its k loop, and before Hopper the tiles' stores
         # follow their k loops (a serial epilogue) instead of overlapping them.
         latency_s = (waves - 1) * c.wave_latency_us * 1e-6
-        epilogue_s = _epilogue_s(c, m, n, split)
+        epilogue_s = _epilogue_s(c, m, n, split, store_bw)
         memory_s = dram / mem_bw
         fixed_s = (c.floor_us + (c.split_pass_us if split > 1 else 0.0)) * 1e-6
         fixed_s += pass_s
@@ -443,6 +506,7 @@ def gemm_parts_many(
     k: np.ndarray,
     dtype: str | Dtype = "bf16",
     weight_dtype: str | Dtype | None = None,
+    loop_bytes: np.ndarray | None = None,
 ) -> GemmPartsArray:
     """gemm_parts over arrays of shapes, the same arithmetic in the same order (so the
     same floats and the same layout wins): a calibration fit prices thousands of shapes
@@ -450,7 +514,12 @@ def gemm_parts_many(
     m, n, k = (np.asarray(a, dtype=float) for a in (m, n, k))
     c = _setup(gpu, dtype, weight_dtype)
     bpe, bpe_b, out_bpe, concurrent = c.bpe, c.bpe_b, c.out_bpe, c.concurrent
-    _, compute_eff, compulsory, fits_in_l2, mem_bw, _, _, pass_s = _shape_terms(gpu, c, m, n, k)
+    if loop_bytes is not None:
+        loop_bytes = np.asarray(loop_bytes, dtype=float)
+    terms = _shape_terms(gpu, c, m, n, k, loop_bytes)
+    _, compute_eff, compulsory, fits_in_l2, mem_bw, store_bw = terms[:6]
+    pass_s = terms.pass_s
+    store_bw = np.broadcast_to(store_bw, m.shape)
     # The fastest layout so far per shape, updated only where a later one is strictly
     # faster (the first of equals wins, as in the scalar loop). Tile counts depend on the
     # tile alone, so splits of one tile share them.
@@ -480,7 +549,7 @@ def gemm_parts_many(
             fits_in_l2[sel], compulsory[sel] + partials, traffic + ms * ns * out_bpe + partials
         )
         latency_s = (waves - 1) * c.wave_latency_us * 1e-6
-        epilogue_s = np.zeros_like(ms) + _epilogue_s(c, ms, ns, split)
+        epilogue_s = np.zeros_like(ms) + _epilogue_s(c, ms, ns, split, store_bw[sel])
         memory_s = dram / mem_bw[sel]
         fixed_s = (c.floor_us + (c.split_pass_us if split > 1 else 0.0)) * 1e-6
         fixed_s = fixed_s + pass_s[sel]
@@ -512,16 +581,17 @@ def gemm_parts_many(
     return GemmPartsArray(**out)
 
 
-def _epilogue_s(c: _Setup, m, n, split: int):
+def _epilogue_s(c: _Setup, m, n, split: int, store_bw):
     """Time of the output-tile stores where they run after each tile's k loop rather than
     under the next one's (GemmKernel.serial_epilogue): the result (fp32 partial sums
     per split under split-K) at the streaming bandwidth. Once L2 holds dirty output
     lines, each store waits on a DRAM write, and an SM with one thread block has no k
-    loop running meanwhile."""
+    loop running meanwhile; unless a warm loop keeps the output's lines in L2, where
+    the stores overwrite them at the L2's rate (`store_bw`, _memory_rates)."""
     if not c.serial_epilogue:
         return 0.0
     out_bytes = m * n * (c.out_bpe if split == 1 else 4.0 * split)
-    return out_bytes / c.pass_bandwidth
+    return out_bytes / store_bw
 
 
 def _wave_traffic_many(m, n, k, tm: int, tn: int, concurrent: int, bpe_a, bpe_b) -> np.ndarray:
@@ -541,6 +611,7 @@ def gemm_cost(
     k: int,
     dtype: str | Dtype = "bf16",
     weight_dtype: str | Dtype | None = None,
+    loop_bytes: float | None = None,
 ) -> OpCost:
     """Time of one (m x k) @ (k x n) GEMM on `gpu`, computed in `dtype`.
 
@@ -549,8 +620,15 @@ def gemm_cost(
     `weight_dtype` is the storage type of B when it differs (weight-only quantisation,
     e.g. int4 weights dequantised to bf16 in the kernel): it changes bytes, not the FLOPs,
     though before Hopper fewer bytes through shared memory can lift a small tile's cap.
+
+    `loop_bytes` is what the caller's loop touches between two runs of this GEMM, the
+    GEMM's own operands included: where they fit a single L2 (warm_l2_bytes) the
+    operands are still there and are read, and the output rewritten, at the L2's rate.
+    A benchmark that re-runs one GEMM over a few weight copies keeps them warm; a
+    serving engine's forward pass cycles through every layer's weights, far more than
+    any L2, hence None (from DRAM) by default.
     """
-    parts = gemm_parts(gpu, m, n, k, dtype, weight_dtype)
+    parts = gemm_parts(gpu, m, n, k, dtype, weight_dtype, loop_bytes)
     return OpCost(
         name="gemm",
         seconds=parts.seconds,

@@ -22,12 +22,8 @@ from hardware_models.block_scaling import (
     stored_bytes,
     weight_support,
 )
-from hardware_models.calibration.measured_tables import (
-    EAGER_RUNS,
-    eager_seconds,
-    predict,
-    timed_eagerly,
-)
+from hardware_models.calibration.benchmark_loops import EAGER_RUNS, eager_seconds, timed_eagerly
+from hardware_models.calibration.measured_tables import predict
 from hardware_models.calibration.operator_terms import gemm_terms
 from hardware_models.efficiency import MOE_FORMATS
 from hardware_models.errors import InfersimError

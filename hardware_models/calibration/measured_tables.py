@@ -63,6 +63,12 @@ from hardware_models.attention import (
     decode_parts_many,
     prefill_many,
 )
+from hardware_models.calibration.benchmark_loops import (
+    AICONFIGURATOR_GEMM_FILE,
+    eager_seconds,
+    gemm_loop_bytes,
+    timed_eagerly,
+)
 from hardware_models.calibration.moe_mla_tables import (
     EXTRA_COLUMNS,
     MLA_FILES,
@@ -91,15 +97,6 @@ GPU_FOLDERS: dict[str, str] = {
     "b200_sxm": "b200",
 }
 SHARED_DATA_ENV = "INFERSIM_SHARED_DATA"
-GEMM_TABLE = "gemm_perf.parquet"
-# The aiconfigurator collector that timed fp8_block GEMMs without a CUDA graph labels its
-# rows kernel_source "vllm_default"; later ones name the kernel vLLM selected and publish
-# graph timing only (timed_eagerly).
-EAGER_KERNEL_SOURCE = "vllm_default"
-EAGER_GEMM_DTYPES = frozenset({"fp8_block"})
-# Calls the collector's eager path times between its two CUDA events (benchmark_with_power:
-# num_runs = 6 without power sampling), the GPU idle at the first.
-EAGER_RUNS = 6
 PUBLIC_TABLES = (
     "NVIDIA ai-dynamo/aiconfigurator (Apache-2.0), "
     "aic-core/src/aiconfigurator_core/systems/data/<gpu>/"
@@ -216,7 +213,7 @@ def read_gemm(path: Path, gpu: str) -> pd.DataFrame:
     out["source_dtype"] = raw["gemm_dtype"].astype(object).to_numpy()
     out["size"] = 2.0 * out["m"] * out["n"] * out["k"]
     out["measured_s"] = raw["latency"].to_numpy(dtype=float) / 1e3
-    if "kernel_source" in raw:  # which collector, so which timing (timed_eagerly)
+    if "kernel_source" in raw:  # which collector, so which timing (benchmark_loops)
         out["source"] = (f"{path}:" + raw["kernel_source"].astype(str)).to_numpy()
     return out
 
@@ -287,7 +284,7 @@ class MeasuredTable:
 
 
 TABLES: list[MeasuredTable] = [
-    MeasuredTable(GEMM_TABLE, frozenset({"gemm"}), read_gemm),
+    MeasuredTable(AICONFIGURATOR_GEMM_FILE, frozenset({"gemm"}), read_gemm),
     MeasuredTable(
         "context_attention_perf.parquet", frozenset({"attention_prefill"}), read_context_attention
     ),
@@ -454,39 +451,22 @@ def gemm_kernel_dtype(table: pd.DataFrame) -> pd.Series:
     return source.where(source.isin(BLOCK_SCALED_SPELLINGS), table["dtype"].astype(str))
 
 
-def timed_eagerly(table: pd.DataFrame) -> pd.Series:
-    """GEMM rows of the aiconfigurator layout timed without a CUDA graph: its vLLM
-    collector graphed every GEMM but fp8_block (collector/vllm/collect_gemm.py:
-    use_cuda_graph=gemm_type != "fp8_block") while it labelled rows "vllm_default" (the
-    public H100 table, vLLM 0.19), so the host launched those rows' kernels. Its later
-    versions, which name the selected kernel instead (the L40S table), refuse to publish
-    eager timing. `source` is read_gemm's "<file>:<kernel_source>"."""
-    eager = table["source_dtype"].isin(EAGER_GEMM_DTYPES)
-    if eager.any():  # the sources, once each (a fit prices one table many times)
-        label = f"{GEMM_TABLE}:{EAGER_KERNEL_SOURCE}"
-        old_collector = {s: Path(str(s)).name == label for s in pd.unique(table["source"])}
-        eager &= table["source"].map(old_collector).astype(bool)
-    return eager
-
-
-def eager_seconds(device_s, launches, launch_s: float, runs: int = EAGER_RUNS):
-    """Time per call of `runs` eager calls between two events, the GPU idle at the first:
-    GPU-bound, each call's device time plus the first launch spread over the runs; host-
-    bound, each call's launches plus the last call's device time spread over them."""
-    return np.maximum(device_s + launch_s / runs, launches * launch_s + device_s / runs)
-
-
 def _predict_gemm(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
-    """Device time of each GEMM, or for a row timed eagerly the time its calls took with
-    the host launching their kernels (eager_seconds)."""
-    sub = sub.assign(dtype=gemm_kernel_dtype(sub), eager=timed_eagerly(sub).to_numpy())
-    uniq, codes = _unique_groups(sub, ["m", "n", "k", "dtype", "eager"])
+    """Each row as its benchmark ran it (benchmark_loops): warm in L2 where its loop fits,
+    and, where it was timed eagerly, with the host launching its kernels."""
+    kernel = gemm_kernel_dtype(sub)
+    sub = sub.assign(
+        dtype=kernel, loop_bytes=gemm_loop_bytes(sub, kernel), eager=timed_eagerly(sub)
+    )
+    uniq, codes = _unique_groups(sub, ["m", "n", "k", "dtype", "loop_bytes", "eager"])
     secs = np.empty(len(uniq))
     for (dtype, eager), pos in uniq.groupby(["dtype", "eager"], sort=False).indices.items():
-        shapes = uniq.iloc[pos]
-        secs[pos] = gemm_parts_many(gpu, shapes["m"], shapes["n"], shapes["k"], dtype).seconds
+        s = uniq.iloc[pos]
+        secs[pos] = gemm_parts_many(
+            gpu, s["m"], s["n"], s["k"], dtype, None, s["loop_bytes"]
+        ).seconds
         if eager:
-            launches = gemm_launches(gpu, shapes["m"].to_numpy(), dtype)
+            launches = gemm_launches(gpu, s["m"].to_numpy(), dtype)
             launch_s = launch_overhead_seconds(gpu, 1, cuda_graph=False)
             secs[pos] = eager_seconds(secs[pos], launches, launch_s)
     return secs[codes]

@@ -16,17 +16,17 @@ import pandas as pd
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.attention import keys_per_query
-from hardware_models.calibration.measured_tables import (
+from hardware_models.calibration.benchmark_loops import (
     EAGER_RUNS,
-    decode_parts,
     eager_seconds,
-    prefill_table,
+    gemm_loop_bytes,
     timed_eagerly,
 )
+from hardware_models.calibration.measured_tables import decode_parts, prefill_table
 from hardware_models.dtypes import bytes_per_element, parse_dtype
 from hardware_models.efficiency import EfficiencyProfile, dtype_key
 from hardware_models.errors import InfersimError
-from hardware_models.gemm import gemm_launches, gemm_parts_many, output_dtype
+from hardware_models.gemm import gemm_launches, gemm_parts_many, l2_hit_fraction, output_dtype
 from hardware_models.pointwise import launch_overhead_seconds
 
 # A curve's place in an EfficiencyProfile: (field, None) or (dict field, dtype key).
@@ -56,9 +56,12 @@ def _unique(sub: pd.DataFrame, cols: list[str]) -> tuple[pd.DataFrame, np.ndarra
 
 
 def gemm_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, kernel: str) -> Terms:
-    """GEMM rows all of one kernel dtype `kernel` (see gemm_kernel_dtype)."""
-    uniq, codes = _unique(rows, ["m", "n", "k"])
-    parts = gemm_parts_many(gpu, uniq["m"], uniq["n"], uniq["k"], kernel)
+    """GEMM rows all of one kernel dtype `kernel` (see gemm_kernel_dtype). A memory-bound
+    row informs the L2 curve where its benchmark kept the operands warm, else the DRAM
+    one (gemm_l2_memory_by_dtype)."""
+    rows = rows.assign(loop_bytes=gemm_loop_bytes(rows, kernel))
+    uniq, codes = _unique(rows, ["m", "n", "k", "loop_bytes"])
+    parts = gemm_parts_many(gpu, uniq["m"], uniq["n"], uniq["k"], kernel, None, uniq["loop_bytes"])
     seconds, math_s, stream, compute, memory, fixed = (
         getattr(parts, f)[codes]
         for f in ("seconds", "math_s", "stream_s", "compute_s", "memory_s", "fixed_s")
@@ -73,7 +76,7 @@ def gemm_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, kernel: str) -> Terms:
     m, n, k = (rows[c].to_numpy(dtype=float) for c in ("m", "n", "k"))
     eager = timed_eagerly(rows).to_numpy()
     if eager.any():
-        # Rows timed with the host launching their kernels (measured_tables.eager_seconds):
+        # Rows timed with the host launching their kernels (benchmark_loops.eager_seconds):
         # GPU-bound, the first launch adds to the floor; host-bound, no curve binds.
         launch_s = launch_overhead_seconds(gpu, 1, cuda_graph=False)
         timed = eager_seconds(seconds, gemm_launches(gpu, m, kernel), launch_s)
@@ -87,13 +90,15 @@ def gemm_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, kernel: str) -> Terms:
     else:
         memory_binds = ~compute_binds
     compulsory = (m * k + k * n) * bpe + m * n * out_bpe  # gemm.py's memory-curve size
+    warm = l2_hit_fraction(gpu, rows["loop_bytes"].to_numpy(dtype=float)) > 0.5
     key = dtype_key(kernel)
     return Terms(
         seconds=seconds,
         floor_s=floor,
         curves={
             ("gemm_compute_by_dtype", key): CurveTerm(2.0 * m * n * k, math_s, math_binds),
-            ("gemm_memory_by_dtype", key): CurveTerm(compulsory, memory, memory_binds),
+            ("gemm_memory_by_dtype", key): CurveTerm(compulsory, memory, memory_binds & ~warm),
+            ("gemm_l2_memory_by_dtype", key): CurveTerm(compulsory, memory, memory_binds & warm),
         },
     )
 
@@ -162,6 +167,8 @@ def curve_at(profile: EfficiencyProfile, loc: CurveLoc):
         return profile.prefill_memory
     if name in ("mla_decode_memory", "mla_prefill_compute"):
         return getattr(profile, f"{name}_curve")
+    if name == "gemm_l2_memory_by_dtype":
+        return profile.gemm_l2_memory(str(key))
     if name in ("moe_compute_by_dtype", "moe_memory_by_dtype"):
         return profile.moe_terms(str(key))[0 if name == "moe_compute_by_dtype" else 1]
     if key is None:

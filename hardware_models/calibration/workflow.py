@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.calibration.benchmark_loops import unknown_loop_note
 from hardware_models.calibration.error_report import to_markdown
 from hardware_models.calibration.fit import fit_profile
 from hardware_models.calibration.fit_links import fit_links
@@ -100,9 +101,11 @@ class UsableRows:
     link: LinkSpec | None  # what the collectives ran over
     screened: Screened  # the implausible rows (screen.py)
     unpriced: pd.DataFrame  # op_class, reason, rows: rows no model here can price
+    notes: tuple[str, ...] = ()  # rows priced on an assumption (benchmark_loops)
 
     def lines(self) -> list[str]:
-        """What was left out, one terminal line per (op class, reason)."""
+        """What was left out, one terminal line per (op class, reason), and what was
+        priced on an assumption."""
         out = [
             f"left out {r.rows} {r.op_class} rows: {r.reason}"
             for r in self.unpriced.itertuples(index=False)
@@ -112,7 +115,7 @@ class UsableRows:
             f"(up to {r.max_times_floor:.2g}x)"
             for r in self.screened.counts().itertuples(index=False)
         ]
-        return out
+        return out + list(self.notes)
 
 
 def usable_rows(
@@ -132,7 +135,8 @@ def usable_rows(
     marks = pd.Series(np.where(priceable, 0.0, np.nan), index=rows.index)
     unpriced = unpriced_rows(rows, marks, spec, link_problem)
     screened = screen(rows[priceable], spec, link)
-    return UsableRows(screened.kept, link, screened, unpriced)
+    note = unknown_loop_note(screened.kept, spec)
+    return UsableRows(screened.kept, link, screened, unpriced, () if note is None else (note,))
 
 
 @dataclass(frozen=True)

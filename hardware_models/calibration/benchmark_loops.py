@@ -1,0 +1,113 @@
+"""How the benchmark behind a measured GEMM row ran it: what its loop touched between two
+runs, and whether the host launched each run.
+
+A benchmark times a GEMM by running it again and again; whatever its loop touches in
+between decides whether the operands are still in L2 when the next run starts
+(gemm.warm_l2_bytes). A serving engine's forward pass cycles through every layer's
+weights, far more than any L2, so the simulator prices GEMMs cold; a fit must know which
+measured rows ran warm, or it reads an L2's rate as the DRAM's. Likewise a row timed
+without a CUDA graph includes the host's kernel launches, which a CUDA-graphed engine
+step does not pay (timed_eagerly).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.dtypes import bytes_per_element, parse_dtype
+from hardware_models.gemm import output_dtype, warm_l2_bytes
+
+# The aiconfigurator table file GEMM rows come from (measured_tables.read_gemm).
+AICONFIGURATOR_GEMM_FILE = "gemm_perf.parquet"
+# aiconfigurator's vLLM collector (collector/vllm/collect_gemm.py) builds this many
+# linear layers of one shape, each with weights of its own, runs them in turn on one
+# activation tensor and reports the time per layer: six for bf16 and per-tensor fp8
+# (`outside_loop_count`), one for block-scaled fp8.
+AICONFIGURATOR_GEMM_LAYERS = {"fp8_block": 1}
+AICONFIGURATOR_DEFAULT_LAYERS = 6
+ACTIVATION_BYTES = 2.0  # the collectors' activations are bf16, quantised per call for fp8
+HARNESS_PREFIX = "harness:"  # `calibrate run` rows: one GEMM on the same tensors
+# The aiconfigurator collector that timed fp8_block GEMMs without a CUDA graph
+# (collect_gemm.py: use_cuda_graph=gemm_type != "fp8_block") labels its rows
+# kernel_source "vllm_default" (the public H100 table, vLLM 0.19); later ones name the
+# kernel vLLM selected (the L40S table) and publish graph timing only.
+EAGER_KERNEL_SOURCE = "vllm_default"
+EAGER_GEMM_DTYPES = frozenset({"fp8_block"})
+# Calls the collector's eager path times between its two CUDA events (benchmark_with_power:
+# num_runs = 6 without power sampling), the GPU idle at the first.
+EAGER_RUNS = 6
+
+
+def _table_file(source: str) -> tuple[str, str]:
+    """(file name, kernel_source) of a row's `source`: read_gemm writes
+    "<path>:<kernel_source>" where the table names its collector's kernels, "<path>"
+    otherwise."""
+    name, _, kernel_source = Path(source).name.partition(":")
+    return name, kernel_source
+
+
+def gemm_loop_bytes(rows: pd.DataFrame, kernel: pd.Series | str) -> np.ndarray:
+    """Bytes each GEMM row's benchmark touched between two runs of it (gemm_parts's
+    `loop_bytes`): aiconfigurator's layers' weights, the activations (and their 8-bit
+    copy) and the output; the harness's one GEMM's operands and output; NaN (priced cold)
+    for rows of unknown origin, such as a hand-made CSV. `kernel` is each row's kernel
+    dtype (measured_tables.gemm_kernel_dtype), or one for all."""
+    if isinstance(kernel, str):
+        kernel = pd.Series(kernel, index=rows.index)
+    keys = pd.unique(kernel)
+    weight_bpe = kernel.map({d: bytes_per_element(parse_dtype(d)) for d in keys})
+    out_bpe = kernel.map({d: bytes_per_element(output_dtype(parse_dtype(d))) for d in keys})
+    weight_bpe, out_bpe = weight_bpe.to_numpy(dtype=float), out_bpe.to_numpy(dtype=float)
+    m, n, k = (rows[c].to_numpy(dtype=float) for c in ("m", "n", "k"))
+    source = rows["source"].astype(str)
+    outputs = m * n * out_bpe
+    layers = kernel.map(
+        lambda d: AICONFIGURATOR_GEMM_LAYERS.get(str(d), AICONFIGURATOR_DEFAULT_LAYERS)
+    ).to_numpy(dtype=float)
+    quantised = np.where(weight_bpe < ACTIVATION_BYTES, m * k * weight_bpe, 0.0)
+    aiconfigurator = layers * n * k * weight_bpe + m * k * ACTIVATION_BYTES + quantised
+    harness = (m + n) * k * weight_bpe
+    is_table = source.map(lambda s: _table_file(s)[0] == AICONFIGURATOR_GEMM_FILE).to_numpy()
+    is_harness = source.str.startswith(HARNESS_PREFIX).to_numpy()
+    loop = np.where(is_table, aiconfigurator, np.where(is_harness, harness, np.nan))
+    return loop + outputs
+
+
+def unknown_loop_note(rows: pd.DataFrame, spec: AcceleratorSpec) -> str | None:
+    """A terminal line when GEMM rows of unknown origin are priced cold on a chip whose L2
+    keeps a benchmark loop warm: their small shapes may have run from L2, which a fit
+    would then read as DRAM bandwidth. None when there are none, or the L2 keeps nothing
+    warm."""
+    gemm = rows[rows["op_class"] == "gemm"]
+    if gemm.empty or warm_l2_bytes(spec) == 0.0:
+        return None
+    unknown = int(np.isnan(gemm_loop_bytes(gemm, gemm["dtype"].astype(str))).sum())
+    if unknown == 0:
+        return None
+    return (
+        f"priced {unknown} gemm rows cold: their benchmark's loop is not known (neither "
+        f"aiconfigurator's nor the harness's); on the {spec.name}'s single L2, shapes re-run "
+        "in a loop that fits it run from L2, faster than its DRAM allows"
+    )
+
+
+def timed_eagerly(table: pd.DataFrame) -> pd.Series:
+    """GEMM rows the aiconfigurator collector timed without a CUDA graph: those of
+    EAGER_GEMM_DTYPES from the collector that labels its rows EAGER_KERNEL_SOURCE."""
+    eager = table["source_dtype"].isin(EAGER_GEMM_DTYPES)
+    if eager.any():  # the sources, once each (a fit prices one table many times)
+        label = (AICONFIGURATOR_GEMM_FILE, EAGER_KERNEL_SOURCE)
+        old_collector = {s: _table_file(str(s)) == label for s in pd.unique(table["source"])}
+        eager &= table["source"].map(old_collector).astype(bool)
+    return eager
+
+
+def eager_seconds(device_s, launches, launch_s: float, runs: int = EAGER_RUNS):
+    """Time per call of `runs` eager calls between two events, the GPU idle at the first:
+    GPU-bound, each call's device time plus the first launch spread over the runs; host-
+    bound, each call's launches plus the last call's device time spread over them."""
+    return np.maximum(device_s + launch_s / runs, launches * launch_s + device_s / runs)
