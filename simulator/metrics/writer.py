@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 TABLES = ("requests", "steps", "timeseries", "itl")
+PLOT_FILES = ("latency_cdfs.png", "throughput_queue.png", "kv_batch.png")
 
 
 def summary_json(summary: Mapping[str, Any], *, include_wall_time: bool = True) -> str:
@@ -29,8 +30,6 @@ def summary_json(summary: Mapping[str, Any], *, include_wall_time: bool = True) 
 
 
 def _owned_files() -> list[str]:
-    from simulator.metrics.plots import PLOT_FILES
-
     names = ["summary.json", *PLOT_FILES]
     for table in TABLES:
         names += [f"{table}.parquet", f"{table}.csv"]
