@@ -100,14 +100,16 @@ class Table:
         """A DataFrame with these columns: Labels as Categoricals or strings."""
         import pandas as pd
 
+        index = pd.RangeIndex(len(self), name=self.index_name)
         data: dict[str, Any] = {}
         for name, col in self.columns.items():
             if isinstance(col, Labels) and col.categorical:
                 data[name] = pd.Categorical.from_codes(col.codes, categories=list(col.names))
+            elif isinstance(col, Labels):  # pandas' text dtype (str in pandas 3), even empty
+                data[name] = pd.Series(col.text(), index=index, dtype=str)
             else:
-                data[name] = col.text() if isinstance(col, Labels) else col
-        frame = pd.DataFrame(data, index=pd.RangeIndex(len(self), name=self.index_name))
-        return frame
+                data[name] = col
+        return pd.DataFrame(data, index=index)
 
     @classmethod
     def from_pandas(cls, frame: pd.DataFrame) -> Table:
