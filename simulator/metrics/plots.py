@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 
 from simulator.metrics.summary import weighted_percentile
 from simulator.metrics.writer import PLOT_FILES
+
 Frames = pd.DataFrame | Mapping[str, pd.DataFrame] | Sequence[pd.DataFrame]
 LOG_SPAN = 1000  # a latency axis spanning more than this ratio is drawn in log scale
 _CDF_POINTS = np.linspace(0, 100, 801)
