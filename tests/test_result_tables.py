@@ -111,3 +111,16 @@ def test_empty_tables_write_as_pandas_writes_them(tmp_path):
     table.to_pandas().to_parquet(tmp_path / "theirs.parquet")
     ours, theirs = (pd.read_parquet(tmp_path / f"{n}.parquet") for n in ("ours", "theirs"))
     pd.testing.assert_frame_equal(ours, theirs)  # (an empty dictionary keeps no categories)
+
+
+def test_write_run_refuses_a_frame_whose_index_the_file_would_lose(results, tmp_path):
+    from hardware_models.errors import InfersimError
+    from simulator.metrics import write_run
+
+    chat = results.requests[results.requests["priority_class"] == "chat"]
+    with pytest.raises(InfersimError, match="requests table's index is not 0, 1, 2"):
+        write_run(tmp_path, {}, chat, None, results.timeseries, results.itl, plots=False)
+    write_run(tmp_path, {}, chat.reset_index(drop=True), None, results.timeseries,
+              results.itl, plots=False, overwrite=True)  # fmt: skip
+    back = pd.read_parquet(tmp_path / "requests.parquet")
+    pd.testing.assert_frame_equal(back, chat.reset_index(drop=True))

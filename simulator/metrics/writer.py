@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hardware_models.errors import InfersimError
-from simulator.metrics.table import Table, as_table
+from simulator.metrics.table import Table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -50,6 +50,21 @@ def _prepare(outdir: Path, overwrite: bool) -> None:
     outdir.mkdir(parents=True, exist_ok=True)
 
 
+def _columns(name: str, table: Table | pd.DataFrame) -> Table:
+    """A Table as it is; a DataFrame as the Table of its columns, refused when its index
+    is not 0, 1, 2, ... (a filtered or re-indexed frame), which the file would lose."""
+    if isinstance(table, Table):
+        return table
+    import pandas as pd  # loaded already: `table` is a DataFrame
+
+    if not table.index.equals(pd.RangeIndex(len(table))):
+        raise InfersimError(
+            f"the {name} table's index is not 0, 1, 2, ...: the file keeps columns only; "
+            "reset_index() it first (keeping the index as a column, or drop=True)"
+        )
+    return Table.from_pandas(table)
+
+
 def write_run(
     outdir: str | Path,
     summary: Mapping[str, Any],
@@ -75,7 +90,7 @@ def write_run(
     path.write_text(summary_json(summary, include_wall_time=include_wall_time))
     written = [path]
     given = zip(TABLES, (requests, steps, timeseries, itl), strict=True)
-    tables = {name: as_table(table) for name, table in given if table is not None}
+    tables = {name: _columns(name, table) for name, table in given if table is not None}
     for name, table in tables.items():
         path = outdir / f"{name}.parquet"
         write_parquet(table, path)
