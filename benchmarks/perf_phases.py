@@ -2,15 +2,17 @@
 
 Does in one process what `infersim run SCENARIO -o OUT --overwrite --quiet` does, timing
 each phase with the wall clock and with the process's CPU clock (on a shared machine the
-CPU seconds move less than the wall seconds):
+CPU seconds move less than the wall seconds), and reading the resident memory at its end
+(VmRSS of /proc/self/status, Linux only):
 
-- import: the `run` subcommand's modules (numpy, pandas with pyarrow, pydantic, SimPy and
-  the simulator);
+- import: the `run` subcommand's modules (numpy, pydantic, SimPy and the simulator; no
+  pandas, and pyarrow only when the files are written);
 - setup: reading the scenario, presets and traces, drawing the requests, building the
   replicas (`_Run`);
 - loop: the SimPy run, GEMM pricing of each new token count included (a fresh process
   prices them cold, as the CLI does);
-- results: the tables (`Results.from_run`), the summary and the files (`Results.write`).
+- results: the tables (`Results.from_run`), the summary and the files (`Results.write`,
+  pyarrow's import included).
 
     python benchmarks/perf_phases.py [SCENARIO] [--set KEY=VALUE ...] [--out DIR]
 
@@ -36,16 +38,26 @@ from simulator.simulation import _Run  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 
 
-def lap(phases: dict[str, tuple[float, float]], name: str) -> None:
-    """Record the wall and CPU seconds since the previous lap under `name`."""
+def resident_mb() -> float:
+    """The process's resident memory now (NaN where /proc is not there)."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return float("nan")
+    return int(status.split("VmRSS:")[1].split()[0]) / 1024
+
+
+def lap(phases: dict[str, tuple[float, float, float]], name: str) -> None:
+    """Record the wall and CPU seconds since the previous lap, and the resident MB now,
+    under `name`."""
     global _clock
     now = (time.perf_counter(), time.process_time())
-    phases[name] = (now[0] - _clock[0], now[1] - _clock[1])
+    phases[name] = (now[0] - _clock[0], now[1] - _clock[1], resident_mb())
     _clock = now
 
 
 def main() -> int:
-    phases: dict[str, tuple[float, float]] = {}
+    phases: dict[str, tuple[float, float, float]] = {}
     lap(phases, "import")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("scenario", nargs="?", default=REPO / "benchmarks" / "perf_10k.yaml")
@@ -74,10 +86,10 @@ def main() -> int:
     lap(phases, "results")
     total = [sum(p[i] for p in phases.values()) for i in (0, 1)]
     print(f"{scenario.name}: {len(phases)} phases, {total[0]:.2f} s wall, {total[1]:.2f} s CPU")
-    print("| phase | wall s | CPU s | share of CPU |")
-    print("|---|---:|---:|---:|")
-    for name, (wall, cpu) in phases.items():
-        print(f"| {name} | {wall:.3f} | {cpu:.3f} | {cpu / total[1]:.0%} |")
+    print("| phase | wall s | CPU s | share of CPU | resident MB after |")
+    print("|---|---:|---:|---:|---:|")
+    for name, (wall, cpu, mb) in phases.items():
+        print(f"| {name} | {wall:.3f} | {cpu:.3f} | {cpu / total[1]:.0%} | {mb:.0f} |")
     return 0
 
 

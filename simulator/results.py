@@ -1,4 +1,4 @@
-"""What a simulation returns: pandas tables, a summary, plots and files."""
+"""What a simulation returns: its tables, a summary, plots and files."""
 
 from __future__ import annotations
 
@@ -7,48 +7,48 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
 from hardware_models.errors import InfersimError
 from simulator.display import summary_html
-from simulator.engine.step_cost import StepBound
-from simulator.metrics import summarize, summary_table, timeseries, write_run
+from simulator.metrics import summarize, summary_table, write_run
 from simulator.metrics.context import RunContext
+from simulator.metrics.run_tables import gap_table, request_table, step_table
 from simulator.metrics.step_totals import StepTotals
+from simulator.metrics.table import Table
+from simulator.metrics.timeseries import timeseries_table
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from simulator.engine.replica import Replica
     from simulator.engine.requests import RequestTable
     from simulator.scenario import Scenario
-
-
-def _joined(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
-    """The replicas' tables one after another (a single one as it is, not copied)."""
-    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
 
 
 class Results:
     """Tables of one run: `requests` (one row per request), `steps` (one row per engine
     step, when the scenario keeps them: `output.step_table`), `itl` (inter-token gaps
     with weights; binned 0.1% wide without a step table) and `timeseries` (binned over
-    time). `totals` are the per-replica step sums the summary is computed from."""
+    time), as pandas DataFrames made when first read; `totals` are the per-replica step
+    sums the summary is computed from. The run itself keeps them as numpy columns
+    (`request_table`, `step_table`, `itl_table`, `timeseries_table`): the summary and the
+    files are made from those, so a run that only writes its files never imports pandas."""
 
     def __init__(
         self,
         scenario: Scenario,
         context: RunContext,
-        requests: pd.DataFrame,
+        requests: Table,
         totals: StepTotals,
-        itl: pd.DataFrame,
-        steps: pd.DataFrame | None = None,
+        itl: Table,
+        steps: Table | None = None,
         memory_table: str = "",
     ) -> None:
         self.scenario = scenario
         self.context = context
-        self.requests = requests
+        self.request_table = requests
         self.totals = totals
-        self.itl = itl
-        self._steps = steps
+        self.itl_table = itl
+        self.step_table = steps
         self.memory_table = memory_table
 
     @classmethod
@@ -60,26 +60,30 @@ class Results:
         requests: RequestTable,
         replicas: Sequence[Replica],
     ) -> Results:
-        tables, gaps = zip(*(r.log.close(context.duration_s) for r in replicas), strict=True)
+        steps, gaps = zip(*(r.log.close(context.duration_s) for r in replicas), strict=True)
         totals = StepTotals.merge([r.log.totals for r in replicas])
-        steps = None
-        if scenario.output.step_table:
-            steps = _joined(tables)
-            # One replica logs its steps in time order: sorting would only copy them.
-            if len(tables) > 1 or not steps["start"].is_monotonic_increasing:
-                steps = steps.sort_values(["start", "replica"], kind="stable", ignore_index=True)
-            steps["bound"] = pd.Categorical.from_codes(
-                steps["bound"].astype(int), categories=[b.name.lower() for b in StepBound]
-            )
         return cls(
             scenario,
             context,
-            requests.frame(list(context.priority_names)),
+            request_table(requests, context.priority_names),
             totals,
-            _joined(gaps),
-            steps,
+            gap_table(gaps),
+            step_table(steps) if scenario.output.step_table else None,
             memory_table,
         )
+
+    # ---- the tables as DataFrames ---------------------------------------------------------
+    @cached_property
+    def requests(self) -> pd.DataFrame:
+        return self.request_table.to_pandas()
+
+    @cached_property
+    def itl(self) -> pd.DataFrame:
+        return self.itl_table.to_pandas()
+
+    @cached_property
+    def _steps(self) -> pd.DataFrame | None:
+        return None if self.step_table is None else self.step_table.to_pandas()
 
     @property
     def kept_steps(self) -> pd.DataFrame | None:
@@ -97,14 +101,18 @@ class Results:
 
     @cached_property
     def timeseries(self) -> pd.DataFrame:
-        return timeseries(self.requests, self.totals, self.context)
+        return self.timeseries_table.to_pandas()
+
+    @cached_property
+    def timeseries_table(self) -> Table:
+        return timeseries_table(self.request_table, self.totals, self.context)
 
     def summary(self) -> dict[str, Any]:
         return self._summary
 
     @cached_property
     def _summary(self) -> dict[str, Any]:
-        return summarize(self.requests, self.totals, self.itl, self.context)
+        return summarize(self.request_table, self.totals, self.itl_table, self.context)
 
     def summary_table(self) -> str:
         return summary_table(self.summary())
@@ -134,10 +142,10 @@ class Results:
         return write_run(
             Path(outdir),
             self.summary(),
-            self.requests,
-            self._steps,
-            self.timeseries,
-            self.itl,
+            self.request_table,
+            self.step_table,
+            self.timeseries_table,
+            self.itl_table,
             csv=out.csv if csv is None else csv,
             plots=out.plots if plots is None else plots,
             overwrite=overwrite,

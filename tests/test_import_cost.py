@@ -41,15 +41,25 @@ def test_import_simulator_and_errors_load_no_library():
     assert loaded_after("import simulator, hardware_models, hardware_models.errors") == []
 
 
-def test_run_loads_no_plotting_or_calibration(tmp_path):
+def test_run_loads_no_pandas_plotting_or_calibration(tmp_path):
+    """A run that writes its tables and exports (overwriting an earlier run) summarises
+    and writes them from numpy columns: pyarrow, but no pandas."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")  # an earlier run: --overwrite clears it
+    files = ["-o", str(out), "--trace-out", str(tmp_path / "t.json")]
+    files += ["--bench-json", str(tmp_path / "b.json")]
     code = (
         "from simulator.cli.main import main\n"
-        f"main(['run', 'scenarios/quickstart.yaml', '-o', {str(tmp_path / 'out')!r}, "
+        f"main(['run', 'scenarios/quickstart.yaml', *{files!r}, '--overwrite', "
         "'--quiet', '--no-plots', '--set', 'workload.num_requests=20'])"
     )
     loaded = loaded_after(code)
-    assert "matplotlib" not in loaded and "hardware_models.calibration" not in loaded
-    assert (tmp_path / "out" / "summary.json").is_file()  # it did run
+    assert "pyarrow" in loaded  # it wrote Parquet files
+    for heavy in ("pandas", "matplotlib", "hardware_models.calibration"):
+        assert heavy not in loaded
+    assert len((out / "summary.json").read_text()) > 2  # it did run
+    assert {p.name for p in out.iterdir()} >= {"requests.parquet", "steps.parquet"}
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))

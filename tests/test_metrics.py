@@ -24,6 +24,7 @@ from simulator.metrics import (
     write_run,
 )
 from simulator.metrics.plots import latency_cdfs, save_run_plots
+from simulator.metrics.run_tables import request_table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -64,7 +65,7 @@ def requests(n: int, names: tuple[str, ...] = ("default",), **columns) -> pd.Dat
     )
     for name, values in columns.items():
         getattr(table, name)[:n] = values
-    return table.frame(list(names))
+    return request_table(table, names).to_pandas()
 
 
 def completed(arrival, first_token, finish, generated, **columns) -> pd.DataFrame:

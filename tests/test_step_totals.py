@@ -67,7 +67,7 @@ def test_totals_without_a_table_match_the_table(make_scenario, monkeypatch, case
     pd.testing.assert_frame_equal(kept.timeseries, folded.timeseries)
 
     # The online totals equal totals of the finished table, and so does the time series.
-    table = StepTotals.from_frame(kept.steps, kept.context)
+    table = StepTotals.from_table(kept.steps, kept.context)
     for name in ("steps", "busy", "flops", "dram_bytes", "active", "kv_time", "budget_full",
                  "budget_full_kv"):  # fmt: skip
         np.testing.assert_allclose(getattr(folded.totals, name), getattr(table, name), rtol=1e-12)
@@ -93,10 +93,10 @@ def test_log_histogram_percentiles_within_half_a_bin():
     for part, half in zip(parts, np.array_split(np.arange(len(values)), 2), strict=True):
         part.add(values[half], weights[half])
     parts[0].merge(parts[1])
-    frame = parts[0].frame()
-    assert len(frame) < 20_000 and frame["weight"].sum() == weights.sum()
+    rows = parts[0].rows()
+    assert len(rows) < 20_000 and rows["weight"].sum() == weights.sum()
     exact = latency_stats(values, weights)
-    binned = latency_stats(frame["seconds"].to_numpy(), frame["weight"].to_numpy())
+    binned = latency_stats(rows["seconds"], rows["weight"])
     assert binned["count"] == exact["count"] and binned["max"] == exact["max"]
     for key in ("mean", "p50", "p90", "p95", "p99"):
         assert binned[key] == pytest.approx(exact[key], rel=RELATIVE_WIDTH / 2), key

@@ -9,7 +9,6 @@ from pathlib import Path, PurePath
 from hardware_models.errors import InfersimError
 from simulator.cli.options import add_output_flags, add_overrides, add_results_dir
 from simulator.cli.run_exports import add_export_flags, check_exports, write_exports
-from simulator.compare import compare_table, write_comparison
 from simulator.formatting import WIDTH, sig
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
@@ -84,6 +83,8 @@ def _run(args: argparse.Namespace) -> int:
         )
         written += write_exports(result, args, run.name if len(runs) > 1 else None)
     if len(runs) > 1:
+        from simulator.compare import compare_table, write_comparison  # pandas: only here
+
         print()
         print(compare_table(results).to_string(float_format=sig, line_width=WIDTH))
         written += write_comparison(results, outdir, plots=not args.no_plots)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 import numpy as np
-import pandas as pd
 
 
 class ColumnStore:
@@ -80,11 +79,3 @@ class ColumnStore:
     def truncate(self, size: int) -> None:
         """Forget rows from `size` on (a step a failure cut short never happened)."""
         self.size = min(self.size, size)
-
-    def frame(self) -> pd.DataFrame:
-        return frame_of(self.rows())
-
-
-def frame_of(rows: np.ndarray) -> pd.DataFrame:
-    """A structured array as a DataFrame, one column per field."""
-    return pd.DataFrame({name: rows[name] for name in rows.dtype.names})

@@ -9,7 +9,6 @@ from __future__ import annotations
 from enum import IntEnum
 
 import numpy as np
-import pandas as pd
 
 
 class Outcome(IntEnum):
@@ -125,25 +124,7 @@ class RequestTable:
         self.generated[rid] = 0
         self.retries[rid] += 1
 
-    def frame(self, priority_names: list[str] | None = None) -> pd.DataFrame:
-        """The per-request table users read, with latencies derived."""
-        n = self.size
-        cols = {name: arr[:n] for name, arr in self._arrays.items()}
-        frame = pd.DataFrame(cols)
-        frame.index.name = "request_id"
-        frame["outcome"] = pd.Categorical.from_codes(
-            frame["outcome"], categories=[o.name.lower() for o in Outcome]
-        )
-        texts = np.array([REJECT_TEXT[reason] for reason in RejectReason], dtype=object)
-        frame["reason"] = texts[cols["reason"]]
-        names = np.asarray(priority_names or ["default"], dtype=object)
-        frame["priority_class"] = names[cols["priority_class"]]
-        frame["ttft"] = frame["first_token"] - frame["arrival"]
-        frame["e2e"] = frame["finish"] - frame["arrival"]
-        frame["queueing"] = frame["first_scheduled"] - frame["arrival"]
-        decode_tokens = (frame["generated"] - 1).where(frame["generated"] > 1)
-        frame["tpot"] = (frame["finish"] - frame["first_token"]) / decode_tokens
-        completed = frame["outcome"] == "completed"
-        for col in ("e2e", "tpot"):
-            frame.loc[~completed, col] = np.nan
-        return frame
+    def columns(self) -> dict[str, np.ndarray]:
+        """Every column of the requests registered so far, outcome and reason as their
+        codes (simulator.metrics.run_tables makes the table users read of them)."""
+        return {name: array[: self.size] for name, array in self._arrays.items()}

@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import pandas as pd
 
-from simulator.engine.columns import ColumnStore, frame_of
+from simulator.engine.columns import ColumnStore
 from simulator.metrics.log_histogram import LogHistogram
 from simulator.metrics.step_totals import StepTotals, clip_to
 
@@ -145,15 +144,15 @@ class StepLog:
             self.histogram.add(rows["seconds"], rows["weight"])
             self._folded[1] += done
 
-    def close(self, end: float) -> tuple[pd.DataFrame | None, pd.DataFrame]:
+    def close(self, end: float) -> tuple[np.ndarray | None, np.ndarray]:
         """The run stopped at `end`: fold what is left (a step in flight counts up to
-        `end`) and return this replica's step table (None unless kept) and its gap
-        samples (binned into a histogram unless steps are kept)."""
+        `end`) and return this replica's step rows (None unless kept) and its gap
+        samples (binned into a histogram unless steps are kept), as structured arrays."""
         self._take(clip_to(self.steps.drain(self.steps.size), end))
         if self._keep:
             rows = np.concatenate(self._kept_steps)
             self._kept_steps = []  # handed over: the chunks need not outlive the table
-            return frame_of(rows), self.itl.frame()
+            return rows, self.itl.rows()
         self._gaps_final = True
         self._fold_gaps()
-        return None, self.histogram.frame()
+        return None, self.histogram.rows()

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from hardware_models.errors import InfersimError
+from simulator.metrics.table import Table
 
 if TYPE_CHECKING:
     from simulator.results import Results
@@ -52,11 +52,11 @@ def chrome_trace(results: Results, *, max_events: int = MAX_EVENTS) -> ChromeTra
     """Steps, counters and request lifetimes of a run that kept its step table."""
     if max_events < 1:
         raise InfersimError(f"trace: max_events must be >= 1, got {max_events}")
-    if results.kept_steps is None:
+    if results.step_table is None:
         raise InfersimError(
             "--trace-out needs the run's per-step table; set output.step_table: true"
         )
-    events = _step_events(results.kept_steps) + _request_events(results.requests)
+    events = _step_events(results.step_table) + _request_events(results.request_table)
     events.sort(key=lambda e: (e["ts"], e["pid"], e["tid"]))
     dropped, cut = 0, None
     over = _first_over_cap(events, max_events)
@@ -94,15 +94,15 @@ def _first_over_cap(events: list[dict[str, Any]], max_events: int) -> int | None
     return None
 
 
-def _step_events(steps: pd.DataFrame) -> list[dict[str, Any]]:
-    start = (steps["start"].to_numpy() * _US).tolist()
-    duration = (steps["duration"].to_numpy() * _US).tolist()
-    prefill = steps["prefill_tokens"].to_numpy().tolist()
-    decode = steps["decode_tokens"].to_numpy().tolist()
-    batch = steps["batch_size"].to_numpy().tolist()
-    kv = steps["kv_blocks_used"].to_numpy().tolist()
-    waiting = steps["waiting"].to_numpy().tolist()
-    replica = steps["replica"].to_numpy().tolist()
+def _step_events(steps: Table) -> list[dict[str, Any]]:
+    start = (steps["start"] * _US).tolist()
+    duration = (steps["duration"] * _US).tolist()
+    prefill = steps["prefill_tokens"].tolist()
+    decode = steps["decode_tokens"].tolist()
+    batch = steps["batch_size"].tolist()
+    kv = steps["kv_blocks_used"].tolist()
+    waiting = steps["waiting"].tolist()
+    replica = steps["replica"].tolist()
     events: list[dict[str, Any]] = []
     for ts, dur, p, d, b, k, w, r in zip(
         start, duration, prefill, decode, batch, kv, waiting, replica, strict=True
@@ -120,26 +120,27 @@ def _step_events(steps: pd.DataFrame) -> list[dict[str, Any]]:
     return events
 
 
-def _request_events(requests: pd.DataFrame) -> list[dict[str, Any]]:
+def _request_events(requests: Table) -> list[dict[str, Any]]:
     """queued (arrival to first scheduled), prefill (to the first token), decode (to the
     finish) of each request that reached a replica, on non-overlapping lanes."""
-    served = requests[requests["replica"] >= 0]
+    ids = np.flatnonzero(requests["replica"] >= 0)
+    served = requests.rows(ids)
     phases = {
         "queued": ("arrival", "first_scheduled"),
         "prefill": ("first_scheduled", "first_token"),
         "decode": ("first_token", "finish"),
     }
-    begin = served["arrival"].to_numpy()
-    end = served[["first_scheduled", "first_token", "finish"]].max(axis=1).to_numpy()
-    lanes = _lanes(served["replica"].to_numpy(), begin, np.where(np.isnan(end), np.inf, end))
+    begin = served["arrival"]
+    times = np.stack([served[c] for c in ("first_scheduled", "first_token", "finish")])
+    end = np.fmax.reduce(times)  # the latest time the request has (NaN: none)
+    lanes = _lanes(served["replica"], begin, np.where(np.isnan(end), np.inf, end))
     events: list[dict[str, Any]] = []
     for name, (a, b) in phases.items():
-        t0, t1 = served[a].to_numpy(), served[b].to_numpy()
+        t0, t1 = served[a], served[b]
         ok = np.isfinite(t0) & np.isfinite(t1)
         for rid, r, lane, s, e in zip(
-            served.index[ok], served["replica"].to_numpy()[ok], lanes[ok], t0[ok], t1[ok],
-            strict=True,
-        ):  # fmt: skip
+            ids[ok], served["replica"][ok], lanes[ok], t0[ok], t1[ok], strict=True
+        ):
             events.append(
                 {"name": name, "ph": "X", "ts": s * _US, "dur": (e - s) * _US, "pid": int(r),
                  "tid": int(lane), "args": {"request": int(rid)}}

@@ -18,12 +18,14 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from simulator.formats import vllm_bench_keys as key
 from simulator.metrics.summary import weighted_percentile
+from simulator.metrics.table import Table, as_table
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from simulator.results import Results
 
 # ---- the format's keys ------------------------------------------------------------------
@@ -92,12 +94,12 @@ per-request `itls` are spread evenly over their decode time rather than read off
 
 def bench_result(results: Results, *, date: datetime.datetime | None = None) -> dict[str, Any]:
     """The run as `vllm bench serve --save-result --save-detailed` would have saved it."""
-    requests, ctx, scenario = results.requests, results.context, results.scenario
-    completed = (requests["outcome"] == "completed").to_numpy()
-    generated = np.where(completed, requests["generated"].to_numpy(), 0)
-    itls, estimated = request_itls(requests, results.kept_steps)
+    requests, ctx, scenario = results.request_table, results.context, results.scenario
+    completed = requests["outcome"].equals("completed")
+    generated = np.where(completed, requests["generated"], 0)
+    itls, estimated = request_itls(requests, results.step_table)
     duration = ctx.duration_s
-    total_input = int(requests["prompt"].to_numpy()[completed].sum())
+    total_input = int(requests["prompt"][completed].sum())
     total_output = int(generated.sum())
     setup = {
         "date": (date or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S"),
@@ -122,17 +124,18 @@ def bench_result(results: Results, *, date: datetime.datetime | None = None) -> 
         **_peaks(requests, completed, itls),
         key.INPUT_LENS: requests["prompt"].astype(int).tolist(),
         key.OUTPUT_LENS: generated.astype(int).tolist(),
-        key.TTFTS: np.where(completed, requests["ttft"].to_numpy(), 0.0).tolist(),
+        key.TTFTS: np.where(completed, requests["ttft"], 0.0).tolist(),
         key.ITLS: [gaps.tolist() for gaps in itls],
         "generated_texts": [""] * len(requests),
         key.ERRORS: _errors(requests, completed),
         ESTIMATED_ITLS_KEY: estimated,
     }
+    itl = results.itl_table
     ms = {
-        "ttft": (requests["ttft"].to_numpy()[completed] * 1000, None),
-        "tpot": (_finite(requests["tpot"].to_numpy()[completed]) * 1000, None),
-        "itl": (results.itl["seconds"].to_numpy() * 1000, results.itl["weight"].to_numpy()),
-        "e2el": (requests["e2e"].to_numpy()[completed] * 1000, None),
+        "ttft": (requests["ttft"][completed] * 1000, None),
+        "tpot": (_finite(requests["tpot"][completed]) * 1000, None),
+        "itl": (itl["seconds"] * 1000, itl["weight"]),
+        "e2el": (requests["e2e"][completed] * 1000, None),
     }
     for metric, (values, weights) in ms.items():
         result.update(_stats(metric, values, weights))
@@ -140,7 +143,7 @@ def bench_result(results: Results, *, date: datetime.datetime | None = None) -> 
 
 
 def request_itls(
-    requests: pd.DataFrame, steps: pd.DataFrame | None
+    requests: Table | pd.DataFrame, steps: Table | pd.DataFrame | None
 ) -> tuple[list[np.ndarray], int]:
     """Each request's inter-token gaps (s), and how many were estimated.
 
@@ -151,12 +154,13 @@ def request_itls(
     without a step table gets its decode time spread evenly over its gaps (its TPOT);
     the summary ITL statistics never use these, only the exact gap samples.
     """
-    ends = _decode_step_ends(steps)
-    first = requests["first_token"].to_numpy()
-    last = requests["last_token"].to_numpy()
-    tokens = requests["generated"].to_numpy()
-    replica = requests["replica"].to_numpy()
-    completed = (requests["outcome"] == "completed").to_numpy()
+    ends = _decode_step_ends(None if steps is None else as_table(steps))
+    requests = as_table(requests)
+    first = requests["first_token"]
+    last = requests["last_token"]
+    tokens = requests["generated"]
+    replica = requests["replica"]
+    completed = requests["outcome"].equals("completed")
     out: list[np.ndarray] = []
     estimated = 0
     for i in range(len(requests)):
@@ -176,13 +180,13 @@ def request_itls(
     return out, estimated
 
 
-def _decode_step_ends(steps: pd.DataFrame | None) -> dict[int, np.ndarray]:
+def _decode_step_ends(steps: Table | None) -> dict[int, np.ndarray]:
     """Sorted end times of each replica's steps that decoded."""
     if steps is None:
         return {}
-    decoding = steps[steps["decode_tokens"] > 0]
-    ends = (decoding["start"] + decoding["duration"]).to_numpy()
-    replicas = decoding["replica"].to_numpy()
+    decoding = steps["decode_tokens"] > 0
+    ends = steps["start"][decoding] + steps["duration"][decoding]
+    replicas = steps["replica"][decoding]
     return {int(r): np.sort(ends[replicas == r]) for r in np.unique(replicas)}
 
 
@@ -196,7 +200,7 @@ INFINITE = "inf"
 request_rate: valid JSON, where a float infinity would not be."""
 
 
-def _traffic(scenario, requests: pd.DataFrame) -> dict[str, Any]:
+def _traffic(scenario, requests: Table) -> dict[str, Any]:
     """request_rate, burstiness, max_concurrency as vLLM's client settings would be."""
     arrivals = scenario.workload.arrivals
     rate: Any = INFINITE
@@ -226,7 +230,7 @@ def _per(amount: float, duration: float) -> float:
 
 
 def _goodput(
-    requests: pd.DataFrame, results: Results, completed: np.ndarray, duration: float
+    requests: Table, results: Results, completed: np.ndarray, duration: float
 ) -> float | None:
     """vLLM's request_goodput: completed requests within every SLO bound, per s; None
     when no SLO is set (as vLLM without --goodput)."""
@@ -237,28 +241,29 @@ def _goodput(
     bounds = (("ttft", slo.ttft_s), ("tpot", slo.tpot_s), ("e2e", slo.e2e_s))
     for column, bound in bounds:
         if bound is not None:  # a one-token output's TPOT counts as 0, as vLLM's
-            good &= requests[column].fillna(0.0).to_numpy() <= bound
+            values = requests[column]
+            good &= np.where(np.isnan(values), 0.0, values) <= bound
     return _per(good.sum(), duration)
 
 
-def _errors(requests: pd.DataFrame, completed: np.ndarray) -> list[str]:
-    outcome = requests["outcome"].astype(str).to_numpy()
-    reason = requests["reason"].to_numpy()
+def _errors(requests: Table, completed: np.ndarray) -> list[str]:
+    outcome = requests["outcome"].text()
+    reason = requests["reason"].text()
     return [
         "" if done else (f"{kind}: {why}" if why else "in flight when the simulation stopped")
         for done, kind, why in zip(completed, outcome, reason, strict=True)
     ]
 
 
-def _peaks(requests: pd.DataFrame, completed: np.ndarray, itls: list[np.ndarray]) -> dict[str, Any]:
+def _peaks(requests: Table, completed: np.ndarray, itls: list[np.ndarray]) -> dict[str, Any]:
     """vLLM's peak output tokens per second (tokens counted in 1 s buckets from the first
     successful send) and peak concurrent requests: the most successful requests in flight
     at once, each over [send, send + latency) (an end before a start at the same time)."""
     if not completed.any():
         return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
-    start = requests["arrival"].to_numpy()[completed]
-    end = requests["finish"].to_numpy()[completed]
-    first = requests["first_token"].to_numpy()[completed]
+    start = requests["arrival"][completed]
+    end = requests["finish"][completed]
+    first = requests["first_token"][completed]
     origin = start.min()
     buckets = int(np.ceil(end.max() - origin)) + 1
     done = np.flatnonzero(completed)

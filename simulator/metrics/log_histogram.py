@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pandas as pd
 
 RELATIVE_WIDTH = 1e-3
 _LOG_STEP = math.log1p(RELATIVE_WIDTH)
@@ -67,7 +66,7 @@ class LogHistogram:
         self.zeros += other.zeros
         self.min, self.max = min(self.min, other.min), max(self.max, other.max)
 
-    def frame(self) -> pd.DataFrame:
+    def rows(self) -> np.ndarray:
         """(seconds, weight) rows, one per occupied bin at its geometric centre (the
         extreme bins at the exact minimum and maximum), as an exact sample table has."""
         occupied = np.flatnonzero(self._counts)
@@ -81,4 +80,6 @@ class LogHistogram:
         if self.zeros:
             centres = np.concatenate(([0.0], centres))
             weights = np.concatenate(([self.zeros], weights))
-        return pd.DataFrame({"seconds": centres, "weight": weights.astype(np.int64)})
+        rows = np.empty(len(centres), dtype=[("seconds", "f8"), ("weight", "i8")])
+        rows["seconds"], rows["weight"] = centres, weights
+        return rows

@@ -18,8 +18,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from simulator.metrics.summary import weighted_percentile
+from simulator.metrics.writer import PLOT_FILES
 
-PLOT_FILES = ("latency_cdfs.png", "throughput_queue.png", "kv_batch.png")
 Frames = pd.DataFrame | Mapping[str, pd.DataFrame] | Sequence[pd.DataFrame]
 LOG_SPAN = 1000  # a latency axis spanning more than this ratio is drawn in log scale
 _CDF_POINTS = np.linspace(0, 100, 801)

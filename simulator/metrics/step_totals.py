@@ -21,6 +21,7 @@ import numpy as np
 
 from simulator.engine.step_cost import StepBound
 from simulator.metrics.bins import integrals, uniform_bin_index
+from simulator.metrics.table import Labels, Table, as_table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -32,7 +33,7 @@ _FIRST_WIDTH = 0.5e-9
 # per-bin sums: decode and prefill tokens of steps ending in the bin, then integrals
 # over the bin of 1 (busy time), batch size, KV fraction and waiting requests
 BIN_ROWS = ("decode_tokens", "prefill_tokens", "busy", "batch", "kv", "waiting")
-Rows = Any  # a numpy structured array or a DataFrame with the step-table columns
+Rows = Any  # a numpy structured array, or a Table or DataFrame of the step-table columns
 
 
 def clip_to(rows: np.ndarray, end: float) -> np.ndarray:
@@ -89,11 +90,12 @@ class StepTotals:
         )
 
     @classmethod
-    def from_frame(cls, steps: pd.DataFrame, ctx: RunContext) -> StepTotals:
+    def from_table(cls, steps: Table | pd.DataFrame, ctx: RunContext) -> StepTotals:
         """Totals of a step table (as `Results.steps` has it), clipped to the run's end."""
         totals = cls.for_context(ctx)
-        columns = list(steps.columns)
-        rows = np.rec.fromarrays([_codes(steps[c]) for c in columns], names=columns)
+        steps = as_table(steps)
+        columns = [_codes(steps[name]) for name in steps]
+        rows = np.rec.fromarrays(columns, names=list(steps))
         totals.fold(clip_to(rows, ctx.duration_s))
         return totals
 
@@ -208,8 +210,6 @@ class StepTotals:
         )
 
 
-def _codes(column: pd.Series) -> np.ndarray:
+def _codes(column: np.ndarray | Labels) -> np.ndarray:
     """A column as numbers: a categorical bound as its codes."""
-    if hasattr(column, "cat"):
-        return column.cat.codes.to_numpy()
-    return column.to_numpy()
+    return column.codes if isinstance(column, Labels) else column

@@ -40,10 +40,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from simulator.engine.requests import REJECT_TEXT, RejectReason
 from simulator.engine.step_cost import StepBound
@@ -58,7 +57,11 @@ from simulator.metrics.overload import (
     verdict,
 )
 from simulator.metrics.step_totals import StepTotals
+from simulator.metrics.table import Table, as_table
 from simulator.provenance import configuration
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 PERCENTILES = (50, 90, 95, 99)
 QUEUE_FULL_SHARE = 0.01
@@ -131,21 +134,19 @@ def _ratio(num: float, den: float) -> float | None:
     return float(num) / float(den) if den > 0 and math.isfinite(den) else None
 
 
-def _masks(requests: pd.DataFrame) -> dict[str, np.ndarray]:
+def _masks(requests: Table) -> dict[str, np.ndarray]:
     outcome = requests["outcome"]
-    return {name: (outcome == name).to_numpy() for name in _OUTCOMES}
+    return {name: outcome.equals(name) for name in _OUTCOMES}
 
 
-def _counts(requests: pd.DataFrame, masks: dict[str, np.ndarray]) -> dict[str, Any]:
-    started = requests["first_scheduled"].notna().to_numpy()
-    reasons = requests.loc[masks["rejected"], "reason"].value_counts()
+def _counts(requests: Table, masks: dict[str, np.ndarray]) -> dict[str, Any]:
+    started = ~np.isnan(requests["first_scheduled"])
+    reasons = requests["reason"].counts(masks["rejected"])
     return {
         "arrived": len(requests),
         "completed": int(masks["completed"].sum()),
         "rejected": int(masks["rejected"].sum()),
-        "rejected_by_reason": {
-            _REASON_KEY.get(text, text): int(n) for text, n in reasons.items() if n
-        },
+        "rejected_by_reason": {_REASON_KEY.get(text, text): n for text, n in reasons.items()},
         "failed": int(masks["failed"].sum()),
         "in_flight": int(masks["in_flight"].sum()),
         "in_flight_queued": int((masks["in_flight"] & ~started).sum()),
@@ -153,16 +154,14 @@ def _counts(requests: pd.DataFrame, masks: dict[str, np.ndarray]) -> dict[str, A
     }
 
 
-def _load(requests: pd.DataFrame, masks: dict[str, np.ndarray], end: float) -> dict[str, Any]:
+def _load(requests: Table, masks: dict[str, np.ndarray], end: float) -> dict[str, Any]:
     """The waiting queue's trend over the arrivals and the queue-full rejections; the
     verdict from either (module doc of simulator.metrics.overload)."""
-    queue_full = int((requests["reason"] == _QUEUE_FULL).to_numpy().sum())
+    queue_full = int(requests["reason"].equals(_QUEUE_FULL).sum())
     # Rejected requests never wait: the unservable are not load, queue-full is counted below.
     servable = ~masks["rejected"]
-    started = requests["first_scheduled"].to_numpy()[servable]
-    trend = queue_trend(
-        requests["arrival"].to_numpy()[servable], np.where(np.isnan(started), end, started)
-    )
+    started = requests["first_scheduled"][servable]
+    trend = queue_trend(requests["arrival"][servable], np.where(np.isnan(started), end, started))
     load: dict[str, Any] = {
         **(trend or dict.fromkeys(TREND_FIELDS)),
         "queue_full_rejections": queue_full,
@@ -178,10 +177,10 @@ def _load(requests: pd.DataFrame, masks: dict[str, np.ndarray], end: float) -> d
     return load
 
 
-def _steady_throughput(requests: pd.DataFrame, completed: np.ndarray) -> dict[str, Any]:
+def _steady_throughput(requests: Table, completed: np.ndarray) -> dict[str, Any]:
     """Completions per second between the 10% and the 90% completion, and the output
     tokens of those completions over the same time: no ramp-up, no drain."""
-    finish = requests["finish"].to_numpy()[completed]
+    finish = requests["finish"][completed]
     order = np.argsort(finish, kind="stable")
     n = len(order)
     lo, hi = int(np.ceil(STEADY_FROM * n)), int(np.floor(STEADY_TO * n)) - 1
@@ -189,7 +188,7 @@ def _steady_throughput(requests: pd.DataFrame, completed: np.ndarray) -> dict[st
         return {"steady_window_s": None, "steady_requests_per_s": None,
                 "steady_output_tokens_per_s": None}  # fmt: skip
     span = float(finish[order[hi]] - finish[order[lo]])
-    tokens = requests["generated"].to_numpy()[completed][order[lo + 1 : hi + 1]].sum()
+    tokens = requests["generated"][completed][order[lo + 1 : hi + 1]].sum()
     return {
         "steady_window_s": [float(finish[order[lo]]), float(finish[order[hi]])],
         "steady_requests_per_s": (hi - lo) / span,
@@ -197,33 +196,33 @@ def _steady_throughput(requests: pd.DataFrame, completed: np.ndarray) -> dict[st
     }
 
 
-def _meets_slo(requests: pd.DataFrame, ctx: RunContext, completed: np.ndarray) -> np.ndarray:
+def _meets_slo(requests: Table, ctx: RunContext, completed: np.ndarray) -> np.ndarray:
     ok = completed.copy()
     slo = ctx.slo
     if slo.ttft_s is not None:
-        ok &= (requests["ttft"] <= slo.ttft_s).to_numpy()
+        ok &= requests["ttft"] <= slo.ttft_s
     if slo.tpot_s is not None:
         tpot = requests["tpot"]
-        ok &= ((tpot <= slo.tpot_s) | tpot.isna()).to_numpy()
+        ok &= (tpot <= slo.tpot_s) | np.isnan(tpot)
     if slo.e2e_s is not None:
-        ok &= (requests["e2e"] <= slo.e2e_s).to_numpy()
+        ok &= requests["e2e"] <= slo.e2e_s
     return ok
 
 
-def _latency_blocks(requests: pd.DataFrame, completed: np.ndarray) -> dict[str, Any]:
+def _latency_blocks(requests: Table, completed: np.ndarray) -> dict[str, Any]:
     return {
-        "ttft": latency_stats(requests["ttft"].to_numpy()),
-        "tpot": latency_stats(requests["tpot"].to_numpy()[completed]),
-        "e2e": latency_stats(requests["e2e"].to_numpy()[completed]),
-        "queueing": latency_stats(requests["queueing"].to_numpy()),
+        "ttft": latency_stats(requests["ttft"]),
+        "tpot": latency_stats(requests["tpot"][completed]),
+        "e2e": latency_stats(requests["e2e"][completed]),
+        "queueing": latency_stats(requests["queueing"]),
     }
 
 
 def _per_class(
-    requests: pd.DataFrame, ctx: RunContext, masks: dict[str, np.ndarray], ok: np.ndarray
+    requests: Table, ctx: RunContext, masks: dict[str, np.ndarray], ok: np.ndarray
 ) -> dict[str, Any]:
-    classes = requests["priority_class"].astype(str).to_numpy()
-    present = set(classes.tolist())
+    classes = requests["priority_class"]
+    present = set(classes.counts())
     if len(present) < 2:
         return {}
     order = [n for n in ctx.priority_names if n in present] + sorted(
@@ -231,14 +230,14 @@ def _per_class(
     )
     blocks = {}
     for name in order:
-        mine = classes == name
+        mine = classes.equals(name)
         done = masks["completed"] & mine
         blocks[name] = {
             "arrived": int(mine.sum()),
             "completed": int(done.sum()),
             "rejected": int((masks["rejected"] & mine).sum()),
             "slo_fraction": _ratio((ok & mine).sum(), done.sum()),
-            **_latency_blocks(requests[mine], done[mine]),
+            **_latency_blocks(requests.rows(mine), done[mine]),
         }
     return blocks
 
@@ -267,8 +266,8 @@ def _utilisation(totals: StepTotals, ctx: RunContext, rep: Arrays) -> dict[str, 
     }
 
 
-def _kv(totals: StepTotals, requests: pd.DataFrame) -> dict[str, Any]:
-    preemptions = requests["preemptions"].to_numpy()
+def _kv(totals: StepTotals, requests: Table) -> dict[str, Any]:
+    preemptions = requests["preemptions"]
     return {
         "mean_utilisation": _ratio(totals.kv_time.sum(), totals.busy.sum()),
         "max_utilisation": float(totals.kv_max) if totals.steps.sum() else None,
@@ -277,12 +276,12 @@ def _kv(totals: StepTotals, requests: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def _prefix_cache(requests: pd.DataFrame) -> dict[str, Any]:
+def _prefix_cache(requests: Table) -> dict[str, Any]:
     """Prompt tokens found in the prefix cache when each request was first scheduled (a
     session's earlier turns), over the prompt tokens of the requests scheduled."""
-    scheduled = requests["first_scheduled"].notna().to_numpy()
-    prompt = int(requests["prompt"].to_numpy()[scheduled].sum())
-    cached = int(requests["cached_prompt_tokens"].to_numpy()[scheduled].sum())
+    scheduled = ~np.isnan(requests["first_scheduled"])
+    prompt = int(requests["prompt"][scheduled].sum())
+    cached = int(requests["cached_prompt_tokens"][scheduled].sum())
     return {
         "prompt_tokens": prompt,
         "cached_prompt_tokens": cached,
@@ -324,17 +323,15 @@ def _cost(
 
 
 def _per_replica(
-    requests: pd.DataFrame, totals: StepTotals, ctx: RunContext, completed: np.ndarray
+    requests: Table, totals: StepTotals, ctx: RunContext, completed: np.ndarray
 ) -> list[dict[str, Any]]:
     n, d = len(ctx.replicas), ctx.duration_s
     if n < 2:
         return []
-    replica = requests["replica"].to_numpy()
+    replica = requests["replica"]
     mine = replica >= 0
     done = np.bincount(replica[completed & mine], minlength=n)[:n]
-    tokens = np.bincount(
-        replica[mine], weights=requests["generated"].to_numpy()[mine], minlength=n
-    )[:n]
+    tokens = np.bincount(replica[mine], weights=requests["generated"][mine], minlength=n)[:n]
     busy = totals.busy
     return [
         {
@@ -447,26 +444,28 @@ def _jsonable(value: Any) -> Any:
 
 
 def summarize(
-    requests: pd.DataFrame,
-    steps: StepTotals | pd.DataFrame,
-    itl: pd.DataFrame,
+    requests: Table | pd.DataFrame,
+    steps: StepTotals | Table | pd.DataFrame,
+    itl: Table | pd.DataFrame,
     ctx: RunContext,
 ) -> dict[str, Any]:
     """The run's headline numbers as a JSON-serialisable dict; definitions in the module
-    docstring. `steps` is the run's step totals, or a step table to total."""
-    totals = steps if isinstance(steps, StepTotals) else StepTotals.from_frame(steps, ctx)
+    docstring. `steps` is the run's step totals, or a step table to total; the tables are
+    Tables or the DataFrames `Results` shows."""
+    totals = steps if isinstance(steps, StepTotals) else StepTotals.from_table(steps, ctx)
+    requests, itl = as_table(requests), as_table(itl)
     d = ctx.duration_s
     masks = _masks(requests)
     completed = masks["completed"]
     n_completed = int(completed.sum())
-    has_first = requests["first_token"].notna().to_numpy()
-    input_tokens = float(requests["prompt"].to_numpy()[has_first].sum())
-    output_tokens = float(requests["generated"].to_numpy().sum())
+    has_first = ~np.isnan(requests["first_token"])
+    input_tokens = float(requests["prompt"][has_first].sum())
+    output_tokens = float(requests["generated"].sum())
     ok = _meets_slo(requests, ctx, completed)
     rep = _replica_arrays(ctx)
     load = _load(requests, masks, d)
     latency = _latency_blocks(requests, completed)
-    latency["itl"] = latency_stats(itl["seconds"].to_numpy(), itl["weight"].to_numpy())
+    latency["itl"] = latency_stats(itl["seconds"], itl["weight"])
     run = _run(ctx, len(requests))
     kv = _kv(totals, requests)
     budget = run.get("configuration", {}).get("max_num_batched_tokens", "its value")

@@ -20,13 +20,17 @@ regrouped exactly here), so the series needs no step table.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from simulator.metrics.bins import count_in_bins
 from simulator.metrics.context import RunContext
 from simulator.metrics.step_totals import StepTotals
+from simulator.metrics.table import Table, as_table
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TARGET_BINS = 200
 _NICE = (1.0, 2.0, 2.5, 5.0, 10.0)
@@ -51,43 +55,50 @@ def nice_bin_width(duration_s: float, target_bins: int = TARGET_BINS) -> float:
     return next(m * scale for m in _NICE if m * scale >= raw * (1 - 1e-12))
 
 
-def _empty() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype=np.float64) for c in COLUMNS})
-
-
 def timeseries(
-    requests: pd.DataFrame,
-    steps: StepTotals | pd.DataFrame,
+    requests: Table | pd.DataFrame,
+    steps: StepTotals | Table | pd.DataFrame,
     ctx: RunContext,
     bin_s: float | None = None,
 ) -> pd.DataFrame:
-    """Per-bin counts, rates and time-weighted means over [0, duration]; see module doc.
-    `steps` is the run's step totals, or a step table to total."""
+    """Per-bin counts, rates and time-weighted means over [0, duration] as a DataFrame;
+    see module doc. `steps` is the run's step totals, or a step table to total."""
+    return timeseries_table(requests, steps, ctx, bin_s).to_pandas()
+
+
+def timeseries_table(
+    requests: Table | pd.DataFrame,
+    steps: StepTotals | Table | pd.DataFrame,
+    ctx: RunContext,
+    bin_s: float | None = None,
+) -> Table:
+    """`timeseries` as a Table (what a run writes)."""
     duration = ctx.duration_s
-    if not duration > 0:
-        return _empty()
+    if not duration > 0:  # no bins; every column float, as an empty DataFrame's
+        return Table({c: np.empty(0) for c in COLUMNS})
     width = nice_bin_width(duration) if bin_s is None else float(bin_s)
     if not width > 0:
         raise ValueError(f"bin_s must be positive, got {bin_s}")
-    totals = steps if isinstance(steps, StepTotals) else StepTotals.from_frame(steps, ctx)
+    totals = steps if isinstance(steps, StepTotals) else StepTotals.from_table(steps, ctx)
+    requests = as_table(requests)
     n = max(1, math.ceil(duration / width - 1e-6))
     edges = np.minimum(np.arange(n + 1) * width, duration)
     edges[-1] = duration
     span = np.diff(edges)
 
-    completed = (requests["outcome"] == "completed").to_numpy()
-    first_tokens = count_in_bins(requests["first_token"].to_numpy(np.float64), edges)
+    completed = requests["outcome"].equals("completed")
+    first_tokens = count_in_bins(requests["first_token"].astype(np.float64), edges)
     decode, prefill, busy, batch, kv_time, waiting = totals.binned(edges)
     ran = busy > 0
+    arrivals = count_in_bins(requests["arrival"].astype(np.float64), edges)
+    completions = count_in_bins(requests["finish"].astype(np.float64)[completed], edges)
     with np.errstate(invalid="ignore", divide="ignore"):
-        frame = pd.DataFrame(
+        return Table(
             {
                 "t_start": edges[:-1],
                 "t_end": edges[1:],
-                "arrivals": count_in_bins(requests["arrival"].to_numpy(np.float64), edges),
-                "completions": count_in_bins(
-                    requests["finish"].to_numpy(np.float64)[completed], edges
-                ),
+                "arrivals": arrivals.astype(np.int64),
+                "completions": completions.astype(np.int64),
                 "output_tokens_per_s": (decode + first_tokens) / span,
                 "prefill_tokens_per_s": prefill / span,
                 "busy_fraction": busy / (span * max(len(ctx.replicas), 1)),
@@ -96,4 +107,3 @@ def timeseries(
                 "waiting": waiting / span,
             }
         )
-    return frame.astype({"arrivals": np.int64, "completions": np.int64})

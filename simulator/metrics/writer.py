@@ -7,13 +7,16 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from hardware_models.errors import InfersimError
+from simulator.metrics.table import Table
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TABLES = ("requests", "steps", "timeseries", "itl")
+PLOT_FILES = ("latency_cdfs.png", "throughput_queue.png", "kv_batch.png")
 
 
 def summary_json(summary: Mapping[str, Any], *, include_wall_time: bool = True) -> str:
@@ -27,8 +30,6 @@ def summary_json(summary: Mapping[str, Any], *, include_wall_time: bool = True) 
 
 
 def _owned_files() -> list[str]:
-    from simulator.metrics.plots import PLOT_FILES
-
     names = ["summary.json", *PLOT_FILES]
     for table in TABLES:
         names += [f"{table}.parquet", f"{table}.csv"]
@@ -49,21 +50,28 @@ def _prepare(outdir: Path, overwrite: bool) -> None:
     outdir.mkdir(parents=True, exist_ok=True)
 
 
-def _categorical_columns(frame: pd.DataFrame) -> list[str]:
-    """Columns worth dictionary-encoding in Parquet: the categorical ones. Numbers of a
-    simulation rarely repeat, so trying a dictionary on every column (pyarrow's default)
-    takes a third of the writing time and gives larger files; read back, the tables are
-    the same."""
-    return [name for name, dtype in frame.dtypes.items() if isinstance(dtype, pd.CategoricalDtype)]
+def _columns(name: str, table: Table | pd.DataFrame) -> Table:
+    """A Table as it is; a DataFrame as the Table of its columns, refused when its index
+    is not 0, 1, 2, ... (a filtered or re-indexed frame), which the file would lose."""
+    if isinstance(table, Table):
+        return table
+    import pandas as pd  # loaded already: `table` is a DataFrame
+
+    if not table.index.equals(pd.RangeIndex(len(table))):
+        raise InfersimError(
+            f"the {name} table's index is not 0, 1, 2, ...: the file keeps columns only; "
+            "reset_index() it first (keeping the index as a column, or drop=True)"
+        )
+    return Table.from_pandas(table)
 
 
 def write_run(
     outdir: str | Path,
     summary: Mapping[str, Any],
-    requests: pd.DataFrame,
-    steps: pd.DataFrame | None,
-    timeseries: pd.DataFrame,
-    itl: pd.DataFrame,
+    requests: Table | pd.DataFrame,
+    steps: Table | pd.DataFrame | None,
+    timeseries: Table | pd.DataFrame,
+    itl: Table | pd.DataFrame,
     *,
     csv: bool = False,
     plots: bool = True,
@@ -72,25 +80,28 @@ def write_run(
 ) -> list[Path]:
     """Write summary.json, <table>.parquet (and .csv when `csv`) for requests, steps
     (unless None: the run kept none), timeseries and itl, and the run plots when
-    `plots`; returns the paths written."""
+    `plots`; returns the paths written. Parquet is written from the numpy columns
+    (simulator.metrics.parquet); CSV and plots go through pandas, imported only then."""
+    from simulator.metrics.parquet import write_parquet
+
     outdir = Path(outdir)
     _prepare(outdir, overwrite)
     path = outdir / "summary.json"
     path.write_text(summary_json(summary, include_wall_time=include_wall_time))
     written = [path]
-    frames = dict(zip(TABLES, (requests, steps, timeseries, itl), strict=True))
-    for name, frame in frames.items():
-        if frame is None:
-            continue
+    given = zip(TABLES, (requests, steps, timeseries, itl), strict=True)
+    tables = {name: _columns(name, table) for name, table in given if table is not None}
+    for name, table in tables.items():
         path = outdir / f"{name}.parquet"
-        frame.to_parquet(path, use_dictionary=_categorical_columns(frame))
+        write_parquet(table, path)
         written.append(path)
         if csv:
             path = outdir / f"{name}.csv"
-            frame.to_csv(path, index=name == "requests")
+            table.to_pandas().to_csv(path, index=name == "requests")
             written.append(path)
     if plots:
         from simulator.metrics.plots import save_run_plots
 
-        written += save_run_plots(requests, itl, timeseries, outdir, summary)
+        frames = [tables[name].to_pandas() for name in ("requests", "itl", "timeseries")]
+        written += save_run_plots(*frames, outdir, summary)
     return written

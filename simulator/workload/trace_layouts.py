@@ -14,12 +14,14 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import pandas as pd
 
 from hardware_models.errors import InfersimError, InfersimWarning
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ARRIVAL_COLUMN = "arrived_at"
 PROMPT_COLUMN = "num_prefill_tokens"
@@ -132,7 +134,10 @@ def arrival_seconds(
 def _datetimes(path: Path, column: str, cells: list, line_no: np.ndarray) -> pd.Series:
     """Date-time cells as timestamps (NaT where not one). Rows in different time zones
     (a daylight-saving change) are the instants they name; a row without a zone among
-    rows with one names no instant, and is refused."""
+    rows with one names no instant, and is refused. (pandas parses them: imported here,
+    as only a trace with date-time arrivals needs it.)"""
+    import pandas as pd
+
     series = pd.Series(cells, dtype=object)
     try:
         return pd.to_datetime(series, format="ISO8601", errors="coerce")
@@ -151,6 +156,8 @@ def _datetimes(path: Path, column: str, cells: list, line_no: np.ndarray) -> pd.
 def _zone(cell) -> Literal["named", "none", "bad"]:
     """Whether a date-time cell names its time zone ("bad": not a date-time, which the
     caller reports with its line)."""
+    import pandas as pd
+
     try:
         stamp = pd.Timestamp(cell)
     except (TypeError, ValueError):
