@@ -217,6 +217,29 @@ class GemmKernel(BaseModel):
     )
 
 
+class DecodeKernel(BaseModel):
+    """The decode-attention fields of an EfficiencyProfile fitted to one KV-cache dtype's
+    rows, where that dtype runs a kernel of its own: vLLM picks the attention backend by
+    the cache's dtype, and on Ada FlashAttention-2 cannot read an fp8 cache, so fp8
+    caches run FlashInfer's decode kernel (the L40S table's kernel_source says so).
+    Each field means what the profile field of the same name does."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    attention_decode_memory: EfficiencyCurve
+    attention_decode_floor_us: float | None = Field(ge=0)
+    decode_cta_latency_us: float = Field(ge=0)
+    decode_split_kv: Literal["always", "gqa"]
+    decode_max_splits: int = Field(ge=0)
+    decode_cta_us_per_mb: float = Field(ge=0)
+    decode_split_overhead_us: float = Field(ge=0)
+    decode_gqa_copy_us: float = Field(ge=0)
+    decode_l2_bandwidth: float = Field(gt=0, le=1)
+
+
+DECODE_KERNEL_FIELDS: tuple[str, ...] = tuple(DecodeKernel.model_fields)
+
+
 class EfficiencyProfile(BaseModel):
     """How close real kernels on one chip come to its roofline.
 
@@ -303,6 +326,15 @@ class EfficiencyProfile(BaseModel):
         "query heads share a KV head (FlashAttention-2's varlen path splits only its "
         "GQA-swapped decode; with one query head per KV head a block streams a whole cache)",
     )
+    decode_max_splits: int = Field(
+        default=0,
+        ge=0,
+        description="most slices decode attention splits one sequence's KV cache into, "
+        "0: as many as fill the SMs once. vLLM caps FlashAttention's splits at 16 "
+        "(max_num_splits, so that a captured CUDA graph's buffers fit every batch): few "
+        "sequences over long caches then stream through 16 blocks per KV head, at a "
+        "block's capped rate (decode_cta_us_per_mb)",
+    )
     decode_cta_us_per_mb: float = Field(
         default=0.0,
         ge=0,
@@ -323,6 +355,25 @@ class EfficiencyProfile(BaseModel):
         "(decode_split_kv: gqa) with more than one sequence and more than one KV head, "
         "microseconds: the swap of the query-head and token axes is then no view, so the "
         "queries and the outputs are each copied by a kernel of their own",
+    )
+    decode_l2_bandwidth: float = Field(
+        default=0.2,
+        gt=0,
+        le=1,
+        description="fraction of L2 bandwidth decode attention sustains when its KV cache "
+        "is already in L2 (a micro-benchmark calling the kernel again on one cache that "
+        "fits: on the L40S's 96 MB L2 caches up to ~64 MB read at 1.4-2.4 TB/s, 2-3x its "
+        "864 GB/s GDDR6, and from ~128 MB at ~630 GB/s); a hit is never priced slower "
+        "than DRAM. 0.2 leaves HBM chips, whose L2 is only 3-4x their DRAM bandwidth, as "
+        "they were (the A100 and H100 tables show no gain from a warm L2), while a GDDR "
+        "chip gains. Only the calibration tables are priced warm: in serving each layer's "
+        "cache is evicted by the rest of the step",
+    )
+    decode_by_kv_dtype: dict[str, DecodeKernel] = Field(
+        default_factory=dict,
+        description="decode attention over a KV cache of this dtype, where it runs a "
+        "kernel of its own (a fit on a table of several cache dtypes fits each apart); "
+        "no entry: the decode fields above",
     )
     launch_overhead_eager_us: float = Field(
         default=4.5,
@@ -541,6 +592,11 @@ class EfficiencyProfile(BaseModel):
     def _moe_keys(cls, v: dict) -> dict:
         return _normalised_keys(v, moe_format_key)
 
+    @field_validator("decode_by_kv_dtype")
+    @classmethod
+    def _kv_keys(cls, v: dict) -> dict:
+        return _normalised_keys(v, dtype_key)
+
     @field_validator("gemm_quant_bandwidth_by_dtype")
     @classmethod
     def _fractions(cls, v: dict) -> dict:
@@ -641,6 +697,18 @@ class EfficiencyProfile(BaseModel):
             if self.attention_prefill_floor_us is None
             else self.attention_prefill_floor_us
         )
+
+    def for_kv_dtype(self, kv_dtype: object) -> EfficiencyProfile:
+        """This profile with the decode kernel fitted to `kv_dtype` caches in the decode
+        fields, where there is one (decode_by_kv_dtype)."""
+        kernel = self._for_dtype(self.decode_by_kv_dtype, kv_dtype, None)
+        if kernel is None:
+            return self
+        return self.model_copy(update={f: getattr(kernel, f) for f in DECODE_KERNEL_FIELDS})
+
+    def decode_kernel(self) -> DecodeKernel:
+        """The decode fields as a DecodeKernel (what a per-dtype fit stores)."""
+        return DecodeKernel(**{f: getattr(self, f) for f in DECODE_KERNEL_FIELDS})
 
     @property
     def decode_floor_us(self) -> float:
