@@ -389,7 +389,6 @@ class DecodeAttention:
         # Split-KV and per-block streaming (see the class docstring).
         self.sm_count = gpu.sm_count
         self.splits_kv = not unswapped and (not fa2 or num_heads > num_kv_heads)
-        self.max_splits = float(eff.decode_max_splits or gpu.sm_count)
         self.cta_seconds_per_byte = eff.decode_cta_us_per_mb * 1e-12
         self.split_seconds = eff.decode_split_overhead_us * 1e-6
         # FA2's swapped GQA path reshapes (batch, 1, kv_heads x group) queries to (batch x
@@ -436,7 +435,7 @@ class DecodeAttention:
             return plain
         blocks = max(seqs * self.block_heads, 1.0)
         per_seq = max(seqs, 1.0)
-        most_splits = min(max(math.floor(self.sm_count / blocks), 1.0), self.max_splits)
+        most_splits = max(math.floor(self.sm_count / blocks), 1.0)
         slice_per_key = per_key / self.num_kv_heads
         cta_seconds, cta_seconds_per_byte = self.cta_seconds, self.cta_seconds_per_byte
         copy_seconds = self.copy_seconds if seqs > 1.0 else 0.0
@@ -528,15 +527,14 @@ def decode_parts_many(
     if warm_l2:
         # A streamed set larger than L2 evicts itself before it is read again: all or
         # none. A hit is never slower than the DRAM stream it saves.
-        in_l2 = (dram <= first.l2_bytes) & (dram / first.l2_rate < memory)
-        memory = np.where(in_l2, dram / first.l2_rate, memory)
+        in_l2 = dram <= first.l2_bytes
+        memory = np.where(in_l2, np.minimum(dram / first.l2_rate, memory), memory)
     waves = np.ceil(seqs / const("blocks_per_wave"))
     blocks = np.maximum(seqs * const("block_heads"), 1.0)
     keys = context / np.maximum(seqs, 1.0)
-    # As many slices as fill the SMs once (at most max_splits), none shorter than a tile.
+    # As many slices as fill the SMs once, none shorter than one key tile.
     tiles = np.maximum(np.ceil(keys / DECODE_KEY_BLOCK), 1.0)
-    fill = np.minimum(np.maximum(np.floor(first.sm_count / blocks), 1.0), first.max_splits)
-    split = np.minimum(fill, tiles)
+    split = np.minimum(np.maximum(np.floor(first.sm_count / blocks), 1.0), tiles)
     splits = np.where(const("splits_kv") > 0, split, 1.0)
     # A block's first key tile loads with its fixed latency; the rest stream at its rate.
     streamed = np.maximum(keys / splits - DECODE_KEY_BLOCK, 0.0)
