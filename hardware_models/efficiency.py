@@ -230,7 +230,6 @@ class DecodeKernel(BaseModel):
     attention_decode_floor_us: float | None = Field(ge=0)
     decode_cta_latency_us: float = Field(ge=0)
     decode_split_kv: Literal["always", "gqa"]
-    decode_max_splits: int = Field(ge=0)
     decode_cta_us_per_mb: float = Field(ge=0)
     decode_split_overhead_us: float = Field(ge=0)
     decode_gqa_copy_us: float = Field(ge=0)
@@ -325,15 +324,6 @@ class EfficiencyProfile(BaseModel):
         "blocks to fill the SMs (flash-decoding): always (FlashAttention-3), or only when "
         "query heads share a KV head (FlashAttention-2's varlen path splits only its "
         "GQA-swapped decode; with one query head per KV head a block streams a whole cache)",
-    )
-    decode_max_splits: int = Field(
-        default=0,
-        ge=0,
-        description="most slices decode attention splits one sequence's KV cache into, "
-        "0: as many as fill the SMs once. vLLM caps FlashAttention's splits at 16 "
-        "(max_num_splits, so that a captured CUDA graph's buffers fit every batch): few "
-        "sequences over long caches then stream through 16 blocks per KV head, at a "
-        "block's capped rate (decode_cta_us_per_mb)",
     )
     decode_cta_us_per_mb: float = Field(
         default=0.0,
