@@ -70,11 +70,7 @@ def test_prefill_chunks_are_priced_over_the_band():
 def test_fa2_runs_a_windowed_decode_one_block_per_query_head():
     """FlashAttention-2 packs a KV head's query heads only without a window: the A100
     profile's windowed decode runs a block per query head, unsplit, with no swap copies."""
-    gpu = load_gpu("a100-80gb-sxm")
-    from hardware_models.calibration.profile_file import read_profile
-    from hardware_models.presets import calibration_path
-
-    gpu = gpu.with_efficiency(read_profile(calibration_path("a100-80gb-sxm")).efficiency)
+    gpu = load_gpu("a100-80gb-sxm", calibration="a100-80gb-sxm")
     assert gpu.efficiency.decode_split_kv == "gqa"
     heads = {"num_heads": 64, "num_kv_heads": 8, "head_dim": 64}
     packed = DecodeAttention(gpu, **heads)
