@@ -371,7 +371,9 @@ class DecodeAttention:
         self.bytes_per_seq = 2.0 * num_heads * head_dim * bytes_per_element(parse_dtype(dtype))
         self.bandwidth = gpu.memory_bandwidth
         self.l2_bytes = gpu.l2.size_mb * 2**20
-        self.l2_rate = gpu.l2_bandwidth * eff.decode_l2_bandwidth
+        # A warm L2's read rate, where a table showed one (see decode_parts_many).
+        share = eff.decode_l2_bandwidth
+        self.l2_rate = None if share is None else gpu.l2_bandwidth * share
         # FlashAttention-2 packs a KV head's query heads into one block's rows by swapping
         # the query-head and token axes, which it does only without a sliding window
         # (flash_api.cpp: seqlenq_ngroups_swapped needs window_size_left < 0): a windowed
@@ -524,7 +526,7 @@ def decode_parts_many(
     eff = first._curve.at(np.maximum(kv_bytes, 1.0))
     memory = dram / (const("bandwidth") * eff)
     in_l2 = np.zeros(np.shape(dram), dtype=bool)
-    if warm_l2:
+    if warm_l2 and first.l2_rate is not None:
         # A streamed set larger than L2 evicts itself before it is read again: all or
         # none. A hit is never slower than the DRAM stream it saves.
         in_l2 = dram <= first.l2_bytes

@@ -233,7 +233,7 @@ class DecodeKernel(BaseModel):
     decode_cta_us_per_mb: float = Field(ge=0)
     decode_split_overhead_us: float = Field(ge=0)
     decode_gqa_copy_us: float = Field(ge=0)
-    decode_l2_bandwidth: float = Field(gt=0, le=1)
+    decode_l2_bandwidth: float | None = Field(gt=0, le=1)
 
 
 DECODE_KERNEL_FIELDS: tuple[str, ...] = tuple(DecodeKernel.model_fields)
@@ -346,18 +346,17 @@ class EfficiencyProfile(BaseModel):
         "microseconds: the swap of the query-head and token axes is then no view, so the "
         "queries and the outputs are each copied by a kernel of their own",
     )
-    decode_l2_bandwidth: float = Field(
-        default=0.2,
+    decode_l2_bandwidth: float | None = Field(
+        default=None,
         gt=0,
         le=1,
         description="fraction of L2 bandwidth decode attention sustains when its KV cache "
-        "is already in L2 (a micro-benchmark calling the kernel again on one cache that "
-        "fits: on the L40S's 96 MB L2 caches up to ~64 MB read at 1.4-2.4 TB/s, 2-3x its "
+        "is already in L2: a micro-benchmark calling the kernel again on one cache that "
+        "fits (on the L40S's 96 MB L2 caches up to ~64 MB read at 1.4-2.4 TB/s, 2-3x its "
         "864 GB/s GDDR6, and from ~128 MB at ~630 GB/s); a hit is never priced slower "
-        "than DRAM. 0.2 leaves HBM chips, whose L2 is only 3-4x their DRAM bandwidth, as "
-        "they were (the A100 and H100 tables show no gain from a warm L2), while a GDDR "
-        "chip gains. Only the calibration tables are priced warm: in serving each layer's "
-        "cache is evicted by the rest of the step",
+        "than DRAM. Fitted only where a table's rows beat DRAM (the L40S's, not the H100's "
+        "or A100's); None: the tables are priced from DRAM. The simulator always is: in "
+        "serving each layer's cache is evicted by the rest of the step",
     )
     decode_by_kv_dtype: dict[str, DecodeKernel] = Field(
         default_factory=dict,

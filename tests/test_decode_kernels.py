@@ -30,7 +30,10 @@ def _parts(gpu, seqs, keys, warm):
 def test_a_warm_l2_serves_caches_that_fit_and_only_in_the_tables():
     """A benchmark's repeated call reads a cache that fits in L2 from there (never slower
     than DRAM); one larger than L2 evicts itself; the engine's pricing stays cold."""
-    gpu = load_gpu("l40s")  # 96 MB L2, 864 GB/s GDDR6
+    l40s = load_gpu("l40s")  # 96 MB L2, 864 GB/s GDDR6
+    # Without a fitted share (no table showed a warm L2) the tables are priced cold too.
+    assert not _parts(l40s, [1], [1024], warm=True).in_l2.any()
+    gpu = l40s.with_efficiency(l40s.efficiency.model_copy(update={"decode_l2_bandwidth": 0.2}))
     per_key = 2 * 8 * 128 * 2
     small, large = 32 * 1024 * 1024 // per_key, 256 * 1024 * 1024 // per_key
     cold = _parts(gpu, [1, 1], [small, large], warm=False)
