@@ -502,13 +502,28 @@ def per_call(models: list, layout: np.ndarray, name: str) -> np.ndarray:
     return np.array([getattr(m, name) for m in models], dtype=float)[layout]
 
 
+def _per_kernel(models: list, layout: np.ndarray, value: Callable) -> np.ndarray:
+    """`value(model, calls)` for each model's calls, where the models' kernels differ
+    (a profile's per-cache-dtype decode kernels); one pass when they share one."""
+    curves = {id(m._curve) for m in models}
+    if len(curves) == 1:
+        return np.asarray(value(models[0], ...), dtype=float)
+    out = np.empty(len(layout))
+    for index, model in enumerate(models):
+        calls = np.flatnonzero(layout == index)
+        if len(calls):
+            out[calls] = value(model, calls)
+    return out
+
+
 def decode_parts_many(
     models: list[DecodeAttention], layout, num_seqs, context_tokens, warm_l2: bool = False
 ) -> DecodeParts:
     """DecodeAttention.parts over calls of several head layouts at once (call i runs
     `models[layout[i]]`), each call's arithmetic its model's in the same order, so the
-    same floats; the models share one GPU and efficiency profile. With `warm_l2`, a call
-    whose bytes fit in L2 reads them from there (a benchmark's repeated call on one
+    same floats; the models share one GPU, and each reads its cache dtype's decode
+    kernel of one efficiency profile (EfficiencyProfile.for_kv_dtype). With `warm_l2`, a
+    call whose bytes fit in L2 reads them from there (a benchmark's repeated call on one
     cache; see DecodeAttention)."""
     if not models:
         return DecodeParts(*(np.empty(0) for _ in DecodeParts._fields))
@@ -523,14 +538,16 @@ def decode_parts_many(
     kv_bytes_per_key, num_kv_heads = const("kv_bytes_per_key"), const("num_kv_heads")
     kv_bytes = context * kv_bytes_per_key
     dram = kv_bytes + seqs * const("bytes_per_seq")
-    eff = first._curve.at(np.maximum(kv_bytes, 1.0))
+    eff = _per_kernel(models, layout, lambda m, at: m._curve.at(np.maximum(kv_bytes[at], 1.0)))
     memory = dram / (const("bandwidth") * eff)
     in_l2 = np.zeros(np.shape(dram), dtype=bool)
-    if warm_l2 and first.l2_rate is not None:
+    rates = [m.l2_rate for m in models]
+    if warm_l2 and any(rate is not None for rate in rates):
         # A streamed set larger than L2 evicts itself before it is read again: all or
         # none. A hit is never slower than the DRAM stream it saves.
-        in_l2 = dram <= first.l2_bytes
-        memory = np.where(in_l2, np.minimum(dram / first.l2_rate, memory), memory)
+        rate = np.array([np.inf if r is None else r for r in rates])[layout]
+        in_l2 = (dram <= first.l2_bytes) & np.isfinite(rate)
+        memory = np.where(in_l2, np.minimum(dram / rate, memory), memory)
     waves = np.ceil(seqs / const("blocks_per_wave"))
     blocks = np.maximum(seqs * const("block_heads"), 1.0)
     keys = context / np.maximum(seqs, 1.0)

@@ -12,7 +12,7 @@ import pytest
 from hardware_models.attention import DecodeAttention, decode_parts_many
 from hardware_models.calibration.fit import _attention_groups, fit_profile, warm_l2_shown
 from hardware_models.calibration.split import holdout_mask
-from hardware_models.efficiency import DecodeKernel, EfficiencyProfile
+from hardware_models.efficiency import DecodeKernel, EfficiencyCurve, EfficiencyProfile
 from hardware_models.presets import load_gpu
 from tests.conftest import needs_shared_data
 
@@ -61,6 +61,34 @@ def test_each_cache_dtype_runs_its_own_decode_kernel():
     fp8_model = DecodeAttention(gpu, **HEADS, kv_dtype="fp8")
     assert bf16.floor == pytest.approx(profile.decode_floor_us * 1e-6)
     assert (fp8_model.floor, fp8_model.cta_seconds) == pytest.approx((20e-6, 9e-6))
+
+
+def test_a_table_of_both_cache_dtypes_prices_each_with_its_kernel():
+    """Rows of both cache dtypes priced in one call get the same floats as each dtype's
+    rows priced alone: each reads its own kernel's curve, not the first row's."""
+    from hardware_models.calibration.measured_tables import decode_parts
+
+    gpu = load_gpu("l40s")
+    fp8 = gpu.efficiency.decode_kernel().model_copy(
+        update={"attention_decode_memory": EfficiencyCurve.constant(0.3)}
+    )
+    gpu = gpu.with_efficiency(EfficiencyProfile(decode_by_kv_dtype={"fp8": fp8}))
+    rows = pd.DataFrame(
+        {
+            "batch": [1, 8, 64, 1, 8, 64],
+            "kv_len": [4096, 512, 2048, 4096, 512, 2048],
+            "window": 0,
+            **HEADS,
+            "dtype": "bf16",
+            "kv_dtype": ["bf16", "fp8", "bf16", "fp8", "bf16", "fp8"],
+        }
+    )
+    mixed = decode_parts(rows, gpu).seconds
+    for kv in ("bf16", "fp8"):
+        alone = rows["kv_dtype"] == kv
+        assert np.array_equal(mixed[alone.to_numpy()], decode_parts(rows[alone], gpu).seconds)
+    # The two kernels really differ: a 0.3 bandwidth share against the default 0.8.
+    assert mixed[3] > mixed[0]
 
 
 def test_decode_rows_are_fitted_per_cache_dtype():
