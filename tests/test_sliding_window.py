@@ -112,3 +112,14 @@ def test_hybrid_multi_step_matches_step_by_step(make_scenario, monkeypatch, poli
     pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
     pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
     assert (fast.requests["outcome"] == "completed").all()
+
+
+@pytest.mark.parametrize("parallelism", [{"pp": 2}, {"dp": 2}], ids=["pp2", "dp2"])
+def test_hybrid_multi_step_matches_step_by_step_pipelined_and_data_parallel(
+    make_scenario, parallelism
+):
+    """The windowed sums travel through the pipelined engines and the dp ranks too."""
+    slow = _hybrid(make_scenario, parallelism=parallelism, engine={"multi_step": False})
+    fast = _hybrid(make_scenario, parallelism=parallelism)
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
