@@ -121,7 +121,7 @@ class PrefillAttention:
         self.floor = (eff.prefill_floor_us if floor_us is None else floor_us) * 1e-6
         # One token a sequence runs the decode kernel (see the class docstring).
         heads = {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim}
-        self.decode = DecodeAttention(gpu, **heads, dtype=dtype, kv_dtype=kv_dtype)
+        self.decode = DecodeAttention(gpu, **heads, dtype=dtype, kv_dtype=kv_dtype, window=window)
 
     def _attainable_rate(self, attended_pairs, new_tokens):
         """FLOP/s the key loops run at: the curve's efficiency at the mean keys per query."""
@@ -334,6 +334,7 @@ class DecodeParts(NamedTuple):
     fixed: Any  # thread-block waves: fixed latency plus each block's own stream
     overhead: Any  # the call's floor plus the split-KV combine pass
     kv_bytes: Any  # KV cache bytes read: the bandwidth curve's axis
+    in_l2: Any  # whether the reads hit a warm L2 (warm_l2 pricing only), else DRAM
 
 
 class DecodeAttention:
@@ -345,9 +346,12 @@ class DecodeAttention:
     such blocks than SMs, the kernel splits each cache into slices to fill them
     (flash-decoding) and combines the partial results in a second pass; one block streams
     its slice at a capped rate, so a kernel that cannot split (FlashAttention-2 without
-    GQA) leaves HBM idle on few long caches. Every read is priced from HBM: a warm L2 for
-    a micro-benchmark's repeated call on one small cache was tried, and the fit on both
-    public tables (H100, A100) chose no L2 share once the split terms were modelled.
+    GQA) leaves HBM idle on few long caches. In serving every read is priced from DRAM:
+    between two calls of one layer the rest of the step (every other layer's weights
+    and caches) streams through L2. A micro-benchmark that calls the kernel again on the
+    same cache finds it in L2 when it fits (`decode_parts_many(warm_l2=True)`, how the
+    calibration tables are priced): on the L40S, whose 96 MB L2 is large next to its
+    GDDR6 bandwidth, that makes caches up to ~64 MB read 2-3x faster than DRAM allows.
     """
 
     def __init__(
@@ -359,8 +363,9 @@ class DecodeAttention:
         head_dim: int,
         dtype: str | Dtype = "bf16",
         kv_dtype: str | Dtype = "bf16",
+        window: int | None = None,
     ) -> None:
-        eff = gpu.efficiency
+        eff = gpu.efficiency.for_kv_dtype(kv_dtype)
         self._curve = eff.attention_decode_memory
         self._curve_at = self._curve.scalar_at()
         self._constant_eff = len(self._curve.sizes) == 1
@@ -370,19 +375,33 @@ class DecodeAttention:
         )
         self.bytes_per_seq = 2.0 * num_heads * head_dim * bytes_per_element(parse_dtype(dtype))
         self.bandwidth = gpu.memory_bandwidth
-        self.blocks_per_wave = gpu.sm_count / num_kv_heads
+        self.l2_bytes = gpu.l2.size_mb * 2**20
+        # A warm L2's read rate, where a table showed one (see decode_parts_many).
+        share = eff.decode_l2_bandwidth
+        self.l2_rate = None if share is None else gpu.l2_bandwidth * share
+        # FlashAttention-2 packs a KV head's query heads into one block's rows by swapping
+        # the query-head and token axes, which it does only without a sliding window
+        # (flash_api.cpp: seqlenq_ngroups_swapped needs window_size_left < 0): a windowed
+        # call runs one block per query head, and splits no cache (FA2's varlen path
+        # splits only the swapped decode). On the L40S's table that makes a 32-head,
+        # 8-KV-head call with a 128-key window 2.4-3.4x slower than without at batch
+        # 64-2048, over the same few keys.
+        fa2 = eff.decode_split_kv == "gqa"
+        unswapped = fa2 and bool(window)
+        self.num_kv_heads = num_kv_heads
+        self.block_heads = num_heads if unswapped else num_kv_heads  # blocks per sequence
+        self.blocks_per_wave = gpu.sm_count / self.block_heads
         self.cta_seconds = eff.decode_cta_latency_us * 1e-6
         self.floor = eff.decode_floor_us * 1e-6
         # Split-KV and per-block streaming (see the class docstring).
-        self.num_kv_heads = num_kv_heads
         self.sm_count = gpu.sm_count
-        self.splits_kv = eff.decode_split_kv == "always" or num_heads > num_kv_heads
+        self.splits_kv = not unswapped and (not fa2 or num_heads > num_kv_heads)
         self.cta_seconds_per_byte = eff.decode_cta_us_per_mb * 1e-12
         self.split_seconds = eff.decode_split_overhead_us * 1e-6
         # FA2's swapped GQA path reshapes (batch, 1, kv_heads x group) queries to (batch x
         # group, kv_heads): a view only for one sequence or one KV head, else a copy of
         # the queries and one of the outputs, each a kernel of its own.
-        swaps = eff.decode_split_kv == "gqa" and num_heads > num_kv_heads > 1
+        swaps = fa2 and not unswapped and num_heads > num_kv_heads > 1
         self.copy_seconds = eff.decode_gqa_copy_us * 1e-6 if swaps else 0.0
         # Without those terms the original closed form holds (and the engine's fast path).
         self._plain = not (self.cta_seconds_per_byte or self.split_seconds or self.copy_seconds)
@@ -421,7 +440,7 @@ class DecodeAttention:
                 return max(memory, fixed) + floor, context * flops_per_key, dram
 
             return plain
-        blocks = max(seqs * self.num_kv_heads, 1.0)
+        blocks = max(seqs * self.block_heads, 1.0)
         per_seq = max(seqs, 1.0)
         most_splits = max(math.floor(self.sm_count / blocks), 1.0)
         slice_per_key = per_key / self.num_kv_heads
@@ -488,12 +507,29 @@ def per_call(models: list, layout: np.ndarray, name: str) -> np.ndarray:
     return np.array([getattr(m, name) for m in models], dtype=float)[layout]
 
 
+def _per_kernel(models: list, layout: np.ndarray, value: Callable) -> np.ndarray:
+    """`value(model, calls)` for each model's calls, where the models' kernels differ
+    (a profile's per-cache-dtype decode kernels); one pass when they share one."""
+    curves = {id(m._curve) for m in models}
+    if len(curves) == 1:
+        return np.asarray(value(models[0], ...), dtype=float)
+    out = np.empty(len(layout))
+    for index, model in enumerate(models):
+        calls = np.flatnonzero(layout == index)
+        if len(calls):
+            out[calls] = value(model, calls)
+    return out
+
+
 def decode_parts_many(
-    models: list[DecodeAttention], layout, num_seqs, context_tokens
+    models: list[DecodeAttention], layout, num_seqs, context_tokens, warm_l2: bool = False
 ) -> DecodeParts:
     """DecodeAttention.parts over calls of several head layouts at once (call i runs
     `models[layout[i]]`), each call's arithmetic its model's in the same order, so the
-    same floats; the models share one GPU and efficiency profile."""
+    same floats; the models share one GPU, and each reads its cache dtype's decode
+    kernel of one efficiency profile (EfficiencyProfile.for_kv_dtype). With `warm_l2`, a
+    call whose bytes fit in L2 reads them from there (a benchmark's repeated call on one
+    cache; see DecodeAttention)."""
     if not models:
         return DecodeParts(*(np.empty(0) for _ in DecodeParts._fields))
     first = models[0]
@@ -507,10 +543,18 @@ def decode_parts_many(
     kv_bytes_per_key, num_kv_heads = const("kv_bytes_per_key"), const("num_kv_heads")
     kv_bytes = context * kv_bytes_per_key
     dram = kv_bytes + seqs * const("bytes_per_seq")
-    eff = first._curve.at(np.maximum(kv_bytes, 1.0))
+    eff = _per_kernel(models, layout, lambda m, at: m._curve.at(np.maximum(kv_bytes[at], 1.0)))
     memory = dram / (const("bandwidth") * eff)
+    in_l2 = np.zeros(np.shape(dram), dtype=bool)
+    rates = [m.l2_rate for m in models]
+    if warm_l2 and any(rate is not None for rate in rates):
+        # A streamed set larger than L2 evicts itself before it is read again: all or
+        # none. A hit is never slower than the DRAM stream it saves.
+        rate = np.array([np.inf if r is None else r for r in rates])[layout]
+        in_l2 = (dram <= first.l2_bytes) & np.isfinite(rate)
+        memory = np.where(in_l2, np.minimum(dram / rate, memory), memory)
     waves = np.ceil(seqs / const("blocks_per_wave"))
-    blocks = np.maximum(seqs * num_kv_heads, 1.0)
+    blocks = np.maximum(seqs * const("block_heads"), 1.0)
     keys = context / np.maximum(seqs, 1.0)
     # As many slices as fill the SMs once, none shorter than one key tile.
     tiles = np.maximum(np.ceil(keys / DECODE_KEY_BLOCK), 1.0)
@@ -526,7 +570,7 @@ def decode_parts_many(
         + np.where(seqs > 1.0, const("copy_seconds"), 0.0)
     )
     seconds = np.maximum(memory, fixed) + overhead
-    return DecodeParts(seconds, memory, fixed, overhead, kv_bytes)
+    return DecodeParts(seconds, memory, fixed, overhead, kv_bytes, in_l2)
 
 
 def attention_decode_seconds(
@@ -574,7 +618,7 @@ def attention_decode_cost(
         dtype=dtype,
         kv_dtype=kv_dtype,
     )
-    floor = gpu.efficiency.decode_floor_us * 1e-6
+    floor = gpu.efficiency.for_kv_dtype(kv_dtype).decode_floor_us * 1e-6
     work = float(seconds) - floor
     return OpCost(
         name="attention_decode",

@@ -219,6 +219,28 @@ class GemmKernel(BaseModel):
     )
 
 
+class DecodeKernel(BaseModel):
+    """The decode-attention fields of an EfficiencyProfile fitted to one KV-cache dtype's
+    rows, where that dtype runs a kernel of its own: vLLM picks the attention backend by
+    the cache's dtype, and on Ada FlashAttention-2 cannot read an fp8 cache, so fp8
+    caches run FlashInfer's decode kernel (the L40S table's kernel_source says so).
+    Each field means what the profile field of the same name does."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    attention_decode_memory: EfficiencyCurve
+    attention_decode_floor_us: float | None = Field(ge=0)
+    decode_cta_latency_us: float = Field(ge=0)
+    decode_split_kv: Literal["always", "gqa"]
+    decode_cta_us_per_mb: float = Field(ge=0)
+    decode_split_overhead_us: float = Field(ge=0)
+    decode_gqa_copy_us: float = Field(ge=0)
+    decode_l2_bandwidth: float | None = Field(gt=0, le=1)
+
+
+DECODE_KERNEL_FIELDS: tuple[str, ...] = tuple(DecodeKernel.model_fields)
+
+
 class EfficiencyProfile(BaseModel):
     """How close real kernels on one chip come to its roofline.
 
@@ -325,6 +347,24 @@ class EfficiencyProfile(BaseModel):
         "(decode_split_kv: gqa) with more than one sequence and more than one KV head, "
         "microseconds: the swap of the query-head and token axes is then no view, so the "
         "queries and the outputs are each copied by a kernel of their own",
+    )
+    decode_l2_bandwidth: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="fraction of L2 bandwidth decode attention sustains when its KV cache "
+        "is already in L2: a micro-benchmark calling the kernel again on one cache that "
+        "fits (on the L40S's 96 MB L2 caches up to ~64 MB read at 1.4-2.4 TB/s, 2-3x its "
+        "864 GB/s GDDR6, and from ~128 MB at ~630 GB/s); a hit is never priced slower "
+        "than DRAM. Fitted only where a table's rows beat DRAM (the L40S's, not the H100's "
+        "or A100's); None: the tables are priced from DRAM. The simulator always is: in "
+        "serving each layer's cache is evicted by the rest of the step",
+    )
+    decode_by_kv_dtype: dict[str, DecodeKernel] = Field(
+        default_factory=dict,
+        description="decode attention over a KV cache of this dtype, where it runs a "
+        "kernel of its own (a fit on a table of several cache dtypes fits each apart); "
+        "no entry: the decode fields above",
     )
     launch_overhead_eager_us: float = Field(
         default=4.5,
@@ -571,11 +611,16 @@ class EfficiencyProfile(BaseModel):
 
     @field_validator("mla_decode_query_threshold_by_kv")
     @classmethod
-    def _kv_keys(cls, v: dict) -> dict:
+    def _mla_threshold_keys(cls, v: dict) -> dict:
         for name, tokens in v.items():
             if tokens < 1:
                 raise ValueError(f"{name}: a query threshold must be >= 1 token, got {tokens}")
         return _normalised_keys(v, lambda name: parse_dtype(name).value)
+
+    @field_validator("decode_by_kv_dtype")
+    @classmethod
+    def _decode_kernel_keys(cls, v: dict) -> dict:
+        return _normalised_keys(v, dtype_key)
 
     @field_validator("gemm_quant_bandwidth_by_dtype")
     @classmethod
@@ -682,6 +727,18 @@ class EfficiencyProfile(BaseModel):
             if self.attention_prefill_floor_us is None
             else self.attention_prefill_floor_us
         )
+
+    def for_kv_dtype(self, kv_dtype: object) -> EfficiencyProfile:
+        """This profile with the decode kernel fitted to `kv_dtype` caches in the decode
+        fields, where there is one (decode_by_kv_dtype)."""
+        kernel = self._for_dtype(self.decode_by_kv_dtype, kv_dtype, None)
+        if kernel is None:
+            return self
+        return self.model_copy(update={f: getattr(kernel, f) for f in DECODE_KERNEL_FIELDS})
+
+    def decode_kernel(self) -> DecodeKernel:
+        """The decode fields as a DecodeKernel (what a per-dtype fit stores)."""
+        return DecodeKernel(**{f: getattr(self, f) for f in DECODE_KERNEL_FIELDS})
 
     @property
     def decode_floor_us(self) -> float:

@@ -142,20 +142,25 @@ def check_placement(scenario: Scenario, arch: ModelArchitecture, node: NodeSpec)
 
 
 def _engine_window(arch: ModelArchitecture) -> int | None:
-    """The window the engine applies to every layer's attention. A model mixing sliding
-    and full layers (Gemma 2/3, gpt-oss, Llama 4) is priced with full attention in every
-    layer, an upper bound on its attention time, and the run says so."""
-    if arch.num_sliding_layers in (0, arch.num_layers):
-        return arch.sliding_window
+    """The window of the model's sliding-window layers, which the engine prices over each
+    sequence's last `window` keys (the others over all of them). Their KV cache is kept
+    at full length, as vLLM without its hybrid KV cache manager; vLLM V1's manager keeps
+    only the window's blocks for those layers, so it fits more long sequences: the run
+    says so."""
+    if not arch.num_sliding_layers:
+        return None
+    full = arch.num_layers - arch.num_sliding_layers
+    more = f"up to {arch.num_layers / full:.3g}x" if full else "many times"
     warnings.warn(
         f"{arch.name}: {arch.num_sliding_layers} of {arch.num_layers} layers attend to a "
-        f"{arch.sliding_window}-token window; the engine prices every layer with full "
-        "attention (an upper bound on attention time) and keeps their KV at full length, "
-        "as vLLM without its hybrid KV cache manager",
+        f"{arch.sliding_window}-token window (priced so), but the KV cache keeps their keys "
+        "at full length, as vLLM without its hybrid KV cache manager; vLLM V1's manager "
+        f"keeps only the window's blocks for those layers, fitting {more} as many "
+        "long-context tokens",
         InfersimWarning,
         stacklevel=2,
     )
-    return None
+    return arch.sliding_window
 
 
 def resolve_weight_dtype(asked: str | None, arch: ModelArchitecture) -> str:

@@ -517,10 +517,12 @@ def decode_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> DecodeParts:
     batch = sub["batch"].to_numpy(dtype=float)
     layout = np.empty(len(sub), dtype=int)
     models = []
-    for index, (key, pos) in enumerate(sub.groupby(_ATTN_COLS, sort=False).indices.items()):
-        models.append(DecodeAttention(gpu, **_head_layout(key)))
+    groups = sub.groupby([*_ATTN_COLS, "window"], sort=False, dropna=False).indices
+    for index, (key, pos) in enumerate(groups.items()):
+        models.append(DecodeAttention(gpu, **_head_layout(key[:-1]), window=int(key[-1]) or None))
         layout[pos] = index
-    return decode_parts_many(models, layout, batch, batch * seen)
+    # The benchmark calls the kernel again and again on one cache: warm in L2 if it fits.
+    return decode_parts_many(models, layout, batch, batch * seen, warm_l2=True)
 
 
 def _predict_decode(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:

@@ -138,10 +138,10 @@ def prefill_terms(gpu: AcceleratorSpec, rows: pd.DataFrame) -> Terms:
 
 
 def decode_terms(gpu: AcceleratorSpec, rows: pd.DataFrame) -> Terms:
-    """The KV-bandwidth curve scales the stream from HBM: it binds where that stream, not
-    the thread-block waves, sets the time."""
+    """The KV-bandwidth curve scales the stream from DRAM: it binds where that stream, not
+    the thread-block waves or a warm L2, sets the time."""
     parts = decode_parts(rows, gpu)
-    binds = parts.memory >= parts.fixed
+    binds = (parts.memory >= parts.fixed) & ~parts.in_l2
     curve = CurveTerm(np.maximum(parts.kv_bytes, 1.0), parts.memory, binds)
     return Terms(parts.seconds, parts.overhead, {("attention_decode_memory", None): curve})
 

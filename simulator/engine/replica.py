@@ -33,7 +33,14 @@ from simulator.engine.prefix_hashes import BlockKeys, HashedBlockManager
 from simulator.engine.requests import Outcome, RejectReason, RequestTable
 from simulator.engine.running import RunningSet
 from simulator.engine.scheduler import IterationPolicy, IterationScheduler, StepPlan
-from simulator.engine.step_cost import DecodeSteps, StepCost, StepCostModel
+from simulator.engine.step_cost import (
+    DecodeSteps,
+    StepCost,
+    StepCostModel,
+    WindowSums,
+    window_keys,
+    window_sums,
+)
 from simulator.engine.step_log import StepLog
 from simulator.engine.waiting import WaitingQueue
 from simulator.metrics.step_totals import StepTotals
@@ -58,7 +65,7 @@ class ReplicaConfig:
     swap_seconds_per_block: float = 0.0
     max_queue_delay_s: float = 0.0
     max_waiting: int | None = None
-    sliding_window: int | None = None
+    sliding_window: int | None = None  # of the model's sliding-window layers, if any
     priority_preemption: bool = True
     reserve_full_sequence: bool = True
     multi_step: bool = True
@@ -341,12 +348,12 @@ class Replica:
         )
 
     def _decode_keys(self, dec: np.ndarray) -> int:
-        """Keys the decodes of a step attend: each its cached tokens plus the new one."""
-        run, window = self.running, self.cfg.sliding_window
-        if not window and len(dec) == run.decode_count:
+        """Keys the decodes of a step attend in full-attention layers: each its cached
+        tokens plus the new one."""
+        run = self.running
+        if len(dec) == run.decode_count:
             return run.decode_computed + len(dec)  # kept up to date by the running set
-        keys = run.decode_computed_of(dec) + 1
-        return int(np.sum(np.minimum(keys, window) if window else keys))
+        return int(np.sum(run.decode_computed_of(dec) + 1))
 
     # ---- one step ----------------------------------------------------------------------
     def _price_step(self, plan: StepPlan) -> tuple[float, bool]:
@@ -362,15 +369,17 @@ class Replica:
         """Price one scheduled step (a dp rank's: its forward pass over at least
         `padded_tokens`, its MoE layers over all ranks' `moe_tokens`): its cost and
         whether it completes a request."""
-        run, cfg = self.running, self.cfg
+        run = self.running
         dec = plan.decode_slots
         n = len(dec)
         prefill_tokens = pairs = context = finishing = 0
         completes = False
+        chunks = []  # (new tokens, kv length) of each chunk, for sliding-window layers
         for slot, chunk in zip(plan.prefill_slots, plan.prefill_chunks, strict=True):
             kv_len = int(run.computed[slot]) + chunk
-            pairs += causal_pairs(chunk, kv_len, cfg.sliding_window)
+            pairs += causal_pairs(chunk, kv_len)
             context += kv_len
+            chunks.append((chunk, kv_len))
             prefill_tokens += chunk
             if kv_len >= run.target[slot]:
                 finishing += 1
@@ -391,8 +400,16 @@ class Replica:
             sampled=n + finishing,
             padded_tokens=padded_tokens,
             moe_tokens=moe_tokens,
+            window=self._window_sums(dec, chunks),
         )
         return cost, completes
+
+    def _window_sums(self, dec: np.ndarray, chunks: list[tuple[int, int]]) -> WindowSums | None:
+        """The step's sums over each sequence's sliding window (None: no layer slides)."""
+        window = self.cfg.sliding_window
+        if not window:
+            return None
+        return window_sums(window, self.running.decode_computed_of(dec) + 1, chunks)
 
     def log_step(
         self, plan: StepPlan, seconds: float, cost: StepCost, held: tuple[int, int] | None = None
@@ -487,13 +504,13 @@ class Replica:
         min_remaining = run.min_remaining()
         steps = min(min_remaining, MAX_RUN_STEPS)
         pricer = self.cost.decode_steps(len(dec))
-        contexts = self._run_contexts(dec, steps)
-        first = pricer.price(int(contexts[0]))
+        contexts, windowed = self._run_contexts(dec, steps)
+        first = pricer.price(int(contexts[0]), int(windowed[0]) if windowed is not None else 0)
         expected = min(steps, (self.clock.next_arrival - self.t) / first[0])
         if expected <= STEPWISE_RUN_STEPS:
-            ends, blocks = self._price_run_stepwise(pricer, first, contexts, steps)
+            ends, blocks = self._price_run_stepwise(pricer, first, contexts, windowed, steps)
         else:
-            ends, blocks = self._price_run_vectorised(pricer, contexts)
+            ends, blocks = self._price_run_vectorised(pricer, contexts, windowed)
         # Each step takes its blocks when it starts: a router looking during the last
         # step (an arrival cut the run) sees them all, as it would stepping one by one.
         self.kv.allocate(blocks)
@@ -510,18 +527,27 @@ class Replica:
         if k == min_remaining:
             self._finish(run.finished(), end)
 
-    def _run_contexts(self, dec: np.ndarray, steps: int) -> np.ndarray | range:
-        """Total keys the decodes attend at each step of a run."""
-        window = self.cfg.sliding_window
-        if window:
-            offsets = _STEP_OFFSETS[:steps]
-            keys = self.running.decode_computed_of(dec)[:, None] + 1 + offsets[None, :]
-            return np.minimum(keys, window).sum(axis=0)
+    def _run_contexts(
+        self, dec: np.ndarray, steps: int
+    ) -> tuple[np.ndarray | range, np.ndarray | None]:
+        """Total keys the decodes attend at each step of a run: in full-attention layers,
+        and in sliding-window ones (None: no layer slides)."""
         n, first = len(dec), self._decode_keys(dec)
-        return range(first, first + n * steps, n)
+        full = range(first, first + n * steps, n)
+        window = self.cfg.sliding_window
+        if not window:
+            return full, None
+        offsets = _STEP_OFFSETS[:steps]
+        keys = self.running.decode_computed_of(dec)[:, None] + 1 + offsets[None, :]
+        return full, window_keys(keys, window).sum(axis=0)
 
     def _price_run_stepwise(
-        self, pricer: DecodeSteps, first: tuple, contexts: np.ndarray | range, steps: int
+        self,
+        pricer: DecodeSteps,
+        first: tuple,
+        contexts: np.ndarray | range,
+        windowed: np.ndarray | None,
+        steps: int,
     ) -> tuple[list[float], int]:
         """Price and log a run step by step (`first` is step 0's DecodeSteps.price): the
         end of each step and the KV blocks the steps after the first need."""
@@ -541,7 +567,8 @@ class Replica:
                 if end >= arrival or blocks + need > free:
                     break
                 start = end
-                seconds, _, flops, dram, bound = price(int(contexts[j]))
+                window = int(windowed[j]) if windowed is not None else 0
+                seconds, _, flops, dram, bound = price(int(contexts[j]), window)
                 end = start + seconds
                 if end >= horizon or end > fault:
                     break
@@ -552,13 +579,13 @@ class Replica:
         return ends, blocks
 
     def _price_run_vectorised(
-        self, pricer: DecodeSteps, contexts: np.ndarray | range
+        self, pricer: DecodeSteps, contexts: np.ndarray | range, windowed: np.ndarray | None
     ) -> tuple[list[float], int]:
         """Price and log a run in one vectorised call: the end of each step and the KV
         blocks the steps after the first need."""
         if isinstance(contexts, range):
             contexts = contexts.start + contexts.step * _STEP_OFFSETS[: len(contexts)]
-        seconds, flops, dram, bound = pricer.many(contexts)
+        seconds, flops, dram, bound = pricer.many(contexts, windowed)
         times = _step_times(self.t, seconds)
         k, cum_blocks = self._run_length(times)
         times, seconds = times[: k + 1], seconds[:k]
@@ -636,13 +663,15 @@ class Replica:
             now = self.env.now
             req.first_scheduled[batch] = now
             # Prefill: every prompt padded to the longest in the batch.
+            window = self.cfg.sliding_window
             cost = self.cost.step(
                 decode_seqs=0,
                 decode_context=0,
                 prefill_seqs=n,
                 prefill_tokens=n * prompt,
-                prefill_pairs=n * causal_pairs(prompt, prompt, self.cfg.sliding_window),
+                prefill_pairs=n * causal_pairs(prompt, prompt),
                 prefill_context=n * prompt,
+                window=window_sums(window, np.empty(0), [(prompt, prompt)] * n) if window else None,
             )
             self.log.step(
                 now, cost.seconds, n, 0, n * prompt, self.kv.used, len(self.waiting),
@@ -665,9 +694,9 @@ class Replica:
             self._complete_batch(batch, first)
             return
         keys = prompt + 1 + np.arange(steps)
-        if self.cfg.sliding_window:
-            keys = np.minimum(keys, self.cfg.sliding_window)
-        seconds, flops, dram, bound = self.cost.decode_run(n, n * keys)
+        window = self.cfg.sliding_window
+        windowed = n * window_keys(keys, window) if window else None
+        seconds, flops, dram, bound = self.cost.decode_run(n, n * keys, windowed)
         times = _step_times(first, seconds)
         ends = times[1:]
         self.log.steps_many(

@@ -3,10 +3,13 @@
 A step runs every layer once over all scheduled tokens: prefill chunks and decodes share
 the GEMMs (their cost depends only on the token count, memoised), while attention is
 priced from batch sums (decode: sequences and total context; prefill: tokens, attended
-query-key pairs and keys read). Python work per step is therefore independent of the
-batch size. Decode-only steps of a given batch size (most steps) have everything but
-their attended keys worked out once (DecodeSteps), and a run of them can be priced in
-one vectorised call; every way gives the same numbers, to the last bit.
+query-key pairs and keys read). A model with sliding-window layers (Mistral, and mixed
+with full layers gpt-oss and Gemma 2/3) prices those layers from the same sums taken
+over each sequence's last `window` keys, with the windowed kernel. Python work per step
+is therefore independent of the batch size. Decode-only steps of a given batch size
+(most steps) have everything but their attended keys worked out once (DecodeSteps), and
+a run of them can be priced in one vectorised call; every way gives the same numbers, to
+the last bit.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from hardware_models.accelerator import AcceleratorSpec
-from hardware_models.attention import DecodeAttention, PrefillAttention
+from hardware_models.attention import DecodeAttention, PrefillAttention, causal_pairs
 from hardware_models.collectives import collective_cost
 from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
 from hardware_models.errors import InfeasibleError
@@ -119,6 +122,33 @@ class StepCost(NamedTuple):
     bound: StepBound
 
 
+class WindowSums(NamedTuple):
+    """A step's attention sums over each sequence's last `window` keys: what its
+    sliding-window layers attend (see window_sums)."""
+
+    decode_context: int = 0
+    prefill_pairs: float = 0.0
+    prefill_context: int = 0
+
+
+_NO_WINDOW = WindowSums()
+
+
+def window_keys(kv_len, window: int):
+    """Keys one sliding-window layer attends for a decoding sequence of `kv_len` keys
+    (scalars or numpy arrays)."""
+    return np.minimum(kv_len, window)
+
+
+def window_sums(window: int, decode_kv: np.ndarray, chunks: list[tuple[int, int]]) -> WindowSums:
+    """WindowSums of a step: decodes over `decode_kv` keys each, prefill `chunks` of
+    (new tokens, kv length). A chunk's queries see the window before each of them: the
+    banded causal pairs, and keys read from the chunk's start less the window."""
+    pairs = sum(causal_pairs(chunk, kv, window) for chunk, kv in chunks)
+    context = sum(min(kv, chunk + window - 1) for chunk, kv in chunks)
+    return WindowSums(int(np.sum(window_keys(decode_kv, window))), pairs, context)
+
+
 class DecodeSteps:
     """Decode-only steps of a fixed number of sequences: step() for them with everything
     but the attended keys worked out once. `one` (or `price`, its plain-tuple form)
@@ -130,7 +160,7 @@ class DecodeSteps:
         fixed = model._rank_fixed(max(seqs, padded), seqs, moe)
         self.seqs = seqs
         self.parts = tuple(fixed.seconds)  # by StepBound; attention adds to MEMORY
-        self.layers = model._layers
+        self.layers = model._full_layers
         self.launch = model._launch_seconds(fixed.kernels)
         self.host = model.host_seconds(seqs)
         self.overlap = model._async  # host work hidden under the GPU's
@@ -141,6 +171,13 @@ class DecodeSteps:
         self.attention = model._decode_attention
         self._terms = self.attention.batch_terms(seqs)
         self._one_step = self.attention.one_step_for(seqs)  # one_step for this batch
+        # Sliding-window layers: their own kernel over the windowed keys (None: none).
+        self.window_layers = model._window_layers
+        self.window_rank_layers = self.window_layers * ranks
+        self.window_attention = model._window_decode
+        self._window_step = (
+            self.window_attention.one_step_for(seqs) if self.window_attention else None
+        )
         # The bound when the memory part does not lead: the first largest other part.
         others = list(self.parts)
         others[_MEMORY] = -math.inf
@@ -148,15 +185,20 @@ class DecodeSteps:
         self._before = max(self.parts[:_MEMORY])
         self._after = max(self.parts[_MEMORY + 1 :])
 
-    def one(self, context: int) -> StepCost:
-        """The step whose decodes attend `context` keys in total."""
-        return StepCost(*self.price(context))
+    def one(self, context: int, window_context: int = 0) -> StepCost:
+        """The step whose decodes attend `context` keys in total in full-attention
+        layers and `window_context` in sliding-window ones."""
+        return StepCost(*self.price(context, window_context))
 
-    def price(self, context: int) -> tuple[float, float, float, float, StepBound]:
+    def price(
+        self, context: int, window_context: int = 0
+    ) -> tuple[float, float, float, float, StepBound]:
         """one() as a plain tuple in StepCost's order (cheaper to build, and the replica
         prices runs of decode steps with it one step at a time)."""
         attention = self.attention
-        if self._terms is None:
+        if not self.layers:  # every layer slides
+            attn_s = attn_f = attn_d = 0.0
+        elif self._terms is None:
             attn_s, attn_f, attn_d = self._one_step(context)
         else:  # DecodeAttention.one_step with its constant terms worked out once
             seq_bytes, bandwidth, waves = self._terms
@@ -167,6 +209,10 @@ class DecodeSteps:
         b0, b1, b2, b3, b4 = self.parts
         layers = self.layers
         memory = b1 + attn_s * layers
+        window_f = window_d = 0.0
+        if self._window_step is not None:
+            window_s, window_f, window_d = self._window_step(window_context)
+            memory = memory + window_s * self.window_layers
         gpu_seconds = b0 + memory + b2 + b3 + b4 + self.launch  # sum() of the parts, in order
         host = self.host
         if self.overlap:
@@ -181,17 +227,29 @@ class DecodeSteps:
             bound = _STEP_BOUNDS[self._other_bound]
         ranks = self.rank_layers
         flops = self.fixed_flops + attn_f * ranks
-        return seconds, gpu_seconds, flops, self.fixed_dram + attn_d * ranks, bound
+        dram = self.fixed_dram + attn_d * ranks
+        if self._window_step is not None:
+            flops = flops + window_f * self.window_rank_layers
+            dram = dram + window_d * self.window_rank_layers
+        return seconds, gpu_seconds, flops, dram, bound
 
     def many(
-        self, contexts: np.ndarray
+        self, contexts: np.ndarray, window_contexts: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | int]:
-        """Consecutive steps, `contexts[j]` keys attended at step j: per-step (seconds,
-        flops, dram_bytes) arrays and the bound (an array, or one value for them all)."""
-        attn_s, attn_f, attn_d = self.attention(self.seqs, contexts)
+        """Consecutive steps, `contexts[j]` keys attended at step j (`window_contexts[j]`
+        in sliding-window layers): per-step (seconds, flops, dram_bytes) arrays and the
+        bound (an array, or one value for them all)."""
+        if self.layers:
+            attn_s, attn_f, attn_d = self.attention(self.seqs, contexts)
+        else:
+            attn_s = attn_f = attn_d = 0.0
         b0, b1, b2, b3, b4 = self.parts
         layers = self.layers
         memory = b1 + attn_s * layers
+        window = None
+        if self.window_attention is not None:
+            window = self.window_attention(self.seqs, window_contexts)
+            memory = memory + window[0] * self.window_layers
         gpu_seconds = b0 + memory
         for part in (b2, b3, b4):
             if part:  # adding an exact 0.0 changes nothing
@@ -201,6 +259,9 @@ class DecodeSteps:
         seconds = np.maximum(gpu_seconds, host) if self.overlap else gpu_seconds + host
         flops = self.fixed_flops + attn_f * self.rank_layers
         dram = self.fixed_dram + attn_d * self.rank_layers
+        if window is not None:
+            flops = flops + window[1] * self.window_rank_layers
+            dram = dram + window[2] * self.window_rank_layers
         return seconds, flops, dram, self._bounds(memory, gpu_seconds)
 
     def _bounds(self, memory: np.ndarray, gpu_seconds: np.ndarray) -> np.ndarray | int:
@@ -267,6 +328,8 @@ class StepCostModel:
         self.ep_link = self._link(tp * self.dp, "parallelism.dp: the MoE dispatch (tp x dp)")
         # Constants of every step, looked up once (step() runs tens of thousands of times).
         self._layers = arch.num_layers
+        self._window_layers = arch.num_sliding_layers
+        self._full_layers = arch.num_layers - self._window_layers
         self._step_us, self._per_seq_us = self.overheads.step_us, self.overheads.per_seq_us
         self._async = self.overheads.async_scheduling
         eff = gpu.efficiency
@@ -282,6 +345,9 @@ class StepCostModel:
         self._rank_cache: dict[tuple[int, int, int], _Part] = {}
         self._decode_steps: dict[int | tuple[int, int, int], DecodeSteps] = {}
         self._prefill_attention, self._decode_attention = self._attention()
+        self._window_prefill, self._window_decode = (
+            self._attention(arch.sliding_window) if self._window_layers else (None, None)
+        )
 
     # ---- configuration -------------------------------------------------------------
     def _tensor_native(self, dtype: Dtype) -> bool:
@@ -331,9 +397,15 @@ class StepCostModel:
         links = ((self.node.intra_node_link, inside), (self.node.inter_node_link, crossing))
         return [(link, count) for link, count in links if count and link is not None]
 
-    def _attention(self) -> tuple:
-        """(prefill, decode) attention of one layer on one rank: GQA/MHA, or MLA."""
+    def _attention(self, window: int | None = None) -> tuple:
+        """(prefill, decode) attention of one layer on one rank: GQA/MHA, or MLA; with a
+        sliding `window`, the kernels as they run over a window."""
         a, dtypes = self.arch, {"dtype": self.act_dtype, "kv_dtype": self.kv_dtype}
+        if a.is_mla and window:
+            raise InfeasibleError(
+                f"{a.name}: sliding-window layers with multi-head latent attention are not "
+                "modelled (no such model is published)"
+            )
         if a.is_mla:
             shape = mla_shape(a, self.tp)
             prefill = MlaPrefillAttention(
@@ -346,8 +418,8 @@ class StepCostModel:
             return prefill, MlaDecodeAttention(self.gpu, shape, **dtypes)
         heads = {"num_heads": self.heads, "num_kv_heads": self.kv_heads, "head_dim": a.head_dim}
         return (
-            PrefillAttention(self.gpu, **heads, **dtypes),
-            DecodeAttention(self.gpu, **heads, **dtypes),
+            PrefillAttention(self.gpu, **heads, **dtypes, window=window),
+            DecodeAttention(self.gpu, **heads, **dtypes, window=window),
         )
 
     # ---- memoised parts ------------------------------------------------------------
@@ -508,35 +580,51 @@ class StepCostModel:
         sampled: int | None = None,
         padded_tokens: int = 0,
         moe_tokens: int = 0,
+        window: WindowSums | None = None,
     ) -> StepCost:
         """One step: `decode_seqs` decodes attending `decode_context` keys in total, plus
         prefill chunks (`prefill_tokens` new tokens over `prefill_seqs` sequences). A dp
         rank's step runs over `padded_tokens` when that is more (vLLM pads every rank to
-        the largest's count), and its MoE layers over all ranks' `moe_tokens`."""
+        the largest's count), and its MoE layers over all ranks' `moe_tokens`. `window`:
+        the same sums over each sequence's last sliding_window keys, for a model with
+        sliding-window layers (see window_sums)."""
         tokens = max(decode_seqs + prefill_tokens, padded_tokens)  # a dummy pass: padding
         if tokens < 1:
             raise ValueError("a step must schedule at least one token")
+        if self._window_layers and window is None and (decode_seqs or prefill_tokens):
+            raise ValueError(f"{self.arch.name} has sliding-window layers: pass `window`")
+        window = window or _NO_WINDOW
         if decode_seqs and not (prefill_tokens or prefill_seqs) and sampled in (None, decode_seqs):
-            return self.decode_steps(decode_seqs, tokens, moe_tokens).one(decode_context)
+            steps = self.decode_steps(decode_seqs, tokens, moe_tokens)
+            return steps.one(decode_context, window.decode_context)
         sampled = decode_seqs + prefill_seqs if sampled is None else sampled
         fixed = self._rank_fixed(tokens, sampled, moe_tokens)
         by_bound = fixed.seconds.copy()
         flops, dram, kernels = fixed.flops, fixed.dram_bytes, fixed.kernels
-        layers = self._layers
-        if prefill_tokens:
-            seconds, f, d, compute, memory = self._prefill_attention(
-                prefill_seqs, prefill_tokens, prefill_pairs, prefill_context
-            )
-            by_bound[_COMPUTE if compute >= memory else _MEMORY] += seconds * layers
-            flops += f * layers
-            dram += d * layers
+        groups = (
+            (self._full_layers, self._prefill_attention, self._decode_attention, None),
+            (self._window_layers, self._window_prefill, self._window_decode, window),
+        )
+        for layers, prefill, decode, sums in groups:
+            if not layers:
+                continue
+            pairs, context, keys = prefill_pairs, prefill_context, decode_context
+            if sums is not None:
+                pairs, context, keys = sums.prefill_pairs, sums.prefill_context, sums.decode_context
+            if prefill_tokens:
+                seconds, f, d, compute, memory = prefill(
+                    prefill_seqs, prefill_tokens, pairs, context
+                )
+                by_bound[_COMPUTE if compute >= memory else _MEMORY] += seconds * layers
+                flops += f * layers
+                dram += d * layers
+                if decode_seqs:
+                    kernels += layers  # prefill and decode attention are separate kernels
             if decode_seqs:
-                kernels += layers  # prefill and decode attention are separate kernels
-        if decode_seqs:
-            seconds, f, d = self._decode_attention.one_step(decode_seqs, decode_context)
-            by_bound[_MEMORY] += seconds * layers
-            flops += f * layers
-            dram += d * layers
+                seconds, f, d = decode.one_step(decode_seqs, keys)
+                by_bound[_MEMORY] += seconds * layers
+                flops += f * layers
+                dram += d * layers
         gpu_seconds = sum(by_bound) + self._launch_seconds(kernels)
         host = self.host_seconds(decode_seqs + prefill_seqs)
         seconds = max(gpu_seconds, host) if self._async else gpu_seconds + host
@@ -557,12 +645,13 @@ class StepCostModel:
         return steps
 
     def decode_run(
-        self, seqs: int, contexts: np.ndarray
+        self, seqs: int, contexts: np.ndarray, window_contexts: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | int]:
         """Consecutive decode-only steps with a fixed batch: `contexts[j]` is the total
-        keys attended at step j. Per-step (seconds, flops, dram_bytes) arrays and the
-        bound (an array, or one value for the whole run), as step() prices each."""
-        return self.decode_steps(seqs).many(contexts)
+        keys attended at step j (`window_contexts[j]` in sliding-window layers). Per-step
+        (seconds, flops, dram_bytes) arrays and the bound (an array, or one value for the
+        whole run), as step() prices each."""
+        return self.decode_steps(seqs).many(contexts, window_contexts)
 
     @property
     def peak_flops(self) -> float:
