@@ -3,6 +3,12 @@
 `nbytes` is the size of the full buffer each GPU holds (the all-reduce input, the
 all-gather output). Traffic terms are the standard ones for ring and tree algorithms
 (Thakur, Rabenseifner and Gropp 2005; NCCL's bus-bandwidth definitions).
+
+Over a link with a PCIe fabric (node preset `intra_node_link.fabric`) each GPU's traffic
+gets the share of its link rate that the flows sharing the tree leave it
+(pcie_fabric.fabric_share), a call pays the fabric's fixed latency once, and the tree is
+a chain, as NCCL builds it inside one node (its tuning model counts nRanks - 1 intra-node
+hops each way for the tree), so the ring wins at every size there.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from enum import StrEnum
 from hardware_models.errors import InfersimError
 from hardware_models.node import LinkSpec
 from hardware_models.op_cost import Bound, OpCost
+from hardware_models.pcie_fabric import fabric_share
 
 
 class Collective(StrEnum):
@@ -57,6 +64,20 @@ def _tree(op: Collective, nbytes: float, p: int) -> tuple[int, float]:
     return _ring(op, nbytes, p)  # NCCL uses trees only for all-reduce
 
 
+def _chain(op: Collective, nbytes: float, p: int) -> tuple[int, float]:
+    """NCCL's tree inside one node: a chain down and back up, the buffer each way."""
+    if op == Collective.ALL_REDUCE:
+        return 2 * (p - 1), 2 * nbytes
+    return _ring(op, nbytes, p)
+
+
+def _pattern(op: Collective) -> str:
+    """The flows a collective runs at once (pcie_fabric's patterns)."""
+    if op == Collective.ALL_TO_ALL:
+        return "all_to_all"
+    return "pair" if op == Collective.SEND_RECV else "ring"
+
+
 def collective_cost(
     op: Collective | str,
     nbytes: float,
@@ -74,14 +95,20 @@ def collective_cost(
     if num_gpus == 1 and op != Collective.SEND_RECV:
         return OpCost(op.value, 0.0, 0.0, 0.0, 0.0, Bound.COMMUNICATION)
     p = max(num_gpus, 2)
-    candidates = {Algorithm.RING: _ring(op, nbytes, p), Algorithm.TREE: _tree(op, nbytes, p)}
+    tree = _tree if link.fabric is None else _chain
+    candidates = {Algorithm.RING: _ring(op, nbytes, p), Algorithm.TREE: tree(op, nbytes, p)}
     chosen = candidates if algorithm == Algorithm.AUTO else {algorithm: candidates[algorithm]}
     alpha = link.latency_us * 1e-6
+    rate = link.bytes_per_second
+    if link.fabric is not None:
+        rate *= fabric_share(link, _pattern(op), p)
     best = min(
-        (steps * alpha + sent / link.bytes_per_second, steps * alpha, sent)
-        for steps, sent in chosen.values()
+        (steps * alpha + sent / rate, steps * alpha, sent) for steps, sent in chosen.values()
     )
     seconds, latency, sent = best
+    if link.fabric is not None:
+        seconds += link.fabric.call_latency_us * 1e-6
+        latency += link.fabric.call_latency_us * 1e-6
     bound = Bound.LATENCY if latency >= seconds - latency else Bound.COMMUNICATION
     return OpCost(
         name=op.value,

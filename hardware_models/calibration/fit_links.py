@@ -5,7 +5,9 @@ and its bus bandwidth both change with the number of ranks (2-GPU calls move les
 half all-reduces use in-switch reduction), which one alpha-beta pair cannot follow. The
 model prices a call as the faster of ring and tree, min over algorithms of
 steps * alpha + bytes sent / (bandwidth * efficiency), so the fit searches a grid of
-(alpha, efficiency) against that same expression and keeps the lowest MAPE.
+(alpha, efficiency) against that same expression and keeps the lowest MAPE. Over a PCIe
+fabric the bytes are those sent at the GPU's full link rate (the share the fabric
+leaves it divided out) and the fabric's fixed call latency is added as it is priced.
 """
 
 from __future__ import annotations
@@ -22,9 +24,18 @@ EFFICIENCIES = np.linspace(0.02, 1.0, 99)
 _UNIT = LinkSpec(kind="nvlink", bandwidth_gbps=1.0, latency_us=1.0, efficiency=1.0)
 
 
-def _steps_and_bytes(op: str, nbytes: float, gpus: int, algorithm: str) -> tuple[float, float]:
-    cost = collective_cost(op, nbytes, gpus, _UNIT, algorithm)
-    return cost.overhead_seconds * 1e6, cost.memory_seconds * 1e9
+def _terms(
+    op: str, nbytes: float, gpus: int, algorithm: str, base: LinkSpec
+) -> tuple[float, float, float]:
+    """(latency steps, bytes at the full link rate, fixed seconds) of one algorithm."""
+    if base.fabric is None:
+        cost = collective_cost(op, nbytes, gpus, _UNIT, algorithm)
+        return cost.overhead_seconds * 1e6, cost.memory_seconds * 1e9, 0.0
+    fixed = base.fabric.call_latency_us * 1e-6
+    unit = base.model_copy(update={"latency_us": 1.0, "efficiency": 1.0})
+    cost = collective_cost(op, nbytes, gpus, unit, algorithm)
+    sent = cost.memory_seconds * base.bandwidth_gbps * 1e9
+    return (cost.overhead_seconds - fixed) * 1e6, sent, fixed
 
 
 def fit_link(rows: pd.DataFrame, base: LinkSpec) -> LinkSpec:
@@ -32,14 +43,13 @@ def fit_link(rows: pd.DataFrame, base: LinkSpec) -> LinkSpec:
     measured = rows["measured_s"].to_numpy(dtype=float)
     shapes = list(zip(rows["op_class"], rows["nbytes"], rows["num_gpus"], strict=True))
     algos = [
-        np.array([_steps_and_bytes(op, nb, int(p), algorithm) for op, nb, p in shapes])
+        np.array([_terms(op, nb, int(p), algorithm, base) for op, nb, p in shapes])
         for algorithm in ("ring", "tree")
     ]
     alpha = ALPHAS_US[:, None, None] * 1e-6
     beta = base.bandwidth_gbps * 1e9 * EFFICIENCIES[None, :, None]
-    predicted = np.minimum(
-        *(steps_sent[:, 0] * alpha + steps_sent[:, 1] / beta for steps_sent in algos)
-    )
+    predicted = np.minimum(*(terms[:, 0] * alpha + terms[:, 1] / beta for terms in algos))
+    predicted = predicted + algos[0][:, 2]
     score = np.mean(np.abs(predicted - measured) / measured, axis=2)
     i, j = np.unravel_index(np.argmin(score), score.shape)
     return base.model_copy(
