@@ -41,9 +41,6 @@ class PcieFabric(BaseModel):
     inter_socket_gbps: float = Field(
         gt=0, description="CPU-to-CPU link (UPI, xGMI), one direction, GB/s"
     )
-    call_latency_us: float = Field(
-        default=0.0, ge=0, description="fixed cost of one collective call, microseconds"
-    )
 
     @model_validator(mode="after")
     def _switches_fill_sockets(self) -> PcieFabric:
