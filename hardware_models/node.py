@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -69,6 +76,15 @@ class LinkSpec(BaseModel):
         default=None,
         description="the PCIe tree the GPUs share (None: every GPU has the full link rate)",
     )
+
+    @model_serializer(mode="wrap")
+    def _without_absent_fabric(self, handler: SerializerFunctionWrapHandler) -> dict:
+        """A link without a fabric is written as before there were fabrics (profiles'
+        `links:` records stay byte-identical)."""
+        data = handler(self)
+        if self.fabric is None:
+            data.pop("fabric", None)
+        return data
 
     @model_validator(mode="after")
     def _fabric_is_pcie(self) -> LinkSpec:
