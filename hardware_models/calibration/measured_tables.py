@@ -62,6 +62,7 @@ from hardware_models.attention import (
     decode_parts_many,
     prefill_many,
 )
+from hardware_models.calibration.frame_memo import per_frame
 from hardware_models.calibration.moe_mla_tables import (
     EXTRA_COLUMNS,
     MLA_FILES,
@@ -426,7 +427,7 @@ def supported_mask(
     return ok
 
 
-def _unique_groups(sub: pd.DataFrame, cols: list[str]) -> tuple[pd.DataFrame, np.ndarray]:
+def unique_groups(sub: pd.DataFrame, cols: list[str]) -> tuple[pd.DataFrame, np.ndarray]:
     """(one row per distinct shape, the distinct-shape index of every row of `sub`)."""
     codes = sub.groupby(cols, sort=False, dropna=False).ngroup().to_numpy()
     first = pd.Series(np.arange(len(sub))).groupby(codes).first().sort_index()
@@ -443,7 +444,7 @@ def gemm_kernel_dtype(table: pd.DataFrame) -> pd.Series:
 
 def _predict_gemm(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
     sub = sub.assign(dtype=gemm_kernel_dtype(sub))
-    uniq, codes = _unique_groups(sub, ["m", "n", "k", "dtype"])
+    uniq, codes = unique_groups(sub, ["m", "n", "k", "dtype"])
     secs = np.empty(len(uniq))
     for dtype, pos in uniq.groupby("dtype", sort=False).indices.items():
         shapes = uniq.iloc[pos]
@@ -466,40 +467,57 @@ def _head_layout(key: tuple) -> dict[str, Any]:
     }
 
 
-def prefill_table(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
-    """(seconds, compute s, memory s, DRAM bytes) of each prefill row as the benchmark
-    ran it (uniform_prefill_cost), one attention model per head layout and window: a fit
-    prices every row for each candidate it tries."""
+def _prefill_layouts(sub: pd.DataFrame) -> tuple[tuple, list[tuple], np.ndarray]:
+    """What prefill_table needs of the rows alone: (batch, calls' tokens, attended pairs,
+    keys read), one head layout and window per model, and each row's model."""
     batch, q_len, kv_len, window = (
         sub[c].to_numpy(dtype=float) for c in ("batch", "q_len", "kv_len", "window")
     )
     pairs = batch * causal_pairs_many(q_len, kv_len, window)
     layout = np.empty(len(sub), dtype=int)
-    models = []
+    keys = []
     groups = sub.groupby([*_ATTN_COLS, "window"], sort=False, dropna=False).indices
     for index, (key, pos) in enumerate(groups.items()):
-        models.append(PrefillAttention(gpu, **_head_layout(key[:-1]), window=int(key[-1]) or None))
+        keys.append(key)
         layout[pos] = index
-    args = (batch, batch * q_len, pairs, batch * kv_len)
+    return (batch, batch * q_len, pairs, batch * kv_len), keys, layout
+
+
+def prefill_table(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
+    """(seconds, compute s, memory s, DRAM bytes) of each prefill row as the benchmark
+    ran it (uniform_prefill_cost), one attention model per head layout and window: a fit
+    prices every row for each candidate it tries (the rows' part once per frame)."""
+    args, keys, layout = per_frame(sub, "prefill_layouts", _prefill_layouts)
+    models = [
+        PrefillAttention(gpu, **_head_layout(key[:-1]), window=int(key[-1]) or None) for key in keys
+    ]
     seconds, _, dram, compute, memory = prefill_many(models, layout, *args)
     return np.column_stack((seconds, compute, memory, dram))
 
 
 def _predict_prefill(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
-    uniq, codes = _unique_groups(sub, ["batch", "q_len", "kv_len", "window", *_ATTN_COLS])
+    uniq, codes = unique_groups(sub, ["batch", "q_len", "kv_len", "window", *_ATTN_COLS])
     return prefill_table(uniq, gpu)[:, 0][codes]
+
+
+def _decode_layouts(sub: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, list[tuple], np.ndarray]:
+    """What decode_parts needs of the rows alone: (batch, keys read, head layouts, each
+    row's layout)."""
+    seen = decode_keys_read(sub["kv_len"], sub["window"])
+    batch = sub["batch"].to_numpy(dtype=float)
+    layout = np.empty(len(sub), dtype=int)
+    keys = []
+    for index, (key, pos) in enumerate(sub.groupby(_ATTN_COLS, sort=False).indices.items()):
+        keys.append(key)
+        layout[pos] = index
+    return batch, batch * seen, keys, layout
 
 
 def decode_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> DecodeParts:
     """Every decode row priced term by term, as the fit and the predictions need it."""
-    seen = decode_keys_read(sub["kv_len"], sub["window"])
-    batch = sub["batch"].to_numpy(dtype=float)
-    layout = np.empty(len(sub), dtype=int)
-    models = []
-    for index, (key, pos) in enumerate(sub.groupby(_ATTN_COLS, sort=False).indices.items()):
-        models.append(DecodeAttention(gpu, **_head_layout(key)))
-        layout[pos] = index
-    return decode_parts_many(models, layout, batch, batch * seen)
+    batch, context, keys, layout = per_frame(sub, "decode_layouts", _decode_layouts)
+    models = [DecodeAttention(gpu, **_head_layout(key)) for key in keys]
+    return decode_parts_many(models, layout, batch, context)
 
 
 def _predict_decode(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
@@ -507,7 +525,7 @@ def _predict_decode(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
 
 
 def _predict_collective(sub: pd.DataFrame, link: LinkSpec) -> np.ndarray:
-    uniq, codes = _unique_groups(sub, ["op_class", "nbytes", "num_gpus"])
+    uniq, codes = unique_groups(sub, ["op_class", "nbytes", "num_gpus"])
     secs = np.array(
         [
             collective_cost(op, float(nb), int(p), link).seconds

@@ -16,7 +16,12 @@ import pandas as pd
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.attention import keys_per_query
-from hardware_models.calibration.measured_tables import decode_parts, prefill_table
+from hardware_models.calibration.frame_memo import per_frame
+from hardware_models.calibration.measured_tables import (
+    decode_parts,
+    prefill_table,
+    unique_groups,
+)
 from hardware_models.dtypes import bytes_per_element, parse_dtype
 from hardware_models.efficiency import EfficiencyProfile, dtype_key
 from hardware_models.errors import InfersimError
@@ -43,9 +48,8 @@ class Terms:
 
 
 def _unique(sub: pd.DataFrame, cols: list[str]) -> tuple[pd.DataFrame, np.ndarray]:
-    codes = sub.groupby(cols, sort=False, dropna=False).ngroup().to_numpy()
-    first = pd.Series(np.arange(len(sub))).groupby(codes).first().sort_index()
-    return sub.iloc[first.to_numpy()][cols], codes
+    """unique_groups, once per frame (the fit prices the same rows for every candidate)."""
+    return per_frame(sub, "unique:" + ",".join(cols), lambda frame: unique_groups(frame, cols))
 
 
 def gemm_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, kernel: str) -> Terms:
