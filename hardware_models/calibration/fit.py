@@ -33,7 +33,7 @@ from hardware_models.calibration.operator_terms import (
     with_value,
 )
 from hardware_models.dtypes import bytes_per_element, parse_dtype
-from hardware_models.efficiency import EfficiencyProfile, GemmKernel, dtype_key
+from hardware_models.efficiency import EfficiencyProfile, GemmKernel, dtype_key, profile_json
 
 CURVE_ITERATIONS = 3
 MIN_ROWS_PER_BIN = 3
@@ -125,7 +125,7 @@ class Scorer:
         self._known: dict[tuple[str, int], tuple[pd.DataFrame, float]] = {}
 
     def __call__(self, profile: EfficiencyProfile, rows: pd.DataFrame) -> float:
-        key = (profile.model_dump_json(), id(rows))
+        key = (profile_json(profile), id(rows))
         known = self._known.get(key)
         if known is None or known[0] is not rows:
             known = self._known[key] = (rows, _score(self.gpu, profile, rows, self.price))

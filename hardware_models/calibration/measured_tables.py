@@ -62,7 +62,6 @@ from hardware_models.attention import (
     decode_parts_many,
     prefill_many,
 )
-from hardware_models.calibration.frame_memo import per_frame
 from hardware_models.calibration.moe_mla_tables import (
     EXTRA_COLUMNS,
     MLA_FILES,
@@ -78,6 +77,7 @@ from hardware_models.efficiency import BLOCK_SCALED_SPELLINGS
 from hardware_models.errors import InfersimError
 from hardware_models.gemm import gemm_parts_many
 from hardware_models.node import LinkSpec
+from hardware_models.object_memo import per_object
 from hardware_models.presets import list_gpus, load_gpu, load_node, nodes_with_gpu
 
 # aiconfigurator's own folder names (`systems/data/<gpu>/`) -> accelerator preset name. A
@@ -487,7 +487,7 @@ def prefill_table(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
     """(seconds, compute s, memory s, DRAM bytes) of each prefill row as the benchmark
     ran it (uniform_prefill_cost), one attention model per head layout and window: a fit
     prices every row for each candidate it tries (the rows' part once per frame)."""
-    args, keys, layout = per_frame(sub, "prefill_layouts", _prefill_layouts)
+    args, keys, layout = per_object(sub, "prefill_layouts", _prefill_layouts)
     models = [
         PrefillAttention(gpu, **_head_layout(key[:-1]), window=int(key[-1]) or None) for key in keys
     ]
@@ -515,7 +515,7 @@ def _decode_layouts(sub: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, list[tup
 
 def decode_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> DecodeParts:
     """Every decode row priced term by term, as the fit and the predictions need it."""
-    batch, context, keys, layout = per_frame(sub, "decode_layouts", _decode_layouts)
+    batch, context, keys, layout = per_object(sub, "decode_layouts", _decode_layouts)
     models = [DecodeAttention(gpu, **_head_layout(key)) for key in keys]
     return decode_parts_many(models, layout, batch, context)
 

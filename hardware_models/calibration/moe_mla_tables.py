@@ -40,7 +40,6 @@ import pandas as pd
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.attention import causal_pairs_many
-from hardware_models.calibration.frame_memo import per_frame
 from hardware_models.dtypes import parse_dtype
 from hardware_models.efficiency import EfficiencyProfile, moe_format_key
 from hardware_models.errors import InfersimError
@@ -54,6 +53,7 @@ from hardware_models.mla import (
     mla_projection_gemms,
 )
 from hardware_models.moe import MoeParts, MoeRows, Routing, load_rows, moe_parts
+from hardware_models.object_memo import per_object
 
 MOE_CLASS = "moe"
 MLA_CLASSES: tuple[str, ...] = ("mla_prefill", "mla_decode")
@@ -173,7 +173,7 @@ def moe_table_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> MoeParts:
     weight format at once, without the top-k kernel the tables did not time (the
     expert loads once per frame: a fit prices the same rows for every candidate)."""
     fields = {name: np.zeros(len(sub)) for name in MoeParts._fields}
-    for fmt, pos, rows in per_frame(sub, "moe_loads", _moe_loads):
+    for fmt, pos, rows in per_object(sub, "moe_loads", _moe_loads):
         for name, value in zip(MoeParts._fields, moe_parts(gpu, fmt, rows, False), strict=True):
             fields[name][pos] = value
     return MoeParts(**fields)
@@ -210,7 +210,7 @@ def mla_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> dict[str, np.ndarray]:
     n = len(sub)
     out = {k: np.zeros(n) for k in ("seconds", "attention_s", "compute_s", "memory_s")}
     out.update({k: np.zeros(n) for k in ("fixed_s", "floor_s", "projections_s", "dram")})
-    (batch, new, context, all_pairs), groups = per_frame(sub, "mla_groups", _mla_groups)
+    (batch, new, context, all_pairs), groups = per_object(sub, "mla_groups", _mla_groups)
     for op_class, heads, kv, gemm, pos in groups:
         shape = _mla_shape(heads)
         decode = MlaDecode(gpu, shape, kv)

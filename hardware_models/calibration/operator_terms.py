@@ -16,7 +16,6 @@ import pandas as pd
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.attention import keys_per_query
-from hardware_models.calibration.frame_memo import per_frame
 from hardware_models.calibration.measured_tables import (
     decode_parts,
     prefill_table,
@@ -26,6 +25,7 @@ from hardware_models.dtypes import bytes_per_element, parse_dtype
 from hardware_models.efficiency import EfficiencyProfile, dtype_key
 from hardware_models.errors import InfersimError
 from hardware_models.gemm import gemm_parts_many, output_dtype
+from hardware_models.object_memo import per_object
 
 # A curve's place in an EfficiencyProfile: (field, None) or (dict field, dtype key).
 CurveLoc = tuple[str, str | None]
@@ -49,7 +49,7 @@ class Terms:
 
 def _unique(sub: pd.DataFrame, cols: list[str]) -> tuple[pd.DataFrame, np.ndarray]:
     """unique_groups, once per frame (the fit prices the same rows for every candidate)."""
-    return per_frame(sub, "unique:" + ",".join(cols), lambda frame: unique_groups(frame, cols))
+    return per_object(sub, "unique:" + ",".join(cols), lambda frame: unique_groups(frame, cols))
 
 
 def gemm_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, kernel: str) -> Terms:
