@@ -630,9 +630,10 @@ class EfficiencyProfile(BaseModel):
 
     @property
     def prefill_memory(self) -> EfficiencyCurve:
-        """attention_prefill_memory, or memory_bandwidth where it is not fitted."""
+        """attention_prefill_memory, or memory_bandwidth where it is not fitted (that
+        curve built once per profile: every prefill model reads it)."""
         if self.attention_prefill_memory is None:
-            return EfficiencyCurve.constant(self.memory_bandwidth)
+            return per_object(self, "prefill_memory", _constant_bandwidth)
         return self.attention_prefill_memory
 
     @property
@@ -664,6 +665,10 @@ def _normalised_keys(v: dict, key: Callable[[str], str]) -> dict:
         if isinstance(value, float | int) and value < 0:
             raise ValueError(f"{name}: a floor must be >= 0 us, got {value}")
     return out
+
+
+def _constant_bandwidth(profile: EfficiencyProfile) -> EfficiencyCurve:
+    return EfficiencyCurve.constant(profile.memory_bandwidth)
 
 
 def profile_json(profile: EfficiencyProfile) -> str:
