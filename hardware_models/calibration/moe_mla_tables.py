@@ -250,7 +250,7 @@ def _projections(
     only, which an MLA fit does not move: each is priced once per such profile."""
     key = (
         gpu.name,
-        gpu.efficiency.model_dump_json(exclude=_NOT_PROJECTION_FIELDS),
+        per_object(gpu.efficiency, "projection_fields", _projection_fields),
         shape.num_heads,
         decode,
         gemm_dtype,
@@ -265,6 +265,14 @@ def _projections(
 
 
 _PROJECTIONS: dict[tuple, np.ndarray] = {}
+
+
+def _projection_fields(efficiency: EfficiencyProfile) -> str:
+    """The fields the projections read, as JSON (once per profile: every MLA group of a
+    pricing keys on them)."""
+    return efficiency.model_dump_json(exclude=_NOT_PROJECTION_FIELDS)
+
+
 _NOT_PROJECTION_FIELDS = {
     name
     for name in EfficiencyProfile.model_fields

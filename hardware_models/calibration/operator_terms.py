@@ -65,19 +65,25 @@ def gemm_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, kernel: str) -> Terms:
     # series with the math: fixed where the compute term binds.
     floor = fixed + np.where(compute_binds, compute - math_s, 0.0)
     math_binds = compute_binds & (math_s >= stream)
-    dtype = parse_dtype(kernel)
-    bpe, out_bpe = bytes_per_element(dtype), bytes_per_element(output_dtype(dtype))
-    m, n, k = (rows[c].to_numpy(dtype=float) for c in ("m", "n", "k"))
-    compulsory = (m * k + k * n) * bpe + m * n * out_bpe  # gemm.py's memory-curve size
+    flops, compulsory = per_object(rows, "gemm_sizes:" + kernel, lambda r: _gemm_sizes(r, kernel))
     key = dtype_key(kernel)
     return Terms(
         seconds=seconds,
         floor_s=floor,
         curves={
-            ("gemm_compute_by_dtype", key): CurveTerm(2.0 * m * n * k, math_s, math_binds),
+            ("gemm_compute_by_dtype", key): CurveTerm(flops, math_s, math_binds),
             ("gemm_memory_by_dtype", key): CurveTerm(compulsory, memory, ~compute_binds),
         },
     )
+
+
+def _gemm_sizes(rows: pd.DataFrame, kernel: str) -> tuple[np.ndarray, np.ndarray]:
+    """Each GEMM row's place on the compute curve (FLOPs) and on the memory curve (its
+    compulsory bytes, gemm.py's memory-curve size)."""
+    dtype = parse_dtype(kernel)
+    bpe, out_bpe = bytes_per_element(dtype), bytes_per_element(output_dtype(dtype))
+    m, n, k = (rows[c].to_numpy(dtype=float) for c in ("m", "n", "k"))
+    return 2.0 * m * n * k, (m * k + k * n) * bpe + m * n * out_bpe
 
 
 _ATTN = ["num_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype"]
