@@ -20,6 +20,7 @@ from hardware_models.efficiency import EfficiencyCurve, profile_json
 from hardware_models.errors import InfersimError
 from hardware_models.object_memo import _MEMO, per_object
 from hardware_models.presets import load_gpu
+from tests.conftest import needs_shared_data
 
 
 def test_per_object_builds_once_per_live_object_and_forgets_dead_ones() -> None:
@@ -107,3 +108,14 @@ def test_parse_dtype_still_names_a_bad_value() -> None:
     for bad in ("bogus", ["bf16"], 8):
         with pytest.raises(InfersimError, match=r"unknown dtype .*; allowed: fp32"):
             parse_dtype(bad)
+
+
+@needs_shared_data
+def test_prefill_seconds_are_prefill_terms_seconds() -> None:
+    from hardware_models.calibration.operator_terms import prefill_seconds, prefill_terms
+    from hardware_models.calibration.sources import load_measurements
+
+    table = load_measurements(from_shared="a100-80gb-sxm").table
+    rows = table[table["op_class"] == "attention_prefill"].head(500)
+    gpu = load_gpu("a100-80gb-sxm", calibration="a100-80gb-sxm")
+    assert np.array_equal(prefill_seconds(gpu, rows), prefill_terms(gpu, rows).seconds)

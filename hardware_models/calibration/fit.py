@@ -29,6 +29,7 @@ from hardware_models.calibration.operator_terms import (
     curve_at,
     decode_terms,
     gemm_terms,
+    prefill_seconds,
     prefill_terms,
     with_value,
 )
@@ -43,6 +44,7 @@ SEARCH_ROWS = 3000  # scalar searches run on a seeded sample of this many rows
 GOLDEN = (np.sqrt(5) - 1) / 2
 
 Pricer = Callable[[AcceleratorSpec, pd.DataFrame], Terms]
+Seconds = Callable[[AcceleratorSpec, pd.DataFrame], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,9 @@ class ClassFit:
     rank_scalars: int = 1
     # Times the scalar search and curve refit run, each from the last one's result.
     passes: int = 1
+    # The rows' predicted seconds alone, where that is cheaper than `price` (a score
+    # needs no curve terms): None to take them from `price`.
+    seconds: Seconds | None = None
 
 
 def mape(measured: np.ndarray, predicted: np.ndarray) -> float:
@@ -105,11 +110,15 @@ def refit_curves(
 
 
 def _score(
-    gpu: AcceleratorSpec, profile: EfficiencyProfile, rows: pd.DataFrame, price: Pricer
+    gpu: AcceleratorSpec,
+    profile: EfficiencyProfile,
+    rows: pd.DataFrame,
+    price: Pricer,
+    seconds: Seconds | None = None,
 ) -> float:
     """MAPE of `profile`'s scalars once its curves are refitted around them."""
-    fitted = refit_curves(gpu, profile, rows, price, iterations=2)
-    predicted = price(gpu.with_efficiency(fitted), rows).seconds
+    fitted = gpu.with_efficiency(refit_curves(gpu, profile, rows, price, iterations=2))
+    predicted = price(fitted, rows).seconds if seconds is None else seconds(fitted, rows)
     return mape(rows["measured_s"].to_numpy(dtype=float), predicted)
 
 
@@ -120,15 +129,16 @@ class Scorer:
     start), and a score depends on the candidate and the rows alone. About a third of
     an H100 fit's candidates are such repeats."""
 
-    def __init__(self, gpu: AcceleratorSpec, price: Pricer) -> None:
-        self.gpu, self.price = gpu, price
+    def __init__(self, gpu: AcceleratorSpec, price: Pricer, seconds: Seconds | None = None) -> None:
+        self.gpu, self.price, self.seconds = gpu, price, seconds
         self._known: dict[tuple[str, int], tuple[pd.DataFrame, float]] = {}
 
     def __call__(self, profile: EfficiencyProfile, rows: pd.DataFrame) -> float:
         key = (profile_json(profile), id(rows))
         known = self._known.get(key)
         if known is None or known[0] is not rows:
-            known = self._known[key] = (rows, _score(self.gpu, profile, rows, self.price))
+            value = _score(self.gpu, profile, rows, self.price, self.seconds)
+            known = self._known[key] = (rows, value)
         return known[1]
 
 
@@ -157,7 +167,7 @@ def fit_class(
     searched, then search every scalar for that option alone."""
     rows = spec.rows
     sample = rows.sample(SEARCH_ROWS, random_state=seed) if len(rows) > SEARCH_ROWS else rows
-    score = Scorer(gpu, spec.price)
+    score = Scorer(gpu, spec.price, spec.seconds)
     candidates = [profile]
     for loc, options in spec.choices:
         candidates = [with_value(c, loc, o) for c in candidates for o in options]
@@ -247,10 +257,11 @@ def class_fits(table: pd.DataFrame) -> list[ClassFit]:
                     gemm_kernel_choices(key),
                 )
             )
-    for name, price, scalars, choices in (
+    for name, price, seconds, scalars, choices in (
         (
             "attention_decode",
             decode_terms,
+            None,
             (
                 ("attention_decode_floor_us", 1.0),
                 ("decode_cta_latency_us", 0.25),
@@ -264,6 +275,7 @@ def class_fits(table: pd.DataFrame) -> list[ClassFit]:
         (
             "attention_prefill",
             prefill_terms,
+            prefill_seconds,  # without pricing the rows a second time for the math term
             (("attention_prefill_floor_us", 1.0), ("prefill_cta_latency_us", 0.25)),
             ((("prefill_pack_gqa", None), (True, False)),),
         ),
@@ -281,6 +293,7 @@ def class_fits(table: pd.DataFrame) -> list[ClassFit]:
                     # An attention layout changes which fixed costs apply (a split's
                     # combine pass, FA2's GQA copies): rank the layouts with all of them.
                     rank_scalars=len(scalars),
+                    seconds=seconds,
                 )
             )
     for name, rows, price, bounds, choices, passes in moe_mla_fits(table):

@@ -89,8 +89,17 @@ def _gemm_sizes(rows: pd.DataFrame, kernel: str) -> tuple[np.ndarray, np.ndarray
 _ATTN = ["num_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype"]
 
 
+_PREFILL_SHAPE = ["batch", "q_len", "kv_len", "window", *_ATTN]
+
+
+def prefill_seconds(gpu: AcceleratorSpec, rows: pd.DataFrame) -> np.ndarray:
+    """prefill_terms' seconds alone (one pricing of the rows, not two)."""
+    uniq, codes = _unique(rows, _PREFILL_SHAPE)
+    return prefill_table(uniq, gpu)[codes][:, 0]
+
+
 def prefill_terms(gpu: AcceleratorSpec, rows: pd.DataFrame) -> Terms:
-    uniq, codes = _unique(rows, ["batch", "q_len", "kv_len", "window", *_ATTN])
+    uniq, codes = _unique(rows, _PREFILL_SHAPE)
     priced = prefill_table(uniq, gpu)[codes]
     # Priced again without the per-thread-block latency, which adds to the math: the rest
     # of the compute term is what the efficiency curve scales.
