@@ -3,7 +3,7 @@ PCIe tree (switch uplinks, each socket's root complex and memory, the CPU-to-CPU
 
 A collective over p GPUs runs as concurrent flows: a ring sends one flow from each GPU
 to the next, an all-to-all one from each GPU to every other. Each flow loads the
-resources on its route (pcie_fabric.PcieFabric says which): its GPU's link out and its
+resources on its route (node.PcieFabric describes them): its GPU's link out and its
 peer's link in; a hop staged in host memory also the sender's switch uplink, the
 receiving socket's root complex and memory twice (written in, read out), the CPU-to-CPU
 link when the sockets differ, and the receiver's switch uplink. A resource splits its
