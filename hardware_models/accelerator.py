@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hardware_models.dtypes import Dtype
-from hardware_models.efficiency import EfficiencyProfile
+from hardware_models.efficiency import EfficiencyProfile, profile_json
 from hardware_models.errors import InfersimError
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -173,8 +173,11 @@ class AcceleratorSpec(BaseModel):
         return self
 
     def __hash__(self) -> int:
-        # Consistent with field equality; lets operator costs be memoised per chip.
-        return hash((self.name, self.sm_count, self.memory.bandwidth_gbps))
+        # Consistent with field equality; lets operator costs be memoised per chip. The
+        # efficiency's content is part of it: a fit prices hundreds of profiles of one
+        # chip, which shared one hash, so every cache lookup compared them field by field.
+        key = (self.name, self.sm_count, self.memory.bandwidth_gbps)
+        return hash((*key, profile_json(self.efficiency)))
 
     # ---- derived peaks -------------------------------------------------------------
     def supports(self, dtype: Dtype) -> bool:

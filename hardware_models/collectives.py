@@ -3,16 +3,25 @@
 `nbytes` is the size of the full buffer each GPU holds (the all-reduce input, the
 all-gather output). Traffic terms are the standard ones for ring and tree algorithms
 (Thakur, Rabenseifner and Gropp 2005; NCCL's bus-bandwidth definitions).
+
+Over a link with a PCIe fabric (node preset `intra_node_link.fabric`) each GPU's traffic
+gets the share of its link rate that the flows sharing the tree leave it
+(pcie_fabric.fabric_share), the ring runs with NCCL's two PCIe protocols (LL: low
+latency, half the bandwidth; Simple: the full bandwidth after a longer latency) and the
+faster is taken, and the tree is a chain, as NCCL builds it inside one node (its tuning
+model counts nRanks - 1 intra-node hops each way), which never beats the ring there.
 """
 
 from __future__ import annotations
 
 import math
 from enum import StrEnum
+from typing import NamedTuple
 
 from hardware_models.errors import InfersimError
 from hardware_models.node import LinkSpec
 from hardware_models.op_cost import Bound, OpCost
+from hardware_models.pcie_fabric import fabric_share
 
 
 class Collective(StrEnum):
@@ -57,6 +66,61 @@ def _tree(op: Collective, nbytes: float, p: int) -> tuple[int, float]:
     return _ring(op, nbytes, p)  # NCCL uses trees only for all-reduce
 
 
+def _chain(op: Collective, nbytes: float, p: int) -> tuple[int, float]:
+    """NCCL's tree inside one node: a chain down and back up, the buffer each way."""
+    if op == Collective.ALL_REDUCE:
+        return 2 * (p - 1), 2 * nbytes
+    return _ring(op, nbytes, p)
+
+
+def _pattern(op: Collective) -> str:
+    """The flows a collective runs at once (pcie_fabric's patterns)."""
+    if op == Collective.ALL_TO_ALL:
+        return "all_to_all"
+    return "pair" if op == Collective.SEND_RECV else "ring"
+
+
+class Way(NamedTuple):
+    """One way to run a collective (an algorithm, over PCIe also a protocol): it takes
+    steps x the link's latency + fixed_s + wire_bytes / the link's attained rate."""
+
+    steps: float  # latency steps at the link's own per-step latency
+    fixed_s: float  # seconds that do not scale with the link's latency
+    wire_bytes: float  # bytes at the link's full attained rate
+    sent_bytes: float  # bytes each GPU really sends
+
+
+# NCCL's tuning model on PCI (src/graph/tuning.cc, NCCL 2.2x): the LL protocol pays a
+# 6.6 us base and the link's per-hop latency (1.0 us there) but carries data in half of
+# each line (its flags in the other); Simple moves whole lines after an 8.4 us base and
+# 5.7 us per hop. The tuner runs the faster, as priced here.
+LL_BASE_US, LL_DATA_FRACTION = 6.6, 0.5
+SIMPLE_BASE_US, SIMPLE_HOP_US = 8.4, 5.7
+
+
+def ways(
+    op: Collective | str,
+    nbytes: float,
+    num_gpus: int,
+    link: LinkSpec,
+    algorithm: Algorithm | str = Algorithm.AUTO,
+) -> list[Way]:
+    """Every way `collective_cost` weighs for this call (it takes the fastest)."""
+    op = _parse(Collective, op, "collective")
+    algorithm = _parse(Algorithm, algorithm, "algorithm")
+    p = max(num_gpus, 2)
+    if link.fabric is None:
+        candidates = {Algorithm.RING: _ring(op, nbytes, p), Algorithm.TREE: _tree(op, nbytes, p)}
+        chosen = candidates if algorithm == Algorithm.AUTO else {algorithm: candidates[algorithm]}
+        return [Way(steps, 0.0, sent, sent) for steps, sent in chosen.values()]
+    steps, sent = (_chain if algorithm == Algorithm.TREE else _ring)(op, nbytes, p)
+    wire = sent / fabric_share(link, _pattern(op), p)
+    return [
+        Way(steps, LL_BASE_US * 1e-6, wire / LL_DATA_FRACTION, sent),
+        Way(0.0, (SIMPLE_BASE_US + steps * SIMPLE_HOP_US) * 1e-6, wire, sent),
+    ]
+
+
 def collective_cost(
     op: Collective | str,
     nbytes: float,
@@ -66,20 +130,21 @@ def collective_cost(
 ) -> OpCost:
     """Time of one collective over `num_gpus` GPUs joined by `link`."""
     op = _parse(Collective, op, "collective")
-    algorithm = _parse(Algorithm, algorithm, "algorithm")
     if num_gpus < 1:
         raise InfersimError(f"num_gpus must be >= 1, got {num_gpus}")
     if nbytes < 0:
         raise InfersimError(f"message size must be >= 0 bytes, got {nbytes}")
     if num_gpus == 1 and op != Collective.SEND_RECV:
         return OpCost(op.value, 0.0, 0.0, 0.0, 0.0, Bound.COMMUNICATION)
-    p = max(num_gpus, 2)
-    candidates = {Algorithm.RING: _ring(op, nbytes, p), Algorithm.TREE: _tree(op, nbytes, p)}
-    chosen = candidates if algorithm == Algorithm.AUTO else {algorithm: candidates[algorithm]}
     alpha = link.latency_us * 1e-6
+    rate = link.bytes_per_second
     best = min(
-        (steps * alpha + sent / link.bytes_per_second, steps * alpha, sent)
-        for steps, sent in chosen.values()
+        (
+            way.steps * alpha + way.fixed_s + way.wire_bytes / rate,
+            way.steps * alpha + way.fixed_s,
+            way.sent_bytes,
+        )
+        for way in ways(op, nbytes, num_gpus, link, algorithm)
     )
     seconds, latency, sent = best
     bound = Bound.LATENCY if latency >= seconds - latency else Bound.COMMUNICATION

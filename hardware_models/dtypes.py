@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from functools import lru_cache
 
 from hardware_models.errors import InfersimError
 
@@ -49,14 +50,24 @@ def parse_dtype(value: str | Dtype) -> Dtype:
     """Accept our names and the usual aliases; reject anything else with the allowed list."""
     if isinstance(value, Dtype):
         return value
-    text = str(value).strip().lower()
+    dtype = _dtype_named(str(value).strip().lower())
+    if dtype is None:
+        allowed = ", ".join(d.value for d in Dtype)
+        raise InfersimError(f"unknown dtype {value!r}; allowed: {allowed}")
+    return dtype
+
+
+@lru_cache(maxsize=256)
+def _dtype_named(text: str) -> Dtype | None:
+    """The dtype a lower-case name or alias stands for, None if none. Memoised: operator
+    models parse their dtypes on every construction, and a fit builds hundreds of
+    thousands of them."""
     if text in _ALIASES:
         return _ALIASES[text]
     try:
         return Dtype(text)
     except ValueError:
-        allowed = ", ".join(d.value for d in Dtype)
-        raise InfersimError(f"unknown dtype {value!r}; allowed: {allowed}") from None
+        return None
 
 
 def bytes_per_element(dtype: str | Dtype) -> float:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from hardware_models.dtypes import parse_dtype
 from hardware_models.errors import InfersimError
 from hardware_models.node import LinkSpec
+from hardware_models.object_memo import per_object
 
 # Block-scaled formats run different kernels from their plain dtype (scales per block),
 # so a curve keyed by one of these spellings is kept apart from the plain dtype's.
@@ -715,9 +716,10 @@ class EfficiencyProfile(BaseModel):
 
     @property
     def prefill_memory(self) -> EfficiencyCurve:
-        """attention_prefill_memory, or memory_bandwidth where it is not fitted."""
+        """attention_prefill_memory, or memory_bandwidth where it is not fitted (that
+        curve built once per profile: every prefill model reads it)."""
         if self.attention_prefill_memory is None:
-            return EfficiencyCurve.constant(self.memory_bandwidth)
+            return per_object(self, "prefill_memory", _constant_bandwidth)
         return self.attention_prefill_memory
 
     @property
@@ -798,3 +800,13 @@ def _normalised_keys(v: dict, key: Callable[[str], str]) -> dict:
         if isinstance(value, float | int) and value < 0:
             raise ValueError(f"{name}: a floor must be >= 0 us, got {value}")
     return out
+
+
+def _constant_bandwidth(profile: EfficiencyProfile) -> EfficiencyCurve:
+    return EfficiencyCurve.constant(profile.memory_bandwidth)
+
+
+def profile_json(profile: EfficiencyProfile) -> str:
+    """`profile`'s content as JSON, read out once per profile object: a chip's hash and a
+    fit's memo of scores key on it."""
+    return per_object(profile, "json", EfficiencyProfile.model_dump_json)

@@ -4,11 +4,59 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
 FabricKind = Literal["nvswitch", "nvlink_mesh", "pcie", "infinity_fabric", "none"]
+
+
+class PcieFabric(BaseModel):
+    """The PCIe tree under a node's GPUs, for collectives that share it (pcie_fabric.py).
+
+    GPUs sit in order under PCIe switches (or each on its own CPU root port), switches
+    under CPU sockets. A hop between two GPUs under one switch goes peer to peer when the
+    GPUs allow it; any other hop is staged in host memory (NCCL's SHM transport: the
+    sender writes into a host buffer, the receiver reads it back), because NCCL does not
+    use P2P across a CPU host bridge by default (`p2pLevel = PATH_PXB` in its
+    src/graph/paths.cc)."""
+
+    model_config = _STRICT
+    gpus_per_switch: int = Field(
+        ge=1, description="GPUs under one PCIe switch (1: each GPU on its own CPU root port)"
+    )
+    gpus_per_socket: int = Field(ge=1, description="GPUs whose root ports are on one CPU")
+    p2p: bool = Field(
+        description="GPUs under one switch write into each other's memory (else every hop "
+        "is staged in host memory, as with NCCL_P2P_DISABLE)"
+    )
+    switch_uplink_gbps: float = Field(
+        gt=0, description="a switch's link up to its CPU, one direction, GB/s"
+    )
+    host_memory_gbps: float = Field(
+        gt=0,
+        description="GPU DMA a socket's root complex and memory sustain, reads and writes "
+        "together, GB/s: a staged hop costs it twice (written in, read out)",
+    )
+    inter_socket_gbps: float = Field(
+        gt=0, description="CPU-to-CPU link (UPI, xGMI), one direction, GB/s"
+    )
+
+    @model_validator(mode="after")
+    def _switches_fill_sockets(self) -> PcieFabric:
+        if self.gpus_per_socket % self.gpus_per_switch:
+            raise ValueError(
+                f"gpus_per_socket ({self.gpus_per_socket}) must be a multiple of "
+                f"gpus_per_switch ({self.gpus_per_switch})"
+            )
+        return self
 
 
 class LinkSpec(BaseModel):
@@ -24,6 +72,25 @@ class LinkSpec(BaseModel):
         le=1,
         description="fraction of bandwidth collectives attain (NCCL bus bandwidth / link rate)",
     )
+    fabric: PcieFabric | None = Field(
+        default=None,
+        description="the PCIe tree the GPUs share (None: every GPU has the full link rate)",
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_absent_fabric(self, handler: SerializerFunctionWrapHandler) -> dict:
+        """A link without a fabric is written as before there were fabrics (profiles'
+        `links:` records stay byte-identical)."""
+        data = handler(self)
+        if self.fabric is None:
+            data.pop("fabric", None)
+        return data
+
+    @model_validator(mode="after")
+    def _fabric_is_pcie(self) -> LinkSpec:
+        if self.fabric is not None and self.kind != "pcie":
+            raise ValueError(f"fabric describes a PCIe tree; this link is {self.kind}")
+        return self
 
     @property
     def bytes_per_second(self) -> float:

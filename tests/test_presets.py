@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.collectives import collective_cost
 from hardware_models.dtypes import Dtype, parse_dtype
 from hardware_models.errors import InfersimError
 from hardware_models.presets import PRESET_DIR, list_gpus, list_nodes, load_gpu, load_node
@@ -252,7 +253,9 @@ def test_node_fabric_ordering():
     pcie = load_node("l40s-8x-pcie").intra_node_link
     assert b200.bandwidth_gbps == pytest.approx(2 * h100.bandwidth_gbps)
     assert pcie.bandwidth_gbps < h100.bandwidth_gbps
-    assert pcie.latency_us > h100.latency_us
+    for size in (1024, 2**28):  # a small all-reduce (latency) and a large one (bandwidth)
+        over = [collective_cost("all_reduce", size, 8, link).seconds for link in (pcie, h100)]
+        assert over[0] > over[1]
     assert load_node("dgx-h100").host_memory_gb >= 2000
     assert load_node("mi300x-8x").intra_node_fabric == "infinity_fabric"
 

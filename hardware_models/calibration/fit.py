@@ -29,12 +29,13 @@ from hardware_models.calibration.operator_terms import (
     curve_at,
     decode_terms,
     gemm_terms,
+    prefill_seconds,
     prefill_terms,
     with_value,
 )
 from hardware_models.calibration.screen import working_set_bytes
 from hardware_models.dtypes import bytes_per_element, parse_dtype
-from hardware_models.efficiency import EfficiencyProfile, GemmKernel, dtype_key
+from hardware_models.efficiency import EfficiencyProfile, GemmKernel, dtype_key, profile_json
 
 CURVE_ITERATIONS = 3
 MIN_ROWS_PER_BIN = 3
@@ -44,6 +45,7 @@ SEARCH_ROWS = 3000  # scalar searches run on a seeded sample of this many rows
 GOLDEN = (np.sqrt(5) - 1) / 2
 
 Pricer = Callable[[AcceleratorSpec, pd.DataFrame], Terms]
+Seconds = Callable[[AcceleratorSpec, pd.DataFrame], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,9 @@ class ClassFit:
     # Decode rows of one KV-cache dtype fitted as a kernel of its own, kept in the
     # profile's decode_by_kv_dtype (None: the profile's own fields).
     kv_dtype: str | None = None
+    # The rows' predicted seconds alone, where that is cheaper than `price` (a score
+    # needs no curve terms): None to take them from `price`.
+    seconds: Seconds | None = None
 
 
 def mape(measured: np.ndarray, predicted: np.ndarray) -> float:
@@ -109,12 +114,36 @@ def refit_curves(
 
 
 def _score(
-    gpu: AcceleratorSpec, profile: EfficiencyProfile, rows: pd.DataFrame, price: Pricer
+    gpu: AcceleratorSpec,
+    profile: EfficiencyProfile,
+    rows: pd.DataFrame,
+    price: Pricer,
+    seconds: Seconds | None = None,
 ) -> float:
     """MAPE of `profile`'s scalars once its curves are refitted around them."""
-    fitted = refit_curves(gpu, profile, rows, price, iterations=2)
-    predicted = price(gpu.with_efficiency(fitted), rows).seconds
+    fitted = gpu.with_efficiency(refit_curves(gpu, profile, rows, price, iterations=2))
+    predicted = price(fitted, rows).seconds if seconds is None else seconds(fitted, rows)
     return mape(rows["measured_s"].to_numpy(dtype=float), predicted)
+
+
+class Scorer:
+    """`_score` for one class fit (its GPU and pricer), each answer kept: the searches
+    come back to candidates they have scored (a later round of coordinate descent that
+    finds nothing to move, an option ranked and then searched again from the same
+    start), and a score depends on the candidate and the rows alone. About a third of
+    an H100 fit's candidates are such repeats."""
+
+    def __init__(self, gpu: AcceleratorSpec, price: Pricer, seconds: Seconds | None = None) -> None:
+        self.gpu, self.price, self.seconds = gpu, price, seconds
+        self._known: dict[tuple[str, int], tuple[pd.DataFrame, float]] = {}
+
+    def __call__(self, profile: EfficiencyProfile, rows: pd.DataFrame) -> float:
+        key = (profile_json(profile), id(rows))
+        known = self._known.get(key)
+        if known is None or known[0] is not rows:
+            value = _score(self.gpu, profile, rows, self.price, self.seconds)
+            known = self._known[key] = (rows, value)
+        return known[1]
 
 
 def _golden(objective: Callable[[float], float], low: float, high: float) -> float:
@@ -142,6 +171,7 @@ def fit_class(
     searched, then search every scalar for that option alone."""
     rows = spec.rows
     sample = rows.sample(SEARCH_ROWS, random_state=seed) if len(rows) > SEARCH_ROWS else rows
+    score = Scorer(gpu, spec.price, spec.seconds)
     candidates = [profile]
     for loc, options in spec.choices:
         candidates = [with_value(c, loc, o) for c in candidates for o in options]
@@ -150,23 +180,22 @@ def fit_class(
         # absorbs: searching the first `rank_scalars` (by default the floor alone) ranks
         # them as the full search does, at a fraction of its cost per option.
         ranked = spec.scalars[: spec.rank_scalars]
-        trials = [_search_scalars(gpu, c, ranked, spec.price, sample) for c in candidates]
-        scores = [_score(gpu, t, sample, spec.price) for t in trials]
+        trials = [_search_scalars(c, ranked, score, sample) for c in candidates]
+        scores = [score(t, sample) for t in trials]
         profile = candidates[int(np.argmin(scores))]
     else:
         profile = candidates[0]
     scalars = tuple(scalar for scalar in spec.scalars if scalar.applies(profile))
     for _ in range(spec.passes):
-        profile = _search_scalars(gpu, profile, scalars, spec.price, sample)
+        profile = _search_scalars(profile, scalars, score, sample)
         profile = refit_curves(gpu, profile, spec.rows, spec.price)
     return profile
 
 
 def _search_scalars(
-    gpu: AcceleratorSpec,
     profile: EfficiencyProfile,
     scalars: tuple[Scalar, ...],
-    price: Pricer,
+    score: Scorer,
     sample: pd.DataFrame,
 ) -> EfficiencyProfile:
     """Coordinate descent over `scalars`, three times round when there are several: the
@@ -179,8 +208,7 @@ def _search_scalars(
             def objective(
                 value: float, scalar: Scalar = scalar, base: EfficiencyProfile = profile
             ) -> float:
-                candidate = with_value(base, scalar.loc, float(value))
-                return _score(gpu, candidate, sample, price)
+                return score(with_value(base, scalar.loc, float(value)), sample)
 
             best = _golden(objective, scalar.low, scalar.high)
             profile = with_value(profile, scalar.loc, round(float(best), 3))
@@ -235,10 +263,11 @@ def class_fits(table: pd.DataFrame, gpu: AcceleratorSpec | None = None) -> list[
                     gemm_kernel_choices(key),
                 )
             )
-    for name, price, scalars, choices in (
+    for name, price, seconds, scalars, choices in (
         (
             "attention_decode",
             decode_terms,
+            None,
             (
                 ("attention_decode_floor_us", 1.0),
                 ("decode_cta_latency_us", 0.25),
@@ -252,6 +281,7 @@ def class_fits(table: pd.DataFrame, gpu: AcceleratorSpec | None = None) -> list[
         (
             "attention_prefill",
             prefill_terms,
+            prefill_seconds,  # without pricing the rows a second time for the math term
             (("attention_prefill_floor_us", 1.0), ("prefill_cta_latency_us", 0.25)),
             ((("prefill_pack_gqa", None), (True, False)),),
         ),
@@ -273,6 +303,7 @@ def class_fits(table: pd.DataFrame, gpu: AcceleratorSpec | None = None) -> list[
                     # combine pass, FA2's GQA copies): rank the layouts with all of them.
                     rank_scalars=len(searched),
                     kv_dtype=kv_dtype,
+                    seconds=seconds,
                 )
             )
     for name, rows, price, bounds, choices, passes in moe_mla_fits(table):

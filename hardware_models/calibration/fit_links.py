@@ -3,9 +3,10 @@
 One link per group of GPUs taking part, from all-reduce rows: NCCL's fixed per-call cost
 and its bus bandwidth both change with the number of ranks (2-GPU calls move less, 8-GPU
 half all-reduces use in-switch reduction), which one alpha-beta pair cannot follow. The
-model prices a call as the faster of ring and tree, min over algorithms of
-steps * alpha + bytes sent / (bandwidth * efficiency), so the fit searches a grid of
-(alpha, efficiency) against that same expression and keeps the lowest MAPE.
+model prices a call as the fastest of its ways (collectives.ways: ring and tree; over a
+PCIe fabric the ring's two protocols), min over ways of steps * alpha + fixed + bytes /
+(bandwidth * efficiency), so the fit searches a grid of (alpha, efficiency) against that
+same expression and keeps the lowest MAPE.
 """
 
 from __future__ import annotations
@@ -13,33 +14,28 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from hardware_models.collectives import collective_cost
+from hardware_models.collectives import ways
 from hardware_models.node import LinkSpec
 
 ALPHAS_US = np.geomspace(0.05, 100.0, 121)
 EFFICIENCIES = np.linspace(0.02, 1.0, 99)
-# Pricing over this link reads off (latency steps, bytes sent) of an algorithm.
-_UNIT = LinkSpec(kind="nvlink", bandwidth_gbps=1.0, latency_us=1.0, efficiency=1.0)
 
 
-def _steps_and_bytes(op: str, nbytes: float, gpus: int, algorithm: str) -> tuple[float, float]:
-    cost = collective_cost(op, nbytes, gpus, _UNIT, algorithm)
-    return cost.overhead_seconds * 1e6, cost.memory_seconds * 1e9
+def _predicted(rows: pd.DataFrame, base: LinkSpec) -> np.ndarray:
+    """Seconds of every row (last axis) for every (alpha, efficiency) of the grid: the
+    fastest of the ways the model weighs, each at that latency and efficiency."""
+    alpha = ALPHAS_US[:, None, None, None] * 1e-6
+    beta = base.bandwidth_gbps * 1e9 * EFFICIENCIES[None, :, None, None]
+    shapes = zip(rows["op_class"], rows["nbytes"], rows["num_gpus"], strict=True)
+    per_row = np.array([ways(op, nb, int(p), base) for op, nb, p in shapes])  # row, way, field
+    steps, fixed, wire = per_row[..., 0], per_row[..., 1], per_row[..., 2]
+    return np.min(steps * alpha + fixed + wire / beta, axis=-1)
 
 
 def fit_link(rows: pd.DataFrame, base: LinkSpec) -> LinkSpec:
     """`base` with latency_us and efficiency fitted to `rows` (one op, one GPU count)."""
     measured = rows["measured_s"].to_numpy(dtype=float)
-    shapes = list(zip(rows["op_class"], rows["nbytes"], rows["num_gpus"], strict=True))
-    algos = [
-        np.array([_steps_and_bytes(op, nb, int(p), algorithm) for op, nb, p in shapes])
-        for algorithm in ("ring", "tree")
-    ]
-    alpha = ALPHAS_US[:, None, None] * 1e-6
-    beta = base.bandwidth_gbps * 1e9 * EFFICIENCIES[None, :, None]
-    predicted = np.minimum(
-        *(steps_sent[:, 0] * alpha + steps_sent[:, 1] / beta for steps_sent in algos)
-    )
+    predicted = _predicted(rows, base)
     score = np.mean(np.abs(predicted - measured) / measured, axis=2)
     i, j = np.unravel_index(np.argmin(score), score.shape)
     return base.model_copy(

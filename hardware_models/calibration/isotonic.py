@@ -53,17 +53,13 @@ def binned_curve(
         return None
     log_s = np.log2(s)
     bins = np.floor(log_s * bins_per_octave).astype(np.int64)
-    centres, medians, counts = [], [], []
-    for b in np.unique(bins):
-        mask = bins == b
-        if mask.sum() >= min_rows:
-            centres.append(float(np.median(log_s[mask])))
-            medians.append(float(np.median(e[mask])))
-            counts.append(int(mask.sum()))
-    if not centres:
+    counts, (centres, medians) = _bin_medians(bins, log_s, e)
+    full = counts >= min_rows
+    centres, medians, counts = centres[full], medians[full], counts[full]
+    if not len(centres):
         return None
-    fitted = np.clip(isotonic_increasing(np.array(medians), np.array(counts)), MIN_EFFICIENCY, 1)
-    sizes_out = 2.0 ** np.array(centres)
+    fitted = np.clip(isotonic_increasing(medians, counts.astype(int)), MIN_EFFICIENCY, 1)
+    sizes_out = 2.0**centres
     # Neighbouring pooled bins carry equal values: keep the ends of each run only.
     keep_idx = [
         i
@@ -74,3 +70,19 @@ def binned_curve(
         sizes=[float(x) for x in sizes_out[keep_idx]],
         values=[float(round(v, 5)) for v in fitted[keep_idx]],
     )
+
+
+def _bin_medians(bins: np.ndarray, *columns: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(rows per bin, each column's median per bin), bins in increasing order: what
+    np.median gives bin by bin (the middle value, or the mean of the middle two), for
+    every bin in one sort (a fit bins its rows for every candidate it tries)."""
+    _, counts = np.unique(bins, return_counts=True)
+    middle = np.cumsum(counts) - counts + counts // 2
+    even = counts % 2 == 0
+    medians = []
+    for column in columns:
+        ordered = column[np.lexsort((column, bins))]
+        upper = ordered[middle]
+        lower = ordered[np.where(even, middle - 1, middle)]
+        medians.append(np.where(even, (lower + upper) / 2.0, upper))
+    return counts, medians

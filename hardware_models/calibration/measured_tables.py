@@ -84,6 +84,7 @@ from hardware_models.efficiency import BLOCK_SCALED_SPELLINGS
 from hardware_models.errors import InfersimError
 from hardware_models.gemm import gemm_launches, gemm_parts_many
 from hardware_models.node import LinkSpec
+from hardware_models.object_memo import per_object
 from hardware_models.pointwise import launch_overhead_seconds
 from hardware_models.presets import list_gpus, load_gpu, load_node, nodes_with_gpu
 
@@ -436,7 +437,7 @@ def supported_mask(
     return ok
 
 
-def _unique_groups(sub: pd.DataFrame, cols: list[str]) -> tuple[pd.DataFrame, np.ndarray]:
+def unique_groups(sub: pd.DataFrame, cols: list[str]) -> tuple[pd.DataFrame, np.ndarray]:
     """(one row per distinct shape, the distinct-shape index of every row of `sub`)."""
     codes = sub.groupby(cols, sort=False, dropna=False).ngroup().to_numpy()
     first = pd.Series(np.arange(len(sub))).groupby(codes).first().sort_index()
@@ -458,7 +459,7 @@ def _predict_gemm(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
     sub = sub.assign(
         dtype=kernel, loop_bytes=gemm_loop_bytes(sub, kernel), eager=timed_eagerly(sub)
     )
-    uniq, codes = _unique_groups(sub, ["m", "n", "k", "dtype", "loop_bytes", "eager"])
+    uniq, codes = unique_groups(sub, ["m", "n", "k", "dtype", "loop_bytes", "eager"])
     secs = np.empty(len(uniq))
     for (dtype, eager), pos in uniq.groupby(["dtype", "eager"], sort=False).indices.items():
         s = uniq.iloc[pos]
@@ -487,42 +488,61 @@ def _head_layout(key: tuple) -> dict[str, Any]:
     }
 
 
-def prefill_table(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
-    """(seconds, compute s, memory s, DRAM bytes) of each prefill row as the benchmark
-    ran it (uniform_prefill_cost), one attention model per head layout and window: a fit
-    prices every row for each candidate it tries."""
+def _prefill_layouts(sub: pd.DataFrame) -> tuple[tuple, list[tuple], np.ndarray]:
+    """What prefill_table needs of the rows alone: (batch, calls' tokens, attended pairs,
+    keys read), one head layout and window per model, and each row's model."""
     batch, q_len, kv_len, window = (
         sub[c].to_numpy(dtype=float) for c in ("batch", "q_len", "kv_len", "window")
     )
     pairs = batch * causal_pairs_many(q_len, kv_len, window)
     layout = np.empty(len(sub), dtype=int)
-    models = []
+    keys = []
     groups = sub.groupby([*_ATTN_COLS, "window"], sort=False, dropna=False).indices
     for index, (key, pos) in enumerate(groups.items()):
-        models.append(PrefillAttention(gpu, **_head_layout(key[:-1]), window=int(key[-1]) or None))
+        keys.append(key)
         layout[pos] = index
-    args = (batch, batch * q_len, pairs, batch * kv_len)
+    return (batch, batch * q_len, pairs, batch * kv_len), keys, layout
+
+
+def prefill_table(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
+    """(seconds, compute s, memory s, DRAM bytes) of each prefill row as the benchmark
+    ran it (uniform_prefill_cost), one attention model per head layout and window: a fit
+    prices every row for each candidate it tries (the rows' part once per frame)."""
+    args, keys, layout = per_object(sub, "prefill_layouts", _prefill_layouts)
+    models = [
+        PrefillAttention(gpu, **_head_layout(key[:-1]), window=int(key[-1]) or None) for key in keys
+    ]
     seconds, _, dram, compute, memory = prefill_many(models, layout, *args)
     return np.column_stack((seconds, compute, memory, dram))
 
 
 def _predict_prefill(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
-    uniq, codes = _unique_groups(sub, ["batch", "q_len", "kv_len", "window", *_ATTN_COLS])
+    uniq, codes = unique_groups(sub, ["batch", "q_len", "kv_len", "window", *_ATTN_COLS])
     return prefill_table(uniq, gpu)[:, 0][codes]
+
+
+def _decode_layouts(sub: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, list[tuple], np.ndarray]:
+    """What decode_parts needs of the rows alone: (batch, keys read, head layouts with
+    their window, each row's layout)."""
+    seen = decode_keys_read(sub["kv_len"], sub["window"])
+    batch = sub["batch"].to_numpy(dtype=float)
+    layout = np.empty(len(sub), dtype=int)
+    keys = []
+    groups = sub.groupby([*_ATTN_COLS, "window"], sort=False, dropna=False).indices
+    for index, (key, pos) in enumerate(groups.items()):
+        keys.append(key)
+        layout[pos] = index
+    return batch, batch * seen, keys, layout
 
 
 def decode_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> DecodeParts:
     """Every decode row priced term by term, as the fit and the predictions need it."""
-    seen = decode_keys_read(sub["kv_len"], sub["window"])
-    batch = sub["batch"].to_numpy(dtype=float)
-    layout = np.empty(len(sub), dtype=int)
-    models = []
-    groups = sub.groupby([*_ATTN_COLS, "window"], sort=False, dropna=False).indices
-    for index, (key, pos) in enumerate(groups.items()):
-        models.append(DecodeAttention(gpu, **_head_layout(key[:-1]), window=int(key[-1]) or None))
-        layout[pos] = index
+    batch, context, keys, layout = per_object(sub, "decode_layouts", _decode_layouts)
+    models = [
+        DecodeAttention(gpu, **_head_layout(key[:-1]), window=int(key[-1]) or None) for key in keys
+    ]
     # The benchmark calls the kernel again and again on one cache: warm in L2 if it fits.
-    return decode_parts_many(models, layout, batch, batch * seen, warm_l2=True)
+    return decode_parts_many(models, layout, batch, context, warm_l2=True)
 
 
 def _predict_decode(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
@@ -530,7 +550,7 @@ def _predict_decode(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
 
 
 def _predict_collective(sub: pd.DataFrame, link: LinkSpec) -> np.ndarray:
-    uniq, codes = _unique_groups(sub, ["op_class", "nbytes", "num_gpus"])
+    uniq, codes = unique_groups(sub, ["op_class", "nbytes", "num_gpus"])
     secs = np.array(
         [
             collective_cost(op, float(nb), int(p), link).seconds

@@ -56,7 +56,8 @@ from hardware_models.mla import (
     mla_pointwise_costs,
     mla_projection_gemms,
 )
-from hardware_models.moe import MoeParts, Routing, load_rows, moe_parts
+from hardware_models.moe import MoeParts, MoeRows, Routing, load_rows, moe_parts
+from hardware_models.object_memo import per_object
 
 MOE_CLASS = "moe"
 MLA_CLASSES: tuple[str, ...] = ("mla_prefill", "mla_decode")
@@ -156,17 +157,27 @@ READERS = {MOE_FILE: read_moe, **{name: read_mla for name in MLA_FILES}}
 # ----------------------------------------------------------------------------- prediction
 
 
-def moe_table_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> MoeParts:
-    """Every MoE row priced term by term (MoeParts, one value per row), all rows of a
-    weight format at once, without the top-k kernel the tables did not time."""
-    fields = {name: np.zeros(len(sub)) for name in MoeParts._fields}
+def _moe_loads(sub: pd.DataFrame) -> list[tuple[str, np.ndarray, MoeRows]]:
+    """(weight format, its rows' positions, their expert loads): the rows' part of
+    moe_table_parts, which depends on no efficiency."""
     routings = {v: Routing.parse(v) for v in pd.unique(sub["routing"])}
+    out = []
     for fmt, pos in sub.groupby("dtype", sort=False).indices.items():
         part = sub.iloc[pos]
         rows = load_rows(
             *(part[c].to_numpy() for c in ("m", "n", "k", "topk", "num_experts", "tp", "ep")),
             [routings[v] for v in part["routing"]],
         )
+        out.append((fmt, pos, rows))
+    return out
+
+
+def moe_table_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> MoeParts:
+    """Every MoE row priced term by term (MoeParts, one value per row), all rows of a
+    weight format at once, without the top-k kernel the tables did not time (the
+    expert loads once per frame: a fit prices the same rows for every candidate)."""
+    fields = {name: np.zeros(len(sub)) for name in MoeParts._fields}
+    for fmt, pos, rows in per_object(sub, "moe_loads", _moe_loads):
         for name, value in zip(MoeParts._fields, moe_parts(gpu, fmt, rows, False), strict=True):
             fields[name][pos] = value
     return MoeParts(**fields)
@@ -174,6 +185,25 @@ def moe_table_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> MoeParts:
 
 def _mla_shape(heads: float) -> MlaShape:
     return MlaShape(**{**MLA_SHAPE.__dict__, "num_heads": int(heads)})
+
+
+def _mla_groups(sub: pd.DataFrame) -> tuple[tuple[np.ndarray, ...], list[tuple]]:
+    """The rows' part of mla_parts: (batch, new tokens, keys read, attended pairs), and
+    (op class, heads, KV dtype, GEMM dtype, positions) per kernel configuration."""
+    batch, q_len, kv_len = (sub[c].to_numpy(dtype=float) for c in ("batch", "q_len", "kv_len"))
+    pairs = batch * causal_pairs_many(q_len, kv_len, np.zeros(len(sub)))
+    # Kernel-only rows (and tables) have no linear layers: "" for them.
+    gemm_dtype = sub["gemm_dtype"] if "gemm_dtype" in sub else pd.Series(None, index=sub.index)
+    keys = pd.DataFrame(
+        {
+            "op_class": sub["op_class"].to_numpy(),
+            "heads": sub["num_heads"].to_numpy(),
+            "kv": sub["kv_dtype"].astype(str).to_numpy(),
+            "gemm": gemm_dtype.astype(object).where(gemm_dtype.notna(), "").to_numpy(),
+        }
+    )
+    groups = keys.groupby(["op_class", "heads", "kv", "gemm"], sort=False).indices
+    return (batch, batch * q_len, batch * kv_len, pairs), [(*k, pos) for k, pos in groups.items()]
 
 
 def mla_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> dict[str, np.ndarray]:
@@ -185,21 +215,8 @@ def mla_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> dict[str, np.ndarray]:
     out = {k: np.zeros(n) for k in ("seconds", "attention_s", "compute_s", "memory_s")}
     out.update({k: np.zeros(n) for k in ("fixed_s", "floor_s", "projections_s", "dram")})
     out["absorbed"] = np.zeros(n, dtype=bool)
-    batch, q_len, kv_len = (sub[c].to_numpy(dtype=float) for c in ("batch", "q_len", "kv_len"))
-    new, context = batch * q_len, batch * kv_len
-    # Kernel-only rows (and tables) have no linear layers: "" for them.
-    gemm_dtype = sub["gemm_dtype"] if "gemm_dtype" in sub else pd.Series(None, index=sub.index)
-    keys = pd.DataFrame(
-        {
-            "op_class": sub["op_class"].to_numpy(),
-            "heads": sub["num_heads"].to_numpy(),
-            "kv": sub["kv_dtype"].astype(str).to_numpy(),
-            "gemm": gemm_dtype.astype(object).where(gemm_dtype.notna(), "").to_numpy(),
-        }
-    )
-    for (op_class, heads, kv, gemm), pos in keys.groupby(
-        ["op_class", "heads", "kv", "gemm"], sort=False
-    ).indices.items():
+    (batch, new, context, all_pairs), groups = per_object(sub, "mla_groups", _mla_groups)
+    for op_class, heads, kv, gemm, pos in groups:
         shape = _mla_shape(heads)
         decode = MlaDecode(gpu, shape, kv)
         if op_class == "mla_decode":
@@ -209,9 +226,8 @@ def mla_parts(sub: pd.DataFrame, gpu: AcceleratorSpec) -> dict[str, np.ndarray]:
             absorbed = np.ones(len(pos), dtype=bool)
         else:
             prefill = MlaPrefill(gpu, shape, kv)
-            pairs = batch[pos] * causal_pairs_many(q_len[pos], kv_len[pos], np.zeros(len(pos)))
             seconds, _, dram, compute, memory = prefill.many(
-                batch[pos], new[pos], pairs, context[pos]
+                batch[pos], new[pos], all_pairs[pos], context[pos]
             )
             absorbed = prefill.absorbed(batch[pos], new[pos])
             floor = np.where(absorbed, decode.floor, prefill.flash.floor)
@@ -243,7 +259,7 @@ def _projections(
     only, which an MLA fit does not move: each is priced once per such profile."""
     key = (
         gpu.name,
-        gpu.efficiency.model_dump_json(exclude=_NOT_PROJECTION_FIELDS),
+        per_object(gpu.efficiency, "projection_fields", _projection_fields),
         shape.num_heads,
         decode,
         gemm_dtype,
@@ -258,6 +274,14 @@ def _projections(
 
 
 _PROJECTIONS: dict[tuple, np.ndarray] = {}
+
+
+def _projection_fields(efficiency: EfficiencyProfile) -> str:
+    """The fields the projections read, as JSON (once per profile: every MLA group of a
+    pricing keys on them)."""
+    return efficiency.model_dump_json(exclude=_NOT_PROJECTION_FIELDS)
+
+
 _NOT_PROJECTION_FIELDS = {
     name
     for name in EfficiencyProfile.model_fields

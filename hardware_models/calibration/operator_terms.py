@@ -10,6 +10,7 @@ memory bandwidth.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -22,11 +23,16 @@ from hardware_models.calibration.benchmark_loops import (
     gemm_loop_bytes,
     timed_eagerly,
 )
-from hardware_models.calibration.measured_tables import decode_parts, prefill_table
+from hardware_models.calibration.measured_tables import (
+    decode_parts,
+    prefill_table,
+    unique_groups,
+)
 from hardware_models.dtypes import bytes_per_element, parse_dtype
 from hardware_models.efficiency import EfficiencyProfile, dtype_key
 from hardware_models.errors import InfersimError
 from hardware_models.gemm import gemm_launches, gemm_parts_many, l2_hit_fraction, output_dtype
+from hardware_models.object_memo import per_object
 from hardware_models.pointwise import launch_overhead_seconds
 
 # A curve's place in an EfficiencyProfile: (field, None) or (dict field, dtype key).
@@ -50,20 +56,42 @@ class Terms:
 
 
 def _unique(sub: pd.DataFrame, cols: list[str]) -> tuple[pd.DataFrame, np.ndarray]:
-    codes = sub.groupby(cols, sort=False, dropna=False).ngroup().to_numpy()
-    first = pd.Series(np.arange(len(sub))).groupby(codes).first().sort_index()
-    return sub.iloc[first.to_numpy()][cols], codes
+    """unique_groups, once per frame (the fit prices the same rows for every candidate)."""
+    return per_object(sub, "unique:" + ",".join(cols), lambda frame: unique_groups(frame, cols))
+
+
+class _GemmRows(NamedTuple):
+    """What gemm_terms needs of the rows alone (computed once per frame, object_memo)."""
+
+    shapes: pd.DataFrame  # the distinct (m, n, k, loop_bytes)
+    codes: np.ndarray  # each row's shape
+    loop_bytes: np.ndarray  # what its benchmark's loop touched (benchmark_loops)
+    eager: np.ndarray  # timed without a CUDA graph
+    m: np.ndarray
+    flops: np.ndarray  # its place on the compute curve
+    compulsory: np.ndarray  # and on the memory curves (gemm.py's memory-curve size)
+
+
+def _gemm_rows(rows: pd.DataFrame, kernel: str) -> _GemmRows:
+    loop_bytes = gemm_loop_bytes(rows, kernel)
+    shapes, codes = unique_groups(rows.assign(loop_bytes=loop_bytes), ["m", "n", "k", "loop_bytes"])
+    dtype = parse_dtype(kernel)
+    bpe, out_bpe = bytes_per_element(dtype), bytes_per_element(output_dtype(dtype))
+    m, n, k = (rows[c].to_numpy(dtype=float) for c in ("m", "n", "k"))
+    compulsory = (m * k + k * n) * bpe + m * n * out_bpe
+    eager = timed_eagerly(rows).to_numpy()
+    return _GemmRows(shapes, codes, loop_bytes, eager, m, 2.0 * m * n * k, compulsory)
 
 
 def gemm_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, kernel: str) -> Terms:
     """GEMM rows all of one kernel dtype `kernel` (see gemm_kernel_dtype). A memory-bound
     row informs the L2 curve where its benchmark kept the operands warm, else the DRAM
     one (gemm_l2_memory_by_dtype)."""
-    rows = rows.assign(loop_bytes=gemm_loop_bytes(rows, kernel))
-    uniq, codes = _unique(rows, ["m", "n", "k", "loop_bytes"])
-    parts = gemm_parts_many(gpu, uniq["m"], uniq["n"], uniq["k"], kernel, None, uniq["loop_bytes"])
+    r = per_object(rows, "gemm_rows:" + kernel, lambda frame: _gemm_rows(frame, kernel))
+    u = r.shapes
+    parts = gemm_parts_many(gpu, u["m"], u["n"], u["k"], kernel, None, u["loop_bytes"])
     seconds, math_s, stream, compute, memory, fixed = (
-        getattr(parts, f)[codes]
+        getattr(parts, f)[r.codes]
         for f in ("seconds", "math_s", "stream_s", "compute_s", "memory_s", "fixed_s")
     )
     compute_binds = compute >= memory
@@ -71,34 +99,29 @@ def gemm_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, kernel: str) -> Terms:
     # series with the math: fixed where the compute term binds.
     floor = fixed + np.where(compute_binds, compute - math_s, 0.0)
     math_binds = compute_binds & (math_s >= stream)
-    dtype = parse_dtype(kernel)
-    bpe, out_bpe = bytes_per_element(dtype), bytes_per_element(output_dtype(dtype))
-    m, n, k = (rows[c].to_numpy(dtype=float) for c in ("m", "n", "k"))
-    eager = timed_eagerly(rows).to_numpy()
-    if eager.any():
+    if r.eager.any():
         # Rows timed with the host launching their kernels (benchmark_loops.eager_seconds):
         # GPU-bound, the first launch adds to the floor; host-bound, no curve binds.
         launch_s = launch_overhead_seconds(gpu, 1, cuda_graph=False)
-        timed = eager_seconds(seconds, gemm_launches(gpu, m, kernel), launch_s)
+        timed = eager_seconds(seconds, gemm_launches(gpu, r.m, kernel), launch_s)
         gpu_bound = timed <= seconds + launch_s / EAGER_RUNS
-        host_bound = eager & ~gpu_bound
-        floor = np.where(host_bound, timed, floor + eager * launch_s / EAGER_RUNS)
-        seconds = np.where(eager, timed, seconds)
+        host_bound = r.eager & ~gpu_bound
+        floor = np.where(host_bound, timed, floor + r.eager * launch_s / EAGER_RUNS)
+        seconds = np.where(r.eager, timed, seconds)
         compute_binds &= ~host_bound
         math_binds &= ~host_bound
         memory_binds = ~compute_binds & ~host_bound
     else:
         memory_binds = ~compute_binds
-    compulsory = (m * k + k * n) * bpe + m * n * out_bpe  # gemm.py's memory-curve size
-    warm = l2_hit_fraction(gpu, rows["loop_bytes"].to_numpy(dtype=float)) > 0.5
+    warm = l2_hit_fraction(gpu, r.loop_bytes) > 0.5
     key = dtype_key(kernel)
     return Terms(
         seconds=seconds,
         floor_s=floor,
         curves={
-            ("gemm_compute_by_dtype", key): CurveTerm(2.0 * m * n * k, math_s, math_binds),
-            ("gemm_memory_by_dtype", key): CurveTerm(compulsory, memory, memory_binds & ~warm),
-            ("gemm_l2_memory_by_dtype", key): CurveTerm(compulsory, memory, memory_binds & warm),
+            ("gemm_compute_by_dtype", key): CurveTerm(r.flops, math_s, math_binds),
+            ("gemm_memory_by_dtype", key): CurveTerm(r.compulsory, memory, memory_binds & ~warm),
+            ("gemm_l2_memory_by_dtype", key): CurveTerm(r.compulsory, memory, memory_binds & warm),
         },
     )
 
@@ -106,8 +129,17 @@ def gemm_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, kernel: str) -> Terms:
 _ATTN = ["num_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype"]
 
 
+_PREFILL_SHAPE = ["batch", "q_len", "kv_len", "window", *_ATTN]
+
+
+def prefill_seconds(gpu: AcceleratorSpec, rows: pd.DataFrame) -> np.ndarray:
+    """prefill_terms' seconds alone (one pricing of the rows, not two)."""
+    uniq, codes = _unique(rows, _PREFILL_SHAPE)
+    return prefill_table(uniq, gpu)[codes][:, 0]
+
+
 def prefill_terms(gpu: AcceleratorSpec, rows: pd.DataFrame) -> Terms:
-    uniq, codes = _unique(rows, ["batch", "q_len", "kv_len", "window", *_ATTN])
+    uniq, codes = _unique(rows, _PREFILL_SHAPE)
     priced = prefill_table(uniq, gpu)[codes]
     # Priced again without the per-thread-block latency, which adds to the math: the rest
     # of the compute term is what the efficiency curve scales.

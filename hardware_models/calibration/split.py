@@ -35,6 +35,18 @@ def holdout_mask(table: pd.DataFrame, holdout: float, seed: int) -> pd.Series:
 
 
 def _hash(keys: pd.DataFrame, seed: int) -> np.ndarray:
-    text = keys.astype(str)
+    text = pd.DataFrame({c: _as_text(keys[c]) for c in keys.columns}, index=keys.index)
     hashed = pd.util.hash_pandas_object(text, index=False, hash_key=f"{seed:016d}"[-16:])
     return hashed.to_numpy(dtype=np.uint64).copy()
+
+
+def _as_text(column: pd.Series) -> np.ndarray:
+    """`column.astype(str)`'s strings (what the split hashes), each distinct value
+    converted once (floats told apart by their bits, so -0.0 stays "-0.0"): a table has
+    a few hundred thousand rows but few distinct values a column."""
+    raw = column.to_numpy()
+    key = raw.view(np.int64) if raw.dtype == np.float64 else column
+    codes, _ = pd.factorize(key, use_na_sentinel=False)
+    first = np.zeros(codes.max(initial=-1) + 1, dtype=np.int64)
+    first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
+    return column.iloc[first].astype(str).to_numpy(dtype=object)[codes]

@@ -100,9 +100,19 @@ def _is_node(name_or_path: str) -> bool:
 def _link_text(link: LinkSpec | None) -> str:
     if link is None:
         return "none"
-    return (
+    text = (
         f"{link.kind} {link.bandwidth_gbps:g} GB/s per GPU per direction, "
         f"{link.latency_us:g} us, efficiency {link.efficiency:g}"
+    )
+    fabric = link.fabric
+    if fabric is None:
+        return text
+    hops = "peer to peer under a switch" if fabric.p2p else "every hop via host memory"
+    return (
+        f"{text}; {fabric.gpus_per_switch} GPUs per switch ({fabric.switch_uplink_gbps:g} "
+        f"GB/s uplink), {fabric.gpus_per_socket} per socket, {hops}, host memory "
+        f"{fabric.host_memory_gbps:g} GB/s per socket, CPU link {fabric.inter_socket_gbps:g} "
+        f"GB/s, {fabric.call_latency_us:g} us per call"
     )
 
 

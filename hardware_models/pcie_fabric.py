@@ -1,0 +1,96 @@
+"""How much of its own link rate a GPU's transfer gets when a collective's flows share a
+PCIe tree (switch uplinks, each socket's root complex and memory, the CPU-to-CPU link).
+
+A collective over p GPUs runs as concurrent flows: a ring sends one flow from each GPU
+to the next, an all-to-all one from each GPU to every other. Each flow loads the
+resources on its route (node.PcieFabric describes them): its GPU's link out and its
+peer's link in; a hop staged in host memory also the sender's switch uplink, the
+receiving socket's root complex and memory twice (written in, read out), the CPU-to-CPU
+link when the sockets differ, and the receiver's switch uplink. A resource splits its
+rate evenly over the flows it carries, and the collective goes at the pace of its
+slowest flow (a ring step, an all-to-all, ends when its last transfer does). GPUs are
+placed in order (GPU i of the group on switch i // gpus_per_switch), as tensor-parallel
+groups are, and the ring follows that order, as NCCL's ring search keeps switch
+neighbours adjacent.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from functools import lru_cache
+
+from hardware_models.node import LinkSpec, PcieFabric
+
+Flow = tuple[int, int]
+
+
+def ring_flows(p: int) -> list[Flow]:
+    """One flow from each GPU to the next, around the group."""
+    return [(i, (i + 1) % p) for i in range(p)]
+
+
+def pair_flows(p: int) -> list[Flow]:
+    """One flow, GPU 0 to GPU 1 (a send/recv)."""
+    return [(0, 1)]
+
+
+def all_to_all_flows(p: int) -> list[Flow]:
+    """One flow from each GPU to every other."""
+    return [(i, j) for i in range(p) for j in range(p) if i != j]
+
+
+def _route(fabric: PcieFabric, src: int, dst: int) -> list[tuple[str, int, int]]:
+    """(resource, which one, load) of each shared resource one flow crosses besides the
+    two GPUs' own links (a staged hop loads memory twice)."""
+    switch_src, switch_dst = src // fabric.gpus_per_switch, dst // fabric.gpus_per_switch
+    socket_src, socket_dst = src // fabric.gpus_per_socket, dst // fabric.gpus_per_socket
+    if fabric.p2p and switch_src == switch_dst and fabric.gpus_per_switch > 1:
+        return []  # through the switch: only the two GPUs' own links
+    route = [("memory", socket_dst, 2)]
+    if fabric.gpus_per_switch > 1:
+        route += [("uplink_up", switch_src, 1), ("uplink_down", switch_dst, 1)]
+    if socket_src != socket_dst:
+        route.append(("socket", socket_src, 1))
+    return route
+
+
+def _capacity(fabric: PcieFabric, resource: str) -> float:
+    if resource == "memory":
+        return fabric.host_memory_gbps
+    if resource == "socket":
+        return fabric.inter_socket_gbps
+    return fabric.switch_uplink_gbps
+
+
+def flow_rate_gbps(link_gbps: float, fabric: PcieFabric, flows: Iterable[Flow]) -> float:
+    """GB/s the slowest of `flows` gets when they run at once (see the module doc)."""
+    load: Counter = Counter()
+    for src, dst in flows:
+        load["gpu_out", src] += 1
+        load["gpu_in", dst] += 1
+        for resource, index, weight in _route(fabric, src, dst):
+            load[resource, index] += weight
+    return min(
+        (link_gbps if resource in ("gpu_out", "gpu_in") else _capacity(fabric, resource)) / count
+        for (resource, _index), count in load.items()
+    )
+
+
+_PATTERNS = {"ring": ring_flows, "pair": pair_flows, "all_to_all": all_to_all_flows}
+
+
+@lru_cache(maxsize=1024)
+def _share(link_gbps: float, fabric: PcieFabric, pattern: str, p: int) -> float:
+    flows = _PATTERNS[pattern](p)
+    per_gpu = max(Counter(src for src, _ in flows).values())
+    return min(1.0, flow_rate_gbps(link_gbps, fabric, flows) * per_gpu / link_gbps)
+
+
+def fabric_share(link: LinkSpec, pattern: str, num_gpus: int) -> float:
+    """Fraction of the link rate each GPU's traffic gets in a `pattern` ("ring", "pair"
+    or "all_to_all") over `num_gpus` GPUs: 1 without a fabric or for a lone pair of
+    switch neighbours, less where the flows share uplinks, memory or the CPU link."""
+    if link.fabric is None or num_gpus < 2:
+        return 1.0
+    return _share(link.bandwidth_gbps, link.fabric, pattern, num_gpus)

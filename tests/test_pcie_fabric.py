@@ -1,0 +1,172 @@
+"""Collectives over a shared PCIe tree (hardware_models/pcie_fabric.py): the share of
+the link rate a collective's flows leave each GPU, the call latency and chain tree NCCL
+uses inside a node, the fit of such a link, and the node YAML's field errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from hardware_models.calibration.fit_links import fit_link
+from hardware_models.calibration.split import holdout_mask
+from hardware_models.calibration.validate import predict_all
+from hardware_models.collectives import (
+    LL_BASE_US,
+    LL_DATA_FRACTION,
+    SIMPLE_BASE_US,
+    SIMPLE_HOP_US,
+    collective_cost,
+)
+from hardware_models.errors import InfersimError
+from hardware_models.node import LinkSpec, PcieFabric
+from hardware_models.pcie_fabric import all_to_all_flows, fabric_share, flow_rate_gbps
+from hardware_models.presets import load_gpu, load_node
+from tests.conftest import needs_shared_data
+
+L40S_NODE = Path(__file__).resolve().parents[1] / "hardware_models/presets/nodes/l40s-8x-pcie.yaml"
+
+
+def _fabric(**changes) -> PcieFabric:
+    base = {
+        "gpus_per_switch": 2,
+        "gpus_per_socket": 4,
+        "p2p": True,
+        "switch_uplink_gbps": 32.0,
+        "host_memory_gbps": 40.0,
+        "inter_socket_gbps": 22.0,
+    }
+    return PcieFabric(**{**base, **changes})
+
+
+def _link(fabric: PcieFabric | None) -> LinkSpec:
+    return LinkSpec(kind="pcie", bandwidth_gbps=32.0, latency_us=1.0, efficiency=0.5, fabric=fabric)
+
+
+def test_switch_neighbours_with_p2p_get_the_whole_link() -> None:
+    assert fabric_share(_link(_fabric()), "ring", 2) == 1.0
+
+
+def test_staged_hops_share_the_sockets_memory_and_the_ring_slows_as_it_spans_more() -> None:
+    link = _link(_fabric())
+    # 4 GPUs on two switches of one socket: two hops staged, each written and read.
+    assert fabric_share(link, "ring", 4) == pytest.approx((40.0 / 4) / 32.0)
+    # Without P2P every hop is staged: 2 GPUs put 4 loads on memory and 2 on the uplink.
+    no_p2p = _link(_fabric(p2p=False))
+    assert fabric_share(no_p2p, "ring", 2) == pytest.approx((40.0 / 4) / 32.0)
+    # A slow CPU link caps the 8-GPU ring, whose two crossings carry one flow each way.
+    slow_cpu = _link(_fabric(inter_socket_gbps=4.0))
+    assert fabric_share(slow_cpu, "ring", 8) == pytest.approx(4.0 / 32.0)
+    assert fabric_share(slow_cpu, "ring", 4) == pytest.approx((40.0 / 4) / 32.0)
+
+
+def test_an_all_to_alls_flows_split_every_resource_they_cross() -> None:
+    fabric = _fabric(host_memory_gbps=1e6, switch_uplink_gbps=1e6, inter_socket_gbps=1e6)
+    # Fabric unlimited: each GPU's link splits over its p - 1 flows, the full rate in all.
+    assert flow_rate_gbps(32.0, fabric, all_to_all_flows(4)) == pytest.approx(32.0 / 3)
+    assert fabric_share(_link(fabric), "all_to_all", 4) == pytest.approx(1.0)
+    # The real fabric: 8 GPUs' all-to-all crosses sockets with 16 flows each way.
+    assert fabric_share(_link(_fabric()), "all_to_all", 8) < fabric_share(
+        _link(_fabric()), "ring", 8
+    )
+
+
+def test_a_fabric_link_runs_the_faster_of_nccls_pcie_protocols_and_a_chain_tree() -> None:
+    link = _link(_fabric())
+    p = 4
+    share = fabric_share(link, "ring", p)
+
+    def ring(nbytes: float) -> tuple[float, float]:
+        """(LL, Simple) seconds of an all-reduce ring, by NCCL's tuning model on PCI."""
+        wire = 2 * (p - 1) / p * nbytes / (32e9 * 0.5 * share)
+        ll = LL_BASE_US * 1e-6 + 2 * (p - 1) * 1e-6 + wire / LL_DATA_FRACTION
+        simple = (SIMPLE_BASE_US + 2 * (p - 1) * SIMPLE_HOP_US) * 1e-6 + wire
+        return ll, simple
+
+    small, large = ring(4096.0), ring(2.0**26)
+    assert small[0] < small[1] and large[1] < large[0]  # LL for small, Simple for large
+    for nbytes, want in ((4096.0, small[0]), (2.0**26, large[1])):
+        assert collective_cost("all_reduce", nbytes, p, link).seconds == pytest.approx(want)
+    latency = collective_cost("all_reduce", 4096.0, p, link).overhead_seconds
+    assert latency == pytest.approx(LL_BASE_US * 1e-6 + 2 * (p - 1) * 1e-6)
+    # The in-node tree is a chain: never faster than the ring, even for tiny messages.
+    assert collective_cost("all_reduce", 8, 8, link, "tree").seconds >= (
+        collective_cost("all_reduce", 8, 8, link, "ring").seconds
+    )
+    # Without a fabric nothing changes: the plain alpha-beta ring/tree.
+    plain = _link(None)
+    nbytes = 2.0**24
+    assert collective_cost("all_reduce", nbytes, 2, plain).seconds == pytest.approx(
+        2e-6 + nbytes / (32e9 * 0.5)
+    )
+
+
+def test_fit_link_recovers_a_fabric_links_latency_and_efficiency() -> None:
+    truth = _link(_fabric()).model_copy(update={"latency_us": 2.0, "efficiency": 0.6})
+    sizes = 2.0 ** np.arange(10, 29, 2)
+    rows = pd.DataFrame(
+        [
+            {"op_class": "all_reduce", "nbytes": b, "num_gpus": p,
+             "measured_s": collective_cost("all_reduce", b, p, truth).seconds}
+            for p in (2, 4, 8) for b in sizes
+        ]
+    )  # fmt: skip
+    for p in (2, 4, 8):
+        fitted = fit_link(rows[rows["num_gpus"] == p], _link(_fabric()))
+        assert fitted.efficiency == pytest.approx(0.6, abs=0.011)
+        assert fitted.latency_us == pytest.approx(2.0, rel=0.1)
+        assert fitted.fabric == truth.fabric
+
+
+def test_the_l40s_node_describes_its_pcie_tree() -> None:
+    link = load_node("l40s-8x-pcie").intra_node_link
+    assert link.fabric is not None and link.fabric.gpus_per_socket * 2 == 8
+    shares = [fabric_share(link, "ring", p) for p in (2, 4, 8)]
+    assert shares[0] == 1.0 and shares[1] < 1.0 and shares[2] <= shares[1]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"gpus_per_socket": 3}, r"fabric.*gpus_per_socket \(3\) must be a multiple"),
+        ({"host_memory_gbps": 0}, r"fabric\.host_memory_gbps"),
+        ({"p2p": "sometimes"}, r"fabric\.p2p"),
+    ],
+)
+def test_a_bad_fabric_is_a_one_line_error_naming_the_field(
+    tmp_path: Path, change: dict, message: str
+) -> None:
+    data = yaml.safe_load(L40S_NODE.read_text())
+    data["name"] = "bad-node"
+    data["intra_node_link"]["fabric"].update(change)
+    path = tmp_path / "bad-node.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(InfersimError, match=message) as error:
+        load_node(str(path))
+    assert "\n" not in str(error.value)
+
+
+def test_a_fabric_on_an_nvlink_is_refused(tmp_path: Path) -> None:
+    data = yaml.safe_load(L40S_NODE.read_text())
+    data["intra_node_link"]["kind"] = "nvlink"
+    path = tmp_path / "nvlink-fabric.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(InfersimError, match="fabric describes a PCIe tree"):
+        load_node(str(path))
+
+
+@needs_shared_data
+def test_l40s_all_reduce_over_pcie_uncalibrated() -> None:
+    """Held-out half (seed 0) of the L40S's NCCL table, datasheet model: 103.7% MAPE on
+    independent links, 30.6% on the shared tree (benchmarks/README.md)."""
+    from hardware_models.calibration.sources import load_measurements
+
+    table = load_measurements(from_shared="l40s").table
+    rows = table[table["op_class"] == "all_reduce"]
+    held = rows[holdout_mask(rows, 0.5, 0)]
+    predicted = predict_all(held, load_gpu("l40s"))
+    mape = float(np.mean(np.abs(predicted - held["measured_s"]) / held["measured_s"]))
+    assert mape < 0.32
