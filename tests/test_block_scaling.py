@@ -198,3 +198,25 @@ def test_the_roofline_request_takes_block_scaled_gemm_dtypes_only_for_gemms():
         parse_request({"op": "embedding", "dtype": "mxfp4", "tokens": 8, "hidden": 64}, "x")
     with pytest.raises(InfersimError, match="for gemm also fp8_block, nvfp4, mxfp4"):
         parse_request({"op": "gemm", "dtype": "fp7", "m": 1, "n": 1, "k": 1}, "x")
+
+
+@pytest.mark.parametrize(("gpu", "kernel"), [(H100, "fp8_block"), (B200, "nvfp4")])
+def test_the_fit_reads_the_memory_curve_at_the_bytes_pricing_moves(gpu, kernel):
+    """gemm_terms' memory-curve size is gemm.py's: operands with their block scales, so
+    a curve is fitted at the x pricing reads it at."""
+    rows = pd.DataFrame(
+        {
+            "gpu": gpu.name,
+            "op_class": "gemm",
+            "m": [1.0, 4.0],
+            "n": 2048.0,
+            "k": 2048.0,
+            "dtype": kernel,
+            "source_dtype": kernel,
+            "source": "mine.csv",  # priced cold, operands L2-resident: no wave traffic
+        }
+    )
+    term = gemm_terms(gpu, rows, kernel).curves[("gemm_memory_by_dtype", kernel)]
+    curve = gpu.efficiency.gemm_terms(kernel)[1]
+    rate = gpu.memory_bandwidth * np.array([curve.at(x) for x in term.size])
+    assert term.seconds == pytest.approx(term.size / rate, rel=1e-12)

@@ -16,6 +16,7 @@ import pandas as pd
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.attention import keys_per_query
+from hardware_models.block_scaling import operand_bytes, stored_bytes
 from hardware_models.calibration.benchmark_loops import (
     EAGER_RUNS,
     eager_seconds,
@@ -71,8 +72,9 @@ def gemm_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, kernel: str) -> Terms:
     # series with the math: fixed where the compute term binds.
     floor = fixed + np.where(compute_binds, compute - math_s, 0.0)
     math_binds = compute_binds & (math_s >= stream)
-    dtype = parse_dtype(kernel)
-    bpe, out_bpe = bytes_per_element(dtype), bytes_per_element(output_dtype(dtype))
+    # The bytes gemm.py's memory curves read at: operands with their block scales.
+    bpe, bpe_b = operand_bytes(kernel), stored_bytes(kernel)
+    out_bpe = bytes_per_element(output_dtype(parse_dtype(kernel)))
     m, n, k = (rows[c].to_numpy(dtype=float) for c in ("m", "n", "k"))
     eager = timed_eagerly(rows).to_numpy()
     if eager.any():
@@ -89,7 +91,7 @@ def gemm_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, kernel: str) -> Terms:
         memory_binds = ~compute_binds & ~host_bound
     else:
         memory_binds = ~compute_binds
-    compulsory = (m * k + k * n) * bpe + m * n * out_bpe  # gemm.py's memory-curve size
+    compulsory = m * k * bpe + k * n * bpe_b + m * n * out_bpe  # gemm.py's memory-curve size
     warm = l2_hit_fraction(gpu, rows["loop_bytes"].to_numpy(dtype=float)) > 0.5
     key = dtype_key(kernel)
     return Terms(
