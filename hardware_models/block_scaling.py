@@ -249,13 +249,17 @@ def weight_support(gpu: AcceleratorSpec, fmt: str) -> str | None:
 
 def check_weight_support(gpu: AcceleratorSpec, fmt: str, field: str) -> None:
     """Refuse 4-bit block-scaled weights on a GPU that vLLM has no kernel for, naming the
-    GPU and the formats it can run."""
-    if fmt not in _DEQUANTISED or weight_support(gpu, fmt) is not None:
+    GPU and the formats it can run. Plain fp4 is checked as the format it is stored as
+    (scaled_format: mxfp4)."""
+    scaled = scaled_format(fmt)
+    name = scaled.name if scaled is not None else str(fmt).strip().lower()
+    if name not in _DEQUANTISED or weight_support(gpu, name) is not None:
         return
-    runs = [name for name in _DEQUANTISED if weight_support(gpu, name) is not None]
+    runs = [other for other in _DEQUANTISED if weight_support(gpu, other) is not None]
+    read_as = f" (read as {name})" if name != str(fmt).strip().lower() else ""
     raise InfersimError(
-        f"{field}: {gpu.name} ({gpu.architecture}) has no kernels for {fmt} weights "
-        f"(vLLM: fp4 tensor cores on Blackwell, Marlin W4A16 on NVIDIA sm_80+"
-        f"{', Triton on CDNA3 for mxfp4' if fmt == 'mxfp4' else ''}); "
+        f"{field}: {gpu.name} ({gpu.architecture}) has no kernels for {fmt}{read_as} "
+        f"weights (vLLM: fp4 tensor cores on Blackwell, Marlin W4A16 on NVIDIA sm_80+"
+        f"{', Triton on CDNA3 for mxfp4' if name == 'mxfp4' else ''}); "
         f"4-bit formats it runs: {', '.join(runs) or 'none'}"
     )
