@@ -367,9 +367,12 @@ class Replica:
         n = len(dec)
         prefill_tokens = pairs = context = finishing = 0
         completes = False
+        chunks = []  # (new tokens, pairs, keys) of each chunk: MLA prices them by sequence
         for slot, chunk in zip(plan.prefill_slots, plan.prefill_chunks, strict=True):
             kv_len = int(run.computed[slot]) + chunk
-            pairs += causal_pairs(chunk, kv_len, cfg.sliding_window)
+            chunk_pairs = causal_pairs(chunk, kv_len, cfg.sliding_window)
+            chunks.append((chunk, chunk_pairs, kv_len))
+            pairs += chunk_pairs
             context += kv_len
             prefill_tokens += chunk
             if kv_len >= run.target[slot]:
@@ -391,6 +394,7 @@ class Replica:
             sampled=n + finishing,
             padded_tokens=padded_tokens,
             moe_tokens=moe_tokens,
+            prefill_chunks=chunks,
         )
         return cost, completes
 

@@ -12,6 +12,7 @@ one vectorised call; every way gives the same numbers, to the last bit.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
@@ -37,7 +38,12 @@ from hardware_models.pointwise import (
     embedding_cost,
 )
 from simulator.architecture import ModelArchitecture
-from simulator.engine.latent_attention import MlaDecodeAttention, MlaPrefillAttention, mla_shape
+from simulator.engine.latent_attention import (
+    MlaDecodeAttention,
+    MlaPrefillAttention,
+    PrefillChunk,
+    mla_shape,
+)
 from simulator.engine.moe_layer import ExpertLayout, routed_experts_cost
 from simulator.engine.weight_format import (
     check_block_shards,
@@ -508,11 +514,14 @@ class StepCostModel:
         sampled: int | None = None,
         padded_tokens: int = 0,
         moe_tokens: int = 0,
+        prefill_chunks: Sequence[PrefillChunk] | None = None,
     ) -> StepCost:
         """One step: `decode_seqs` decodes attending `decode_context` keys in total, plus
-        prefill chunks (`prefill_tokens` new tokens over `prefill_seqs` sequences). A dp
-        rank's step runs over `padded_tokens` when that is more (vLLM pads every rank to
-        the largest's count), and its MoE layers over all ranks' `moe_tokens`."""
+        prefill chunks (`prefill_tokens` new tokens over `prefill_seqs` sequences; each
+        chunk's (new tokens, pairs, keys) in `prefill_chunks`, which MLA prices by
+        sequence). A dp rank's step runs over `padded_tokens` when that is more (vLLM
+        pads every rank to the largest's count), and its MoE layers over all ranks'
+        `moe_tokens`."""
         tokens = max(decode_seqs + prefill_tokens, padded_tokens)  # a dummy pass: padding
         if tokens < 1:
             raise ValueError("a step must schedule at least one token")
@@ -524,9 +533,13 @@ class StepCostModel:
         flops, dram, kernels = fixed.flops, fixed.dram_bytes, fixed.kernels
         layers = self._layers
         if prefill_tokens:
-            seconds, f, d, compute, memory = self._prefill_attention(
-                prefill_seqs, prefill_tokens, prefill_pairs, prefill_context
-            )
+            if prefill_chunks and self.arch.is_mla:  # each chunk's kernel by its length
+                terms = self._prefill_attention.by_sequence(prefill_chunks, decode_seqs)
+            else:
+                terms = self._prefill_attention(
+                    prefill_seqs, prefill_tokens, prefill_pairs, prefill_context
+                )
+            seconds, f, d, compute, memory = terms
             by_bound[_COMPUTE if compute >= memory else _MEMORY] += seconds * layers
             flops += f * layers
             dram += d * layers
