@@ -113,9 +113,10 @@ class AcceleratorSpec(BaseModel):
     compute_capability: str | None = Field(
         default=None,
         pattern=r"^\d{1,2}\.\d{1,2}$",
-        description="CUDA compute capability (major.minor), required for Blackwell, which is "
-        "two GEMM machines: 10.x (B200, GB200: tcgen05 MMAs, tensor memory, 2-SM UMMA) and "
-        "12.x (RTX 50, RTX PRO: warp-level MMAs like Ada)",
+        description="CUDA compute capability (major.minor; a YAML number such as 10.0 is "
+        "read as text), required for Blackwell, which is two GEMM machines: 10.x or 11.x "
+        "(B200, GB200, B300: tcgen05 MMAs, tensor memory, 2-SM UMMA) and 12.x (RTX 50, RTX "
+        "PRO: warp-level MMAs like Ada)",
     )
     sm_count: int = Field(gt=0, description="streaming multiprocessors (NVIDIA) or CUs (AMD)")
 
