@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hardware_models.dtypes import Dtype
 from hardware_models.efficiency import EfficiencyProfile, profile_json
@@ -91,6 +91,10 @@ class PriceSpec(BaseModel):
     date: str = Field(pattern=r"^\d{4}-\d{2}(-\d{2})?$", description="YYYY-MM or YYYY-MM-DD")
 
 
+# Compute capability majors of Blackwell chips: 10 and 11 datacenter, 12 workstation.
+BLACKWELL_MAJORS = frozenset({10, 11, 12})
+
+
 class AcceleratorSpec(BaseModel):
     """What one chip can do. Validated strictly: an unknown or missing field is an error."""
 
@@ -109,11 +113,25 @@ class AcceleratorSpec(BaseModel):
     compute_capability: str | None = Field(
         default=None,
         pattern=r"^\d{1,2}\.\d{1,2}$",
-        description="CUDA compute capability (major.minor), required for Blackwell, which is "
-        "two GEMM machines: 10.x (B200, GB200: tcgen05 MMAs, tensor memory, 2-SM UMMA) and "
-        "12.x (RTX 50, RTX PRO: warp-level MMAs like Ada)",
+        description="CUDA compute capability (major.minor; a YAML number such as 10.0 is "
+        "read as text), required for Blackwell, which is two GEMM machines: 10.x or 11.x "
+        "(B200, GB200, B300: tcgen05 MMAs, tensor memory, 2-SM UMMA) and 12.x (RTX 50, RTX "
+        "PRO: warp-level MMAs like Ada)",
     )
     sm_count: int = Field(gt=0, description="streaming multiprocessors (NVIDIA) or CUs (AMD)")
+
+    @field_validator("compute_capability", mode="before")
+    @classmethod
+    def _capability_as_text(cls, value: object) -> object:
+        """YAML reads `compute_capability: 10.0` as a number: take it as "10.0"."""
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int):
+            return f"{value}.0"
+        if isinstance(value, float):
+            return str(value)
+        return value
+
     tensor_cores_per_sm: int = Field(gt=0)
     boost_clock_mhz: float = Field(gt=0, description="max boost clock, MHz")
     tensor_clock_mhz: float | None = Field(
@@ -165,12 +183,24 @@ class AcceleratorSpec(BaseModel):
         for dtype, rate in self.tensor_flops_per_core_per_clock.items():
             if rate <= 0:
                 raise ValueError(f"tensor_flops_per_core_per_clock.{dtype.value} must be > 0")
-        if self.architecture.strip().lower() == "blackwell" and self.compute_capability is None:
-            raise ValueError(
-                "compute_capability is required for a Blackwell GPU: 10.0 (B200, GB200) or "
-                "12.0 (RTX 50 series, RTX PRO Blackwell), whose GEMM kernels differ"
-            )
+        if self.architecture.strip().lower() == "blackwell":
+            self._check_blackwell_capability()
         return self
+
+    def _check_blackwell_capability(self) -> None:
+        """Blackwell is two GEMM machines told apart by the major (gemm_family): a
+        capability of another architecture would silently price the wrong one."""
+        allowed = (
+            "10.x or 11.x (datacenter: B200, GB200, B300) or 12.x (RTX 50 series, RTX PRO "
+            "Blackwell), whose GEMM kernels differ"
+        )
+        if self.compute_capability is None:
+            raise ValueError(f"compute_capability is required for a Blackwell GPU: {allowed}")
+        major = int(self.compute_capability.split(".")[0])
+        if major not in BLACKWELL_MAJORS:
+            raise ValueError(
+                f"compute_capability {self.compute_capability} is not a Blackwell one: {allowed}"
+            )
 
     def __hash__(self) -> int:
         # Consistent with field equality; lets operator costs be memoised per chip. The

@@ -57,8 +57,8 @@ class ScaledFormat:
     element: Dtype  # what the tensor cores multiply
     block_k: int  # elements along k sharing one scale
     weight_block_rows: int  # weight rows (n) sharing it: 128 for fp8_block, 1 for MX/NV
-    scale_bytes: float  # 4 (fp32), 1 (fp8 e4m3 or e8m0)
-    tensor_scale: bool  # a second, per-tensor fp32 scale (nvfp4)
+    scale_bytes: float  # 4 (fp32), 1 (fp8 e4m3 or e8m0); nvfp4's per-tensor fp32 scale,
+    # 4 bytes a matrix, is left out
     hardware_format: bool  # an MX/NV format Blackwell's tensor cores scale themselves
 
     @property
@@ -74,9 +74,9 @@ class ScaledFormat:
         return bytes_per_element(self.element) + self.scale_bytes / self.block_k
 
 
-FP8_BLOCK = ScaledFormat("fp8_block", Dtype.FP8, 128, 128, 4.0, False, False)
-NVFP4 = ScaledFormat("nvfp4", Dtype.FP4, 16, 1, 1.0, True, True)
-MXFP4 = ScaledFormat("mxfp4", Dtype.FP4, 32, 1, 1.0, False, True)
+FP8_BLOCK = ScaledFormat("fp8_block", Dtype.FP8, 128, 128, 4.0, False)
+NVFP4 = ScaledFormat("nvfp4", Dtype.FP4, 16, 1, 1.0, True)
+MXFP4 = ScaledFormat("mxfp4", Dtype.FP4, 32, 1, 1.0, True)
 FORMATS: dict[str, ScaledFormat] = {f.name: f for f in (FP8_BLOCK, NVFP4, MXFP4)}
 # A plain fp4 GEMM is an MXFP4 one (the OCP standard the planner stores fp4 weights as).
 _PLAIN_AS = {Dtype.FP4.value: MXFP4}
@@ -249,13 +249,17 @@ def weight_support(gpu: AcceleratorSpec, fmt: str) -> str | None:
 
 def check_weight_support(gpu: AcceleratorSpec, fmt: str, field: str) -> None:
     """Refuse 4-bit block-scaled weights on a GPU that vLLM has no kernel for, naming the
-    GPU and the formats it can run."""
-    if fmt not in _DEQUANTISED or weight_support(gpu, fmt) is not None:
+    GPU and the formats it can run. Plain fp4 is checked as the format it is stored as
+    (scaled_format: mxfp4)."""
+    scaled = scaled_format(fmt)
+    name = scaled.name if scaled is not None else str(fmt).strip().lower()
+    if name not in _DEQUANTISED or weight_support(gpu, name) is not None:
         return
-    runs = [name for name in _DEQUANTISED if weight_support(gpu, name) is not None]
+    runs = [other for other in _DEQUANTISED if weight_support(gpu, other) is not None]
+    read_as = f" (read as {name})" if name != str(fmt).strip().lower() else ""
     raise InfersimError(
-        f"{field}: {gpu.name} ({gpu.architecture}) has no kernels for {fmt} weights "
-        f"(vLLM: fp4 tensor cores on Blackwell, Marlin W4A16 on NVIDIA sm_80+"
-        f"{', Triton on CDNA3 for mxfp4' if fmt == 'mxfp4' else ''}); "
+        f"{field}: {gpu.name} ({gpu.architecture}) has no kernels for {fmt}{read_as} "
+        f"weights (vLLM: fp4 tensor cores on Blackwell, Marlin W4A16 on NVIDIA sm_80+"
+        f"{', Triton on CDNA3 for mxfp4' if name == 'mxfp4' else ''}); "
         f"4-bit formats it runs: {', '.join(runs) or 'none'}"
     )

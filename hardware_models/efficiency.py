@@ -242,6 +242,11 @@ class DecodeKernel(BaseModel):
 DECODE_KERNEL_FIELDS: tuple[str, ...] = tuple(DecodeKernel.model_fields)
 
 
+def _set_or(value: float | None, fallback: float) -> float:
+    """An optional field's value where set (fitted), else the one it falls back to."""
+    return fallback if value is None else value
+
+
 class EfficiencyProfile(BaseModel):
     """How close real kernels on one chip come to its roofline.
 
@@ -658,9 +663,7 @@ class EfficiencyProfile(BaseModel):
     @property
     def split_k_pass_us(self) -> float:
         """gemm_split_k_overhead_us, or one kernel floor where it is not set."""
-        if self.gemm_split_k_overhead_us is None:
-            return self.kernel_floor_us
-        return self.gemm_split_k_overhead_us
+        return _set_or(self.gemm_split_k_overhead_us, self.kernel_floor_us)
 
     def gemm_kernel(
         self, dtype: object, default: GemmKernel | None = None
@@ -744,11 +747,7 @@ class EfficiencyProfile(BaseModel):
 
     @property
     def decode_floor_us(self) -> float:
-        return (
-            self.attention_floor_us
-            if self.attention_decode_floor_us is None
-            else self.attention_decode_floor_us
-        )
+        return _set_or(self.attention_decode_floor_us, self.attention_floor_us)
 
     # MLA's own fields where fitted, else the attention kernels' (one place for the
     # fallback: the pricing and the fitter both read these).
@@ -759,9 +758,7 @@ class EfficiencyProfile(BaseModel):
     @property
     def mla_decode_floor(self) -> float:
         """mla_decode_floor_us, or decode_floor_us, in microseconds."""
-        return (
-            self.decode_floor_us if self.mla_decode_floor_us is None else self.mla_decode_floor_us
-        )
+        return _set_or(self.mla_decode_floor_us, self.decode_floor_us)
 
     def mla_decode_query_threshold(self, kv_dtype: object) -> int:
         """mla_decode_query_threshold_by_kv's entry for `kv_dtype`, else 1."""
@@ -770,9 +767,7 @@ class EfficiencyProfile(BaseModel):
     @property
     def mla_decode_cta_latency(self) -> float:
         """mla_decode_cta_latency_us, or decode_cta_latency_us, in microseconds."""
-        if self.mla_decode_cta_latency_us is None:
-            return self.decode_cta_latency_us
-        return self.mla_decode_cta_latency_us
+        return _set_or(self.mla_decode_cta_latency_us, self.decode_cta_latency_us)
 
     @property
     def mla_prefill_compute_curve(self) -> EfficiencyCurve:
@@ -781,11 +776,7 @@ class EfficiencyProfile(BaseModel):
     @property
     def mla_prefill_floor(self) -> float:
         """mla_prefill_floor_us, or prefill_floor_us, in microseconds."""
-        return (
-            self.prefill_floor_us
-            if self.mla_prefill_floor_us is None
-            else self.mla_prefill_floor_us
-        )
+        return _set_or(self.mla_prefill_floor_us, self.prefill_floor_us)
 
 
 def _normalised_keys(v: dict, key: Callable[[str], str]) -> dict:

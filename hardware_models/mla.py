@@ -164,6 +164,11 @@ class MlaDecode:
         fp8_us = eff.mla_fp8_kv_us if bytes_per_element(kv) < 2 else 0.0
         self.floor = (eff.mla_decode_floor + fp8_us) * 1e-6
         self.query_threshold = eff.mla_decode_query_threshold(kv)
+        # FlashMLA, the backend of 8-bit caches, takes uniform query lengths only
+        # (QueryLenSupport.UNIFORM): vLLM's MLA metadata builder then sends every query
+        # of a length other than the step's first (after its decodes) down the prefill
+        # path, so a short chunk beside one-token decodes is decompressed.
+        self.uniform_queries = bytes_per_element(kv) < 2
         self._one_step: dict[int, Callable[[int], tuple[float, float, float]]] = {}
 
     def _pad(self, rows):
@@ -261,6 +266,12 @@ class MlaDecode:
         return seconds, compute, memory, dram, flops
 
 
+def absorbed_call(num_seqs, new_tokens, query_threshold: int):
+    """Whether `num_seqs` chunks of equal length, `new_tokens` in all, run vLLM's MLA
+    decode kernel: each at most the backend's query threshold (reorder_batch_threshold)."""
+    return new_tokens <= num_seqs * query_threshold
+
+
 class MlaPrefill:
     """MLA prefill attention for one layer shape: decompressed K/V through flash
     attention, except where vLLM runs the decode kernel instead: one token per sequence,
@@ -289,8 +300,10 @@ class MlaPrefill:
         self.decode = MlaDecode(gpu, shape, kv_dtype, dtype)
 
     def absorbed(self, num_seqs, new_tokens):
-        """Whether calls run the decode kernel (no decompression): scalars or arrays."""
-        return new_tokens <= num_seqs * self.decode.query_threshold
+        """Whether calls of `num_seqs` equal chunks (a table row's) run the decode kernel
+        (no decompression): scalars or arrays. A step of chunks of several lengths is
+        classified per sequence (simulator.engine.latent_attention)."""
+        return absorbed_call(num_seqs, new_tokens, self.decode.query_threshold)
 
     def many(self, num_seqs, new_tokens, attended_pairs, context_tokens) -> tuple[np.ndarray, ...]:
         """(seconds, flops, dram_bytes, compute_s, memory_s) per call (numpy arrays)."""
@@ -448,11 +461,13 @@ def mla_module_cost(
     gemm_dtype: str = "bf16",
     kv_dtype: str | Dtype = "bf16",
 ) -> OpCost:
-    """The whole MLA module of one layer (vLLM's DeepseekV2MLAAttention forward):
-    projections, the two latent norms, rotary, attention and the output projection.
-    `gemm_dtype` is the linear layers' kernel dtype (bf16, fp8, fp8_block)."""
+    """The whole MLA module of one layer (vLLM's DeepseekV2MLAAttention forward) over
+    `num_seqs` chunks of equal length (a table row's): projections, the two latent
+    norms, rotary, attention and the output projection. `gemm_dtype` is the linear
+    layers' kernel dtype (bf16, fp8, fp8_block)."""
     # The absorbed kernel's calls (decodes, short chunks) take W_UK / W_UV, not kv_b.
-    decode = bool(MlaPrefill(gpu, shape, kv_dtype).absorbed(num_seqs, new_tokens))
+    threshold = gpu.efficiency.mla_decode_query_threshold(kv_dtype)
+    decode = bool(absorbed_call(num_seqs, new_tokens, threshold))
     parts: list[OpCost] = []
     for _, cached, n, k, quantised in mla_projection_gemms(shape, decode):
         m = max(context_tokens if cached else new_tokens, 1)

@@ -58,7 +58,7 @@ TOPK_PAIR_BYTES = 8.0
 # Bytes a quantisation pass moves per element: read 16-bit, write 8-bit.
 QUANT_PASS_BYTES = 3.0
 ROUTING_KINDS = ("balanced", "round_robin", "power_law")
-# Bytes of one L2 sector, the unit an uncoalesced load moves.
+# Bytes of one L2 sector, what unaligned_sector charges per operand element.
 SECTOR_BYTES = 32.0
 
 
@@ -366,14 +366,16 @@ def marlin_stream_s(
 
 
 def unaligned_sector(k) -> np.ndarray:
-    """L2 bytes a grouped GEMM moves per operand element when its rows are `k` elements
-    long: 0 when k is a multiple of 16 (vectorised loads, counted by the panel streams),
-    else one 32-byte sector per element. Triton specialises an integer argument only
-    on divisibility by 16; a row stride it cannot prove so leaves it nothing to
-    vectorise or coalesce by, so the down projection of an expert split to 58, 116 or
-    232 columns (Nemotron's, 8-32 ways) reads its operands one element per sector: on
-    the public H100 and A100 tables those layers take about the same time on both
-    chips (the A100's L2 bandwidth is the H100's), 2-7x what their bytes would."""
+    """L2 bytes charged per operand element of a grouped GEMM whose rows are `k`
+    elements long: 0 when k is a multiple of 16 (vectorised loads, counted by the panel
+    streams), else one 32-byte sector per element. Triton specialises an integer
+    argument only on divisibility by 16, so a row stride it cannot prove so gets scalar
+    loads; a warp's scalar loads of contiguous bf16 still coalesce into ~2 sectors per
+    32 elements, so a sector per element is not the mechanism but an empirical bound:
+    on the public H100 and A100 tables the down projections of experts split to 58, 116
+    or 232 columns (Nemotron's, 8-32 ways) take about the same time on both chips (their
+    L2 bandwidths are the same), 2-7x what their bytes would, and this bound, from the
+    chips' L2 figures, matches that; the cause inside the kernel is not established."""
     return np.where(np.asarray(k, dtype=np.int64) % 16 == 0, 0.0, SECTOR_BYTES)
 
 
@@ -487,7 +489,7 @@ def moe_parts(
             else:
                 waves = np.ceil(tiles * np.ceil(n / BLOCK_N) / gpu.sm_count)
                 stream = waves * (cta_s + panel * cta_s_per_byte)
-                # Rows of K elements Triton cannot vectorise: a sector per element.
+                # Rows of K elements Triton cannot vectorise: the sector-per-element bound.
                 elements = tiles * np.ceil(n / BLOCK_N) * (BLOCK_N + rows) * k
                 stream = np.maximum(stream, elements * unaligned_sector(k) / l2_rate)
             l2 = tiles * np.ceil(n / BLOCK_N) * panel

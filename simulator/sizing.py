@@ -17,6 +17,7 @@ from simulator.memory_planner import (
     GB,
     activation_bytes,
     stage_weight_bytes,
+    weight_bytes_per_param,
 )
 
 TRAINING_MULTIPLIER = 6
@@ -32,15 +33,17 @@ _OPTIMIZER_BYTES = 12
 def quick_inference_gpus(
     arch: ModelArchitecture, gpu: AcceleratorSpec, dtype: str | Dtype = Dtype.FP16
 ) -> int:
-    """ceil(params x bytes per param / GPU memory): weights only, nothing else."""
-    return math.ceil(arch.param_count() * bytes_per_element(dtype) / gpu.marketed_memory_bytes)
+    """ceil(params x bytes per param / GPU memory): weights only, nothing else (a
+    block-scaled format's bytes include its scales: weight_bytes_per_param)."""
+    weights = arch.param_count() * weight_bytes_per_param(dtype)
+    return math.ceil(weights / gpu.marketed_memory_bytes)
 
 
 def quick_training_gpus(
     arch: ModelArchitecture, gpu: AcceleratorSpec, dtype: str | Dtype = Dtype.FP16
 ) -> int:
     """ceil(params x bytes per param x 6 / GPU memory); see TRAINING_MULTIPLIER."""
-    weights = arch.param_count() * bytes_per_element(dtype)
+    weights = arch.param_count() * weight_bytes_per_param(dtype)
     return math.ceil(weights * TRAINING_MULTIPLIER / gpu.marketed_memory_bytes)
 
 

@@ -131,8 +131,9 @@ def test_the_engine_runs_nvfp4_natively_on_blackwell_and_dequantised_on_hopper()
 
 
 def test_fp8_block_rows_of_the_public_table_are_priced_as_timed_eagerly():
-    """aiconfigurator's "vllm_default" collector ran fp8_block GEMMs without a CUDA graph:
-    a row takes at least its kernels' host launches; graphed rows and other tables do not."""
+    """aiconfigurator's vLLM collector ran fp8_block GEMMs without a CUDA graph up to
+    vLLM 0.24 (kernel-naming rows included): a row takes at least its kernels' host
+    launches; graphed rows, later collectors and other tables do not."""
     rows = pd.DataFrame(
         {
             "gpu": "h100-sxm",
@@ -142,13 +143,20 @@ def test_fp8_block_rows_of_the_public_table_are_priced_as_timed_eagerly():
             "k": 128.0,
             "dtype": ["fp8", "fp8", "fp8"],
             "source_dtype": ["fp8_block", "fp8", "fp8_block"],
-            "source": ["/x/h100_sxm/gemm_perf.parquet:vllm_default"] * 2 + ["mine.csv"],
+            "source": ["/x/h100_sxm/gemm_perf.parquet:VLLM==0.19.0:vllm_default"] * 2
+            + ["mine.csv"],
         }
     )
     assert timed_eagerly(rows).tolist() == [True, False, False]
-    # A later collector names the kernel it timed, inside a CUDA graph.
-    graphed = rows.assign(source="/x/l40s/gemm_perf.parquet:TritonFp8BlockScaledMMKernel")
+    # vLLM 0.24.0's collector names the kernel it selected and still runs it eagerly.
+    named = rows.assign(
+        source="/x/l40s/gemm_perf.parquet:VLLM==0.24.0:TritonFp8BlockScaledMMKernel"
+    )
+    assert timed_eagerly(named).tolist() == [True, False, True]
+    graphed = rows.assign(source="/x/b300/gemm_perf.parquet:VLLM==0.25.0:SomeKernel")
     assert not timed_eagerly(graphed).any()
+    unknown_collector = rows.assign(source="/x/h100_sxm/gemm_perf.parquet:vllm_default")
+    assert not timed_eagerly(unknown_collector).any()
     priced = predict(rows, gpu_resolver=lambda _name: H100).to_numpy()
     launches = gemm_launches(H100, np.array([5.0]), "fp8_block")[0]
     assert launches == 3  # quantisation, the padding copy (5 rows), the matmul
@@ -171,7 +179,7 @@ def test_the_fit_prices_eager_rows_as_validation_does_and_learns_no_curve_from_h
             "k": [128.0, 8192.0],
             "dtype": "fp8",
             "source_dtype": "fp8_block",
-            "source": "/x/h100_sxm/gemm_perf.parquet:vllm_default",
+            "source": "/x/h100_sxm/gemm_perf.parquet:VLLM==0.19.0:vllm_default",
         }
     )
     terms = gemm_terms(H100, rows, "fp8_block")
@@ -190,3 +198,25 @@ def test_the_roofline_request_takes_block_scaled_gemm_dtypes_only_for_gemms():
         parse_request({"op": "embedding", "dtype": "mxfp4", "tokens": 8, "hidden": 64}, "x")
     with pytest.raises(InfersimError, match="for gemm also fp8_block, nvfp4, mxfp4"):
         parse_request({"op": "gemm", "dtype": "fp7", "m": 1, "n": 1, "k": 1}, "x")
+
+
+@pytest.mark.parametrize(("gpu", "kernel"), [(H100, "fp8_block"), (B200, "nvfp4")])
+def test_the_fit_reads_the_memory_curve_at_the_bytes_pricing_moves(gpu, kernel):
+    """gemm_terms' memory-curve size is gemm.py's: operands with their block scales, so
+    a curve is fitted at the x pricing reads it at."""
+    rows = pd.DataFrame(
+        {
+            "gpu": gpu.name,
+            "op_class": "gemm",
+            "m": [1.0, 4.0],
+            "n": 2048.0,
+            "k": 2048.0,
+            "dtype": kernel,
+            "source_dtype": kernel,
+            "source": "mine.csv",  # priced cold, operands L2-resident: no wave traffic
+        }
+    )
+    term = gemm_terms(gpu, rows, kernel).curves[("gemm_memory_by_dtype", kernel)]
+    curve = gpu.efficiency.gemm_terms(kernel)[1]
+    rate = gpu.memory_bandwidth * np.array([curve.at(x) for x in term.size])
+    assert term.seconds == pytest.approx(term.size / rate, rel=1e-12)

@@ -46,6 +46,29 @@ def test_estimate_training_zero3(capsys):
     assert code == 0 and "ZeRO-3" in out and "optimizer states" in out
 
 
+def _weights_gb(out: str) -> float:
+    line = next(x for x in out.splitlines() if x.strip().startswith("weights"))
+    return float(line.split()[1])
+
+
+def test_estimate_reads_precision_as_run_reads_weight_dtype(capsys):
+    """nvfp4 keeps its spelling and its scales (an fp8 scale per 16 weights, not mxfp4's
+    e8m0 per 32: ~2.1 GB more on 70B), and a format the GPU has no kernels for is refused
+    as `run` refuses it."""
+    estimate = ("estimate", "--model", "llama-3.1-70b", "--gpu")
+    code, nv, _ = run(capsys, *estimate, "b200", "--precision", "nvfp4")
+    assert code == 0 and "nvfp4 weights" in nv
+    code, mx, _ = run(capsys, *estimate, "b200", "--precision", "mxfp4")
+    assert code == 0 and "mxfp4 weights" in mx
+    # 1/32 byte more per quantised weight (embeddings and norms stay bf16)
+    assert 2.0 < _weights_gb(nv) - _weights_gb(mx) < 70.55 / 32
+    code, _, err = run(capsys, *estimate, "mi300x", "--precision", "nvfp4")
+    assert code == 2 and "--precision: mi300x (CDNA3) has no kernels for nvfp4" in err
+    hypothetical = "scenarios/hardware/hypothetical-accelerator.yaml"
+    code, _, err = run(capsys, *estimate, hypothetical, "--precision", "fp4")
+    assert code == 2 and "no kernels for fp4 (read as mxfp4) weights" in err
+
+
 def test_roofline_single_and_csv(capsys, tmp_path):
     code, out, _ = run(
         capsys, "roofline", "--gpu", "h100-sxm", "--op", "gemm",

@@ -185,6 +185,55 @@ def test_the_engine_decompresses_the_prefix_only_outside_the_decode_kernel():
     assert flash[1] - attention_flops == pytest.approx(kv_b_flops)
 
 
+def _engine_prefill(kv: str):
+    """The engine's MLA prefill on the H100 with FlashAttention MLA's and FlashMLA's
+    query thresholds (512 with a 16-bit cache, 128 with an 8-bit one)."""
+    from hardware_models.dtypes import Dtype
+    from simulator.engine.latent_attention import MlaPrefillAttention
+
+    thresholds = {"bf16": 512, "fp8": 128}
+    eff = H100.efficiency.model_copy(update={"mla_decode_query_threshold_by_kv": thresholds})
+    return MlaPrefillAttention(
+        H100.with_efficiency(eff), DEEPSEEK_V3, dtype=Dtype.BF16, kv_dtype=Dtype(kv),
+        compute_dtype="bf16", weight_dtype=Dtype.BF16,
+    )  # fmt: skip
+
+
+LONG = (1500, causal_pairs(1500, 1500), 1500)  # a 1,500-token chunk from empty
+SHORT = (10, causal_pairs(10, 2010), 2010)  # 10 tokens after 2,000 cached
+
+
+def test_a_steps_chunks_are_classed_by_their_own_length():
+    """vLLM sends each request down the decode or the prefill path by its own query
+    length: one long chunk and three short ones are two calls, not one flash call over
+    1,530 tokens (which also decompressed the short ones' 6,000 cached tokens)."""
+    engine = _engine_prefill("bf16")
+    long, short = engine(1, *LONG), engine(3, 30, 3 * SHORT[1], 3 * SHORT[2])
+    mixed = engine.by_sequence([LONG, SHORT, SHORT, SHORT], decodes=4)
+    assert mixed == tuple(a + b for a, b in zip(short, long, strict=True))
+    one_call = engine(4, 1530, LONG[1] + 3 * SHORT[1], 1500 + 3 * 2010)
+    assert mixed[0] < 0.8 * one_call[0]
+    # Chunks of one class are the call they always were.
+    assert engine.by_sequence([SHORT] * 3, decodes=0) == short
+
+
+def test_flashmla_absorbs_only_a_step_of_uniform_query_lengths():
+    """FlashMLA (8-bit caches) takes uniform query lengths: short chunks beside one-token
+    decodes, or beside chunks of another length, go down the prefill path."""
+    engine = _engine_prefill("fp8")
+    alone = engine.by_sequence([SHORT] * 3, decodes=0)
+    assert alone == engine(3, 30, 3 * SHORT[1], 3 * SHORT[2])  # absorbed
+    flash = engine._flash(3, 30, 3 * SHORT[1], 3 * SHORT[2])
+    assert engine.by_sequence([SHORT] * 3, decodes=4) == flash
+    other = (20, causal_pairs(20, 2020), 2020)
+    assert engine.by_sequence([SHORT, other], decodes=0) == engine._flash(
+        2, 30, SHORT[1] + other[1], SHORT[2] + other[2]
+    )
+    # FlashAttention MLA (16-bit caches) takes any mix.
+    bf16 = _engine_prefill("bf16")
+    assert bf16.by_sequence([SHORT] * 3, decodes=4) == bf16.by_sequence([SHORT] * 3, decodes=0)
+
+
 def test_chunk_terms_are_parts_in_plain_floats():
     """The engine's scalar path for calls the decode kernel runs equals MlaPrefill.many."""
     eff = H100.efficiency.model_copy(update={"mla_decode_query_threshold_by_kv": {"bf16": 512}})
@@ -212,3 +261,32 @@ def test_the_uncompiled_module_runs_pytorch_native_norms_and_rotary():
     assert eager[0].dram_bytes + eager[1].dram_bytes == norm_elements * 36
     assert eager[0].kernels == len(EAGER_RMSNORM)
     assert sum(c.seconds for c in eager) > sum(c.seconds for c in fused)
+
+
+def test_the_step_prices_mla_prefill_by_sequence():
+    """StepCostModel.step takes each chunk's (new, pairs, keys) from the replica and
+    prices an MLA model's prefill attention by class: per layer the saving of two calls
+    over one aggregated flash call."""
+    from hardware_models.calibration_lookup import choose_calibration
+    from hardware_models.presets import load_node
+    from simulator.engine.step_cost import StepCostModel
+    from simulator.model_catalog import load_model
+
+    arch = load_model("deepseek-v3")
+    gpu = choose_calibration(load_gpu("h200-sxm")).gpu
+    model = StepCostModel(arch, gpu, load_node("hgx-h200"), weight_dtype="fp8_block", tp=8)
+    chunks = [LONG, SHORT, SHORT, SHORT]
+    step = {
+        "decode_seqs": 0,
+        "decode_context": 0,
+        "prefill_seqs": 4,
+        "prefill_tokens": 1530,
+        "prefill_pairs": LONG[1] + 3 * SHORT[1],
+        "prefill_context": LONG[2] + 3 * SHORT[2],
+    }
+    by_sequence = model.step(**step, prefill_chunks=chunks)
+    aggregated = model.step(**step)
+    attention = model._prefill_attention
+    saved = attention(*list(step.values())[2:])[0] - attention.by_sequence(chunks, 0)[0]
+    assert saved > 0
+    assert aggregated.seconds - by_sequence.seconds == pytest.approx(saved * arch.num_layers)

@@ -204,6 +204,28 @@ def test_a_blackwell_gpu_must_say_which_blackwell_it_is():
         AcceleratorSpec(**raw)
 
 
+def test_a_yaml_number_is_read_as_the_compute_capability(tmp_path):
+    """YAML reads `compute_capability: 10.0` as a float: taken as "10.0", not refused."""
+    raw = _raw(GPU_DIR / "b200.yaml")
+    raw["compute_capability"] = 10.0
+    assert AcceleratorSpec(**raw).compute_capability == "10.0"
+    raw["compute_capability"] = 12
+    assert AcceleratorSpec(**raw).compute_capability == "12.0"
+
+
+def test_a_blackwell_gpu_with_another_architectures_capability_is_refused(tmp_path):
+    """A Blackwell entry saying 9.0 (Hopper's) was priced as sm_100 without a word."""
+    raw = _raw(GPU_DIR / "rtx-pro-6000.yaml")
+    raw["compute_capability"] = "9.0"
+    path = tmp_path / "bw.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(InfersimError) as err:
+        load_gpu(path)
+    message = str(err.value)
+    assert "compute_capability 9.0 is not a Blackwell one: 10.x or 11.x" in message
+    assert "12.x" in message and "\n" not in message.strip()
+
+
 def test_memory_figures():
     assert load_gpu("a100-40gb-sxm").memory.capacity_gb == 40
     assert load_gpu("a100-80gb-sxm").memory.capacity_gb == 80

@@ -12,6 +12,7 @@ step does not pay (timed_eagerly).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -31,23 +32,43 @@ AICONFIGURATOR_GEMM_LAYERS = {"fp8_block": 1}
 AICONFIGURATOR_DEFAULT_LAYERS = 6
 ACTIVATION_BYTES = 2.0  # the collectors' activations are bf16, quantised per call for fp8
 HARNESS_PREFIX = "harness:"  # `calibrate run` rows: one GEMM on the same tensors
-# The aiconfigurator collector that timed fp8_block GEMMs without a CUDA graph
-# (collect_gemm.py: use_cuda_graph=gemm_type != "fp8_block") labels its rows
-# kernel_source "vllm_default" (the public H100 table, vLLM 0.19); later ones name the
-# kernel vLLM selected (the L40S table) and publish graph timing only.
-EAGER_KERNEL_SOURCE = "vllm_default"
+# aiconfigurator's vLLM collector (collect_gemm.py) timed fp8_block GEMMs without a CUDA
+# graph (`use_cuda_graph=gemm_type != "fp8_block"`) up to vLLM 0.24.x, the version that
+# began naming the kernel (kernel_source) and still ran it eagerly; aiconfigurator's
+# 0.25.0 collection times it in a graph and keeps 0.24.0's FP8-block rows out of reuse
+# for that reason. read_gemm writes the version into each row's `source`.
+EAGER_COLLECTOR = "VLLM"
+GRAPHED_FROM_VERSION = (0, 25, 0)
 EAGER_GEMM_DTYPES = frozenset({"fp8_block"})
 # Calls the collector's eager path times between its two CUDA events (benchmark_with_power:
 # num_runs = 6 without power sampling), the GPU idle at the first.
 EAGER_RUNS = 6
 
 
-def _table_file(source: str) -> tuple[str, str]:
-    """(file name, kernel_source) of a row's `source`: read_gemm writes
-    "<path>:<kernel_source>" where the table names its collector's kernels, "<path>"
-    otherwise."""
-    name, _, kernel_source = Path(source).name.partition(":")
-    return name, kernel_source
+def _table_file(source: str) -> tuple[str, str, str]:
+    """(file name, collector, kernel_source) of a row's `source`: read_gemm writes
+    "<path>:<framework>==<version>:<kernel_source>" where the table names its collector
+    and kernels; the last two are empty for a row of any other origin."""
+    name, _, rest = Path(source).name.partition(":")
+    collector, _, kernel_source = rest.rpartition(":")
+    return name, collector, kernel_source
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+def _collector_ran_eagerly(source: str) -> bool:
+    """Whether aiconfigurator's collector named in `source` timed EAGER_GEMM_DTYPES
+    without a CUDA graph: vLLM's, before GRAPHED_FROM_VERSION."""
+    name, collector, _ = _table_file(source)
+    framework, _, version = collector.partition("==")
+    return (
+        name == AICONFIGURATOR_GEMM_FILE
+        and framework.upper() == EAGER_COLLECTOR
+        and bool(_version(version))
+        and _version(version) < GRAPHED_FROM_VERSION
+    )
 
 
 def gemm_loop_bytes(rows: pd.DataFrame, kernel: pd.Series | str) -> np.ndarray:
@@ -97,12 +118,11 @@ def unknown_loop_note(rows: pd.DataFrame, spec: AcceleratorSpec) -> str | None:
 
 def timed_eagerly(table: pd.DataFrame) -> pd.Series:
     """GEMM rows the aiconfigurator collector timed without a CUDA graph: those of
-    EAGER_GEMM_DTYPES from the collector that labels its rows EAGER_KERNEL_SOURCE."""
+    EAGER_GEMM_DTYPES from a collector that ran them eagerly (_collector_ran_eagerly)."""
     eager = table["source_dtype"].isin(EAGER_GEMM_DTYPES)
     if eager.any():  # the sources, once each (a fit prices one table many times)
-        label = (AICONFIGURATOR_GEMM_FILE, EAGER_KERNEL_SOURCE)
-        old_collector = {s: _table_file(str(s)) == label for s in pd.unique(table["source"])}
-        eager &= table["source"].map(old_collector).astype(bool)
+        ran_eagerly = {s: _collector_ran_eagerly(str(s)) for s in pd.unique(table["source"])}
+        eager &= table["source"].map(ran_eagerly).astype(bool)
     return eager
 
 

@@ -215,7 +215,13 @@ def read_gemm(path: Path, gpu: str) -> pd.DataFrame:
     out["size"] = 2.0 * out["m"] * out["n"] * out["k"]
     out["measured_s"] = raw["latency"].to_numpy(dtype=float) / 1e3
     if "kernel_source" in raw:  # which collector, so which timing (benchmark_loops)
-        out["source"] = (f"{path}:" + raw["kernel_source"].astype(str)).to_numpy()
+        collector = (
+            raw["framework"].astype(str) + "==" + raw["version"].astype(str)
+            if {"framework", "version"} <= set(raw.columns)
+            else pd.Series("", index=raw.index)
+        )
+        kernel_source = raw["kernel_source"].astype(str)
+        out["source"] = (f"{path}:" + collector + ":" + kernel_source).to_numpy()
     return out
 
 

@@ -254,9 +254,11 @@ def _projections(
     decode: bool,
     gemm_dtype: str,
 ) -> np.ndarray:
-    """Seconds of the module's GEMMs, latent norms and rotary per row (mla_module_cost's
-    terms, the GEMMs priced as arrays). They depend on the GEMM and streaming fields
-    only, which an MLA fit does not move: each is priced once per such profile."""
+    """Seconds of the module's GEMMs, latent norms and rotary per row: mla_module_cost's
+    GEMMs (priced as arrays), but its norms and rotary as the tables timed them,
+    uncompiled PyTorch ops (mla_pointwise_costs(eager=True)), where mla_module_cost
+    prices a served step's vLLM fused kernels. They depend on the GEMM and streaming
+    fields only, which an MLA fit does not move: each is priced once per such profile."""
     key = (
         gpu.name,
         per_object(gpu.efficiency, "projection_fields", _projection_fields),

@@ -17,6 +17,7 @@ import pandas as pd
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.attention import keys_per_query
+from hardware_models.block_scaling import operand_bytes, stored_bytes
 from hardware_models.calibration.benchmark_loops import (
     EAGER_RUNS,
     eager_seconds,
@@ -75,10 +76,11 @@ class _GemmRows(NamedTuple):
 def _gemm_rows(rows: pd.DataFrame, kernel: str) -> _GemmRows:
     loop_bytes = gemm_loop_bytes(rows, kernel)
     shapes, codes = unique_groups(rows.assign(loop_bytes=loop_bytes), ["m", "n", "k", "loop_bytes"])
-    dtype = parse_dtype(kernel)
-    bpe, out_bpe = bytes_per_element(dtype), bytes_per_element(output_dtype(dtype))
+    # The bytes gemm.py's memory curves read at: operands with their block scales.
+    bpe, bpe_b = operand_bytes(kernel), stored_bytes(kernel)
+    out_bpe = bytes_per_element(output_dtype(parse_dtype(kernel)))
     m, n, k = (rows[c].to_numpy(dtype=float) for c in ("m", "n", "k"))
-    compulsory = (m * k + k * n) * bpe + m * n * out_bpe
+    compulsory = m * k * bpe + k * n * bpe_b + m * n * out_bpe
     eager = timed_eagerly(rows).to_numpy()
     return _GemmRows(shapes, codes, loop_bytes, eager, m, 2.0 * m * n * k, compulsory)
 

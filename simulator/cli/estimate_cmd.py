@@ -8,6 +8,7 @@ from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import parse_dtype
 from hardware_models.errors import InfeasibleError
 from hardware_models.presets import load_gpu
+from simulator.engine.weight_format import check_weight_support, weight_format
 from simulator.memory_planner import GB, plan_memory
 from simulator.model_catalog import load_model
 from simulator.sizing import (
@@ -23,7 +24,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     """Arguments and handler of the subcommand (its one-line help is in cli/main.py)."""
     parser.add_argument("--model", required=True, help="catalog name or config.json path")
     parser.add_argument("--gpu", required=True, help="GPU preset name or YAML path")
-    parser.add_argument("--precision", default="bf16", help="weight dtype (fp16, bf16, fp8, ...)")
+    parser.add_argument(
+        "--precision",
+        default="bf16",
+        help="weight dtype or format, as model.weight_dtype (fp16, bf16, fp8, fp8_block, nvfp4, "
+        "mxfp4, ...)",
+    )
     parser.add_argument("--kv-dtype", help="KV-cache dtype (default: --precision)")
     parser.add_argument("--batch", type=int, default=1, help="sequences in flight")
     parser.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
@@ -49,11 +55,14 @@ def _rows(rows: list[tuple[str, float]]) -> str:
 def _run(args: argparse.Namespace) -> int:
     arch = load_model(args.model)
     gpu = load_gpu(args.gpu)
-    precision = parse_dtype(args.precision)
+    # The weight format as `run` reads model.weight_dtype: nvfp4 stays nvfp4 (its own
+    # scales, its own kernels), and one vLLM has no kernel for on this GPU is refused.
+    precision = weight_format(args.precision)
+    check_weight_support(gpu, precision, "--precision")
     kv_dtype = parse_dtype(args.kv_dtype or args.precision)
     params_b = arch.param_count() / 1e9
     print(f"{arch.display_name} ({params_b:.2f} B parameters) on {gpu.display_name}")
-    print(f"  ({_capacity(gpu)} each), {precision.value} weights")
+    print(f"  ({_capacity(gpu)} each), {precision} weights")
     quick_inf = quick_inference_gpus(arch, gpu, precision)
     quick_train = quick_training_gpus(arch, gpu, precision)
     print("\nQuick sizing (weights only):")

@@ -6,12 +6,15 @@ give them hardware_models.mla's absorbed decode and decompressed prefill. A pref
 chunk that vLLM's MLA backend runs through the decode kernel (up to its query threshold
 a sequence) stays absorbed; a longer one also decompresses its cached prefix (kv_b_proj
 over the tokens computed in earlier steps), which the step's GEMMs over its new tokens
-do not cover.
+do not cover. vLLM classifies each request by its own query length
+(split_decodes_and_prefills), so a step's chunks are priced by class (`by_sequence`):
+one long chunk does not send three short ones to the flash kernel, nor three short
+ones absorb a long one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import Dtype
@@ -20,6 +23,8 @@ from hardware_models.mla import MlaDecode, MlaPrefill, MlaShape
 from simulator.architecture import ModelArchitecture
 
 _KV_B_ROWS = 64  # rows of the smallest GEMM tile
+# One prefill chunk of a step: (new tokens, attended (query, key) pairs, keys).
+PrefillChunk = tuple[int, float, int]
 
 
 def mla_shape(arch: ModelArchitecture, tp: int) -> MlaShape:
@@ -84,13 +89,53 @@ class MlaPrefillAttention:
     def __call__(
         self, num_seqs: int, new_tokens: int, attended_pairs: float, context_tokens: int
     ) -> tuple[float, float, float, float, float]:
-        call = (num_seqs, new_tokens, attended_pairs, context_tokens)
+        """(seconds, flops, dram_bytes, compute_s, memory_s) of `num_seqs` chunks of
+        equal length, `new_tokens` in all (PrefillAttention's interface)."""
         if self._model.absorbed(num_seqs, new_tokens):
-            # The decode kernel over the latent (MlaPrefill's numbers in plain floats):
-            # nothing to decompress.
-            seconds, compute, memory, dram, flops = self._model.decode.chunk_terms(*call)
-            return seconds, flops, dram, compute, memory
-        # The flash kernel's scalar path: MlaPrefill.many's numbers, without numpy's cost.
+            return self._absorbed(num_seqs, new_tokens, attended_pairs, context_tokens)
+        return self._flash(num_seqs, new_tokens, attended_pairs, context_tokens)
+
+    def by_sequence(
+        self, chunks: Sequence[PrefillChunk], decodes: int
+    ) -> tuple[float, float, float, float, float]:
+        """`__call__`'s terms for a step's prefill `chunks` beside `decodes` one-token
+        decodes, each chunk classed by its own length: up to the query threshold the
+        decode kernel, longer the flash kernel; on a backend of uniform query lengths
+        (MlaDecode.uniform_queries) the decode kernel only when every query of the step
+        has one length. Chunks of one class add up to one call of that class."""
+        decode = self._model.decode
+        lengths = {new for new, _, _ in chunks}
+        if decode.uniform_queries:
+            uniform = len(lengths | ({1} if decodes else set())) == 1
+            threshold = decode.query_threshold if uniform else 0
+        else:
+            threshold = decode.query_threshold
+        absorbed = [c for c in chunks if c[0] <= threshold]
+        flash = [c for c in chunks if c[0] > threshold]
+        parts = [
+            price(len(group), *map(sum, zip(*group, strict=True)))
+            for price, group in ((self._absorbed, absorbed), (self._flash, flash))
+            if group
+        ]
+        seconds, flops, dram, compute, memory = map(sum, zip(*parts, strict=True))
+        return seconds, flops, dram, compute, memory
+
+    def _absorbed(
+        self, num_seqs: int, new_tokens: int, attended_pairs: float, context_tokens: int
+    ) -> tuple[float, float, float, float, float]:
+        """The decode kernel over the latent (MlaPrefill's numbers in plain floats):
+        nothing to decompress."""
+        seconds, compute, memory, dram, flops = self._model.decode.chunk_terms(
+            num_seqs, new_tokens, attended_pairs, context_tokens
+        )
+        return seconds, flops, dram, compute, memory
+
+    def _flash(
+        self, num_seqs: int, new_tokens: int, attended_pairs: float, context_tokens: int
+    ) -> tuple[float, float, float, float, float]:
+        """The flash kernel's scalar path (MlaPrefill.many's numbers, without numpy's
+        cost), plus the cached prefix's decompression."""
+        call = (num_seqs, new_tokens, attended_pairs, context_tokens)
         seconds, flops, dram, compute, memory = self._model.flash(*call)
         cached = context_tokens - new_tokens
         if cached > 0:

@@ -374,12 +374,13 @@ class Replica:
         n = len(dec)
         prefill_tokens = pairs = context = finishing = 0
         completes = False
-        chunks = []  # (new tokens, kv length) of each chunk, for sliding-window layers
+        chunks = []  # (new tokens, pairs, keys) of each chunk: MLA prices them by sequence
         for slot, chunk in zip(plan.prefill_slots, plan.prefill_chunks, strict=True):
             kv_len = int(run.computed[slot]) + chunk
-            pairs += causal_pairs(chunk, kv_len)
+            chunk_pairs = causal_pairs(chunk, kv_len)
+            chunks.append((chunk, chunk_pairs, kv_len))
+            pairs += chunk_pairs
             context += kv_len
-            chunks.append((chunk, kv_len))
             prefill_tokens += chunk
             if kv_len >= run.target[slot]:
                 finishing += 1
@@ -401,15 +402,20 @@ class Replica:
             padded_tokens=padded_tokens,
             moe_tokens=moe_tokens,
             window=self._window_sums(dec, chunks),
+            prefill_chunks=chunks,
         )
         return cost, completes
 
-    def _window_sums(self, dec: np.ndarray, chunks: list[tuple[int, int]]) -> WindowSums | None:
-        """The step's sums over each sequence's sliding window (None: no layer slides)."""
+    def _window_sums(
+        self, dec: np.ndarray, chunks: list[tuple[int, int, int]]
+    ) -> WindowSums | None:
+        """The step's sums over each sequence's sliding window (None: no layer slides);
+        `chunks` as plan_cost gathers them, (new tokens, pairs, keys)."""
         window = self.cfg.sliding_window
         if not window:
             return None
-        return window_sums(window, self.running.decode_computed_of(dec) + 1, chunks)
+        keys = [(chunk, kv_len) for chunk, _, kv_len in chunks]
+        return window_sums(window, self.running.decode_computed_of(dec) + 1, keys)
 
     def log_step(
         self, plan: StepPlan, seconds: float, cost: StepCost, held: tuple[int, int] | None = None

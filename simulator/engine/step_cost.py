@@ -15,6 +15,7 @@ the last bit.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
@@ -40,7 +41,12 @@ from hardware_models.pointwise import (
     embedding_cost,
 )
 from simulator.architecture import ModelArchitecture
-from simulator.engine.latent_attention import MlaDecodeAttention, MlaPrefillAttention, mla_shape
+from simulator.engine.latent_attention import (
+    MlaDecodeAttention,
+    MlaPrefillAttention,
+    PrefillChunk,
+    mla_shape,
+)
 from simulator.engine.moe_layer import ExpertLayout, routed_experts_cost
 from simulator.engine.weight_format import (
     check_block_shards,
@@ -581,13 +587,15 @@ class StepCostModel:
         padded_tokens: int = 0,
         moe_tokens: int = 0,
         window: WindowSums | None = None,
+        prefill_chunks: Sequence[PrefillChunk] | None = None,
     ) -> StepCost:
         """One step: `decode_seqs` decodes attending `decode_context` keys in total, plus
-        prefill chunks (`prefill_tokens` new tokens over `prefill_seqs` sequences). A dp
-        rank's step runs over `padded_tokens` when that is more (vLLM pads every rank to
-        the largest's count), and its MoE layers over all ranks' `moe_tokens`. `window`:
-        the same sums over each sequence's last sliding_window keys, for a model with
-        sliding-window layers (see window_sums)."""
+        prefill chunks (`prefill_tokens` new tokens over `prefill_seqs` sequences; each
+        chunk's (new tokens, pairs, keys) in `prefill_chunks`, which MLA prices by
+        sequence). A dp rank's step runs over `padded_tokens` when that is more (vLLM
+        pads every rank to the largest's count), and its MoE layers over all ranks'
+        `moe_tokens`. `window`: the same sums over each sequence's last sliding_window
+        keys, for a model with sliding-window layers (see window_sums)."""
         tokens = max(decode_seqs + prefill_tokens, padded_tokens)  # a dummy pass: padding
         if tokens < 1:
             raise ValueError("a step must schedule at least one token")
@@ -612,9 +620,11 @@ class StepCostModel:
             if sums is not None:
                 pairs, context, keys = sums.prefill_pairs, sums.prefill_context, sums.decode_context
             if prefill_tokens:
-                seconds, f, d, compute, memory = prefill(
-                    prefill_seqs, prefill_tokens, pairs, context
-                )
+                if prefill_chunks and self.arch.is_mla:  # each chunk's kernel by its length
+                    terms = prefill.by_sequence(prefill_chunks, decode_seqs)
+                else:
+                    terms = prefill(prefill_seqs, prefill_tokens, pairs, context)
+                seconds, f, d, compute, memory = terms
                 by_bound[_COMPUTE if compute >= memory else _MEMORY] += seconds * layers
                 flops += f * layers
                 dram += d * layers
