@@ -54,6 +54,9 @@ class StepBound(IntEnum):
 
 _STEP_BOUNDS = tuple(StepBound)  # by value, so a list index names its bound
 _COMPUTE, _MEMORY = int(StepBound.COMPUTE), int(StepBound.MEMORY)
+# The members themselves, looked up once: an enum class attribute costs a lookup through
+# the enum's metaclass, and the engine names one for every step it prices.
+_HOST_BOUND, _MEMORY_BOUND = StepBound.HOST, StepBound.MEMORY
 
 _BOUND_OF = {
     Bound.COMPUTE: StepBound.COMPUTE,
@@ -134,13 +137,16 @@ class DecodeSteps:
         ranks = model.tp
         self.fixed_flops, self.fixed_dram = fixed.flops * ranks, fixed.dram_bytes * ranks
         self.rank_layers = self.layers * ranks
-        self.attention = model._decode_attention
-        self._terms = self.attention.batch_terms(seqs)
-        self._one_step = self.attention.one_step_for(seqs)  # one_step for this batch
+        self.attention = attention = model._decode_attention
+        self._terms = attention.batch_terms(seqs)
+        self._one_step = attention.one_step_for(seqs)  # one_step for this batch
+        self._per_key, self._attn_floor = attention.kv_bytes_per_key, attention.floor
+        self._flops_per_key = attention.flops_per_key
         # The bound when the memory part does not lead: the first largest other part.
         others = list(self.parts)
         others[_MEMORY] = -math.inf
         self._other_bound = others.index(max(others))
+        self._other = _STEP_BOUNDS[self._other_bound]
         self._before = max(self.parts[:_MEMORY])
         self._after = max(self.parts[_MEMORY + 1 :])
 
@@ -151,18 +157,17 @@ class DecodeSteps:
     def price(self, context: int) -> tuple[float, float, float, float, StepBound]:
         """one() as a plain tuple in StepCost's order (cheaper to build, and the replica
         prices runs of decode steps with it one step at a time)."""
-        attention = self.attention
-        if self._terms is None:
+        terms = self._terms
+        if terms is None:
             attn_s, attn_f, attn_d = self._one_step(context)
         else:  # DecodeAttention.one_step with its constant terms worked out once
-            seq_bytes, bandwidth, waves = self._terms
-            attn_d = context * attention.kv_bytes_per_key + seq_bytes
+            seq_bytes, bandwidth, waves = terms
+            attn_d = context * self._per_key + seq_bytes
             memory = attn_d / bandwidth
-            attn_s = (memory if memory >= waves else waves) + attention.floor
-            attn_f = context * attention.flops_per_key
+            attn_s = (memory if memory >= waves else waves) + self._attn_floor
+            attn_f = context * self._flops_per_key
         b0, b1, b2, b3, b4 = self.parts
-        layers = self.layers
-        memory = b1 + attn_s * layers
+        memory = b1 + attn_s * self.layers
         gpu_seconds = b0 + memory + b2 + b3 + b4 + self.launch  # sum() of the parts, in order
         host = self.host
         if self.overlap:
@@ -170,11 +175,11 @@ class DecodeSteps:
         else:
             seconds = gpu_seconds + host
         if host >= gpu_seconds:
-            bound = StepBound.HOST
+            bound = _HOST_BOUND
         elif memory > self._before and memory >= self._after:
-            bound = StepBound.MEMORY
+            bound = _MEMORY_BOUND
         else:
-            bound = _STEP_BOUNDS[self._other_bound]
+            bound = self._other
         ranks = self.rank_layers
         flops = self.fixed_flops + attn_f * ranks
         return seconds, gpu_seconds, flops, self.fixed_dram + attn_d * ranks, bound
@@ -514,7 +519,9 @@ class StepCostModel:
         if decode_seqs and not (prefill_tokens or prefill_seqs) and sampled in (None, decode_seqs):
             return self.decode_steps(decode_seqs, tokens, moe_tokens).one(decode_context)
         sampled = decode_seqs + prefill_seqs if sampled is None else sampled
-        fixed = self._rank_fixed(tokens, sampled, moe_tokens)
+        fixed = self._fixed_cache.get((tokens, sampled)) if self.dp == 1 else None
+        if fixed is None:
+            fixed = self._rank_fixed(tokens, sampled, moe_tokens)
         by_bound = fixed.seconds.copy()
         flops, dram, kernels = fixed.flops, fixed.dram_bytes, fixed.kernels
         layers = self._layers
@@ -532,13 +539,12 @@ class StepCostModel:
             by_bound[_MEMORY] += seconds * layers
             flops += f * layers
             dram += d * layers
-        gpu_seconds = sum(by_bound) + self._launch_seconds(kernels)
-        host = self.host_seconds(decode_seqs + prefill_seqs)
+        # _launch_seconds and host_seconds, inline (the same arithmetic).
+        gpu_seconds = sum(by_bound) + kernels * self._per_kernel_us * 1e-6
+        host = (self._step_us + self._per_seq_us * (decode_seqs + prefill_seqs)) * 1e-6
         seconds = max(gpu_seconds, host) if self._async else gpu_seconds + host
-        if host >= gpu_seconds:
-            bound = StepBound.HOST
-        else:  # the first largest, as max(range(...), key=...) would pick
-            bound = _STEP_BOUNDS[by_bound.index(max(by_bound))]
+        # Else the first largest part, as max(range(...), key=...) would pick.
+        bound = _HOST_BOUND if host >= gpu_seconds else _STEP_BOUNDS[by_bound.index(max(by_bound))]
         ranks = self.tp  # the replica's work: every TP rank does one rank's
         return StepCost(seconds, gpu_seconds, flops * ranks, dram * ranks, bound)
 
