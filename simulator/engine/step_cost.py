@@ -140,8 +140,9 @@ class DecodeSteps:
         self.attention = attention = model._decode_attention
         self._terms = attention.batch_terms(seqs)
         self._one_step = attention.one_step_for(seqs)  # one_step for this batch
-        self._per_key, self._attn_floor = attention.kv_bytes_per_key, attention.floor
-        self._flops_per_key = attention.flops_per_key
+        if self._terms is not None:  # the plain closed form's constants (see price)
+            self._per_key, self._attn_floor = attention.kv_bytes_per_key, attention.floor
+            self._flops_per_key = attention.flops_per_key
         # The bound when the memory part does not lead: the first largest other part.
         others = list(self.parts)
         others[_MEMORY] = -math.inf
