@@ -11,6 +11,7 @@ one vectorised call; every way gives the same numbers, to the last bit.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from enum import IntEnum
@@ -23,7 +24,7 @@ from hardware_models.attention import DecodeAttention, PrefillAttention
 from hardware_models.collectives import collective_cost
 from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
 from hardware_models.errors import InfeasibleError
-from hardware_models.gemm import gemm_cost
+from hardware_models.gemm import gemm_cost, gemm_costs_many
 from hardware_models.node import LinkSpec, NodeSpec
 from hardware_models.op_cost import Bound, OpCost
 from hardware_models.pointwise import (
@@ -57,6 +58,12 @@ _COMPUTE, _MEMORY = int(StepBound.COMPUTE), int(StepBound.MEMORY)
 # The members themselves, looked up once: an enum class attribute costs a lookup through
 # the enum's metaclass, and the engine names one for every step it prices.
 _HOST_BOUND, _MEMORY_BOUND = StepBound.HOST, StepBound.MEMORY
+
+# GEMMs are priced for a block of consecutive token counts at once (gemm_costs_many)
+# once a block has asked for more counts than one at a time costs less for (an array
+# pass costs about what 30 shapes do one at a time).
+_GEMM_BLOCK = 128
+_GEMM_ALONE = 16
 
 _BOUND_OF = {
     Bound.COMPUTE: StepBound.COMPUTE,
@@ -277,6 +284,9 @@ class StepCostModel:
             else eff.launch_overhead_eager_us
         )
         self._dense_cache: dict[int, _Part] = {}
+        self._gemm_blocks: dict[int, list[list[OpCost]]] = {}  # see _gemms
+        self._gemm_misses: dict[int, int] = {}
+        self._chains: list[tuple[list, float, int]] | None = None
         self._head_cache: dict[int, _Part] = {}
         self._fixed_cache: dict[tuple[int, int], _Part] = {}
         self._moe_cache: dict[tuple[int, int], _Part] = {}
@@ -385,12 +395,14 @@ class StepCostModel:
             return part
         part = _Part.empty()
         layers = self.arch.num_layers
-        for name, m, n, k, times in self.arch.gemms(tokens, self.tp):
-            part.add(gemm_cost(self.gpu, m, n, k, *self.gemm_dtypes(name)), times)
+        for (*_, times), cost in zip(self._gemm_shapes, self._gemms(tokens), strict=True):
+            part.add(cost, times)
         if self.arch.is_moe and self.dp == 1:  # with dp > 1, _moe_over_ranks
             part.add(self._routed_experts(tokens), self.arch.num_moe_layers)
         fused = self.overheads.fused_kernels
-        for chain, per_token, times in self._pointwise_chains():
+        if self._chains is None:  # the same for every token count
+            self._chains = self._pointwise_chains()
+        for chain, per_token, times in self._chains:
             cost = elementwise_cost(
                 self.gpu, chain, tokens * per_token, self.act_dtype, fused=fused
             )
@@ -403,6 +415,34 @@ class StepCostModel:
         part.add(embedding_cost(self.gpu, tokens, self.arch.hidden_size, self.act_dtype))
         self._dense_cache[tokens] = part
         return part
+
+    @functools.cached_property
+    def _gemm_shapes(self) -> list[tuple[str, int, int, int]]:
+        """(name, n, k, layers) of Architecture.gemms, whose m is the token count."""
+        return [(name, n, k, times) for name, _, n, k, times in self.arch.gemms(1, self.tp)]
+
+    def _gemms(self, tokens: int) -> list[OpCost]:
+        """The costs of the model's GEMMs (_gemm_shapes) at `tokens` tokens. A step's
+        token counts fill most of the range up to the budget, so once a block of
+        _GEMM_BLOCK counts has asked for more than _GEMM_ALONE of them, the whole block
+        is priced in one array pass (gemm_costs_many: the same OpCosts as gemm_cost, to
+        the bit)."""
+        block, row = divmod(tokens - 1, _GEMM_BLOCK)
+        priced = self._gemm_blocks.get(block)
+        if priced is not None:
+            return priced[row]
+        gpu, shapes = self.gpu, self._gemm_shapes
+        misses = self._gemm_misses[block] = self._gemm_misses.get(block, 0) + 1
+        if misses <= _GEMM_ALONE:
+            return [
+                gemm_cost(gpu, tokens, n, k, *self.gemm_dtypes(name)) for name, n, k, _ in shapes
+            ]
+        counts = np.arange(block * _GEMM_BLOCK + 1, (block + 1) * _GEMM_BLOCK + 1)
+        by_gemm = [
+            gemm_costs_many(gpu, counts, n, k, *self.gemm_dtypes(name)) for name, n, k, _ in shapes
+        ]
+        priced = self._gemm_blocks[block] = [list(costs) for costs in zip(*by_gemm, strict=True)]
+        return priced[row]
 
     def gemm_dtypes(self, name: str) -> tuple[str | Dtype, Dtype | None]:
         """(kernel dtype, weight dtype) of the model's GEMM `name` (Architecture.gemms):
