@@ -508,8 +508,8 @@ class Replica:
         k = len(ends)
         if k > 1:
             # The gaps between consecutive tokens, as stepping one by one computes them.
-            gaps = [after - before for before, after in itertools.pairwise(ends)]
-            self.log.gap_list(gaps, len(dec))
+            n = len(dec)
+            self.log.gap_rows([(after - before, n) for before, after in itertools.pairwise(ends)])
             run.advance_lockstep(k - 1, end)
         if k == min_remaining:
             self._finish(run.finished(), end)
@@ -532,21 +532,13 @@ class Replica:
         arrival, horizon, fault = self.clock.next_arrival, self.clock.horizon, self.clock.next_fault
         free, used = self.kv.free, self.kv.used
         opens = self.running.block_need_pattern().tolist()
-        bs = len(opens)
+        n, bs, replica = pricer.seqs, len(opens), self.index
         price = pricer.price
         start, blocks = self.t, 0
         seconds, _, flops, dram, bound = first
         end = start + seconds
-        # The steps' columns (the first step's start is the replica's clock, each
-        # later one's the previous end).
-        ends, durations, kv_used, flops_, dram_, bounds = (
-            [end],
-            [seconds],
-            [used],
-            [flops],
-            [dram],
-            [bound],
-        )
+        rows = [(start, seconds, n, n, 0, used, 0, flops, dram, bound, replica)]
+        ends = [end]
         for j in range(1, steps):
             # Does step j still run before anything could change the batch?
             need = opens[j % bs]
@@ -558,14 +550,9 @@ class Replica:
             if end >= horizon or end > fault:
                 break
             blocks += need
+            rows.append((start, seconds, n, n, 0, used + blocks, 0, flops, dram, bound, replica))
             ends.append(end)
-            durations.append(seconds)
-            kv_used.append(used + blocks)
-            flops_.append(flops)
-            dram_.append(dram)
-            bounds.append(bound)
-        starts = [self.t, *ends[:-1]]
-        self.log.decode_steps(starts, durations, pricer.seqs, kv_used, flops_, dram_, bounds)
+        self.log.step_rows(rows)
         return ends, blocks
 
     def _price_run_vectorised(

@@ -68,14 +68,9 @@ class StepLog:
              self.replica)
         )  # fmt: skip
 
-    def decode_steps(self, starts, durations, seqs, kv_used, flops, dram, bound) -> None:
-        """Consecutive decode-only steps of `seqs` sequences with nobody waiting, as
-        lists of one value a step (`kv_used`, `bound`: or one value for all); kept as
-        lists until the log is next read (ColumnStore.defer)."""
-        self.steps.defer(
-            len(starts), starts, durations, seqs, seqs, 0, kv_used, 0, flops, dram, bound,
-            self.replica,
-        )  # fmt: skip
+    def step_rows(self, rows: list[tuple]) -> None:
+        """Whole rows, each with every column in order (the replica's index last)."""
+        self.steps.append_rows(rows)
 
     def steps_many(self, starts, durations, batch, decodes, kv_used, waiting, flops, dram, bound):
         self.steps.extend(
@@ -97,10 +92,9 @@ class StepLog:
         """`weight` tokens that each came `seconds` after their request's previous one."""
         self.itl.append((seconds, weight))
 
-    def gap_list(self, seconds: list[float], weight: int) -> None:
-        """Gaps of `weight` tokens each, as `gap` takes them one at a time (kept as a list
-        until the log is next read)."""
-        self.itl.defer(len(seconds), seconds, weight)
+    def gap_rows(self, rows: list[tuple[float, int]]) -> None:
+        """(seconds, weight) samples, as `gap` takes them one at a time."""
+        self.itl.append_rows(rows)
 
     def gaps(self, seconds: np.ndarray, weight: np.ndarray | int = 1) -> None:
         self.itl.extend(len(seconds), seconds=seconds, weight=weight)
