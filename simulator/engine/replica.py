@@ -295,10 +295,6 @@ class Replica:
         if not (self.running.count or len(self.waiting)):
             return None
         assert self.scheduler is not None
-        if self.cfg.multi_step:  # a shortcut for the usual chunked-prefill step
-            plan = self.scheduler.next_chunk_step(self.t)
-            if plan is not None:
-                return plan
         plan = self.scheduler.schedule(self.t)
         if plan.empty and self.running.decode_count:
             # Only admissions that decode from the next step on (their KV cache arrived

@@ -159,11 +159,6 @@ class RunningSet:
         """Slots part-way through their prefill, oldest admission first (a copy)."""
         return self._prefilling.copy()
 
-    @property
-    def prefilling_slots(self) -> list[int]:
-        """prefilling() without the copy: callers must not modify it."""
-        return self._prefilling
-
     def min_remaining(self) -> int:
         """Fewest tokens any decoding request has left to produce."""
         if not self.lockstep:

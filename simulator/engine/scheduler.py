@@ -167,13 +167,15 @@ class IterationScheduler:
                 break
             if not run.active[slot]:
                 continue
-            chunk, blocks = self._prefill_chunk(slot, budget)
+            computed = int(run.computed[slot])
+            chunk = min(int(run.target[slot]) - computed, budget)
+            blocks = kv.blocks_for(computed + chunk) - int(run.blocks[slot])
             if blocks > kv.free and not self._make_room(blocks, plan, requester=slot):
                 break
             kv.allocate(blocks)
             run.blocks[slot] += blocks
             if self.hashed is not None:
-                self.hashed.name_blocks(int(run.rid[slot]), int(run.computed[slot]) + chunk)
+                self.hashed.name_blocks(int(run.rid[slot]), computed + chunk)
             plan.prefill_slots.append(slot)
             plan.prefill_chunks.append(chunk)
             budget -= chunk
@@ -182,44 +184,6 @@ class IterationScheduler:
         if budget > 0 and len(self.waiting) and not plan.preempted:
             self._admit(plan, budget)
         return plan
-
-    def _prefill_chunk(self, slot: int, budget: int) -> tuple[int, int]:
-        """The next chunk of partial prefill `slot` within `budget` tokens, and the KV
-        blocks it needs beyond those it holds."""
-        run = self.running
-        computed = int(run.computed[slot])
-        chunk = min(int(run.target[slot]) - computed, budget)
-        return chunk, self.kv.blocks_for(computed + chunk) - int(run.blocks[slot])
-
-    def next_chunk_step(self, now: float) -> StepPlan | None:
-        """schedule(), for the common step of chunked prefill that needs none of its
-        choices: every running request decodes (in lockstep, within the token budget,
-        with the blocks free for their next tokens) and the one partial prefill takes
-        its next chunk (its blocks free too), and nothing can be admitted (the chunk
-        fills the budget, or nobody waits). That plan, its blocks taken as schedule()
-        takes them, or None (schedule() decides)."""
-        run, kv = self.running, self.kv
-        prefilling = run.prefilling_slots
-        if not (self.policy.chunked_prefill and run.lockstep and len(prefilling) == 1):
-            return None
-        if self.hashed is not None:  # its chunks name their blocks: schedule() does that
-            return None
-        budget = self.policy.max_num_batched_tokens - run.decode_count
-        if budget <= 0:
-            return None
-        slot = prefilling[0]
-        decodes = run.decoding()
-        need = run.next_block_need(decodes)
-        chunk, blocks = self._prefill_chunk(slot, budget)
-        if need + blocks > kv.free or (chunk < budget and len(self.waiting)):
-            return None
-        self.now = now
-        kv.allocate(need)
-        if need:
-            run.take_next_blocks(decodes)
-        kv.allocate(blocks)
-        run.blocks[slot] += blocks
-        return StepPlan(decodes, [slot], [chunk])
 
     def _decode_slots(self, budget: int) -> np.ndarray:
         run = self.running
