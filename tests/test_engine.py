@@ -447,11 +447,15 @@ def test_step_prices_do_not_depend_on_the_order_token_counts_come_in():
     """A step's GEMMs are priced one token count at a time until a block of counts has
     been asked for often enough, then the whole block in one array pass (step_cost's
     _gemms): every step must cost the same whichever way its count was priced."""
+    from hardware_models.gemm import gemm_cost
     from hardware_models.presets import load_gpu, load_node
+    from simulator.engine import step_cost
     from simulator.engine.step_cost import StepCostModel
     from simulator.model_catalog import load_model
 
     def prices(counts):
+        gemm_cost.cache_clear()  # both ways of pricing start cold (they cache across runs)
+        step_cost._gemm_block.cache_clear()
         arch, node = load_model("llama-3.1-8b"), load_node("dgx-h100")
         cost = StepCostModel(arch, load_gpu("h100-sxm"), node)
         steps = {

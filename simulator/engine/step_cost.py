@@ -224,6 +224,17 @@ class DecodeSteps:
         return np.where(self.host >= gpu_seconds, int(StepBound.HOST), bound).astype(np.int8)
 
 
+@functools.lru_cache(maxsize=4096)
+def _gemm_block(
+    gpu: AcceleratorSpec, n: int, k: int, dtype: str | Dtype, weight_dtype: Dtype | None, block: int
+) -> tuple[OpCost, ...]:
+    """gemm_cost of an n x k weight for the token counts of `block` (see _GEMM_BLOCK), in
+    one array pass; cached across runs, as gemm_cost is (a sweep or a plan runs many
+    in one process)."""
+    counts = np.arange(block * _GEMM_BLOCK + 1, (block + 1) * _GEMM_BLOCK + 1)
+    return tuple(gemm_costs_many(gpu, counts, n, k, dtype, weight_dtype))
+
+
 class StepCostModel:
     """Prices engine steps for one replica: a model sharded tp x pp over one GPU type.
 
@@ -437,9 +448,8 @@ class StepCostModel:
             return [
                 gemm_cost(gpu, tokens, n, k, *self.gemm_dtypes(name)) for name, n, k, _ in shapes
             ]
-        counts = np.arange(block * _GEMM_BLOCK + 1, (block + 1) * _GEMM_BLOCK + 1)
         by_gemm = [
-            gemm_costs_many(gpu, counts, n, k, *self.gemm_dtypes(name)) for name, n, k, _ in shapes
+            _gemm_block(gpu, n, k, *self.gemm_dtypes(name), block) for name, n, k, _ in shapes
         ]
         priced = self._gemm_blocks[block] = [list(costs) for costs in zip(*by_gemm, strict=True)]
         return priced[row]
