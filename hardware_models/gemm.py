@@ -549,21 +549,23 @@ def gemm_costs_many(
         parts.fixed_s.tolist(), parts.kernels.tolist(),
         strict=True,
     )  # fmt: skip
-    return [
-        OpCost(
-            name="gemm",
-            seconds=seconds,
-            flops=flops,
-            dram_bytes=dram,
-            l2_bytes=l2,
-            bound=classify(compute, memory, 0.0, fixed),
-            compute_seconds=compute,
-            memory_seconds=memory,
-            overhead_seconds=fixed,
-            kernels=kernels,
-        )
-        for seconds, flops, dram, l2, compute, memory, fixed, kernels in columns
-    ]
+    return [_op_cost(*terms) for terms in columns]
+
+
+def _op_cost(seconds, flops, dram, l2, compute, memory, fixed, kernels) -> OpCost:
+    """A GEMM's OpCost from its GemmParts terms."""
+    return OpCost(
+        name="gemm",
+        seconds=seconds,
+        flops=flops,
+        dram_bytes=dram,
+        l2_bytes=l2,
+        bound=classify(compute, memory, 0.0, fixed),
+        compute_seconds=compute,
+        memory_seconds=memory,
+        overhead_seconds=fixed,
+        kernels=kernels,
+    )
 
 
 @lru_cache(maxsize=65536)
@@ -583,16 +585,7 @@ def gemm_cost(
     e.g. int4 weights dequantised to bf16 in the kernel): it changes bytes, not the FLOPs,
     though before Hopper fewer bytes through shared memory can lift a small tile's cap.
     """
-    parts = gemm_parts(gpu, m, n, k, dtype, weight_dtype)
-    return OpCost(
-        name="gemm",
-        seconds=parts.seconds,
-        flops=parts.flops,
-        dram_bytes=parts.dram_bytes,
-        l2_bytes=parts.l2_bytes,
-        bound=classify(parts.compute_s, parts.memory_s, 0.0, parts.fixed_s),
-        compute_seconds=parts.compute_s,
-        memory_seconds=parts.memory_s,
-        overhead_seconds=parts.fixed_s,
-        kernels=parts.kernels,
+    p = gemm_parts(gpu, m, n, k, dtype, weight_dtype)
+    return _op_cost(
+        p.seconds, p.flops, p.dram_bytes, p.l2_bytes, p.compute_s, p.memory_s, p.fixed_s, p.kernels
     )
