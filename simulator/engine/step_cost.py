@@ -295,9 +295,12 @@ class StepCostModel:
             else eff.launch_overhead_eager_us
         )
         self._dense_cache: dict[int, _Part] = {}
+        # What _dense needs for every token count, read once: (name, n, k, layers) of the
+        # model's GEMMs (Architecture.gemms; m is the token count), and the pointwise chains.
+        self._gemm_shapes = [(name, n, k, times) for name, _, n, k, times in arch.gemms(1, tp)]
+        self._chains = self._pointwise_chains()
         self._gemm_blocks: dict[int, list[list[OpCost]]] = {}  # see _gemms
         self._gemm_misses: dict[int, int] = {}
-        self._chains: list[tuple[list, float, int]] | None = None
         self._head_cache: dict[int, _Part] = {}
         self._fixed_cache: dict[tuple[int, int], _Part] = {}
         self._moe_cache: dict[tuple[int, int], _Part] = {}
@@ -411,8 +414,6 @@ class StepCostModel:
         if self.arch.is_moe and self.dp == 1:  # with dp > 1, _moe_over_ranks
             part.add(self._routed_experts(tokens), self.arch.num_moe_layers)
         fused = self.overheads.fused_kernels
-        if self._chains is None:  # the same for every token count
-            self._chains = self._pointwise_chains()
         for chain, per_token, times in self._chains:
             cost = elementwise_cost(
                 self.gpu, chain, tokens * per_token, self.act_dtype, fused=fused
@@ -426,11 +427,6 @@ class StepCostModel:
         part.add(embedding_cost(self.gpu, tokens, self.arch.hidden_size, self.act_dtype))
         self._dense_cache[tokens] = part
         return part
-
-    @functools.cached_property
-    def _gemm_shapes(self) -> list[tuple[str, int, int, int]]:
-        """(name, n, k, layers) of Architecture.gemms, whose m is the token count."""
-        return [(name, n, k, times) for name, _, n, k, times in self.arch.gemms(1, self.tp)]
 
     def _gemms(self, tokens: int) -> list[OpCost]:
         """The costs of the model's GEMMs (_gemm_shapes) at `tokens` tokens. A step's
