@@ -458,6 +458,10 @@ class GemmPartsArray(NamedTuple):
     fixed_s: np.ndarray
     compute_s: np.ndarray
     seconds: np.ndarray
+    flops: np.ndarray
+    dram_bytes: np.ndarray
+    l2_bytes: np.ndarray
+    kernels: np.ndarray
 
 
 def _layouts_many(
@@ -517,13 +521,15 @@ def gemm_parts_many(
     if loop_bytes is not None:
         loop_bytes = np.asarray(loop_bytes, dtype=float)
     terms = _shape_terms(gpu, c, m, n, k, loop_bytes)
-    _, compute_eff, compulsory, fits_in_l2, mem_bw, store_bw = terms[:6]
-    pass_s = terms.pass_s
+    flops, compute_eff, compulsory, fits_in_l2, mem_bw, store_bw = terms[:6]
+    pad, pass_bytes, pass_s = terms.pad, terms.pass_bytes, terms.pass_s
     store_bw = np.broadcast_to(store_bw, m.shape)
     # The fastest layout so far per shape, updated only where a later one is strictly
     # faster (the first of equals wins, as in the scalar loop). Tile counts depend on the
     # tile alone, so splits of one tile share them.
-    out = {name: np.zeros(len(m)) for name in GemmPartsArray._fields}
+    per_layout = ("math_s", "stream_s", "latency_s", "epilogue_s", "memory_s", "fixed_s",
+                  "compute_s", "seconds", "dram_bytes", "l2_bytes")  # fmt: skip
+    out = {name: np.zeros(len(m)) for name in per_layout}
     out["seconds"].fill(np.inf)
     tile_counts: dict[tuple[int, int, int], np.ndarray] = {}
     for ((tm, tn), split, cluster_m), allowed in _layouts_many(c.kernel, m, n, c.fixed_tiles):
@@ -557,11 +563,13 @@ def gemm_parts_many(
         seconds = np.maximum(compute_s, memory_s) + fixed_s
         faster = seconds < out["seconds"][sel]
         won = sel[faster]
+        l2 = tiles * split * (tm * bpe + tn * bpe_b) * k_part + ms * ns * out_bpe
         for name, value in zip(
-            GemmPartsArray._fields,
-            (math_s, stream_s, latency_s, epilogue_s, memory_s, fixed_s, compute_s, seconds),
+            per_layout,
+            (math_s, stream_s, latency_s, epilogue_s, memory_s, fixed_s, compute_s, seconds,
+             dram, l2),
             strict=True,
-        ):
+        ):  # fmt: skip
             out[name][won] = value[faster]
     if c.kernel.gemv:
         gemv = m == 1
@@ -576,9 +584,13 @@ def gemm_parts_many(
             "fixed_s": fixed_s,
             "compute_s": 0.0,
             "seconds": np.maximum(0.0, memory_s) + fixed_s,
+            "dram_bytes": compulsory,
+            "l2_bytes": compulsory,
         }
         out = {name: np.where(gemv, gemv_terms[name], out[name]) for name in out}
-    return GemmPartsArray(**out)
+    out["dram_bytes"] = out["dram_bytes"] + pass_bytes
+    kernels = 1 + c.kernel.quantize_activations + np.asarray(pad, dtype=int)
+    return GemmPartsArray(**out, flops=flops, kernels=kernels)
 
 
 def _epilogue_s(c: _Setup, m, n, split: int, store_bw):
@@ -601,6 +613,44 @@ def _wave_traffic_many(m, n, k, tm: int, tn: int, concurrent: int, bpe_a, bpe_b)
     side_m = np.minimum(tiles_m, np.maximum(1, concurrent // side_n))
     waves_m, waves_n = np.ceil(tiles_m / side_m), np.ceil(tiles_n / side_n)
     return waves_n * m * k * bpe_a + waves_m * n * k * bpe_b
+
+
+def gemm_costs_many(
+    gpu: AcceleratorSpec,
+    m: np.ndarray,
+    n: int,
+    k: int,
+    dtype: str | Dtype = "bf16",
+    weight_dtype: str | Dtype | None = None,
+) -> list[OpCost]:
+    """gemm_cost for each row count in `m` (one n x k weight), priced in one array pass:
+    the same OpCosts, in plain floats, for a tenth of the time when there are hundreds
+    (an engine step prices its GEMMs at every token count up to its budget)."""
+    ones = np.ones(len(m))
+    parts = gemm_parts_many(gpu, m, ones * n, ones * k, dtype, weight_dtype)
+    columns = zip(
+        parts.seconds.tolist(), parts.flops.tolist(), parts.dram_bytes.tolist(),
+        parts.l2_bytes.tolist(), parts.compute_s.tolist(), parts.memory_s.tolist(),
+        parts.fixed_s.tolist(), parts.kernels.tolist(),
+        strict=True,
+    )  # fmt: skip
+    return [_op_cost(*terms) for terms in columns]
+
+
+def _op_cost(seconds, flops, dram, l2, compute, memory, fixed, kernels) -> OpCost:
+    """A GEMM's OpCost from its GemmParts terms."""
+    return OpCost(
+        name="gemm",
+        seconds=seconds,
+        flops=flops,
+        dram_bytes=dram,
+        l2_bytes=l2,
+        bound=classify(compute, memory, 0.0, fixed),
+        compute_seconds=compute,
+        memory_seconds=memory,
+        overhead_seconds=fixed,
+        kernels=kernels,
+    )
 
 
 @lru_cache(maxsize=65536)
@@ -628,16 +678,7 @@ def gemm_cost(
     serving engine's forward pass cycles through every layer's weights, far more than
     any L2, hence None (from DRAM) by default.
     """
-    parts = gemm_parts(gpu, m, n, k, dtype, weight_dtype, loop_bytes)
-    return OpCost(
-        name="gemm",
-        seconds=parts.seconds,
-        flops=parts.flops,
-        dram_bytes=parts.dram_bytes,
-        l2_bytes=parts.l2_bytes,
-        bound=classify(parts.compute_s, parts.memory_s, 0.0, parts.fixed_s),
-        compute_seconds=parts.compute_s,
-        memory_seconds=parts.memory_s,
-        overhead_seconds=parts.fixed_s,
-        kernels=parts.kernels,
+    p = gemm_parts(gpu, m, n, k, dtype, weight_dtype, loop_bytes)
+    return _op_cost(
+        p.seconds, p.flops, p.dram_bytes, p.l2_bytes, p.compute_s, p.memory_s, p.fixed_s, p.kernels
     )

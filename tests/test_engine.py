@@ -441,3 +441,31 @@ def test_a_finished_requests_blocks_queue_behind_those_freed_before():
     kv.allocate(8)  # 2 free left: the 5 evicted come from the least recently freed
     assert kv.cached_blocks(request_key(0)) == 0
     assert kv.cached_blocks(request_key(1)) == 2
+
+
+def test_step_prices_do_not_depend_on_the_order_token_counts_come_in():
+    """A step's GEMMs are priced one token count at a time until a block of counts has
+    been asked for often enough, then the whole block in one array pass (step_cost's
+    _gemms): every step must cost the same whichever way its count was priced."""
+    from hardware_models.gemm import gemm_cost
+    from hardware_models.presets import load_gpu, load_node
+    from simulator.engine import step_cost
+    from simulator.engine.step_cost import StepCostModel
+    from simulator.model_catalog import load_model
+
+    def prices(counts):
+        gemm_cost.cache_clear()  # both ways of pricing start cold (they cache across runs)
+        step_cost._gemm_block.cache_clear()
+        arch, node = load_model("llama-3.1-8b"), load_node("dgx-h100")
+        cost = StepCostModel(arch, load_gpu("h100-sxm"), node)
+        steps = {
+            t: cost.step(decode_seqs=1, decode_context=900, prefill_seqs=1, prefill_tokens=t,
+                         prefill_pairs=t * (t + 1) // 2, prefill_context=t)
+            for t in counts
+        }  # fmt: skip
+        return steps
+
+    counts = list(range(1, 300))
+    ascending = prices(counts)
+    assert prices(counts[::-1]) == ascending
+    assert prices(counts[::7]) == {t: ascending[t] for t in counts[::7]}  # one at a time

@@ -596,6 +596,24 @@ def test_scalar_and_array_gemm_pricing_give_the_same_floats(gpu):
                     assert got == getattr(one, name), (kernel, weights, name, shapes[i])
 
 
+@pytest.mark.parametrize("calibration", [None, "h100-sxm"], ids=["preset", "calibrated"])
+def test_gemm_costs_of_many_row_counts_are_gemm_cost(calibration):
+    """The engine prices its GEMMs for a block of token counts at once (gemm_costs_many);
+    every OpCost must be gemm_cost's, field for field, or steps would change with the
+    order token counts first appear in."""
+    import numpy as np
+
+    from hardware_models.gemm import gemm_cost, gemm_costs_many
+
+    gpu = load_gpu("h100-sxm", calibration=calibration)
+    rows = np.arange(1, 300)
+    for dtype in ("bf16", "fp8", "fp8_block"):
+        for n, k in ((12288, 4096), (4096, 14336), (2112, 7168)):
+            many = gemm_costs_many(gpu, rows, n, k, dtype)
+            for m, cost in zip(rows.tolist(), many, strict=True):
+                assert cost == gemm_cost(gpu, m, n, k, dtype), (dtype, m, n, k)
+
+
 def test_causal_pairs_in_closed_form_match_the_sum():
     import numpy as np
 

@@ -565,20 +565,20 @@ class Replica:
         start, blocks = self.t, 0
         seconds, _, flops, dram, bound = first
         end = start + seconds
-        rows = []
-        ends = []
-        for j in range(steps):
-            if j:  # does step j still run before anything could change the batch?
-                need = opens[j % bs]
-                if end >= arrival or blocks + need > free:
-                    break
-                start = end
-                window = int(windowed[j]) if windowed is not None else 0
-                seconds, _, flops, dram, bound = price(int(contexts[j]), window)
-                end = start + seconds
-                if end >= horizon or end > fault:
-                    break
-                blocks += need
+        rows = [(start, seconds, n, n, 0, used, 0, flops, dram, bound, replica)]
+        ends = [end]
+        for j in range(1, steps):
+            # Does step j still run before anything could change the batch?
+            need = opens[j % bs]
+            if end >= arrival or blocks + need > free:
+                break
+            start = end
+            window = int(windowed[j]) if windowed is not None else 0
+            seconds, _, flops, dram, bound = price(int(contexts[j]), window)
+            end = start + seconds
+            if end >= horizon or end > fault:
+                break
+            blocks += need
             rows.append((start, seconds, n, n, 0, used + blocks, 0, flops, dram, bound, replica))
             ends.append(end)
         self.log.step_rows(rows)

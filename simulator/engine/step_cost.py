@@ -14,6 +14,7 @@ the last bit.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from hardware_models.attention import DecodeAttention, PrefillAttention, causal_
 from hardware_models.collectives import collective_cost
 from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
 from hardware_models.errors import InfeasibleError
-from hardware_models.gemm import gemm_cost
+from hardware_models.gemm import gemm_cost, gemm_costs_many
 from hardware_models.node import LinkSpec, NodeSpec
 from hardware_models.op_cost import Bound, OpCost
 from hardware_models.pointwise import (
@@ -67,6 +68,15 @@ class StepBound(IntEnum):
 
 _STEP_BOUNDS = tuple(StepBound)  # by value, so a list index names its bound
 _COMPUTE, _MEMORY = int(StepBound.COMPUTE), int(StepBound.MEMORY)
+# The members themselves, looked up once: an enum class attribute costs a lookup through
+# the enum's metaclass, and the engine names one for every step it prices.
+_HOST_BOUND, _MEMORY_BOUND = StepBound.HOST, StepBound.MEMORY
+
+# GEMMs are priced for a block of consecutive token counts at once (gemm_costs_many)
+# once a block has asked for more counts than one at a time costs less for (an array
+# pass costs about what 30 shapes do one at a time).
+_GEMM_BLOCK = 128
+_GEMM_ALONE = 16
 
 _BOUND_OF = {
     Bound.COMPUTE: StepBound.COMPUTE,
@@ -174,9 +184,12 @@ class DecodeSteps:
         ranks = model.tp
         self.fixed_flops, self.fixed_dram = fixed.flops * ranks, fixed.dram_bytes * ranks
         self.rank_layers = self.layers * ranks
-        self.attention = model._decode_attention
-        self._terms = self.attention.batch_terms(seqs)
-        self._one_step = self.attention.one_step_for(seqs)  # one_step for this batch
+        self.attention = attention = model._decode_attention
+        self._terms = attention.batch_terms(seqs)
+        self._one_step = attention.one_step_for(seqs)  # one_step for this batch
+        if self._terms is not None:  # the plain closed form's constants (see price)
+            self._per_key, self._attn_floor = attention.kv_bytes_per_key, attention.floor
+            self._flops_per_key = attention.flops_per_key
         # Sliding-window layers: their own kernel over the windowed keys (None: none).
         self.window_layers = model._window_layers
         self.window_rank_layers = self.window_layers * ranks
@@ -188,6 +201,7 @@ class DecodeSteps:
         others = list(self.parts)
         others[_MEMORY] = -math.inf
         self._other_bound = others.index(max(others))
+        self._other = _STEP_BOUNDS[self._other_bound]
         self._before = max(self.parts[:_MEMORY])
         self._after = max(self.parts[_MEMORY + 1 :])
 
@@ -201,17 +215,17 @@ class DecodeSteps:
     ) -> tuple[float, float, float, float, StepBound]:
         """one() as a plain tuple in StepCost's order (cheaper to build, and the replica
         prices runs of decode steps with it one step at a time)."""
-        attention = self.attention
+        terms = self._terms
         if not self.layers:  # every layer slides
             attn_s = attn_f = attn_d = 0.0
-        elif self._terms is None:
+        elif terms is None:
             attn_s, attn_f, attn_d = self._one_step(context)
         else:  # DecodeAttention.one_step with its constant terms worked out once
-            seq_bytes, bandwidth, waves = self._terms
-            attn_d = context * attention.kv_bytes_per_key + seq_bytes
+            seq_bytes, bandwidth, waves = terms
+            attn_d = context * self._per_key + seq_bytes
             memory = attn_d / bandwidth
-            attn_s = (memory if memory >= waves else waves) + attention.floor
-            attn_f = context * attention.flops_per_key
+            attn_s = (memory if memory >= waves else waves) + self._attn_floor
+            attn_f = context * self._flops_per_key
         b0, b1, b2, b3, b4 = self.parts
         layers = self.layers
         memory = b1 + attn_s * layers
@@ -226,11 +240,11 @@ class DecodeSteps:
         else:
             seconds = gpu_seconds + host
         if host >= gpu_seconds:
-            bound = StepBound.HOST
+            bound = _HOST_BOUND
         elif memory > self._before and memory >= self._after:
-            bound = StepBound.MEMORY
+            bound = _MEMORY_BOUND
         else:
-            bound = _STEP_BOUNDS[self._other_bound]
+            bound = self._other
         ranks = self.rank_layers
         flops = self.fixed_flops + attn_f * ranks
         dram = self.fixed_dram + attn_d * ranks
@@ -280,6 +294,17 @@ class DecodeSteps:
         leads = (memory > self._before) & (memory >= self._after)
         bound = np.where(leads, _MEMORY, self._other_bound)
         return np.where(self.host >= gpu_seconds, int(StepBound.HOST), bound).astype(np.int8)
+
+
+@functools.lru_cache(maxsize=4096)
+def _gemm_block(
+    gpu: AcceleratorSpec, n: int, k: int, dtype: str | Dtype, weight_dtype: Dtype | None, block: int
+) -> tuple[OpCost, ...]:
+    """gemm_cost of an n x k weight for the token counts of `block` (see _GEMM_BLOCK), in
+    one array pass; cached across runs, as gemm_cost is (a sweep or a plan runs many
+    in one process)."""
+    counts = np.arange(block * _GEMM_BLOCK + 1, (block + 1) * _GEMM_BLOCK + 1)
+    return tuple(gemm_costs_many(gpu, counts, n, k, dtype, weight_dtype))
 
 
 class StepCostModel:
@@ -345,6 +370,12 @@ class StepCostModel:
             else eff.launch_overhead_eager_us
         )
         self._dense_cache: dict[int, _Part] = {}
+        # What _dense needs for every token count, read once: (name, n, k, layers) of the
+        # model's GEMMs (Architecture.gemms; m is the token count), and the pointwise chains.
+        self._gemm_shapes = [(name, n, k, times) for name, _, n, k, times in arch.gemms(1, tp)]
+        self._chains = self._pointwise_chains()
+        self._gemm_blocks: dict[int, list[list[OpCost]]] = {}  # see _gemms
+        self._gemm_misses: dict[int, int] = {}
         self._head_cache: dict[int, _Part] = {}
         self._fixed_cache: dict[tuple[int, int], _Part] = {}
         self._moe_cache: dict[tuple[int, int], _Part] = {}
@@ -462,12 +493,12 @@ class StepCostModel:
             return part
         part = _Part.empty()
         layers = self.arch.num_layers
-        for name, m, n, k, times in self.arch.gemms(tokens, self.tp):
-            part.add(gemm_cost(self.gpu, m, n, k, *self.gemm_dtypes(name)), times)
+        for (*_, times), cost in zip(self._gemm_shapes, self._gemms(tokens), strict=True):
+            part.add(cost, times)
         if self.arch.is_moe and self.dp == 1:  # with dp > 1, _moe_over_ranks
             part.add(self._routed_experts(tokens), self.arch.num_moe_layers)
         fused = self.overheads.fused_kernels
-        for chain, per_token, times in self._pointwise_chains():
+        for chain, per_token, times in self._chains:
             cost = elementwise_cost(
                 self.gpu, chain, tokens * per_token, self.act_dtype, fused=fused
             )
@@ -480,6 +511,28 @@ class StepCostModel:
         part.add(embedding_cost(self.gpu, tokens, self.arch.hidden_size, self.act_dtype))
         self._dense_cache[tokens] = part
         return part
+
+    def _gemms(self, tokens: int) -> list[OpCost]:
+        """The costs of the model's GEMMs (_gemm_shapes) at `tokens` tokens. A step's
+        token counts fill most of the range up to the budget, so once a block of
+        _GEMM_BLOCK counts has asked for more than _GEMM_ALONE of them, the whole block
+        is priced in one array pass (gemm_costs_many: the same OpCosts as gemm_cost, to
+        the bit)."""
+        block, row = divmod(tokens - 1, _GEMM_BLOCK)
+        priced = self._gemm_blocks.get(block)
+        if priced is not None:
+            return priced[row]
+        gpu, shapes = self.gpu, self._gemm_shapes
+        misses = self._gemm_misses[block] = self._gemm_misses.get(block, 0) + 1
+        if misses <= _GEMM_ALONE:
+            return [
+                gemm_cost(gpu, tokens, n, k, *self.gemm_dtypes(name)) for name, n, k, _ in shapes
+            ]
+        by_gemm = [
+            _gemm_block(gpu, n, k, *self.gemm_dtypes(name), block) for name, n, k, _ in shapes
+        ]
+        priced = self._gemm_blocks[block] = [list(costs) for costs in zip(*by_gemm, strict=True)]
+        return priced[row]
 
     def gemm_dtypes(self, name: str) -> tuple[str | Dtype, str | None]:
         """(kernel dtype, weight format) of the model's GEMM `name` (Architecture.gemms):
@@ -606,7 +659,9 @@ class StepCostModel:
             steps = self.decode_steps(decode_seqs, tokens, moe_tokens)
             return steps.one(decode_context, window.decode_context)
         sampled = decode_seqs + prefill_seqs if sampled is None else sampled
-        fixed = self._rank_fixed(tokens, sampled, moe_tokens)
+        fixed = self._fixed_cache.get((tokens, sampled)) if self.dp == 1 else None
+        if fixed is None:
+            fixed = self._rank_fixed(tokens, sampled, moe_tokens)
         by_bound = fixed.seconds.copy()
         flops, dram, kernels = fixed.flops, fixed.dram_bytes, fixed.kernels
         groups = (
@@ -635,13 +690,12 @@ class StepCostModel:
                 by_bound[_MEMORY] += seconds * layers
                 flops += f * layers
                 dram += d * layers
-        gpu_seconds = sum(by_bound) + self._launch_seconds(kernels)
-        host = self.host_seconds(decode_seqs + prefill_seqs)
+        # _launch_seconds and host_seconds, inline (the same arithmetic).
+        gpu_seconds = sum(by_bound) + kernels * self._per_kernel_us * 1e-6
+        host = (self._step_us + self._per_seq_us * (decode_seqs + prefill_seqs)) * 1e-6
         seconds = max(gpu_seconds, host) if self._async else gpu_seconds + host
-        if host >= gpu_seconds:
-            bound = StepBound.HOST
-        else:  # the first largest, as max(range(...), key=...) would pick
-            bound = _STEP_BOUNDS[by_bound.index(max(by_bound))]
+        # Else the first largest part, as max(range(...), key=...) would pick.
+        bound = _HOST_BOUND if host >= gpu_seconds else _STEP_BOUNDS[by_bound.index(max(by_bound))]
         ranks = self.tp  # the replica's work: every TP rank does one rank's
         return StepCost(seconds, gpu_seconds, flops * ranks, dram * ranks, bound)
 
