@@ -96,13 +96,13 @@ def _held_out_mape(gpu: str, op_class: str, profile_gpu: str | None = None) -> f
     ("gpu", "op_class", "profile_gpu", "documented"),
     [
         # benchmarks/README.md, "MoE and MLA": held-out errors of the shipped profiles
-        # (of the targets, 10% MoE and 12% MLA, only MLA prefill's is met; see
-        # there), and the H100 profile on every A100 MoE row (a transfer; target 20%,
-        # not met). Profiles refitted with `infersim calibrate fit --from-shared GPU`
-        # (same section).
+        # (of the targets, 10% MoE and 12% MLA, MLA's are met and MoE misses by
+        # 0.1 point; see there), and the H100 profile on every A100 MoE row (a transfer;
+        # target 20%, not met). Profiles refitted with `infersim calibrate fit
+        # --from-shared GPU` (same section).
         ("h100-sxm", "moe", None, 0.101),
-        ("h100-sxm", "mla_decode", None, 0.125),
-        ("h100-sxm", "mla_prefill", None, 0.069),
+        ("h100-sxm", "mla_decode", None, 0.114),
+        ("h100-sxm", "mla_prefill", None, 0.068),
         ("a100-80gb-sxm", "moe", None, 0.183),
         ("a100-80gb-sxm", "moe", "h100-sxm", 0.273),
     ],
