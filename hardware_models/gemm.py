@@ -103,13 +103,20 @@ def warp_tile(tm: int, tn: int) -> tuple[int, int]:
 
 
 def shared_memory_share(
-    tm: int, tn: int, bpe_a: float, bpe_b: float, peak_per_sm: float, smem_per_sm: float
+    tm: int,
+    tn: int,
+    bpe_a: float,
+    bpe_b: float,
+    peak_per_sm: float,
+    smem_per_sm: float,
+    warp: tuple[int, int] | None = None,
 ) -> float:
     """The share of the tensor peak a warp-MMA tile can reach before shared memory caps
     it: per step of k the tile's A and B columns are written into shared memory once and
-    read by every warp that uses them. A 64 x 64 bf16 tile on the A100 moves 768 bytes
+    read by every warp that uses them (`warp`: a warp's part of the tile, where the
+    kernel names it; else warp_tile's). A 64 x 64 bf16 tile on the A100 moves 768 bytes
     per step, 6 clocks at 128 bytes/clock, for 4 clocks of tensor math: 2/3 of peak."""
-    wm, wn = warp_tile(tm, tn)
+    wm, wn = warp or warp_tile(tm, tn)
     per_k_bytes = bpe_a * tm * (1 + tn / wn) + bpe_b * tn * (1 + tm / wm)
     smem_s = per_k_bytes / smem_per_sm
     if smem_s == 0.0:  # a bandwidth so large that its time underflows: no cap
@@ -164,7 +171,7 @@ def candidate_layouts(
             TILE_LARGE,
         )
         return [Layout(tile, 1, 1 if m <= SWAPPED_UP_TO_M else kernel.cluster_m)]
-    bucket = next((b for b in fixed if m <= b.up_to_m), None)
+    bucket = next((b for b in fixed if m <= b.up_to_m and n <= b.up_to_n), None)
     if bucket is None:
         return [Layout(TILE_LARGE, 1, kernel.cluster_m)]
     return [Layout(bucket.tile, 1, bucket.cluster_m)]
@@ -260,12 +267,12 @@ def _setup(gpu: AcceleratorSpec, dtype: str | Dtype, weight_dtype: str | Dtype |
     warp_mma = gemm_family(gpu) in WARP_MMA_FAMILIES
     fixed = rule.tiles if rule is not None and rule.tiles is not None else None
     fixed = fixed or (TileBucket(math.inf, TILE_LARGE, kernel.cluster_m),)
-    tiles = {
-        *TILE_SHAPES,
-        TILE_LARGE,
-        *(t for _, *pair in TILES_BY_M for t in pair),
-        *(b.tile for b in fixed),
-    }
+    # Each tile's warp split: the fixed buckets' own where they name one (a family's
+    # buckets give a tile one warp split), else warp_tile's.
+    tiles: dict[tuple[int, int], tuple[int, int] | None] = dict.fromkeys(
+        (*TILE_SHAPES, TILE_LARGE, *(t for _, *pair in TILES_BY_M for t in pair))
+    )
+    tiles.update((b.tile, b.warp) for b in fixed if b.warp is not None or b.tile not in tiles)
     return _Setup(
         compute_curve=compute_curve,
         memory_curve=memory_curve,
@@ -289,11 +296,11 @@ def _setup(gpu: AcceleratorSpec, dtype: str | Dtype, weight_dtype: str | Dtype |
         split_pass_us=eff.split_k_pass_us,
         tile_share={
             (tm, tn): shared_memory_share(
-                tm, tn, bpe, bpe_b, peak_per_sm, gpu.shared_memory_bandwidth_per_sm
+                tm, tn, bpe, bpe_b, peak_per_sm, gpu.shared_memory_bandwidth_per_sm, warp
             )
             if warp_mma
             else 1.0
-            for tm, tn in tiles
+            for (tm, tn), warp in tiles.items()
         },
     )
 
@@ -474,7 +481,7 @@ def _layouts_many(
         below = np.zeros(len(m), dtype=bool)  # served by an earlier bucket
         out = []
         for bucket in fixed:
-            rows = (m <= bucket.up_to_m) & ~below
+            rows = (m <= bucket.up_to_m) & (n <= bucket.up_to_n) & ~below
             below |= rows
             out.append((Layout(bucket.tile, 1, bucket.cluster_m), rows))
         return out

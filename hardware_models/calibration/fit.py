@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.block_scaling import serving_rule
 from hardware_models.calibration.isotonic import binned_curve
 from hardware_models.calibration.measured_tables import gemm_kernel_dtype
 from hardware_models.calibration.moe_mla_fit import moe_mla_fits
@@ -183,9 +184,10 @@ def _search_scalars(
     return profile
 
 
-def class_fits(table: pd.DataFrame) -> list[ClassFit]:
+def class_fits(table: pd.DataFrame, gpu: AcceleratorSpec | None = None) -> list[ClassFit]:
     """The fits a table supports: one per GEMM kernel dtype, prefill, decode, then one
-    per MoE weight format, MLA decode and MLA prefill (moe_mla_fit)."""
+    per MoE weight format, MLA decode and MLA prefill (moe_mla_fit). With `gpu`, its
+    family's serving kernels (block_scaling.serving_rule) are among the GEMM choices."""
     fits: list[ClassFit] = []
     gemm = table[table["op_class"] == "gemm"]
     if len(gemm):
@@ -226,7 +228,7 @@ def class_fits(table: pd.DataFrame) -> list[ClassFit]:
                     rows,
                     lambda gpu, r, key=key: gemm_terms(gpu, r, key),
                     tuple(scalars),
-                    gemm_kernel_choices(key),
+                    gemm_kernel_choices(key, _serving_kernel(gpu, key)),
                 )
             )
     for name, price, scalars, choices in (
@@ -273,14 +275,24 @@ def class_fits(table: pd.DataFrame) -> list[ClassFit]:
     return fits
 
 
-def gemm_kernel_choices(key: str) -> tuple[tuple[CurveLoc, tuple[object, ...]], ...]:
+def _serving_kernel(gpu: AcceleratorSpec | None, key: str) -> GemmKernel | None:
+    """The kernel `gpu`'s family serves dtype `key` with, if block_scaling has a rule."""
+    rule = None if gpu is None else serving_rule(gpu, key)
+    return None if rule is None else rule.kernel
+
+
+def gemm_kernel_choices(
+    key: str, serving: GemmKernel | None = None
+) -> tuple[tuple[CurveLoc, tuple[object, ...]], ...]:
     """The kernel families a GEMM may run. 16-bit ones run cuBLAS, with or without its
     matrix-vector kernel for one-row products (the A100's cuBLAS has one, the H100 table
     shows m = 1 as slow as m = 2). 8-bit ones run cuBLASLt (torch._scaled_mm, inputs
     already quantised), or a serving engine's path that first quantises the
     activations, then runs cuBLAS-style, CUTLASS-by-m or 128x128 block-scaled tiles
     (which need m padded to 4 rows); CUTLASS-by-m in single or paired thread-block
-    clusters. The fit picks the one the table measured."""
+    clusters; and `serving`, the GPU family's own serving kernel where it is none of
+    these (Ada's fp8: CUTLASS 2.x tiles by m and n). The fit picks the one the table
+    measured."""
     if bytes_per_element(parse_dtype(key)) >= 2:
         return ((("gemm_kernel_by_dtype", key), (GemmKernel(), GemmKernel(gemv=True))),)
     options = (
@@ -289,6 +301,8 @@ def gemm_kernel_choices(key: str) -> tuple[tuple[CurveLoc, tuple[object, ...]], 
         *(GemmKernel(dispatch="by_m", quantize_activations=True, cluster_m=c) for c in (1, 2)),
         GemmKernel(dispatch="fixed", quantize_activations=True, align_m=4),
     )
+    if serving is not None and serving not in options:
+        options += (serving,)
     return ((("gemm_kernel_by_dtype", key), options),)
 
 
@@ -351,7 +365,7 @@ def fit_profile(
     cannot tell a floor or a per-wave latency from noise, and a search would still move
     them, into values that then misprice every small kernel the table never measured."""
     profile = gpu.efficiency
-    for spec in class_fits(table):
+    for spec in class_fits(table, gpu):
         if curves_only:
             profile = refit_curves(gpu, profile, spec.rows, spec.price)
         else:
