@@ -1,16 +1,32 @@
 """Uncalibrated 8-bit GEMMs priced as the serving engine's kernels run them: vLLM's
-CUTLASS fp8 path on Hopper (a quantisation kernel, then tiles by m), and block-scaled
-fp8's accumulator rescaling on the CUDA cores where the tensor cores do not scale."""
+CUTLASS fp8 path on Hopper (a quantisation kernel, then tiles by m) and on Ada (CUTLASS
+2.x tiles by m and n), and block-scaled fp8's accumulator rescaling on the CUDA cores
+where the tensor cores do not scale."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from hardware_models.block_scaling import FP8_BLOCK, SERVING_GEMM_KERNELS
-from hardware_models.gemm import gemm_cost, gemm_parts
+from hardware_models.block_scaling import FP8_BLOCK, SERVING_GEMM_KERNELS, serving_rule
+from hardware_models.calibration.fit import gemm_kernel_choices
+from hardware_models.calibration.sources import load_measurements
+from hardware_models.calibration.split import holdout_mask
+from hardware_models.calibration.validate import predict_all
+from hardware_models.calibration.workflow import usable_rows
+from hardware_models.gemm import (
+    _setup,
+    candidate_layouts,
+    gemm_cost,
+    gemm_parts,
+    gemm_parts_many,
+    shared_memory_share,
+)
 from hardware_models.presets import load_gpu
+from tests.conftest import SHARED_DATA, needs_shared_data
 
 H100 = load_gpu("h100-sxm")
+L40S = load_gpu("l40s")
 
 
 def test_hopper_fp8_runs_vllms_kernels_with_a_launch_floor_each() -> None:
@@ -33,3 +49,68 @@ def test_block_scales_cost_cuda_core_time_where_the_tensor_cores_do_not_apply_th
     # One FMA per output element per 128-deep block of k, in series with the tensor math.
     per_flop = 1 / H100.peak_flops("fp8") + 1 / (FP8_BLOCK.block_k * H100.peak_vector_flops())
     assert block / plain == pytest.approx(per_flop * H100.peak_flops("fp8"), rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "tile"),
+    [
+        (1, 4096, (32, 64)),  # m <= 16 takes the m <= 32 configs: max(32, next_pow_2(m))
+        (8, 12288, (32, 128)),  # next_pow_2(n) = 16384
+        (8, 20480, (32, 64)),
+        (48, 8192, (64, 64)),
+        (48, 12288, (64, 128)),
+        (100, 8192, (64, 128)),
+        (100, 12288, (128, 128)),
+        (100, 20480, (128, 64)),
+        (200, 4096, (64, 128)),
+        (200, 5120, (128, 128)),
+        (300, 4096, (128, 128)),
+        (300, 8192, (256, 128)),
+        (300, 16384, (128, 128)),
+    ],
+)
+def test_ada_fp8_runs_vllms_sm89_tiles_by_m_and_n(m: int, n: int, tile: tuple) -> None:
+    setup = _setup(L40S, "fp8", None)
+    assert setup.kernel.quantize_activations and setup.kernel.dispatch == "fixed"
+    (layout,) = candidate_layouts(setup.kernel, m, n, setup.fixed_tiles)
+    assert (layout.tile, layout.split, layout.cluster_m) == (tile, 1, 1)
+
+
+def test_ada_fp8_array_pricing_matches_one_shape_at_a_time() -> None:
+    m = np.array([1, 17, 33, 65, 129, 257, 4096, 8, 100, 300])
+    n = np.array([4096, 12288, 20480, 8192, 4096, 8192, 16384, 20480, 12288, 4096])
+    k = np.array([4096, 1024, 8192, 256, 4096, 2048, 4096, 64, 8192, 512])
+    many = gemm_parts_many(L40S, m, n, k, "fp8").seconds
+    one = [gemm_parts(L40S, *shape, "fp8").seconds for shape in zip(m, n, k, strict=True)]
+    assert many.tolist() == pytest.approx(one, rel=1e-12)
+
+
+def test_a_tile_named_with_its_warps_is_capped_by_their_shared_memory_reads() -> None:
+    # vLLM's sm89 64 x 128 tile runs two 64 x 64 warps: fewer re-reads of A than
+    # the four 32 x 64 warps of the rule of thumb, so a cap no lower.
+    args = (64, 128, 1.0, 1.0, 4096.0, 128.0)
+    assert shared_memory_share(*args, warp=(64, 64)) > shared_memory_share(*args)
+
+
+def test_a_fit_may_choose_the_gpu_familys_own_serving_kernel() -> None:
+    ada = serving_rule(L40S, "fp8").kernel
+    ((_, options),) = gemm_kernel_choices("fp8", ada)
+    assert ada in options
+    ((_, plain),) = gemm_kernel_choices("fp8")
+    assert ada not in plain and len(options) == len(plain) + 1
+    # Hopper's serving kernel is one of the generic choices already: nothing added.
+    hopper = serving_rule(H100, "fp8").kernel
+    assert len(gemm_kernel_choices("fp8", hopper)[0][1]) == len(plain)
+
+
+@needs_shared_data
+@pytest.mark.shared_data
+def test_ada_dispatch_brings_uncalibrated_l40s_fp8_gemms_within_25_percent() -> None:
+    measurements = load_measurements(from_shared="l40s", shared_data=SHARED_DATA)
+    rows = usable_rows(measurements, L40S).rows
+    rows = rows[(rows["op_class"] == "gemm") & (rows["source_dtype"] == "fp8")]
+    rows = rows[holdout_mask(rows, 0.5, 0)]
+    predicted = predict_all(rows, L40S)
+    error = (predicted - rows["measured_s"]).abs() / rows["measured_s"]
+    # 46.9% with Hopper's tiles (benchmarks/README.md, "Calibration for any GPU").
+    assert error.mean() < 0.25
