@@ -178,12 +178,17 @@ _SM120_FP8_TILES = (
     TileBucket(_INF, (128, 128), 1),
 )
 # vLLM's CUTLASS 2.x fp8 GEMM on Ada (scaled_mm_c2x_sm89_fp8_dispatch.cuh): buckets of
-# max(32, next_pow_2(m)), so m <= 16 takes the m <= 32 configs (its m <= 16 branch is
-# never reached), and within each bucket a tile by next_pow_2(n) (the source's
-# `np2 <= 8196` is n <= 8192); warp tiles as the configs name them, one thread block
-# per tile, no split-K. Every config fits the sm_89's 99 KiB of shared memory, so its
-# fallback kernel (64 x 128) is never launched.
+# max(16, next_pow_2(m)), and within each bucket a tile by next_pow_2(n), here as bounds
+# on n itself (the source's `np2 <= 8196` is n <= 8192, `np2 <= 24576` n <= 16384);
+# warp tiles as the configs name them, one thread block per tile, no split-K. One
+# stored revision clamps m to 32, leaving its m <= 16 configs unused; the L40S table
+# (vLLM 0.24) steps from m = 16 to 17 at every n (4.3 to 7.1 us at n = 1,024, k = 128),
+# so there they run. Every config fits the sm_89's 99 KiB of shared memory: the
+# fallback kernel (64 x 128) never launches.
 _SM89_FP8_TILES = (
+    TileBucket(16, (16, 64), 1, 8192, (16, 64)),
+    TileBucket(16, (16, 128), 1, 16384, (16, 64)),
+    TileBucket(16, (32, 64), 1, _INF, (16, 64)),
     TileBucket(32, (32, 64), 1, 8192, (16, 64)),
     TileBucket(32, (32, 128), 1, 16384, (32, 64)),
     TileBucket(32, (32, 64), 1, _INF, (16, 64)),

@@ -229,8 +229,10 @@ class _Setup:
     concurrent: int
     pass_bandwidth: float  # the padding copies and cold serial epilogue stores stream at this rate
     l2_s_per_byte: float  # warm stores into L2, at its sustained rate
+    store_bandwidth: float | None  # a kernel's own serial epilogue store rate, warm or cold
     quant_bandwidth: float  # the activation-quantisation pass streams at this rate
     quant_bytes: float  # bytes that pass moves per activation element, scales included
+    quant_row_s: float  # that pass's time per row of m beyond its bytes (a block per token)
     pad_s: float  # fixed time of the padding copies
     serial_epilogue: bool  # output stores in series with the k loops (GemmKernel)
     tile_share: dict[tuple[int, int], float]  # shared_memory_share by tile (1 if uncapped)
@@ -248,7 +250,8 @@ def _setup(gpu: AcceleratorSpec, dtype: str | Dtype, weight_dtype: str | Dtype |
     )
     if kernel.quantize_activations and not eff.gemm_floor_fitted(dtype):
         floor_us *= 2  # two kernels, each with its launch floor: the quantisation, the GEMM
-    quant_fraction, pad_us = eff.gemm_passes(dtype)
+    quant_fraction, quant_row_ns, pad_us = eff.gemm_passes(dtype)
+    store = eff.gemm_store_bandwidth(dtype)
     plain = parse_dtype(dtype)
     # Operands carry their block scales: activations one per 1 x block_k group, weights
     # their share of a block (fp8_block's 128 x 128 blocks: 1/4096 byte a weight).
@@ -289,8 +292,10 @@ def _setup(gpu: AcceleratorSpec, dtype: str | Dtype, weight_dtype: str | Dtype |
         concurrent=gpu.sm_count * eff.ctas_per_sm,
         pass_bandwidth=gpu.memory_bandwidth * eff.memory_bandwidth,
         l2_s_per_byte=1.0 / (gpu.l2_bandwidth * eff.l2_bandwidth),
+        store_bandwidth=None if store is None else gpu.memory_bandwidth * store,
         quant_bandwidth=gpu.memory_bandwidth * quant_fraction,
         quant_bytes=quantisation_pass_bytes(dtype),
+        quant_row_s=quant_row_ns * 1e-9,
         pad_s=pad_us * 1e-6,
         serial_epilogue=warp_mma if kernel.serial_epilogue is None else kernel.serial_epilogue,
         split_pass_us=eff.split_k_pass_us,
@@ -328,16 +333,19 @@ def _memory_rates(gpu: AcceleratorSpec, c: _Setup, compulsory, loop_bytes):
     the share of a warm loop that hits in L2 the L2's, at its own curve. The outputs
     too: a loop rewrites the same output lines, which stay in L2 as dirty lines (the
     L40S writes outputs of up to ~60 MB at 1.4-2 TB/s). A cold GEMM gets the DRAM
-    figures themselves, not a round trip through a blend."""
+    figures themselves, not a round trip through a blend. A kernel whose epilogue has
+    a store rate of its own (_Setup.store_bandwidth) stores at it, warm or cold."""
     dram = gpu.memory_bandwidth * c.memory_curve.at(compulsory)
     if loop_bytes is None:
-        return dram, c.pass_bandwidth, False
+        return dram, c.store_bandwidth or c.pass_bandwidth, False
     hit = l2_hit_fraction(gpu, loop_bytes)
     l2_s = 1.0 / (gpu.l2_bandwidth * c.l2_memory_curve.at(compulsory))
     rate = np.where(hit > 0, 1.0 / (hit * l2_s + (1.0 - hit) / dram), dram)
     store = np.where(
         hit > 0, 1.0 / (hit * c.l2_s_per_byte + (1.0 - hit) / c.pass_bandwidth), c.pass_bandwidth
     )
+    if c.store_bandwidth is not None:
+        store = np.full_like(store, c.store_bandwidth)
     if rate.ndim == 0:
         return float(rate), float(store), bool(hit > 0.5)
     return rate, store, hit > 0.5
@@ -353,7 +361,8 @@ def _shape_terms(gpu: AcceleratorSpec, c: _Setup, m, n, k, loop_bytes=None) -> _
     operands = m * k * c.bpe + k * n * c.bpe_b
     compulsory = operands + m * n * c.out_bpe
     pad = m % c.kernel.align_m != 0
-    quant_bytes = m * k * c.quant_bytes * c.kernel.quantize_activations
+    quantised = c.kernel.quantize_activations
+    quant_bytes = m * k * c.quant_bytes * quantised
     pad_bytes = m * k * PAD_PASS_ELEMENTS * c.bpe * pad
     mem_bw, store_bw, warm = _memory_rates(gpu, c, compulsory, loop_bytes)
     return _ShapeTerms(
@@ -365,7 +374,10 @@ def _shape_terms(gpu: AcceleratorSpec, c: _Setup, m, n, k, loop_bytes=None) -> _
         store_bw=store_bw,
         pad=pad,
         pass_bytes=quant_bytes + pad_bytes,
-        pass_s=quant_bytes / c.quant_bandwidth + pad_bytes / c.pass_bandwidth + c.pad_s * pad,
+        pass_s=quant_bytes / c.quant_bandwidth
+        + m * c.quant_row_s * quantised
+        + pad_bytes / c.pass_bandwidth
+        + c.pad_s * pad,
     )
 
 

@@ -54,9 +54,11 @@ def test_block_scales_cost_cuda_core_time_where_the_tensor_cores_do_not_apply_th
 @pytest.mark.parametrize(
     ("m", "n", "tile"),
     [
-        (1, 4096, (32, 64)),  # m <= 16 takes the m <= 32 configs: max(32, next_pow_2(m))
-        (8, 12288, (32, 128)),  # next_pow_2(n) = 16384
-        (8, 20480, (32, 64)),
+        (1, 4096, (16, 64)),
+        (16, 12288, (16, 128)),
+        (16, 20480, (32, 64)),  # next_pow_2(n) = 32768, over the source's 24576
+        (17, 12288, (32, 128)),  # next_pow_2(n) = 16384
+        (32, 20480, (32, 64)),
         (48, 8192, (64, 64)),
         (48, 12288, (64, 128)),
         (100, 8192, (64, 128)),
