@@ -6,10 +6,11 @@ where the tensor cores do not scale."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from hardware_models.block_scaling import FP8_BLOCK, SERVING_GEMM_KERNELS, serving_rule
-from hardware_models.calibration.fit import gemm_kernel_choices
+from hardware_models.calibration.fit import _own_kernel, class_fits, gemm_kernel_choices
 from hardware_models.calibration.sources import load_measurements
 from hardware_models.calibration.split import holdout_mask
 from hardware_models.calibration.validate import predict_all
@@ -116,3 +117,53 @@ def test_ada_dispatch_brings_uncalibrated_l40s_fp8_gemms_within_25_percent() -> 
     error = (predicted - rows["measured_s"]).abs() / rows["measured_s"]
     # 46.9% with Hopper's tiles (benchmarks/README.md, "Calibration for any GPU").
     assert error.mean() < 0.25
+
+
+def _with(gpu, **fields):
+    return gpu.with_efficiency(gpu.efficiency.model_copy(update=fields))
+
+
+def test_a_per_token_quantiser_costs_its_time_per_row_of_m() -> None:
+    fitted = _with(L40S, gemm_quant_row_ns_by_dtype={"fp8": 5.0})
+    for m in (1, 4096):
+        extra = (
+            gemm_parts(fitted, m, 32, 32, "fp8").fixed_s
+            - gemm_parts(L40S, m, 32, 32, "fp8").fixed_s
+        )
+        assert extra == pytest.approx(m * 5e-9, rel=1e-9)
+    # bf16 runs no quantiser: nothing added.
+    plain = _with(L40S, gemm_quant_row_ns_by_dtype={"bf16": 5.0})
+    assert gemm_cost(plain, 4096, 32, 32).seconds == gemm_cost(L40S, 4096, 32, 32).seconds
+
+
+def test_a_kernels_own_store_rate_prices_its_serial_epilogue_warm_or_cold() -> None:
+    m, n, k = 4096, 8192, 32
+    share = 0.2
+    fitted = _with(L40S, gemm_store_bandwidth_by_dtype={"fp8": share})
+    store_s = m * n * 2 / (L40S.memory_bandwidth * share)  # bf16 output
+    for loop in (None, 80e6):  # cold, and a loop the L40S's L2 keeps warm
+        assert gemm_parts(fitted, m, n, k, "fp8", loop_bytes=loop).epilogue_s == pytest.approx(
+            store_s, rel=1e-9
+        )
+    many = gemm_parts_many(fitted, np.array([m]), np.array([n]), np.array([k]), "fp8")
+    assert many.seconds[0] == pytest.approx(gemm_parts(fitted, m, n, k, "fp8").seconds, rel=1e-12)
+
+
+def test_only_a_familys_own_kernel_gets_the_quantiser_and_store_searches() -> None:
+    assert _own_kernel(L40S, "fp8") == serving_rule(L40S, "fp8").kernel
+    assert _own_kernel(H100, "fp8") is None and _own_kernel(L40S, "bf16") is None
+    table = pd.DataFrame(
+        {"op_class": "gemm", "dtype": "fp8", "source_dtype": "fp8", "m": np.arange(1, 5),
+         "n": 64, "k": 64, "measured_s": 1e-5}
+    )  # fmt: skip
+    for gpu, searched in ((L40S, True), (H100, False)):
+        (fit,) = class_fits(table, gpu)
+        names = {s.loc[0] for s in fit.scalars}
+        assert {"gemm_quant_row_ns_by_dtype", "gemm_store_bandwidth_by_dtype"} <= names
+        own = _own_kernel(gpu, "fp8")
+        profile = gpu.efficiency.model_copy(
+            update={"gemm_kernel_by_dtype": {"fp8": own or serving_rule(gpu, "fp8").kernel}}
+        )
+        applied = {s.loc[0] for s in fit.scalars if s.applies(profile)}
+        assert ("gemm_quant_row_ns_by_dtype" in applied) is searched
+        assert ("gemm_store_bandwidth_by_dtype" in applied) is searched
