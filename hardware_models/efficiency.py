@@ -610,6 +610,12 @@ class EfficiencyProfile(BaseModel):
         keys = (dtype_key(dtype), parse_dtype(str(dtype).strip().lower()).value)
         return next((table[k] for k in keys if k in table), default)
 
+    @staticmethod
+    def _own_entry(table: dict, dtype: object, default):
+        """`table`'s entry for `dtype`'s own spelling alone: a fixed cost of one kernel
+        (Ada's fp8 quantiser and epilogue), which fp8_block's kernel does not share."""
+        return table.get(dtype_key(dtype), default)
+
     def gemm_terms(self, dtype: object) -> tuple[EfficiencyCurve, EfficiencyCurve, float]:
         """(compute curve, memory curve, floor in us) for GEMMs in `dtype`: its own entries
         where calibration fitted them, the dtype-independent fields otherwise."""
@@ -649,14 +655,14 @@ class EfficiencyProfile(BaseModel):
     def gemm_store_bandwidth(self, dtype: object) -> float | None:
         """The fraction of memory bandwidth the serial epilogue of GEMMs in `dtype` stores
         at, or None for the plain streaming rate."""
-        return self._for_dtype(self.gemm_store_bandwidth_by_dtype, dtype, None)
+        return self._own_entry(self.gemm_store_bandwidth_by_dtype, dtype, None)
 
     def gemm_passes(self, dtype: object) -> tuple[float, float, float]:
         """(fraction of memory bandwidth the activation-quantisation pass reaches, its ns
         per row of m, fixed us of the padding copies) of GEMMs in `dtype`."""
         return (
             self._for_dtype(self.gemm_quant_bandwidth_by_dtype, dtype, self.memory_bandwidth),
-            self._for_dtype(self.gemm_quant_row_ns_by_dtype, dtype, 0.0),
+            self._own_entry(self.gemm_quant_row_ns_by_dtype, dtype, 0.0),
             self._for_dtype(self.gemm_pad_us_by_dtype, dtype, self.kernel_floor_us),
         )
 

@@ -131,6 +131,9 @@ def test_a_per_token_quantiser_costs_its_time_per_row_of_m() -> None:
             - gemm_parts(L40S, m, 32, 32, "fp8").fixed_s
         )
         assert extra == pytest.approx(m * 5e-9, rel=1e-9)
+    # fp8_block's kernel is another one: it does not inherit fp8's entry.
+    block = gemm_parts(fitted, 64, 4096, 4096, "fp8_block").fixed_s
+    assert block == gemm_parts(L40S, 64, 4096, 4096, "fp8_block").fixed_s
     # bf16 runs no quantiser: nothing added.
     plain = _with(L40S, gemm_quant_row_ns_by_dtype={"bf16": 5.0})
     assert gemm_cost(plain, 4096, 32, 32).seconds == gemm_cost(L40S, 4096, 32, 32).seconds
