@@ -135,11 +135,15 @@ WARP_MMA_FAMILIES = frozenset({"volta", "turing", "ampere", "ada", BLACKWELL_WOR
 
 
 class TileBucket(NamedTuple):
-    """One bucket of a kernel's tile dispatch by m."""
+    """One bucket of a kernel's tile dispatch by m (and, where the kernel also looks at
+    it, by n): the first bucket whose bounds hold both serves the shape."""
 
     up_to_m: float  # the largest m the bucket serves
     tile: tuple[int, int]  # per-SM tile: (rows of m, columns of n)
     cluster_m: int  # SMs a cluster stacks along m (a 2-SM UMMA: 2)
+    up_to_n: float = float("inf")  # the largest n the bucket serves
+    warp: tuple[int, int] | None = None  # a warp's part of the tile, where the kernel
+    # names it (CUTLASS 2.x warp-MMA configs); None: gemm.warp_tile's rule of thumb
 
 
 class KernelRule(NamedTuple):
@@ -173,6 +177,33 @@ _SM120_FP8_TILES = (
     TileBucket(256, (64, 64), 1),
     TileBucket(_INF, (128, 128), 1),
 )
+# vLLM's CUTLASS 2.x fp8 GEMM on Ada (scaled_mm_c2x_sm89_fp8_dispatch.cuh): buckets of
+# max(16, next_pow_2(m)), and within each bucket a tile by next_pow_2(n), here as bounds
+# on n itself (the source's `np2 <= 8196` is n <= 8192, `np2 <= 24576` n <= 16384);
+# warp tiles as the configs name them, one thread block per tile, no split-K. One
+# stored revision clamps m to 32, leaving its m <= 16 configs unused; the L40S table
+# (vLLM 0.24) steps from m = 16 to 17 at every n (4.3 to 7.1 us at n = 1,024, k = 128),
+# so there they run. Every config fits the sm_89's 99 KiB of shared memory: the
+# fallback kernel (64 x 128) never launches.
+_SM89_FP8_TILES = (
+    TileBucket(16, (16, 64), 1, 8192, (16, 64)),
+    TileBucket(16, (16, 128), 1, 16384, (16, 64)),
+    TileBucket(16, (32, 64), 1, _INF, (16, 64)),
+    TileBucket(32, (32, 64), 1, 8192, (16, 64)),
+    TileBucket(32, (32, 128), 1, 16384, (32, 64)),
+    TileBucket(32, (32, 64), 1, _INF, (16, 64)),
+    TileBucket(64, (64, 64), 1, 8192, (32, 64)),
+    TileBucket(64, (64, 128), 1, 16384, (64, 64)),
+    TileBucket(64, (64, 64), 1, _INF, (32, 64)),
+    TileBucket(128, (64, 128), 1, 8192, (64, 64)),
+    TileBucket(128, (128, 128), 1, 16384, (64, 64)),
+    TileBucket(128, (128, 64), 1, _INF, (64, 64)),
+    TileBucket(256, (64, 128), 1, 4096, (64, 64)),
+    TileBucket(256, (128, 128), 1, _INF, (64, 64)),
+    TileBucket(_INF, (128, 128), 1, 4096, (64, 64)),
+    TileBucket(_INF, (256, 128), 1, 8192, (64, 64)),
+    TileBucket(_INF, (128, 128), 1, _INF, (64, 64)),
+)
 _QUANTISED = GemmKernel(dispatch="fixed", quantize_activations=True)
 
 # The GEMM kernels a serving engine runs for low-precision dtypes where no profile names
@@ -180,7 +211,8 @@ _QUANTISED = GemmKernel(dispatch="fixed", quantize_activations=True)
 # per token in a kernel of its own, then runs CUTLASS tiles chosen by m in 2x1 clusters
 # past m = 64; block-scaled fp8 quantises per 128-wide group, then runs 128 x 128 tiles
 # (cooperative: stored after the k loop) over rows padded to a multiple of 4 for its
-# scales' TMA loads. Blackwell: a quantisation kernel writes the fp8 or 4-bit activations
+# scales' TMA loads. Ada: the activations quantised, then CUTLASS 2.x warp-MMA tiles by m
+# and n (above). Blackwell: a quantisation kernel writes the fp8 or 4-bit activations
 # (and their swizzled scales), then the tiles above. Other families keep cuBLAS's fastest
 # tile until measured.
 SERVING_GEMM_KERNELS: dict[str, dict[str, KernelRule]] = {
@@ -190,6 +222,7 @@ SERVING_GEMM_KERNELS: dict[str, dict[str, KernelRule]] = {
             GemmKernel(dispatch="fixed", quantize_activations=True, align_m=4, serial_epilogue=True)
         ),
     },
+    "ada": {"fp8": KernelRule(_QUANTISED, _SM89_FP8_TILES)},
     BLACKWELL_DATACENTER: {
         "fp8": KernelRule(_QUANTISED, _SM100_FP8_TILES),
         "nvfp4": KernelRule(_QUANTISED, _SM100_FP4_TILES),

@@ -447,6 +447,23 @@ class EfficiencyProfile(BaseModel):
         "rate (~100-200 GB/s on an H100 SM), which binds when few small tiles run long k "
         "loops (vLLM's 16-row fp8 tiles at small m); no entry: no cap",
     )
+    gemm_quant_row_ns_by_dtype: dict[str, float] = Field(
+        default_factory=dict,
+        description="time per row of m the activation-quantisation pass of one dtype takes "
+        "beyond its bytes, nanoseconds: vLLM's per-token fp8 quantiser launches one thread "
+        "block per token (dynamic_per_token_scaled_fp8_quant: grid = tokens, each block "
+        "a max reduction, then the scaled write), which on the L40S costs ~5 ns a row at "
+        "any k up to 512 and any n; no entry: 0 (blocks cost their bytes only)",
+    )
+    gemm_store_bandwidth_by_dtype: dict[str, float] = Field(
+        default_factory=dict,
+        description="fraction of memory bandwidth the output stores of one dtype's serial "
+        "epilogue (GemmKernel.serial_epilogue) drain at, warm loop or cold: vLLM's CUTLASS "
+        "2.x fp8 kernel on Ada (an EVT epilogue scaling each output by its token's and "
+        "channel's scales) writes its bf16 output at ~160 GB/s where the bf16 GEMM of the "
+        "same shape writes 1.7 TB/s into L2; no entry: the plain streaming rate (DRAM's, "
+        "or the L2's for a warm loop)",
+    )
     gemm_quant_bandwidth_by_dtype: dict[str, float] = Field(
         default_factory=dict,
         description="fraction of memory bandwidth the activation-quantisation pass of one "
@@ -598,6 +615,8 @@ class EfficiencyProfile(BaseModel):
         "gemm_cta_us_per_mb_by_dtype",
         "gemm_kernel_by_dtype",
         "gemm_pad_us_by_dtype",
+        "gemm_quant_row_ns_by_dtype",
+        "gemm_store_bandwidth_by_dtype",
         "gemm_quant_bandwidth_by_dtype",
     )
     @classmethod
@@ -628,7 +647,7 @@ class EfficiencyProfile(BaseModel):
     def _decode_kernel_keys(cls, v: dict) -> dict:
         return _normalised_keys(v, dtype_key)
 
-    @field_validator("gemm_quant_bandwidth_by_dtype")
+    @field_validator("gemm_quant_bandwidth_by_dtype", "gemm_store_bandwidth_by_dtype")
     @classmethod
     def _fractions(cls, v: dict) -> dict:
         for key, value in v.items():
@@ -641,6 +660,12 @@ class EfficiencyProfile(BaseModel):
         """`table`'s entry for `dtype` (its own spelling first, then its plain dtype)."""
         keys = (dtype_key(dtype), parse_dtype(str(dtype).strip().lower()).value)
         return next((table[k] for k in keys if k in table), default)
+
+    @staticmethod
+    def _own_entry(table: dict, dtype: object, default):
+        """`table`'s entry for `dtype`'s own spelling alone: a fixed cost of one kernel
+        (Ada's fp8 quantiser and epilogue), which fp8_block's kernel does not share."""
+        return table.get(dtype_key(dtype), default)
 
     def gemm_terms(self, dtype: object) -> tuple[EfficiencyCurve, EfficiencyCurve, float]:
         """(compute curve, memory curve, floor in us) for GEMMs in `dtype`: its own entries
@@ -676,11 +701,17 @@ class EfficiencyProfile(BaseModel):
             self._for_dtype(self.gemm_cta_us_per_mb_by_dtype, dtype, 0.0),
         )
 
-    def gemm_passes(self, dtype: object) -> tuple[float, float]:
-        """(fraction of memory bandwidth the activation-quantisation pass reaches, fixed
-        us of the padding copies) of GEMMs in `dtype`."""
+    def gemm_store_bandwidth(self, dtype: object) -> float | None:
+        """The fraction of memory bandwidth the serial epilogue of GEMMs in `dtype` stores
+        at, or None for the plain streaming rate."""
+        return self._own_entry(self.gemm_store_bandwidth_by_dtype, dtype, None)
+
+    def gemm_passes(self, dtype: object) -> tuple[float, float, float]:
+        """(fraction of memory bandwidth the activation-quantisation pass reaches, its ns
+        per row of m, fixed us of the padding copies) of GEMMs in `dtype`."""
         return (
             self._for_dtype(self.gemm_quant_bandwidth_by_dtype, dtype, self.memory_bandwidth),
+            self._own_entry(self.gemm_quant_row_ns_by_dtype, dtype, 0.0),
             self._for_dtype(self.gemm_pad_us_by_dtype, dtype, self.kernel_floor_us),
         )
 

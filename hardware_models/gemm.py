@@ -103,13 +103,20 @@ def warp_tile(tm: int, tn: int) -> tuple[int, int]:
 
 
 def shared_memory_share(
-    tm: int, tn: int, bpe_a: float, bpe_b: float, peak_per_sm: float, smem_per_sm: float
+    tm: int,
+    tn: int,
+    bpe_a: float,
+    bpe_b: float,
+    peak_per_sm: float,
+    smem_per_sm: float,
+    warp: tuple[int, int] | None = None,
 ) -> float:
     """The share of the tensor peak a warp-MMA tile can reach before shared memory caps
     it: per step of k the tile's A and B columns are written into shared memory once and
-    read by every warp that uses them. A 64 x 64 bf16 tile on the A100 moves 768 bytes
+    read by every warp that uses them (`warp`: a warp's part of the tile, where the
+    kernel names it; else warp_tile's). A 64 x 64 bf16 tile on the A100 moves 768 bytes
     per step, 6 clocks at 128 bytes/clock, for 4 clocks of tensor math: 2/3 of peak."""
-    wm, wn = warp_tile(tm, tn)
+    wm, wn = warp or warp_tile(tm, tn)
     per_k_bytes = bpe_a * tm * (1 + tn / wn) + bpe_b * tn * (1 + tm / wm)
     smem_s = per_k_bytes / smem_per_sm
     if smem_s == 0.0:  # a bandwidth so large that its time underflows: no cap
@@ -164,7 +171,7 @@ def candidate_layouts(
             TILE_LARGE,
         )
         return [Layout(tile, 1, 1 if m <= SWAPPED_UP_TO_M else kernel.cluster_m)]
-    bucket = next((b for b in fixed if m <= b.up_to_m), None)
+    bucket = next((b for b in fixed if m <= b.up_to_m and n <= b.up_to_n), None)
     if bucket is None:
         return [Layout(TILE_LARGE, 1, kernel.cluster_m)]
     return [Layout(bucket.tile, 1, bucket.cluster_m)]
@@ -222,8 +229,10 @@ class _Setup:
     concurrent: int
     pass_bandwidth: float  # the padding copies and cold serial epilogue stores stream at this rate
     l2_s_per_byte: float  # warm stores into L2, at its sustained rate
+    store_bandwidth: float | None  # a kernel's own serial epilogue store rate, warm or cold
     quant_bandwidth: float  # the activation-quantisation pass streams at this rate
     quant_bytes: float  # bytes that pass moves per activation element, scales included
+    quant_row_s: float  # that pass's time per row of m beyond its bytes (a block per token)
     pad_s: float  # fixed time of the padding copies
     serial_epilogue: bool  # output stores in series with the k loops (GemmKernel)
     tile_share: dict[tuple[int, int], float]  # shared_memory_share by tile (1 if uncapped)
@@ -241,7 +250,8 @@ def _setup(gpu: AcceleratorSpec, dtype: str | Dtype, weight_dtype: str | Dtype |
     )
     if kernel.quantize_activations and not eff.gemm_floor_fitted(dtype):
         floor_us *= 2  # two kernels, each with its launch floor: the quantisation, the GEMM
-    quant_fraction, pad_us = eff.gemm_passes(dtype)
+    quant_fraction, quant_row_ns, pad_us = eff.gemm_passes(dtype)
+    store = eff.gemm_store_bandwidth(dtype)
     plain = parse_dtype(dtype)
     # Operands carry their block scales: activations one per 1 x block_k group, weights
     # their share of a block (fp8_block's 128 x 128 blocks: 1/4096 byte a weight).
@@ -260,12 +270,12 @@ def _setup(gpu: AcceleratorSpec, dtype: str | Dtype, weight_dtype: str | Dtype |
     warp_mma = gemm_family(gpu) in WARP_MMA_FAMILIES
     fixed = rule.tiles if rule is not None and rule.tiles is not None else None
     fixed = fixed or (TileBucket(math.inf, TILE_LARGE, kernel.cluster_m),)
-    tiles = {
-        *TILE_SHAPES,
-        TILE_LARGE,
-        *(t for _, *pair in TILES_BY_M for t in pair),
-        *(b.tile for b in fixed),
-    }
+    # Each tile's warp split: the fixed buckets' own where they name one (a family's
+    # buckets give a tile one warp split), else warp_tile's.
+    tiles: dict[tuple[int, int], tuple[int, int] | None] = dict.fromkeys(
+        (*TILE_SHAPES, TILE_LARGE, *(t for _, *pair in TILES_BY_M for t in pair))
+    )
+    tiles.update((b.tile, b.warp) for b in fixed if b.warp is not None or b.tile not in tiles)
     return _Setup(
         compute_curve=compute_curve,
         memory_curve=memory_curve,
@@ -282,18 +292,20 @@ def _setup(gpu: AcceleratorSpec, dtype: str | Dtype, weight_dtype: str | Dtype |
         concurrent=gpu.sm_count * eff.ctas_per_sm,
         pass_bandwidth=gpu.memory_bandwidth * eff.memory_bandwidth,
         l2_s_per_byte=1.0 / (gpu.l2_bandwidth * eff.l2_bandwidth),
+        store_bandwidth=None if store is None else gpu.memory_bandwidth * store,
         quant_bandwidth=gpu.memory_bandwidth * quant_fraction,
         quant_bytes=quantisation_pass_bytes(dtype),
+        quant_row_s=quant_row_ns * 1e-9,
         pad_s=pad_us * 1e-6,
         serial_epilogue=warp_mma if kernel.serial_epilogue is None else kernel.serial_epilogue,
         split_pass_us=eff.split_k_pass_us,
         tile_share={
             (tm, tn): shared_memory_share(
-                tm, tn, bpe, bpe_b, peak_per_sm, gpu.shared_memory_bandwidth_per_sm
+                tm, tn, bpe, bpe_b, peak_per_sm, gpu.shared_memory_bandwidth_per_sm, warp
             )
             if warp_mma
             else 1.0
-            for tm, tn in tiles
+            for (tm, tn), warp in tiles.items()
         },
     )
 
@@ -321,16 +333,19 @@ def _memory_rates(gpu: AcceleratorSpec, c: _Setup, compulsory, loop_bytes):
     the share of a warm loop that hits in L2 the L2's, at its own curve. The outputs
     too: a loop rewrites the same output lines, which stay in L2 as dirty lines (the
     L40S writes outputs of up to ~60 MB at 1.4-2 TB/s). A cold GEMM gets the DRAM
-    figures themselves, not a round trip through a blend."""
+    figures themselves, not a round trip through a blend. A kernel whose epilogue has
+    a store rate of its own (_Setup.store_bandwidth) stores at it, warm or cold."""
     dram = gpu.memory_bandwidth * c.memory_curve.at(compulsory)
     if loop_bytes is None:
-        return dram, c.pass_bandwidth, False
+        return dram, c.store_bandwidth or c.pass_bandwidth, False
     hit = l2_hit_fraction(gpu, loop_bytes)
     l2_s = 1.0 / (gpu.l2_bandwidth * c.l2_memory_curve.at(compulsory))
     rate = np.where(hit > 0, 1.0 / (hit * l2_s + (1.0 - hit) / dram), dram)
     store = np.where(
         hit > 0, 1.0 / (hit * c.l2_s_per_byte + (1.0 - hit) / c.pass_bandwidth), c.pass_bandwidth
     )
+    if c.store_bandwidth is not None:
+        store = np.full_like(store, c.store_bandwidth)
     if rate.ndim == 0:
         return float(rate), float(store), bool(hit > 0.5)
     return rate, store, hit > 0.5
@@ -346,7 +361,8 @@ def _shape_terms(gpu: AcceleratorSpec, c: _Setup, m, n, k, loop_bytes=None) -> _
     operands = m * k * c.bpe + k * n * c.bpe_b
     compulsory = operands + m * n * c.out_bpe
     pad = m % c.kernel.align_m != 0
-    quant_bytes = m * k * c.quant_bytes * c.kernel.quantize_activations
+    quantised = c.kernel.quantize_activations
+    quant_bytes = m * k * c.quant_bytes * quantised
     pad_bytes = m * k * PAD_PASS_ELEMENTS * c.bpe * pad
     mem_bw, store_bw, warm = _memory_rates(gpu, c, compulsory, loop_bytes)
     return _ShapeTerms(
@@ -358,7 +374,10 @@ def _shape_terms(gpu: AcceleratorSpec, c: _Setup, m, n, k, loop_bytes=None) -> _
         store_bw=store_bw,
         pad=pad,
         pass_bytes=quant_bytes + pad_bytes,
-        pass_s=quant_bytes / c.quant_bandwidth + pad_bytes / c.pass_bandwidth + c.pad_s * pad,
+        pass_s=quant_bytes / c.quant_bandwidth
+        + m * c.quant_row_s * quantised
+        + pad_bytes / c.pass_bandwidth
+        + c.pad_s * pad,
     )
 
 
@@ -478,7 +497,7 @@ def _layouts_many(
         below = np.zeros(len(m), dtype=bool)  # served by an earlier bucket
         out = []
         for bucket in fixed:
-            rows = (m <= bucket.up_to_m) & ~below
+            rows = (m <= bucket.up_to_m) & (n <= bucket.up_to_n) & ~below
             below |= rows
             out.append((Layout(bucket.tile, 1, bucket.cluster_m), rows))
         return out

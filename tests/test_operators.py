@@ -685,6 +685,8 @@ def test_scalar_and_array_prefill_pricing_give_the_same_floats(calibration, pack
         ("gemm_quant_bandwidth_by_dtype", {"fp8": 0.0}, "in (0, 1]"),
         ("gemm_pad_us_by_dtype", {"fp8_block": -1.0}, "must be >= 0 us"),
         ("gemm_pad_us_by_dtype", {"fp9": 1.0}, "fp9"),
+        ("gemm_store_bandwidth_by_dtype", {"fp8": 1.2}, "fp8: a share of memory bandwidth"),
+        ("gemm_quant_row_ns_by_dtype", {"fp8": -1.0}, "must be >= 0"),
     ],
 )
 def test_bad_pass_fields_name_the_dtype_and_the_rule(field, value, words):

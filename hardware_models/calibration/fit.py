@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.block_scaling import WARP_MMA_FAMILIES, gemm_family, serving_rule
 from hardware_models.calibration.isotonic import binned_curve
 from hardware_models.calibration.measured_tables import gemm_kernel_dtype
 from hardware_models.calibration.moe_mla_fit import moe_mla_fits
@@ -219,7 +220,8 @@ def class_fits(table: pd.DataFrame, gpu: AcceleratorSpec | None = None) -> list[
     """The fits a table supports: one per GEMM kernel dtype, prefill, decode (one per
     cache dtype), then one per MoE weight format, MLA decode and MLA prefill
     (moe_mla_fit). With `gpu`, decode also searches its warm-L2 share where the rows
-    show one (see warm_l2_shown)."""
+    show one (see warm_l2_shown), and its family's serving kernels
+    (block_scaling.serving_rule) are among the GEMM choices."""
     fits: list[ClassFit] = []
     gemm = table[table["op_class"] == "gemm"]
     if len(gemm):
@@ -228,6 +230,9 @@ def class_fits(table: pd.DataFrame, gpu: AcceleratorSpec | None = None) -> list[
         main = next(k for k in ("bf16", "fp16", *sorted(set(kernels))) if k in set(kernels))
         for key, rows in sorted(gemm.groupby(kernels), key=lambda kv: kv[0] != main):
             top = _low_time_us(rows)
+            serving = _serving_kernel(gpu, key)
+            own = _own_kernel(gpu, key)
+            own_store = _stores_in_series(gpu, own)
             scalars = [
                 Scalar(("gemm_floor_us_by_dtype", key), 0.0, 3.0 * top),
                 Scalar(("gemm_wave_latency_us_by_dtype", key), 0.0, top),
@@ -253,6 +258,25 @@ def class_fits(table: pd.DataFrame, gpu: AcceleratorSpec | None = None) -> list[
                         1.0,
                         lambda p, kernel=kernel: kernel(p).quantize_activations,
                     ),
+                    # The share of memory bandwidth the family's own kernel stores its
+                    # output at, where it stores after its k loops. This and the next
+                    # are searched for a family's own kernel (a tile table from its
+                    # source) alone: the generic families keep the fits they had.
+                    Scalar(
+                        ("gemm_store_bandwidth_by_dtype", key),
+                        0.02,
+                        1.0,
+                        lambda p, kernel=kernel, own=own_store: (
+                            own is not None and kernel(p) == own
+                        ),
+                    ),
+                    # ns per token of a quantiser launching a block per token: 0 to 20.
+                    Scalar(
+                        ("gemm_quant_row_ns_by_dtype", key),
+                        0.0,
+                        20.0,
+                        lambda p, kernel=kernel, own=own: own is not None and kernel(p) == own,
+                    ),
                 ]
             fits.append(
                 ClassFit(
@@ -260,7 +284,7 @@ def class_fits(table: pd.DataFrame, gpu: AcceleratorSpec | None = None) -> list[
                     rows,
                     lambda gpu, r, key=key: gemm_terms(gpu, r, key),
                     tuple(scalars),
-                    gemm_kernel_choices(key),
+                    gemm_kernel_choices(key, serving),
                 )
             )
     for name, price, seconds, scalars, choices in (
@@ -340,14 +364,41 @@ def _attention_groups(table: pd.DataFrame, name: str) -> list[tuple[str, pd.Data
     return [(f"{name}/kv:{k}", rows[kv == k], None if k == main else k) for k in ordered]
 
 
-def gemm_kernel_choices(key: str) -> tuple[tuple[CurveLoc, tuple[object, ...]], ...]:
+def _serving_kernel(gpu: AcceleratorSpec | None, key: str) -> GemmKernel | None:
+    """The kernel `gpu`'s family serves dtype `key` with, if block_scaling has a rule."""
+    rule = None if gpu is None else serving_rule(gpu, key)
+    return None if rule is None else rule.kernel
+
+
+def _own_kernel(gpu: AcceleratorSpec | None, key: str) -> GemmKernel | None:
+    """The serving kernel `gpu`'s family has a tile table of its own for (Ada's fp8,
+    Blackwell's), if any: the kernels whose extra fixed costs a fit searches."""
+    rule = None if gpu is None else serving_rule(gpu, key)
+    return None if rule is None or rule.tiles is None else rule.kernel
+
+
+def _stores_in_series(gpu: AcceleratorSpec | None, kernel: GemmKernel | None):
+    """`kernel` where it stores each output tile after its k loop on `gpu`, else None."""
+    if gpu is None or kernel is None:
+        return None
+    serial = kernel.serial_epilogue
+    if serial is None:
+        serial = gemm_family(gpu) in WARP_MMA_FAMILIES
+    return kernel if serial else None
+
+
+def gemm_kernel_choices(
+    key: str, serving: GemmKernel | None = None
+) -> tuple[tuple[CurveLoc, tuple[object, ...]], ...]:
     """The kernel families a GEMM may run. 16-bit ones run cuBLAS, with or without its
     matrix-vector kernel for one-row products (the A100's cuBLAS has one, the H100 table
     shows m = 1 as slow as m = 2). 8-bit ones run cuBLASLt (torch._scaled_mm, inputs
     already quantised), or a serving engine's path that first quantises the
     activations, then runs cuBLAS-style, CUTLASS-by-m or 128x128 block-scaled tiles
     (which need m padded to 4 rows); CUTLASS-by-m in single or paired thread-block
-    clusters. The fit picks the one the table measured."""
+    clusters; and `serving`, the GPU family's own serving kernel where it is none of
+    these (Ada's fp8: CUTLASS 2.x tiles by m and n). The fit picks the one the table
+    measured."""
     if bytes_per_element(parse_dtype(key)) >= 2:
         return ((("gemm_kernel_by_dtype", key), (GemmKernel(), GemmKernel(gemv=True))),)
     options = (
@@ -356,6 +407,8 @@ def gemm_kernel_choices(key: str) -> tuple[tuple[CurveLoc, tuple[object, ...]], 
         *(GemmKernel(dispatch="by_m", quantize_activations=True, cluster_m=c) for c in (1, 2)),
         GemmKernel(dispatch="fixed", quantize_activations=True, align_m=4),
     )
+    if serving is not None and serving not in options:
+        options += (serving,)
     return ((("gemm_kernel_by_dtype", key), options),)
 
 
