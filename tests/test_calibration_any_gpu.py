@@ -248,10 +248,14 @@ def test_auto_takes_the_gpus_own_profile_or_its_nearest_kins() -> None:
     assert h200.note == "h100-sxm (auto: transfer: fitted on h100-sxm, applied to h200-sxm)"
     shipped = read_profile(calibration_path("h100-sxm")).efficiency
     assert h200.gpu.efficiency == shipped and h200.gpu.sm_count == load_gpu("h200-sxm").sm_count
-    # No measured Blackwell or CDNA3 chip, and the RTX 4090's curves-only profile does
-    # not transfer to another Ada chip: the datasheet efficiencies, said so.
+    # The L40S's full fit transfers to the L4 (Ada, GDDR); the RTX 4090 keeps its own
+    # curves-only profile, which transfers to no other chip.
     assert nearest_profile(load_gpu("rtx-4090")) == "rtx-4090"
-    for name in ("b200", "mi300x", "l4"):
+    assert nearest_profile(load_gpu("l40s")) == "l40s"
+    l4 = choose_calibration(load_gpu("l4"))
+    assert l4.profile == "l40s" and "transfer: fitted on l40s, applied to l4" in l4.note
+    # No measured Blackwell or CDNA3 chip: the datasheet efficiencies, said so.
+    for name in ("b200", "mi300x"):
         choice = choose_calibration(load_gpu(name))
         assert choice.profile is None and "no measured" in choice.note
         assert choice.gpu == load_gpu(name)

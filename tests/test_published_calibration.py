@@ -166,7 +166,7 @@ def test_validate_takes_a_shipped_profile_by_name(tmp_path: Path, capsys, monkey
 
 @needs_data
 @pytest.mark.slow
-@pytest.mark.parametrize("gpu", ["h100-sxm", "a100-80gb-sxm"])
+@pytest.mark.parametrize("gpu", ["h100-sxm", "a100-80gb-sxm", "l40s"])
 def test_a_shipped_profile_is_the_fit_of_the_public_tables(gpu: str) -> None:
     """38 s for the H100, 13 s for the A100: the command in the presets' README."""
     refit = fit_measurements(load_measurements(from_shared=gpu), load_gpu(gpu))
