@@ -159,6 +159,11 @@ class CollectiveFit(BaseModel):
 
     latency_us: float = Field(ge=0, description="per algorithm step (alpha), microseconds")
     efficiency: float = Field(gt=0, le=1, description="fraction of the link bandwidth attained")
+    fitted_over: str | None = Field(
+        None,
+        description="the link it was fitted over (LinkSpec.signature); over any other link "
+        "the datasheet figures apply. None: over any link (profiles written before it).",
+    )
 
 
 class GemmKernel(BaseModel):
@@ -240,6 +245,12 @@ class DecodeKernel(BaseModel):
 
 
 DECODE_KERNEL_FIELDS: tuple[str, ...] = tuple(DecodeKernel.model_fields)
+
+
+def _fitted_over(fit: CollectiveFit, link: LinkSpec) -> bool:
+    """Whether `fit` applies over `link`: fitted over it, or recorded before fits named
+    their link."""
+    return fit.fitted_over is None or fit.fitted_over == link.signature()
 
 
 def _set_or(value: float | None, fallback: float) -> float:
@@ -740,13 +751,19 @@ class EfficiencyProfile(BaseModel):
         )
 
     def link_for(self, num_gpus: int, link: LinkSpec) -> LinkSpec:
-        """`link` with the fitted latency and efficiency for `num_gpus` GPUs, if any."""
+        """`link` with the fitted latency and efficiency for `num_gpus` GPUs, where there is
+        a fit over this very link (see links_fitted_elsewhere)."""
         fitted = self.collective_by_gpus.get(int(num_gpus))
-        if fitted is None:
+        if fitted is None or not _fitted_over(fitted, link):
             return link
         return link.model_copy(
             update={"latency_us": fitted.latency_us, "efficiency": fitted.efficiency}
         )
+
+    def links_fitted_elsewhere(self, link: LinkSpec) -> list[int]:
+        """The group sizes whose collective fits were made over another link than `link`,
+        so are not applied to it (a run says so)."""
+        return sorted(p for p, f in self.collective_by_gpus.items() if not _fitted_over(f, link))
 
     @property
     def prefill_memory(self) -> EfficiencyCurve:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
 from pydantic import (
@@ -85,6 +86,13 @@ class LinkSpec(BaseModel):
         if self.fabric is None:
             data.pop("fabric", None)
         return data
+
+    def signature(self) -> str:
+        """The link as hardware, without the fitted latency and efficiency: a calibration's
+        collective fits apply only over the link they were fitted over (a fit over one
+        PCIe tree says nothing about another tree, or about a link with none)."""
+        hardware = self.model_dump(mode="json", exclude={"latency_us", "efficiency"})
+        return json.dumps(hardware, sort_keys=True)
 
     @model_validator(mode="after")
     def _fabric_is_pcie(self) -> LinkSpec:

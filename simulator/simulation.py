@@ -180,12 +180,30 @@ def resolve_weight_dtype(asked: str | None, arch: ModelArchitecture) -> str:
     return asked
 
 
+def _warn_links_fitted_elsewhere(gpu: AcceleratorSpec, node: NodeSpec, profile: str | None) -> None:
+    """A profile's collective fits belong to the link they were fitted over (an L40S's
+    PCIe tree): over another node's link the datasheet link model prices collectives,
+    and the run says so."""
+    link = node.intra_node_link
+    elsewhere = [] if link is None else gpu.efficiency.links_fitted_elsewhere(link)
+    if elsewhere and profile is not None:
+        groups = ", ".join(map(str, elsewhere))
+        warnings.warn(
+            f"calibration {profile}: its collective fits ({groups} GPUs) were made over "
+            f"another link than node {node.name}'s; collectives over it are priced with the "
+            "datasheet link model",
+            InfersimWarning,
+            stacklevel=2,
+        )
+
+
 def build_replica(scenario: Scenario) -> ReplicaBuild:
     """Model, hardware, memory plan and step costs: fails early, with the breakdown, when
     the configuration cannot run."""
     calibration = resolve_calibration(scenario)
     gpu = calibration.gpu
     node = resolve_node(scenario, gpu)
+    _warn_links_fitted_elsewhere(gpu, node, calibration.profile)
     arch = _named_field("model.name", load_model, _maybe_path(scenario, scenario.model.name))
     par, serving, engine = scenario.parallelism, scenario.serving, scenario.engine
     gpus = par.tp * par.pp  # of one dp rank; the replica has dp of them

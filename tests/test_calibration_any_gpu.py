@@ -32,7 +32,7 @@ from hardware_models.calibration.workflow import usable_rows
 from hardware_models.calibration_lookup import choose_calibration, nearest_profile
 from hardware_models.collectives import collective_cost
 from hardware_models.dtypes import parse_dtype
-from hardware_models.errors import InfersimError
+from hardware_models.errors import InfersimError, InfersimWarning
 from hardware_models.presets import calibration_path, load_gpu, load_node
 from simulator.cli.main import main
 from tests.conftest import SHARED_DATA, needs_shared_data
@@ -288,3 +288,25 @@ def test_a_curve_read_at_one_size_gives_numpys_interpolation_exactly() -> None:
         assert [curve.at(float(s)) for s in sizes] == curve.at(sizes).tolist()
         at_one = curve.scalar_at()  # what the attention models read on every step
         assert [at_one(float(s)) for s in sizes] == curve.at(sizes).tolist()
+
+
+def test_collective_fits_apply_only_over_the_link_they_were_fitted_over(make_scenario) -> None:
+    """The L40S profile's all-reduce fits (0.15 of the link at 8 GPUs, on top of its PCIe
+    tree's share) would price a node without that tree ~2.6x slow: over another link
+    the datasheet link model prices collectives, and the run says so."""
+    l40s = load_gpu("l40s", calibration="l40s")
+    tree = load_node("l40s-8x-pcie").intra_node_link
+    assert l40s.efficiency.link_for(8, tree).efficiency == pytest.approx(
+        l40s.efficiency.collective_by_gpus[8].efficiency
+    )
+    bare = tree.model_copy(update={"fabric": None})
+    assert l40s.efficiency.link_for(8, bare) == bare
+    assert l40s.efficiency.links_fitted_elsewhere(bare) == [2, 4, 8]
+    assert l40s.efficiency.links_fitted_elsewhere(tree) == []
+    node = load_node("l40s-8x-pcie").model_copy(
+        update={"name": "bare-pcie", "intra_node_link": bare}
+    )
+    from simulator.simulation import _warn_links_fitted_elsewhere
+
+    with pytest.warns(InfersimWarning, match=r"collective fits \(2, 4, 8 GPUs\).*bare-pcie"):
+        _warn_links_fitted_elsewhere(l40s, node, "l40s")

@@ -74,7 +74,9 @@ def fit_measurements(
             for p in sorted(fitted)
         ]
         collective = {
-            p: CollectiveFit(latency_us=f.latency_us, efficiency=f.efficiency)
+            p: CollectiveFit(
+                latency_us=f.latency_us, efficiency=f.efficiency, fitted_over=link.signature()
+            )
             for p, f in fitted.items()
         }
         efficiency = efficiency.model_copy(update={"collective_by_gpus": collective})
