@@ -104,6 +104,7 @@ def ways(
     num_gpus: int,
     link: LinkSpec,
     algorithm: Algorithm | str = Algorithm.AUTO,
+    first_gpu: int = 0,
 ) -> list[Way]:
     """Every way `collective_cost` weighs for this call (it takes the fastest)."""
     op = _parse(Collective, op, "collective")
@@ -114,7 +115,7 @@ def ways(
         chosen = candidates if algorithm == Algorithm.AUTO else {algorithm: candidates[algorithm]}
         return [Way(steps, 0.0, sent, sent) for steps, sent in chosen.values()]
     steps, sent = (_chain if algorithm == Algorithm.TREE else _ring)(op, nbytes, p)
-    wire = sent / fabric_share(link, _pattern(op), p)
+    wire = sent / fabric_share(link, _pattern(op), p, first_gpu)
     return [
         Way(steps, LL_BASE_US * 1e-6, wire / LL_DATA_FRACTION, sent),
         Way(0.0, (SIMPLE_BASE_US + steps * SIMPLE_HOP_US) * 1e-6, wire, sent),
@@ -127,8 +128,12 @@ def collective_cost(
     num_gpus: int,
     link: LinkSpec,
     algorithm: Algorithm | str = Algorithm.AUTO,
+    first_gpu: int = 0,
 ) -> OpCost:
-    """Time of one collective over `num_gpus` GPUs joined by `link`."""
+    """Time of one collective over `num_gpus` GPUs joined by `link`, the group's GPUs
+    placed in order from the node's GPU `first_gpu` (it matters on a PCIe tree). A
+    send/recv over num_gpus > 2 is a pipeline stage hand-off: each GPU of the first half
+    sends `nbytes` to the same rank of the second, at once."""
     op = _parse(Collective, op, "collective")
     if num_gpus < 1:
         raise InfersimError(f"num_gpus must be >= 1, got {num_gpus}")
@@ -144,7 +149,7 @@ def collective_cost(
             way.steps * alpha + way.fixed_s,
             way.sent_bytes,
         )
-        for way in ways(op, nbytes, num_gpus, link, algorithm)
+        for way in ways(op, nbytes, num_gpus, link, algorithm, first_gpu)
     )
     seconds, latency, sent = best
     bound = Bound.LATENCY if latency >= seconds - latency else Bound.COMMUNICATION

@@ -25,19 +25,22 @@ from hardware_models.node import LinkSpec, PcieFabric
 Flow = tuple[int, int]
 
 
-def ring_flows(p: int) -> list[Flow]:
+def ring_flows(p: int, first: int = 0) -> list[Flow]:
     """One flow from each GPU to the next, around the group."""
-    return [(i, (i + 1) % p) for i in range(p)]
+    return [(first + i, first + (i + 1) % p) for i in range(p)]
 
 
-def pair_flows(p: int) -> list[Flow]:
-    """One flow, GPU 0 to GPU 1 (a send/recv)."""
-    return [(0, 1)]
+def pair_flows(p: int, first: int = 0) -> list[Flow]:
+    """A send/recv between the two halves of p GPUs placed from GPU `first` on: each GPU
+    of the first half to the same rank of the second (a pipeline stage hand-off, each tp
+    rank to the next stage's; p = 2: one pair)."""
+    half = p // 2
+    return [(first + i, first + half + i) for i in range(half)]
 
 
-def all_to_all_flows(p: int) -> list[Flow]:
+def all_to_all_flows(p: int, first: int = 0) -> list[Flow]:
     """One flow from each GPU to every other."""
-    return [(i, j) for i in range(p) for j in range(p) if i != j]
+    return [(first + i, first + j) for i in range(p) for j in range(p) if i != j]
 
 
 def _route(fabric: PcieFabric, src: int, dst: int) -> list[tuple[str, int, int]]:
@@ -81,16 +84,17 @@ _PATTERNS = {"ring": ring_flows, "pair": pair_flows, "all_to_all": all_to_all_fl
 
 
 @lru_cache(maxsize=1024)
-def _share(link_gbps: float, fabric: PcieFabric, pattern: str, p: int) -> float:
-    flows = _PATTERNS[pattern](p)
+def _share(link_gbps: float, fabric: PcieFabric, pattern: str, p: int, first: int) -> float:
+    flows = _PATTERNS[pattern](p, first)
     per_gpu = max(Counter(src for src, _ in flows).values())
     return min(1.0, flow_rate_gbps(link_gbps, fabric, flows) * per_gpu / link_gbps)
 
 
-def fabric_share(link: LinkSpec, pattern: str, num_gpus: int) -> float:
+def fabric_share(link: LinkSpec, pattern: str, num_gpus: int, first_gpu: int = 0) -> float:
     """Fraction of the link rate each GPU's traffic gets in a `pattern` ("ring", "pair"
-    or "all_to_all") over `num_gpus` GPUs: 1 without a fabric or for a lone pair of
-    switch neighbours, less where the flows share uplinks, memory or the CPU link."""
+    or "all_to_all") over `num_gpus` GPUs placed from `first_gpu` on: 1 without a fabric
+    or for a lone pair of switch neighbours, less where the flows share uplinks, memory
+    or the CPU link."""
     if link.fabric is None or num_gpus < 2:
         return 1.0
-    return _share(link.bandwidth_gbps, link.fabric, pattern, num_gpus)
+    return _share(link.bandwidth_gbps, link.fabric, pattern, num_gpus, first_gpu)

@@ -170,3 +170,20 @@ def test_l40s_all_reduce_over_pcie_uncalibrated() -> None:
     predicted = predict_all(held, load_gpu("l40s"))
     mape = float(np.mean(np.abs(predicted - held["measured_s"]) / held["measured_s"]))
     assert mape < 0.32
+
+
+def test_a_stage_hand_off_is_priced_where_the_stages_sit_on_the_tree():
+    """Each tp rank sends to the same rank of the next stage, at once: switch neighbours
+    go peer to peer, a boundary across sockets is staged in host memory and shares it."""
+    link = load_node("l40s-8x-pcie").intra_node_link
+    nbytes = 64e6
+    neighbours = collective_cost("send_recv", nbytes, 2, link, first_gpu=0)
+    across = collective_cost("send_recv", nbytes, 8, link, first_gpu=0)  # GPUs 0-3 -> 4-7
+    assert fabric_share(link, "pair", 2) == 1.0
+    assert fabric_share(link, "pair", 8) < 0.5
+    assert across.seconds > 2 * neighbours.seconds
+    # Without a tree the placement changes nothing.
+    bare = link.model_copy(update={"fabric": None})
+    assert collective_cost("send_recv", nbytes, 8, bare).seconds == pytest.approx(
+        collective_cost("send_recv", nbytes, 2, bare).seconds
+    )

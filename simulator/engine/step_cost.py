@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -409,18 +410,21 @@ class StepCostModel:
             )
         return self.node.inter_node_link
 
-    def _handoffs(self) -> list[tuple[LinkSpec, int]]:
-        """The links of the pp - 1 stage hand-offs, with how many use each. Stages sit
-        in order on the replica's GPUs and each tp rank sends to the same rank of the
-        next stage (GPU g to g + tp): a hand-off crosses nodes when one of those pairs
-        does. A send/recv between two GPUs is priced on the link's own latency and
-        efficiency (a calibration profile's links are all-reduce fits)."""
+    def _handoffs(self) -> list[tuple[LinkSpec, int, int]]:
+        """The pp - 1 stage hand-offs as (link, how many, the node GPU the two stages start
+        on). Stages sit in order on the replica's GPUs and each tp rank sends to the same
+        rank of the next stage (GPU g to g + tp), all at once: a hand-off crosses nodes
+        when one of those pairs does, and inside a node its place matters on a PCIe tree
+        (switch neighbours, or across sockets). A send/recv is priced on the link's own
+        latency and efficiency (a calibration profile's links are all-reduce fits)."""
         tp, per_node = self.tp, self.node.gpus_per_node
-        crossing = sum(
-            any((s * tp + i) // per_node != ((s + 1) * tp + i) // per_node for i in range(tp))
-            for s in range(self.pp - 1)
-        )
-        inside = self.pp - 1 - crossing
+        inside: Counter[int] = Counter()
+        crossing = 0
+        for s in range(self.pp - 1):
+            if any((s * tp + i) // per_node != ((s + 1) * tp + i) // per_node for i in range(tp)):
+                crossing += 1
+            else:
+                inside[(s * tp) % per_node] += 1
         if inside and self.node.intra_node_link is None:
             raise InfeasibleError(
                 f"pipeline parallelism hands activations between GPUs of node "
@@ -431,8 +435,10 @@ class StepCostModel:
                 f"pipeline parallelism over {tp * self.pp} GPUs spans nodes of {per_node} "
                 f"GPUs, but node {self.node.name} has no inter-node link"
             )
-        links = ((self.node.intra_node_link, inside), (self.node.inter_node_link, crossing))
-        return [(link, count) for link, count in links if count and link is not None]
+        handoffs = [(self.node.intra_node_link, n, first) for first, n in sorted(inside.items())]
+        if crossing:
+            handoffs.append((self.node.inter_node_link, crossing, 0))
+        return handoffs
 
     def _attention(self, window: int | None = None) -> tuple:
         """(prefill, decode) attention of one layer on one rank: GQA/MHA, or MLA; with a
@@ -506,8 +512,9 @@ class StepCostModel:
         act_bytes = tokens * self.arch.hidden_size * bytes_per_element(self.act_dtype)
         if self.tp_link is not None:
             part.add(collective_cost("all_reduce", act_bytes, self.tp, self.tp_link), 2 * layers)
-        for link, count in self.handoffs:
-            part.add(collective_cost("send_recv", act_bytes, 2, link), count)
+        for link, count, first in self.handoffs:
+            hand_off = collective_cost("send_recv", act_bytes, 2 * self.tp, link, first_gpu=first)
+            part.add(hand_off, count)
         part.add(embedding_cost(self.gpu, tokens, self.arch.hidden_size, self.act_dtype))
         self._dense_cache[tokens] = part
         return part
