@@ -501,13 +501,18 @@ def _prefill_layouts(sub: pd.DataFrame) -> tuple[tuple, list[tuple], np.ndarray]
         sub[c].to_numpy(dtype=float) for c in ("batch", "q_len", "kv_len", "window")
     )
     pairs = batch * causal_pairs_many(q_len, kv_len, window)
-    layout = np.empty(len(sub), dtype=int)
-    keys = []
-    groups = sub.groupby([*_ATTN_COLS, "window"], sort=False, dropna=False).indices
-    for index, (key, pos) in enumerate(groups.items()):
-        keys.append(key)
-        layout[pos] = index
+    keys, layout = _head_layouts(sub)
     return (batch, batch * q_len, pairs, batch * kv_len), keys, layout
+
+
+def _head_layouts(sub: pd.DataFrame) -> tuple[list[tuple], np.ndarray]:
+    """The distinct (head layout..., window) of the rows, and each row's index into them:
+    one attention model per layout prices all its rows."""
+    layout = np.empty(len(sub), dtype=int)
+    groups = sub.groupby([*_ATTN_COLS, "window"], sort=False, dropna=False).indices
+    for index, pos in enumerate(groups.values()):
+        layout[pos] = index
+    return list(groups), layout
 
 
 def prefill_table(sub: pd.DataFrame, gpu: AcceleratorSpec) -> np.ndarray:
@@ -532,12 +537,7 @@ def _decode_layouts(sub: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, list[tup
     their window, each row's layout)."""
     seen = decode_keys_read(sub["kv_len"], sub["window"])
     batch = sub["batch"].to_numpy(dtype=float)
-    layout = np.empty(len(sub), dtype=int)
-    keys = []
-    groups = sub.groupby([*_ATTN_COLS, "window"], sort=False, dropna=False).indices
-    for index, (key, pos) in enumerate(groups.items()):
-        keys.append(key)
-        layout[pos] = index
+    keys, layout = _head_layouts(sub)
     return batch, batch * seen, keys, layout
 
 
