@@ -21,6 +21,12 @@ def test_hardware_list_and_show(capsys):
     assert code == 0 and "989.4" in out and "ridge" in out
 
 
+def test_hardware_show_a_pcie_node_describes_its_tree(capsys):
+    code, out, _ = run(capsys, "hardware", "show", "l40s-8x-pcie")
+    assert code == 0
+    assert "2 GPUs per switch" in out and "4 per socket" in out and "CPU link 22 GB/s" in out
+
+
 def test_hardware_show_user_yaml(capsys):
     code, out, _ = run(
         capsys, "hardware", "show", "scenarios/hardware/hypothetical-accelerator.yaml"

@@ -111,8 +111,7 @@ def _link_text(link: LinkSpec | None) -> str:
     return (
         f"{text}; {fabric.gpus_per_switch} GPUs per switch ({fabric.switch_uplink_gbps:g} "
         f"GB/s uplink), {fabric.gpus_per_socket} per socket, {hops}, host memory "
-        f"{fabric.host_memory_gbps:g} GB/s per socket, CPU link {fabric.inter_socket_gbps:g} "
-        f"GB/s, {fabric.call_latency_us:g} us per call"
+        f"{fabric.host_memory_gbps:g} GB/s per socket, CPU link {fabric.inter_socket_gbps:g} GB/s"
     )
 
 
