@@ -53,8 +53,10 @@ def test_a_replica_with_uneven_stages_builds():
 
 def test_only_the_hand_offs_between_nodes_cross_them():
     """tp=4 x pp=4 over 8-GPU nodes: stages 0-1 on one node, 2-3 on the next, so of the
-    three hand-offs one crosses nodes; each is a send/recv between two GPUs, priced on
-    the link's own terms (the calibrated link efficiencies are all-reduce fits)."""
+    three hand-offs one crosses nodes; each tp rank sends its quarter of the hidden states
+    and the residual to the same rank of the next stage (a send/recv priced on the link's
+    own terms: the calibrated link efficiencies are all-reduce fits), and the receiving
+    stage all-gathers both over its tensor-parallel link."""
     arch, gpu, node = load_model("llama-3.1-70b"), load_gpu("h100-sxm"), load_node("dgx-h100")
     assert node.gpus_per_node == 8 and node.inter_node_link is not None
 
@@ -64,8 +66,37 @@ def test_only_the_hand_offs_between_nodes_cross_them():
 
     hidden = 32 * arch.hidden_size * 2  # the bf16 activations of 32 tokens
     launch = gpu.efficiency.launch_overhead_graph_us * 1e-6  # a kernel's, CUDA graphs on
-    sends = [collective_cost("send_recv", hidden, 2, link)
+    sends = [collective_cost("send_recv", 2 * hidden / 4, 2, link)
              for link in (node.intra_node_link, node.inter_node_link)]  # fmt: skip
+    gather = collective_cost("all_gather", hidden, 4, node.intra_node_link)
     seconds = sum(send.seconds + send.kernels * launch for send in sends)
+    seconds += 2 * 2 * (gather.seconds + gather.kernels * launch)
     # pp=2 -> pp=4 adds one hand-off inside the first node and one across nodes.
     assert step(4) - step(2) == pytest.approx(seconds, rel=1e-9)
+
+
+@pytest.mark.parametrize(("norm", "tensors"), [("rmsnorm", 2), ("layernorm", 1)])
+def test_a_hand_off_sends_slices_and_gathers_them_as_vllm(norm, tensors):
+    """vLLM V1's send_tensor_dict(all_gather_group=tp group): each rank sends 1/tp of the
+    intermediate tensors (hidden states, and the residual of RMSNorm models), the next
+    stage all-gathers them; with tp=1 the whole tensors go."""
+    arch = load_model("llama-3.1-8b").model_copy(update={"norm": norm})
+    node = load_node("l40s-8x-pcie")
+    nbytes = 512 * arch.hidden_size * 2
+    for tp in (1, 2, 4):
+        model = StepCostModel(arch, load_gpu("l40s"), node, tp=tp, pp=2)
+        ((link, count, first, receiving),) = model.handoffs
+        assert (count, first, receiving) == (1, 0, tp)
+        parts = model._hand_off(nbytes, link, first, receiving)
+        send, times = parts[0]
+        assert times == 1
+        expected = collective_cost("send_recv", tensors * nbytes / tp, 2 * tp, link)
+        assert send.seconds == pytest.approx(expected.seconds)
+        if tp == 1:
+            assert len(parts) == 1
+            continue
+        ((gather, gathers),) = parts[1:]
+        assert gathers == tensors
+        assert gather.seconds == pytest.approx(
+            collective_cost("all_gather", nbytes, tp, model.tp_link, first_gpu=tp).seconds
+        )

@@ -410,13 +410,14 @@ class StepCostModel:
             )
         return self.node.inter_node_link
 
-    def _handoffs(self) -> list[tuple[LinkSpec, int, int]]:
-        """The pp - 1 stage hand-offs as (link, how many, the node GPU the two stages start
-        on). Stages sit in order on the replica's GPUs and each tp rank sends to the same
-        rank of the next stage (GPU g to g + tp), all at once: a hand-off crosses nodes
-        when one of those pairs does, and inside a node its place matters on a PCIe tree
-        (switch neighbours, or across sockets). A send/recv is priced on the link's own
-        latency and efficiency (a calibration profile's links are all-reduce fits)."""
+    def _handoffs(self) -> list[tuple[LinkSpec, int, int, int]]:
+        """The pp - 1 stage hand-offs as (link, how many, the node GPUs the sending and the
+        receiving stage start on). Stages sit in order on the replica's GPUs and each tp
+        rank sends to the same rank of the next stage (GPU g to g + tp), all at once: a
+        hand-off crosses nodes when one of those pairs does, and inside a node its place
+        matters on a PCIe tree (switch neighbours, or across sockets). A send/recv is
+        priced on the link's own latency and efficiency (a calibration profile's links are
+        all-reduce fits)."""
         tp, per_node = self.tp, self.node.gpus_per_node
         inside: Counter[int] = Counter()
         crossing = 0
@@ -435,10 +436,33 @@ class StepCostModel:
                 f"pipeline parallelism over {tp * self.pp} GPUs spans nodes of {per_node} "
                 f"GPUs, but node {self.node.name} has no inter-node link"
             )
-        handoffs = [(self.node.intra_node_link, n, first) for first, n in sorted(inside.items())]
-        if crossing:
-            handoffs.append((self.node.inter_node_link, crossing, 0))
+        handoffs = [
+            (self.node.intra_node_link, n, first, first + tp) for first, n in sorted(inside.items())
+        ]
+        if crossing:  # the receiving stage starts a node
+            handoffs.append((self.node.inter_node_link, crossing, 0, 0))
         return handoffs
+
+    def _hand_off(
+        self, act_bytes: float, link: LinkSpec, first: int, receiving: int
+    ) -> list[tuple[OpCost, int]]:
+        """One stage hand-off as vLLM V1 runs it (gpu_worker.execute_model's
+        send_tensor_dict / recv_tensor_dict with all_gather_group = the tp group): each
+        intermediate tensor goes sliced, every tp rank sending its 1/tp of it to the same
+        rank of the next stage ("send-allgather"), and the next stage's tp group
+        all-gathers the slices back. The tensors are the hidden states and, in models
+        built on RMSNorm's fused residual add (Llama, Qwen, Mixtral, DeepSeek, gpt-oss),
+        the residual; LayerNorm models (GPT-2, OPT, Falcon) pass the hidden states only.
+        (cost, times) pairs; the all-gather over the tp group's link, as the logits'."""
+        tensors = 2 if self.arch.norm == "rmsnorm" else 1
+        sliced = tensors * act_bytes / self.tp
+        send = collective_cost("send_recv", sliced, 2 * self.tp, link, first_gpu=first)
+        if self.tp_link is None:
+            return [(send, 1)]
+        gather = collective_cost(
+            "all_gather", act_bytes, self.tp, self.tp_link, first_gpu=receiving
+        )
+        return [(send, 1), (gather, tensors)]
 
     def _attention(self, window: int | None = None) -> tuple:
         """(prefill, decode) attention of one layer on one rank: GQA/MHA, or MLA; with a
@@ -512,9 +536,9 @@ class StepCostModel:
         act_bytes = tokens * self.arch.hidden_size * bytes_per_element(self.act_dtype)
         if self.tp_link is not None:
             part.add(collective_cost("all_reduce", act_bytes, self.tp, self.tp_link), 2 * layers)
-        for link, count, first in self.handoffs:
-            hand_off = collective_cost("send_recv", act_bytes, 2 * self.tp, link, first_gpu=first)
-            part.add(hand_off, count)
+        for link, count, first, receiving in self.handoffs:
+            for cost, times in self._hand_off(act_bytes, link, first, receiving):
+                part.add(cost, times * count)
         part.add(embedding_cost(self.gpu, tokens, self.arch.hidden_size, self.act_dtype))
         self._dense_cache[tokens] = part
         return part
