@@ -453,16 +453,17 @@ class StepCostModel:
         all-gathers the slices back. The tensors are the hidden states and, in models
         built on RMSNorm's fused residual add (Llama, Qwen, Mixtral, DeepSeek, gpt-oss),
         the residual; LayerNorm models (GPT-2, OPT, Falcon) pass the hidden states only.
-        (cost, times) pairs; the all-gather over the tp group's link, as the logits'."""
+        Each tensor is a call of its own: (cost, times) pairs, the all-gather over the tp
+        group's link, as the logits'."""
         tensors = 2 if self.arch.norm == "rmsnorm" else 1
-        sliced = tensors * act_bytes / self.tp
+        sliced = act_bytes / self.tp
         send = collective_cost("send_recv", sliced, 2 * self.tp, link, first_gpu=first)
         if self.tp_link is None:
-            return [(send, 1)]
+            return [(send, tensors)]
         gather = collective_cost(
             "all_gather", act_bytes, self.tp, self.tp_link, first_gpu=receiving
         )
-        return [(send, 1), (gather, tensors)]
+        return [(send, tensors), (gather, tensors)]
 
     def _attention(self, window: int | None = None) -> tuple:
         """(prefill, decode) attention of one layer on one rank: GQA/MHA, or MLA; with a
