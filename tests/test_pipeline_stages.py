@@ -96,6 +96,13 @@ def test_a_hand_off_sends_slices_and_gathers_them_as_vllm(norm, tensors):
         if tp == 1:
             assert len(parts) == 1
             continue
+        # Elements that do not split over the ranks go whole, ungathered (vLLM's
+        # `tensor.numel() % all_gather_size == 0` test).
+        ((whole, sends),) = model._hand_off(3 * 2, link, first, receiving)
+        assert sends == tensors
+        assert whole.seconds == pytest.approx(
+            collective_cost("send_recv", 3 * 2, 2 * tp, link).seconds
+        )
         ((gather, gathers),) = parts[1:]
         assert gathers == tensors
         assert gather.seconds == pytest.approx(

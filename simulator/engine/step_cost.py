@@ -454,12 +454,15 @@ class StepCostModel:
         built on RMSNorm's fused residual add (Llama, Qwen, Mixtral, DeepSeek, gpt-oss),
         the residual; LayerNorm models (GPT-2, OPT, Falcon) pass the hidden states only.
         Each tensor is a call of its own: (cost, times) pairs, the all-gather over the tp
-        group's link, as the logits'."""
+        group's link, as the logits'. A tensor whose elements do not split evenly over
+        the tp ranks goes whole from every rank, ungathered, as vLLM sends it."""
         tensors = 2 if self.arch.norm == "rmsnorm" else 1
+        elements = round(act_bytes / bytes_per_element(self.act_dtype))
+        if self.tp_link is None or elements % self.tp:
+            whole = collective_cost("send_recv", act_bytes, 2 * self.tp, link, first_gpu=first)
+            return [(whole, tensors)]
         sliced = act_bytes / self.tp
         send = collective_cost("send_recv", sliced, 2 * self.tp, link, first_gpu=first)
-        if self.tp_link is None:
-            return [(send, tensors)]
         gather = collective_cost(
             "all_gather", act_bytes, self.tp, self.tp_link, first_gpu=receiving
         )
