@@ -19,7 +19,8 @@ vLLM's CUDA communicator (vllm/distributed/device_communicators/cuda_communicato
    adds a system-scope fence. Under CUDA-graph capture the input buffers are registered
    (no copy); eagerly the input is first copied into a registered buffer.
 2. torch symmetric memory (symm_mem.py), `VLLM_ALLREDUCE_USE_SYMM_MEM`, on by default
-   since vllm-project/vllm#24111 (merged 2025-09): CUDA only, compute capability 9.0, 10.0
+   since vLLM 0.11.0 (vllm-project/vllm#24111; off in 0.10.2 and before, as
+   vllm-project/vllm#26525 reports): CUDA only, compute capability 9.0, 10.0
    or 10.3, a bf16 tensor up to `SYMM_MEM_ALL_REDUCE_MAX_SIZES` (64 MiB for 8 H100s),
    and only where the GPUs support multicast (NVSwitch; `multicast_ptr == 0` disables it).
    It copies the input into its buffer, runs `multimem_all_reduce_` (NVSwitch reduces

@@ -142,7 +142,8 @@ class ParallelismSection(BaseModel):
     )
     allreduce_use_symm_mem: bool = Field(
         default=True,
-        description="vLLM's VLLM_ALLREDUCE_USE_SYMM_MEM (default on since 2025-09): bf16 "
+        description="vLLM's VLLM_ALLREDUCE_USE_SYMM_MEM (on by default since vLLM 0.11.0; "
+        "set false for 0.10.2 and before): bf16 "
         "all-reduces up to a per-GPU-count limit run torch symmetric memory on NVSwitch "
         "Hopper and Blackwell nodes; false sends them to NCCL (and lets the custom kernel "
         "take tensors up to 8 MiB again)",

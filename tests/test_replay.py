@@ -147,6 +147,22 @@ def test_tp2_run_on_h100_takes_the_big_gpu_defaults(tmp_path, capsys):
     assert scenario["parallelism"]["tp"] == 2 and scenario["hardware"]["gpu"] == "h100-sxm"
     assert scenario["engine"]["cuda_graphs"] is False
     assert scenario["hardware"]["calibration"] == "h100-sxm"
+    assert "assumed allreduce_use_symm_mem = false (vLLM < 0.11.0 default" in out
+    assert scenario["parallelism"]["allreduce_use_symm_mem"] is False
+
+
+def test_a_tp2_runs_all_reduce_switches_come_from_its_engine_and_version(tmp_path, capsys):
+    run = write_run(
+        tmp_path / "run",
+        {"model": "meta-llama/Llama-3.1-70B", "vllm_version": "0.11.0", "hardware": H100,
+         "engine_kwargs": {"tensor_parallel_size": 2, "disable_custom_all_reduce": True,
+                           "dtype": "bfloat16"}},
+    )  # fmt: skip
+    code, out, err = replay(capsys, str(run), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    assert "assumed allreduce_use_symm_mem = true (vLLM >= 0.11.0 default" in out
+    par = written(tmp_path / "out")["scenario"]["parallelism"]
+    assert (par["disable_custom_all_reduce"], par["allreduce_use_symm_mem"]) == (True, True)
 
 
 def test_overrides_and_flags_replace_the_run(tmp_path, capsys):
