@@ -169,11 +169,13 @@ class TpAllReduce:
             reasons.append(f"no symmetric-memory all-reduce for {gpu.name} x{num_gpus}")
         elif link.kind != "nvswitch":
             reasons.append("symmetric memory needs NVSwitch multicast")
-        elif activation_dtype != Dtype.BF16:
-            reasons.append("symmetric memory takes bf16 tensors only")
         else:
             symm_up_to = SYMM_MEM_MAX[cc][num_gpus]
             multimem = num_gpus in SYMM_MEM_MULTIMEM_SIZES[cc]
+        symm_started = symm_up_to > 0  # it lowers the custom kernel's limit even so
+        if symm_started and activation_dtype != Dtype.BF16:
+            reasons.append("symmetric memory takes bf16 tensors only")
+            symm_up_to = 0
         below = 0
         if not within:
             pass
@@ -189,7 +191,7 @@ class TpAllReduce:
             reasons.append("custom all-reduce needs peer access between the GPUs")
         else:
             below = CUSTOM_MAX_BYTES
-            if symm_up_to:
+            if symm_started:
                 below = min(CUSTOM_MAX_WITH_SYMM_MEM[cc][num_gpus], below)
         return cls(
             gpu,
