@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 
-from hardware_models.collectives import collective_cost
 from hardware_models.gemm import gemm_cost
 from hardware_models.presets import load_gpu, load_node, with_calibration
 from simulator.engine.step_cost import StepCostModel
@@ -41,7 +40,7 @@ def main() -> None:
     print(f"  {'routed experts':<30}{routed.seconds * 1e6:7.1f}  ({routed.kernels}; {moe_layers})")
     attention = model._decode_attention.one_step(1, CONTEXT)[0]
     print(f"  {'MLA decode attention':<30}{attention * 1e6:7.1f}")
-    reduce = collective_cost("all_reduce", arch.hidden_size * 2.0, 8, model.tp_link).seconds
+    reduce = model.tp_all_reduce.cost(arch.hidden_size * 2.0).seconds  # vLLM's backend
     print(f"  {'all-reduce (2 a layer)':<30}{reduce * 1e6:7.1f}")
     launch, kernels = model.decode_steps(1).launch, model._fixed(1, 1).kernels
     print(f"  {'launches, whole step':<30}{launch * 1e6:7.1f}  ({kernels} kernels)")

@@ -289,6 +289,8 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
         moe_routing=scenario.model.moe_routing,
         dp=par.dp,
         all2all_backend=par.all2all_backend,
+        custom_all_reduce=not par.disable_custom_all_reduce,
+        symm_mem_all_reduce=par.allreduce_use_symm_mem,
     )
     info = ReplicaInfo(
         gpu=gpu.name,
@@ -301,6 +303,7 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
         usd_per_gpu_hour=scenario.cost.usd_per_gpu_hour or gpu.price.usd_per_hour,
         token_budget=config.max_num_batched_tokens if config.iterative else math.inf,
         calibration=calibration.note,
+        all_reduce=cost.all_reduce_note(),
     )
     return ReplicaBuild(arch, gpu, node, memory, config, cost, info, par.replicas, par.dp)
 

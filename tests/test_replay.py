@@ -131,22 +131,35 @@ def test_dp2_ep_run_replays_with_its_ranks_and_experts(tmp_path, capsys):
     assert (par["tp"], par["dp"], par["enable_expert_parallel"]) == (2, 2, True)
 
 
-def test_tp2_run_on_h100_takes_the_big_gpu_defaults(tmp_path, capsys):
-    run = write_run(
-        tmp_path / "run",
-        {"model": "meta-llama/Llama-3.1-70B", "vllm_version": "0.10.1", "hardware": H100,
-         "engine_kwargs": {"tensor_parallel_size": 2, "enforce_eager": True,
-                           "dtype": "bfloat16"}},
-    )  # fmt: skip
+def _replay_h100_tp2(tmp_path, capsys, version: str, **engine) -> tuple[str, dict]:
+    """A Llama-3.1-70B TP2 run on H100s of vLLM `version`: the replay's output and
+    scenario."""
+    engine = {"tensor_parallel_size": 2, "dtype": "bfloat16", **engine}
+    meta = {"model": "meta-llama/Llama-3.1-70B", "vllm_version": version, "hardware": H100,
+            "engine_kwargs": engine}  # fmt: skip
+    run = write_run(tmp_path / "run", meta)
     code, out, err = replay(capsys, str(run), "-o", str(tmp_path / "out"))
     assert code == 0, err
+    return out, written(tmp_path / "out")["scenario"]
+
+
+def test_tp2_run_on_h100_takes_the_big_gpu_defaults(tmp_path, capsys):
+    out, scenario = _replay_h100_tp2(tmp_path, capsys, "0.10.1", enforce_eager=True)
     assert "assumed max_num_batched_tokens = 8192" in out
     assert "assumed max_num_seqs = 1024" in out
     assert "assumed async_scheduling = False" in out  # opt-in before 0.14
-    scenario = written(tmp_path / "out")["scenario"]
     assert scenario["parallelism"]["tp"] == 2 and scenario["hardware"]["gpu"] == "h100-sxm"
     assert scenario["engine"]["cuda_graphs"] is False
     assert scenario["hardware"]["calibration"] == "h100-sxm"
+    assert "assumed allreduce_use_symm_mem = false (vLLM < 0.11.0 default" in out
+    assert scenario["parallelism"]["allreduce_use_symm_mem"] is False
+
+
+def test_a_tp2_runs_all_reduce_switches_come_from_its_engine_and_version(tmp_path, capsys):
+    out, scenario = _replay_h100_tp2(tmp_path, capsys, "0.11.0", disable_custom_all_reduce=True)
+    assert "assumed allreduce_use_symm_mem = true (vLLM >= 0.11.0 default" in out
+    par = scenario["parallelism"]
+    assert (par["disable_custom_all_reduce"], par["allreduce_use_symm_mem"]) == (True, True)
 
 
 def test_overrides_and_flags_replace_the_run(tmp_path, capsys):

@@ -27,6 +27,7 @@ import numpy as np
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.attention import DecodeAttention, PrefillAttention, causal_pairs
 from hardware_models.collectives import collective_cost
+from hardware_models.custom_all_reduce import TpAllReduce
 from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
 from hardware_models.errors import InfeasibleError
 from hardware_models.gemm import gemm_cost, gemm_costs_many
@@ -334,6 +335,8 @@ class StepCostModel:
         moe_routing: str = "balanced",
         dp: int = 1,
         all2all_backend: str = "allgather_reducescatter",
+        custom_all_reduce: bool = True,
+        symm_mem_all_reduce: bool = True,
     ) -> None:
         arch.check_tp(tp)
         self.arch, self.gpu, self.node, self.tp, self.pp = arch, gpu, node, tp, pp
@@ -356,6 +359,21 @@ class StepCostModel:
         self.heads = arch.num_attention_heads // tp
         self.kv_heads = arch.kv_heads_per_shard(tp)
         self.tp_link = self._link(tp, "tensor parallelism")
+        # vLLM's dispatch of the layers' all-reduces: custom, symmetric memory or NCCL.
+        self.tp_all_reduce = (
+            TpAllReduce.plan(
+                gpu,
+                node,
+                tp,
+                self.tp_link,
+                activation_dtype=self.act_dtype,
+                custom=custom_all_reduce,
+                symm_mem=symm_mem_all_reduce,
+                cuda_graphs=self.overheads.cuda_graphs,
+            )
+            if self.tp_link is not None
+            else None
+        )
         self.handoffs = self._handoffs()
         self.ep_link = self._link(tp * self.dp, "parallelism.dp: the MoE dispatch (tp x dp)")
         # Constants of every step, looked up once (step() runs tens of thousands of times).
@@ -538,8 +556,8 @@ class StepCostModel:
             )
             part.add(cost, times)
         act_bytes = tokens * self.arch.hidden_size * bytes_per_element(self.act_dtype)
-        if self.tp_link is not None:
-            part.add(collective_cost("all_reduce", act_bytes, self.tp, self.tp_link), 2 * layers)
+        if self.tp_all_reduce is not None:
+            part.add(self.tp_all_reduce.cost(act_bytes), 2 * layers)
         for link, count, first, receiving in self.handoffs:
             for cost, times in self._hand_off(act_bytes, link, first, receiving):
                 part.add(cost, times * count)
@@ -751,6 +769,13 @@ class StepCostModel:
         (seconds, flops, dram_bytes) arrays and the bound (an array, or one value for the
         whole run), as step() prices each."""
         return self.decode_steps(seqs).many(contexts, window_contexts)
+
+    def all_reduce_note(self) -> str | None:
+        """Which backend the layers' all-reduces take, by size and tokens (None: tp = 1)."""
+        if self.tp_all_reduce is None:
+            return None
+        row = self.arch.hidden_size * bytes_per_element(self.act_dtype)
+        return self.tp_all_reduce.describe(row)
 
     @property
     def peak_flops(self) -> float:

@@ -32,6 +32,7 @@ class ReplicaInfo:
     pool: str = "default"
     token_budget: float = math.inf  # tokens per step; inf where the policy has none
     calibration: str = "none"  # the profile its GPU runs with, and why (calibration_lookup)
+    all_reduce: str | None = None  # which backend its tp all-reduces take (None: tp = 1)
 
 
 @dataclass(frozen=True, slots=True)

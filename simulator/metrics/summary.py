@@ -417,6 +417,9 @@ def _run(ctx: RunContext, arrived: int) -> dict[str, Any]:
         "gpu_types": sorted({r.gpu for r in ctx.replicas}),
         "calibrations": sorted({f"{r.gpu}: {r.calibration}" for r in ctx.replicas}),
     }
+    all_reduce = sorted({f"{r.gpu}: {r.all_reduce}" for r in ctx.replicas if r.all_reduce})
+    if all_reduce:  # only tensor-parallel runs have all-reduces to tell of
+        run["all_reduce"] = all_reduce
     if "scenario" in ctx.provenance:
         run["configuration"] = configuration(ctx.provenance["scenario"])
     if ctx.wall_seconds > 0:

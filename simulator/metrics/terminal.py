@@ -68,6 +68,8 @@ def summary_table(summary: Mapping[str, Any]) -> str:
     lines = _header(summary)
     for calibration in summary["run"].get("calibrations", []):
         lines += wrapped(calibration, "  calibration ", "    ")
+    for all_reduce in summary["run"].get("all_reduce", []):
+        lines += wrapped(all_reduce, "  all-reduce  ", "    ")
     for warning in summary.get("warnings", []):
         lines += wrapped(warning, "warning: ", "  ")
     if summary["overloaded"]:

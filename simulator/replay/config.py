@@ -44,6 +44,7 @@ _RESOLVED = {
     "pipeline_parallel_size": "parallel_config",
     "data_parallel_size": "parallel_config",
     "enable_expert_parallel": "parallel_config",
+    "disable_custom_all_reduce": "parallel_config",
     "max_num_seqs": "scheduler_config",
     "max_num_batched_tokens": "scheduler_config",
     "enable_chunked_prefill": "scheduler_config",
@@ -161,7 +162,7 @@ def _dtype(text: Any, where: str) -> str:
 
 
 _FLAGS = {"enable_chunked_prefill", "enable_prefix_caching", "enforce_eager",
-          "async_scheduling", "enable_expert_parallel"}  # fmt: skip
+          "async_scheduling", "enable_expert_parallel", "disable_custom_all_reduce"}  # fmt: skip
 _FRACTIONS = {"gpu_memory_utilization"}
 _TEXTS = {"dtype", "quantization", "kv_cache_dtype"}
 
@@ -297,7 +298,29 @@ def _parallelism(setting: _Resolver, arch: ModelArchitecture, notes: list[str]) 
             "all2all_backend = allgather_reducescatter (vLLM's default; a run does not "
             "record VLLM_ALL2ALL_BACKEND)"
         )
+    if par["tp"] > 1:
+        _all_reduce(setting, par)
     return par
+
+
+def _all_reduce(setting: _Resolver, par: dict) -> None:
+    """The TP all-reduce's switches: --disable-custom-all-reduce as recorded (vLLM's
+    default: off), and VLLM_ALLREDUCE_USE_SYMM_MEM, which no run records, as the
+    version's default (on from 0.11.0, vllm-project/vllm#24111)."""
+    if setting.optional("disable_custom_all_reduce"):
+        par["disable_custom_all_reduce"] = True
+    if setting.version is None:
+        setting.assumptions.append(
+            "allreduce_use_symm_mem = true (vLLM's default since 0.11.0; the run's version "
+            "is unknown)"
+        )
+        return
+    on = setting.version >= (0, 11, 0)
+    par["allreduce_use_symm_mem"] = on
+    setting.assumptions.append(
+        f"allreduce_use_symm_mem = {str(on).lower()} (vLLM {'>=' if on else '<'} 0.11.0 "
+        "default; a run does not record VLLM_ALLREDUCE_USE_SYMM_MEM)"
+    )
 
 
 def _dtypes(setting: _Resolver) -> dict[str, str]:
