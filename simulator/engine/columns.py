@@ -29,10 +29,11 @@ class ColumnStore:
 
     def _use(self, rows: np.ndarray) -> None:
         self._rows = rows
+        self._capacity = len(rows)
         self._fields = {name: rows[name] for name in self._dtype.names}  # column views
 
     def _reserve(self, extra: int) -> None:
-        capacity = len(self._rows)
+        capacity = self._capacity
         if self.size + extra > capacity and self._on_full is not None:
             self._on_full()
         needed = self.size + extra
@@ -43,7 +44,7 @@ class ColumnStore:
 
     def append(self, row: tuple) -> None:
         """One row, its values in column order."""
-        if self.size == len(self._rows):
+        if self.size == self._capacity:
             self._reserve(1)
         self._rows[self.size] = row
         self.size += 1

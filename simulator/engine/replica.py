@@ -453,15 +453,15 @@ class Replica:
     def _decode_tokens(self, dec: np.ndarray, end: float) -> None:
         """The step's decodes each took a token at `end`: in lockstep when they are all
         the decoding requests, else one request at a time."""
-        run = self.running
-        every_decode = len(dec) == run.decode_count
+        run, n = self.running, len(dec)
+        every_decode = n == run.decode_count
         if every_decode and run.lockstep:
-            if len(dec):
-                self.log.gap(end - run.lockstep_time, len(dec))
+            if n:
+                self.log.gap(end - run.lockstep_time, n)
             run.advance_lockstep(1, end)
             return
         run.materialize()
-        if len(dec):
+        if n:
             run.advance(dec, 1)
             req = self.requests
             rids = run.rid[dec]
