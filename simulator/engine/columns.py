@@ -51,9 +51,11 @@ class ColumnStore:
 
     def append_rows(self, rows: list[tuple]) -> None:
         """Rows, each a tuple of values in column order."""
-        self._reserve(len(rows))
-        self._rows[self.size : self.size + len(rows)] = rows
-        self.size += len(rows)
+        count = len(rows)
+        if self.size + count > self._capacity:
+            self._reserve(count)
+        self._rows[self.size : self.size + count] = rows
+        self.size += count
 
     def extend(self, count: int, **values: np.ndarray | float) -> None:
         """Append `count` rows; each value is an array of that length or a scalar."""
