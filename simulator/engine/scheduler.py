@@ -244,7 +244,7 @@ class IterationScheduler:
                 ahead = kv.blocks_for(cached + 1) - blocks
                 need = blocks + ahead
             else:
-                target = int(req.prompt[rid] + req.generated[rid])
+                target = req.prompt.item(rid) + req.generated.item(rid)
                 # Cached prefix: whole blocks, and never the last token (it is recomputed
                 # to sample from), as vLLM's prefix cache hits are.
                 hit, key, shared = self._cached_tokens(rid, target)
@@ -276,7 +276,7 @@ class IterationScheduler:
                 slot = run.admit(rid, swapped.target, swapped.remaining, level, swapped.computed)
                 run.blocks[slot] = blocks
                 continue
-            left = int(req.output[rid] - req.generated[rid])
+            left = req.output.item(rid) - req.generated.item(rid)
             if cached is not None:
                 del self.arrived_with_kv[rid]
                 slot = run.admit(rid, cached, left, level, cached)
@@ -284,7 +284,7 @@ class IterationScheduler:
                 continue
             slot = run.admit(rid, target, left, level, hit)
             run.blocks[slot] = blocks
-            if math.isnan(req.first_scheduled[rid]):
+            if math.isnan(req.first_scheduled.item(rid)):
                 req.first_scheduled[rid] = self.now
                 req.cached_prompt_tokens[rid] = hit
             if self.hashed is not None:
