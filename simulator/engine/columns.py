@@ -29,10 +29,11 @@ class ColumnStore:
 
     def _use(self, rows: np.ndarray) -> None:
         self._rows = rows
+        self._capacity = len(rows)
         self._fields = {name: rows[name] for name in self._dtype.names}  # column views
 
     def _reserve(self, extra: int) -> None:
-        capacity = len(self._rows)
+        capacity = self._capacity
         if self.size + extra > capacity and self._on_full is not None:
             self._on_full()
         needed = self.size + extra
@@ -43,16 +44,18 @@ class ColumnStore:
 
     def append(self, row: tuple) -> None:
         """One row, its values in column order."""
-        if self.size == len(self._rows):
+        if self.size == self._capacity:
             self._reserve(1)
         self._rows[self.size] = row
         self.size += 1
 
     def append_rows(self, rows: list[tuple]) -> None:
         """Rows, each a tuple of values in column order."""
-        self._reserve(len(rows))
-        self._rows[self.size : self.size + len(rows)] = rows
-        self.size += len(rows)
+        count = len(rows)
+        if self.size + count > self._capacity:
+            self._reserve(count)
+        self._rows[self.size : self.size + count] = rows
+        self.size += count
 
     def extend(self, count: int, **values: np.ndarray | float) -> None:
         """Append `count` rows; each value is an array of that length or a scalar."""

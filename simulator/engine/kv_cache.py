@@ -61,7 +61,8 @@ class BlockManager:
         if blocks > self.free:
             raise RuntimeError(f"KV over-allocation: {blocks} blocks asked, {self.free} free")
         self.free -= blocks
-        self._evict()
+        if self._cached_total > self.free:  # only then is there anything to evict
+            self._evict()
 
     def keep_cached(self, key: CacheKey, blocks: int) -> None:
         """`key` left `blocks` full blocks (already released) in the cache; they replace

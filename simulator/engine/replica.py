@@ -376,16 +376,17 @@ class Replica:
         completes = False
         chunks = []  # (new tokens, pairs, keys) of each chunk: MLA prices them by sequence
         for slot, chunk in zip(plan.prefill_slots, plan.prefill_chunks, strict=True):
-            kv_len = int(run.computed[slot]) + chunk
+            kv_len = run.computed.item(slot) + chunk
             chunk_pairs = causal_pairs(chunk, kv_len)
             chunks.append((chunk, chunk_pairs, kv_len))
             pairs += chunk_pairs
             context += kv_len
             prefill_tokens += chunk
-            if kv_len >= run.target[slot]:
+            if kv_len >= run.target.item(slot):
                 finishing += 1
                 # A prefill replica hands the request on (at SimPy's clock, like a finish).
-                completes = completes or self.on_handoff is not None or run.remaining[slot] <= 1
+                handed_on = self.on_handoff is not None
+                completes = completes or handed_on or run.remaining.item(slot) <= 1
         if n and not completes:
             if n == run.decode_count:
                 completes = run.min_remaining() <= 1
@@ -394,28 +395,23 @@ class Replica:
         cost = self.cost.step(
             decode_seqs=n,
             decode_context=self._decode_keys(dec) if n else 0,
-            prefill_seqs=len(plan.prefill_slots),
+            prefill_seqs=len(chunks),
             prefill_tokens=prefill_tokens,
             prefill_pairs=pairs,
             prefill_context=context,
             sampled=n + finishing,
             padded_tokens=padded_tokens,
             moe_tokens=moe_tokens,
-            window=self._window_sums(dec, chunks),
+            window=self._window_sums(dec, chunks) if self.cfg.sliding_window else None,
             prefill_chunks=chunks,
         )
         return cost, completes
 
-    def _window_sums(
-        self, dec: np.ndarray, chunks: list[tuple[int, int, int]]
-    ) -> WindowSums | None:
-        """The step's sums over each sequence's sliding window (None: no layer slides);
-        `chunks` as plan_cost gathers them, (new tokens, pairs, keys)."""
-        window = self.cfg.sliding_window
-        if not window:
-            return None
+    def _window_sums(self, dec: np.ndarray, chunks: list[tuple[int, int, int]]) -> WindowSums:
+        """The step's sums over each sequence's sliding window (of a model whose layers
+        slide); `chunks` as plan_cost gathers them, (new tokens, pairs, keys)."""
         keys = [(chunk, kv_len) for chunk, _, kv_len in chunks]
-        return window_sums(window, self.running.decode_computed_of(dec) + 1, keys)
+        return window_sums(self.cfg.sliding_window, self.running.decode_computed_of(dec) + 1, keys)
 
     def log_step(
         self, plan: StepPlan, seconds: float, cost: StepCost, held: tuple[int, int] | None = None
@@ -457,15 +453,15 @@ class Replica:
     def _decode_tokens(self, dec: np.ndarray, end: float) -> None:
         """The step's decodes each took a token at `end`: in lockstep when they are all
         the decoding requests, else one request at a time."""
-        run = self.running
-        every_decode = len(dec) == run.decode_count
+        run, n = self.running, len(dec)
+        every_decode = n == run.decode_count
         if every_decode and run.lockstep:
-            if len(dec):
-                self.log.gap(end - run.lockstep_time, len(dec))
+            if n:
+                self.log.gap(end - run.lockstep_time, n)
             run.advance_lockstep(1, end)
             return
         run.materialize()
-        if len(dec):
+        if n:
             run.advance(dec, 1)
             req = self.requests
             rids = run.rid[dec]

@@ -104,9 +104,9 @@ class RunningSet:
     def prefill(self, slot: int, chunk: int) -> bool:
         """Cache `chunk` more prompt tokens of `slot`; True when its prefill is done (the
         caller samples its token, then calls start_decoding)."""
-        computed = int(self.computed[slot]) + chunk
+        computed = self.computed.item(slot) + chunk
         self.computed[slot] = computed
-        return computed >= self.target[slot]
+        return computed >= self.target.item(slot)
 
     def start_decoding(self, slot: int) -> None:
         """`slot` finished its prefill and took a token at the end of this step (in

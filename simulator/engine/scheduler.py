@@ -17,6 +17,7 @@ a more important class may preempt a less important running one to get in.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -143,18 +144,19 @@ class IterationScheduler:
                 return plan
             swapped = plan.swap_blocks
         plan = self._schedule_running_then_admit()
-        if plan.empty and plan.swap_blocks:
+        if plan.swap_blocks and plan.empty:
             # Only swaps were scheduled: the requests swapped back in decode in this
             # step rather than leave the replica idle (asleep until the next arrival).
             swapped += plan.swap_blocks
             plan = self._schedule_running_then_admit()
-        plan.swap_blocks += swapped
+        if swapped:
+            plan.swap_blocks += swapped
         return plan
 
     def _schedule_running_then_admit(self) -> StepPlan:
         run, kv = self.running, self.kv
         budget = self.policy.max_num_batched_tokens
-        plan = StepPlan(self._decode_slots(budget))
+        plan = StepPlan(self._decode_slots(budget), [], [])
         # Decodes: one token each; a new block when the context crosses a block edge.
         if len(plan.decode_slots):
             self._allocate_decode_blocks(plan, budget)
@@ -167,13 +169,14 @@ class IterationScheduler:
                 break
             if not run.active[slot]:
                 continue
-            computed = int(run.computed[slot])
-            chunk = min(int(run.target[slot]) - computed, budget)
-            blocks = kv.blocks_for(computed + chunk) - int(run.blocks[slot])
+            computed = run.computed.item(slot)
+            chunk = min(run.target.item(slot) - computed, budget)
+            held = run.blocks.item(slot)
+            blocks = kv.blocks_for(computed + chunk) - held
             if blocks > kv.free and not self._make_room(blocks, plan, requester=slot):
                 break
             kv.allocate(blocks)
-            run.blocks[slot] += blocks
+            run.blocks[slot] = held + blocks
             if self.hashed is not None:
                 self.hashed.name_blocks(int(run.rid[slot]), computed + chunk)
             plan.prefill_slots.append(slot)
@@ -208,8 +211,8 @@ class IterationScheduler:
             if not len(plan.decode_slots) and run.decode_count:
                 plan.decode_slots = self._decode_slots(budget)  # the budget's next in line
             need = run.next_block_need(plan.decode_slots)
-        kv.allocate(need)
         if need:
+            kv.allocate(need)
             run.take_next_blocks(plan.decode_slots)
 
     def _admit(self, plan: StepPlan, budget: int) -> None:
@@ -241,7 +244,7 @@ class IterationScheduler:
                 ahead = kv.blocks_for(cached + 1) - blocks
                 need = blocks + ahead
             else:
-                target = int(req.prompt[rid] + req.generated[rid])
+                target = req.prompt.item(rid) + req.generated.item(rid)
                 # Cached prefix: whole blocks, and never the last token (it is recomputed
                 # to sample from), as vLLM's prefix cache hits are.
                 hit, key, shared = self._cached_tokens(rid, target)
@@ -273,7 +276,7 @@ class IterationScheduler:
                 slot = run.admit(rid, swapped.target, swapped.remaining, level, swapped.computed)
                 run.blocks[slot] = blocks
                 continue
-            left = int(req.output[rid] - req.generated[rid])
+            left = req.output.item(rid) - req.generated.item(rid)
             if cached is not None:
                 del self.arrived_with_kv[rid]
                 slot = run.admit(rid, cached, left, level, cached)
@@ -281,7 +284,7 @@ class IterationScheduler:
                 continue
             slot = run.admit(rid, target, left, level, hit)
             run.blocks[slot] = blocks
-            if np.isnan(req.first_scheduled[rid]):
+            if math.isnan(req.first_scheduled.item(rid)):
                 req.first_scheduled[rid] = self.now
                 req.cached_prompt_tokens[rid] = hit
             if self.hashed is not None:

@@ -404,6 +404,14 @@ class StepCostModel:
         self._window_prefill, self._window_decode = (
             self._attention(arch.sliding_window) if self._window_layers else (None, None)
         )
+        # The kinds of attention layer a step runs, looked up once: (layers, prefill and
+        # decode kernels, whether they slide), only the kinds the model has.
+        kinds = (
+            (self._full_layers, self._prefill_attention, self._decode_attention, False),
+            (self._window_layers, self._window_prefill, self._window_decode, True),
+        )
+        self._attention_kinds = tuple(kind for kind in kinds if kind[0])
+        self._by_sequence = arch.is_mla  # MLA prices each prefill chunk by its length
 
     # ---- configuration -------------------------------------------------------------
     def _tensor_native(self, dtype: Dtype) -> bool:
@@ -702,33 +710,29 @@ class StepCostModel:
         pads every rank to the largest's count), and its MoE layers over all ranks'
         `moe_tokens`. `window`: the same sums over each sequence's last sliding_window
         keys, for a model with sliding-window layers (see window_sums)."""
-        tokens = max(decode_seqs + prefill_tokens, padded_tokens)  # a dummy pass: padding
+        tokens = decode_seqs + prefill_tokens
+        if padded_tokens > tokens:  # vLLM pads a dp rank's pass (a dummy one is all padding)
+            tokens = padded_tokens
         if tokens < 1:
             raise ValueError("a step must schedule at least one token")
         if self._window_layers and window is None and (decode_seqs or prefill_tokens):
             raise ValueError(f"{self.arch.name} has sliding-window layers: pass `window`")
-        window = window or _NO_WINDOW
         if decode_seqs and not (prefill_tokens or prefill_seqs) and sampled in (None, decode_seqs):
             steps = self.decode_steps(decode_seqs, tokens, moe_tokens)
-            return steps.one(decode_context, window.decode_context)
+            return steps.one(decode_context, window.decode_context if window else 0)
         sampled = decode_seqs + prefill_seqs if sampled is None else sampled
         fixed = self._fixed_cache.get((tokens, sampled)) if self.dp == 1 else None
         if fixed is None:
             fixed = self._rank_fixed(tokens, sampled, moe_tokens)
         by_bound = fixed.seconds.copy()
         flops, dram, kernels = fixed.flops, fixed.dram_bytes, fixed.kernels
-        groups = (
-            (self._full_layers, self._prefill_attention, self._decode_attention, None),
-            (self._window_layers, self._window_prefill, self._window_decode, window),
-        )
-        for layers, prefill, decode, sums in groups:
-            if not layers:
-                continue
-            pairs, context, keys = prefill_pairs, prefill_context, decode_context
-            if sums is not None:
+        pairs, context, keys = prefill_pairs, prefill_context, decode_context
+        for layers, prefill, decode, slides in self._attention_kinds:
+            if slides:  # the same sums over each sequence's window
+                sums = window or _NO_WINDOW
                 pairs, context, keys = sums.prefill_pairs, sums.prefill_context, sums.decode_context
             if prefill_tokens:
-                if prefill_chunks and self.arch.is_mla:  # each chunk's kernel by its length
+                if prefill_chunks and self._by_sequence:  # each chunk's kernel by its length
                     terms = prefill.by_sequence(prefill_chunks, decode_seqs)
                 else:
                     terms = prefill(prefill_seqs, prefill_tokens, pairs, context)
@@ -743,10 +747,15 @@ class StepCostModel:
                 by_bound[_MEMORY] += seconds * layers
                 flops += f * layers
                 dram += d * layers
-        # _launch_seconds and host_seconds, inline (the same arithmetic).
-        gpu_seconds = sum(by_bound) + kernels * self._per_kernel_us * 1e-6
+        # sum(by_bound) term by term, then _launch_seconds and host_seconds inline (the
+        # same arithmetic: sum() starts from the integer 0, and 0 + x is x).
+        b0, b1, b2, b3, b4 = by_bound
+        gpu_seconds = b0 + b1 + b2 + b3 + b4 + kernels * self._per_kernel_us * 1e-6
         host = (self._step_us + self._per_seq_us * (decode_seqs + prefill_seqs)) * 1e-6
-        seconds = max(gpu_seconds, host) if self._async else gpu_seconds + host
+        if self._async:  # max(gpu_seconds, host): the first unless the second is larger
+            seconds = host if host > gpu_seconds else gpu_seconds
+        else:
+            seconds = gpu_seconds + host
         # Else the first largest part, as max(range(...), key=...) would pick.
         bound = _HOST_BOUND if host >= gpu_seconds else _STEP_BOUNDS[by_bound.index(max(by_bound))]
         ranks = self.tp  # the replica's work: every TP rank does one rank's
