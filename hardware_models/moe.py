@@ -322,8 +322,10 @@ def tile_share(gpu: AcceleratorSpec, fmt: MoeFormat, block: int) -> float:
     """The share of the tensor peak a Triton tile of `block` rows x BLOCK_N can reach.
     Before Hopper each warp loads its operands from shared memory, which caps a thin
     tile's math (gemm.shared_memory_share); on Hopper so do 16-bit tiles too thin for
-    the warpgroup MMA (WGMMA_ROWS). 8-bit tiles on Hopper are priced uncapped: the warp
-    MMA's 8-bit rate there is no datasheet figure. Marlin's tiles are its own (1)."""
+    the warpgroup MMA (WGMMA_ROWS). 8-bit tiles on Hopper are left uncapped: Triton
+    promotes their operands to 16 bits for the warp MMA, and pricing that made the
+    H100's 8-bit fits worse (benchmarks/README.md, "Warp-MMA pass"). Marlin's tiles are
+    its own (1)."""
     family = gemm_family(gpu)
     thin = family == HOPPER and block % WGMMA_ROWS != 0 and fmt.act_bytes == 2.0
     if fmt.marlin or not (family in WARP_MMA_FAMILIES or thin):
