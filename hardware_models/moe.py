@@ -338,7 +338,22 @@ def tile_share(gpu: AcceleratorSpec, fmt: MoeFormat, block: int) -> float:
         fmt.weight_bytes,
         peak / gpu.sm_count,
         gpu.shared_memory_bandwidth_per_sm,
+        triton_warp_tile(block, BLOCK_N),
     )
+
+
+def triton_warp_tile(block_m: int, block_n: int, warps: int = 4) -> tuple[int, int]:
+    """A warp's part of a Triton warp-MMA tile (AccelerateMatmul's warpsPerTileV2):
+    warps are doubled along m while m / 16 per warp is at least n / 16 per warp, else
+    along n, until there are `warps` (4, what vLLM's configurations mostly give a
+    tile; 16 x 128 runs in 16 x 32 warps where CUTLASS's split would be 16 x 64)."""
+    wm, wn = 1, 1
+    while wm * wn < warps:
+        if block_m // 16 // wm >= block_n // 16 // wn and wm < block_m // 16:
+            wm *= 2
+        else:
+            wn *= 2
+    return block_m // wm, block_n // wn
 
 
 def marlin_block_m(tokens, topk, local) -> np.ndarray:

@@ -17,6 +17,7 @@ from hardware_models.moe import (
     marlin_stream_s,
     moe_cost,
     tile_share,
+    triton_warp_tile,
     unaligned_sector,
 )
 
@@ -175,6 +176,16 @@ def test_thin_triton_tiles_run_the_warp_mma_on_hopper():
     assert tile_share(H100, fp8, 16) == tile_share(H100, int4, 16) == 1.0
     a100 = load_gpu("a100-80gb-sxm")
     assert tile_share(a100, bf16, 64) < 1.0  # on Ampere at 64 rows too
+
+
+def test_triton_splits_a_warp_mma_tile_over_its_warps_as_its_compiler_does():
+    """AccelerateMatmul's warpsPerTileV2 with 4 warps: thin tiles spread their warps
+    along n (16 x 128 in 16 x 32 warps), square ones along both."""
+    assert triton_warp_tile(16, 128) == (16, 32)
+    assert triton_warp_tile(32, 128) == (32, 32)
+    assert triton_warp_tile(64, 128) == (32, 64)
+    assert triton_warp_tile(128, 128) == (64, 64)
+    assert triton_warp_tile(64, 64, warps=8) == (16, 32)
 
 
 @pytest.mark.parametrize("gpu", ["h100-sxm", "a100-80gb-sxm"])
