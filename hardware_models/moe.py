@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from hardware_models.accelerator import AcceleratorSpec
-from hardware_models.block_scaling import WARP_MMA_FAMILIES, gemm_family
+from hardware_models.block_scaling import HOPPER, WARP_MMA_FAMILIES, gemm_family
 from hardware_models.dtypes import parse_dtype
 from hardware_models.efficiency import MOE_FORMATS, MoeFormat, moe_format_key
 from hardware_models.errors import InfersimError
@@ -48,6 +48,11 @@ MARLIN_BLOCK_MS: tuple[int, ...] = (8, 16, 32, 48, 64)
 # Columns of a tile: how many thread blocks share a row tile, and how many times a routed
 # activation row is read from L2.
 BLOCK_N = 128
+# Triton runs Hopper's warpgroup MMA only on tiles of a multiple of 64 rows (its
+# AccelerateMatmul pass: MMA v3 wants M % 64 == 0 and warps in fours); a thinner tile's
+# dot is the warp MMA, its operands loaded from shared memory by every warp as before
+# Hopper, which caps its math (gemm.shared_memory_share).
+WGMMA_ROWS = 64
 # Seeded draws of the power-law generator averaged per token count (the tables average 5).
 POWER_LAW_DRAWS = 16
 # Token counts MoeLayer.step prices in one array pass.
@@ -313,6 +318,44 @@ class MoeParts(NamedTuple):
     l2_bytes: np.ndarray
 
 
+def tile_share(gpu: AcceleratorSpec, fmt: MoeFormat, block: int) -> float:
+    """The share of the tensor peak a Triton tile of `block` rows x BLOCK_N can reach.
+    Before Hopper each warp loads its operands from shared memory, which caps a thin
+    tile's math (gemm.shared_memory_share); on Hopper so do 16-bit tiles too thin for
+    the warpgroup MMA (WGMMA_ROWS). 8-bit tiles on Hopper are left uncapped: Triton
+    promotes their operands to 16 bits for the warp MMA, and pricing that made the
+    H100's 8-bit fits worse (benchmarks/README.md, "Warp-MMA pass"). Marlin's tiles are
+    its own (1)."""
+    family = gemm_family(gpu)
+    thin = family == HOPPER and block % WGMMA_ROWS != 0 and fmt.act_bytes == 2.0
+    if fmt.marlin or not (family in WARP_MMA_FAMILIES or thin):
+        return 1.0
+    peak = gpu.peak_flops(parse_dtype(fmt.compute_dtype))
+    return shared_memory_share(
+        block,
+        BLOCK_N,
+        fmt.act_bytes,
+        fmt.weight_bytes,
+        peak / gpu.sm_count,
+        gpu.shared_memory_bandwidth_per_sm,
+        triton_warp_tile(block, BLOCK_N),
+    )
+
+
+def triton_warp_tile(block_m: int, block_n: int, warps: int = 4) -> tuple[int, int]:
+    """A warp's part of a Triton warp-MMA tile (AccelerateMatmul's warpsPerTileV2):
+    warps are doubled along m while m / 16 per warp is at least n / 16 per warp, else
+    along n, until there are `warps` (4, what vLLM's configurations mostly give a
+    tile; 16 x 128 runs in 16 x 32 warps where CUTLASS's split would be 16 x 64)."""
+    wm, wn = 1, 1
+    while wm * wn < warps:
+        if block_m // 16 // wm >= block_n // 16 // wn and wm < block_m // 16:
+            wm *= 2
+        else:
+            wn *= 2
+    return block_m // wm, block_n // wn
+
+
 def marlin_block_m(tokens, topk, local) -> np.ndarray:
     """vLLM's Marlin BLOCK_M rule: the first of 8, 16, 32, 48, 64 at which tokens x topk
     / the rank's experts / BLOCK_M falls below 0.9 (64 past them); the index of that
@@ -466,15 +509,9 @@ def moe_parts(
     index = np.arange(count)
     totals = np.zeros((len(BLOCK_MS), 3, count))  # per BLOCK_M: the binding terms
     l2_bytes = np.zeros((len(BLOCK_MS), count))
-    warp_mma = gemm_family(gpu) in WARP_MMA_FAMILIES
-    smem = gpu.shared_memory_bandwidth_per_sm
     for j, block in enumerate(BLOCK_MS):
         tiles = r.tiles[:, j]
-        # Before Hopper each warp loads its operands from shared memory, which caps a
-        # thin tile's math (gemm.shared_memory_share; Marlin's tiles are its own).
-        share = 1.0
-        if warp_mma and not fmt.marlin:
-            share = shared_memory_share(block, BLOCK_N, a_bpe, w_bpe, peak / gpu.sm_count, smem)
+        share = tile_share(gpu, fmt, block)
         for (n, k), moved in zip(gemms, dram, strict=True):
             compute = 2.0 * tiles * block * n * k / (peak * share * c_eff)
             memory = moved / (gpu.memory_bandwidth * m_eff)

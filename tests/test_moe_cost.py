@@ -16,6 +16,8 @@ from hardware_models.moe import (
     expert_load,
     marlin_stream_s,
     moe_cost,
+    tile_share,
+    triton_warp_tile,
     unaligned_sector,
 )
 
@@ -161,6 +163,29 @@ def test_marlin_is_stream_k_with_a_serial_reduction():
     assert stream(2, 1e-6, 0.0) == pytest.approx(8e-6)
     assert stream(64, 1e-6, 0.0) == pytest.approx(1e-6)
     assert stream(0, 1e-6, 1e-10) == 0.0
+
+
+def test_thin_triton_tiles_run_the_warp_mma_on_hopper():
+    """Triton gives Hopper's warpgroup MMA only tiles of a multiple of 64 rows: a 16- or
+    32-row bf16 tile is a warp MMA fed from shared memory, capped as on the A100 (where
+    64-row tiles are capped too); 64 and 128 rows, 8-bit tiles and Marlin's are not
+    capped on the H100."""
+    bf16, fp8, int4 = (MOE_FORMATS[k] for k in ("bf16", "fp8", "int4_wo"))
+    assert tile_share(H100, bf16, 16) < tile_share(H100, bf16, 32) < 1.0
+    assert tile_share(H100, bf16, 64) == tile_share(H100, bf16, 128) == 1.0
+    assert tile_share(H100, fp8, 16) == tile_share(H100, int4, 16) == 1.0
+    a100 = load_gpu("a100-80gb-sxm")
+    assert tile_share(a100, bf16, 64) < 1.0  # on Ampere at 64 rows too
+
+
+def test_triton_splits_a_warp_mma_tile_over_its_warps_as_its_compiler_does():
+    """AccelerateMatmul's warpsPerTileV2 with 4 warps: thin tiles spread their warps
+    along n (16 x 128 in 16 x 32 warps), square ones along both."""
+    assert triton_warp_tile(16, 128) == (16, 32)
+    assert triton_warp_tile(32, 128) == (32, 32)
+    assert triton_warp_tile(64, 128) == (32, 64)
+    assert triton_warp_tile(128, 128) == (64, 64)
+    assert triton_warp_tile(64, 64, warps=8) == (16, 32)
 
 
 @pytest.mark.parametrize("gpu", ["h100-sxm", "a100-80gb-sxm"])
