@@ -47,7 +47,7 @@ def memory_family(spec: AcceleratorSpec) -> str:
 @cache
 def _metadata(name: str) -> dict:
     """A shipped profile's metadata (empty for a bare efficiency profile)."""
-    return load_yaml_mapping(calibration_path(name)).get("metadata") or {}
+    return load_yaml_mapping(calibration_path(name), shipped=True).get("metadata") or {}
 
 
 def _fitted_on(name: str) -> str | None:

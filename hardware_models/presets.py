@@ -46,14 +46,19 @@ def _resolve(kind: str, name_or_path: str | Path) -> Path:
     return path
 
 
+def _read(path: Path) -> dict:
+    """A preset or profile file's mapping; the package's own files with libyaml."""
+    return load_yaml_mapping(path, shipped=path.resolve().is_relative_to(PRESET_DIR.resolve()))
+
+
 @cache
 def _load_gpu_path(path: Path) -> AcceleratorSpec:
-    return validate_model(AcceleratorSpec, load_yaml_mapping(path), str(path))
+    return validate_model(AcceleratorSpec, _read(path), str(path))
 
 
 @cache
 def _load_node_path(path: Path) -> NodeSpec:
-    return validate_model(NodeSpec, load_yaml_mapping(path), str(path))
+    return validate_model(NodeSpec, _read(path), str(path))
 
 
 def load_gpu(name_or_path: str | Path, calibration: str | Path | None = None) -> AcceleratorSpec:
@@ -77,6 +82,6 @@ def with_calibration(gpu: AcceleratorSpec, name_or_path: str | Path) -> Accelera
     file's path, applied to any GPU (on another than the one it was fitted on, a transfer:
     calibration_lookup.choose_calibration says so). A bare EfficiencyProfile file works too."""
     path = calibration_path(name_or_path)
-    data = load_yaml_mapping(path)
+    data = _read(path)
     profile = validate_model(EfficiencyProfile, data.get("efficiency", data), str(path))
     return gpu.with_efficiency(profile)

@@ -92,7 +92,8 @@ def load_model(name_or_path: str | Path) -> ModelArchitecture:
 
 @cache
 def _load_yaml(path: Path) -> ModelArchitecture:
-    return validate_model(ModelArchitecture, load_yaml_mapping(path), str(path))
+    shipped = path.resolve().is_relative_to(CATALOG_DIR.resolve())  # read with libyaml
+    return validate_model(ModelArchitecture, load_yaml_mapping(path, shipped=shipped), str(path))
 
 
 @cache

@@ -495,6 +495,18 @@ def test_malformed_traces(tmp_path, name, content, message):
     assert message in str(err.value)
 
 
+def test_blank_csv_rows_are_skipped_and_lines_still_count(tmp_path):
+    """An empty line and a row of blank cells (spaces, a tab) are not requests; the rows
+    after them are, and a message names their own file line."""
+    write(tmp_path, "t.csv", HEADER + "0,1,1\n\n , ,\t\n1,2,2\n2,x,3\n")
+    with pytest.raises(InfersimError, match=r"t.csv: line 6: num_prefill_tokens"):
+        read_trace(tmp_path / "t.csv", ["num_prefill_tokens"], arrivals=True)
+    write(tmp_path, "ok.csv", HEADER + "0,1,1\n\n , ,\t\n1,2,2\n")
+    trace = read_trace(tmp_path / "ok.csv", ["num_prefill_tokens"], arrivals=True)
+    assert trace.tokens["num_prefill_tokens"].tolist() == [1, 2]
+    assert [trace.line(0), trace.line(1)] == [2, 5]
+
+
 def test_bad_trace_reported_through_the_workload(tmp_path):
     write(tmp_path, "t.csv", HEADER + "0,1,1\n1,2,2\n2,3,3\n3,x4,4\n")
     with pytest.raises(InfersimError, match=r"t.csv: line 5: num_prefill_tokens"):

@@ -94,7 +94,18 @@ def _theil_sen(t: np.ndarray, y: np.ndarray) -> float:
     i, j = np.triu_indices(len(t), 1)
     apart = t[j] > t[i]
     i, j = i[apart], j[apart]
-    return float(np.median((y[j] - y[i]) / (t[j] - t[i])))
+    return _median((y[j] - y[i]) / (t[j] - t[i]))
+
+
+def _median(values: np.ndarray) -> float:
+    """`np.median` of a non-empty 1-d array, computed as it does (the mean of the middle
+    value, or of the two middle values, of the sorted array; NaN when one is NaN) without
+    the masked-array module its NaN check imports (7 ms, a run's only use of it)."""
+    ordered = np.sort(values)  # NaNs sort last
+    if np.isnan(ordered[-1]):
+        return float("nan")
+    n = len(ordered)
+    return float(np.mean(ordered[(n - 1) // 2 : n // 2 + 1]))
 
 
 def queue_trend(arrival: np.ndarray, started: np.ndarray) -> dict[str, Any] | None:

@@ -216,7 +216,7 @@ def _parse_csv(
         lines: list[int] = []
         width = len(header)
         for row in reader:
-            if not row or not any(cell.strip() for cell in row):
+            if not "".join(row).strip():  # no cells, or only blank ones (one C call a row)
                 continue
             if len(row) != width:
                 last = reader.line_num == text.rstrip("\r\n").count("\n") + 1
