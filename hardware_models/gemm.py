@@ -6,10 +6,10 @@ do useless work (tile quantisation). Like cuBLAS, the model tries a few tile sha
 split-K factors and keeps the fastest. The compute efficiency is read at the FLOPs the
 tiles compute, padding included: a 16-row tile runs the same k loop at m = 1 as at
 m = 16 (the L40S's fp8 rows take 5.2 us at every m up to 16 for n = 32, k = 1,024), so
-a curve read at the useful FLOPs priced m = 1 16x slower than m = 16. DRAM traffic counts the A row-panels and B
-column-panels each wave needs (tiles running together share them through L2); when the
-operands fit in L2 they are read once, and where a benchmark's loop kept them in L2 they
-come from there (gemm_cost's `loop_bytes`).
+a curve read at the useful FLOPs priced m = 1 16x slower than m = 16. DRAM traffic
+counts the A row-panels and B column-panels each wave needs (tiles running together
+share them through L2); when the operands fit in L2 they are read once, and where a
+benchmark's loop kept them in L2 they come from there (gemm_cost's `loop_bytes`).
 """
 
 from __future__ import annotations
@@ -334,16 +334,25 @@ class _ShapeTerms(NamedTuple):
 
 def _memory_rates(gpu: AcceleratorSpec, c: _Setup, compulsory, loop_bytes):
     """(the rate a GEMM's compulsory bytes move at, at the memory curves; the rate its
-    serial epilogue's stores drain at; whether its operands are warm): DRAM's, or for
-    the share of a warm loop that hits in L2 the L2's, at its own curve. The outputs
-    too: a loop rewrites the same output lines, which stay in L2 as dirty lines (the
-    L40S writes outputs of up to ~60 MB at 1.4-2 TB/s). A cold GEMM gets the DRAM
+    serial epilogue's stores drain at; the rate its activation-quantisation pass
+    streams at; whether its operands are warm): DRAM's, or for the share of a warm loop
+    that hits in L2 the L2's, at its own curve. The outputs too: a loop rewrites the
+    same output lines, which stay in L2 as dirty lines (the L40S writes outputs of up
+    to ~60 MB at 1.4-2 TB/s). So do the activations the quantiser reads and the 8-bit
+    copy it writes, both part of the loop (benchmark_loops.gemm_loop_bytes): the pass
+    keeps its share of the bandwidth, of L2's where they hit. A cold GEMM gets the DRAM
     figures themselves, not a round trip through a blend. A kernel whose epilogue has
     a store rate of its own (_Setup.store_bandwidth) stores at it, warm or cold."""
     dram = gpu.memory_bandwidth * c.memory_curve.at(compulsory)
     if loop_bytes is None:
-        return dram, c.store_bandwidth or c.pass_bandwidth, False
+        return dram, c.store_bandwidth or c.pass_bandwidth, c.quant_bandwidth, False
     hit = l2_hit_fraction(gpu, loop_bytes)
+    quant_share = c.quant_bandwidth / gpu.memory_bandwidth
+    quant = np.where(
+        hit > 0,
+        quant_share / (hit * c.l2_s_per_byte + (1.0 - hit) / gpu.memory_bandwidth),
+        c.quant_bandwidth,
+    )
     l2_s = 1.0 / (gpu.l2_bandwidth * c.l2_memory_curve.at(compulsory))
     rate = np.where(hit > 0, 1.0 / (hit * l2_s + (1.0 - hit) / dram), dram)
     store = np.where(
@@ -352,8 +361,8 @@ def _memory_rates(gpu: AcceleratorSpec, c: _Setup, compulsory, loop_bytes):
     if c.store_bandwidth is not None:
         store = np.full_like(store, c.store_bandwidth)
     if rate.ndim == 0:
-        return float(rate), float(store), bool(hit > 0.5)
-    return rate, store, hit > 0.5
+        return float(rate), float(store), float(quant), bool(hit > 0.5)
+    return rate, store, quant, hit > 0.5
 
 
 def _shape_terms(gpu: AcceleratorSpec, c: _Setup, m, n, k, loop_bytes=None) -> _ShapeTerms:
@@ -369,7 +378,7 @@ def _shape_terms(gpu: AcceleratorSpec, c: _Setup, m, n, k, loop_bytes=None) -> _
     quantised = c.kernel.quantize_activations
     quant_bytes = m * k * c.quant_bytes * quantised
     pad_bytes = m * k * PAD_PASS_ELEMENTS * c.bpe * pad
-    mem_bw, store_bw, warm = _memory_rates(gpu, c, compulsory, loop_bytes)
+    mem_bw, store_bw, quant_bw, warm = _memory_rates(gpu, c, compulsory, loop_bytes)
     return _ShapeTerms(
         flops=flops,
         compulsory=compulsory,
@@ -378,7 +387,7 @@ def _shape_terms(gpu: AcceleratorSpec, c: _Setup, m, n, k, loop_bytes=None) -> _
         store_bw=store_bw,
         pad=pad,
         pass_bytes=quant_bytes + pad_bytes,
-        pass_s=quant_bytes / c.quant_bandwidth
+        pass_s=quant_bytes / quant_bw
         + m * c.quant_row_s * quantised
         + pad_bytes / c.pass_bandwidth
         + c.pad_s * pad,
