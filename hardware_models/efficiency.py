@@ -269,9 +269,10 @@ class EfficiencyProfile(BaseModel):
 
     gemm_compute: EfficiencyCurve = Field(
         default_factory=lambda: _const(0.80),
-        description="fraction of dense tensor peak a large GEMM sustains, against FLOPs; "
-        "cuBLAS reaches 75-90% on large square shapes (power and clock limits keep it "
-        "below 100%)",
+        description="fraction of dense tensor peak a large GEMM sustains, against the FLOPs "
+        "its tiles compute (padding included: a 16-row tile at m = 1 does the work of "
+        "m = 16); cuBLAS reaches 75-90% on large square shapes (power and clock limits "
+        "keep it below 100%)",
     )
     gemm_memory: EfficiencyCurve = Field(
         default_factory=lambda: _const(0.80),

@@ -3,16 +3,19 @@
 A GEMM C[m, n] = A[m, k] @ B[k, n] is cut into output tiles; each SM computes one tile
 at a time, so the last wave runs partly empty (wave quantisation) and padded tile edges
 do useless work (tile quantisation). Like cuBLAS, the model tries a few tile shapes and
-split-K factors and keeps the fastest. DRAM traffic counts the A row-panels and B
-column-panels each wave needs (tiles running together share them through L2); when the
-operands fit in L2 they are read once, and where a benchmark's loop kept them in L2 they
-come from there (gemm_cost's `loop_bytes`).
+split-K factors and keeps the fastest. The compute efficiency is read at the FLOPs the
+tiles compute, padding included: a 16-row tile runs the same k loop at m = 1 as at
+m = 16 (the L40S's fp8 rows take 5.2 us at every m up to 16 for n = 32, k = 1,024), so
+a curve read at the useful FLOPs priced m = 1 16x slower than m = 16. DRAM traffic
+counts the A row-panels and B column-panels each wave needs (tiles running together
+share them through L2); when the operands fit in L2 they are read once, and where a
+benchmark's loop kept them in L2 they come from there (gemm_cost's `loop_bytes`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
@@ -196,6 +199,7 @@ class GemmParts:
     memory_s: float  # DRAM traffic at the memory efficiency
     fixed_s: float  # floor + split-K reduction + quantisation and padding passes
     flops: float
+    work_flops: float  # the FLOPs its tiles compute, padding included: the compute curve's x
     dram_bytes: float
     l2_bytes: float
     kernels: int
@@ -214,7 +218,8 @@ class _Setup:
     """What gemm_parts needs of a GPU and a dtype pair, looked up once: the engine prices
     a few thousand GEMM shapes per run, and the per-dtype lookups cost more than the math."""
 
-    compute_curve: EfficiencyCurve
+    compute_curve: EfficiencyCurve  # by the FLOPs the tiles compute (GemmParts.work_flops)
+    compute_at: Callable[[float], float]  # compute_curve.at for one size
     memory_curve: EfficiencyCurve
     l2_memory_curve: EfficiencyCurve  # operands a loop keeps warm in L2
     floor_us: float
@@ -278,6 +283,7 @@ def _setup(gpu: AcceleratorSpec, dtype: str | Dtype, weight_dtype: str | Dtype |
     tiles.update((b.tile, b.warp) for b in fixed if b.warp is not None or b.tile not in tiles)
     return _Setup(
         compute_curve=compute_curve,
+        compute_at=compute_curve.scalar_at(),
         memory_curve=memory_curve,
         l2_memory_curve=eff.gemm_l2_memory(dtype),
         floor_us=floor_us,
@@ -317,7 +323,6 @@ class _ShapeTerms(NamedTuple):
     """What a GEMM shape costs whatever its layout (scalars, or arrays of shapes)."""
 
     flops: Num
-    compute_eff: Num
     compulsory: Num  # operand and output bytes, each moved once
     fits_in_l2: bool | np.ndarray  # its panels are read from DRAM once (or not at all)
     mem_bw: Num  # the rate of the levels its bytes move through, at the memory curve
@@ -329,16 +334,25 @@ class _ShapeTerms(NamedTuple):
 
 def _memory_rates(gpu: AcceleratorSpec, c: _Setup, compulsory, loop_bytes):
     """(the rate a GEMM's compulsory bytes move at, at the memory curves; the rate its
-    serial epilogue's stores drain at; whether its operands are warm): DRAM's, or for
-    the share of a warm loop that hits in L2 the L2's, at its own curve. The outputs
-    too: a loop rewrites the same output lines, which stay in L2 as dirty lines (the
-    L40S writes outputs of up to ~60 MB at 1.4-2 TB/s). A cold GEMM gets the DRAM
+    serial epilogue's stores drain at; the rate its activation-quantisation pass
+    streams at; whether its operands are warm): DRAM's, or for the share of a warm loop
+    that hits in L2 the L2's, at its own curve. The outputs too: a loop rewrites the
+    same output lines, which stay in L2 as dirty lines (the L40S writes outputs of up
+    to ~60 MB at 1.4-2 TB/s). So do the activations the quantiser reads and the 8-bit
+    copy it writes, both part of the loop (benchmark_loops.gemm_loop_bytes): the pass
+    keeps its share of the bandwidth, of L2's where they hit. A cold GEMM gets the DRAM
     figures themselves, not a round trip through a blend. A kernel whose epilogue has
     a store rate of its own (_Setup.store_bandwidth) stores at it, warm or cold."""
     dram = gpu.memory_bandwidth * c.memory_curve.at(compulsory)
     if loop_bytes is None:
-        return dram, c.store_bandwidth or c.pass_bandwidth, False
+        return dram, c.store_bandwidth or c.pass_bandwidth, c.quant_bandwidth, False
     hit = l2_hit_fraction(gpu, loop_bytes)
+    quant_share = c.quant_bandwidth / gpu.memory_bandwidth
+    quant = np.where(
+        hit > 0,
+        quant_share / (hit * c.l2_s_per_byte + (1.0 - hit) / gpu.memory_bandwidth),
+        c.quant_bandwidth,
+    )
     l2_s = 1.0 / (gpu.l2_bandwidth * c.l2_memory_curve.at(compulsory))
     rate = np.where(hit > 0, 1.0 / (hit * l2_s + (1.0 - hit) / dram), dram)
     store = np.where(
@@ -347,8 +361,8 @@ def _memory_rates(gpu: AcceleratorSpec, c: _Setup, compulsory, loop_bytes):
     if c.store_bandwidth is not None:
         store = np.full_like(store, c.store_bandwidth)
     if rate.ndim == 0:
-        return float(rate), float(store), bool(hit > 0.5)
-    return rate, store, hit > 0.5
+        return float(rate), float(store), float(quant), bool(hit > 0.5)
+    return rate, store, quant, hit > 0.5
 
 
 def _shape_terms(gpu: AcceleratorSpec, c: _Setup, m, n, k, loop_bytes=None) -> _ShapeTerms:
@@ -364,17 +378,16 @@ def _shape_terms(gpu: AcceleratorSpec, c: _Setup, m, n, k, loop_bytes=None) -> _
     quantised = c.kernel.quantize_activations
     quant_bytes = m * k * c.quant_bytes * quantised
     pad_bytes = m * k * PAD_PASS_ELEMENTS * c.bpe * pad
-    mem_bw, store_bw, warm = _memory_rates(gpu, c, compulsory, loop_bytes)
+    mem_bw, store_bw, quant_bw, warm = _memory_rates(gpu, c, compulsory, loop_bytes)
     return _ShapeTerms(
         flops=flops,
-        compute_eff=c.compute_curve.at(flops),
         compulsory=compulsory,
         fits_in_l2=warm | (operands <= gpu.l2_bytes * L2_RESIDENT_FRACTION),
         mem_bw=mem_bw,
         store_bw=store_bw,
         pad=pad,
         pass_bytes=quant_bytes + pad_bytes,
-        pass_s=quant_bytes / c.quant_bandwidth
+        pass_s=quant_bytes / quant_bw
         + m * c.quant_row_s * quantised
         + pad_bytes / c.pass_bandwidth
         + c.pad_s * pad,
@@ -396,7 +409,7 @@ def gemm_parts(
     c = _setup(gpu, dtype, weight_dtype)
     bpe, bpe_b, out_bpe, concurrent = c.bpe, c.bpe_b, c.out_bpe, c.concurrent
     terms = _shape_terms(gpu, c, m, n, k, loop_bytes)
-    flops, compute_eff, compulsory, fits_in_l2, mem_bw, store_bw = terms[:6]
+    flops, compulsory, fits_in_l2, mem_bw, store_bw = terms[:5]
     pad, pass_bytes, pass_s = terms.pad, terms.pass_bytes, terms.pass_s
     if c.kernel.gemv and m == 1:
         # No tiles: every SM streams its share of B once. Two FLOPs per weight element
@@ -409,17 +422,22 @@ def gemm_parts(
             memory_s=compulsory / mem_bw,
             fixed_s=c.floor_us * 1e-6 + pass_s,
             flops=flops,
+            work_flops=flops,
             dram_bytes=compulsory + pass_bytes,
             l2_bytes=compulsory,
             kernels=1 + c.kernel.quantize_activations + pad,
         )
 
     best: tuple[float, tuple] | None = None
-    tile_counts: dict[tuple[int, int, int], int] = {}  # splits of one tile share them
+    # Splits of one tile share its count, its work and so its compute efficiency.
+    per_tile: dict[tuple[int, int, int], tuple[int, float, float]] = {}
     for (tm, tn), split, cluster_m in candidate_layouts(c.kernel, m, n, c.fixed_tiles):
-        tiles = tile_counts.get((tm, tn, cluster_m))
-        if tiles is None:
-            tiles = tile_counts[tm, tn, cluster_m] = tile_rows(m, tm, cluster_m) * math.ceil(n / tn)
+        known = per_tile.get((tm, tn, cluster_m))
+        if known is None:
+            tiles = tile_rows(m, tm, cluster_m) * math.ceil(n / tn)
+            work = 2.0 * tiles * tm * tn * k
+            known = per_tile[tm, tn, cluster_m] = (tiles, work, c.compute_at(work))
+        tiles, work, compute_eff = known
         if split > 1 and (tiles * split > 2 * concurrent or k // split < 256):
             continue
         k_part = math.ceil(k / split)
@@ -449,9 +467,12 @@ def gemm_parts(
         seconds = max(max(math_s, stream_s) + latency_s + epilogue_s, memory_s) + fixed_s
         if best is None or seconds < best[0]:
             l2 = tiles * split * (tm * bpe + tn * bpe_b) * k_part + m * n * out_bpe
-            best = (seconds, (math_s, stream_s, latency_s, epilogue_s, memory_s, fixed_s, dram, l2))
+            best = (
+                seconds,
+                (math_s, stream_s, latency_s, epilogue_s, memory_s, fixed_s, dram, l2, work),
+            )
     assert best is not None
-    math_s, stream_s, latency_s, epilogue_s, memory_s, fixed_s, dram, l2 = best[1]
+    math_s, stream_s, latency_s, epilogue_s, memory_s, fixed_s, dram, l2, work = best[1]
     return GemmParts(
         math_s=math_s,
         stream_s=stream_s,
@@ -460,6 +481,7 @@ def gemm_parts(
         memory_s=memory_s,
         fixed_s=fixed_s,
         flops=flops,
+        work_flops=work,
         dram_bytes=dram + pass_bytes,
         l2_bytes=l2,
         kernels=1 + c.kernel.quantize_activations + pad,
@@ -478,6 +500,7 @@ class GemmPartsArray(NamedTuple):
     compute_s: np.ndarray
     seconds: np.ndarray
     flops: np.ndarray
+    work_flops: np.ndarray
     dram_bytes: np.ndarray
     l2_bytes: np.ndarray
     kernels: np.ndarray
@@ -540,29 +563,31 @@ def gemm_parts_many(
     if loop_bytes is not None:
         loop_bytes = np.asarray(loop_bytes, dtype=float)
     terms = _shape_terms(gpu, c, m, n, k, loop_bytes)
-    flops, compute_eff, compulsory, fits_in_l2, mem_bw, store_bw = terms[:6]
+    flops, compulsory, fits_in_l2, mem_bw, store_bw = terms[:5]
     pad, pass_bytes, pass_s = terms.pad, terms.pass_bytes, terms.pass_s
     store_bw = np.broadcast_to(store_bw, m.shape)
     # The fastest layout so far per shape, updated only where a later one is strictly
     # faster (the first of equals wins, as in the scalar loop). Tile counts depend on the
     # tile alone, so splits of one tile share them.
     per_layout = ("math_s", "stream_s", "latency_s", "epilogue_s", "memory_s", "fixed_s",
-                  "compute_s", "seconds", "dram_bytes", "l2_bytes")  # fmt: skip
+                  "compute_s", "seconds", "dram_bytes", "l2_bytes", "work_flops")  # fmt: skip
     out = {name: np.zeros(len(m)) for name in per_layout}
     out["seconds"].fill(np.inf)
-    tile_counts: dict[tuple[int, int, int], np.ndarray] = {}
+    per_tile: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     for ((tm, tn), split, cluster_m), allowed in _layouts_many(c.kernel, m, n, c.fixed_tiles):
         key = (tm, tn, cluster_m)
-        if key not in tile_counts:
-            tile_counts[key] = tile_rows(m, tm, cluster_m) * np.ceil(n / tn)
-        tiles = tile_counts[key]
+        if key not in per_tile:
+            tiles = tile_rows(m, tm, cluster_m) * np.ceil(n / tn)
+            work = 2.0 * tiles * tm * tn * k
+            per_tile[key] = (tiles, work, c.compute_curve.at(work))
+        tiles, work, compute_eff = per_tile[key]
         if split > 1:
             allowed = allowed & ~((tiles * split > 2 * concurrent) | (k // split < 256))
         # Price only the shapes that may run this layout: most splits suit few of them.
         sel = np.flatnonzero(allowed)
         if sel.size == 0:
             continue
-        ms, ns, ks, tiles = m[sel], n[sel], k[sel], tiles[sel]
+        ms, ns, ks, tiles, work = m[sel], n[sel], k[sel], tiles[sel], work[sel]
         k_part = np.ceil(ks / split)
         share = c.tile_share[(tm, tn)]
         waves = np.ceil(tiles * split / concurrent)
@@ -586,7 +611,7 @@ def gemm_parts_many(
         for name, value in zip(
             per_layout,
             (math_s, stream_s, latency_s, epilogue_s, memory_s, fixed_s, compute_s, seconds,
-             dram, l2),
+             dram, l2, work),
             strict=True,
         ):  # fmt: skip
             out[name][won] = value[faster]
@@ -605,6 +630,7 @@ def gemm_parts_many(
             "seconds": np.maximum(0.0, memory_s) + fixed_s,
             "dram_bytes": compulsory,
             "l2_bytes": compulsory,
+            "work_flops": flops,
         }
         out = {name: np.where(gemv, gemv_terms[name], out[name]) for name in out}
     out["dram_bytes"] = out["dram_bytes"] + pass_bytes

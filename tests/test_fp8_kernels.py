@@ -15,6 +15,7 @@ from hardware_models.calibration.sources import load_measurements
 from hardware_models.calibration.split import holdout_mask
 from hardware_models.calibration.validate import predict_all
 from hardware_models.calibration.workflow import usable_rows
+from hardware_models.efficiency import EfficiencyCurve
 from hardware_models.gemm import (
     _setup,
     candidate_layouts,
@@ -170,3 +171,19 @@ def test_only_a_familys_own_kernel_gets_the_quantiser_and_store_searches() -> No
         applied = {s.loc[0] for s in fit.scalars if s.applies(profile)}
         assert ("gemm_quant_row_ns_by_dtype" in applied) is searched
         assert ("gemm_store_bandwidth_by_dtype" in applied) is searched
+
+
+def test_the_compute_curve_is_read_at_the_work_the_tiles_do() -> None:
+    # A steep curve: a curve read at the useful FLOPs would price m = 1 far slower than
+    # m = 16, though both run one 16-row tile through the same k loop.
+    steep = EfficiencyCurve(sizes=[1e5, 1e7, 1e9], values=[0.01, 0.3, 0.9])
+    fitted = _with(L40S, gemm_compute_by_dtype={"fp8": steep})
+    one, sixteen = (gemm_parts(fitted, m, 32, 1024, "fp8") for m in (1, 16))
+    assert one.work_flops == sixteen.work_flops == 2.0 * 16 * 64 * 1024  # one 16 x 64 tile
+    assert one.math_s == sixteen.math_s
+    assert one.flops == sixteen.flops / 16
+    m = np.array([1, 16, 17, 300])
+    many = gemm_parts_many(fitted, m, m * 0 + 32, m * 0 + 1024, "fp8")
+    one_by_one = [gemm_parts(fitted, int(x), 32, 1024, "fp8") for x in m]
+    assert many.work_flops.tolist() == [p.work_flops for p in one_by_one]
+    assert many.seconds.tolist() == pytest.approx([p.seconds for p in one_by_one], rel=1e-12)

@@ -70,6 +70,22 @@ def test_a_warm_loop_rewrites_its_outputs_in_l2() -> None:
     assert warm.epilogue_s < cold.epilogue_s / 3 and warm.seconds < cold.seconds / 2
 
 
+def test_a_warm_loop_keeps_the_quantisers_activations_in_l2() -> None:
+    # The collector quantises one activation tensor before each of its layers: bf16 in,
+    # the fp8 copy out, both in the loop (32 MiB and 16 MiB at m = 4096, k = 4096).
+    gpu = load_gpu("l40s")
+    m, n, k = 4096, 256, 4096
+    loop = 6 * n * k + m * k * 3 + m * n * 2
+    warm, cold = gemm_parts(gpu, m, n, k, "fp8", loop_bytes=loop), gemm_parts(gpu, m, n, k, "fp8")
+    quant_bytes = m * k * 3.0  # read bf16, write fp8
+    assert cold.fixed_s - warm.fixed_s > 0.5 * quant_bytes / gpu.memory_bandwidth
+    assert warm.fixed_s > quant_bytes / gpu.l2_bandwidth
+    # A loop past the L2 quantises from DRAM, as a serving engine's forward pass does.
+    assert gemm_parts(gpu, m, n, k, "fp8", loop_bytes=2 * warm_l2_bytes(gpu)) == cold
+    many = gemm_parts_many(gpu, np.array([m]), np.array([n]), np.array([k]), "fp8", None, [loop])
+    assert many.seconds[0] == pytest.approx(warm.seconds, rel=1e-12)
+
+
 def test_the_array_path_prices_warm_loops_as_the_scalar_one() -> None:
     gpu = load_gpu("l40s")
     m = np.array([1.0, 8.0, 300.0, 4096.0])

@@ -101,7 +101,7 @@ def _held_out_mape(gpu: str, op_class: str, profile_gpu: str | None = None) -> f
         # target 20%, not met). Profiles refitted with `infersim calibrate fit
         # --from-shared GPU` (same section).
         ("h100-sxm", "moe", None, 0.101),
-        ("h100-sxm", "mla_decode", None, 0.114),
+        ("h100-sxm", "mla_decode", None, 0.112),
         ("h100-sxm", "mla_prefill", None, 0.068),
         ("a100-80gb-sxm", "moe", None, 0.182),
         ("a100-80gb-sxm", "moe", "h100-sxm", 0.239),

@@ -92,9 +92,9 @@ def gemm_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, kernel: str) -> Terms:
     r = per_object(rows, "gemm_rows:" + kernel, lambda frame: _gemm_rows(frame, kernel))
     u = r.shapes
     parts = gemm_parts_many(gpu, u["m"], u["n"], u["k"], kernel, None, u["loop_bytes"])
-    seconds, math_s, stream, compute, memory, fixed = (
+    seconds, math_s, stream, compute, memory, fixed, work = (
         getattr(parts, f)[r.codes]
-        for f in ("seconds", "math_s", "stream_s", "compute_s", "memory_s", "fixed_s")
+        for f in ("seconds", "math_s", "stream_s", "compute_s", "memory_s", "fixed_s", "work_flops")
     )
     compute_binds = compute >= memory
     # The wave latency (and a block's capped stream, where it outlasts the math) is in
@@ -121,7 +121,7 @@ def gemm_terms(gpu: AcceleratorSpec, rows: pd.DataFrame, kernel: str) -> Terms:
         seconds=seconds,
         floor_s=floor,
         curves={
-            ("gemm_compute_by_dtype", key): CurveTerm(r.flops, math_s, math_binds),
+            ("gemm_compute_by_dtype", key): CurveTerm(work, math_s, math_binds),
             ("gemm_memory_by_dtype", key): CurveTerm(r.compulsory, memory, memory_binds & ~warm),
             ("gemm_l2_memory_by_dtype", key): CurveTerm(r.compulsory, memory, memory_binds & warm),
         },
