@@ -27,6 +27,10 @@ from hardware_models.op_cost import Bound, OpCost, classify
 # KV head's query heads into the rows (FlashAttention-3, FlashInfer) run 128 x 128.
 FA2_PAGED_QUERY_BLOCK = 64
 PACKED_TILE = (128, 128)
+# FlashInfer's FA2-style prefill (FA2DetermineCtaTileQ) picks its query tile by the
+# call's mean packed rows a sequence: 128 above 64 (head dims under 256), 64 above 16,
+# else 16; its key tile is sized to shared memory, 64 keys taken here.
+FLASHINFER_KEY_BLOCK = 64
 # Keys in one decode key tile: a split-KV slice is never shorter.
 DECODE_KEY_BLOCK = 128
 
@@ -69,9 +73,34 @@ def keys_per_query(attended_pairs, new_tokens):
     return np.maximum(attended_pairs / np.maximum(new_tokens, 1), 1.0)
 
 
-def flashinfer_prefill(gpu: AcceleratorSpec, kv_dtype: Dtype) -> bool:
-    """Whether vLLM prefills a `kv_dtype` cache on `gpu` with FlashInfer (see __init__)."""
-    return bytes_per_element(kv_dtype) < 2 and gemm_family(gpu) in WARP_MMA_FAMILIES
+def prefill_kernel(gpu: AcceleratorSpec, kv_dtype: Dtype) -> tuple[bool, bool]:
+    """(packs the query heads of a KV head into its rows, priced in whole tiles) for the
+    prefill kernel vLLM runs on `gpu` over a `kv_dtype` cache. On the warp-MMA chips
+    that is FlashAttention-2, one query head per block, or for an 8-bit cache, which FA2
+    cannot read, FlashInfer, which packs them: both read from their source, in whole
+    tiles (PrefillAttention.__call__). Elsewhere (FlashAttention-3 on Hopper) packing
+    is the profile's fitted choice, and a call pays the pairs it attends plus half a
+    128-row block per row at the diagonal, which the H100's table fits better than
+    128 x 128 tiles (held-out 11.3% against 12.2%)."""
+    if gemm_family(gpu) in WARP_MMA_FAMILIES:
+        return runs_flashinfer(gpu, kv_dtype), True
+    return gpu.efficiency.prefill_pack_gqa, False
+
+
+def runs_flashinfer(gpu: AcceleratorSpec, kv_dtype: str | Dtype) -> bool:
+    """Whether vLLM's attention over a `kv_dtype` cache on `gpu` is FlashInfer's: an
+    8-bit cache on the warp-MMA chips, which FlashAttention-2 cannot read (vLLM's FA
+    backend takes an fp8 cache only with FA3, on Hopper)."""
+    eight_bit = bytes_per_element(parse_dtype(kv_dtype)) < 2
+    return eight_bit and gemm_family(gpu) in WARP_MMA_FAMILIES
+
+
+def flashinfer_query_block(rows, head_dim, ops=np):
+    """FlashInfer's query tile for a call of `rows` packed rows a sequence (see
+    FLASHINFER_KEY_BLOCK)."""
+    if ops is np:
+        return np.where((rows > 64) & (head_dim < 256), 128.0, np.where(rows > 16, 64.0, 16.0))
+    return 128 if rows > 64 and head_dim < 256 else 64 if rows > 16 else 16
 
 
 def last_block_keys(tokens, context, window, block_tokens, block_n, ops=np):
@@ -86,7 +115,10 @@ def last_block_keys(tokens, context, window, block_tokens, block_n, ops=np):
 
 
 def prefill_tile(pack_gqa: bool, head_dim: int, whole_tiles: bool) -> tuple[int, int]:
-    """(query rows, keys) of the prefill kernel's thread-block tile (see FA2_PAGED_QUERY_BLOCK)."""
+    """(query rows, keys) of the prefill kernel's thread-block tile (see FA2_PAGED_QUERY_BLOCK);
+    FlashInfer's query tile is its largest, chosen per call (flashinfer_query_block)."""
+    if pack_gqa and whole_tiles:
+        return PACKED_TILE[0], FLASHINFER_KEY_BLOCK
     if pack_gqa or not whole_tiles:
         return PACKED_TILE
     return FA2_PAGED_QUERY_BLOCK, 256 if head_dim <= 64 else 128 if head_dim <= 128 else 64
@@ -150,18 +182,14 @@ class PrefillAttention:
         # Work is done in (query block x key block) tiles. Query rows are the new tokens
         # of one sequence, times the query heads of a KV head when the kernel packs them
         # (FlashAttention-3's pack-GQA; FA2 runs one query head per thread block).
-        # FlashAttention-2 cannot read an 8-bit cache: vLLM serves one with FlashInfer
-        # on the warp-MMA chips, whose prefill packs the query heads (the profile's
-        # choice is the 16-bit cache's kernel).
-        self.pack_gqa = eff.prefill_pack_gqa or flashinfer_prefill(gpu, kv_dtype)
+        # The kernel vLLM runs (prefill_kernel): whether it packs a KV head's query heads
+        # into its rows, and whether it is priced in whole tiles.
+        self.pack_gqa, self.whole_tiles = prefill_kernel(gpu, kv_dtype)
         self.row_group = num_heads / num_kv_heads if self.pack_gqa else 1.0
         self.row_heads = num_kv_heads if self.pack_gqa else num_heads
-        # Whole tiles where the kernels' tiles are read from their source (FA2 and
-        # FlashInfer on the warp-MMA chips); elsewhere (FlashAttention-3 on Hopper) the
-        # pairs attended plus half a 128-row block per row at the diagonal, which its
-        # table fits better (H100 held-out 11.3% against 12.2% with 128 x 128 tiles).
-        self.whole_tiles = gemm_family(gpu) in WARP_MMA_FAMILIES
         self.block_m, self.block_n = prefill_tile(self.pack_gqa, head_dim, self.whole_tiles)
+        self.head_dim = head_dim
+        self.flashinfer = self.pack_gqa and self.whole_tiles
         # FLOPs of one tile row against one key: a row is one query of one head.
         self.flops_per_row_key = 4.0 * head_dim
         self.window = window or 0
@@ -217,7 +245,10 @@ class PrefillAttention:
         seqs = max(num_seqs, 1)
         tokens = new_tokens / seqs
         rows = tokens * self.row_group
-        blocks = math.ceil(rows / self.block_m)
+        block_m = self.block_m
+        if self.flashinfer:
+            block_m = flashinfer_query_block(rows, self.head_dim, math)
+        blocks = math.ceil(rows / block_m)
         units = max(1, num_seqs * self.row_heads * blocks)
         waves = math.ceil(units / self.sm_count)
         wave_eff = units / (waves * self.sm_count)
@@ -225,19 +256,17 @@ class PrefillAttention:
         # Every block computes whole tiles: all its rows (a short prompt's last block is
         # mostly padding) against its keys rounded up to whole key tiles.
         context = context_tokens / seqs - tokens
-        keys = tile_keys(
-            tokens, context, self.window, self.block_m / self.row_group, self.block_n, math
-        )
-        tiles = num_seqs * self.row_heads * self.block_m * keys * self.flops_per_row_key
+        keys = tile_keys(tokens, context, self.window, block_m / self.row_group, self.block_n, math)
+        tiles = num_seqs * self.row_heads * block_m * keys * self.flops_per_row_key
         # No SM finishes before the block with the most keys (a causal prompt's last).
-        longest = self.block_m * last_block_keys(
-            tokens, context, self.window, self.block_m / self.row_group, self.block_n, math
+        longest = block_m * last_block_keys(
+            tokens, context, self.window, block_m / self.row_group, self.block_n, math
         )
         longest = longest * self.flops_per_row_key * self.sm_count
         if not self.whole_tiles:
-            wasted = new_tokens * self.block_m / 2
+            wasted = new_tokens * block_m / 2
             if self.window:
-                wasted += max(new_tokens - num_seqs * self.window, 0) * self.block_m / 2
+                wasted += max(new_tokens - num_seqs * self.window, 0) * block_m / 2
             tiles, longest = flops + wasted * self.flops_per_pair, 0.0
         # Each thread block pays a fixed prologue/epilogue (Q load, O store) besides its
         # key loop; an SM runs its blocks one after another, so the two add up.
@@ -288,6 +317,9 @@ def prefill_many(
     tokens = new / per_seq
     row_group, block_m = const("row_group"), const("block_m")
     rows = tokens * row_group
+    flashinfer = const("flashinfer") > 0
+    if flashinfer.any():
+        block_m = np.where(flashinfer, flashinfer_query_block(rows, const("head_dim")), block_m)
     units = np.maximum(1, seqs * const("row_heads") * np.ceil(rows / block_m))
     waves = np.ceil(units / first.sm_count)
     wave_eff = units / (waves * first.sm_count)

@@ -10,9 +10,11 @@ from hardware_models.attention import (
     PrefillAttention,
     causal_pairs,
     prefill_many,
+    runs_flashinfer,
     tile_keys,
     uniform_prefill_args,
 )
+from hardware_models.efficiency import EfficiencyCurve
 from hardware_models.presets import load_gpu
 
 HEADS = {"num_heads": 32, "num_kv_heads": 8, "head_dim": 128}
@@ -45,15 +47,34 @@ def test_plain_floats_and_arrays_give_the_same_keys(q, context, window):
     assert float(array[0]) == scalar
 
 
-def test_an_8bit_cache_on_ada_runs_flashinfer_which_packs_the_query_heads():
-    l40s = load_gpu("l40s").with_efficiency(
-        load_gpu("l40s").efficiency.model_copy(update={"prefill_pack_gqa": False})
-    )
+@pytest.mark.parametrize("fitted_packing", [True, False])
+def test_the_chip_and_cache_dtype_pick_the_prefill_kernel_on_ada_not_the_profile(fitted_packing):
+    def chip(name):
+        spec = load_gpu(name)
+        return spec.with_efficiency(
+            spec.efficiency.model_copy(update={"prefill_pack_gqa": fitted_packing})
+        )
+
+    l40s = chip("l40s")  # FA2 for a 16-bit cache, FlashInfer (packed) for an 8-bit one
     assert PrefillAttention(l40s, **HEADS, kv_dtype="fp8").pack_gqa
     assert not PrefillAttention(l40s, **HEADS, kv_dtype="bf16").pack_gqa
-    h100 = load_gpu("h100-sxm")
-    h100 = h100.with_efficiency(h100.efficiency.model_copy(update={"prefill_pack_gqa": False}))
-    assert not PrefillAttention(h100, **HEADS, kv_dtype="fp8").pack_gqa
+    assert runs_flashinfer(l40s, "fp8") and not runs_flashinfer(l40s, "bf16")
+    h100 = chip("h100-sxm")  # FA3 reads both: the profile's fitted layout
+    assert PrefillAttention(h100, **HEADS, kv_dtype="fp8").pack_gqa is fitted_packing
+    assert not runs_flashinfer(h100, "fp8")
+
+
+def test_flashinfer_picks_its_query_tile_by_the_packed_rows():
+    l40s = load_gpu("l40s")
+    flat = EfficiencyCurve(sizes=[1.0], values=[0.5])
+    eff = l40s.efficiency.model_copy(
+        update={"attention_prefill_compute": flat, "prefill_cta_latency_us": 0.0}
+    )
+    model = PrefillAttention(l40s.with_efficiency(eff), **HEADS, kv_dtype="fp8")  # groups of 4
+    # 4 tokens pack 16 rows: a 16-row tile; 5 to 16 tokens a 64-row one, 4x the math.
+    four, five, sixteen = (model(*uniform_prefill_args(256, q, q, None))[3] for q in (4, 5, 16))
+    assert five == pytest.approx(4.0 * four)
+    assert sixteen == pytest.approx(five)
 
 
 @pytest.mark.parametrize("gpu", ["a100-80gb-sxm", "l40s", "h100-sxm"])
@@ -78,3 +99,24 @@ def test_a_benchmark_repeating_a_call_reads_what_fits_in_a_single_l2_from_there(
     warm = prefill_many([a100], np.zeros(1, int), *args, warm_l2=True)
     cold = prefill_many([a100], np.zeros(1, int), *args)
     assert warm[4][0] == cold[4][0]
+
+
+def test_a_fit_without_8bit_cache_rows_keeps_the_datasheet_kernel_for_them_on_ada():
+    import pandas as pd
+
+    from hardware_models.calibration.fit import _unmeasured_flashinfer_decode
+
+    rows = pd.DataFrame({"op_class": ["attention_decode"], "kv_dtype": ["bfloat16"]})
+    for name, expected in (("a100-80gb-sxm", True), ("h100-sxm", False)):
+        spec = load_gpu(name)
+        fitted = spec.efficiency.model_copy(update={"decode_cta_latency_us": 9.0})
+        out = _unmeasured_flashinfer_decode(spec, rows, fitted)
+        assert ("fp8" in out.decode_by_kv_dtype) is expected
+        if expected:
+            assert out.for_kv_dtype("fp8").decode_cta_latency_us == (
+                spec.efficiency.decode_cta_latency_us
+            )
+            assert out.for_kv_dtype("bf16").decode_cta_latency_us == 9.0
+    fp8_rows = pd.DataFrame({"op_class": ["attention_decode"], "kv_dtype": ["fp8"]})
+    spec = load_gpu("l40s")
+    assert _unmeasured_flashinfer_decode(spec, fp8_rows, spec.efficiency) is spec.efficiency

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.attention import prefill_kernel, runs_flashinfer
 from hardware_models.block_scaling import WARP_MMA_FAMILIES, gemm_family, serving_rule
 from hardware_models.calibration.isotonic import binned_curve
 from hardware_models.calibration.measured_tables import gemm_kernel_dtype
@@ -35,7 +36,7 @@ from hardware_models.calibration.operator_terms import (
     with_value,
 )
 from hardware_models.calibration.screen import working_set_bytes
-from hardware_models.dtypes import bytes_per_element, parse_dtype
+from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
 from hardware_models.efficiency import EfficiencyProfile, GemmKernel, dtype_key, profile_json
 
 CURVE_ITERATIONS = 3
@@ -43,6 +44,7 @@ MIN_ROWS_PER_BIN = 3
 SEARCH_STEPS = 8
 SCALAR_ROUNDS = 3
 SEARCH_ROWS = 3000  # scalar searches run on a seeded sample of this many rows
+FLASHINFER_KV_DTYPE = "fp8"  # the 8-bit cache dtype vLLM serves with FlashInfer
 GOLDEN = (np.sqrt(5) - 1) / 2
 
 Pricer = Callable[[AcceleratorSpec, pd.DataFrame], Terms]
@@ -313,6 +315,9 @@ def class_fits(table: pd.DataFrame, gpu: AcceleratorSpec | None = None) -> list[
         for label, rows, kv_dtype in _attention_groups(table, name):
             top = _low_time_us(rows)
             searched = [Scalar((f, None), 0.0, share * 2.0 * top) for f, share in scalars]
+            kernel_choices = choices
+            if name == "attention_prefill" and gpu is not None and prefill_kernel_known(gpu):
+                kernel_choices = ()  # the chip's kernels fix it (attention.prefill_kernel)
             if name == "attention_decode" and gpu is not None and warm_l2_shown(gpu, rows):
                 # The share of L2 bandwidth a warm cache is read at (a fraction, not us).
                 searched.append(Scalar(("decode_l2_bandwidth", None), 0.05, 1.0))
@@ -322,7 +327,7 @@ def class_fits(table: pd.DataFrame, gpu: AcceleratorSpec | None = None) -> list[
                     rows,
                     price,
                     tuple(searched),
-                    choices,
+                    kernel_choices,
                     # An attention layout changes which fixed costs apply (a split's
                     # combine pass, FA2's GQA copies): rank the layouts with all of them.
                     rank_scalars=len(searched),
@@ -336,6 +341,11 @@ def class_fits(table: pd.DataFrame, gpu: AcceleratorSpec | None = None) -> list[
             ClassFit(name, rows, price, scalars, choices, rank_scalars=len(scalars), passes=passes)
         )
     return fits
+
+
+def prefill_kernel_known(gpu: AcceleratorSpec) -> bool:
+    """Whether `gpu`'s prefill kernels, not the profile, decide their head packing."""
+    return prefill_kernel(gpu, Dtype.BF16)[1]
 
 
 def warm_l2_shown(gpu: AcceleratorSpec, rows: pd.DataFrame) -> bool:
@@ -464,6 +474,25 @@ def _fit_spec(
     return fit_class(gpu, profile, spec, seed)
 
 
+def _unmeasured_flashinfer_decode(
+    gpu: AcceleratorSpec, table: pd.DataFrame, profile: EfficiencyProfile
+) -> EfficiencyProfile:
+    """An 8-bit cache's decode kernel where the table timed none: on the warp-MMA chips
+    that cache runs FlashInfer, not the FlashAttention-2 the 16-bit rows measured
+    (attention.runs_flashinfer), so the profile keeps the datasheet's decode fields for
+    it rather than another kernel's fit (which priced the L40S's fp8 calls of one token
+    at 99% error under the A100's profile, against 12% uncalibrated)."""
+    decode = table[table["op_class"] == "attention_decode"]
+    if decode.empty or not runs_flashinfer(gpu, FLASHINFER_KV_DTYPE):
+        return profile
+    kernels = profile.decode_by_kv_dtype
+    measured = {dtype_key(d) for d in decode["kv_dtype"].astype(str)}
+    if FLASHINFER_KV_DTYPE in kernels or FLASHINFER_KV_DTYPE in measured:
+        return profile
+    datasheet = {**kernels, FLASHINFER_KV_DTYPE: gpu.efficiency.decode_kernel()}
+    return profile.model_copy(update={"decode_by_kv_dtype": datasheet})
+
+
 def fit_profile(
     gpu: AcceleratorSpec,
     table: pd.DataFrame,
@@ -493,6 +522,7 @@ def fit_profile(
             profile = _fit_spec(gpu, profile, spec, seed, curves_only)
         if progress is not None:
             progress(f"fitted {spec.name} on {len(spec.rows)} rows")
+    profile = _unmeasured_flashinfer_decode(gpu, table, profile)
     profile = fit_copy_bandwidth(gpu, profile, table[table["op_class"] == "memory_copy"])
     profile = generic_from_dtypes(profile)
     # Validate once (dict keys, value ranges) now that every field is set.
