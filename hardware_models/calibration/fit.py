@@ -317,7 +317,9 @@ def class_fits(table: pd.DataFrame, gpu: AcceleratorSpec | None = None) -> list[
             searched = [Scalar((f, None), 0.0, share * 2.0 * top) for f, share in scalars]
             kernel_choices = choices
             if name == "attention_prefill" and gpu is not None and prefill_kernel_known(gpu):
-                kernel_choices = ()  # the chip's kernels fix it (attention.prefill_kernel)
+                # The chip's kernels fix the layout (attention.prefill_kernel): the profile
+                # records FA2's, its 16-bit cache's, rather than an unused default.
+                kernel_choices = ((("prefill_pack_gqa", None), (False,)),)
             if name == "attention_decode" and gpu is not None and warm_l2_shown(gpu, rows):
                 # The share of L2 bandwidth a warm cache is read at (a fraction, not us).
                 searched.append(Scalar(("decode_l2_bandwidth", None), 0.05, 1.0))
