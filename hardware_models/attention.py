@@ -84,7 +84,7 @@ def prefill_kernel(gpu: AcceleratorSpec, kv_dtype: Dtype) -> tuple[bool, bool]:
     128 x 128 tiles (held-out 11.3% against 12.2%)."""
     if gemm_family(gpu) in WARP_MMA_FAMILIES:
         return runs_flashinfer(gpu, kv_dtype), True
-    return gpu.efficiency.prefill_pack_gqa, False
+    return gpu.efficiency.for_kv_dtype(kv_dtype).prefill_pack_gqa, False
 
 
 def runs_flashinfer(gpu: AcceleratorSpec, kv_dtype: str | Dtype) -> bool:
@@ -177,7 +177,7 @@ class PrefillAttention:
         """`compute_curve` and `floor_us` replace the profile's attention_prefill_compute
         and prefill floor for a kernel fitted on its own (MLA prefill)."""
         dtype, kv_dtype = parse_dtype(dtype), parse_dtype(kv_dtype)
-        eff = gpu.efficiency
+        eff = gpu.efficiency.for_kv_dtype(kv_dtype)  # the cache dtype's kernel, if fitted
         self.flops_per_pair = 4.0 * num_heads * head_dim  # QK^T and PV
         # Work is done in (query block x key block) tiles. Query rows are the new tokens
         # of one sequence, times the query heads of a KV head when the kernel packs them
@@ -323,10 +323,10 @@ def prefill_many(
     units = np.maximum(1, seqs * const("row_heads") * np.ceil(rows / block_m))
     waves = np.ceil(units / first.sm_count)
     wave_eff = units / (waves * first.sm_count)
-    if first._attainable is not None:
-        attainable = const("_attainable")
-    else:
-        attainable = const("peak") * first.curve.at(keys_per_query(pairs, new))
+    keys_q = keys_per_query(pairs, new)
+    attainable = const("peak") * _per_kernel(
+        models, layout, lambda m, at: m.curve.at(keys_q[at]), _prefill_curves
+    )
     block_n, span = const("block_n"), block_m / row_group
     keys = tile_keys(tokens, context / per_seq - tokens, window, span, block_n)
     tiles = seqs * const("row_heads") * block_m * keys * const("flops_per_row_key")
@@ -338,10 +338,10 @@ def prefill_many(
         wasted = np.where(window > 0, far_edge, wasted)
         tiles, longest = flops + wasted * flops_per_pair, 0.0
     compute = np.maximum(tiles / wave_eff, longest) / attainable
-    compute = compute + waves * first.cta_seconds
-    rate = first._memory_rate
-    if rate is None:
-        rate = first.bandwidth * first.memory_curve.at(np.maximum(dram, 1.0))
+    compute = compute + waves * const("cta_seconds")
+    read = np.maximum(dram, 1.0)
+    eff = _per_kernel(models, layout, lambda m, at: m.memory_curve.at(read[at]), _prefill_curves)
+    rate = first.bandwidth * eff
     memory = dram / rate
     if warm_l2:
         # A benchmark's repeated call finds what the last one left in a single L2
@@ -349,7 +349,7 @@ def prefill_many(
         hit = l2_hit_fraction(first.gpu, dram)
         if hit.any():
             memory = dram * (1.0 - hit) / rate + dram * hit / first.l2_rate
-    seconds = np.maximum(compute, memory) + first.floor
+    seconds = np.maximum(compute, memory) + const("floor")
     # One token a sequence: the decode kernel's terms, as __call__ prices it.
     one = new <= seqs
     if one.any():
@@ -640,10 +640,20 @@ def per_call(models: list, layout: np.ndarray, name: str) -> np.ndarray:
     return np.array([getattr(m, name) for m in models], dtype=float)[layout]
 
 
-def _per_kernel(models: list, layout: np.ndarray, value: Callable) -> np.ndarray:
-    """`value(model, calls)` for each model's calls, where the models' kernels differ
-    (a profile's per-cache-dtype decode kernels); one pass when they share one."""
-    curves = {id(m._curve) for m in models}
+def _prefill_curves(model: PrefillAttention) -> tuple[int, int]:
+    return id(model.curve), id(model.memory_curve)
+
+
+def _per_kernel(
+    models: list,
+    layout: np.ndarray,
+    value: Callable,
+    kernel: Callable = lambda model: id(model._curve),
+) -> np.ndarray:
+    """`value(model, calls)` for each model's calls, where the models' kernels (told
+    apart by `kernel`: their curves) differ, as a profile's per-cache-dtype kernels do;
+    one pass when they share one."""
+    curves = {kernel(m) for m in models}
     if len(curves) == 1:
         return np.asarray(value(models[0], ...), dtype=float)
     out = np.empty(len(layout))

@@ -104,13 +104,13 @@ def test_a_benchmark_repeating_a_call_reads_what_fits_in_a_single_l2_from_there(
 def test_a_fit_without_8bit_cache_rows_keeps_the_datasheet_kernel_for_them_on_ada():
     import pandas as pd
 
-    from hardware_models.calibration.fit import _unmeasured_flashinfer_decode
+    from hardware_models.calibration.fit import _unmeasured_flashinfer_kernels
 
     rows = pd.DataFrame({"op_class": ["attention_decode"], "kv_dtype": ["bfloat16"]})
     for name, expected in (("a100-80gb-sxm", True), ("h100-sxm", False)):
         spec = load_gpu(name)
         fitted = spec.efficiency.model_copy(update={"decode_cta_latency_us": 9.0})
-        out = _unmeasured_flashinfer_decode(spec, rows, fitted)
+        out = _unmeasured_flashinfer_kernels(spec, rows, fitted)
         assert ("fp8" in out.decode_by_kv_dtype) is expected
         if expected:
             assert out.for_kv_dtype("fp8").decode_cta_latency_us == (
@@ -119,4 +119,24 @@ def test_a_fit_without_8bit_cache_rows_keeps_the_datasheet_kernel_for_them_on_ad
             assert out.for_kv_dtype("bf16").decode_cta_latency_us == 9.0
     fp8_rows = pd.DataFrame({"op_class": ["attention_decode"], "kv_dtype": ["fp8"]})
     spec = load_gpu("l40s")
-    assert _unmeasured_flashinfer_decode(spec, fp8_rows, spec.efficiency) is spec.efficiency
+    assert _unmeasured_flashinfer_kernels(spec, fp8_rows, spec.efficiency) is spec.efficiency
+
+
+def test_a_cache_dtype_with_a_prefill_kernel_of_its_own_is_priced_with_it():
+    l40s = load_gpu("l40s")
+    eff = l40s.efficiency
+    own = eff.kernel_fields("prefill_by_kv_dtype").model_copy(
+        update={"attention_prefill_floor_us": 50.0}
+    )
+    spec = l40s.with_efficiency(eff.model_copy(update={"prefill_by_kv_dtype": {"fp8": own}}))
+    args = uniform_prefill_args(2, 300, 300, None)
+    models = [PrefillAttention(spec, **HEADS, kv_dtype=kv) for kv in ("bf16", "fp8")]
+    plain = [PrefillAttention(l40s, **HEADS, kv_dtype=kv) for kv in ("bf16", "fp8")]
+    assert models[0](*args)[0] == plain[0](*args)[0]
+    assert models[1](*args)[0] == pytest.approx(
+        plain[1](*args)[0] + 50e-6 - eff.prefill_floor_us * 1e-6
+    )
+    # Both kernels in one array pass: each call its own kernel's price.
+    columns = [np.array([a, a], float) for a in args]
+    many = prefill_many(models, np.array([0, 1]), *columns)[0]
+    assert list(many) == pytest.approx([models[0](*args)[0], models[1](*args)[0]], rel=1e-12)
