@@ -23,8 +23,9 @@ from hardware_models.op_cost import Bound, OpCost, classify
 # Query rows x keys of one prefill thread block's tile. vLLM's FlashAttention-2 always
 # reads a paged cache, which runs its split-KV kernel (flash_api.cpp: force_split_kernel
 # = paged_KV) on 64-row tiles with 256, 128 or 64 keys for head dims up to 64, 128 and
-# above (run_mha_fwd_splitkv_dispatch), on Ampere and Ada alike; the kernels that pack a
-# KV head's query heads into the rows (FlashAttention-3, FlashInfer) run 128 x 128.
+# above (run_mha_fwd_splitkv_dispatch), on Ampere and Ada alike. FlashAttention-3's
+# (Hopper) are not modelled as tiles: its calls count 128-row query blocks and pay half
+# a block per row at the diagonal (see prefill_kernel).
 FA2_PAGED_QUERY_BLOCK = 64
 PACKED_TILE = (128, 128)
 # FlashInfer's FA2-style prefill (FA2DetermineCtaTileQ) picks its query tile by the
@@ -115,8 +116,9 @@ def last_block_keys(tokens, context, window, block_tokens, block_n, ops=np):
 
 
 def prefill_tile(pack_gqa: bool, head_dim: int, whole_tiles: bool) -> tuple[int, int]:
-    """(query rows, keys) of the prefill kernel's thread-block tile (see FA2_PAGED_QUERY_BLOCK);
-    FlashInfer's query tile is its largest, chosen per call (flashinfer_query_block)."""
+    """(query rows, keys) of the prefill kernel's thread-block tile (see prefill_kernel):
+    FlashInfer's (packed, whole tiles; its query tile is the largest, chosen per call by
+    flashinfer_query_block), FlashAttention-3's blocks (not whole tiles), or FA2's."""
     if pack_gqa and whole_tiles:
         return PACKED_TILE[0], FLASHINFER_KEY_BLOCK
     if pack_gqa or not whole_tiles:
@@ -153,9 +155,11 @@ class PrefillAttention:
     """Flash-style prefill attention for one head configuration, constants worked out
     once (the simulator prices it every engine step).
 
-    Work units are (sequence, KV head, query block) with the query heads that share a KV
-    head packed into the block's rows (FlashAttention's pack-GQA), so a short prompt
-    does not pay one thread block per query head; a partly empty last wave idles SMs.
+    Work units are (sequence, head, query block): one query head a block (FA2), or with
+    the query heads that share a KV head packed into the block's rows (FlashAttention-3's
+    and FlashInfer's pack-GQA), so a short prompt does not pay one block per query head;
+    a partly empty last wave idles SMs. On the warp-MMA chips each block computes whole
+    tiles and the slowest block bounds the call (see prefill_kernel).
     A call in which every sequence brings one token runs the decode kernel (the
     libraries dispatch on the longest query, 1) and is priced as one: on the public H100
     and A100 tables such calls measure within 1% of decode calls of the same shape.
