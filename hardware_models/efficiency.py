@@ -357,7 +357,9 @@ class EfficiencyProfile(BaseModel):
         default=True,
         description="whether prefill attention packs the query heads sharing a KV head "
         "into one thread block's rows (FlashAttention-3 on Hopper does; FlashAttention-2 "
-        "runs one query head per block, so short prompts fill its 128-row tiles poorly)",
+        "runs one query head per block, so short prompts fill its tiles poorly). Read on "
+        "Hopper and other non-warp-MMA chips only: on Ampere and Ada the cache dtype's "
+        "kernel decides (FA2 for 16-bit caches, FlashInfer, packed, for 8-bit)",
     )
     decode_split_kv: Literal["always", "gqa"] = Field(
         default="always",
