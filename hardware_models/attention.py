@@ -14,12 +14,24 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.block_scaling import WARP_MMA_FAMILIES, gemm_family
 from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
 from hardware_models.efficiency import EfficiencyCurve
+from hardware_models.gemm import l2_hit_fraction
 from hardware_models.op_cost import Bound, OpCost, classify
 
-# FlashAttention processes queries in blocks of this many rows per thread block.
-PREFILL_QUERY_BLOCK = 128
+# Query rows x keys of one prefill thread block's tile. vLLM's FlashAttention-2 always
+# reads a paged cache, which runs its split-KV kernel (flash_api.cpp: force_split_kernel
+# = paged_KV) on 64-row tiles with 256, 128 or 64 keys for head dims up to 64, 128 and
+# above (run_mha_fwd_splitkv_dispatch), on Ampere and Ada alike. FlashAttention-3's
+# (Hopper) are not modelled as tiles: its calls count 128-row query blocks and pay half
+# a block per row at the diagonal (see prefill_kernel).
+FA2_PAGED_QUERY_BLOCK = 64
+PACKED_TILE = (128, 128)
+# FlashInfer's FA2-style prefill (FA2DetermineCtaTileQ) picks its query tile by the
+# call's mean packed rows a sequence: 128 above 64 (head dims under 256), 64 above 16,
+# else 16; its key tile is sized to shared memory, 64 keys taken here.
+FLASHINFER_KEY_BLOCK = 64
 # Keys in one decode key tile: a split-KV slice is never shorter.
 DECODE_KEY_BLOCK = 128
 
@@ -62,13 +74,92 @@ def keys_per_query(attended_pairs, new_tokens):
     return np.maximum(attended_pairs / np.maximum(new_tokens, 1), 1.0)
 
 
+def prefill_kernel(gpu: AcceleratorSpec, kv_dtype: Dtype) -> tuple[bool, bool]:
+    """(packs the query heads of a KV head into its rows, priced in whole tiles) for the
+    prefill kernel vLLM runs on `gpu` over a `kv_dtype` cache. On the warp-MMA chips
+    that is FlashAttention-2, one query head per block, or for an 8-bit cache, which FA2
+    cannot read, FlashInfer, which packs them: both read from their source, in whole
+    tiles (PrefillAttention.__call__). Elsewhere (FlashAttention-3 on Hopper) packing
+    is the profile's fitted choice, and a call pays the pairs it attends plus half a
+    128-row block per row at the diagonal, which the H100's table fits better than
+    128 x 128 tiles (held-out 11.3% against 12.2%)."""
+    if gemm_family(gpu) in WARP_MMA_FAMILIES:
+        return runs_flashinfer(gpu, kv_dtype), True
+    return gpu.efficiency.for_kv_dtype(kv_dtype).prefill_pack_gqa, False
+
+
+def runs_flashinfer(gpu: AcceleratorSpec, kv_dtype: str | Dtype) -> bool:
+    """Whether vLLM's attention over a `kv_dtype` cache on `gpu` is FlashInfer's: an
+    8-bit cache on the warp-MMA chips, which FlashAttention-2 cannot read (vLLM's FA
+    backend takes an fp8 cache only with FA3, on Hopper)."""
+    eight_bit = bytes_per_element(parse_dtype(kv_dtype)) < 2
+    return eight_bit and gemm_family(gpu) in WARP_MMA_FAMILIES
+
+
+def flashinfer_query_block(rows, head_dim, ops=np):
+    """FlashInfer's query tile for a call of `rows` packed rows a sequence (see
+    FLASHINFER_KEY_BLOCK)."""
+    if ops is np:
+        return np.where((rows > 64) & (head_dim < 256), 128.0, np.where(rows > 16, 64.0, 16.0))
+    return 128 if rows > 64 and head_dim < 256 else 64 if rows > 16 else 16
+
+
+def last_block_keys(tokens, context, window, block_tokens, block_n, ops=np):
+    """Keys, in whole key tiles, the last query block of a sequence computes: all it
+    attends, or with a sliding `window` (> 0) the window's plus its rows' span."""
+    if ops is np:
+        span = np.minimum(context + tokens, window + block_tokens)
+        keys = np.where(window > 0, span, context + tokens)
+    else:
+        keys = min(context + tokens, window + block_tokens) if window else context + tokens
+    return ops.ceil(keys / block_n) * block_n
+
+
+def prefill_tile(pack_gqa: bool, head_dim: int, whole_tiles: bool) -> tuple[int, int]:
+    """(query rows, keys) of the prefill kernel's thread-block tile (see prefill_kernel):
+    FlashInfer's (packed, whole tiles; its query tile is the largest, chosen per call by
+    flashinfer_query_block), FlashAttention-3's blocks (not whole tiles), or FA2's."""
+    if pack_gqa and whole_tiles:
+        return PACKED_TILE[0], FLASHINFER_KEY_BLOCK
+    if pack_gqa or not whole_tiles:
+        return PACKED_TILE
+    return FA2_PAGED_QUERY_BLOCK, 256 if head_dim <= 64 else 128 if head_dim <= 128 else 64
+
+
+def tile_keys(tokens, context, window, block_tokens, block_n, ops=np):
+    """Keys one (sequence, head) unit's query blocks compute in all, each block over whole
+    key tiles: a block's rows hold `block_tokens` of the `tokens` new tokens after
+    `context` cached ones (per sequence) and read the keys up to its last row's, or with
+    a sliding `window` (> 0) at most window + block_tokens of them. Blocks before the last
+    leave half a tile's slack past their rows on average (none where their rows span whole
+    tiles); the last block's is exact, which is what a prompt of one block pays. `ops`:
+    numpy for arrays, `math` with min/max (the engine's plain floats), the same numbers."""
+    ceil, floor = ops.ceil, ops.floor
+    low, high = (np.minimum, np.maximum) if ops is np else (min, max)
+    blocks = ceil(tokens / block_tokens)
+    last = context + tokens
+    if ops is np:
+        cap = np.where(window > 0, window + block_tokens, last)
+    else:
+        cap = window + block_tokens if window else last
+    last = low(last, cap)
+    # Blocks before the last end at context + j * block_tokens (j = 1 .., each up to cap).
+    below = floor(low(high((cap - context) / block_tokens, 0.0), blocks - 1))
+    before = below * context + block_tokens * below * (below + 1) / 2
+    before = before + (blocks - 1 - below) * cap
+    slack = (blocks - 1) * high(block_n - block_tokens, 0.0) / 2
+    return before + slack + ceil(last / block_n) * block_n
+
+
 class PrefillAttention:
     """Flash-style prefill attention for one head configuration, constants worked out
     once (the simulator prices it every engine step).
 
-    Work units are (sequence, KV head, query block) with the query heads that share a KV
-    head packed into the block's rows (FlashAttention's pack-GQA), so a short prompt
-    does not pay one thread block per query head; a partly empty last wave idles SMs.
+    Work units are (sequence, head, query block): one query head a block (FA2), or with
+    the query heads that share a KV head packed into the block's rows (FlashAttention-3's
+    and FlashInfer's pack-GQA), so a short prompt does not pay one block per query head;
+    a partly empty last wave idles SMs. On the warp-MMA chips each block computes whole
+    tiles and the slowest block bounds the call (see prefill_kernel).
     A call in which every sequence brings one token runs the decode kernel (the
     libraries dispatch on the longest query, 1) and is priced as one: on the public H100
     and A100 tables such calls measure within 1% of decode calls of the same shape.
@@ -90,14 +181,21 @@ class PrefillAttention:
         """`compute_curve` and `floor_us` replace the profile's attention_prefill_compute
         and prefill floor for a kernel fitted on its own (MLA prefill)."""
         dtype, kv_dtype = parse_dtype(dtype), parse_dtype(kv_dtype)
-        eff = gpu.efficiency
+        eff = gpu.efficiency.for_kv_dtype(kv_dtype)  # the cache dtype's kernel, if fitted
         self.flops_per_pair = 4.0 * num_heads * head_dim  # QK^T and PV
         # Work is done in (query block x key block) tiles. Query rows are the new tokens
         # of one sequence, times the query heads of a KV head when the kernel packs them
         # (FlashAttention-3's pack-GQA; FA2 runs one query head per thread block).
-        self.pack_gqa = eff.prefill_pack_gqa
+        # The kernel vLLM runs (prefill_kernel): whether it packs a KV head's query heads
+        # into its rows, and whether it is priced in whole tiles.
+        self.pack_gqa, self.whole_tiles = prefill_kernel(gpu, kv_dtype)
         self.row_group = num_heads / num_kv_heads if self.pack_gqa else 1.0
         self.row_heads = num_kv_heads if self.pack_gqa else num_heads
+        self.block_m, self.block_n = prefill_tile(self.pack_gqa, head_dim, self.whole_tiles)
+        self.head_dim = head_dim
+        self.flashinfer = self.pack_gqa and self.whole_tiles
+        # FLOPs of one tile row against one key: a row is one query of one head.
+        self.flops_per_row_key = 4.0 * head_dim
         self.window = window or 0
         self.q_bytes_per_token = num_heads * head_dim * bytes_per_element(dtype)
         self.kv_bytes_per_token = 2.0 * num_kv_heads * head_dim * bytes_per_element(kv_dtype)
@@ -112,6 +210,8 @@ class PrefillAttention:
         self.sm_count = gpu.sm_count
         self.cta_seconds = eff.prefill_cta_latency_us * 1e-6
         self.bandwidth = gpu.memory_bandwidth
+        self.gpu = gpu
+        self.l2_rate = gpu.l2_bandwidth * eff.l2_bandwidth
         self.memory_curve = eff.prefill_memory
         self._memory_at = self.memory_curve.scalar_at()
         constant_memory = len(self.memory_curve.sizes) == 1
@@ -146,23 +246,35 @@ class PrefillAttention:
             return float(parts.seconds), flops, dram, float(parts.fixed), float(parts.memory)
         q_bytes = new_tokens * self.q_bytes_per_token
         dram = 2.0 * q_bytes + context_tokens * self.kv_bytes_per_token
-        rows = new_tokens / max(num_seqs, 1) * self.row_group
-        blocks = math.ceil(rows / PREFILL_QUERY_BLOCK)
+        seqs = max(num_seqs, 1)
+        tokens = new_tokens / seqs
+        rows = tokens * self.row_group
+        block_m = self.block_m
+        if self.flashinfer:
+            block_m = flashinfer_query_block(rows, self.head_dim, math)
+        blocks = math.ceil(rows / block_m)
         units = max(1, num_seqs * self.row_heads * blocks)
         waves = math.ceil(units / self.sm_count)
         wave_eff = units / (waves * self.sm_count)
         attainable = self._attainable_rate(attended_pairs, new_tokens)
-        # Key blocks are computed whole where a row's key range ends inside one: about
-        # half a block per row at the causal diagonal, and half a block more at a sliding
-        # window's far edge for rows past the window (exact for prompts without earlier
-        # context).
-        wasted = new_tokens * PREFILL_QUERY_BLOCK / 2
-        if self.window:
-            wasted += max(new_tokens - num_seqs * self.window, 0) * PREFILL_QUERY_BLOCK / 2
-        tiles = flops + wasted * self.flops_per_pair
+        # Every block computes whole tiles: all its rows (a short prompt's last block is
+        # mostly padding) against its keys rounded up to whole key tiles.
+        context = context_tokens / seqs - tokens
+        keys = tile_keys(tokens, context, self.window, block_m / self.row_group, self.block_n, math)
+        tiles = num_seqs * self.row_heads * block_m * keys * self.flops_per_row_key
+        # No SM finishes before the block with the most keys (a causal prompt's last).
+        longest = block_m * last_block_keys(
+            tokens, context, self.window, block_m / self.row_group, self.block_n, math
+        )
+        longest = longest * self.flops_per_row_key * self.sm_count
+        if not self.whole_tiles:
+            wasted = new_tokens * block_m / 2
+            if self.window:
+                wasted += max(new_tokens - num_seqs * self.window, 0) * block_m / 2
+            tiles, longest = flops + wasted * self.flops_per_pair, 0.0
         # Each thread block pays a fixed prologue/epilogue (Q load, O store) besides its
         # key loop; an SM runs its blocks one after another, so the two add up.
-        compute = tiles / (attainable * wave_eff) + waves * self.cta_seconds
+        compute = max(tiles / wave_eff, longest) / attainable + waves * self.cta_seconds
         rate = self._memory_rate
         if rate is None:
             rate = self.bandwidth * self._memory_at(max(dram, 1.0))
@@ -177,7 +289,13 @@ class PrefillAttention:
 
 
 def prefill_many(
-    models: list[PrefillAttention], layout, num_seqs, new_tokens, attended_pairs, context_tokens
+    models: list[PrefillAttention],
+    layout,
+    num_seqs,
+    new_tokens,
+    attended_pairs,
+    context_tokens,
+    warm_l2: bool = False,
 ) -> tuple[np.ndarray, ...]:
     """PrefillAttention.many over calls of several head layouts at once: call i runs
     `models[layout[i]]`. One pass of numpy over every call instead of one per layout (a
@@ -199,24 +317,43 @@ def prefill_many(
     flops = flops_per_pair * pairs
     q_bytes = new * const("q_bytes_per_token")
     dram = 2.0 * q_bytes + context * const("kv_bytes_per_token")
-    rows = new / np.maximum(seqs, 1) * const("row_group")
-    units = np.maximum(1, seqs * const("row_heads") * np.ceil(rows / PREFILL_QUERY_BLOCK))
+    per_seq = np.maximum(seqs, 1)
+    tokens = new / per_seq
+    row_group, block_m = const("row_group"), const("block_m")
+    rows = tokens * row_group
+    flashinfer = const("flashinfer") > 0
+    if flashinfer.any():
+        block_m = np.where(flashinfer, flashinfer_query_block(rows, const("head_dim")), block_m)
+    units = np.maximum(1, seqs * const("row_heads") * np.ceil(rows / block_m))
     waves = np.ceil(units / first.sm_count)
     wave_eff = units / (waves * first.sm_count)
-    if first._attainable is not None:
-        attainable = const("_attainable")
-    else:
-        attainable = const("peak") * first.curve.at(keys_per_query(pairs, new))
-    wasted = new * PREFILL_QUERY_BLOCK / 2
-    far_edge = wasted + np.maximum(new - seqs * window, 0) * PREFILL_QUERY_BLOCK / 2
-    wasted = np.where(window > 0, far_edge, wasted)
-    compute = (flops + wasted * flops_per_pair) / (attainable * wave_eff)
-    compute = compute + waves * first.cta_seconds
-    rate = first._memory_rate
-    if rate is None:
-        rate = first.bandwidth * first.memory_curve.at(np.maximum(dram, 1.0))
+    keys_q = keys_per_query(pairs, new)
+    attainable = const("peak") * _per_kernel(
+        models, layout, lambda m, at: m.curve.at(keys_q[at]), _prefill_curves
+    )
+    block_n, span = const("block_n"), block_m / row_group
+    keys = tile_keys(tokens, context / per_seq - tokens, window, span, block_n)
+    tiles = seqs * const("row_heads") * block_m * keys * const("flops_per_row_key")
+    longest = block_m * last_block_keys(tokens, context / per_seq - tokens, window, span, block_n)
+    longest = longest * const("flops_per_row_key") * first.sm_count
+    if not first.whole_tiles:
+        wasted = new * block_m / 2
+        far_edge = wasted + np.maximum(new - seqs * window, 0) * block_m / 2
+        wasted = np.where(window > 0, far_edge, wasted)
+        tiles, longest = flops + wasted * flops_per_pair, 0.0
+    compute = np.maximum(tiles / wave_eff, longest) / attainable
+    compute = compute + waves * const("cta_seconds")
+    read = np.maximum(dram, 1.0)
+    eff = _per_kernel(models, layout, lambda m, at: m.memory_curve.at(read[at]), _prefill_curves)
+    rate = first.bandwidth * eff
     memory = dram / rate
-    seconds = np.maximum(compute, memory) + first.floor
+    if warm_l2:
+        # A benchmark's repeated call finds what the last one left in a single L2
+        # (gemm.l2_hit_fraction): those bytes move at the L2's rate.
+        hit = l2_hit_fraction(first.gpu, dram)
+        if hit.any():
+            memory = dram * (1.0 - hit) / rate + dram * hit / first.l2_rate
+    seconds = np.maximum(compute, memory) + const("floor")
     # One token a sequence: the decode kernel's terms, as __call__ prices it.
     one = new <= seqs
     if one.any():
@@ -262,7 +399,7 @@ def attention_prefill_cost(
     seconds, flops, dram, compute, memory = model(
         num_seqs, new_tokens, attended_pairs, context_tokens
     )
-    query_blocks = max(1, math.ceil(new_tokens / max(num_seqs, 1) / PREFILL_QUERY_BLOCK))
+    query_blocks = max(1, math.ceil(new_tokens / max(num_seqs, 1) / model.block_m))
     floor = model.decode.floor if new_tokens <= num_seqs else model.floor
     return OpCost(
         name="attention_prefill",
@@ -507,10 +644,20 @@ def per_call(models: list, layout: np.ndarray, name: str) -> np.ndarray:
     return np.array([getattr(m, name) for m in models], dtype=float)[layout]
 
 
-def _per_kernel(models: list, layout: np.ndarray, value: Callable) -> np.ndarray:
-    """`value(model, calls)` for each model's calls, where the models' kernels differ
-    (a profile's per-cache-dtype decode kernels); one pass when they share one."""
-    curves = {id(m._curve) for m in models}
+def _prefill_curves(model: PrefillAttention) -> tuple[int, int]:
+    return id(model.curve), id(model.memory_curve)
+
+
+def _per_kernel(
+    models: list,
+    layout: np.ndarray,
+    value: Callable,
+    kernel: Callable = lambda model: id(model._curve),
+) -> np.ndarray:
+    """`value(model, calls)` for each model's calls, where the models' kernels (told
+    apart by `kernel`: their curves) differ, as a profile's per-cache-dtype kernels do;
+    one pass when they share one."""
+    curves = {kernel(m) for m in models}
     if len(curves) == 1:
         return np.asarray(value(models[0], ...), dtype=float)
     out = np.empty(len(layout))

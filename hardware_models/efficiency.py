@@ -247,6 +247,28 @@ class DecodeKernel(BaseModel):
 DECODE_KERNEL_FIELDS: tuple[str, ...] = tuple(DecodeKernel.model_fields)
 
 
+class PrefillKernel(BaseModel):
+    """The prefill-attention fields of an EfficiencyProfile fitted to one KV-cache dtype's
+    rows, where that dtype runs a kernel of its own (as DecodeKernel: on Ada an fp8
+    cache's prefill is FlashInfer's, a bf16 one's FlashAttention-2's). Each field means
+    what the profile field of the same name does."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    attention_prefill_compute: EfficiencyCurve
+    attention_prefill_memory: EfficiencyCurve | None
+    attention_prefill_floor_us: float | None = Field(ge=0)
+    prefill_cta_latency_us: float = Field(ge=0)
+    prefill_pack_gqa: bool
+
+
+# The per-cache-dtype kernel tables of a profile and the model of each entry.
+KV_DTYPE_KERNELS: dict[str, type[BaseModel]] = {
+    "decode_by_kv_dtype": DecodeKernel,
+    "prefill_by_kv_dtype": PrefillKernel,
+}
+
+
 def _fitted_over(fit: CollectiveFit, link: LinkSpec) -> bool:
     """Whether `fit` applies over `link`: fitted over it, or recorded before fits named
     their link."""
@@ -336,7 +358,9 @@ class EfficiencyProfile(BaseModel):
         default=True,
         description="whether prefill attention packs the query heads sharing a KV head "
         "into one thread block's rows (FlashAttention-3 on Hopper does; FlashAttention-2 "
-        "runs one query head per block, so short prompts fill its 128-row tiles poorly)",
+        "runs one query head per block, so short prompts fill its tiles poorly). Read on "
+        "Hopper and other non-warp-MMA chips only: on Ampere and Ada the cache dtype's "
+        "kernel decides (FA2 for 16-bit caches, FlashInfer, packed, for 8-bit)",
     )
     decode_split_kv: Literal["always", "gqa"] = Field(
         default="always",
@@ -383,6 +407,11 @@ class EfficiencyProfile(BaseModel):
         description="decode attention over a KV cache of this dtype, where it runs a "
         "kernel of its own (a fit on a table of several cache dtypes fits each apart); "
         "no entry: the decode fields above",
+    )
+    prefill_by_kv_dtype: dict[str, PrefillKernel] = Field(
+        default_factory=dict,
+        description="prefill attention over a KV cache of this dtype, where it runs a "
+        "kernel of its own (as decode_by_kv_dtype); no entry: the prefill fields above",
     )
     launch_overhead_eager_us: float = Field(
         default=4.5,
@@ -654,7 +683,7 @@ class EfficiencyProfile(BaseModel):
                 raise ValueError(f"{name}: a query threshold must be >= 1 token, got {tokens}")
         return _normalised_keys(v, lambda name: parse_dtype(name).value)
 
-    @field_validator("decode_by_kv_dtype")
+    @field_validator("decode_by_kv_dtype", "prefill_by_kv_dtype")
     @classmethod
     def _decode_kernel_keys(cls, v: dict) -> dict:
         return _normalised_keys(v, dtype_key)
@@ -783,16 +812,24 @@ class EfficiencyProfile(BaseModel):
         )
 
     def for_kv_dtype(self, kv_dtype: object) -> EfficiencyProfile:
-        """This profile with the decode kernel fitted to `kv_dtype` caches in the decode
-        fields, where there is one (decode_by_kv_dtype)."""
-        kernel = self._for_dtype(self.decode_by_kv_dtype, kv_dtype, None)
-        if kernel is None:
-            return self
-        return self.model_copy(update={f: getattr(kernel, f) for f in DECODE_KERNEL_FIELDS})
+        """This profile with the decode and prefill kernels fitted to `kv_dtype` caches in
+        their fields, where there are such (KV_DTYPE_KERNELS)."""
+        update: dict[str, object] = {}
+        for table, kind in KV_DTYPE_KERNELS.items():
+            kernel = self._for_dtype(getattr(self, table), kv_dtype, None)
+            if kernel is not None:
+                update.update({f: getattr(kernel, f) for f in kind.model_fields})
+        return self.model_copy(update=update) if update else self
+
+    def kernel_fields(self, table: str) -> BaseModel:
+        """The fields an entry of KV_DTYPE_KERNELS' `table` holds, as that entry (what a
+        per-dtype fit stores)."""
+        kind = KV_DTYPE_KERNELS[table]
+        return kind(**{f: getattr(self, f) for f in kind.model_fields})
 
     def decode_kernel(self) -> DecodeKernel:
-        """The decode fields as a DecodeKernel (what a per-dtype fit stores)."""
-        return DecodeKernel(**{f: getattr(self, f) for f in DECODE_KERNEL_FIELDS})
+        """The decode fields as a DecodeKernel."""
+        return self.kernel_fields("decode_by_kv_dtype")  # type: ignore[return-value]
 
     @property
     def decode_floor_us(self) -> float:

@@ -180,7 +180,7 @@ def test_the_shipped_a100_profile_gives_the_documented_held_out_errors() -> None
     result = validate_measurements(load_measurements(from_shared=gpu), load_gpu(gpu), profile)
     by_class = result.tables["by_class"]
     mape = by_class[by_class["stage"] == "calibrated"].set_index("op_class")["mape"]
-    documented = {"gemm": 0.0785, "attention_prefill": 0.100, "attention_decode": 0.072}
+    documented = {"gemm": 0.0785, "attention_prefill": 0.102, "attention_decode": 0.072}
     for op_class, value in documented.items():
         assert mape[op_class] == pytest.approx(value, abs=0.0005), op_class
     assert mape["all_reduce"] == pytest.approx(0.143, abs=0.0005)

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.attention import prefill_kernel, runs_flashinfer
 from hardware_models.block_scaling import WARP_MMA_FAMILIES, gemm_family, serving_rule
 from hardware_models.calibration.isotonic import binned_curve
 from hardware_models.calibration.measured_tables import gemm_kernel_dtype
@@ -35,7 +36,7 @@ from hardware_models.calibration.operator_terms import (
     with_value,
 )
 from hardware_models.calibration.screen import working_set_bytes
-from hardware_models.dtypes import bytes_per_element, parse_dtype
+from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
 from hardware_models.efficiency import EfficiencyProfile, GemmKernel, dtype_key, profile_json
 
 CURVE_ITERATIONS = 3
@@ -43,6 +44,12 @@ MIN_ROWS_PER_BIN = 3
 SEARCH_STEPS = 8
 SCALAR_ROUNDS = 3
 SEARCH_ROWS = 3000  # scalar searches run on a seeded sample of this many rows
+FLASHINFER_KV_DTYPE = "fp8"  # the 8-bit cache dtype vLLM serves with FlashInfer
+# Each attention op class's per-cache-dtype kernel table (efficiency.KV_DTYPE_KERNELS).
+KV_DTYPE_TABLES = {
+    "attention_decode": "decode_by_kv_dtype",
+    "attention_prefill": "prefill_by_kv_dtype",
+}
 GOLDEN = (np.sqrt(5) - 1) / 2
 
 Pricer = Callable[[AcceleratorSpec, pd.DataFrame], Terms]
@@ -74,8 +81,8 @@ class ClassFit:
     rank_scalars: int = 1
     # Times the scalar search and curve refit run, each from the last one's result.
     passes: int = 1
-    # Decode rows of one KV-cache dtype fitted as a kernel of its own, kept in the
-    # profile's decode_by_kv_dtype (None: the profile's own fields).
+    # Attention rows of one KV-cache dtype fitted as a kernel of its own, kept in the
+    # profile's decode_by_kv_dtype or prefill_by_kv_dtype (None: its own fields).
     kv_dtype: str | None = None
     # The rows' predicted seconds alone, where that is cheaper than `price` (a score
     # needs no curve terms): None to take them from `price`.
@@ -313,6 +320,11 @@ def class_fits(table: pd.DataFrame, gpu: AcceleratorSpec | None = None) -> list[
         for label, rows, kv_dtype in _attention_groups(table, name):
             top = _low_time_us(rows)
             searched = [Scalar((f, None), 0.0, share * 2.0 * top) for f, share in scalars]
+            kernel_choices = choices
+            if name == "attention_prefill" and gpu is not None and prefill_kernel_known(gpu):
+                # The chip's kernels fix the layout (attention.prefill_kernel): the profile
+                # records FA2's, its 16-bit cache's, rather than an unused default.
+                kernel_choices = ((("prefill_pack_gqa", None), (False,)),)
             if name == "attention_decode" and gpu is not None and warm_l2_shown(gpu, rows):
                 # The share of L2 bandwidth a warm cache is read at (a fraction, not us).
                 searched.append(Scalar(("decode_l2_bandwidth", None), 0.05, 1.0))
@@ -322,7 +334,7 @@ def class_fits(table: pd.DataFrame, gpu: AcceleratorSpec | None = None) -> list[
                     rows,
                     price,
                     tuple(searched),
-                    choices,
+                    kernel_choices,
                     # An attention layout changes which fixed costs apply (a split's
                     # combine pass, FA2's GQA copies): rank the layouts with all of them.
                     rank_scalars=len(searched),
@@ -338,6 +350,11 @@ def class_fits(table: pd.DataFrame, gpu: AcceleratorSpec | None = None) -> list[
     return fits
 
 
+def prefill_kernel_known(gpu: AcceleratorSpec) -> bool:
+    """Whether `gpu`'s prefill kernels, not the profile, decide their head packing."""
+    return prefill_kernel(gpu, Dtype.BF16)[1]
+
+
 def warm_l2_shown(gpu: AcceleratorSpec, rows: pd.DataFrame) -> bool:
     """Whether some rows move their bytes faster than the chip's DRAM can: only a warm
     L2 does that (4,881 of the L40S's 60,523 decode rows, up to 2.9x; none of the H100's
@@ -348,15 +365,15 @@ def warm_l2_shown(gpu: AcceleratorSpec, rows: pd.DataFrame) -> bool:
 
 
 def _attention_groups(table: pd.DataFrame, name: str) -> list[tuple[str, pd.DataFrame, str | None]]:
-    """(label, rows, KV dtype kept apart or None) of op class `name`. Decode rows over
+    """(label, rows, KV dtype kept apart or None) of attention op class `name`. Rows over
     caches of several dtypes are fitted one dtype at a time, as the kernels they ran
     (vLLM picks the backend by cache dtype: on Ada, FA2 for bf16, FlashInfer for fp8);
-    the 16-bit (else first) dtype's fit is the profile's own decode fields."""
+    the 16-bit (else first) dtype's fit is the profile's own fields."""
     rows = table[table["op_class"] == name]
     if rows.empty:
         return []
     kv = rows["kv_dtype"].astype(str).map(dtype_key)
-    if name != "attention_decode" or kv.nunique() < 2:
+    if kv.nunique() < 2:
         return [(name, rows, None)]
     keys = sorted(set(kv))
     main = next(k for k in ("bf16", "fp16", *keys) if k in keys)
@@ -464,6 +481,27 @@ def _fit_spec(
     return fit_class(gpu, profile, spec, seed)
 
 
+def _unmeasured_flashinfer_kernels(
+    gpu: AcceleratorSpec, table: pd.DataFrame, profile: EfficiencyProfile
+) -> EfficiencyProfile:
+    """An 8-bit cache's attention kernels where the table timed none: on the warp-MMA
+    chips that cache runs FlashInfer, not the FlashAttention-2 the 16-bit rows measured
+    (attention.runs_flashinfer), so the profile keeps the datasheet's fields for it
+    rather than another kernel's fit (which priced the L40S's fp8 decode calls at 99%
+    error under the A100's profile, against 12% uncalibrated)."""
+    if not runs_flashinfer(gpu, FLASHINFER_KV_DTYPE):
+        return profile
+    for op_class, table_name in KV_DTYPE_TABLES.items():
+        rows = table[table["op_class"] == op_class]
+        kernels = getattr(profile, table_name)
+        measured = {dtype_key(d) for d in rows["kv_dtype"].astype(str)}
+        if rows.empty or FLASHINFER_KV_DTYPE in kernels or FLASHINFER_KV_DTYPE in measured:
+            continue
+        datasheet = {**kernels, FLASHINFER_KV_DTYPE: gpu.efficiency.kernel_fields(table_name)}
+        profile = profile.model_copy(update={table_name: datasheet})
+    return profile
+
+
 def fit_profile(
     gpu: AcceleratorSpec,
     table: pd.DataFrame,
@@ -479,20 +517,23 @@ def fit_profile(
     cannot tell a floor or a per-wave latency from noise, and a search would still move
     them, into values that then misprice every small kernel the table never measured."""
     profile = gpu.efficiency
-    if (table["op_class"] == "attention_decode").any():
-        # Every cache dtype's decode kernel is fitted afresh (see _attention_groups).
-        profile = profile.model_copy(update={"decode_by_kv_dtype": {}})
+    for op_class, kernels in KV_DTYPE_TABLES.items():
+        if (table["op_class"] == op_class).any():
+            # Every cache dtype's kernel is fitted afresh (see _attention_groups).
+            profile = profile.model_copy(update={kernels: {}})
     for spec in class_fits(table, gpu):
         if spec.kv_dtype is not None:
-            # Fitted in the decode fields from the main dtype's fit, then kept apart.
-            plain = profile.model_copy(update={"decode_by_kv_dtype": {}})
-            fitted = _fit_spec(gpu, plain, spec, seed, curves_only).decode_kernel()
-            kernels = {**profile.decode_by_kv_dtype, spec.kv_dtype: fitted}
-            profile = profile.model_copy(update={"decode_by_kv_dtype": kernels})
+            # Fitted in the profile's fields from the main dtype's fit, then kept apart.
+            kernels = KV_DTYPE_TABLES[spec.name.split("/")[0]]
+            plain = profile.model_copy(update={kernels: {}})
+            fitted = _fit_spec(gpu, plain, spec, seed, curves_only).kernel_fields(kernels)
+            update = {**getattr(profile, kernels), spec.kv_dtype: fitted}
+            profile = profile.model_copy(update={kernels: update})
         else:
             profile = _fit_spec(gpu, profile, spec, seed, curves_only)
         if progress is not None:
             progress(f"fitted {spec.name} on {len(spec.rows)} rows")
+    profile = _unmeasured_flashinfer_kernels(gpu, table, profile)
     profile = fit_copy_bandwidth(gpu, profile, table[table["op_class"] == "memory_copy"])
     profile = generic_from_dtypes(profile)
     # Validate once (dict keys, value ranges) now that every field is set.

@@ -164,8 +164,11 @@ def prefill_terms(gpu: AcceleratorSpec, rows: pd.DataFrame) -> Terms:
         floor,
         {
             ("attention_prefill_compute", None): CurveTerm(size, math_only, binds & prefill),
+            # The DRAM curve, from rows whose bytes did not stay in L2 between calls.
             ("attention_prefill_memory", None): CurveTerm(
-                np.maximum(dram, 1.0), memory, ~binds & prefill
+                np.maximum(dram, 1.0),
+                memory,
+                ~binds & prefill & (l2_hit_fraction(gpu, dram) <= 0.5),
             ),
         },
     )
