@@ -1,6 +1,7 @@
 """A fused mixture-of-experts layer as vLLM runs it, priced for one rank's share.
 
-vLLM's fused_moe (Triton, or Marlin for 4-bit weights) runs one short kernel sequence
+vLLM's fused_moe (Triton, or Marlin for 4-bit weights; `fused_experts` called with
+4-bit weights directly runs its WNA16 kernels instead) runs one short kernel sequence
 for the whole layer, however many experts there are: align the (token, expert) pairs
 into blocks of BLOCK_M rows per expert, [quantise the activations], one grouped GEMM
 for gate and up over every block, the activation (SiLU x up), [quantise], one grouped
@@ -414,10 +415,9 @@ def marlin_stream_s(
 # else Triton's fused_moe_kernel_gptq_awq. Their untuned tiles (get_default_config,
 # get_moe_wna16_block_config): Triton BLOCK_M 16 / 32 / 64 up to 20 / 40 / more tokens,
 # BLOCK_N x BLOCK_K 64 x 32 (32 x 64 for one token); the CUDA kernel min(16, tokens)
-# rows, one thread a column of 128-column blocks split over k.
+# rows, one thread a column, blocks split over k.
 WNA16_CUDA_DENSITY = 6.0
 WNA16_TRITON_TILES = ((16, 20), (32, 40), (64, math.inf))  # (BLOCK_M, up to tokens)
-WNA16_CUDA_BLOCK = 128
 # Lane instructions per weight element, counted from Triton's WNA16 kernel: a byte load,
 # shift and mask, int-to-float, the zero-point subtract, a scale load and its
 # conversion, the multiply, the conversion to bf16 and the 64-bit pointer updates of both
