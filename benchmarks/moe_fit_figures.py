@@ -46,7 +46,10 @@ def main() -> None:
     table = load_measured(gpus=[args.gpu], op_classes=["moe"])
     held = holdout_mask(table, shipped.metadata.holdout, shipped.metadata.seed)
     moe_fields = [name for name in EfficiencyProfile.model_fields if name.startswith("moe_")]
-    efficiency = shipped.efficiency.model_copy(update={name: {} for name in moe_fields})
+    cleared = {
+        n: {} if isinstance(getattr(shipped.efficiency, n), dict) else None for n in moe_fields
+    }
+    efficiency = shipped.efficiency.model_copy(update=cleared)
     spec = load_gpu(args.gpu).with_efficiency(efficiency)
     start = time.perf_counter()
     for fit in class_fits(table[~held]):

@@ -34,18 +34,22 @@ class MoeFormat(NamedTuple):
     weight_bytes: float  # bytes of a weight element, its scales included
     kernels: int  # kernels in the layer's sequence (without the top-k)
     marlin: bool  # Marlin kernels: vLLM's BLOCK_M rule, no tiles for other ranks' pairs
+    wna16: bool = False  # vLLM's WNA16 kernels (fused_experts with int4 weights, not Marlin)
 
 
 # The public tables' moe_dtype: fp8 scales per tensor, fp8_block per 128 x 128 block
 # (fp32); int4_wo 4-bit weights with a bf16 scale per 128 (Marlin); w4a16_mxfp4 4-bit
 # weights with an 8-bit scale per 32 (Marlin); w4a16_nvfp4 (no table yet) with an fp8
-# scale per 16 (Marlin's NVFP4 path). 8-bit formats quantise the activations before each
-# grouped GEMM (two more kernels).
+# scale per 16 (Marlin's NVFP4 path); int4_wna16 the same weights as int4_wo through
+# vLLM's WNA16 kernels, which `fused_experts` runs for an int4_w4a16 configuration
+# (the H100 table's int4 rows: moe.wna16_stream_s). 8-bit formats quantise the
+# activations before each grouped GEMM (two more kernels).
 MOE_FORMATS: dict[str, MoeFormat] = {
     "bf16": MoeFormat("bf16", 2.0, 2.0, 5, False),
     "fp8": MoeFormat("fp8", 1.0, 1.0, 7, False),
     "fp8_block": MoeFormat("fp8", 1.0, 1.0 + 4.0 / (128 * 128), 7, False),
     "int4_wo": MoeFormat("bf16", 2.0, 0.5 + 2.0 / 128, 5, True),
+    "int4_wna16": MoeFormat("bf16", 2.0, 0.5 + 2.0 / 128, 5, False, True),
     "w4a16_mxfp4": MoeFormat("bf16", 2.0, 0.5 + 1.0 / 32, 5, True),
     "w4a16_nvfp4": MoeFormat("bf16", 2.0, 0.5 + 1.0 / 16, 5, True),
 }
@@ -559,7 +563,9 @@ class EfficiencyProfile(BaseModel):
         default_factory=dict,
         description="fixed time of one grouped-GEMM thread block of a fused MoE layer "
         "beyond its k loop (prologue, epilogue), microseconds, per MoE weight format: "
-        "thin experts (a wide tensor-parallel split) make many short blocks; no entry: 0",
+        "thin experts (a wide tensor-parallel split) make many short blocks; for the "
+        "WNA16 kernels the time of one k step of a thread block alone on its SM (one "
+        "4-warp program cannot hide its loads' latency); no entry: 0",
     )
     moe_cta_us_per_mb_by_dtype: dict[str, float] = Field(
         default_factory=dict,
@@ -569,6 +575,15 @@ class EfficiencyProfile(BaseModel):
         "flight or its dequantisation cap its rate, which binds at large batches, where "
         "few experts leave SMs idle (a rank holding one expert), and for Marlin's 4-bit "
         "kernels; no entry: each SM's share of l2_bandwidth",
+    )
+    moe_wna16_cuda_us_per_mb: float | None = Field(
+        default=None,
+        ge=0,
+        description="time one SM takes to dequantise 1 MB of 4-bit weights for one m "
+        "block in vLLM's CUDA WNA16 kernel (moe_wna16_gemm, which fused_experts runs for "
+        "int4_w4a16 weights at up to 6 pairs per local expert), microseconds; each thread "
+        "waits on its own 16-byte weight load, so it runs far below the SM's issue rate; "
+        "no entry: the instruction-count rate of Triton's WNA16 kernel (moe.py)",
     )
     mla_decode_memory: EfficiencyCurve | None = Field(
         default=None,

@@ -1,6 +1,7 @@
 """A fused mixture-of-experts layer as vLLM runs it, priced for one rank's share.
 
-vLLM's fused_moe (Triton, or Marlin for 4-bit weights) runs one short kernel sequence
+vLLM's fused_moe (Triton, or Marlin for 4-bit weights; `fused_experts` called with
+4-bit weights directly runs its WNA16 kernels instead) runs one short kernel sequence
 for the whole layer, however many experts there are: align the (token, expert) pairs
 into blocks of BLOCK_M rows per expert, [quantise the activations], one grouped GEMM
 for gate and up over every block, the activation (SiLU x up), [quantise], one grouped
@@ -408,6 +409,111 @@ def marlin_stream_s(
     return iters * per_sm * panel * s_per_byte + chain * cta_s
 
 
+# vLLM's WNA16 kernels (model_executor/layers/fused_moe/fused_moe.py, csrc/moe/
+# moe_wna16.cu), which `fused_experts` runs for int4_w4a16 weights with a group size:
+# the CUDA kernel while tokens x top-k / local experts <= 6 (should_moe_wna16_use_cuda),
+# else Triton's fused_moe_kernel_gptq_awq. Their untuned tiles (get_default_config,
+# get_moe_wna16_block_config): Triton BLOCK_M 16 / 32 / 64 up to 20 / 40 / more tokens,
+# BLOCK_N x BLOCK_K 64 x 32 (32 x 64 for one token); the CUDA kernel min(16, tokens)
+# rows, one thread a column, blocks split over k.
+WNA16_CUDA_DENSITY = 6.0
+WNA16_TRITON_TILES = ((16, 20), (32, 40), (64, math.inf))  # (BLOCK_M, up to tokens)
+# Lane instructions per weight element, counted from Triton's WNA16 kernel: a byte load,
+# shift and mask, int-to-float, the zero-point subtract, a scale load and its
+# conversion, the multiply, the conversion to bf16 and the 64-bit pointer updates of both
+# loads. Per element and row, the CUDA kernel's half2 subtract, multiply and
+# multiply-add (two elements each), an activation load from shared memory and its float
+# conversions and sums (2.5: 20 per 8 elements). The first sets only the unfitted rate
+# (a count: the H100 table runs Triton's kernel at about half the rate it gives); the
+# second prices the CUDA kernel's rows at the SM's issue rate, fitted or not.
+WNA16_DEQUANT_INSTRUCTIONS = 16.0
+WNA16_ROW_INSTRUCTIONS = 2.5
+
+
+def wna16_block_m(tokens, topk, local) -> tuple[np.ndarray, np.ndarray]:
+    """(whether the CUDA kernel runs, the index of its BLOCK_M in BLOCK_MS) per token
+    count, by vLLM's rule (WNA16_CUDA_DENSITY, WNA16_TRITON_TILES). The CUDA kernel's
+    min(16, tokens) rows hold any expert's rows in one block (an expert gets at most
+    one row a token), as 8 or 16 do."""
+    tokens = np.asarray(tokens, dtype=float)
+    cuda = tokens * topk / local <= WNA16_CUDA_DENSITY
+    triton = np.full(tokens.shape, BLOCK_MS.index(WNA16_TRITON_TILES[-1][0]))
+    for block, most in reversed(WNA16_TRITON_TILES[:-1]):
+        triton = np.where(tokens <= most, BLOCK_MS.index(block), triton)
+    small = np.where(tokens <= 8, BLOCK_MS.index(8), BLOCK_MS.index(16))
+    return cuda, np.where(cuda, small, triton)
+
+
+def sm_lane_seconds(gpu: AcceleratorSpec) -> float:
+    """Seconds an SM takes to issue one lane instruction on its CUDA cores."""
+    return 2.0 / (gpu.fp32_flops_per_sm_per_clock * gpu.boost_clock_mhz * 1e6)
+
+
+class Wna16Rates(NamedTuple):
+    """What an SM takes in the WNA16 kernels (seconds): per weight byte dequantised by
+    Triton's kernel and by the CUDA one, per element and row of the CUDA kernel's
+    multiply-adds, and one k step of a Triton program alone on its SM."""
+
+    triton_byte: float
+    cuda_byte: float
+    row_element: float
+    lone_step: float
+
+
+def wna16_rates(gpu: AcceleratorSpec, fmt: MoeFormat, moe_format: str) -> Wna16Rates:
+    """The fitted WNA16 rates of `gpu`, or unfitted: Triton's dequantisation at its
+    instruction count (WNA16_DEQUANT_INSTRUCTIONS), the CUDA kernel's the same, no lone
+    step."""
+    eff = gpu.efficiency
+    lane = sm_lane_seconds(gpu)
+    step_us, us_per_mb = eff.moe_tiles(moe_format)
+    unfitted = WNA16_DEQUANT_INSTRUCTIONS * lane / fmt.weight_bytes
+    triton = unfitted if us_per_mb is None else us_per_mb * 1e-12
+    cuda = eff.moe_wna16_cuda_us_per_mb
+    return Wna16Rates(
+        triton,
+        unfitted if cuda is None else cuda * 1e-12,
+        WNA16_ROW_INSTRUCTIONS * lane,
+        step_us * 1e-6,
+    )
+
+
+def wna16_stream_s(
+    sm_count: int,
+    tokens: np.ndarray,
+    cuda: np.ndarray,
+    tiles: np.ndarray,
+    pairs: np.ndarray,
+    n: np.ndarray,
+    k: np.ndarray,
+    fmt: MoeFormat,
+    rates: Wna16Rates,
+) -> np.ndarray:
+    """Seconds of one WNA16 grouped GEMM (`tiles` m blocks, n x k per expert). Neither
+    kernel keeps dequantised weights between m blocks: each block re-reads its expert's
+    4-bit weights and re-dequantises them on the CUDA cores, so the time follows the
+    weight elements x m blocks an SM handles, not the bytes the layer reads (Mixtral's
+    layer takes the same 1.7 ms from 32 to 256 tokens, one 64-row block an expert, and
+    twice that from 320). Triton: tiles x n / BLOCK_N programs looping over k in BLOCK_K
+    steps, the busiest SM running ceil(programs / SMs) of them at its dequantisation
+    rate, and no k step faster than one program alone on an SM takes (few programs: a
+    rank holding one expert). CUDA: blocks split over k fill the SMs; each m block's
+    elements at the kernel's own rate, plus every row's multiply-adds per element."""
+    one = tokens <= 1
+    block_n = np.where(one, 32, 64)
+    block_k = np.where(one, 64, 32)
+    waves = np.ceil(tiles * np.ceil(n / block_n) / sm_count)
+    step = np.maximum(
+        waves * block_n * block_k * fmt.weight_bytes * rates.triton_byte,
+        np.where(tiles > 0, rates.lone_step, 0.0),
+    )
+    triton = np.ceil(k / block_k) * step
+    on_cuda = (tiles * fmt.weight_bytes * rates.cuda_byte + pairs * rates.row_element) * (
+        n * k / sm_count
+    )
+    return np.where(cuda, on_cuda, triton)
+
+
 def unaligned_sector(k) -> np.ndarray:
     """L2 bytes charged per operand element of a grouped GEMM whose rows are `k`
     elements long: 0 when k is a multiple of 16 (vectorised loads, counted by the panel
@@ -496,9 +602,13 @@ def moe_parts(
     r = rows
     count = len(r.tokens)
     all_pairs = r.tokens * r.topk  # every (token, choice) row of the buffers
-    # Triton writes every row of its outputs (other ranks' pairs as zeros); Marlin skips
-    # the blocks of experts the rank does not hold.
-    written = r.pairs if fmt.marlin else all_pairs
+    # Triton writes every row of its outputs (other ranks' pairs as zeros); Marlin and
+    # the WNA16 kernels (their blocks aligned with ignore_invalid_experts) skip the
+    # blocks of experts the rank does not hold.
+    written = r.pairs if fmt.marlin or fmt.wna16 else all_pairs
+    if fmt.wna16:
+        wna16_cuda, wna16_block = wna16_block_m(r.tokens, r.topk, r.local)
+        rates = wna16_rates(gpu, fmt, moe_format)
     gemms = ((2.0 * r.inter, r.hidden), (r.hidden, r.inter))  # gate|up, then down: (n, k)
     flops = sum(2.0 * r.pairs * n * k for n, k in gemms)
     dram = [r.active * n * k * w_bpe + r.pairs * k * a_bpe + written * n * 2.0 for n, k in gemms]
@@ -519,7 +629,11 @@ def moe_parts(
             # weight panel and its rows through L2 into the SM at a capped rate.
             rows = np.minimum(r.pairs / np.maximum(tiles, 1.0), block)
             panel = (BLOCK_N * w_bpe + rows * a_bpe) * k
-            if fmt.marlin:
+            if fmt.wna16:
+                stream = wna16_stream_s(
+                    gpu.sm_count, r.tokens, wna16_cuda, tiles, r.pairs, n, k, fmt, rates
+                )
+            elif fmt.marlin:
                 stream = marlin_stream_s(
                     gpu.sm_count, block, tiles, n, k, r.tokens * r.topk, fmt, cta_s, cta_s_per_byte
                 )
@@ -535,7 +649,9 @@ def moe_parts(
             totals[j, which, index] += terms[which, index]
             l2_bytes[j] += l2
     by_block = totals.sum(axis=1)
-    if fmt.marlin:
+    if fmt.wna16:
+        chosen = wna16_block
+    elif fmt.marlin:
         chosen = marlin_block_m(r.tokens, r.topk, r.local)
     else:
         allowed = np.array([b in TRITON_BLOCK_MS for b in BLOCK_MS])
@@ -546,6 +662,10 @@ def moe_parts(
     # (fused_moe and fused_marlin_moe alike): one more pass over every pair's row.
     zeroed = np.where(r.local < r.num_experts, all_pairs * r.hidden * 2.0, 0.0)
     pass_bytes = pass_bytes + zeroed
+    if fmt.wna16:
+        # The CUDA WNA16 kernel zeroes its whole output before it accumulates (atomics).
+        outputs = all_pairs * (2.0 * r.inter + r.hidden) * 2.0
+        pass_bytes = pass_bytes + np.where(wna16_cuda, outputs, 0.0)
     pass_s = pass_bytes / (gpu.memory_bandwidth * eff.memory_bandwidth)
     return MoeParts(
         seconds=by_block[chosen, index] + pass_s + floor_s,

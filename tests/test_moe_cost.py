@@ -19,6 +19,9 @@ from hardware_models.moe import (
     tile_share,
     triton_warp_tile,
     unaligned_sector,
+    wna16_block_m,
+    wna16_rates,
+    wna16_stream_s,
 )
 
 H100 = load_gpu("h100-sxm")
@@ -163,6 +166,57 @@ def test_marlin_is_stream_k_with_a_serial_reduction():
     assert stream(2, 1e-6, 0.0) == pytest.approx(8e-6)
     assert stream(64, 1e-6, 0.0) == pytest.approx(1e-6)
     assert stream(0, 1e-6, 1e-10) == 0.0
+
+
+def test_wna16_kernel_and_block_by_vllms_rule():
+    """fused_experts runs the CUDA WNA16 kernel while tokens x top-k / local experts is at
+    most 6 (min(16, tokens) rows a block), else Triton's with 16 / 32 / 64 rows up to
+    20 / 40 / more tokens."""
+    tokens = np.array([1, 3, 4, 16, 20, 21, 40, 41, 4096])
+    cuda, block = wna16_block_m(tokens, 2, 1)
+    assert cuda.tolist() == [True, True, False, False, False, False, False, False, False]
+    assert [BLOCK_MS[b] for b in block] == [8, 8, 16, 16, 16, 32, 32, 64, 64]
+    # Mixtral's 8 experts, top-2: the CUDA kernel up to 24 tokens.
+    cuda, block = wna16_block_m(np.array([8, 16, 24, 25]), 2, 8)
+    assert cuda.tolist() == [True, True, True, False]
+    assert [BLOCK_MS[b] for b in block] == [8, 16, 16, 32]
+
+
+def test_wna16_dequantises_per_m_block():
+    """Neither WNA16 kernel keeps dequantised weights between m blocks: Triton's time is
+    its busiest SM's programs x k steps x tile, with no k step faster than a lone
+    program's; the CUDA kernel's the m blocks' elements and each row's multiply-adds."""
+    fmt = MOE_FORMATS["int4_wna16"]
+    rates = wna16_rates(H100, fmt, "int4_wna16")
+    n, k = np.array([28672.0]), np.array([4096.0])  # Mixtral's gate|up
+
+    def triton(tiles: float, tokens: float = 64.0) -> float:
+        args = (132, np.array([tokens]), np.array([False]), np.array([tiles]), np.array([tiles]))
+        return float(wna16_stream_s(*args, n, k, fmt, rates)[0])
+
+    # 8 m blocks x 448 programs of 64 columns: 28 on the busiest SM, 128 k steps of 32.
+    assert triton(8.0) == pytest.approx(28 * 128 * 64 * 32 * fmt.weight_bytes * rates.triton_byte)
+    assert triton(16.0) == pytest.approx(triton(8.0) * 55 / 28)  # twice the blocks
+    lone = rates._replace(lone_step=1e-6)
+    one = (132, np.array([64.0]), np.array([False]), np.array([1.0]), np.array([1.0]), n, k)
+    assert float(wna16_stream_s(*one, fmt, lone)[0]) == pytest.approx(128e-6)
+    cuda = (132, np.array([4.0]), np.array([True]), np.array([8.0]), np.array([8.0]), n, k)
+    per_sm = 28672 * 4096 / 132
+    expected = (8 * fmt.weight_bytes * rates.cuda_byte + 8 * rates.row_element) * per_sm
+    assert float(wna16_stream_s(*cuda, fmt, rates)[0]) == pytest.approx(expected)
+    # Unfitted: 16 lane instructions per element at 128 lanes a clock, 1980 MHz.
+    assert rates.triton_byte == pytest.approx(16 / (128 * 1.98e9) / fmt.weight_bytes)
+
+
+def test_wna16_layer_is_flat_while_each_expert_fits_one_block():
+    """Mixtral (8 experts, top-2) in WNA16: from 32 to 256 tokens each expert's rows fit
+    one 64-row block and the layer costs about the same (the H100 table: 1.71-1.75 ms);
+    from 320 tokens two blocks, about twice (3.34 ms)."""
+    shape = {"hidden_size": 4096, "inter_size": 14336, "topk": 2, "num_experts": 8}
+    layer = MoeLayer(H100, MoeShape(**shape, moe_format="int4_wna16"), "round_robin")
+    seconds = layer.parts(np.array([48, 256, 320])).seconds
+    assert seconds[1] == pytest.approx(seconds[0], rel=0.05)
+    assert seconds[2] == pytest.approx(2 * seconds[1], rel=0.1)
 
 
 def test_thin_triton_tiles_run_the_warp_mma_on_hopper():

@@ -30,6 +30,7 @@ from hardware_models.calibration.moe_mla_tables import (
 )
 from hardware_models.calibration.operator_terms import CurveLoc, CurveTerm, Terms
 from hardware_models.efficiency import MOE_FORMATS
+from hardware_models.moe import wna16_block_m
 
 # vLLM's MLA backends on Hopper: prefill chunks of up to this many tokens a sequence
 # run the decode kernel (FlashAttention MLA with a 16-bit cache, FlashMLA with fp8).
@@ -87,13 +88,21 @@ def _low_us(rows: pd.DataFrame) -> float:
     return float(np.quantile(rows["measured_s"], 0.02) * 1e6)
 
 
+def _stream_bound(key: str) -> float:
+    """The largest us per MB a thread block of `key`'s grouped GEMMs is searched at."""
+    fmt = MOE_FORMATS[key]
+    return 1000.0 if fmt.wna16 else 400.0 if fmt.marlin else 4.0
+
+
 def moe_mla_fits(table: pd.DataFrame) -> list[FitSpec]:
     """The MoE and MLA fits `table` supports, in the order they must run."""
     fits: list[FitSpec] = []
     moe = table[table["op_class"] == MOE_CLASS]
     for key, rows in sorted(moe.groupby("dtype")):
         top = _low_us(rows)
-        marlin = MOE_FORMATS[key].marlin
+        wna16 = MOE_FORMATS[key].wna16 and bool(
+            wna16_block_m(rows["m"], rows["topk"], -(-rows["num_experts"] // rows["ep"]))[0].any()
+        )
         fits.append(
             (
                 f"moe/{key}",
@@ -109,8 +118,12 @@ def moe_mla_fits(table: pd.DataFrame) -> list[FitSpec]:
                     # on A100 rows: 35% error with 0-80 us/MB, 27% with 0-4, the H100's
                     # own the same); for Marlin's 4-bit tiles, dequantised on the CUDA
                     # cores, up to 400 per k tile streamed (moe.marlin_stream_s, where
-                    # the thread block's fixed time is one step of a slice's reduction)
-                    (("moe_cta_us_per_mb_by_dtype", key), 0.0, 400.0 if marlin else 4.0),
+                    # the thread block's fixed time is one step of a slice's reduction);
+                    # for the WNA16 kernels, which dequantise per m block, up to 1000
+                    # (the H100's ~280 us per MB of 4-bit weights an SM dequantises)
+                    (("moe_cta_us_per_mb_by_dtype", key), 0.0, _stream_bound(key)),
+                    # the CUDA WNA16 kernel's own rate, where its rows run it
+                    *([(("moe_wna16_cuda_us_per_mb", None), 1.0, 1000.0)] if wna16 else []),
                 ],
                 (),
                 MOE_PASSES,

@@ -14,7 +14,11 @@ What the columns mean, checked against the data and the collector that wrote the
   (loads drawn from a truncated power law, the busiest EP rank moved to rank 0, which
   is the one timed; the latency is the mean of 5 such draws). `moe_dtype` is the weight
   format: bfloat16, fp8 (per-tensor scales), fp8_block (128 x 128 blocks), int4_wo
-  (Marlin, 4-bit weights, bf16 activations), w4a16_mxfp4 (L40S only). `latency` in ms:
+  (4-bit weights, bf16 activations), w4a16_mxfp4 (L40S only). The H100's int4 rows
+  (kernel_source vllm_marlin_int4_moe) are not Marlin: the collector calls
+  `fused_experts` with an int4_w4a16 configuration (group 128, no zero points, weights
+  packed as uint8 and never repacked for Marlin), which runs vLLM's WNA16 kernels, read
+  as int4_wna16; the L40S's (vLLM 0.24, MarlinExperts) are Marlin. `latency` in ms:
   a bf16 DeepSeek-V3 layer (256 experts, top-8) on one H100 takes 0.30 ms for one token
   and 25.6 ms for 16,384; over 256 EP ranks 16,384 tokens still take 2.2 ms, nearly all
   of it the T x top-k buffers' passes.
@@ -93,6 +97,12 @@ def _frame(gpu: str, op_class: str, n: int, source: Path) -> pd.DataFrame:
     return out
 
 
+# kernel_source of the rows aiconfigurator's collect_moe.py times through vLLM's
+# fused_experts with int4_w4a16 weights: not Marlin (whatever the label) but the WNA16
+# kernels (moe.wna16_stream_s), the H100 table's int4 rows.
+WNA16_SOURCES = frozenset({"vllm_marlin_int4_moe"})
+
+
 def read_moe(path: Path, gpu: str) -> pd.DataFrame:
     """`moe_perf`: m = num_tokens, n = hidden_size, k = inter_size (the expert's whole
     width), dtype = the weight format (bf16, fp8, fp8_block, int4_wo, w4a16_mxfp4),
@@ -109,7 +119,11 @@ def read_moe(path: Path, gpu: str) -> pd.DataFrame:
     routing = raw["distribution"].astype(str)
     out["routing"] = routing.where(routing != "balanced", "round_robin").to_numpy(dtype=object)
     formats = {v: moe_format_key(v) for v in pd.unique(raw["moe_dtype"])}
-    out["dtype"] = raw["moe_dtype"].map(formats).to_numpy(dtype=object)
+    dtype = raw["moe_dtype"].map(formats)
+    # aiconfigurator's collector labels its int4 rows Marlin but calls fused_experts
+    # with an int4_w4a16 configuration: vLLM's WNA16 kernels ran (WNA16_SOURCES).
+    wna16 = raw.get("kernel_source", pd.Series("", index=raw.index)).isin(WNA16_SOURCES)
+    out["dtype"] = dtype.where(~(wna16 & (dtype == "int4_wo")), "int4_wna16").to_numpy(dtype=object)
     out["source_dtype"] = raw["moe_dtype"].astype(object).to_numpy()
     # FLOPs of the rank's mean share of the pairs through both grouped GEMMs.
     pairs = out["m"] * out["topk"] / out["ep"]
