@@ -241,6 +241,12 @@ class ServingSection(BaseModel):
     max_waiting: int | None = Field(
         default=None, ge=0, description="reject arrivals beyond this many waiting per replica"
     )
+    disable_hybrid_kv_cache_manager: bool = Field(
+        default=False,
+        description="vLLM's --disable-hybrid-kv-cache-manager: a model mixing sliding-window "
+        "and full-attention layers keeps every layer's keys at full length, instead of "
+        "KV cache groups whose sliding ones free the blocks that leave the window",
+    )
 
     @property
     def kv_watermark(self) -> float:

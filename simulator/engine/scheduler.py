@@ -169,7 +169,7 @@ class IterationScheduler:
                 continue
             computed = int(run.computed[slot])
             chunk = min(int(run.target[slot]) - computed, budget)
-            blocks = kv.blocks_for(computed + chunk) - int(run.blocks[slot])
+            blocks = kv.held(computed, computed + chunk) - int(run.blocks[slot])
             if blocks > kv.free and not self._make_room(blocks, plan, requester=slot):
                 break
             kv.allocate(blocks)
@@ -209,7 +209,7 @@ class IterationScheduler:
                 plan.decode_slots = self._decode_slots(budget)  # the budget's next in line
             need = run.next_block_need(plan.decode_slots)
         kv.allocate(need)
-        if need:
+        if need or run.frees_blocks:
             run.take_next_blocks(plan.decode_slots)
 
     def _admit(self, plan: StepPlan, budget: int) -> None:
@@ -248,8 +248,8 @@ class IterationScheduler:
                 chunk = min(target - hit, budget) if chunked else target - hit
                 if chunk > budget and (plan.prefill_slots or len(plan.decode_slots)):
                     break  # a whole prompt over budget runs alone
-                blocks = kv.blocks_for(hit + chunk)
-                need = kv.blocks_for(target) if self.policy.reserve_full_sequence else blocks
+                blocks = kv.held(hit, hit + chunk)
+                need = kv.held(hit, target) if self.policy.reserve_full_sequence else blocks
                 need -= shared
             alone = run.count == 0
             first = blocks - shared + ahead  # what it needs to run alone

@@ -1,0 +1,116 @@
+"""KV cache groups of a model with sliding-window layers, as vLLM V1 forms them.
+
+vLLM V1's hybrid KV cache manager gives each attention type its own block tables: the
+layers are split into groups of `layers` layers each (padding the last group of a type),
+all groups share one block pool whose blocks hold one block_size-token page of `layers`
+layers, and a request holds blocks in every group. A full-attention group holds blocks
+for the whole sequence; a sliding-window group frees the blocks that fall out of the
+window before each allocation (`remove_skipped_blocks`), so it holds about the window
+plus the tokens being computed. With every layer of one kind there is a single group.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.architecture import ModelArchitecture
+
+_GROUP_SIZE_SLACK = 1.5
+"""vLLM takes the larger type's layer count as the group size when it is below this
+many times the smaller's (12 sliding + 13 full: one padding layer, not 12)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KvCacheGroups:
+    """`full` groups of full-attention layers and `sliding` groups of sliding-window ones
+    (`window` keys), `layers` layers a group (its last may be padding), blocks of
+    `block_size` tokens."""
+
+    full: int
+    sliding: int
+    window: int
+    layers: int
+    block_size: int
+
+    @property
+    def window_blocks(self) -> int:
+        """Cached blocks a prefix-cache hit needs in a sliding group: those holding the
+        window's keys before the first new token (vLLM's contiguous-block rule)."""
+        return -(-(self.window - 1) // self.block_size)
+
+    def skipped_blocks(self, computed):
+        """Leading blocks of a sliding group no query attends once `computed` tokens are
+        cached: they hold only keys before the window (scalar or array)."""
+        return np.maximum(computed - self.window + 1, 0) // self.block_size
+
+    def held(self, computed, tokens):
+        """Pool blocks a sequence holds over all groups once its first `tokens` tokens
+        have slots, `computed` of them cached before this step (scalar or array): the
+        full groups every block, the sliding ones those not skipped."""
+        blocks = -(-tokens // self.block_size)
+        sliding = np.maximum(blocks - self.skipped_blocks(computed), 0)
+        return self.full * blocks + self.sliding * sliding
+
+    def full_length(self, tokens: int) -> int:
+        """Pool blocks of a sequence of `tokens` tokens with nothing freed."""
+        return (self.full + self.sliding) * -(-tokens // self.block_size)
+
+    def peak(self, tokens: int, budget: int) -> int:
+        """Most pool blocks a sequence of `tokens` tokens holds at once when a step
+        computes at most `budget` tokens: a sliding group holds the window and the step's
+        tokens (vLLM's SlidingWindowSpec.max_memory_usage_bytes), and a block more."""
+        blocks = -(-tokens // self.block_size)
+        window = -(-min(self.window - 1 + budget, tokens) // self.block_size) + 1
+        return self.full * blocks + self.sliding * min(blocks, window)
+
+    def cached_prefix_blocks(self, prefix_blocks: int) -> int:
+        """Pool blocks a released sequence leaves cached for a hit on its first
+        `prefix_blocks` blocks: every full group's, and the window's in each sliding
+        group (those before it were freed as the window slid)."""
+        return self.full * prefix_blocks + self.sliding * min(prefix_blocks, self.window_blocks)
+
+    def describe(self) -> str:
+        groups = [f"{self.full} full"] if self.full else []
+        groups.append(f"{self.sliding} sliding ({self.window} tokens)")
+        return f"{' + '.join(groups)} groups of {self.layers} layers"
+
+
+def group_layers(arch: ModelArchitecture) -> list[list[int]]:
+    """The model's layers in vLLM's KV cache groups: full-attention groups first, then
+    sliding ones. The group size is the smaller type's layer count (the larger's when it
+    is under 1.5 times that); a type's i-th group takes every n-th of its layers from the
+    i-th on, so pipeline stages get even shares of every group."""
+    full = [i for i in range(arch.num_layers) if not arch.is_sliding_layer(i)]
+    sliding = [i for i in range(arch.num_layers) if arch.is_sliding_layer(i)]
+    kinds = [layers for layers in (full, sliding) if layers]
+    smallest, largest = min(map(len, kinds)), max(map(len, kinds))
+    size = largest if largest < smallest * _GROUP_SIZE_SLACK else smallest
+    groups = []
+    for layers in kinds:
+        count = math.ceil(len(layers) / size)
+        groups += [layers[i::count] for i in range(count)]
+    return groups
+
+
+def kv_cache_groups(arch: ModelArchitecture, block_size: int) -> KvCacheGroups:
+    """vLLM V1's KV cache groups of a model with sliding-window layers."""
+    if not arch.num_sliding_layers or arch.sliding_window is None:
+        raise ValueError(f"{arch.name} has no sliding-window layers: one full group")
+    groups = group_layers(arch)
+    sliding = sum(arch.is_sliding_layer(group[0]) for group in groups)
+    return KvCacheGroups(
+        full=len(groups) - sliding,
+        sliding=sliding,
+        window=arch.sliding_window,
+        layers=max(map(len, groups)),
+        block_size=block_size,
+    )
+
+
+def page_layers(arch: ModelArchitecture, stage: range) -> int:
+    """Layers one pool block holds a page of on a GPU holding the layers in `stage`:
+    the most any group has there (each group's blocks hold its layers' pages)."""
+    return max(sum(layer in stage for layer in group) for group in group_layers(arch))
