@@ -1,0 +1,164 @@
+"""vLLM V1's hybrid KV cache manager: KV cache groups, the blocks each group holds, the
+pool the memory planner sizes in them, and what that does to a run. Hand-worked numbers
+follow vLLM's rules (kv_cache_utils grouping, SlidingWindowManager's skipped tokens
+max(0, computed - window + 1), its prefix-cache hit of cdiv(window - 1, block) blocks)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from hardware_models.errors import InfersimError, InfersimWarning
+from hardware_models.presets import load_gpu
+from simulator.engine.kv_cache import HybridBlockManager, request_key
+from simulator.engine.kv_groups import group_layers, kv_cache_groups, page_layers
+from simulator.memory_planner import plan_memory
+from simulator.model_catalog import load_model
+from simulator.scenario import Scenario
+from simulator.simulation import simulate
+
+
+def _gemma3_27b():
+    """Gemma 3 27B's layer pattern (62 layers, every sixth full, 1024-token window) on
+    Gemma 2 27B's shapes: what the grouping reads."""
+    return load_model("gemma-2-27b").model_copy(
+        update={
+            "name": "gemma-3-27b",
+            "num_layers": 62,
+            "sliding_window": 1024,
+            "full_attention_interval": 6,
+        }
+    )
+
+
+def test_gpt_oss_forms_one_full_and_one_sliding_group_of_twelve():
+    arch = load_model("gpt-oss-20b")
+    groups = group_layers(arch)
+    assert groups == [list(range(1, 24, 2)), list(range(0, 24, 2))]
+    g = kv_cache_groups(arch, 16)
+    assert (g.full, g.sliding, g.layers, g.window) == (1, 1, 12, 128)
+    # Pipeline stages of 12 layers hold 6 of each group: pages of 6 layers a block.
+    assert page_layers(arch, range(0, 12)) == page_layers(arch, range(12, 24)) == 6
+
+
+def test_gemma3_forms_six_sliding_groups_of_ten_with_padding():
+    """10 full + 52 sliding layers: groups of 10 (52 >= 1.5 x 10), the 52 strided into 6
+    groups (8 padding slots), the full ones in one."""
+    arch = _gemma3_27b()
+    groups = group_layers(arch)
+    assert groups[0] == list(range(5, 62, 6))
+    assert [len(g) for g in groups[1:]] == [9, 9, 9, 9, 8, 8]
+    g = kv_cache_groups(arch, 16)
+    assert (g.full, g.sliding, g.layers) == (1, 6, 10)
+
+
+def test_block_counts_per_group_follow_vllms_rules_for_gpt_oss():
+    """gpt-oss-20b, 16-token blocks, a 1000-token prompt in one chunk: 63 blocks in each
+    group while it is computed (nothing cached yet, nothing skipped); its first decode
+    (1000 cached) skips max(0, 1000 - 128 + 1) = 873 tokens = 54 whole blocks of the
+    sliding group, which keeps 63 - 54 = 9."""
+    g = kv_cache_groups(load_model("gpt-oss-20b"), 16)
+    assert g.held(0, 1000) == 63 + 63
+    assert g.held(1000, 1001) == 63 + 9
+    # Steady decoding: the window's 128 keys span 8 or 9 blocks, never more.
+    computed = np.arange(2000, 2100)
+    sliding = g.held(computed, computed + 1) - (computed + 1 + 15) // 16
+    assert set(sliding.tolist()) == {8, 9}
+    # A chunk of 256 after 1000 cached: 1000 - 127 = 873 skipped -> 54 blocks; 80 held.
+    assert g.held(1000, 1256) == 79 + (79 - 54)
+    # Peak (vLLM's max_memory_usage): window - 1 + budget tokens, and a block more.
+    assert g.peak(100_000, 2048) == 6250 + (-(-(127 + 2048) // 16) + 1)
+
+
+def test_block_counts_per_group_follow_vllms_rules_for_gemma3():
+    """Gemma 3 at 32k: the full group holds all 2049 blocks; each of the 6 sliding ones
+    the window: 32768 - 1023 = 31745 skipped tokens = 1984 blocks, 2049 - 1984 = 65."""
+    g = kv_cache_groups(_gemma3_27b(), 16)
+    assert g.held(32768, 32769) == 2049 + 6 * 65
+    # In layer-pages: 2439 blocks x 10 layers against 2049 x 62 at full length, 5.2x.
+    assert 2049 * 62 / (g.held(32768, 32769) * 10) == pytest.approx(5.21, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    ("model", "gain"), [("gpt-oss-20b", 2.0), ("gemma-3-27b", 6.2)], ids=["gpt-oss", "gemma3"]
+)
+def test_the_pool_is_sized_in_blocks_of_one_groups_layers(model, gain):
+    """The same KV memory holds `gain` times the blocks: a block pages one group's
+    layers (12 of gpt-oss's 24, 10 of Gemma 3's 62), not every layer."""
+    arch = _gemma3_27b() if model == "gemma-3-27b" else load_model(model)
+    gpu = load_gpu("h100-sxm")
+    dtype = arch.checkpoint_dtype or "bf16"
+    full = plan_memory(arch, gpu, weight_dtype=dtype)
+    hybrid = plan_memory(arch, gpu, weight_dtype=dtype, kv_groups=kv_cache_groups(arch, 16))
+    assert hybrid.kv_capacity_bytes == full.kv_capacity_bytes
+    assert full.kv_bytes_per_token / hybrid.kv_bytes_per_token == pytest.approx(gain)
+    # Both floor whole tokens: within one token of the larger pages.
+    assert hybrid.kv_capacity_tokens == pytest.approx(gain * full.kv_capacity_tokens, abs=gain)
+    assert "KV cache groups" in hybrid.table()
+
+
+def test_prefix_cache_hits_need_the_window_and_break_on_eviction():
+    """A released sequence leaves its full group's blocks and the window's sliding
+    blocks cached (cdiv(127, 16) = 8); a hit takes them whole. Evicting any of them
+    breaks the hit: the window before a shorter prefix was freed as it slid."""
+    g = kv_cache_groups(load_model("gpt-oss-20b"), 16)
+    kv = HybridBlockManager(200, g, max_num_batched_tokens=2048)
+    key = request_key(7)
+    kv.allocate(kv.held(0, 1000))
+    kv.release(kv.held(0, 1000))
+    kv.keep_cached(key, 1000 // 16)
+    assert kv.cached_total == 62 + 8
+    assert kv.cached_blocks(key) == 62
+    kv.allocate(200 - 70 + 1)  # takes one cached block: the hit is gone
+    assert kv.cached_blocks(key) == 0
+
+
+def _long_context(make_scenario, disable: bool, **serving):
+    """gpt-oss-20b on an L4 (its KV memory is small): long prompts arriving together."""
+    scenario = make_scenario(
+        hardware={"gpu": "l4"},
+        model={"name": "gpt-oss-20b"},
+        serving={
+            "max_num_batched_tokens": 8192,
+            "max_model_len": 16384,
+            "disable_hybrid_kv_cache_manager": disable,
+            **serving,
+        },
+        workload={
+            "arrivals": {"kind": "poisson", "rate_per_s": 1000.0},
+            "prompt_tokens": {"kind": "fixed", "tokens": 12000},
+            "output_tokens": {"kind": "fixed", "tokens": 64},
+            "num_requests": 48,
+        },
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = simulate(scenario)
+    said = any("held at full length" in str(w.message) for w in caught)
+    assert said == disable
+    return results
+
+
+def test_more_long_sequences_run_at_once_with_the_hybrid_manager(make_scenario):
+    """Sliding layers holding only the window's blocks: about twice the sequences run
+    together, and the same work ends sooner."""
+    full = _long_context(make_scenario, disable=True)
+    hybrid = _long_context(make_scenario, disable=False)
+    most = {name: int(r.steps["batch_size"].max()) for name, r in [("f", full), ("h", hybrid)]}
+    assert most["h"] >= 1.8 * most["f"]
+    assert (hybrid.requests["outcome"] == "completed").all()
+    assert hybrid.requests["finish"].max() < full.requests["finish"].max()
+
+
+def test_a_trace_sharing_blocks_by_hash_is_refused_with_the_hybrid_manager():
+    """Prompts that share blocks by hash (a trace's hash_ids) are not modelled with
+    sliding groups: a clear refusal naming the way out, which then runs."""
+    path = "scenarios/mooncake-prefix-cache.yaml"
+    sets = ["model.name=gpt-oss-20b", "workload.num_requests=4"]
+    with pytest.raises(InfersimError, match="disable_hybrid_kv_cache_manager: true"):
+        simulate(Scenario.from_yaml(path, sets), progress=False)
+    off = Scenario.from_yaml(path, [*sets, "serving.disable_hybrid_kv_cache_manager=true"])
+    with pytest.warns(InfersimWarning, match="held at full length"):
+        assert (simulate(off, progress=False).requests["outcome"] == "completed").all()
