@@ -8,7 +8,10 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hardware_models.errors import InfersimError, InfersimWarning
 from hardware_models.presets import load_gpu
@@ -18,6 +21,7 @@ from simulator.memory_planner import plan_memory
 from simulator.model_catalog import load_model
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
+from tests.conftest import scenario_dict
 
 
 def _gemma3_27b():
@@ -162,3 +166,54 @@ def test_a_trace_sharing_blocks_by_hash_is_refused_with_the_hybrid_manager():
     off = Scenario.from_yaml(path, [*sets, "serving.disable_hybrid_kv_cache_manager=true"])
     with pytest.warns(InfersimWarning, match="held at full length"):
         assert (simulate(off, progress=False).requests["outcome"] == "completed").all()
+
+
+@st.composite
+def _sliding_scenarios(draw: st.DrawFn) -> dict:
+    """Small scenarios of models with sliding-window layers, the KV cache tight or not."""
+    serving = {
+        "policy": draw(st.sampled_from(["chunked_prefill", "continuous"])),
+        "max_num_seqs": draw(st.sampled_from([4, 64])),
+        "max_num_batched_tokens": 2048,
+        "max_model_len": 2048,
+        "block_size": draw(st.sampled_from([8, 16, 64])),
+        "enable_prefix_caching": draw(st.booleans()),
+        "reserve_full_sequence": draw(st.booleans()),
+        "disable_hybrid_kv_cache_manager": draw(st.booleans()),
+    }
+    if draw(st.booleans()):
+        serving["num_gpu_blocks"] = draw(st.sampled_from([120, 400, 2000]))
+    workload = {
+        "arrivals": {"kind": "poisson", "rate_per_s": draw(st.sampled_from([2.0, 50.0]))},
+        "prompt_tokens": {"kind": "uniform", "low": 1, "high": draw(st.sampled_from([64, 1500]))},
+        "output_tokens": {"kind": "uniform", "low": 1, "high": draw(st.sampled_from([8, 400]))},
+        "num_requests": draw(st.integers(1, 40)),
+    }
+    if draw(st.integers(0, 3)) == 0:
+        workload["sessions"] = {"turns": 3, "think_time_s": 0.5, "think_distribution": "constant"}
+    return scenario_dict(
+        model={"name": draw(st.sampled_from(["gpt-oss-20b", "gemma-2-9b", "mistral-7b"]))},
+        hardware={"gpu": "h100-sxm"},
+        serving=serving,
+        workload=workload,
+    )
+
+
+@settings(deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
+@given(_sliding_scenarios())
+def test_runs_of_decode_steps_equal_stepping_with_sliding_groups(data):
+    """Generated: multi-step runs equal stepping one by one, bit for bit, whether the
+    sliding groups free blocks or not, under pressure, prefix caching and sessions."""
+    results = []
+    for multi_step in (False, True):
+        scenario = Scenario.from_dict(data | {"engine": {"multi_step": multi_step}})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                results.append(simulate(scenario, progress=False))
+            except InfersimError as exc:  # refused up front, in one line, both times
+                assert "\n" not in str(exc)
+                return
+    slow, fast = results
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
