@@ -234,6 +234,7 @@ def test_warnings_raised_in_a_run_stand_in_its_summary():
     `warnings`, so a result read later still carries it."""
     data = scenario_dict(model={"name": "gemma-2-9b"})
     data["workload"] = {**data["workload"], "num_requests": 5}
+    data["serving"] = {**data["serving"], "disable_hybrid_kv_cache_manager": True}
     with pytest.warns(InfersimWarning):
         results = simulate(Scenario.from_dict(data), progress=False)
     assert any("attend to a 4096-token window" in w for w in results.summary()["warnings"])
