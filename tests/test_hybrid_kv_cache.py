@@ -72,8 +72,23 @@ def test_block_counts_per_group_follow_vllms_rules_for_gpt_oss():
     assert set(sliding.tolist()) == {8, 9}
     # A chunk of 256 after 1000 cached: 1000 - 127 = 873 skipped -> 54 blocks; 80 held.
     assert g.held(1000, 1256) == 79 + (79 - 54)
-    # Peak (vLLM's max_memory_usage): window - 1 + budget tokens, and a block more.
-    assert g.peak(100_000, 2048) == 6250 + (-(-(127 + 2048) // 16) + 1)
+    # Peak (vLLM's max_admission_blocks_per_request): window - 1 + budget tokens, and a
+    # block more: cdiv(127 + 2048, 16) + 1 = 137.
+    assert g.window_cap(2048) == 137
+    assert g.peak(100_000, 2048) == 6250 + 137
+
+
+def test_admission_reserves_the_sliding_groups_capped_as_vllm_does():
+    """A 32k prompt admitted whole (full_sequence_must_fit), budget 8192: the full group's
+    2000 blocks, the sliding group's capped at cdiv(127 + 8192, 16) + 1 = 521, not 2000.
+    With 16,000 tokens cached (1000 blocks): the cap less the hit's blocks is nothing
+    left to allocate, and the hit's window, 1000 - (16000 - 127) // 16 = 8 blocks,
+    leaves the free queue."""
+    g = kv_cache_groups(load_model("gpt-oss-20b"), 16)
+    assert g.full_sequence(0, 32000, 8192) == 2000 + 521
+    assert g.full_sequence(16000, 32000, 8192) == 2000 + 8
+    # Short prompts are not capped: the whole prompt, as held() gives it.
+    assert g.full_sequence(0, 1000, 8192) == g.held(0, 1000) == 126
 
 
 def test_block_counts_per_group_follow_vllms_rules_for_gemma3():

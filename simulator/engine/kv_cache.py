@@ -63,6 +63,11 @@ class BlockManager:
         """Most blocks a sequence of `tokens` tokens ever holds at once."""
         return -(-tokens // self.block_size)
 
+    def full_sequence_blocks(self, hit: int, tokens: int) -> int:
+        """Blocks admitting a sequence of `tokens` tokens, `hit` of them cached, asks to
+        be free when its whole sequence must fit: all of them here."""
+        return -(-tokens // self.block_size)
+
     def can_admit(self, blocks: int) -> bool:
         """New requests must leave the watermark free so running ones can keep growing."""
         return self.free - blocks >= self.watermark_blocks
@@ -137,6 +142,9 @@ class HybridBlockManager(BlockManager):
 
     def peak_blocks(self, tokens: int) -> int:
         return self.groups.peak(tokens, self.budget)
+
+    def full_sequence_blocks(self, hit: int, tokens: int) -> int:
+        return self.groups.full_sequence(hit, tokens, self.budget)
 
     def keep_cached(self, key: CacheKey, blocks: int) -> None:
         """`blocks`: the prefix blocks `key` computed (whole blocks of tokens)."""

@@ -58,13 +58,26 @@ class KvCacheGroups:
         """Pool blocks of a sequence of `tokens` tokens with nothing freed."""
         return (self.full + self.sliding) * -(-tokens // self.block_size)
 
+    def window_cap(self, budget: int) -> int:
+        """Most blocks a sliding group holds for one sequence when a step computes at
+        most `budget` tokens: the window and the step's tokens, and a block more as the
+        window need not start on a block edge (vLLM's max_admission_blocks_per_request)."""
+        return -(-(self.window - 1 + budget) // self.block_size) + 1
+
     def peak(self, tokens: int, budget: int) -> int:
-        """Most pool blocks a sequence of `tokens` tokens holds at once when a step
-        computes at most `budget` tokens: a sliding group holds the window and the step's
-        tokens (vLLM's SlidingWindowSpec.max_memory_usage_bytes), and a block more."""
+        """Most pool blocks a sequence of `tokens` tokens holds at once."""
         blocks = -(-tokens // self.block_size)
-        window = -(-min(self.window - 1 + budget, tokens) // self.block_size) + 1
-        return self.full * blocks + self.sliding * min(blocks, window)
+        return self.full * blocks + self.sliding * min(blocks, self.window_cap(budget))
+
+    def full_sequence(self, hit: int, tokens: int, budget: int) -> int:
+        """Pool blocks admission asks free for a sequence of `tokens` tokens whose first
+        `hit` (whole blocks) are cached (vLLM's full_sequence_must_fit): the full groups'
+        every block; a sliding group's capped at what it can hold at once, less the
+        hit's blocks, plus the hit's window blocks, which leave the free queue."""
+        blocks, cached = -(-tokens // self.block_size), hit // self.block_size
+        window_hit = cached - self.skipped_blocks(hit)
+        sliding = max(min(blocks, self.window_cap(budget)) - cached, 0) + window_hit
+        return self.full * blocks + self.sliding * int(sliding)
 
     def cached_prefix_blocks(self, prefix_blocks: int) -> int:
         """Pool blocks a released sequence leaves cached for a hit on its first

@@ -249,7 +249,8 @@ class IterationScheduler:
                 if chunk > budget and (plan.prefill_slots or len(plan.decode_slots)):
                     break  # a whole prompt over budget runs alone
                 blocks = kv.held(hit, hit + chunk)
-                need = kv.held(hit, target) if self.policy.reserve_full_sequence else blocks
+                full = self.policy.reserve_full_sequence
+                need = kv.full_sequence_blocks(hit, target) if full else blocks
                 need -= shared
             alone = run.count == 0
             first = blocks - shared + ahead  # what it needs to run alone
