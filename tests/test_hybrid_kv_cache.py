@@ -232,3 +232,30 @@ def test_runs_of_decode_steps_equal_stepping_with_sliding_groups(data):
     slow, fast = results
     pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
     pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
+
+
+@pytest.mark.parametrize("multi_step", [False, True])
+def test_the_engine_holds_the_blocks_vllms_rules_give_step_by_step(make_scenario, multi_step):
+    """One gpt-oss-20b request, 1000 prompt tokens in chunks of 512 and 488, 40 output
+    tokens: each step's KV blocks are what vLLM's rule gives (full group every block;
+    sliding group freed behind the window at the request's next allocation), 64 for the
+    first chunk, 63 + (63 - 24) = 102 for the second (its 512 cached tokens skip 385 = 24
+    blocks), 63 + 9 = 72 at the first decode, then held(c, c + 1) a step."""
+    results = simulate(
+        make_scenario(
+            hardware={"gpu": "h100-sxm"},
+            model={"name": "gpt-oss-20b"},
+            serving={"max_num_batched_tokens": 512, "max_model_len": 2048},
+            workload={
+                "arrivals": {"kind": "poisson", "rate_per_s": 1.0},
+                "prompt_tokens": {"kind": "fixed", "tokens": 1000},
+                "output_tokens": {"kind": "fixed", "tokens": 40},
+                "num_requests": 1,
+            },
+            engine={"multi_step": multi_step},
+        )
+    )
+    g = kv_cache_groups(load_model("gpt-oss-20b"), 16)
+    decodes = [int(g.held(c, c + 1)) for c in range(1000, 1039)]
+    assert decodes[0] == 72
+    assert results.steps["kv_blocks_used"].tolist() == [64, 102, *decodes]
