@@ -23,7 +23,7 @@ from hardware_models.presets import list_nodes, load_gpu, load_node
 from simulator.architecture import ModelArchitecture
 from simulator.caveats import check_token_budget, configuration_warnings
 from simulator.engine.dp_group import DpGroup
-from simulator.engine.kv_groups import KvCacheGroups, kv_cache_groups
+from simulator.engine.kv_groups import KvCacheGroups, chunked_local_attention, kv_cache_groups
 from simulator.engine.pipeline import PipelineGroup, SharedKv
 from simulator.engine.prefix_hashes import BlockKeys
 from simulator.engine.replica import Clock, Replica, ReplicaConfig, empty_kv_cache
@@ -150,7 +150,7 @@ def _hybrid_off_reason(scenario: Scenario, arch: ModelArchitecture, kv_transfer:
     mixed = arch.num_sliding_layers < arch.num_layers
     if serving.disable_hybrid_kv_cache_manager and mixed:
         return "serving.disable_hybrid_kv_cache_manager is set"
-    if arch.family == "llama4" and mixed:
+    if chunked_local_attention(arch):
         return (
             "vLLM turns its hybrid KV cache manager off for chunked local attention by "
             "default (a latency regression; VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1 "

@@ -259,3 +259,14 @@ def test_the_engine_holds_the_blocks_vllms_rules_give_step_by_step(make_scenario
     decodes = [int(g.held(c, c + 1)) for c in range(1000, 1039)]
     assert decodes[0] == 72
     assert results.steps["kv_blocks_used"].tolist() == [64, 102, *decodes]
+
+
+def test_estimate_sizes_the_serving_plan_as_vllm_serves_by_default(capsys):
+    """`infersim estimate` plans gpt-oss in the hybrid manager's groups (vLLM's default)
+    and Llama 4 at full length (vLLM turns the manager off for its chunked layers)."""
+    from simulator.cli.main import main
+
+    assert main(["estimate", "--model", "gpt-oss-20b", "--gpu", "h100-sxm"]) == 0
+    assert "1 full + 1 sliding (128 tokens) groups of 12 layers" in capsys.readouterr().out
+    assert main(["estimate", "--model", "llama-4-scout", "--gpu", "h200-sxm", "--tp", "2"]) == 0
+    assert "KV cache groups" not in capsys.readouterr().out

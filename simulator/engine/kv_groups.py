@@ -91,6 +91,21 @@ class KvCacheGroups:
         return f"{' + '.join(groups)} groups of {self.layers} layers"
 
 
+def chunked_local_attention(arch: ModelArchitecture) -> bool:
+    """Llama 4's chunked local attention (modelled as a window of the chunk), for which
+    vLLM turns its hybrid KV cache manager off by default (a latency regression), unless
+    VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1."""
+    return arch.family == "llama4" and arch.num_sliding_layers < arch.num_layers
+
+
+def vllm_default_groups(arch: ModelArchitecture, block_size: int) -> KvCacheGroups | None:
+    """The KV cache groups vLLM V1 serves the model with by default (None: every layer
+    in every block)."""
+    if not arch.num_sliding_layers or chunked_local_attention(arch):
+        return None
+    return kv_cache_groups(arch, block_size)
+
+
 def group_layers(arch: ModelArchitecture) -> list[list[int]]:
     """The model's layers in vLLM's KV cache groups: full-attention groups first, then
     sliding ones. The group size is the smaller type's layer count (the larger's when it
