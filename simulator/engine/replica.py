@@ -325,7 +325,13 @@ class Replica:
         from outside (an arrival, the horizon) can happen before they end."""
         if end >= self.clock.horizon:  # the run may stop there: the table must be whole
             self.running.materialize()
-        if end > self.env.now:
+        yield from self.wait_until(end)
+
+    def wait_until(self, end: float):
+        """Timeouts until SimPy's clock reads `end` exactly: from a clock in a lower
+        binade, every `now + delay` may round past `end` (ties to even skip every other
+        float), and a second, one-ulp timeout then lands on it."""
+        while end > self.env.now:
             yield self._timeout_until(end)
 
     def _timeout_until(self, end: float) -> simpy.Timeout:
@@ -728,13 +734,11 @@ class Replica:
         self._batch_ends = ends  # for settle(): the tokens out when a run stops midway
         moments = np.unique(finish) if self.cfg.multi_step else np.concatenate(([first], ends))
         for moment in moments.tolist():
-            if moment > self.env.now:
-                yield self._timeout_until(moment)
+            yield from self.wait_until(moment)
             done = batch[finish == moment]
             if len(done):
                 self._complete_batch(done, moment)
-        if ends[-1] > self.env.now:  # the padded batch holds its slots to the end
-            yield self._timeout_until(float(ends[-1]))
+        yield from self.wait_until(float(ends[-1]))  # the padded batch holds its slots
 
     def settle(self, now: float) -> None:
         """The run stops at `now`: count the tokens in-flight requests already have."""
