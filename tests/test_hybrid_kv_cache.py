@@ -270,3 +270,36 @@ def test_estimate_sizes_the_serving_plan_as_vllm_serves_by_default(capsys):
     assert "1 full + 1 sliding (128 tokens) groups of 12 layers" in capsys.readouterr().out
     assert main(["estimate", "--model", "llama-4-scout", "--gpu", "h200-sxm", "--tp", "2"]) == 0
     assert "KV cache groups" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("hybrid_kv", [True, False], ids=["hybrid", "full_length"])
+def test_a_sessions_next_turn_reuses_its_cached_prefix_with_sliding_groups(
+    make_scenario, hybrid_kv
+):
+    """Multi-turn gpt-oss sessions with prefix caching: a turn's prompt opens with the
+    conversation so far, whose full blocks (and, with the hybrid manager, the window's
+    sliding blocks) stay cached, so later turns skip them, with or without the manager."""
+    scenario = make_scenario(
+        hardware={"gpu": "h100-sxm"},
+        model={"name": "gpt-oss-20b"},
+        serving={
+            "enable_prefix_caching": True,
+            "max_model_len": 8192,
+            "disable_hybrid_kv_cache_manager": not hybrid_kv,
+        },
+        workload={
+            "arrivals": {"kind": "poisson", "rate_per_s": 2.0},
+            "prompt_tokens": {"kind": "uniform", "low": 200, "high": 600},
+            "output_tokens": {"kind": "uniform", "low": 20, "high": 200},
+            "num_requests": 40,
+            "sessions": {"turns": 4, "think_time_s": 1.0},
+        },
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        requests = simulate(scenario).requests
+    later = requests[requests["turn"] > requests["turn"].min()]
+    assert len(later) and (later["cached_prompt_tokens"] > 0).all()
+    # Whole blocks of the previous turn's prompt and output, never the last token.
+    assert (later["cached_prompt_tokens"] % 16 == 0).all()
+    assert (later["cached_prompt_tokens"] < later["prompt"]).all()
