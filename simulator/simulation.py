@@ -150,11 +150,12 @@ def _hybrid_off_reason(scenario: Scenario, arch: ModelArchitecture, kv_transfer:
     mixed = arch.num_sliding_layers < arch.num_layers
     if serving.disable_hybrid_kv_cache_manager and mixed:
         return "serving.disable_hybrid_kv_cache_manager is set"
-    if chunked_local_attention(arch):
+    allowed = serving.allow_chunked_local_attn_with_hybrid_kv_cache
+    if chunked_local_attention(arch) and not allowed:
         return (
             "vLLM turns its hybrid KV cache manager off for chunked local attention by "
-            "default (a latency regression; VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1 "
-            "keeps it), and the chunks are priced as a sliding window"
+            "default (a latency regression; serving.allow_chunked_local_attn_with_hybrid_"
+            "kv_cache, vLLM's VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1, keeps it)"
         )
     if serving.policy not in ("continuous", "chunked_prefill"):
         return f"serving.policy {serving.policy} runs batches to completion (not vLLM V1)"
@@ -182,11 +183,16 @@ def _kv_cache_groups(
         return kv_cache_groups(arch, scenario.serving.block_size)
     full = arch.num_layers - arch.num_sliding_layers
     more = f"up to {arch.num_layers / full:.3g}x" if full else "many times"
+    span = (
+        f"{arch.sliding_window}-token chunks (priced as a window of the chunk, an upper bound)"
+        if chunked_local_attention(arch)
+        else f"a {arch.sliding_window}-token window (priced so)"
+    )
     warnings.warn(
-        f"{arch.name}: {arch.num_sliding_layers} of {arch.num_layers} layers attend to a "
-        f"{arch.sliding_window}-token window (priced so), but their KV cache is held at "
-        f"full length: {reason}. vLLM V1's hybrid KV cache manager keeps only the "
-        f"window's blocks for those layers, fitting {more} as many long-context tokens",
+        f"{arch.name}: {arch.num_sliding_layers} of {arch.num_layers} layers attend to "
+        f"{span}, but their KV cache is held at full length: {reason}. vLLM V1's hybrid "
+        f"KV cache manager keeps only the window's blocks for those layers, fitting "
+        f"{more} as many long-context tokens",
         InfersimWarning,
         stacklevel=2,
     )

@@ -303,3 +303,59 @@ def test_a_sessions_next_turn_reuses_its_cached_prefix_with_sliding_groups(
     # Whole blocks of the previous turn's prompt and output, never the last token.
     assert (later["cached_prompt_tokens"] % 16 == 0).all()
     assert (later["cached_prompt_tokens"] < later["prompt"]).all()
+
+
+def test_llama4_chunked_layers_keep_only_the_current_chunk():
+    """Llama 4 Scout: 12 full + 36 chunked layers (8192-token chunks) form one full and
+    three chunked groups of 12. A chunked group holds the blocks of the current chunk
+    (vLLM's skipped tokens: computed // chunk * chunk): at 10,000 cached tokens,
+    626 - 512 = 114 blocks; the step that starts a new chunk frees the old one's."""
+    g = kv_cache_groups(load_model("llama-4-scout"), 16)
+    assert (g.full, g.sliding, g.layers, g.window, g.chunked) == (1, 3, 12, 8192, True)
+    assert g.held(10_000, 10_001) == 626 + 3 * 114
+    assert g.held(8191, 8192) == 512 + 3 * 512
+    assert g.held(8192, 8193) == 513 + 3 * 1
+    assert g.window_cap(8192) == 1024  # cdiv(chunk + budget, block)
+    # A hit at 10,000 tokens needs the current chunk's cached blocks: 625 - 512 = 113.
+    assert g.cached_prefix_blocks(625) == 625 + 3 * 113
+    assert "3 chunked local (8192 tokens)" in g.describe()
+
+
+@pytest.mark.parametrize("multi_step", [False, True])
+def test_llama4_runs_chunked_groups_only_when_allowed(make_scenario, multi_step):
+    """vLLM keeps Llama 4's chunked layers at full length unless allowed, and the run
+    says so; allowed, one request of 8100 prompt and 200 output tokens holds, step by
+    step, what vLLM's rule gives: 507 blocks in each of the 4 groups for its prompt,
+    then its chunked groups' first-chunk blocks freed at the decode that starts the
+    second chunk, in runs of decode steps as stepping one by one."""
+
+    def run(allow: bool):
+        scenario = make_scenario(
+            hardware={"gpu": "h200-sxm"},
+            model={"name": "llama-4-scout", "weight_dtype": "fp8"},
+            parallelism={"tp": 2},
+            serving={
+                "max_num_batched_tokens": 8192,
+                "max_model_len": 16384,
+                "allow_chunked_local_attn_with_hybrid_kv_cache": allow,
+            },
+            workload={
+                "arrivals": {"kind": "poisson", "rate_per_s": 1.0},
+                "prompt_tokens": {"kind": "fixed", "tokens": 8100},
+                "output_tokens": {"kind": "fixed", "tokens": 200},
+                "num_requests": 1,
+            },
+            engine={"multi_step": multi_step},
+        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            results = simulate(scenario)
+        said = any("held at full length" in str(w.message) for w in caught)
+        assert said != allow
+        return results
+
+    assert run(False).steps["kv_blocks_used"].tolist()[-1] == -(-8299 // 16)  # 48 layers
+    g = kv_cache_groups(load_model("llama-4-scout"), 16)
+    decodes = [int(g.held(c, c + 1)) for c in range(8100, 8299)]
+    assert run(True).steps["kv_blocks_used"].tolist() == [4 * 507, *decodes]
+    assert decodes[0] == 4 * 507 and decodes[92] == 513 + 3 * 1  # c = 8192

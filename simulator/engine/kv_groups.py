@@ -34,16 +34,14 @@ class KvCacheGroups:
     window: int
     layers: int
     block_size: int
-
-    @property
-    def window_blocks(self) -> int:
-        """Cached blocks a prefix-cache hit needs in a sliding group: those holding the
-        window's keys before the first new token (vLLM's contiguous-block rule)."""
-        return -(-(self.window - 1) // self.block_size)
+    chunked: bool = False  # Llama 4's chunked local attention: `window` is the chunk
 
     def skipped_blocks(self, computed):
         """Leading blocks of a sliding group no query attends once `computed` tokens are
-        cached: they hold only keys before the window (scalar or array)."""
+        cached: they hold only keys before the window, or, chunked, before the current
+        chunk (vLLM's get_num_skipped_tokens; scalar or array)."""
+        if self.chunked:
+            return computed // self.window * self.window // self.block_size
         return np.maximum(computed - self.window + 1, 0) // self.block_size
 
     def held(self, computed, tokens):
@@ -60,8 +58,11 @@ class KvCacheGroups:
 
     def window_cap(self, budget: int) -> int:
         """Most blocks a sliding group holds for one sequence when a step computes at
-        most `budget` tokens: the window and the step's tokens, and a block more as the
-        window need not start on a block edge (vLLM's max_admission_blocks_per_request)."""
+        most `budget` tokens (vLLM's max_admission_blocks_per_request): the window and
+        the step's tokens, and a block more as the window need not start on a block
+        edge; chunked, the chunk and the step's tokens."""
+        if self.chunked:
+            return -(-(self.window + budget) // self.block_size)
         return -(-(self.window - 1 + budget) // self.block_size) + 1
 
     def peak(self, tokens: int, budget: int) -> int:
@@ -81,13 +82,16 @@ class KvCacheGroups:
 
     def cached_prefix_blocks(self, prefix_blocks: int) -> int:
         """Pool blocks a released sequence leaves cached for a hit on its first
-        `prefix_blocks` blocks: every full group's, and the window's in each sliding
-        group (those before it were freed as the window slid)."""
-        return self.full * prefix_blocks + self.sliding * min(prefix_blocks, self.window_blocks)
+        `prefix_blocks` blocks: every full group's, and in each sliding group those a
+        hit there needs, the window's cdiv(window - 1, block) before the hit (vLLM's
+        contiguous blocks) or, chunked, the current chunk's; those before were freed."""
+        window = prefix_blocks - self.skipped_blocks(prefix_blocks * self.block_size)
+        return self.full * prefix_blocks + self.sliding * int(window)
 
     def describe(self) -> str:
         groups = [f"{self.full} full"] if self.full else []
-        groups.append(f"{self.sliding} sliding ({self.window} tokens)")
+        kind = "chunked local" if self.chunked else "sliding"
+        groups.append(f"{self.sliding} {kind} ({self.window} tokens)")
         return f"{' + '.join(groups)} groups of {self.layers} layers"
 
 
@@ -124,7 +128,8 @@ def group_layers(arch: ModelArchitecture) -> list[list[int]]:
 
 
 def kv_cache_groups(arch: ModelArchitecture, block_size: int) -> KvCacheGroups:
-    """vLLM V1's KV cache groups of a model with sliding-window layers."""
+    """vLLM V1's KV cache groups of a model with sliding-window (or chunked local
+    attention) layers."""
     if not arch.num_sliding_layers or arch.sliding_window is None:
         raise ValueError(f"{arch.name} has no sliding-window layers: one full group")
     groups = group_layers(arch)
@@ -135,6 +140,7 @@ def kv_cache_groups(arch: ModelArchitecture, block_size: int) -> KvCacheGroups:
         window=arch.sliding_window,
         layers=max(map(len, groups)),
         block_size=block_size,
+        chunked=chunked_local_attention(arch),
     )
 
 
