@@ -224,8 +224,9 @@ class IterationScheduler:
         chunked = self.policy.chunked_prefill
         # Blocks the next tokens of decoding requests will open: kept free, or such a
         # token could preempt a request just swapped in straight back out. Chunked
-        # prefill has given the running decodes theirs before admitting.
-        lookahead = 0 if chunked else run.next_block_need(run.decoding())
+        # prefill has given the running decodes theirs before admitting. Blocks their
+        # windows will free next step are not free now.
+        lookahead = 0 if chunked else max(0, run.next_block_need(run.decoding()))
         while budget > 0 and len(self.waiting) and run.count < self.policy.max_num_seqs:
             rid, level = self.waiting.peek()
             swapped = self.swapped.get(rid)
