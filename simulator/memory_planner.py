@@ -17,6 +17,7 @@ from hardware_models.block_scaling import stored_bytes
 from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
 from hardware_models.errors import InfeasibleError, InfersimError
 from simulator.architecture import ModelArchitecture
+from simulator.engine.kv_groups import KvCacheGroups, page_layers
 from simulator.engine.moe_layer import ExpertLayout
 from simulator.engine.weight_format import (
     check_block_shards,
@@ -156,8 +157,8 @@ def kv_bytes_per_token_on_gpu(
 ) -> float:
     """KV bytes one token takes on one GPU holding `layers`: its K/V heads' share (GQA),
     or the whole MLA latent, which every TP rank keeps. Sliding-window layers count at
-    full length, as vLLM allocates without its hybrid KV cache manager (with it, they
-    would keep only the window's blocks)."""
+    full length, as vLLM allocates without its hybrid KV cache manager (with it, a block
+    holds one KV cache group's layers: plan_memory's `kv_groups`)."""
     return len(layers) * arch.kv_elements_per_token_layer_shard(tp) * bytes_per_element(kv_dtype)
 
 
@@ -229,6 +230,10 @@ class MemoryPlan:
     expert_weights: float = 0.0  # of `weights`, the routed experts'
     expert_parallel: bool = False
     dp: int = 1  # attention data-parallel ranks; the KV capacity is one rank's
+    # With vLLM V1's hybrid KV cache manager: the KV cache groups, whose blocks all hold
+    # `kv_bytes_per_token` a token (one group's layers), and the pool's capacity in
+    # tokens of one group; None: every layer's KV in every block.
+    kv_groups: KvCacheGroups | None = None
 
     def breakdown(self) -> list[tuple[str, float]]:
         """(item, GB) rows that add up to the GPU's capacity."""
@@ -253,11 +258,14 @@ class MemoryPlan:
             footer.append(
                 f"  {'of weights: routed experts':<28}{self.expert_weights / GB:>9.2f} GB"
             )
+        per = " (a group)" if self.kv_groups else ""
         footer += [
             f"  {'capacity':<28}{self.capacity / GB:>9.2f} GB",
-            f"  {'KV bytes per token':<28}{self.kv_bytes_per_token:>9.0f} B",
-            f"  {'KV capacity':<28}{self.kv_capacity_tokens:>9d} tokens",
+            f"  {'KV bytes per token' + per:<28}{self.kv_bytes_per_token:>9.0f} B",
+            f"  {'KV capacity' + per:<28}{self.kv_capacity_tokens:>9d} tokens",
         ]
+        if self.kv_groups:
+            footer.append(f"  {'KV cache groups':<28} {self.kv_groups.describe()}")
         return "\n".join([title, *rows, *footer])
 
 
@@ -275,12 +283,15 @@ def plan_memory(
     framework_overhead_gb: float = DEFAULT_FRAMEWORK_OVERHEAD_GB,
     expert_parallel: bool = False,
     dp: int = 1,
+    kv_groups: KvCacheGroups | None = None,
 ) -> MemoryPlan:
     """Plan one GPU of a tp x pp x dp replica (experts sliced over the tp x dp GPUs, or
     whole over them with `expert_parallel`; each dp rank's tp GPUs hold that rank's KV
     cache, so the plan's KV capacity is one rank's); raise InfeasibleError (with the breakdown) when
     weights, activations and overhead leave no room for a KV cache. The plan is the
-    GPU whose stage holds the fewest KV tokens."""
+    GPU whose stage holds the fewest KV tokens. With `kv_groups` (vLLM V1's hybrid KV
+    cache manager) a block holds a page of one group's layers, as many as the most any
+    group has on the stage (vLLM's tensors shared by one layer of each group)."""
     if not 0 < gpu_memory_utilization <= 1:
         raise InfersimError(
             f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}"
@@ -330,7 +341,8 @@ def plan_memory(
     # limits the replica.
     plans = []
     for layers, stage in zip(stage_layers(arch, pp), stages, strict=True):
-        per_token = kv_bytes_per_token_on_gpu(arch, layers, k_dtype, tp)
+        paged = layers if kv_groups is None else range(page_layers(arch, layers))
+        per_token = kv_bytes_per_token_on_gpu(arch, paged, k_dtype, tp)
         room = usable - stage.total - activations - overhead
         plans.append((room // per_token, stage, per_token, room))
     tokens, stage, kv_per_token, kv_capacity = min(plans)
@@ -353,6 +365,7 @@ def plan_memory(
         usable=usable,
         kv_capacity_bytes=kv_capacity,
         kv_capacity_tokens=int(tokens),
+        kv_groups=kv_groups,
     )
 
 

@@ -256,6 +256,18 @@ class ServingSection(BaseModel):
     max_waiting: int | None = Field(
         default=None, ge=0, description="reject arrivals beyond this many waiting per replica"
     )
+    disable_hybrid_kv_cache_manager: bool = Field(
+        default=False,
+        description="vLLM's --disable-hybrid-kv-cache-manager: a model mixing sliding-window "
+        "and full-attention layers keeps every layer's keys at full length, instead of "
+        "KV cache groups whose sliding ones free the blocks that leave the window",
+    )
+    allow_chunked_local_attn_with_hybrid_kv_cache: bool = Field(
+        default=False,
+        description="vLLM's VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1: Llama 4's "
+        "chunked local attention layers keep only their current chunk's blocks; vLLM "
+        "turns its hybrid KV cache manager off for them by default",
+    )
 
     @property
     def kv_watermark(self) -> float:

@@ -23,6 +23,7 @@ from hardware_models.presets import list_nodes, load_gpu, load_node
 from simulator.architecture import ModelArchitecture
 from simulator.caveats import check_token_budget, configuration_warnings
 from simulator.engine.dp_group import DpGroup
+from simulator.engine.kv_groups import KvCacheGroups, chunked_local_attention, kv_cache_groups
 from simulator.engine.pipeline import PipelineGroup, SharedKv
 from simulator.engine.prefix_hashes import BlockKeys
 from simulator.engine.replica import Clock, Replica, ReplicaConfig, empty_kv_cache
@@ -141,26 +142,61 @@ def check_placement(scenario: Scenario, arch: ModelArchitecture, node: NodeSpec)
             )
 
 
-def _engine_window(arch: ModelArchitecture) -> int | None:
-    """The window of the model's sliding-window layers, which the engine prices over each
-    sequence's last `window` keys (the others over all of them). Their KV cache is kept
-    at full length, as vLLM without its hybrid KV cache manager; vLLM V1's manager keeps
-    only the window's blocks for those layers, so it fits more long sequences: the run
-    says so."""
+def _hybrid_off_reason(scenario: Scenario, arch: ModelArchitecture, kv_transfer: bool) -> str:
+    """Why vLLM V1's hybrid KV cache manager does not run for this model and scenario
+    (empty: it runs). vLLM turns it off itself with a KV connector and, by default, for
+    chunked local attention; vLLM V1 has neither run-to-completion batches nor swapping."""
+    serving = scenario.serving
+    mixed = arch.num_sliding_layers < arch.num_layers
+    if serving.disable_hybrid_kv_cache_manager and mixed:
+        return "serving.disable_hybrid_kv_cache_manager is set"
+    allowed = serving.allow_chunked_local_attn_with_hybrid_kv_cache
+    if chunked_local_attention(arch) and not allowed:
+        return (
+            "vLLM turns its hybrid KV cache manager off for chunked local attention by "
+            "default (a latency regression; serving.allow_chunked_local_attn_with_hybrid_"
+            "kv_cache, vLLM's VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1, keeps it)"
+        )
+    if serving.policy not in ("continuous", "chunked_prefill"):
+        return f"serving.policy {serving.policy} runs batches to completion (not vLLM V1)"
+    if serving.preemption == "swap":
+        return "serving.preemption swap is vLLM v0's, which has no hybrid KV cache manager"
+    if kv_transfer:
+        return (
+            "vLLM turns the manager off with a KV connector (--kv-transfer-config), which "
+            "moves caches between the prefill and decode pools"
+        )
+    return ""
+
+
+def _kv_cache_groups(
+    scenario: Scenario, arch: ModelArchitecture, kv_transfer: bool
+) -> KvCacheGroups | None:
+    """The KV cache groups of vLLM V1's hybrid KV cache manager (None: every layer at
+    full length in every block). A model with sliding-window layers held at full length
+    has its keys priced over the window but fits fewer sequences than vLLM's manager
+    would: the run says so, with the factor."""
     if not arch.num_sliding_layers:
         return None
+    reason = _hybrid_off_reason(scenario, arch, kv_transfer)
+    if not reason:
+        return kv_cache_groups(arch, scenario.serving.block_size)
     full = arch.num_layers - arch.num_sliding_layers
     more = f"up to {arch.num_layers / full:.3g}x" if full else "many times"
+    span = (
+        f"{arch.sliding_window}-token chunks (priced as a window of the chunk, an upper bound)"
+        if chunked_local_attention(arch)
+        else f"a {arch.sliding_window}-token window (priced so)"
+    )
     warnings.warn(
-        f"{arch.name}: {arch.num_sliding_layers} of {arch.num_layers} layers attend to a "
-        f"{arch.sliding_window}-token window (priced so), but the KV cache keeps their keys "
-        "at full length, as vLLM without its hybrid KV cache manager; vLLM V1's manager "
-        f"keeps only the window's blocks for those layers, fitting {more} as many "
-        "long-context tokens",
+        f"{arch.name}: {arch.num_sliding_layers} of {arch.num_layers} layers attend to "
+        f"{span}, but their KV cache is held at full length: {reason}. vLLM V1's hybrid "
+        f"KV cache manager keeps only the window's blocks for those layers, fitting "
+        f"{more} as many long-context tokens",
         InfersimWarning,
         stacklevel=2,
     )
-    return arch.sliding_window
+    return None
 
 
 def resolve_weight_dtype(asked: str | None, arch: ModelArchitecture) -> str:
@@ -197,9 +233,10 @@ def _warn_links_fitted_elsewhere(gpu: AcceleratorSpec, node: NodeSpec, profile: 
         )
 
 
-def build_replica(scenario: Scenario) -> ReplicaBuild:
+def build_replica(scenario: Scenario, kv_transfer: bool = False) -> ReplicaBuild:
     """Model, hardware, memory plan and step costs: fails early, with the breakdown, when
-    the configuration cannot run."""
+    the configuration cannot run. `kv_transfer`: the replica's pool sends or receives
+    KV caches (disaggregated prefill and decode)."""
     calibration = resolve_calibration(scenario)
     gpu = calibration.gpu
     node = resolve_node(scenario, gpu)
@@ -236,6 +273,7 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
         framework_overhead_gb=engine.framework_overhead_gb,
         expert_parallel=par.enable_expert_parallel,
         dp=par.dp,
+        kv_groups=_kv_cache_groups(scenario, arch, kv_transfer),
     )
     block_bytes = serving.block_size * memory.kv_bytes_per_token
     blocks = serving.num_gpu_blocks or int(memory.kv_capacity_bytes // block_bytes)
@@ -262,7 +300,8 @@ def build_replica(scenario: Scenario) -> ReplicaBuild:
         swap_seconds_per_block=block_bytes / pcie,
         max_queue_delay_s=serving.max_queue_delay_ms / 1000,
         max_waiting=serving.max_waiting,
-        sliding_window=_engine_window(arch),
+        sliding_window=arch.sliding_window if arch.num_sliding_layers else None,
+        kv_groups=memory.kv_groups,
         priority_preemption=serving.priority_preemption,
         reserve_full_sequence=serving.reserve_full_sequence,
         multi_step=engine.multi_step,
@@ -338,8 +377,10 @@ class _Run:
 
     def __init__(self, scenario: Scenario, progress: bool) -> None:
         self.scenario = scenario
+        pools = scenario.pool_list()
+        kv_transfer = any(pool.role != "mixed" for pool in pools)
         self.builds = [
-            (pool.name, build_replica(scenario.for_pool(pool))) for pool in scenario.pool_list()
+            (pool.name, build_replica(scenario.for_pool(pool), kv_transfer)) for pool in pools
         ]
         self.env = simpy.Environment()
         wl = scenario.workload
@@ -472,6 +513,13 @@ class _Run:
                 stacklevel=2,
             )
             return None
+        if config.kv_groups is not None:
+            raise InfersimError(
+                "serving.enable_prefix_caching with a trace's hash_ids: prompts sharing "
+                "blocks by hash are not modelled with the hybrid KV cache manager's "
+                "sliding-window groups; set serving.disable_hybrid_kv_cache_manager: true "
+                "(every layer at full length) or drop the hash_ids"
+            )
         return BlockKeys(self.prompt_hashes, config.block_size)
 
     def _on_finish(self, rid: int) -> None:

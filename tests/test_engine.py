@@ -469,3 +469,21 @@ def test_step_prices_do_not_depend_on_the_order_token_counts_come_in():
     ascending = prices(counts)
     assert prices(counts[::-1]) == ascending
     assert prices(counts[::7]) == {t: ascending[t] for t in counts[::7]}  # one at a time
+
+
+def test_catching_up_lands_on_the_step_end_across_binades():
+    """From a clock in a lower binade, no single timeout may land on a run's end (every
+    `now + delay` rounds past it, ties to even): the replica waits again, one ulp, so a
+    completion's time and the run's end agree as they do stepping one by one (found by
+    tests/test_hybrid_kv_cache.py's property: a gpt-oss session's 7-step run)."""
+    import simpy
+
+    now, end = 0.00418606478233814, 0.02905738089977938
+    env = simpy.Environment(initial_time=now)
+    delay = end - now
+    assert now + delay != end  # one timeout does not get there
+    waiter = replica.Replica.__new__(replica.Replica)
+    waiter.env = env
+    env.process(waiter.wait_until(end))
+    env.run()
+    assert env.now == end

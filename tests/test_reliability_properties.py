@@ -2,7 +2,8 @@
 end with every invariant holding, or are refused up front with a one-line InfersimError.
 
 Generated: models from llama-2-7b to llama-3.1-405b and the MoE models mixtral,
-qwen3-30b-a3b, gpt-oss-20b and deepseek-v3 (MLA), with and without expert parallelism and
+qwen3-30b-a3b, gpt-oss-20b and deepseek-v3 (MLA), gemma-2-9b (sliding-window layers, like
+gpt-oss: with vLLM V1's hybrid KV cache manager or without), with and without expert parallelism and
 routing skew, GPUs from L4 to B200, tp 1..8, rates from 0.01/s to 1000/s, prompts from 1
 token to beyond the context window, one-token outputs, fixed/uniform/normal/lognormal
 lengths, the four policies, recompute and swap, prefix caching, tiny KV caches, 1..16
@@ -43,6 +44,7 @@ MODELS = [
     "llama-3.1-405b",
     "qwen3-30b-a3b",  # MoE: 128 experts, top 8
     "gpt-oss-20b",  # MoE with alternating sliding/full attention
+    "gemma-2-9b",  # dense, alternating 4096-token sliding and full attention
     "deepseek-v3",  # MoE with MLA (refused where it does not fit)
 ]
 MOE_MODELS = {"mixtral-8x7b", "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v3"}
@@ -255,6 +257,8 @@ def scenarios(draw: st.DrawFn, max_requests: int = MAX_REQUESTS) -> dict[str, An
         "priority_preemption": draw(st.booleans()),
         "enable_prefix_caching": draw(st.booleans()),
         "reserve_full_sequence": draw(st.booleans()),
+        # vLLM V1's hybrid KV cache manager (models with sliding-window layers)
+        "disable_hybrid_kv_cache_manager": draw(st.booleans()),
     }
     if draw(st.booleans()):
         serving["num_gpu_blocks"] = draw(st.sampled_from([1, 2, 5, 40, 300, 2000]))

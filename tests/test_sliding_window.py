@@ -3,12 +3,13 @@ keys, prefill over the banded causal mask, in the layers that slide and only the
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from hardware_models.attention import DecodeAttention, causal_pairs
-from hardware_models.errors import InfersimWarning
 from hardware_models.presets import load_gpu, load_node
 from simulator.engine import replica
 from simulator.engine.step_cost import StepCostModel, window_sums
@@ -82,35 +83,66 @@ def test_fa2_runs_a_windowed_decode_one_block_per_query_head():
     assert windowed.one_step(256, 256 * 100)[0] > packed.one_step(256, 256 * 100)[0]
 
 
-def _hybrid(make_scenario, **sections):
+def _hybrid(make_scenario, hybrid_kv: bool = True, rate: float = 3.0, **sections):
+    """gpt-oss-20b serving a mixed workload; `hybrid_kv`: vLLM V1's hybrid KV cache
+    manager on (the default) or off. Held at full length, the run says so."""
     workload = {
-        "arrivals": {"kind": "poisson", "rate_per_s": 3.0},
+        "arrivals": {"kind": "poisson", "rate_per_s": rate},
         "prompt_tokens": {"kind": "uniform", "low": 16, "high": 600},
         "output_tokens": {"kind": "uniform", "low": 2, "high": 300},
         "num_requests": 60,
     }
-    with pytest.warns(InfersimWarning, match="12 of 24 layers attend to a 128-token window"):
-        return simulate(
-            make_scenario(
-                hardware={"gpu": "h100-sxm"},
-                model={"name": "gpt-oss-20b"},
-                workload=workload,
-                **sections,
-            )
-        )
+    serving = sections.pop("serving", {}) | {"disable_hybrid_kv_cache_manager": not hybrid_kv}
+    scenario = make_scenario(
+        hardware={"gpu": "h100-sxm"},
+        model={"name": "gpt-oss-20b"},
+        workload=workload,
+        serving=serving,
+        **sections,
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = simulate(scenario)
+    full_length = [w for w in caught if "held at full length" in str(w.message)]
+    static = serving.get("policy") == "static"
+    assert bool(full_length) == (static or not hybrid_kv), [str(w.message) for w in caught]
+    return results
 
 
-@pytest.mark.parametrize("policy", ["static", "chunked_prefill"])
-@pytest.mark.parametrize("stepwise_up_to", [-1, 10**9])
-def test_hybrid_multi_step_matches_step_by_step(make_scenario, monkeypatch, policy, stepwise_up_to):
-    """Runs of decode steps (priced one by one or vectorised) give a hybrid model's
-    step-by-step numbers bit for bit, contexts crossing the window included."""
-    serving = {"policy": policy, "max_num_batched_tokens": 1024, "max_model_len": 1024}
-    slow = _hybrid(make_scenario, serving=serving, engine={"multi_step": False})
-    monkeypatch.setattr(replica, "STEPWISE_RUN_STEPS", stepwise_up_to)
-    fast = _hybrid(make_scenario, serving=serving)
+def _assert_same_run(fast, slow):
     pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
     pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
+
+
+@pytest.mark.parametrize("hybrid_kv", [True, False], ids=["hybrid", "full_length"])
+@pytest.mark.parametrize("policy", ["static", "chunked_prefill"])
+@pytest.mark.parametrize("stepwise_up_to", [-1, 10**9])
+def test_hybrid_multi_step_matches_step_by_step(
+    make_scenario, monkeypatch, policy, stepwise_up_to, hybrid_kv
+):
+    """Runs of decode steps (priced one by one or vectorised) give a hybrid model's
+    step-by-step numbers bit for bit, contexts crossing the window included, with its
+    sliding groups' blocks freed as the window slides or held at full length."""
+    serving = {"policy": policy, "max_num_batched_tokens": 1024, "max_model_len": 1024}
+    slow = _hybrid(make_scenario, hybrid_kv, serving=serving, engine={"multi_step": False})
+    monkeypatch.setattr(replica, "STEPWISE_RUN_STEPS", stepwise_up_to)
+    fast = _hybrid(make_scenario, hybrid_kv, serving=serving)
+    _assert_same_run(fast, slow)
+    assert (fast.requests["outcome"] == "completed").all()
+
+
+@pytest.mark.parametrize("stepwise_up_to", [-1, 10**9])
+def test_hybrid_multi_step_matches_step_by_step_under_kv_pressure(
+    make_scenario, monkeypatch, stepwise_up_to
+):
+    """A pool so small that sequences are preempted while their windows slide: runs
+    stop where the stepping would have run out of blocks, freed ones counted."""
+    serving = {"max_num_batched_tokens": 256, "max_model_len": 1024, "num_gpu_blocks": 160}
+    slow = _hybrid(make_scenario, rate=40.0, serving=serving, engine={"multi_step": False})
+    monkeypatch.setattr(replica, "STEPWISE_RUN_STEPS", stepwise_up_to)
+    fast = _hybrid(make_scenario, rate=40.0, serving=serving)
+    _assert_same_run(fast, slow)
+    assert fast.requests["preemptions"].sum() > 0
     assert (fast.requests["outcome"] == "completed").all()
 
 
@@ -118,8 +150,8 @@ def test_hybrid_multi_step_matches_step_by_step(make_scenario, monkeypatch, poli
 def test_hybrid_multi_step_matches_step_by_step_pipelined_and_data_parallel(
     make_scenario, parallelism
 ):
-    """The windowed sums travel through the pipelined engines and the dp ranks too."""
+    """The windowed sums and the sliding groups' blocks travel through the pipelined
+    engines and the dp ranks too."""
     slow = _hybrid(make_scenario, parallelism=parallelism, engine={"multi_step": False})
     fast = _hybrid(make_scenario, parallelism=parallelism)
-    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
-    pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
+    _assert_same_run(fast, slow)

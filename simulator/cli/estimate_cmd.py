@@ -8,9 +8,11 @@ from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import parse_dtype
 from hardware_models.errors import InfeasibleError
 from hardware_models.presets import load_gpu
+from simulator.engine.kv_groups import vllm_default_groups
 from simulator.engine.weight_format import check_weight_support, weight_format
 from simulator.memory_planner import GB, plan_memory
 from simulator.model_catalog import load_model
+from simulator.scenario import ServingSection
 from simulator.sizing import (
     TRAINING_MULTIPLIER,
     detailed_inference,
@@ -107,8 +109,11 @@ def _run(args: argparse.Namespace) -> int:
     rounded = f" ({est.gpus} by memory, rounded up to a valid tp)" if est.tp != est.gpus else ""
     print(f"  GPUs needed: {est.tp}{rounded}")
     print(f"\nServing plan at tp={args.tp} (vLLM-style memory budget):")
+    groups = vllm_default_groups(arch, ServingSection.model_fields["block_size"].default)
     try:
-        plan = plan_memory(arch, gpu, weight_dtype=precision, kv_dtype=kv_dtype, tp=args.tp)
+        plan = plan_memory(
+            arch, gpu, weight_dtype=precision, kv_dtype=kv_dtype, tp=args.tp, kv_groups=groups
+        )
     except InfeasibleError as exc:
         print(f"  {exc}")
         return 0

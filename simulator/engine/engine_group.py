@@ -139,5 +139,4 @@ class EngineGroup(ABC):
         if end >= self.clock.horizon:
             for member in self.members:
                 member.running.materialize()
-        if end > self.env.now:
-            yield self.members[0]._timeout_until(end)
+        yield from self.members[0].wait_until(end)

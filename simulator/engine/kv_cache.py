@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from hardware_models.errors import InfeasibleError
+from simulator.engine.kv_groups import KvCacheGroups
 
 CacheKey = tuple[str, int]
 """Whose blocks: ("request", request id) or ("session", session id)."""
@@ -51,6 +52,20 @@ class BlockManager:
         return self._cached_total
 
     def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def held(self, computed: int, tokens: int) -> int:
+        """Blocks a sequence holds once its first `tokens` tokens have slots, `computed`
+        of them cached before this step: one per `block_size` tokens here."""
+        return -(-tokens // self.block_size)
+
+    def peak_blocks(self, tokens: int) -> int:
+        """Most blocks a sequence of `tokens` tokens ever holds at once."""
+        return -(-tokens // self.block_size)
+
+    def full_sequence_blocks(self, hit: int, tokens: int) -> int:
+        """Blocks admitting a sequence of `tokens` tokens, `hit` of them cached, asks to
+        be free when its whole sequence must fit: all of them here."""
         return -(-tokens // self.block_size)
 
     def can_admit(self, blocks: int) -> bool:
@@ -99,3 +114,54 @@ class BlockManager:
         self.free += blocks
         if self.free > self.total:
             raise RuntimeError(f"KV over-release: {self.free} free of {self.total}")
+
+
+class HybridBlockManager(BlockManager):
+    """vLLM V1's hybrid KV cache manager over one pool: a sequence holds blocks in every
+    KV cache group (see kv_groups.py), so the counts here are pool blocks over all groups;
+    sliding groups free the blocks that leave the window. A released sequence leaves
+    its full groups' blocks and its window's cached; an eviction that takes any of them
+    breaks the hit (the window before a shorter prefix was freed long before)."""
+
+    def __init__(
+        self,
+        total_blocks: int,
+        groups: KvCacheGroups,
+        max_num_batched_tokens: int,
+        watermark: float = 0.0,
+    ) -> None:
+        super().__init__(total_blocks, groups.block_size, watermark)
+        self.groups = groups
+        self.budget = max_num_batched_tokens
+        self._prefix: dict[CacheKey, int] = {}  # owner -> the prefix blocks it cached
+
+    def blocks_for(self, tokens: int) -> int:
+        return self.groups.full_length(tokens)
+
+    def held(self, computed: int, tokens: int) -> int:
+        return int(self.groups.held(computed, tokens))
+
+    def peak_blocks(self, tokens: int) -> int:
+        return self.groups.peak(tokens, self.budget)
+
+    def full_sequence_blocks(self, hit: int, tokens: int) -> int:
+        return self.groups.full_sequence(hit, tokens, self.budget)
+
+    def keep_cached(self, key: CacheKey, blocks: int) -> None:
+        """`blocks`: the prefix blocks `key` computed (whole blocks of tokens)."""
+        super().keep_cached(key, self.groups.cached_prefix_blocks(blocks))
+        if blocks > 0:
+            self._prefix[key] = blocks
+
+    def cached_blocks(self, key: CacheKey) -> int:
+        """Prefix blocks of `key` that still hit: all it cached, or none once evicted."""
+        blocks = self._prefix.get(key, 0)
+        if blocks and super().cached_blocks(key) == self.groups.cached_prefix_blocks(blocks):
+            return blocks
+        if blocks and not super().cached_blocks(key):  # evicted whole: forget it
+            del self._prefix[key]
+        return 0
+
+    def take_cached(self, key: CacheKey) -> int:
+        self._prefix.pop(key, None)
+        return super().take_cached(key)

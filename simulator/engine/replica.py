@@ -28,11 +28,13 @@ import numpy as np
 import simpy
 
 from hardware_models.attention import causal_pairs
-from simulator.engine.kv_cache import BlockManager
+from simulator.engine.kv_cache import BlockManager, HybridBlockManager
+from simulator.engine.kv_groups import KvCacheGroups
 from simulator.engine.prefix_hashes import BlockKeys, HashedBlockManager
 from simulator.engine.requests import Outcome, RejectReason, RequestTable
 from simulator.engine.running import RunningSet
 from simulator.engine.scheduler import IterationPolicy, IterationScheduler, StepPlan
+from simulator.engine.sliding_running import SlidingRunningSet
 from simulator.engine.step_cost import (
     DecodeSteps,
     StepCost,
@@ -66,6 +68,7 @@ class ReplicaConfig:
     max_queue_delay_s: float = 0.0
     max_waiting: int | None = None
     sliding_window: int | None = None  # of the model's sliding-window layers, if any
+    kv_groups: KvCacheGroups | None = None  # the hybrid KV cache manager's groups, if on
     priority_preemption: bool = True
     reserve_full_sequence: bool = True
     multi_step: bool = True
@@ -105,6 +108,10 @@ def empty_kv_cache(config: ReplicaConfig, prefix_keys: BlockKeys | None) -> Bloc
     if prefix_keys is not None and config.prefix_caching:
         return HashedBlockManager(
             config.total_blocks, config.block_size, config.watermark, prefix_keys
+        )
+    if config.kv_groups is not None:
+        return HybridBlockManager(
+            config.total_blocks, config.kv_groups, config.max_num_batched_tokens, config.watermark
         )
     return BlockManager(config.total_blocks, config.block_size, config.watermark)
 
@@ -158,7 +165,11 @@ class Replica:
         """Empty KV cache, queues and scheduler: at start, and after a failure."""
         config, requests = self.cfg, self.requests
         self.kv = self._kv_source()
-        self.running = RunningSet(config.max_num_seqs, config.block_size, requests)
+        self.running = (
+            SlidingRunningSet(config.max_num_seqs, config.block_size, requests, self.kv)
+            if isinstance(self.kv, HybridBlockManager)
+            else RunningSet(config.max_num_seqs, config.block_size, requests)
+        )
         self.waiting = WaitingQueue()
         self._batch: list[int] = []  # a run-to-completion batch in progress
         self._batch_ends: np.ndarray | None = None
@@ -227,7 +238,7 @@ class Replica:
         if total > cfg.max_model_len:
             return RejectReason.EXCEEDS_MAX_MODEL_LEN
         held = int(req.prompt[rid]) + 1 if cfg.role == "prefill" else total
-        if self.kv.blocks_for(held - 1) > self.kv.total:
+        if self.kv.peak_blocks(held - 1) > self.kv.total:
             return RejectReason.EXCEEDS_KV_CACHE
         if cfg.policy == "continuous" and req.prompt[rid] > cfg.max_num_batched_tokens:
             return RejectReason.EXCEEDS_TOKEN_BUDGET
@@ -314,7 +325,13 @@ class Replica:
         from outside (an arrival, the horizon) can happen before they end."""
         if end >= self.clock.horizon:  # the run may stop there: the table must be whole
             self.running.materialize()
-        if end > self.env.now:
+        yield from self.wait_until(end)
+
+    def wait_until(self, end: float):
+        """Timeouts until SimPy's clock reads `end` exactly: from a clock in a lower
+        binade, every `now + delay` may round past `end` (ties to even skip every other
+        float), and a second, one-ulp timeout then lands on it."""
+        while end > self.env.now:
             yield self._timeout_until(end)
 
     def _timeout_until(self, end: float) -> simpy.Timeout:
@@ -555,7 +572,7 @@ class Replica:
         end of each step and the KV blocks the steps after the first need."""
         arrival, horizon, fault = self.clock.next_arrival, self.clock.horizon, self.clock.next_fault
         free, used = self.kv.free, self.kv.used
-        opens = self.running.block_need_pattern().tolist()
+        opens = self.running.block_need_pattern(steps).tolist()
         n, bs, replica = pricer.seqs, len(opens), self.index
         price = pricer.price
         start, blocks = self.t, 0
@@ -609,7 +626,10 @@ class Replica:
         if self.clock.next_fault < math.inf:
             limit = min(limit, int(np.searchsorted(times[1:], self.clock.next_fault, "right")))
         cum_blocks = np.cumsum(self.running.run_block_needs(max(limit, 1)))
-        kv_limit = int(np.searchsorted(cum_blocks, self.kv.free, side="right"))
+        # Sliding windows give blocks back: the first step over the free is the first
+        # whose running peak is.
+        peaks = np.maximum.accumulate(cum_blocks) if self.running.frees_blocks else cum_blocks
+        kv_limit = int(np.searchsorted(peaks, self.kv.free, side="right"))
         return max(1, min(limit, kv_limit)), cum_blocks
 
     # ---- run-to-completion policies (static, dynamic) ------------------------------------
@@ -710,13 +730,11 @@ class Replica:
         self._batch_ends = ends  # for settle(): the tokens out when a run stops midway
         moments = np.unique(finish) if self.cfg.multi_step else np.concatenate(([first], ends))
         for moment in moments.tolist():
-            if moment > self.env.now:
-                yield self._timeout_until(moment)
+            yield from self.wait_until(moment)
             done = batch[finish == moment]
             if len(done):
                 self._complete_batch(done, moment)
-        if ends[-1] > self.env.now:  # the padded batch holds its slots to the end
-            yield self._timeout_until(float(ends[-1]))
+        yield from self.wait_until(float(ends[-1]))  # the padded batch holds its slots
 
     def settle(self, now: float) -> None:
         """The run stops at `now`: count the tokens in-flight requests already have."""

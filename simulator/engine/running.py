@@ -29,6 +29,8 @@ from simulator.engine.requests import RequestTable
 
 
 class RunningSet:
+    frees_blocks = False  # True where sequences also give blocks back (sliding_running.py)
+
     def __init__(self, capacity: int, block_size: int, requests: RequestTable) -> None:
         self.capacity = capacity
         self.block_size = block_size
@@ -197,10 +199,10 @@ class RunningSet:
         else:
             self.blocks[slots] = -(-(self.computed[slots] + 1) // self.block_size)
 
-    def block_need_pattern(self) -> np.ndarray:
-        """New blocks the decoding requests need at lockstep step j from now, at index
-        j % block_size: at step j a sequence of c cached tokens writes token c + j, which
-        opens a block when it is a multiple of the block size."""
+    def block_need_pattern(self, steps: int = 0) -> np.ndarray:
+        """New blocks the decoding requests need at lockstep step j from now (j < `steps`),
+        at index j % block_size: at step j a sequence of c cached tokens writes token
+        c + j, which opens a block when it is a multiple of the block size."""
         bs = self.block_size
         if self.lockstep:
             by_edge = self._by_edge

@@ -172,7 +172,7 @@ class IterationScheduler:
             computed = run.computed.item(slot)
             chunk = min(run.target.item(slot) - computed, budget)
             held = run.blocks.item(slot)
-            blocks = kv.blocks_for(computed + chunk) - held
+            blocks = kv.held(computed, computed + chunk) - held
             if blocks > kv.free and not self._make_room(blocks, plan, requester=slot):
                 break
             kv.allocate(blocks)
@@ -213,6 +213,7 @@ class IterationScheduler:
             need = run.next_block_need(plan.decode_slots)
         if need:
             kv.allocate(need)
+        if need or run.frees_blocks:
             run.take_next_blocks(plan.decode_slots)
 
     def _admit(self, plan: StepPlan, budget: int) -> None:
@@ -227,8 +228,9 @@ class IterationScheduler:
         chunked = self.policy.chunked_prefill
         # Blocks the next tokens of decoding requests will open: kept free, or such a
         # token could preempt a request just swapped in straight back out. Chunked
-        # prefill has given the running decodes theirs before admitting.
-        lookahead = 0 if chunked else run.next_block_need(run.decoding())
+        # prefill has given the running decodes theirs before admitting. Blocks their
+        # windows will free next step are not free now.
+        lookahead = 0 if chunked else max(0, run.next_block_need(run.decoding()))
         while budget > 0 and len(self.waiting) and run.count < self.policy.max_num_seqs:
             rid, level = self.waiting.peek()
             swapped = self.swapped.get(rid)
@@ -251,8 +253,9 @@ class IterationScheduler:
                 chunk = min(target - hit, budget) if chunked else target - hit
                 if chunk > budget and (plan.prefill_slots or len(plan.decode_slots)):
                     break  # a whole prompt over budget runs alone
-                blocks = kv.blocks_for(hit + chunk)
-                need = kv.blocks_for(target) if self.policy.reserve_full_sequence else blocks
+                blocks = kv.held(hit, hit + chunk)
+                full = self.policy.reserve_full_sequence
+                need = kv.full_sequence_blocks(hit, target) if full else blocks
                 need -= shared
             alone = run.count == 0
             first = blocks - shared + ahead  # what it needs to run alone
