@@ -29,14 +29,15 @@ vLLM's CUDA communicator (vllm/distributed/device_communicators/cuda_communicato
 2. torch symmetric memory (symm_mem.py), `VLLM_ALLREDUCE_USE_SYMM_MEM`. Its default has
    moved: the backend arrived in 0.10.2 off (vllm-project/vllm#20759; #24111 turned it
    on and #24696 off again before that release), #25070 turned it on for 0.11.0 (which
-   #26525 reports), and #26925 (October 2025) turned it off again, so 0.11.1 shipped
-   with it off; vLLM's main branch has it on again, from a release this model did not
-   pin. `parallelism.allreduce_use_symm_mem` (default on, as main) sets it; a replay
-   picks it by the run's vLLM version (simulator.replay.config). CUDA only, compute
+   #26525 reports), and #26925 (October 2025, before 0.11.1) turned it off again; it
+   is on again by 0.18.0 (#38550 reports it) and on vLLM's main branch, from a release
+   in between that was not found. `parallelism.allreduce_use_symm_mem` (default on, as
+   main) sets it; a replay picks it by the run's vLLM version and says where that is a
+   guess (simulator.replay.vllm_defaults.symm_mem_default). CUDA only, compute
    capability 9.0, 10.0 or 10.3, a bf16 tensor up to `SYMM_MEM_ALL_REDUCE_MAX_SIZES`
-   (64 MiB for 8 H100s; "up to" as in the source read, vllm-project/vllm#42993;
-   releases before it compare with `<`, which sends a tensor of exactly the limit to
-   NCCL: one token count per group, not modelled by version), and only where the GPUs
+   (64 MiB for 8 H100s; "up to" as vLLM compares since vllm-project/vllm#42993, May
+   2026; releases before it compare with `<`, which sends a tensor of exactly the limit
+   to NCCL: one token count per group, not switched by version), and only where the GPUs
    support multicast (NVSwitch; `multicast_ptr == 0` disables it).
    It copies the input into its buffer, runs `multimem_all_reduce_` (NVSwitch reduces
    with multimem loads and multicast stores) or `two_shot_all_reduce_` by world size, and
