@@ -297,11 +297,14 @@ def prefill_many(
     context_tokens,
     warm_l2: bool = False,
 ) -> tuple[np.ndarray, ...]:
-    """PrefillAttention.many over calls of several head layouts at once: call i runs
-    `models[layout[i]]`. One pass of numpy over every call instead of one per layout (a
-    fit prices tens of layouts per candidate); each call's arithmetic is its model's, in
-    the same order, so the floats are those of __call__. The models share one GPU and
-    efficiency profile (curves, floor, SMs), as a fit's do."""
+    """PrefillAttention.many over calls of several head layouts and KV-cache dtypes at
+    once: call i runs `models[layout[i]]`. One pass of numpy over every call instead of
+    one per layout (a fit prices tens of layouts per candidate); each call's arithmetic
+    is its model's, in the same order, so the floats are those of __call__: its own
+    constants, curves and floor (a profile's per-cache-dtype kernel), and for one token a
+    sequence its decode kernel. The models must share one GPU and tile rule: the SM
+    count, bandwidth, L2 and `whole_tiles` are read from the first. `warm_l2`: a
+    benchmark's repeated call finds part of its bytes in L2 (the measured tables)."""
     if not models:
         return tuple(np.empty(0) for _ in range(5))
     first = models[0]

@@ -6,7 +6,11 @@ vLLM's CUDA communicator (vllm/distributed/device_communicators/cuda_communicato
 1. vLLM's custom all-reduce (custom_all_reduce.py, csrc/custom_all_reduce.cuh), off with
    `--disable-custom-all-reduce`. It starts only inside one node, for 2, 4, 6 or 8 GPUs
    (`_SUPPORTED_WORLD_SIZES`), on more than two GPUs only when they are fully connected
-   (NVLink/NVSwitch, xGMI), and on two PCIe GPUs only with working peer access. It takes a
+   (NVLink/NVSwitch, xGMI), and on two PCIe GPUs only with working peer access, which
+   vLLM tests at start-up (`_can_p2p`). The simulator cannot run that test: it reads
+   peer access from the node (`_peer_access`): a PCIe link allows it only where its
+   `fabric` says so (`p2p`, GPUs under one switch); a PCIe link without a `fabric`, or
+   a network link (ethernet, InfiniBand) inside a node, gets NCCL. It takes a
    tensor of a multiple of 16 bytes below `max_size`: 8 MiB, or on Hopper and Blackwell,
    when torch symmetric memory is up, the smaller per-world-size limit of
    `CUSTOM_ALL_REDUCE_MAX_SIZES` (all_reduce_utils.py; 256 KiB for 8 H100s). Its kernel
@@ -17,12 +21,24 @@ vLLM's CUDA communicator (vllm/distributed/device_communicators/cuda_communicato
    synchronise the ranks with flags written into each peer's memory and polled (one peer
    write each, "Latency = 1 p2p write" in the source); the two-shot kernel's middle barrier
    adds a system-scope fence. Under CUDA-graph capture the input buffers are registered
-   (no copy); eagerly the input is first copied into a registered buffer.
-2. torch symmetric memory (symm_mem.py), `VLLM_ALLREDUCE_USE_SYMM_MEM`, on by default
-   since vLLM 0.11.0 (vllm-project/vllm#24111; off in 0.10.2 and before, as
-   vllm-project/vllm#26525 reports): CUDA only, compute capability 9.0, 10.0
-   or 10.3, a bf16 tensor up to `SYMM_MEM_ALL_REDUCE_MAX_SIZES` (64 MiB for 8 H100s),
-   and only where the GPUs support multicast (NVSwitch; `multicast_ptr == 0` disables it).
+   (no copy); eagerly the input is first copied into a registered buffer. A run with
+   `cuda_graphs` on prices every step as captured: vLLM runs a step above its largest
+   capture size (`max_cudagraph_capture_size`) eagerly, with that copy, but the
+   simulator does not model the capture sizes, so those steps miss one device copy of
+   the tensor per all-reduce (and are priced at graph launch cost too).
+2. torch symmetric memory (symm_mem.py), `VLLM_ALLREDUCE_USE_SYMM_MEM`. Its default has
+   moved: the backend arrived in 0.10.2 off (vllm-project/vllm#20759; #24111 turned it
+   on and #24696 off again before that release), #25070 turned it on for 0.11.0 (which
+   #26525 reports), and #26925 (October 2025, before 0.11.1) turned it off again; it
+   is on again by 0.18.0 (#38550 reports it) and on vLLM's main branch, from a release
+   in between that was not found. `parallelism.allreduce_use_symm_mem` (default on, as
+   main) sets it; a replay picks it by the run's vLLM version and says where that is a
+   guess (simulator.replay.vllm_defaults.symm_mem_default). CUDA only, compute
+   capability 9.0, 10.0 or 10.3, a bf16 tensor up to `SYMM_MEM_ALL_REDUCE_MAX_SIZES`
+   (64 MiB for 8 H100s; "up to" as vLLM compares since vllm-project/vllm#42993, May
+   2026; releases before it compare with `<`, which sends a tensor of exactly the limit
+   to NCCL: one token count per group, not switched by version), and only where the GPUs
+   support multicast (NVSwitch; `multicast_ptr == 0` disables it).
    It copies the input into its buffer, runs `multimem_all_reduce_` (NVSwitch reduces
    with multimem loads and multicast stores) or `two_shot_all_reduce_` by world size, and
    copies the result out.
@@ -32,7 +48,8 @@ Not modelled, all off by default in the vLLM source read (commit 00d618a): NCCL'
 symmetric-memory all-reduce (`VLLM_USE_NCCL_SYMM_MEM`), FlashInfer's all-reduce
 (`VLLM_ALLREDUCE_USE_FLASHINFER`), ROCm's quick reduce. Newer vLLM at optimisation level
 O2 also fuses small all-reduces with the following RMSNorm through FlashInfer on Hopper
-and Blackwell (`pass_config.fuse_allreduce_rms`); that fused kernel is not modelled.
+and Blackwell (`pass_config.fuse_allreduce_rms`); that fused kernel is not modelled, and
+the run's all-reduce line says so on those chips (`FUSION_NOT_MODELLED`).
 
 The custom and symmetric-memory kernels move data as peer loads and stores over the
 node's own link, so they are priced from its hardware figures (the node preset's
@@ -49,6 +66,7 @@ from enum import StrEnum
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.collectives import collective_cost
 from hardware_models.dtypes import Dtype
+from hardware_models.errors import InfeasibleError
 from hardware_models.node import LinkSpec, NodeSpec
 from hardware_models.op_cost import Bound, OpCost
 from hardware_models.pointwise import Pointwise, elementwise_cost
@@ -97,6 +115,10 @@ FLAG_HOP_US = {"nvlink": 0.6, "nvswitch": 0.6, "infinity_fabric": 0.6, "pcie": 1
 # median residual of the 12 rows of vllm-project/vllm#24532 TP4 and #24111 TP6).
 TWO_SHOT_FENCE_US = 10.9
 
+# What the run's all-reduce line adds on the chips where newer vLLM fuses the all-reduce
+# with the next RMSNorm (compute capabilities of SYMM_MEM_MAX: Hopper and Blackwell).
+FUSION_NOT_MODELLED = "newer vLLM's all-reduce + RMSNorm fusion (FlashInfer, -O2) not modelled"
+
 _COPY = Pointwise("copy", reads=1, writes=1, flops_per_element=0)
 _FULLY_CONNECTED = ("nvlink", "nvswitch", "infinity_fabric")
 
@@ -112,17 +134,33 @@ def capability(gpu: AcceleratorSpec) -> str | None:
 
 
 def _peer_access(link: LinkSpec, num_gpus: int, first_gpu: int) -> bool:
-    """Whether every GPU of the group can load from every other's memory: NVLink and xGMI
-    always; on a PCIe tree, only GPUs under one switch that allows peer access (a tree
-    described without peer access, or across switches, runs through host memory)."""
-    if link.kind != "pcie":
+    """Whether every GPU of the group can load from every other's memory, as vLLM's
+    start-up P2P test (`_can_p2p`) would find: NVLink, NVSwitch and xGMI always; on a
+    PCIe tree only GPUs under one switch whose description allows peer access
+    (`fabric.p2p`); never over a network link. A PCIe link with no `fabric` description
+    says nothing about peer access, so none is assumed: NCCL runs, as on consumer cards
+    whose driver disables P2P (the RTX 4090). This rule stands in for vLLM's runtime
+    test, which the simulator cannot run."""
+    if link.kind in _FULLY_CONNECTED:
         return True
     fabric = link.fabric
-    if fabric is None:
-        return True
+    if link.kind != "pcie" or fabric is None:
+        return False
     last = first_gpu + num_gpus - 1
     same_switch = first_gpu // fabric.gpus_per_switch == last // fabric.gpus_per_switch
     return fabric.p2p and same_switch
+
+
+def _no_peer_access(link: LinkSpec) -> str:
+    """The off reason of a group without peer access, naming what the node lacks."""
+    if link.kind != "pcie":
+        return f"custom all-reduce needs peer access, which the node's {link.kind} link has not"
+    if link.fabric is None:
+        return (
+            "custom all-reduce needs peer access: the node's PCIe link does not describe it "
+            "(intra_node_link.fabric.p2p)"
+        )
+    return "custom all-reduce needs peer access between the GPUs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +177,7 @@ class TpAllReduce:
     symm_mem_multimem: bool
     registered: bool  # CUDA graphs: the custom kernel reads the input where it lies
     off_reasons: tuple[str, ...] = ()
+    fusable: bool = False  # a chip where newer vLLM fuses all-reduce + RMSNorm
 
     @classmethod
     def plan(
@@ -163,12 +202,14 @@ class TpAllReduce:
         within = link is not None and num_gpus <= node.gpus_per_node
         if not within:
             reasons.append("the group spans nodes")
+        elif gpu.vendor != "nvidia":
+            pass  # a CUDA-only backend: nothing to say on ROCm
         elif not symm_mem:
             reasons.append("symmetric memory off")
-        elif cc not in SYMM_MEM_MAX or num_gpus not in SYMM_MEM_MAX[cc]:
-            reasons.append(f"no symmetric-memory all-reduce for {gpu.name} x{num_gpus}")
-        elif link.kind != "nvswitch":
-            reasons.append("symmetric memory needs NVSwitch multicast")
+        elif cc not in SYMM_MEM_MAX or link.kind != "nvswitch":
+            reasons.append("symmetric memory: needs Hopper/Blackwell with NVSwitch")
+        elif num_gpus not in SYMM_MEM_MAX[cc]:
+            reasons.append(f"symmetric memory takes 2, 4, 6 or 8 GPUs, not {num_gpus}")
         else:
             symm_up_to = SYMM_MEM_MAX[cc][num_gpus]
             multimem = num_gpus in SYMM_MEM_MULTIMEM_SIZES[cc]
@@ -188,7 +229,7 @@ class TpAllReduce:
         elif num_gpus > 2 and link.kind not in _FULLY_CONNECTED:
             reasons.append(f"custom all-reduce needs NVLink for {num_gpus} {link.kind} GPUs")
         elif not _peer_access(link, num_gpus, first_gpu):
-            reasons.append("custom all-reduce needs peer access between the GPUs")
+            reasons.append(_no_peer_access(link))
         else:
             below = CUSTOM_MAX_BYTES
             if symm_started:
@@ -203,6 +244,7 @@ class TpAllReduce:
             multimem,
             cuda_graphs,
             tuple(reasons),
+            within and cc in SYMM_MEM_MAX,
         )
 
     def path(self, nbytes: float) -> AllReducePath:
@@ -227,6 +269,11 @@ class TpAllReduce:
         path = path or self.path(nbytes)
         if path == AllReducePath.NCCL:
             return collective_cost("all_reduce", nbytes, self.num_gpus, self.nccl_link)
+        if self.link.kind not in FLAG_HOP_US:
+            raise InfeasibleError(
+                f"all_reduce[{path.value}] runs on peer access, which a {self.link.kind} "
+                "link has not: only NCCL runs over it"
+            )
         p, hop = self.num_gpus, FLAG_HOP_US[self.link.kind] * 1e-6
         rate = self.link.bytes_per_second
         fixed = self.gpu.efficiency.kernel_floor_us * 1e-6 + 2 * hop  # start, end barriers
@@ -299,7 +346,8 @@ class TpAllReduce:
             parts.append(f"symm-mem {kind} up to {_size(self.symm_mem_up_to, row_bytes)}")
         parts.append("NCCL above" if parts else "NCCL")
         why = f" ({'; '.join(self.off_reasons)})" if self.off_reasons else ""
-        return f"tp={p} all-reduce: " + ", ".join(parts) + why
+        fusion = f"; {FUSION_NOT_MODELLED}" if self.fusable else ""
+        return f"tp={p} all-reduce: " + ", ".join(parts) + why + fusion
 
 
 def _size(nbytes: int, row_bytes: float) -> str:

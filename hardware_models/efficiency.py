@@ -248,9 +248,6 @@ class DecodeKernel(BaseModel):
     decode_l2_bandwidth: float | None = Field(gt=0, le=1)
 
 
-DECODE_KERNEL_FIELDS: tuple[str, ...] = tuple(DecodeKernel.model_fields)
-
-
 class PrefillKernel(BaseModel):
     """The prefill-attention fields of an EfficiencyProfile fitted to one KV-cache dtype's
     rows, where that dtype runs a kernel of its own (as DecodeKernel: on Ada an fp8
@@ -841,10 +838,6 @@ class EfficiencyProfile(BaseModel):
         per-dtype fit stores)."""
         kind = KV_DTYPE_KERNELS[table]
         return kind(**{f: getattr(self, f) for f in kind.model_fields})
-
-    def decode_kernel(self) -> DecodeKernel:
-        """The decode fields as a DecodeKernel."""
-        return self.kernel_fields("decode_by_kv_dtype")  # type: ignore[return-value]
 
     @property
     def decode_floor_us(self) -> float:

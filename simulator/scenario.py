@@ -137,13 +137,15 @@ class ParallelismSection(BaseModel):
         default=False,
         description="vLLM's --disable-custom-all-reduce: every tensor-parallel all-reduce "
         "that would run vLLM's own peer-memory kernel (below 8 MiB, on 2, 4, 6 or 8 "
-        "NVLink GPUs or 2 PCIe GPUs with peer access) goes to symmetric memory or NCCL "
+        "NVLink GPUs or 2 PCIe GPUs whose node allows peer access: "
+        "intra_node_link.fabric.p2p) goes to symmetric memory or NCCL "
         "instead; the run's `all_reduce` line says which backend each size takes",
     )
     allreduce_use_symm_mem: bool = Field(
         default=True,
-        description="vLLM's VLLM_ALLREDUCE_USE_SYMM_MEM (on by default since vLLM 0.11.0; "
-        "set false for 0.10.2 and before): bf16 "
+        description="vLLM's VLLM_ALLREDUCE_USE_SYMM_MEM, whose default has moved: off in "
+        "0.10.2, on in 0.11.0, off from 0.11.1, on again by 0.18 and on vLLM's main branch "
+        "(this field's default; `infersim replay` picks it by the run's version): bf16 "
         "all-reduces up to a per-GPU-count limit run torch symmetric memory on NVSwitch "
         "Hopper and Blackwell nodes; false sends them to NCCL (and lets the custom kernel "
         "take tensors up to 8 MiB again)",

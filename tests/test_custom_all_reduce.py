@@ -10,6 +10,7 @@ import pytest
 from hardware_models.calibration_lookup import choose_calibration
 from hardware_models.collectives import collective_cost
 from hardware_models.custom_all_reduce import (
+    FUSION_NOT_MODELLED,
     TWO_SHOT_FENCE_US,
     AllReducePath,
     MiB,
@@ -17,6 +18,7 @@ from hardware_models.custom_all_reduce import (
 )
 from hardware_models.dtypes import Dtype
 from hardware_models.efficiency import CollectiveFit
+from hardware_models.errors import InfeasibleError
 from hardware_models.presets import load_gpu, load_node
 from simulator.engine.step_cost import StepCostModel
 from simulator.model_catalog import load_model
@@ -88,6 +90,51 @@ def test_pcie_gpus_take_the_custom_kernel_only_as_a_peer_access_pair() -> None:
     blocked = TpAllReduce.plan(load_gpu("l40s"), no_p2p, 2, no_p2p.intra_node_link)
     assert blocked.path(MiB) == NCCL
     assert "peer access" in blocked.describe(16 * KiB)
+
+
+def _with_link(node_name: str, **update):
+    node = load_node(node_name)
+    link = node.intra_node_link.model_copy(update=update)
+    return node.model_copy(update={"intra_node_link": link})
+
+
+@pytest.mark.parametrize("kind", ["ethernet", "infiniband"])
+def test_a_network_link_inside_a_node_runs_nccl_not_a_peer_kernel(kind: str) -> None:
+    """Regression: a node whose own link is a network (no peer access) crashed tp=2
+    runs looking up the peer kernel's flag latency for that link kind."""
+    node = _with_link("l40s-8x-pcie", kind=kind, fabric=None)
+    pair = TpAllReduce.plan(load_gpu("l40s"), node, 2, node.intra_node_link)
+    assert {pair.path(n) for n in (16 * KiB, MiB)} == {NCCL}
+    assert pair.cost(16 * KiB).seconds > 0
+    assert f"peer access, which the node's {kind} link has not" in pair.describe(16 * KiB)
+    with pytest.raises(InfeasibleError, match=f"a {kind} link has not"):
+        pair.cost(16 * KiB, ONE_SHOT)  # forcing the peer kernel: a clear error
+    model = StepCostModel(load_model("llama-3.1-8b"), load_gpu("l40s"), node, tp=2)
+    assert model.step(decode_seqs=8, decode_context=8 * 512).seconds > 0
+
+
+def test_a_pcie_link_without_a_fabric_is_not_assumed_to_allow_peer_access() -> None:
+    """vLLM tests P2P at start-up and consumer cards fail it; a PCIe link that does not
+    describe its tree says nothing of peer access, so NCCL runs."""
+    bare = _with_link("l40s-8x-pcie", fabric=None)
+    pair = TpAllReduce.plan(load_gpu("l40s"), bare, 2, bare.intra_node_link)
+    assert pair.path(16 * KiB) == NCCL
+    assert "does not describe it (intra_node_link.fabric.p2p)" in pair.describe(16 * KiB)
+
+
+def test_the_line_names_the_unmodelled_fusion_on_hopper_and_blackwell_only() -> None:
+    for node, tp in (("dgx-h100", 8), ("hgx-b200", 4)):
+        assert plan(node, tp).describe(16 * KiB).endswith(FUSION_NOT_MODELLED)
+    for node, tp in (("dgx-a100", 8), ("l40s-8x-pcie", 2), ("mi300x-8x", 8)):
+        assert FUSION_NOT_MODELLED not in plan(node, tp).describe(16 * KiB)
+
+
+def test_the_symmetric_memory_off_reason_is_said_once_and_not_on_rocm() -> None:
+    reason = "symmetric memory: needs Hopper/Blackwell with NVSwitch"
+    assert reason in plan("dgx-a100", 8).describe(16 * KiB)  # Ampere
+    assert reason in plan("l40s-8x-pcie", 2).describe(16 * KiB)  # no NVSwitch
+    assert "symmetric memory" not in plan("mi300x-8x", 8).describe(16 * KiB)
+    assert "symmetric memory" not in plan("mi300x-8x", 8, symm_mem=False).describe(16 * KiB)
 
 
 def test_unsupported_groups_and_the_switches_fall_back_to_nccl() -> None:
@@ -177,7 +224,7 @@ def test_a_tp8_h100_llama70b_decode_step_sheds_the_nccl_latency_of_its_160_all_r
         assert saved > 1.5e-3  # NCCL's ~17 us tree latency against ~5 us one-shot, x 160
     assert vllm.all_reduce_note() == (
         "tp=8 all-reduce: custom one-shot below 256 KiB (16 tokens), symm-mem multimem up "
-        "to 64 MiB (4096 tokens), NCCL above"
+        f"to 64 MiB (4096 tokens), NCCL above; {FUSION_NOT_MODELLED}"
     )
     # Both switches off: the NCCL-only pricing of before, to the bit.
     assert math.isclose(nccl.tp_all_reduce.cost(row).seconds, collective_cost(
@@ -192,7 +239,7 @@ def test_the_scenario_switches_reach_the_step_and_the_run_names_its_backend(
     assert tp2.info.all_reduce.startswith("tp=2 all-reduce: custom one-shot below 8 MiB")
     off = build_replica(make_scenario(parallelism={"tp": 2, "disable_custom_all_reduce": True}))
     assert off.info.all_reduce == (
-        "tp=2 all-reduce: NCCL (no symmetric-memory all-reduce for a100-80gb-sxm x2; "
+        "tp=2 all-reduce: NCCL (symmetric memory: needs Hopper/Blackwell with NVSwitch; "
         "custom all-reduce disabled)"
     )
     assert off.cost.tp_all_reduce.path(4096 * 2) == NCCL
@@ -209,6 +256,7 @@ def test_a_bad_switch_is_a_one_line_error_naming_the_field(make_scenario) -> Non
 def test_a_tensor_parallel_run_says_which_backend_in_its_summary_and_terminal(
     make_scenario,
 ) -> None:
+    from simulator.display import summary_html
     from simulator.metrics.terminal import summary_table
     from simulator.simulation import simulate
 
@@ -216,8 +264,11 @@ def test_a_tensor_parallel_run_says_which_backend_in_its_summary_and_terminal(
     summary = simulate(make_scenario(parallelism={"tp": 2}, workload=workload)).summary()
     assert summary["run"]["all_reduce"] == [
         "a100-80gb-sxm: tp=2 all-reduce: custom one-shot below 8 MiB (1024 tokens), NCCL "
-        "above (no symmetric-memory all-reduce for a100-80gb-sxm x2)"
+        "above (symmetric memory: needs Hopper/Blackwell with NVSwitch)"
     ]
     assert "all-reduce  a100-80gb-sxm: tp=2 all-reduce: custom one-shot" in summary_table(summary)
+    html = summary_html(summary)
+    assert "<b>All-reduce:</b> a100-80gb-sxm: tp=2 all-reduce: custom one-shot" in html
     one_gpu = simulate(make_scenario(workload=workload)).summary()
     assert "all_reduce" not in one_gpu["run"]  # a one-GPU summary is as before
+    assert "All-reduce" not in summary_html(one_gpu)

@@ -50,7 +50,7 @@ def test_each_cache_dtype_runs_its_own_decode_kernel():
     """A profile's decode_by_kv_dtype entry prices caches of that dtype; others read the
     profile's own decode fields."""
     gpu = load_gpu("l40s")
-    fp8 = gpu.efficiency.decode_kernel().model_copy(
+    fp8 = gpu.efficiency.kernel_fields("decode_by_kv_dtype").model_copy(
         update={"decode_cta_latency_us": 9.0, "attention_decode_floor_us": 20.0}
     )
     assert isinstance(fp8, DecodeKernel)
@@ -69,7 +69,7 @@ def test_a_table_of_both_cache_dtypes_prices_each_with_its_kernel():
     from hardware_models.calibration.measured_tables import decode_parts
 
     gpu = load_gpu("l40s")
-    fp8 = gpu.efficiency.decode_kernel().model_copy(
+    fp8 = gpu.efficiency.kernel_fields("decode_by_kv_dtype").model_copy(
         update={"attention_decode_memory": EfficiencyCurve.constant(0.3)}
     )
     gpu = gpu.with_efficiency(EfficiencyProfile(decode_by_kv_dtype={"fp8": fp8}))

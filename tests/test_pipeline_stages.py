@@ -108,3 +108,28 @@ def test_a_hand_off_sends_slices_and_gathers_them_as_vllm(norm, tensors):
         assert gather.seconds == pytest.approx(
             collective_cost("all_gather", nbytes, tp, model.tp_link, first_gpu=tp).seconds
         )
+
+
+def test_each_stage_plans_its_all_reduce_where_its_gpus_sit():
+    """On a PCIe tree of 3 GPUs a switch, tp=2 x pp=3 puts stage 1 on GPUs 2-3, across a
+    switch: no peer access there, so its layers' all-reduces go to NCCL while stages 0
+    (GPUs 0-1) and 2 (GPUs 4-5) keep vLLM's custom kernel; each plan prices the layers of
+    its stages (vLLM's get_pp_indices split)."""
+    base = load_node("l40s-8x-pcie")
+    fabric = base.intra_node_link.fabric.model_copy(
+        update={"gpus_per_switch": 3, "gpus_per_socket": 3}
+    )
+    link = base.intra_node_link.model_copy(update={"fabric": fabric})
+    node = base.model_copy(update={"gpus_per_node": 6, "intra_node_link": link})
+    arch, gpu = load_model("llama-3.1-8b"), load_gpu("l40s")
+    cost = StepCostModel(arch, gpu, node, tp=2, pp=3)
+    (peer, peer_layers), (nccl, nccl_layers) = cost.stage_all_reduces
+    layers = [len(r) for r in stage_layers(arch, 3)]
+    assert (peer_layers, nccl_layers) == (layers[0] + layers[2], layers[1])
+    small = 8 * arch.hidden_size * 2
+    assert peer.path(small).value == "custom_one_shot" and nccl.path(small).value == "nccl"
+    note = cost.all_reduce_note()
+    assert f"{layers[1]} of {arch.num_layers} layers: tp=2 all-reduce: NCCL" in note
+    # One plan per replica where every stage's group sits alike: the price of before.
+    aligned = StepCostModel(arch, gpu, base, tp=2, pp=2)
+    assert [n for _, n in aligned.stage_all_reduces] == [arch.num_layers]

@@ -15,7 +15,7 @@ from hardware_models.errors import InfersimError
 from simulator.cli.main import main
 from simulator.replay.bench_json import vllm_client_arrivals
 from simulator.replay.config import catalog_name_for, gpu_preset_for
-from simulator.replay.vllm_defaults import parse_version, vllm_default
+from simulator.replay.vllm_defaults import parse_version, symm_mem_default, vllm_default
 from tests.conftest import SHARED_DATA, needs_shared_data, scenario_dict
 from tests.test_architecture import LLAMA_31_8B_CONFIG
 
@@ -151,15 +151,33 @@ def test_tp2_run_on_h100_takes_the_big_gpu_defaults(tmp_path, capsys):
     assert scenario["parallelism"]["tp"] == 2 and scenario["hardware"]["gpu"] == "h100-sxm"
     assert scenario["engine"]["cuda_graphs"] is False
     assert scenario["hardware"]["calibration"] == "h100-sxm"
-    assert "assumed allreduce_use_symm_mem = false (vLLM < 0.11.0 default" in out
+    assert "assumed allreduce_use_symm_mem = false (vLLM 0.10.1: no symmetric-memory" in out
     assert scenario["parallelism"]["allreduce_use_symm_mem"] is False
 
 
 def test_a_tp2_runs_all_reduce_switches_come_from_its_engine_and_version(tmp_path, capsys):
     out, scenario = _replay_h100_tp2(tmp_path, capsys, "0.11.0", disable_custom_all_reduce=True)
-    assert "assumed allreduce_use_symm_mem = true (vLLM >= 0.11.0 default" in out
+    assert "assumed allreduce_use_symm_mem = true (vLLM 0.11.0: on in 0.11.0" in out
     par = scenario["parallelism"]
     assert (par["disable_custom_all_reduce"], par["allreduce_use_symm_mem"]) == (True, True)
+
+
+@pytest.mark.parametrize(
+    ("version", "on", "said"),
+    [
+        ((0, 10, 2), False, "off in 0.10.2 (vllm-project/vllm#24696)"),
+        ((0, 11, 0), True, "on in 0.11.0"),
+        ((0, 11, 2), False, "off from 0.11.1 (vllm-project/vllm#26925)"),
+        ((0, 14, 0), False, "uncertain which release in between turned it back on"),
+        ((0, 18, 0), True, "on again by 0.18.0"),
+        ((0, 25, 1), True, "on again by 0.18.0"),
+    ],
+)
+def test_the_symmetric_memory_default_follows_each_release(version, on, said):
+    """VLLM_ALLREDUCE_USE_SYMM_MEM was turned on and off several times; a release the
+    sources do not pin says it guessed."""
+    default = symm_mem_default(version)
+    assert default.value is on and said in default.reason
 
 
 def test_overrides_and_flags_replace_the_run(tmp_path, capsys):

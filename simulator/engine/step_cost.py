@@ -56,6 +56,7 @@ from simulator.engine.weight_format import (
     check_weight_support,
     weight_format,
 )
+from simulator.memory_planner import stage_layers
 
 
 class StepBound(IntEnum):
@@ -359,21 +360,10 @@ class StepCostModel:
         self.heads = arch.num_attention_heads // tp
         self.kv_heads = arch.kv_heads_per_shard(tp)
         self.tp_link = self._link(tp, "tensor parallelism")
-        # vLLM's dispatch of the layers' all-reduces: custom, symmetric memory or NCCL.
-        self.tp_all_reduce = (
-            TpAllReduce.plan(
-                gpu,
-                node,
-                tp,
-                self.tp_link,
-                activation_dtype=self.act_dtype,
-                custom=custom_all_reduce,
-                symm_mem=symm_mem_all_reduce,
-                cuda_graphs=self.overheads.cuda_graphs,
-            )
-            if self.tp_link is not None
-            else None
-        )
+        # vLLM's dispatch of the layers' all-reduces: custom, symmetric memory or NCCL,
+        # per pipeline stage (its tp group's place on a PCIe tree decides peer access).
+        self.stage_all_reduces = self._stage_all_reduces(custom_all_reduce, symm_mem_all_reduce)
+        self.tp_all_reduce = self.stage_all_reduces[0][0] if self.stage_all_reduces else None
         self.handoffs = self._handoffs()
         self.ep_link = self._link(tp * self.dp, "parallelism.dp: the MoE dispatch (tp x dp)")
         # Constants of every step, looked up once (step() runs tens of thousands of times).
@@ -436,6 +426,34 @@ class StepCostModel:
             )
         return self.node.inter_node_link
 
+    def _stage_all_reduces(self, custom: bool, symm_mem: bool) -> list[tuple[TpAllReduce, int]]:
+        """The tp all-reduce plan of each pipeline stage as (plan, the layers of the
+        stages sharing it), in stage order; empty without tensor parallelism. Stages sit
+        in order on the replica's GPUs (stage s from node GPU s * tp on), so on a PCIe
+        tree a later stage's group can straddle a switch and lose the peer access the
+        first has."""
+        if self.tp_link is None:
+            return []
+        plans: list[list] = []  # [plan, layers]
+        for s, layers in enumerate(stage_layers(self.arch, self.pp)):
+            plan = TpAllReduce.plan(
+                self.gpu,
+                self.node,
+                self.tp,
+                self.tp_link,
+                activation_dtype=self.act_dtype,
+                custom=custom,
+                symm_mem=symm_mem,
+                cuda_graphs=self.overheads.cuda_graphs,
+                first_gpu=(s * self.tp) % self.node.gpus_per_node,
+            )
+            same = next((entry for entry in plans if entry[0] == plan), None)
+            if same is None:
+                plans.append([plan, len(layers)])
+            else:
+                same[1] += len(layers)
+        return [(plan, layers) for plan, layers in plans]
+
     def _handoffs(self) -> list[tuple[LinkSpec, int, int, int]]:
         """The pp - 1 stage hand-offs as (link, how many, the node GPUs the sending and the
         receiving stage start on). Stages sit in order on the replica's GPUs and each tp
@@ -481,7 +499,9 @@ class StepCostModel:
         the residual; LayerNorm models (GPT-2, OPT, Falcon) pass the hidden states only.
         Each tensor is a call of its own: (cost, times) pairs, the all-gather over the tp
         group's link, as the logits'. A tensor whose elements do not split evenly over
-        the tp ranks goes whole from every rank, ungathered, as vLLM sends it."""
+        the tp ranks goes whole from every rank, ungathered, as vLLM sends it. Not
+        modelled: the CPU-side metadata send_tensor_dict makes first (the tensors' names,
+        shapes and dtypes, pickled over the CPU group), a host round trip per hand-off."""
         tensors = 2 if self.arch.norm == "rmsnorm" else 1
         elements = round(act_bytes / bytes_per_element(self.act_dtype))
         if self.tp_link is None or elements % self.tp:
@@ -552,7 +572,6 @@ class StepCostModel:
         if part is not None:
             return part
         part = _Part.empty()
-        layers = self.arch.num_layers
         for (*_, times), cost in zip(self._gemm_shapes, self._gemms(tokens), strict=True):
             part.add(cost, times)
         if self.arch.is_moe and self.dp == 1:  # with dp > 1, _moe_over_ranks
@@ -564,8 +583,8 @@ class StepCostModel:
             )
             part.add(cost, times)
         act_bytes = tokens * self.arch.hidden_size * bytes_per_element(self.act_dtype)
-        if self.tp_all_reduce is not None:
-            part.add(self.tp_all_reduce.cost(act_bytes), 2 * layers)
+        for plan, layers in self.stage_all_reduces:  # two a layer
+            part.add(plan.cost(act_bytes), 2 * layers)
         for link, count, first, receiving in self.handoffs:
             for cost, times in self._hand_off(act_bytes, link, first, receiving):
                 part.add(cost, times * count)
@@ -780,11 +799,17 @@ class StepCostModel:
         return self.decode_steps(seqs).many(contexts, window_contexts)
 
     def all_reduce_note(self) -> str | None:
-        """Which backend the layers' all-reduces take, by size and tokens (None: tp = 1)."""
-        if self.tp_all_reduce is None:
+        """Which backend the layers' all-reduces take, by size and tokens (None: tp = 1);
+        pipeline stages whose groups differ (on a PCIe tree) are told apart."""
+        if not self.stage_all_reduces:
             return None
         row = self.arch.hidden_size * bytes_per_element(self.act_dtype)
-        return self.tp_all_reduce.describe(row)
+        if len(self.stage_all_reduces) == 1:
+            return self.tp_all_reduce.describe(row)
+        return " | ".join(
+            f"{layers} of {self.arch.num_layers} layers: {plan.describe(row)}"
+            for plan, layers in self.stage_all_reduces
+        )
 
     @property
     def peak_flops(self) -> float:

@@ -16,7 +16,7 @@ from hardware_models.presets import list_calibrations, load_gpu
 from simulator.architecture import ModelArchitecture
 from simulator.model_catalog import CATALOG_DIR, list_models, load_model
 from simulator.replay.measured import MeasuredRun
-from simulator.replay.vllm_defaults import parse_version, vllm_default
+from simulator.replay.vllm_defaults import parse_version, symm_mem_default, vllm_default
 from simulator.scenario import Scenario
 
 NO_CALIBRATION = "none"
@@ -306,20 +306,21 @@ def _parallelism(setting: _Resolver, arch: ModelArchitecture, notes: list[str]) 
 def _all_reduce(setting: _Resolver, par: dict) -> None:
     """The TP all-reduce's switches: --disable-custom-all-reduce as recorded (vLLM's
     default: off), and VLLM_ALLREDUCE_USE_SYMM_MEM, which no run records, as the
-    version's default (on from 0.11.0, vllm-project/vllm#24111)."""
+    version's default (vllm_defaults.symm_mem_default: it has moved several times)."""
     if setting.optional("disable_custom_all_reduce"):
         par["disable_custom_all_reduce"] = True
+    unrecorded = "a run does not record VLLM_ALLREDUCE_USE_SYMM_MEM"
     if setting.version is None:
         setting.assumptions.append(
-            "allreduce_use_symm_mem = true (vLLM's default since 0.11.0; the run's version "
-            "is unknown)"
+            "allreduce_use_symm_mem = true (vLLM's main branch and 0.18 on; off in 0.10.2 "
+            "and from 0.11.1 to a release before 0.18; the run's version is unknown and "
+            f"{unrecorded})"
         )
         return
-    on = setting.version >= (0, 11, 0)
-    par["allreduce_use_symm_mem"] = on
+    default = symm_mem_default(setting.version)
+    par["allreduce_use_symm_mem"] = default.value
     setting.assumptions.append(
-        f"allreduce_use_symm_mem = {str(on).lower()} (vLLM {'>=' if on else '<'} 0.11.0 "
-        "default; a run does not record VLLM_ALLREDUCE_USE_SYMM_MEM)"
+        f"allreduce_use_symm_mem = {str(default.value).lower()} ({default.reason}; {unrecorded})"
     )
 
 

@@ -22,6 +22,12 @@ Sources (vLLM repository and release notes):
   (release notes: "Async scheduling is now enabled by default", PR #27614), except with
   pipeline parallelism.
 - CUDA graphs: on unless `enforce_eager` (`ModelConfig.enforce_eager = False`).
+- VLLM_ALLREDUCE_USE_SYMM_MEM (torch symmetric-memory all-reduce, `symm_mem_default`):
+  the backend arrived in 0.10.2, off (PR #20759; #24111 turned it on and #24696 off again
+  before that release); #25070 turned it on for 0.11.0 (issue #26525 reports that
+  release's default); #26925 (2025-10-15) turned it off again before 0.11.1. It is on
+  again in 0.18.0 (issue #38550 reports the default 1) and on vLLM's main branch; the
+  release between that turned it back on was not found, so 0.12 to 0.17 are a guess.
 """
 
 from __future__ import annotations
@@ -67,6 +73,30 @@ def _big_gpu(version: tuple[int, int, int], name: str, gib: float) -> tuple[bool
     if version >= (0, 9, 0) and "a100" in name:
         return False, "an A100, left out from 0.9.0"
     return True, f"{gib:.0f} GiB, at least {_BIG_GPU_GIB}"
+
+
+# VLLM_ALLREDUCE_USE_SYMM_MEM's default by release (see the module doc): (first version,
+# value, why; the why says where the sources do not pin the release).
+_SYMM_MEM_DEFAULTS = (
+    ((0, 0, 0), False, "no symmetric-memory all-reduce before 0.10.2"),
+    ((0, 10, 2), False, "off in 0.10.2 (vllm-project/vllm#24696)"),
+    ((0, 11, 0), True, "on in 0.11.0 (vllm-project/vllm#25070, #26525)"),
+    ((0, 11, 1), False, "off from 0.11.1 (vllm-project/vllm#26925)"),
+    (
+        (0, 12, 0),
+        False,
+        "off from 0.11.1 (vllm-project/vllm#26925) and on again by 0.18.0 "
+        "(#38550): uncertain which release in between turned it back on; assumed still off",
+    ),
+    ((0, 18, 0), True, "on again by 0.18.0 (vllm-project/vllm#38550)"),
+)
+
+
+def symm_mem_default(version: tuple[int, int, int]) -> Default:
+    """VLLM_ALLREDUCE_USE_SYMM_MEM's default in vLLM `version` (which no run records), and
+    why."""
+    _, value, why = next(row for row in reversed(_SYMM_MEM_DEFAULTS) if version >= row[0])
+    return Default(value, f"vLLM {_shown(version)}: {why}")
 
 
 def vllm_default(
