@@ -277,6 +277,10 @@ class Replica:
     def _iteration_loop(self):
         assert self.scheduler is not None
         while True:
+            dec = self._decode_next()
+            if dec is not None:
+                yield from self._decode_run(dec)
+                continue
             plan = self.next_plan()
             if plan is None:
                 # Armed before catching up: a request submitted meanwhile (a closed-loop
@@ -501,57 +505,17 @@ class Replica:
         self.scheduler.free(slot)
 
     # ---- runs of decode steps --------------------------------------------------------
-    def _decode_run(self, dec: np.ndarray):
-        """Decode-only steps with the batch of this step, up to the first that could see
-        a change: a completion, an arrival, the horizon or a KV-block shortage (or
-        MAX_RUN_STEPS). A run expected to be short is priced one step at a time; a long
-        one in a vectorised call, whose fixed cost only pays off over many steps.
-
-        A run that a completion ended is followed at once by the next when the
-        scheduler could only plan every remaining request's decode (`_decode_next`),
-        without going back to it: about half the runs of a busy cluster."""
-        run = self.running
-        while dec is not None:
-            min_remaining = run.min_remaining()
-            steps = min(min_remaining, MAX_RUN_STEPS)
-            pricer = self.cost.decode_steps(len(dec))
-            contexts, windowed = self._run_contexts(dec, steps)
-            window = int(windowed[0]) if windowed is not None else 0
-            first = pricer.price(int(contexts[0]), window)
-            expected = min(steps, (self.clock.next_arrival - self.t) / first[0])
-            if expected <= STEPWISE_RUN_STEPS:
-                ends, blocks = self._price_run_stepwise(pricer, first, contexts, windowed, steps)
-            else:
-                ends, blocks = self._price_run_vectorised(pricer, contexts, windowed)
-            # Each step takes its blocks when it starts: a router looking during the last
-            # step (an arrival cut the run) sees them all, as it would stepping one by one.
-            self.kv.allocate(blocks)
-            end = ends[-1]
-            yield from self._catch_up(end)
-            self.t = end
-            self._decode_tokens(dec, ends[0])
-            k = len(ends)
-            if k > 1:
-                # The gaps between consecutive tokens, as stepping one by one computes them.
-                n = len(dec)
-                gaps = [(after - before, n) for before, after in itertools.pairwise(ends)]
-                self.log.gap_rows(gaps)
-                run.advance_lockstep(k - 1, end)
-            if k < min_remaining:
-                return  # cut by an arrival, the horizon, a failure or the KV cache
-            self._finish(run.finished(), end)
-            dec = self._decode_next()
-
     def _decode_next(self) -> np.ndarray | None:
-        """After a run ended by a completion, SimPy's clock caught up with its end: the
-        slots of the next step when the scheduler could only plan the decode of every
-        running request (nothing waits, none prefills, they fit the token budget and
-        their next blocks are free, so no preemption), with those blocks given as the
-        scheduler gives them; None otherwise, for the scheduler to plan."""
+        """The slots of the next step when the scheduler could only plan the decode of
+        every running request, with their next tokens' blocks given as the scheduler
+        gives them; None when it could plan anything else (or runs are off): nothing
+        waits (no admission or swap-in), none prefills, they fit the token budget and
+        their blocks are free (no preemption). Asked where the scheduler would be, in
+        the same state: the plan is the one it would make, without its general pass."""
         run, kv = self.running, self.kv
-        if len(self.waiting) or not run.count or run.count != run.decode_count:
+        if not self.cfg.multi_step or len(self.waiting) or not run.count:
             return None
-        if run.decode_count > self.cfg.max_num_batched_tokens:
+        if run.decode_count != run.count or run.count > self.cfg.max_num_batched_tokens:
             return None
         dec = run.decoding()
         need = run.next_block_need(dec)
@@ -561,6 +525,38 @@ class Replica:
         if need:
             run.take_next_blocks(dec)
         return dec
+
+    def _decode_run(self, dec: np.ndarray):
+        """Decode-only steps with the batch of this step, up to the first that could see
+        a change: a completion, an arrival, the horizon or a KV-block shortage (or
+        MAX_RUN_STEPS). A run expected to be short is priced one step at a time; a long
+        one in a vectorised call, whose fixed cost only pays off over many steps."""
+        run = self.running
+        min_remaining = run.min_remaining()
+        steps = min(min_remaining, MAX_RUN_STEPS)
+        pricer = self.cost.decode_steps(len(dec))
+        contexts, windowed = self._run_contexts(dec, steps)
+        first = pricer.price(int(contexts[0]), int(windowed[0]) if windowed is not None else 0)
+        expected = min(steps, (self.clock.next_arrival - self.t) / first[0])
+        if expected <= STEPWISE_RUN_STEPS:
+            ends, blocks = self._price_run_stepwise(pricer, first, contexts, windowed, steps)
+        else:
+            ends, blocks = self._price_run_vectorised(pricer, contexts, windowed)
+        # Each step takes its blocks when it starts: a router looking during the last
+        # step (an arrival cut the run) sees them all, as it would stepping one by one.
+        self.kv.allocate(blocks)
+        end = ends[-1]
+        yield from self._catch_up(end)
+        self.t = end
+        self._decode_tokens(dec, ends[0])
+        k = len(ends)
+        if k > 1:
+            # The gaps between consecutive tokens, as stepping one by one computes them.
+            n = len(dec)
+            self.log.gap_rows([(after - before, n) for before, after in itertools.pairwise(ends)])
+            run.advance_lockstep(k - 1, end)
+        if k == min_remaining:
+            self._finish(run.finished(), end)
 
     def _run_contexts(
         self, dec: np.ndarray, steps: int
