@@ -17,7 +17,6 @@ Every path gives the same numbers, to the last bit, as stepping one by one, whic
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import sys
 from collections.abc import Callable
@@ -552,8 +551,7 @@ class Replica:
         k = len(ends)
         if k > 1:
             # The gaps between consecutive tokens, as stepping one by one computes them.
-            n = len(dec)
-            self.log.gap_rows([(after - before, n) for before, after in itertools.pairwise(ends)])
+            self.log.run_gaps(ends, len(dec))
             run.advance_lockstep(k - 1, end)
         if k == min_remaining:
             self._finish(run.finished(), end)
