@@ -9,6 +9,7 @@ import pytest
 
 from hardware_models.errors import InfeasibleError
 from simulator.engine import replica
+from simulator.engine.scheduler import IterationScheduler
 from simulator.simulation import simulate
 
 POLICIES = ["static", "dynamic", "continuous", "chunked_prefill"]
@@ -82,6 +83,28 @@ def test_decode_runs_priced_either_way_match_step_by_step(make_scenario, monkeyp
     slow = simulate(make_scenario(workload=workload, engine={"multi_step": False}))
     monkeypatch.setattr(replica, "STEPWISE_RUN_STEPS", stepwise_up_to)
     _assert_same_run(simulate(make_scenario(workload=workload)), slow)
+
+
+@pytest.mark.parametrize("blocks", [None, 300])
+def test_decode_only_steps_planned_without_the_scheduler(make_scenario, monkeypatch,
+                                                          blocks):  # fmt: skip
+    """When the scheduler could only plan every running request's decode, the replica
+    plans it itself: the same run as asking the scheduler each time (also when the KV
+    cache runs short and the scheduler must preempt), with fewer calls to it."""
+    serving = {"policy": "chunked_prefill", "num_gpu_blocks": blocks, "max_num_seqs": 64}
+    workload = {"arrivals": {"kind": "poisson", "rate_per_s": 20.0}}
+    plans = []
+    schedule = IterationScheduler.schedule
+    monkeypatch.setattr(IterationScheduler, "schedule",
+                        lambda self, now: plans.append(now) or schedule(self, now))  # fmt: skip
+    fast = simulate(make_scenario(serving=serving, workload=workload))
+    fast_plans = len(plans)
+    monkeypatch.setattr(replica.Replica, "_decode_next", lambda self: None)
+    slow = simulate(make_scenario(serving=serving, workload=workload))
+    _assert_same_run(fast, slow)
+    assert fast_plans < len(plans) - fast_plans
+    if blocks:
+        assert fast.requests["preemptions"].sum() > 0
 
 
 def test_router_sees_the_same_state_in_runs(make_scenario):

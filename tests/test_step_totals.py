@@ -3,6 +3,7 @@ with memory that does not grow with the number of steps."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -128,3 +129,25 @@ def test_fine_bins_merge_into_any_width_the_series_picks():
         edges = np.minimum(np.arange(math.ceil(duration / width) + 1) * width, duration)
         busy = totals.binned(edges)[2]  # the two steps cover the run without a gap
         np.testing.assert_allclose(busy, np.diff(edges), rtol=1e-9)
+
+
+def test_runs_gaps_binned_from_their_step_ends_as_one_by_one(monkeypatch):
+    """Without a table a run's step ends are kept and their differences binned a chunk at
+    a time: the same histogram, to the count, as logging each gap as it comes."""
+    monkeypatch.setattr(step_log, "CHUNK_ROWS", 64)  # bin several times
+    rng = np.random.default_rng(3)
+    logs = [step_log.StepLog(0, StepTotals([1.0], [1.0], [1.0]), lambda: 0.0, keep_rows=False)
+            for _ in range(2)]  # fmt: skip
+    t = 0.0
+    for size in rng.integers(1, 20, 200):
+        ends = (t + np.cumsum(rng.uniform(0.005, 0.02, size))).tolist()
+        weight = int(rng.integers(1, 128))
+        logs[0].run_gaps(ends, weight)
+        for before, after in itertools.pairwise(ends):
+            logs[1].gap(after - before, weight)
+        logs[0].gap(0.5, 3)  # gaps logged one at a time in between
+        logs[1].gap(0.5, 3)
+        t = ends[-1] + 0.1
+    binned, one_by_one = (log.close(t)[1] for log in logs)
+    np.testing.assert_array_equal(binned, one_by_one)
+    assert binned["weight"].sum() > 10_000

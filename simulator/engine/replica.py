@@ -17,7 +17,6 @@ Every path gives the same numbers, to the last bit, as stepping one by one, whic
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import sys
 from collections.abc import Callable
@@ -288,6 +287,10 @@ class Replica:
     def _iteration_loop(self):
         assert self.scheduler is not None
         while True:
+            dec = self._decode_next()
+            if dec is not None:
+                yield from self._decode_run(dec)
+                continue
             plan = self.next_plan()
             if plan is None:
                 # Armed before catching up: a request submitted meanwhile (a closed-loop
@@ -514,6 +517,27 @@ class Replica:
         self.scheduler.free(slot)
 
     # ---- runs of decode steps --------------------------------------------------------
+    def _decode_next(self) -> np.ndarray | None:
+        """The slots of the next step when the scheduler could only plan the decode of
+        every running request, with their next tokens' blocks given as the scheduler
+        gives them; None when it could plan anything else (or runs are off): nothing
+        waits (no admission or swap-in), none prefills, they fit the token budget and
+        their blocks are free (no preemption). Asked where the scheduler would be, in
+        the same state: the plan is the one it would make, without its general pass."""
+        run, kv = self.running, self.kv
+        if not self.cfg.multi_step or len(self.waiting) or not run.count:
+            return None
+        if run.decode_count != run.count or run.count > self.cfg.max_num_batched_tokens:
+            return None
+        dec = run.decoding()
+        need = run.next_block_need(dec)
+        if need > kv.free:
+            return None
+        kv.allocate(need)
+        if need:
+            run.take_next_blocks(dec)
+        return dec
+
     def _decode_run(self, dec: np.ndarray):
         """Decode-only steps with the batch of this step, up to the first that could see
         a change: a completion, an arrival, the horizon or a KV-block shortage (or
@@ -540,8 +564,7 @@ class Replica:
         k = len(ends)
         if k > 1:
             # The gaps between consecutive tokens, as stepping one by one computes them.
-            n = len(dec)
-            self.log.gap_rows([(after - before, n) for before, after in itertools.pairwise(ends)])
+            self.log.run_gaps(ends, len(dec))
             run.advance_lockstep(k - 1, end)
         if k == min_remaining:
             self._finish(run.finished(), end)

@@ -10,6 +10,7 @@ histogram too, so memory stays bounded however long the run.
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import pairwise
 
 import numpy as np
 
@@ -58,6 +59,9 @@ class StepLog:
         self.histogram = LogHistogram()
         self._kept_steps: list[np.ndarray] = []
         self._folded = [0, 0]  # steps, gaps no longer in the buffers
+        # Without a table, runs' step ends (and each run's (steps, weight)) until binned.
+        self._run_ends: list[float] = []
+        self._run_sizes: list[tuple[int, int]] = []
         self._gap_mark = 0  # gaps before the latest mark can no longer be taken back
 
     # ---- logging (the engine's hot path) --------------------------------------------------
@@ -91,9 +95,19 @@ class StepLog:
         """`weight` tokens that each came `seconds` after their request's previous one."""
         self.itl.append((seconds, weight))
 
-    def gap_rows(self, rows: list[tuple[float, int]]) -> None:
-        """(seconds, weight) samples, as `gap` takes them one at a time."""
-        self.itl.append_rows(rows)
+    def run_gaps(self, ends: list[float], weight: int) -> None:
+        """`weight` tokens after each step of a run but the first: the gaps between its
+        consecutive step `ends`, as `gap` takes them one at a time. Without a table (and
+        when no gap can be taken back) the ends are kept as they come and binned a chunk
+        at a time: the histogram's counts do not depend on the order of the samples, and
+        numpy's differences are the same subtractions."""
+        if self._keep or not self._gaps_final:
+            self.itl.append_rows([(after - before, weight) for before, after in pairwise(ends)])
+            return
+        self._run_ends += ends
+        self._run_sizes.append((len(ends), weight))
+        if len(self._run_ends) >= CHUNK_ROWS:
+            self._bin_run_gaps()
 
     def gaps(self, seconds: np.ndarray, weight: np.ndarray | int = 1) -> None:
         self.itl.extend(len(seconds), seconds=seconds, weight=weight)
@@ -144,6 +158,17 @@ class StepLog:
             self.histogram.add(rows["seconds"], rows["weight"])
             self._folded[1] += done
 
+    def _bin_run_gaps(self) -> None:
+        if not self._run_sizes:
+            return
+        ends = np.array(self._run_ends)
+        sizes, weights = np.array(self._run_sizes).T
+        gaps = ends[1:] - ends[:-1]
+        within = np.ones(len(gaps), dtype=bool)
+        within[np.cumsum(sizes)[:-1] - 1] = False  # from one run's last end to the next's first
+        self.histogram.add(gaps[within], np.repeat(weights, sizes - 1))
+        self._run_ends, self._run_sizes = [], []
+
     def close(self, end: float) -> tuple[np.ndarray | None, np.ndarray]:
         """The run stopped at `end`: fold what is left (a step in flight counts up to
         `end`) and return this replica's step rows (None unless kept) and its gap
@@ -155,4 +180,5 @@ class StepLog:
             return rows, self.itl.rows()
         self._gaps_final = True
         self._fold_gaps()
+        self._bin_run_gaps()
         return None, self.histogram.rows()
