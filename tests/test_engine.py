@@ -85,22 +85,29 @@ def test_decode_runs_priced_either_way_match_step_by_step(make_scenario, monkeyp
     _assert_same_run(simulate(make_scenario(workload=workload)), slow)
 
 
-@pytest.mark.parametrize("blocks", [None, 300])
+@pytest.mark.parametrize(
+    ("model", "blocks", "block_size"),
+    [("llama-2-7b", None, 16), ("llama-2-7b", 300, 16), ("gpt-oss-20b", 160, 8)],
+)
 def test_decode_only_steps_planned_without_the_scheduler(make_scenario, monkeypatch,
-                                                          blocks):  # fmt: skip
+                                                          model, blocks, block_size):  # fmt: skip
     """When the scheduler could only plan every running request's decode, the replica
     plans it itself: the same run as asking the scheduler each time (also when the KV
-    cache runs short and the scheduler must preempt), with fewer calls to it."""
-    serving = {"policy": "chunked_prefill", "num_gpu_blocks": blocks, "max_num_seqs": 64}
+    cache runs short and the scheduler must preempt, and when sliding-window groups give
+    blocks back as their windows move: gpt-oss under the hybrid KV cache manager), with
+    fewer calls to it."""
+    serving = {"policy": "chunked_prefill", "num_gpu_blocks": blocks, "max_num_seqs": 64,
+               "block_size": block_size}  # fmt: skip
     workload = {"arrivals": {"kind": "poisson", "rate_per_s": 20.0}}
     plans = []
     schedule = IterationScheduler.schedule
     monkeypatch.setattr(IterationScheduler, "schedule",
                         lambda self, now: plans.append(now) or schedule(self, now))  # fmt: skip
-    fast = simulate(make_scenario(serving=serving, workload=workload))
+    model_section = {"name": model}
+    fast = simulate(make_scenario(model=model_section, serving=serving, workload=workload))
     fast_plans = len(plans)
     monkeypatch.setattr(replica.Replica, "_decode_next", lambda self: None)
-    slow = simulate(make_scenario(serving=serving, workload=workload))
+    slow = simulate(make_scenario(model=model_section, serving=serving, workload=workload))
     _assert_same_run(fast, slow)
     assert fast_plans < len(plans) - fast_plans
     if blocks:

@@ -533,8 +533,9 @@ class Replica:
         need = run.next_block_need(dec)
         if need > kv.free:
             return None
-        kv.allocate(need)
         if need:
+            kv.allocate(need)
+        if need or run.frees_blocks:  # sliding groups give blocks back (hybrid cache)
             run.take_next_blocks(dec)
         return dec
 
