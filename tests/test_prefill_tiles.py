@@ -1,17 +1,17 @@
 """Prefill attention priced in whole thread-block tiles on the warp-MMA chips (FA2's paged
 split-KV kernel, FlashInfer for 8-bit caches), and the benchmark's warm L2."""
 
-import math
-
 import numpy as np
 import pytest
 
 from hardware_models.attention import (
     PrefillAttention,
     causal_pairs,
+    last_block_keys,
     prefill_many,
     runs_flashinfer,
     tile_keys,
+    tile_keys_plain,
     uniform_prefill_args,
 )
 from hardware_models.efficiency import EfficiencyCurve
@@ -22,7 +22,7 @@ HEADS = {"num_heads": 32, "num_kv_heads": 8, "head_dim": 128}
 
 def test_a_prompt_shorter_than_a_block_computes_the_whole_tile():
     # 16 tokens in a 64-row block read 16 keys, rounded up to one 128-key tile.
-    assert tile_keys(16, 0, 0, 64, 128, math) == 128
+    assert tile_keys_plain(16, 0, 0, 64, 128) == (128, 128)
     a100 = load_gpu("a100-80gb-sxm")
     model = PrefillAttention(a100, **HEADS)
     short = model(*uniform_prefill_args(1, 16, 16, None))
@@ -32,19 +32,24 @@ def test_a_prompt_shorter_than_a_block_computes_the_whole_tile():
 
 def test_a_long_prompt_pays_about_its_causal_pairs():
     q = 8192
-    tiles = 64 * tile_keys(q, 0, 0, 64, 128, math)
+    tiles = 64 * tile_keys_plain(q, 0, 0, 64, 128)[0]
     assert tiles == pytest.approx(causal_pairs(q, q), rel=0.02)
     assert tiles > causal_pairs(q, q)
 
 
 @pytest.mark.parametrize("window", [0, 128, 1024])
-@pytest.mark.parametrize(("q", "context"), [(16, 0), (300, 0), (4096, 0), (512, 3000)])
-def test_plain_floats_and_arrays_give_the_same_keys(q, context, window):
-    scalar = tile_keys(q, context, window, 64, 128, math)
-    array = tile_keys(
-        np.array([q], float), np.array([context], float), np.array([window], float), 64.0, 128.0
+@pytest.mark.parametrize(
+    ("q", "context"), [(16, 0), (300, 0), (4096, 0), (512, 3000), (357 / 2, 2356 / 2 - 357 / 2)]
+)
+@pytest.mark.parametrize("block_tokens", [64.0, 128 / 3, 16 / 6])
+def test_plain_floats_and_arrays_give_the_same_keys(q, context, window, block_tokens):
+    plain = tile_keys_plain(q, context, window, block_tokens, 128)
+    arrays = [np.array([value], float) for value in (q, context, window)]
+    array = (
+        tile_keys(*arrays, block_tokens, 128.0)[0],
+        last_block_keys(*arrays, block_tokens, 128.0)[0],
     )
-    assert float(array[0]) == scalar
+    assert plain == tuple(float(keys) for keys in array)  # bit for bit
 
 
 @pytest.mark.parametrize("fitted_packing", [True, False])
