@@ -44,10 +44,13 @@ def causal_pairs(q_len: int, kv_len: int, window: int | None = None) -> int:
     context = kv_len - q_len
     if window is None or window >= kv_len:
         return q_len * context + q_len * (q_len + 1) // 2
-    # Positions p = context+1 .. kv_len each see min(p, window) keys.
+    # Positions p = context+1 .. kv_len each see min(p, window) keys: those below the
+    # window its ramp, first .. ramp_end - 1, an arithmetic series (summed in closed form,
+    # in integers: the engine counts every chunk of a sliding-window model this way).
     first = context + 1
     full_from = max(first, window)
-    ramp = sum(range(first, min(full_from, kv_len + 1)))
+    ramp_end = min(full_from, kv_len + 1)
+    ramp = (first + ramp_end - 1) * (ramp_end - first) // 2 if ramp_end > first else 0
     return ramp + (kv_len - full_from + 1) * window if kv_len >= full_from else ramp
 
 
