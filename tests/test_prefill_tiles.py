@@ -145,3 +145,17 @@ def test_a_cache_dtype_with_a_prefill_kernel_of_its_own_is_priced_with_it():
     columns = [np.array([a, a], float) for a in args]
     many = prefill_many(models, np.array([0, 1]), *columns)[0]
     assert list(many) == pytest.approx([models[0](*args)[0], models[1](*args)[0]], rel=1e-12)
+
+
+@pytest.mark.parametrize(("gpu", "kv_dtype"), [("a100-80gb-sxm", "bf16"), ("l40s", "fp8")])
+def test_a_model_that_kept_earlier_shapes_prices_each_call_as_a_fresh_one(gpu, kv_dtype):
+    # The grid of a call (tokens a sequence, query block, waves) is kept by its shape,
+    # (num_seqs, new_tokens): calls of one shape over other contexts, and of the same
+    # tokens over other sequence counts, must each price as on a model that kept none.
+    spec = load_gpu(gpu)
+    shapes = [(1, 300, 0), (1, 300, 2000), (3, 100, 0), (3, 100, 700), (2, 150, 50), (1, 300, 9)]
+    calls = [uniform_prefill_args(b, q, q + c, 1024) for b, q, c in shapes]
+    kept = PrefillAttention(spec, **HEADS, kv_dtype=kv_dtype, window=1024)
+    for call in calls:
+        fresh = PrefillAttention(spec, **HEADS, kv_dtype=kv_dtype, window=1024)
+        assert kept(*call) == fresh(*call)
