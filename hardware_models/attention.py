@@ -44,10 +44,13 @@ def causal_pairs(q_len: int, kv_len: int, window: int | None = None) -> int:
     context = kv_len - q_len
     if window is None or window >= kv_len:
         return q_len * context + q_len * (q_len + 1) // 2
-    # Positions p = context+1 .. kv_len each see min(p, window) keys.
+    # Positions p = context+1 .. kv_len each see min(p, window) keys: those below the
+    # window its ramp, first .. ramp_end - 1, an arithmetic series (summed in closed form,
+    # in integers: the engine counts every chunk of a sliding-window model this way).
     first = context + 1
     full_from = max(first, window)
-    ramp = sum(range(first, min(full_from, kv_len + 1)))
+    ramp_end = min(full_from, kv_len + 1)
+    ramp = (first + ramp_end - 1) * (ramp_end - first) // 2 if ramp_end > first else 0
     return ramp + (kv_len - full_from + 1) * window if kv_len >= full_from else ramp
 
 
@@ -104,15 +107,13 @@ def flashinfer_query_block(rows, head_dim, ops=np):
     return 128 if rows > 64 and head_dim < 256 else 64 if rows > 16 else 16
 
 
-def last_block_keys(tokens, context, window, block_tokens, block_n, ops=np):
+def last_block_keys(tokens, context, window, block_tokens, block_n):
     """Keys, in whole key tiles, the last query block of a sequence computes: all it
-    attends, or with a sliding `window` (> 0) the window's plus its rows' span."""
-    if ops is np:
-        span = np.minimum(context + tokens, window + block_tokens)
-        keys = np.where(window > 0, span, context + tokens)
-    else:
-        keys = min(context + tokens, window + block_tokens) if window else context + tokens
-    return ops.ceil(keys / block_n) * block_n
+    attends, or with a sliding `window` (> 0) the window's plus its rows' span. Arrays
+    (tile_keys_plain: one call's in plain floats)."""
+    span = np.minimum(context + tokens, window + block_tokens)
+    keys = np.where(window > 0, span, context + tokens)
+    return np.ceil(keys / block_n) * block_n
 
 
 def prefill_tile(pack_gqa: bool, head_dim: int, whole_tiles: bool) -> tuple[int, int]:
@@ -126,29 +127,53 @@ def prefill_tile(pack_gqa: bool, head_dim: int, whole_tiles: bool) -> tuple[int,
     return FA2_PAGED_QUERY_BLOCK, 256 if head_dim <= 64 else 128 if head_dim <= 128 else 64
 
 
-def tile_keys(tokens, context, window, block_tokens, block_n, ops=np):
+def tile_keys(tokens, context, window, block_tokens, block_n):
     """Keys one (sequence, head) unit's query blocks compute in all, each block over whole
     key tiles: a block's rows hold `block_tokens` of the `tokens` new tokens after
     `context` cached ones (per sequence) and read the keys up to its last row's, or with
     a sliding `window` (> 0) at most window + block_tokens of them. Blocks before the last
     leave half a tile's slack past their rows on average (none where their rows span whole
-    tiles); the last block's is exact, which is what a prompt of one block pays. `ops`:
-    numpy for arrays, `math` with min/max (the engine's plain floats), the same numbers."""
-    ceil, floor = ops.ceil, ops.floor
-    low, high = (np.minimum, np.maximum) if ops is np else (min, max)
-    blocks = ceil(tokens / block_tokens)
+    tiles); the last block's is exact, which is what a prompt of one block pays. Arrays
+    (tile_keys_plain: one call's in plain floats)."""
+    blocks = np.ceil(tokens / block_tokens)
     last = context + tokens
-    if ops is np:
-        cap = np.where(window > 0, window + block_tokens, last)
-    else:
-        cap = window + block_tokens if window else last
-    last = low(last, cap)
+    cap = np.where(window > 0, window + block_tokens, last)
+    last = np.minimum(last, cap)
     # Blocks before the last end at context + j * block_tokens (j = 1 .., each up to cap).
-    below = floor(low(high((cap - context) / block_tokens, 0.0), blocks - 1))
+    below = np.floor(np.minimum(np.maximum((cap - context) / block_tokens, 0.0), blocks - 1))
     before = below * context + block_tokens * below * (below + 1) / 2
     before = before + (blocks - 1 - below) * cap
-    slack = (blocks - 1) * high(block_n - block_tokens, 0.0) / 2
-    return before + slack + ceil(last / block_n) * block_n
+    slack = (blocks - 1) * np.maximum(block_n - block_tokens, 0.0) / 2
+    return before + slack + np.ceil(last / block_n) * block_n
+
+
+def tile_keys_plain(
+    tokens: float, context: float, window: int, block_tokens: float, block_n: int
+) -> tuple[float, float]:
+    """(tile_keys, last_block_keys) of one call in plain floats: the same operations in
+    the same order, so the same numbers, at a fraction of the cost (the engine prices a
+    prefill on every mixed step). Comparisons stand in for min and max, each returning
+    what the builtin would (its first argument unless the second is strictly beyond it),
+    and the last block's keys are the last term of the sum, worked out once."""
+    blocks = math.ceil(tokens / block_tokens)
+    last = context + tokens
+    cap = window + block_tokens if window else last
+    if cap < last:
+        last = cap
+    below = (cap - context) / block_tokens
+    if below < 0.0:
+        below = 0.0
+    if blocks - 1 < below:
+        below = blocks - 1
+    below = math.floor(below)
+    before = below * context + block_tokens * below * (below + 1) / 2
+    before = before + (blocks - 1 - below) * cap
+    gap = block_n - block_tokens
+    if gap < 0.0:
+        gap = 0.0
+    slack = (blocks - 1) * gap / 2
+    last_keys = math.ceil(last / block_n) * block_n
+    return before + slack + last_keys, last_keys
 
 
 class PrefillAttention:
@@ -222,11 +247,11 @@ class PrefillAttention:
         # One token a sequence runs the decode kernel (see the class docstring).
         heads = {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim}
         self.decode = DecodeAttention(gpu, **heads, dtype=dtype, kv_dtype=kv_dtype, window=window)
+        self._grids: dict[tuple[int, int], tuple[int, float, int, int, float]] = {}
 
     def _attainable_rate(self, attended_pairs, new_tokens):
-        """FLOP/s the key loops run at: the curve's efficiency at the mean keys per query."""
-        if self._attainable is not None:
-            return self._attainable
+        """FLOP/s the key loops run at: the curve's efficiency at the mean keys per query
+        (with a constant curve, __call__ takes _attainable instead)."""
         # keys_per_query in plain floats: numpy's conversions and operations, so the
         # same number, without its per-call cost (priced on every prefill step).
         keys = float(attended_pairs) / float(max(new_tokens, 1))
@@ -246,6 +271,46 @@ class PrefillAttention:
             return float(parts.seconds), flops, dram, float(parts.fixed), float(parts.memory)
         q_bytes = new_tokens * self.q_bytes_per_token
         dram = 2.0 * q_bytes + context_tokens * self.kv_bytes_per_token
+        grid = self._grids.get((num_seqs, new_tokens))
+        if grid is None:
+            grid = self._grids[num_seqs, new_tokens] = self._grid(num_seqs, new_tokens)
+        seqs, tokens, block_m, waves, wave_eff = grid
+        attainable = self._attainable
+        if attainable is None:
+            attainable = self._attainable_rate(attended_pairs, new_tokens)
+        if self.whole_tiles:
+            # Every block computes whole tiles: all its rows (a short prompt's last block
+            # is mostly padding) against its keys rounded up to whole key tiles.
+            context = context_tokens / seqs - tokens
+            keys, last_keys = tile_keys_plain(
+                tokens, context, self.window, block_m / self.row_group, self.block_n
+            )
+            tiles = num_seqs * self.row_heads * block_m * keys * self.flops_per_row_key
+            # No SM finishes before the block with the most keys (a causal prompt's last).
+            longest = block_m * last_keys * self.flops_per_row_key * self.sm_count
+        else:
+            wasted = new_tokens * block_m / 2
+            if self.window:
+                wasted += max(new_tokens - num_seqs * self.window, 0) * block_m / 2
+            tiles, longest = flops + wasted * self.flops_per_pair, 0.0
+        # Each thread block pays a fixed prologue/epilogue (Q load, O store) besides its
+        # key loop; an SM runs its blocks one after another, so the two add up. The
+        # comparisons are max()'s: its first argument unless the second is larger.
+        spread = tiles / wave_eff
+        compute = (longest if longest > spread else spread) / attainable
+        compute = compute + waves * self.cta_seconds
+        rate = self._memory_rate
+        if rate is None:
+            rate = self.bandwidth * self._memory_at(max(dram, 1.0))
+        memory = dram / rate
+        seconds = memory if memory > compute else compute
+        return seconds + self.floor, flops, dram, compute, memory
+
+    def _grid(self, num_seqs: int, new_tokens: int) -> tuple[int, float, int, int, float]:
+        """(sequences, new tokens a sequence, query block rows, waves of thread blocks,
+        the waves' share of busy SMs) of a prefill call's grid, which its shape alone
+        decides: __call__ keeps them by (num_seqs, new_tokens), as a chunked prefill's
+        calls have few shapes (perf_10k: 776 in 26,433 calls)."""
         seqs = max(num_seqs, 1)
         tokens = new_tokens / seqs
         rows = tokens * self.row_group
@@ -255,31 +320,7 @@ class PrefillAttention:
         blocks = math.ceil(rows / block_m)
         units = max(1, num_seqs * self.row_heads * blocks)
         waves = math.ceil(units / self.sm_count)
-        wave_eff = units / (waves * self.sm_count)
-        attainable = self._attainable_rate(attended_pairs, new_tokens)
-        # Every block computes whole tiles: all its rows (a short prompt's last block is
-        # mostly padding) against its keys rounded up to whole key tiles.
-        context = context_tokens / seqs - tokens
-        keys = tile_keys(tokens, context, self.window, block_m / self.row_group, self.block_n, math)
-        tiles = num_seqs * self.row_heads * block_m * keys * self.flops_per_row_key
-        # No SM finishes before the block with the most keys (a causal prompt's last).
-        longest = block_m * last_block_keys(
-            tokens, context, self.window, block_m / self.row_group, self.block_n, math
-        )
-        longest = longest * self.flops_per_row_key * self.sm_count
-        if not self.whole_tiles:
-            wasted = new_tokens * block_m / 2
-            if self.window:
-                wasted += max(new_tokens - num_seqs * self.window, 0) * block_m / 2
-            tiles, longest = flops + wasted * self.flops_per_pair, 0.0
-        # Each thread block pays a fixed prologue/epilogue (Q load, O store) besides its
-        # key loop; an SM runs its blocks one after another, so the two add up.
-        compute = max(tiles / wave_eff, longest) / attainable + waves * self.cta_seconds
-        rate = self._memory_rate
-        if rate is None:
-            rate = self.bandwidth * self._memory_at(max(dram, 1.0))
-        memory = dram / rate
-        return max(compute, memory) + self.floor, flops, dram, compute, memory
+        return seqs, tokens, block_m, waves, units / (waves * self.sm_count)
 
     def many(self, num_seqs, new_tokens, attended_pairs, context_tokens) -> tuple[np.ndarray, ...]:
         """__call__ over arrays of calls, the same arithmetic in the same order (so the

@@ -1,17 +1,17 @@
 """Prefill attention priced in whole thread-block tiles on the warp-MMA chips (FA2's paged
 split-KV kernel, FlashInfer for 8-bit caches), and the benchmark's warm L2."""
 
-import math
-
 import numpy as np
 import pytest
 
 from hardware_models.attention import (
     PrefillAttention,
     causal_pairs,
+    last_block_keys,
     prefill_many,
     runs_flashinfer,
     tile_keys,
+    tile_keys_plain,
     uniform_prefill_args,
 )
 from hardware_models.efficiency import EfficiencyCurve
@@ -22,7 +22,7 @@ HEADS = {"num_heads": 32, "num_kv_heads": 8, "head_dim": 128}
 
 def test_a_prompt_shorter_than_a_block_computes_the_whole_tile():
     # 16 tokens in a 64-row block read 16 keys, rounded up to one 128-key tile.
-    assert tile_keys(16, 0, 0, 64, 128, math) == 128
+    assert tile_keys_plain(16, 0, 0, 64, 128) == (128, 128)
     a100 = load_gpu("a100-80gb-sxm")
     model = PrefillAttention(a100, **HEADS)
     short = model(*uniform_prefill_args(1, 16, 16, None))
@@ -32,19 +32,24 @@ def test_a_prompt_shorter_than_a_block_computes_the_whole_tile():
 
 def test_a_long_prompt_pays_about_its_causal_pairs():
     q = 8192
-    tiles = 64 * tile_keys(q, 0, 0, 64, 128, math)
+    tiles = 64 * tile_keys_plain(q, 0, 0, 64, 128)[0]
     assert tiles == pytest.approx(causal_pairs(q, q), rel=0.02)
     assert tiles > causal_pairs(q, q)
 
 
 @pytest.mark.parametrize("window", [0, 128, 1024])
-@pytest.mark.parametrize(("q", "context"), [(16, 0), (300, 0), (4096, 0), (512, 3000)])
-def test_plain_floats_and_arrays_give_the_same_keys(q, context, window):
-    scalar = tile_keys(q, context, window, 64, 128, math)
-    array = tile_keys(
-        np.array([q], float), np.array([context], float), np.array([window], float), 64.0, 128.0
+@pytest.mark.parametrize(
+    ("q", "context"), [(16, 0), (300, 0), (4096, 0), (512, 3000), (357 / 2, 2356 / 2 - 357 / 2)]
+)
+@pytest.mark.parametrize("block_tokens", [64.0, 128 / 3, 16 / 6])
+def test_plain_floats_and_arrays_give_the_same_keys(q, context, window, block_tokens):
+    plain = tile_keys_plain(q, context, window, block_tokens, 128)
+    arrays = [np.array([value], float) for value in (q, context, window)]
+    array = (
+        tile_keys(*arrays, block_tokens, 128.0)[0],
+        last_block_keys(*arrays, block_tokens, 128.0)[0],
     )
-    assert float(array[0]) == scalar
+    assert plain == tuple(float(keys) for keys in array)  # bit for bit
 
 
 @pytest.mark.parametrize("fitted_packing", [True, False])
@@ -140,3 +145,17 @@ def test_a_cache_dtype_with_a_prefill_kernel_of_its_own_is_priced_with_it():
     columns = [np.array([a, a], float) for a in args]
     many = prefill_many(models, np.array([0, 1]), *columns)[0]
     assert list(many) == pytest.approx([models[0](*args)[0], models[1](*args)[0]], rel=1e-12)
+
+
+@pytest.mark.parametrize(("gpu", "kv_dtype"), [("a100-80gb-sxm", "bf16"), ("l40s", "fp8")])
+def test_a_model_that_kept_earlier_shapes_prices_each_call_as_a_fresh_one(gpu, kv_dtype):
+    # The grid of a call (tokens a sequence, query block, waves) is kept by its shape,
+    # (num_seqs, new_tokens): calls of one shape over other contexts, and of the same
+    # tokens over other sequence counts, must each price as on a model that kept none.
+    spec = load_gpu(gpu)
+    shapes = [(1, 300, 0), (1, 300, 2000), (3, 100, 0), (3, 100, 700), (2, 150, 50), (1, 300, 9)]
+    calls = [uniform_prefill_args(b, q, q + c, 1024) for b, q, c in shapes]
+    kept = PrefillAttention(spec, **HEADS, kv_dtype=kv_dtype, window=1024)
+    for call in calls:
+        fresh = PrefillAttention(spec, **HEADS, kv_dtype=kv_dtype, window=1024)
+        assert kept(*call) == fresh(*call)
