@@ -5,7 +5,9 @@ Starts from a shipped profile with its MoE fields cleared (what the full fit see
 reaches the MoE classes), fits each weight format on the fit half of the GPU's moe_perf
 rows, and prints the MAPE per source dtype on the held-out half (seed 0), the same with
 the preset's uncalibrated efficiencies, and the fitted profile on every A100 MoE row
-(the transfer). Writes the fitted efficiencies as JSON.
+(the transfer), also split into tensor- and expert-parallel rows (the A100's EP rows
+were timed by an older collector: benchmarks/README.md, "Transfer pass"). Writes the
+fitted efficiencies as JSON.
 
     python benchmarks/moe_fit_figures.py [--gpu h100-sxm] [-o /tmp/moe/fit.json]
 """
@@ -27,12 +29,14 @@ from hardware_models.presets import calibration_path, load_gpu
 TRANSFER_GPU = "a100-80gb-sxm"
 
 
-def mape_line(gpu: str, efficiency: EfficiencyProfile, rows: pd.DataFrame) -> str:
-    """MAPE over `rows` priced on `gpu` with `efficiency`, then per source dtype."""
+def mape_line(
+    gpu: str, efficiency: EfficiencyProfile, rows: pd.DataFrame, by: str = "source_dtype"
+) -> str:
+    """MAPE over `rows` priced on `gpu` with `efficiency`, then per value of `by`."""
     spec = load_gpu(gpu).with_efficiency(efficiency)
     predicted = predict(rows, gpu_resolver=lambda _name: spec).to_numpy()
     error = np.abs(predicted - rows["measured_s"].to_numpy()) / rows["measured_s"].to_numpy()
-    by_dtype = pd.Series(error).groupby(rows["source_dtype"].to_numpy()).mean()
+    by_dtype = pd.Series(error).groupby(rows[by].to_numpy()).mean()
     parts = "  ".join(f"{name} {value:.2%}" for name, value in by_dtype.items())
     return f"n {len(rows)}  all {error.mean():.2%}  |  {parts}"
 
@@ -64,6 +68,8 @@ def main() -> None:
     if args.gpu != TRANSFER_GPU:
         rows = load_measured(gpus=[TRANSFER_GPU], op_classes=["moe"])
         print(f"on every {TRANSFER_GPU} row:   {mape_line(TRANSFER_GPU, efficiency, rows)}")
+        rows = rows.assign(parallel=np.where(rows["ep"] > 1, "EP", "TP"))
+        print(f"  by parallelism:  {mape_line(TRANSFER_GPU, efficiency, rows, 'parallel')}")
 
 
 if __name__ == "__main__":
