@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+import pandas as pd
 
+from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.calibration.fit_links import fit_links
 from hardware_models.calibration.measured_tables import COLLECTIVE_CLASSES
 from hardware_models.calibration.profile_file import CalibrationProfile, ProfileMetadata
@@ -23,14 +25,20 @@ from hardware_models.efficiency import CollectiveFit
 from hardware_models.presets import load_gpu
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def collective_rows(
+    description: str, classes: tuple[str, ...] = COLLECTIVE_CLASSES
+) -> tuple[argparse.Namespace, AcceleratorSpec, pd.DataFrame]:
+    """The command line (a GPU, --seed), the GPU and its public rows of `classes`."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("gpu", help="a GPU with public tables: h100-sxm, a100-80gb-sxm, l40s")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    spec = load_gpu(args.gpu)
     table = load_measurements(from_shared=args.gpu).table
-    table = table[table["op_class"].isin(COLLECTIVE_CLASSES)]
+    return args, load_gpu(args.gpu), table[table["op_class"].isin(classes)]
+
+
+def main() -> None:
+    args, spec, table = collective_rows(__doc__.splitlines()[0])
     held = holdout_mask(table, 0.5, args.seed)
     fitted = fit_links(table[~held], base_link(spec), LINK_FIT_OP)
     collective = {

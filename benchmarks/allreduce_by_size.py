@@ -1,0 +1,82 @@
+"""Where the datasheet model's all-reduce error lies by message size: the held-out
+all-reduce rows of a GPU's public collective table, priced uncalibrated, their mean
+absolute error and bias by size band and GPU count, the points each band adds to the
+overall MAPE, every fp16 row's measured and modelled time (us) by size, and the held-out
+rows again with the protocol chosen as NCCL's own tuner chooses it (ring LL at 1/4 of the
+bus bandwidth, src/graph/tuning.cc) but timed as the model times it.
+
+    python benchmarks/allreduce_by_size.py l40s [--seed 0]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from collectives_fit import collective_rows
+
+from hardware_models.calibration.split import holdout_mask
+from hardware_models.calibration.validate import base_link, predict_all
+from hardware_models.collectives import Way, ways
+from hardware_models.node import LinkSpec
+
+BANDS = [0, 16 << 10, 256 << 10, 2 << 20, 1 << 40]
+BAND_NAMES = ["<= 16 KiB", "32-256 KiB", "512 KiB-2 MiB", ">= 4 MiB"]
+NCCL_TUNER_LL_SLOWDOWN = 2.0  # the tuner's ring LL all-reduce: 1/4 of busBw, the model's 1/2
+
+
+def _seconds(way: Way, link: LinkSpec) -> float:
+    return way.steps * link.latency_us * 1e-6 + way.fixed_s + way.wire_bytes / link.bytes_per_second
+
+
+def _nccl_choice_seconds(nbytes: float, num_gpus: int, link: LinkSpec) -> float:
+    """The model's time of the protocol NCCL's tuner picks (it rates LL lower)."""
+    options = ways("all_reduce", nbytes, num_gpus, link)
+    if len(options) == 1 or link.fabric is None:
+        return min(_seconds(way, link) for way in options)
+    low_latency, simple = options
+    tuner_view = low_latency._replace(wire_bytes=low_latency.wire_bytes * NCCL_TUNER_LL_SLOWDOWN)
+    chosen = low_latency if _seconds(tuner_view, link) < _seconds(simple, link) else simple
+    return _seconds(chosen, link)
+
+
+def main() -> None:
+    args, spec, table = collective_rows(__doc__.splitlines()[0], ("all_reduce",))
+    rows = table[holdout_mask(table, 0.5, args.seed)]
+    error = 100 * (predict_all(rows, spec) / rows["measured_s"] - 1)
+    frame = pd.DataFrame(
+        {
+            "gpus": rows["num_gpus"].astype(int),
+            "band": pd.cut(rows["nbytes"], BANDS, labels=BAND_NAMES),
+            "ape": error.abs(),
+            "bias": error,
+        }
+    )
+    summary = frame.groupby(["gpus", "band"], observed=True).agg(
+        rows=("ape", "size"), mape=("ape", "mean"), bias=("bias", "mean")
+    )
+    summary["points_of_total"] = frame.groupby(["gpus", "band"], observed=True)["ape"].sum() / len(
+        frame
+    )
+    print(f"{args.gpu}: held-out all-reduce, uncalibrated, seed {args.seed}, {len(frame)} rows")
+    print(summary.round(2).to_string())
+    print(f"MAPE {frame['ape'].mean():.1f}%")
+    half = table[table["dtype"] == "fp16"]
+    times = half.assign(measured=half["measured_s"] * 1e6, model=predict_all(half, spec) * 1e6)
+    print("fp16, all rows (us):")
+    print(
+        times.pivot_table(index="nbytes", columns="num_gpus", values=["measured", "model"]).round(1)
+    )
+    link = base_link(spec)
+    nccl = np.array(
+        [
+            _nccl_choice_seconds(nbytes, int(p), link)
+            for nbytes, p in zip(rows["nbytes"], rows["num_gpus"], strict=True)
+        ]
+    )
+    nccl_ape = pd.Series(100 * np.abs(nccl / rows["measured_s"].to_numpy() - 1), index=rows.index)
+    by_gpus = nccl_ape.groupby(frame["gpus"]).mean().round(1).to_dict()
+    print(f"protocol as NCCL's tuner picks it: MAPE {nccl_ape.mean():.1f}% (by GPUs {by_gpus})")
+
+
+if __name__ == "__main__":
+    main()
