@@ -352,4 +352,7 @@ class TpAllReduce:
 
 def _size(nbytes: int, row_bytes: float) -> str:
     size = f"{nbytes // MiB} MiB" if nbytes >= MiB else f"{nbytes // KiB} KiB"
-    return f"{size} ({nbytes / row_bytes:g} tokens)"
+    tokens = nbytes / row_bytes  # the boundary between two token counts when not whole
+    return (
+        f"{size} ({tokens:g} tokens)" if tokens.is_integer() else f"{size} (~{tokens:.1f} tokens)"
+    )

@@ -272,3 +272,12 @@ def test_a_tensor_parallel_run_says_which_backend_in_its_summary_and_terminal(
     one_gpu = simulate(make_scenario(workload=workload)).summary()
     assert "all_reduce" not in one_gpu["run"]  # a one-GPU summary is as before
     assert "All-reduce" not in summary_html(one_gpu)
+
+
+def test_a_size_limit_between_two_token_counts_reads_as_such():
+    """DeepSeek-V3's 7,168-wide rows put 256 KiB between 18 and 19 tokens: the run's
+    all-reduce line says ~18.3, not a long fraction."""
+    from hardware_models.custom_all_reduce import _size
+
+    assert _size(256 * 1024, 7168 * 2) == "256 KiB (~18.3 tokens)"
+    assert _size(256 * 1024, 8192 * 2) == "256 KiB (16 tokens)"
