@@ -192,11 +192,16 @@ def test_a_trace_sharing_blocks_by_hash_is_refused_with_the_hybrid_manager():
 @st.composite
 def _sliding_scenarios(draw: st.DrawFn) -> dict:
     """Small scenarios of models with sliding-window layers, the KV cache tight or not."""
+    policy = draw(st.sampled_from(["chunked_prefill", "continuous"]))
     serving = {
-        "policy": draw(st.sampled_from(["chunked_prefill", "continuous"])),
+        "policy": policy,
         "max_num_seqs": draw(st.sampled_from([4, 64])),
-        "max_num_batched_tokens": 2048,
-        "max_model_len": 2048,
+        # A small budget lets a prefix hit (a session's, a preempted request's) pass the
+        # sliding groups' cap; continuous batching needs the budget to cover the length.
+        "max_num_batched_tokens": draw(st.sampled_from([512, 2048]))
+        if policy == "chunked_prefill"
+        else 8192,
+        "max_model_len": 8192,
         "block_size": draw(st.sampled_from([8, 16, 64])),
         "enable_prefix_caching": draw(st.booleans()),
         "reserve_full_sequence": draw(st.booleans()),
@@ -236,22 +241,57 @@ _WINDOWS_FREE_NEXT_STEP = scenario_dict(
 )  # fmt: skip
 
 
+# Found by review: with reserve_full_sequence, a session's prefix hit past the sliding
+# cap made the whole-sequence need smaller than the first chunk's allocation; admission
+# checked only the former and over-allocated (a RuntimeError, not a wait).
+_HIT_PAST_THE_SLIDING_CAP = scenario_dict(
+    hardware={"gpu": "h100-sxm"},
+    model={"name": "gpt-oss-20b"},
+    serving={"policy": "chunked_prefill", "max_num_seqs": 64, "max_num_batched_tokens": 512,
+             "max_model_len": 8192, "enable_prefix_caching": True, "num_gpu_blocks": 120},
+    workload={"arrivals": {"kind": "poisson", "rate_per_s": 5.0},
+              "prompt_tokens": {"kind": "uniform", "low": 100, "high": 400},
+              "output_tokens": {"kind": "uniform", "low": 300, "high": 800},
+              "num_requests": 30,
+              "sessions": {"turns": 4, "think_time_s": 0.3}},
+) | {"seed": 1}  # fmt: skip
+
+
+def test_admission_waits_when_the_first_chunk_needs_more_than_the_whole_sequence_gate():
+    """A hit of 800 tokens and 14 to compute (gpt-oss, budget 512): vLLM's whole-sequence
+    gate asks 59 blocks, the chunk's own allocation 60; with 59 free the request waits
+    (as vLLM's second check makes it), and the run that crashed there runs to its end
+    (turns longer than the 120-block pool refused)."""
+    kv = HybridBlockManager(59, kv_cache_groups(load_model("gpt-oss-20b"), 16), 512)
+    assert (kv.full_sequence_blocks(800, 814), kv.held(800, 814)) == (59, 60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results = simulate(Scenario.from_dict(_HIT_PAST_THE_SLIDING_CAP), progress=False)
+    outcomes = results.requests["outcome"].value_counts()
+    assert outcomes["completed"] + outcomes["rejected"] == len(results.requests)
+    assert outcomes["completed"] >= 25
+
+
 @settings(deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
 @example(_WINDOWS_FREE_NEXT_STEP)
+@example(_HIT_PAST_THE_SLIDING_CAP)
 @given(_sliding_scenarios())
 def test_runs_of_decode_steps_equal_stepping_with_sliding_groups(data):
     """Generated: multi-step runs equal stepping one by one, bit for bit, whether the
     sliding groups free blocks or not, under pressure, prefix caching and sessions."""
-    results = []
+    results, refusals = [], []
     for multi_step in (False, True):
         scenario = Scenario.from_dict(data | {"engine": {"multi_step": multi_step}})
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
                 results.append(simulate(scenario, progress=False))
-            except InfersimError as exc:  # refused up front, in one line, both times
+            except InfersimError as exc:  # refused up front, in one line
                 assert "\n" not in str(exc)
-                return
+                refusals.append(str(exc))
+    if refusals:  # then both runs, the same way
+        assert not results and refusals[0] == refusals[1]
+        return
     slow, fast = results
     pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
     pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
