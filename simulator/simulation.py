@@ -184,7 +184,7 @@ def _kv_cache_groups(
     full = arch.num_layers - arch.num_sliding_layers
     more = f"up to {arch.num_layers / full:.3g}x" if full else "many times"
     span = (
-        f"{arch.sliding_window}-token chunks (priced as a window of the chunk, an upper bound)"
+        f"{arch.sliding_window}-token chunks"
         if chunked_local_attention(arch)
         else f"a {arch.sliding_window}-token window (priced so)"
     )
