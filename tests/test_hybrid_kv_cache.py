@@ -177,16 +177,27 @@ def test_more_long_sequences_run_at_once_with_the_hybrid_manager(make_scenario):
     assert hybrid.requests["finish"].max() < full.requests["finish"].max()
 
 
-def test_a_trace_sharing_blocks_by_hash_is_refused_with_the_hybrid_manager():
-    """Prompts that share blocks by hash (a trace's hash_ids) are not modelled with
-    sliding groups: a clear refusal naming the way out, which then runs."""
+def test_a_trace_sharing_blocks_by_hash_runs_without_the_hybrid_manager_and_says_so():
+    """Prompts that share blocks by hash (a trace's hash_ids) with prefix caching run, as
+    vLLM runs them, with every layer at full length (sharing across the groups is not
+    modelled), as if the manager were disabled, and the run says why; without prefix
+    caching the hashes are unused and the manager runs."""
     path = "scenarios/mooncake-prefix-cache.yaml"
     sets = ["model.name=gpt-oss-20b", "workload.num_requests=4"]
-    with pytest.raises(InfersimError, match="disable_hybrid_kv_cache_manager: true"):
-        simulate(Scenario.from_yaml(path, sets), progress=False)
+    with pytest.warns(InfersimWarning, match="held at full length: the trace's prompts share"):
+        hashed = simulate(Scenario.from_yaml(path, sets), progress=False)
     off = Scenario.from_yaml(path, [*sets, "serving.disable_hybrid_kv_cache_manager=true"])
-    with pytest.warns(InfersimWarning, match="held at full length"):
-        assert (simulate(off, progress=False).requests["outcome"] == "completed").all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        disabled = simulate(off, progress=False)
+    assert (hashed.requests["outcome"] == "completed").all()
+    assert hashed.requests["cached_prompt_tokens"].sum() > 0
+    pd.testing.assert_frame_equal(hashed.requests, disabled.requests, check_exact=True)
+    unused = Scenario.from_yaml(path, [*sets, "serving.enable_prefix_caching=false"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        simulate(unused, progress=False)
+    assert not any("held at full length" in str(w.message) for w in caught)
 
 
 @st.composite
