@@ -199,10 +199,10 @@ class RunningSet:
         else:
             self.blocks[slots] = -(-(self.computed[slots] + 1) // self.block_size)
 
-    def block_need_pattern(self, steps: int = 0) -> np.ndarray:
-        """New blocks the decoding requests need at lockstep step j from now (j < `steps`),
-        at index j % block_size: at step j a sequence of c cached tokens writes token
-        c + j, which opens a block when it is a multiple of the block size."""
+    def _block_need_pattern(self) -> np.ndarray:
+        """New blocks the decoding requests need at lockstep step j from now, at index
+        j % block_size (the pattern repeats): at step j a sequence of c cached tokens
+        writes token c + j, which opens a block when it is a multiple of the block size."""
         bs = self.block_size
         if self.lockstep:
             by_edge = self._by_edge
@@ -214,7 +214,7 @@ class RunningSet:
     def run_block_needs(self, steps: int) -> np.ndarray:
         """New blocks the decoding requests need at each of `steps` steps from now, the
         first excluded (the scheduler gave it)."""
-        pattern = self.block_need_pattern()
+        pattern = self._block_need_pattern()
         reps = -(-steps // self.block_size)
         need = np.tile(pattern, reps)[:steps] if reps > 1 else pattern[:steps]  # a fresh array
         need[0] = 0

@@ -26,6 +26,12 @@ class SlidingRunningSet(RunningSet):
     ) -> None:
         super().__init__(capacity, block_size, requests)
         self.groups = kv.groups
+        # The last next_block_need's slots and what they hold once it is taken, which
+        # take_next_blocks then writes rather than computing it again.
+        self._asked: tuple[np.ndarray, np.ndarray] | None = None
+        # Every decoding slot holds its next token's blocks (take_next_blocks since the
+        # set last changed), so a one-step lockstep advance leaves the blocks as they are.
+        self._holds_next = False
 
     def blocks_of(self, slot: int) -> int:
         return int(self.blocks[slot])
@@ -36,38 +42,71 @@ class SlidingRunningSet(RunningSet):
         return self.groups.held(computed, computed + 1)
 
     def next_block_need(self, slots: np.ndarray) -> int:
-        return int((self._next_holding(slots) - self.blocks[slots]).sum())
+        holding = self._next_holding(slots)
+        self._asked = (slots, holding)
+        return int((holding - self.blocks[slots]).sum())
 
     def take_next_blocks(self, slots: np.ndarray) -> None:
-        self.blocks[slots] = self._next_holding(slots)
+        asked, self._asked = self._asked, None
+        fresh = asked is not None and asked[0] is slots
+        self.blocks[slots] = asked[1] if fresh else self._next_holding(slots)
+        self._holds_next = len(slots) == self.decode_count
 
-    def block_need_pattern(self, steps: int = 1) -> np.ndarray:
+    def run_block_needs(self, steps: int) -> np.ndarray:
         """Net pool blocks the decoding requests take at each of the next `steps` lockstep
-        steps (index j: step j from now; step 0's as if none were taken yet)."""
+        steps, the first excluded (the scheduler gave it; may be negative: the windows
+        free more than the new tokens open)."""
         dec = self.decoding()
         computed = self.decode_computed_of(dec)[:, None] + np.arange(steps)[None, :]
         totals = self.groups.held(computed, computed + 1).sum(axis=0)
         need = np.empty(steps, dtype=np.int64)
-        need[0] = totals[0] - self.blocks[dec].sum()
+        need[0] = 0
         need[1:] = np.diff(totals)
         return need
 
-    def run_block_needs(self, steps: int) -> np.ndarray:
-        need = self.block_need_pattern(steps)
-        need[0] = 0
-        return need
+    def advance(self, slots: np.ndarray, steps: int) -> None:
+        self._changed()
+        super().advance(slots, steps)
 
     def advance_lockstep(self, steps: int, time: float) -> None:
-        """As RunningSet's; each slot now holds what its last token's step took."""
+        """As RunningSet's; each slot now holds what its last token's step took (already
+        so after a step whose blocks were taken)."""
+        kept = steps == 1 and self._holds_next
+        self._changed()
         super().advance_lockstep(steps, time)
+        if kept:
+            return
         dec = self.decoding()
         computed = self.decode_computed_of(dec)
         self.blocks[dec] = self.groups.held(computed - 1, computed)
+
+    def admit(self, rid: int, target: int, remaining: int, priority: int, computed: int = 0) -> int:
+        if computed >= target:  # decoding from now on, holding only its own blocks
+            self._changed()
+        return super().admit(rid, target, remaining, priority, computed)
+
+    def remove(self, slot: int) -> None:
+        self._asked = None  # the others still hold what they took
+        super().remove(slot)
+
+    def start_decoding(self, slot: int) -> None:
+        self._changed()
+        super().start_decoding(slot)
+
+    def enter_lockstep(self, time: float) -> None:
+        self._changed()
+        super().enter_lockstep(time)
 
     def materialize(self) -> None:
         """As RunningSet's, keeping the per-slot blocks (never derived from lengths)."""
         if not self.lockstep:
             return
+        self._changed()
         kept = self.blocks.copy()
         super().materialize()
         self.blocks[:] = kept
+
+    def _changed(self) -> None:
+        """The slots or their positions change: what was asked or taken is stale."""
+        self._asked = None
+        self._holds_next = False
