@@ -209,6 +209,17 @@ def _kv_cache_groups(
     return None
 
 
+def build_pools(scenario: Scenario, hashed_prompts: bool = False) -> list[tuple[str, ReplicaBuild]]:
+    """Each pool's name and replica build, as a run builds them: pools of a disaggregated
+    scenario send or receive KV caches (which turns the hybrid KV cache manager off)."""
+    pools = scenario.pool_list()
+    kv_transfer = any(pool.role != "mixed" for pool in pools)
+    return [
+        (pool.name, build_replica(scenario.for_pool(pool), kv_transfer, hashed_prompts))
+        for pool in pools
+    ]
+
+
 def resolve_weight_dtype(asked: str | None, arch: ModelArchitecture) -> str:
     """model.weight_dtype, or the checkpoint's format when unset (vLLM serves a checkpoint
     as stored: gpt-oss's MXFP4 experts, not 234 GB of bf16); a format other than the
@@ -390,8 +401,6 @@ class _Run:
 
     def __init__(self, scenario: Scenario, progress: bool) -> None:
         self.scenario = scenario
-        pools = scenario.pool_list()
-        kv_transfer = any(pool.role != "mixed" for pool in pools)
         wl = scenario.workload
         base_dir = scenario.base_dir
         self.closed = wl.arrivals.kind == "closed_loop"
@@ -401,10 +410,7 @@ class _Run:
         if wl.sessions is None and not self.closed:
             batch = generate_requests(wl, scenario.seed, base_dir)
         hashed = batch is not None and batch.prompt_hashes is not None
-        self.builds = [
-            (pool.name, build_replica(scenario.for_pool(pool), kv_transfer, hashed))
-            for pool in pools
-        ]
+        self.builds = build_pools(scenario, hashed)
         self.env = simpy.Environment()
         self.horizon = wl.duration_s if wl.duration_s is not None else float("inf")
         self.clock = Clock(self.horizon)

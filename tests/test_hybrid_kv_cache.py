@@ -430,3 +430,22 @@ def test_llama4_runs_chunked_groups_only_when_allowed(make_scenario, multi_step)
     decodes = [int(g.held(c, c + 1)) for c in range(8100, 8299)]
     assert run(True).steps["kv_blocks_used"].tolist() == [4 * 507, *decodes]
     assert decodes[0] == 4 * 507 and decodes[92] == 513 + 3 * 1  # c = 8192
+
+
+def test_compares_feasibility_check_builds_the_pools_a_disaggregated_run_builds():
+    """A disaggregated gpt-oss scenario holds every layer at full length (vLLM turns the
+    manager off with a KV connector): compare's pre-check plans that pool, not the
+    hybrid manager's larger one."""
+    from simulator.simulation import build_pools
+
+    path = "scenarios/disaggregated-vs-colocated.yaml"
+    base = Scenario.from_yaml(path, ["model.name=gpt-oss-20b", "workload.num_requests=4"])
+    runs = {run.name: run for run in base.expand()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        split = build_pools(runs["disaggregated-2p4d"])
+        colocated = build_pools(runs["colocated"])
+    assert [build.config.kv_groups for _, build in split] == [None, None]
+    assert colocated[0][1].config.kv_groups is not None
+    # Half the layers a block: twice the blocks in the same memory.
+    assert colocated[0][1].config.total_blocks == 2 * split[0][1].config.total_blocks
