@@ -449,3 +449,55 @@ def test_compares_feasibility_check_builds_the_pools_a_disaggregated_run_builds(
     assert colocated[0][1].config.kv_groups is not None
     # Half the layers a block: twice the blocks in the same memory.
     assert colocated[0][1].config.total_blocks == 2 * split[0][1].config.total_blocks
+
+
+@pytest.mark.parametrize("multi_step", [False, True])
+@pytest.mark.parametrize("model", ["gpt-oss-20b", "gemma-2-9b"])
+def test_each_planned_slot_holds_the_rules_blocks_and_the_pool_their_sum(
+    monkeypatch, model, multi_step
+):
+    """After every schedule, under KV pressure with prefix caching and sessions: each
+    decode holds held(c, c + 1), each prefill chunk held(c, c + chunk), and the pool's
+    used blocks are the sum the slots hold, also while the running set counts its
+    lockstep blocks by residue rather than per slot (sliding_running.py)."""
+    from simulator.engine.replica import Replica
+
+    wrong = []
+    plan_next = Replica.next_plan
+
+    def checked(self):
+        plan = plan_next(self)
+        run, g = self.running, self.kv.groups
+        if plan is None:
+            return plan
+        slots = np.flatnonzero(run.active).tolist()
+        if sum(map(run.blocks_of, slots)) != self.kv.used:
+            wrong.append(("pool", self.t))
+        for slot in plan.decode_slots.tolist():
+            c = run.computed_of(slot)
+            if run.blocks_of(slot) != g.held(c, c + 1):
+                wrong.append(("decode", self.t, slot))
+        for slot, chunk in zip(plan.prefill_slots, plan.prefill_chunks, strict=True):
+            c = run.computed_of(slot)
+            if run.blocks_of(slot) != g.held(c, c + chunk):
+                wrong.append(("prefill", self.t, slot))
+        return plan
+
+    monkeypatch.setattr(Replica, "next_plan", checked)
+    data = scenario_dict(
+        model={"name": model},
+        hardware={"gpu": "h100-sxm"},
+        serving={"max_num_seqs": 32, "max_num_batched_tokens": 1024, "max_model_len": 8192,
+                 "enable_prefix_caching": True, "num_gpu_blocks": 150},
+        workload={"arrivals": {"kind": "poisson", "rate_per_s": 30.0},
+                  "prompt_tokens": {"kind": "uniform", "low": 1, "high": 1000},
+                  "output_tokens": {"kind": "uniform", "low": 1, "high": 600},
+                  "num_requests": 40,
+                  "sessions": {"turns": 2, "think_time_s": 0.2, "think_distribution": "constant"}},
+        engine={"multi_step": multi_step},
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results = simulate(Scenario.from_dict(data), progress=False)
+    assert results.requests["preemptions"].sum() > 0  # the pool was short
+    assert wrong == []

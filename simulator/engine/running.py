@@ -13,9 +13,10 @@ in lockstep (`epoch`) and stores, for decoding slots, `computed` less the epoch 
 `remaining` plus it (constant while they move together), counts sequences by stored
 `computed % block_size` (so a step's new blocks are one lookup), and writes the request
 table's last-token time and generated count only when a request leaves. A decode step
-is O(1) bookkeeping, whatever the batch size (with sliding-window KV cache groups, one
-vector pass over the decodes: sliding_running.py). Anything irregular (a request swapped back
-in, decodes that pause or exceed the token budget) first writes everything out with
+is O(1) bookkeeping, whatever the batch size (also with sliding-window KV cache groups,
+sliding_running.py; with Llama 4's chunked ones, one vector pass over the decodes).
+Anything irregular (a request swapped back in, decodes that pause or exceed the token
+budget) first writes everything out with
 `materialize()`, and per-slot updates take over until a step in which every decoding
 request took a token.
 """
