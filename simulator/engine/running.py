@@ -16,9 +16,8 @@ table's last-token time and generated count only when a request leaves. A decode
 is O(1) bookkeeping, whatever the batch size (also with sliding-window KV cache groups,
 sliding_running.py; with Llama 4's chunked ones, one vector pass over the decodes).
 Anything irregular (a request swapped back in, decodes that pause or exceed the token
-budget) first writes everything out with
-`materialize()`, and per-slot updates take over until a step in which every decoding
-request took a token.
+budget) first writes everything out with `materialize()`, and per-slot updates take
+over until a step in which every decoding request took a token.
 """
 
 from __future__ import annotations
