@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from hardware_models.dtypes import Dtype, bytes_per_element
 from hardware_models.errors import InfeasibleError
+from simulator.engine.kv_groups import chunked_local_attention
 
 if TYPE_CHECKING:
     from simulator.simulation import ReplicaBuild
@@ -35,9 +36,17 @@ def _dtype_without_tensor_rate(build: ReplicaBuild, dtype: Dtype) -> bool:
 
 def configuration_warnings(build: ReplicaBuild) -> list[str]:
     """One replica layout's silent limits: tensor parallelism over the inter-node link,
-    narrow dtypes the GPU cannot multiply in (dequantized to the activation dtype)."""
-    cost, node, gpu = build.cost, build.node, build.gpu
+    narrow dtypes the GPU cannot multiply in (dequantized to the activation dtype),
+    chunked local attention priced as a sliding window (whatever the KV cache mode)."""
+    cost, node, gpu, arch = build.cost, build.node, build.gpu, build.arch
     warnings = []
+    if chunked_local_attention(arch):
+        warnings.append(
+            f"{arch.name}: {arch.num_sliding_layers} of {arch.num_layers} layers attend "
+            f"within {arch.sliding_window}-token chunks, priced as a sliding window of "
+            f"{arch.sliding_window} tokens: an upper bound on their attention time (a query "
+            "early in a chunk reads fewer keys)"
+        )
     if cost.tp > node.gpus_per_node and node.inter_node_link is not None:
         link = node.inter_node_link
         warnings.append(

@@ -220,7 +220,13 @@ class ServingSection(BaseModel):
         default=0.90, gt=0, le=1, description="share of GPU memory the engine may use"
     )
     num_gpu_blocks: int | None = Field(
-        default=None, ge=1, description="override the KV-cache size the memory planner derives"
+        default=None,
+        ge=1,
+        description="override the KV-cache size the memory planner derives, in blocks of "
+        "block_size tokens; with vLLM's hybrid KV cache manager (a model with "
+        "sliding-window layers) a block holds one group's layers, not all of them, as "
+        "vLLM's --num-gpu-blocks-override counts them (gpt-oss: half the memory of a block of "
+        "every layer)",
     )
     watermark: float | None = Field(
         default=None,

@@ -142,10 +142,14 @@ def check_placement(scenario: Scenario, arch: ModelArchitecture, node: NodeSpec)
             )
 
 
-def _hybrid_off_reason(scenario: Scenario, arch: ModelArchitecture, kv_transfer: bool) -> str:
+def _hybrid_off_reason(
+    scenario: Scenario, arch: ModelArchitecture, kv_transfer: bool, hashed_prompts: bool
+) -> str:
     """Why vLLM V1's hybrid KV cache manager does not run for this model and scenario
     (empty: it runs). vLLM turns it off itself with a KV connector and, by default, for
-    chunked local attention; vLLM V1 has neither run-to-completion batches nor swapping."""
+    chunked local attention; vLLM V1 has neither run-to-completion batches nor swapping.
+    Prompts sharing blocks by hash (a trace's hash_ids) run, as vLLM runs them, but
+    without the manager: sharing across its groups is not modelled."""
     serving = scenario.serving
     mixed = arch.num_sliding_layers < arch.num_layers
     if serving.disable_hybrid_kv_cache_manager and mixed:
@@ -156,6 +160,12 @@ def _hybrid_off_reason(scenario: Scenario, arch: ModelArchitecture, kv_transfer:
             "vLLM turns its hybrid KV cache manager off for chunked local attention by "
             "default (a latency regression; serving.allow_chunked_local_attn_with_hybrid_"
             "kv_cache, vLLM's VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1, keeps it)"
+        )
+    if hashed_prompts and serving.enable_prefix_caching:
+        return (
+            "the trace's prompts share cached blocks by hash_ids, and sharing blocks by "
+            "hash is not modelled across the manager's groups (each group's blocks hit and "
+            "are freed apart)"
         )
     if serving.policy not in ("continuous", "chunked_prefill"):
         return f"serving.policy {serving.policy} runs batches to completion (not vLLM V1)"
@@ -170,7 +180,7 @@ def _hybrid_off_reason(scenario: Scenario, arch: ModelArchitecture, kv_transfer:
 
 
 def _kv_cache_groups(
-    scenario: Scenario, arch: ModelArchitecture, kv_transfer: bool
+    scenario: Scenario, arch: ModelArchitecture, kv_transfer: bool, hashed_prompts: bool
 ) -> KvCacheGroups | None:
     """The KV cache groups of vLLM V1's hybrid KV cache manager (None: every layer at
     full length in every block). A model with sliding-window layers held at full length
@@ -178,13 +188,13 @@ def _kv_cache_groups(
     would: the run says so, with the factor."""
     if not arch.num_sliding_layers:
         return None
-    reason = _hybrid_off_reason(scenario, arch, kv_transfer)
+    reason = _hybrid_off_reason(scenario, arch, kv_transfer, hashed_prompts)
     if not reason:
         return kv_cache_groups(arch, scenario.serving.block_size)
     full = arch.num_layers - arch.num_sliding_layers
     more = f"up to {arch.num_layers / full:.3g}x" if full else "many times"
     span = (
-        f"{arch.sliding_window}-token chunks (priced as a window of the chunk, an upper bound)"
+        f"{arch.sliding_window}-token chunks"
         if chunked_local_attention(arch)
         else f"a {arch.sliding_window}-token window (priced so)"
     )
@@ -197,6 +207,17 @@ def _kv_cache_groups(
         stacklevel=2,
     )
     return None
+
+
+def build_pools(scenario: Scenario, hashed_prompts: bool = False) -> list[tuple[str, ReplicaBuild]]:
+    """Each pool's name and replica build, as a run builds them: pools of a disaggregated
+    scenario send or receive KV caches (which turns the hybrid KV cache manager off)."""
+    pools = scenario.pool_list()
+    kv_transfer = any(pool.role != "mixed" for pool in pools)
+    return [
+        (pool.name, build_replica(scenario.for_pool(pool), kv_transfer, hashed_prompts))
+        for pool in pools
+    ]
 
 
 def resolve_weight_dtype(asked: str | None, arch: ModelArchitecture) -> str:
@@ -233,10 +254,13 @@ def _warn_links_fitted_elsewhere(gpu: AcceleratorSpec, node: NodeSpec, profile: 
         )
 
 
-def build_replica(scenario: Scenario, kv_transfer: bool = False) -> ReplicaBuild:
+def build_replica(
+    scenario: Scenario, kv_transfer: bool = False, hashed_prompts: bool = False
+) -> ReplicaBuild:
     """Model, hardware, memory plan and step costs: fails early, with the breakdown, when
     the configuration cannot run. `kv_transfer`: the replica's pool sends or receives
-    KV caches (disaggregated prefill and decode)."""
+    KV caches (disaggregated prefill and decode); `hashed_prompts`: the workload's
+    prompts name their blocks by hash (a trace's hash_ids)."""
     calibration = resolve_calibration(scenario)
     gpu = calibration.gpu
     node = resolve_node(scenario, gpu)
@@ -273,7 +297,7 @@ def build_replica(scenario: Scenario, kv_transfer: bool = False) -> ReplicaBuild
         framework_overhead_gb=engine.framework_overhead_gb,
         expert_parallel=par.enable_expert_parallel,
         dp=par.dp,
-        kv_groups=_kv_cache_groups(scenario, arch, kv_transfer),
+        kv_groups=_kv_cache_groups(scenario, arch, kv_transfer, hashed_prompts),
     )
     block_bytes = serving.block_size * memory.kv_bytes_per_token
     blocks = serving.num_gpu_blocks or int(memory.kv_capacity_bytes // block_bytes)
@@ -377,19 +401,21 @@ class _Run:
 
     def __init__(self, scenario: Scenario, progress: bool) -> None:
         self.scenario = scenario
-        pools = scenario.pool_list()
-        kv_transfer = any(pool.role != "mixed" for pool in pools)
-        self.builds = [
-            (pool.name, build_replica(scenario.for_pool(pool), kv_transfer)) for pool in pools
-        ]
-        self.env = simpy.Environment()
         wl = scenario.workload
+        base_dir = scenario.base_dir
+        self.closed = wl.arrivals.kind == "closed_loop"
+        # Open-loop requests are drawn first: prompts that share blocks by hash decide
+        # whether the KV cache runs in the hybrid manager's groups.
+        batch = None
+        if wl.sessions is None and not self.closed:
+            batch = generate_requests(wl, scenario.seed, base_dir)
+        hashed = batch is not None and batch.prompt_hashes is not None
+        self.builds = build_pools(scenario, hashed)
+        self.env = simpy.Environment()
         self.horizon = wl.duration_s if wl.duration_s is not None else float("inf")
         self.clock = Clock(self.horizon)
-        self.closed = wl.arrivals.kind == "closed_loop"
         self.session_sampler: SessionSampler | None = None
         self.prompt_hashes: PromptHashes | None = None
-        base_dir = scenario.base_dir
         if wl.sessions is not None:
             context = min(build.config.max_model_len for _, build in self.builds)
             self.session_sampler = SessionSampler(wl, scenario.seed, base_dir, context)
@@ -402,7 +428,7 @@ class _Run:
             self.class_names = list(self.sampler.class_names)
             self.requests = RequestTable(min(wl.num_requests or 4096, 1 << 20))
         else:
-            batch = generate_requests(wl, scenario.seed, base_dir)
+            assert batch is not None
             self.prompt_hashes = batch.prompt_hashes
             self.expected = len(batch)
             self.class_names = list(batch.class_names)
@@ -513,13 +539,7 @@ class _Run:
                 stacklevel=2,
             )
             return None
-        if config.kv_groups is not None:
-            raise InfersimError(
-                "serving.enable_prefix_caching with a trace's hash_ids: prompts sharing "
-                "blocks by hash are not modelled with the hybrid KV cache manager's "
-                "sliding-window groups; set serving.disable_hybrid_kv_cache_manager: true "
-                "(every layer at full length) or drop the hash_ids"
-            )
+        assert config.kv_groups is None  # build_replica turned the hybrid manager off
         return BlockKeys(self.prompt_hashes, config.block_size)
 
     def _on_finish(self, rid: int) -> None:

@@ -108,3 +108,20 @@ def test_a_rare_rejection_is_not_warned_about():
     summary = simulate(Scenario.from_dict(data)).summary()
     assert summary["counts"]["rejected"] == 2
     assert not [w for w in summary["warnings"] if "rejected" in w]
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_llama4_chunked_attention_priced_as_a_window_is_said_in_either_kv_mode(allow):
+    """Llama 4's chunked layers are priced as a window of the chunk (an upper bound):
+    said whether its KV cache is held at full length or in the hybrid manager's groups."""
+    warnings = _warnings(
+        hardware={"gpu": "h200-sxm"},
+        model={"name": "llama-4-scout", "weight_dtype": "fp8"},
+        parallelism={"tp": 2},
+        serving={"max_model_len": 16384,
+                 "allow_chunked_local_attn_with_hybrid_kv_cache": allow},
+        workload={"num_requests": 2},
+    )  # fmt: skip
+    priced = [w for w in warnings if "priced as a sliding window of 8192 tokens" in w]
+    assert len(priced) == 1 and "upper bound" in priced[0]
+    assert any("held at full length" in w for w in warnings) != allow

@@ -14,7 +14,7 @@ from simulator.compare import compare_table, write_comparison
 from simulator.formatting import WIDTH, sig
 from simulator.results import Results
 from simulator.scenario import Scenario
-from simulator.simulation import build_replica, simulate
+from simulator.simulation import build_pools, simulate
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -60,7 +60,7 @@ def _compare(args: argparse.Namespace) -> int:
         raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
     for label, (_, scenario) in runs.items():
         try:  # a run that cannot fit stops the comparison before any simulation
-            build_replica(scenario)
+            build_pools(scenario)
         except InfersimError as exc:
             raise InfersimError(f"{label}: {exc}") from None
     results: dict[str, Results] = {}

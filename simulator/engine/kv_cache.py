@@ -52,6 +52,9 @@ class BlockManager:
         return self._cached_total
 
     def blocks_for(self, tokens: int) -> int:
+        """Blocks of a sequence of `tokens` tokens at full length: for swapped-out and
+        arrived KV caches and run-to-completion batches, which the hybrid manager
+        never serves (simulation._hybrid_off_reason)."""
         return -(-tokens // self.block_size)
 
     def held(self, computed: int, tokens: int) -> int:
@@ -134,9 +137,6 @@ class HybridBlockManager(BlockManager):
         self.groups = groups
         self.budget = max_num_batched_tokens
         self._prefix: dict[CacheKey, int] = {}  # owner -> the prefix blocks it cached
-
-    def blocks_for(self, tokens: int) -> int:
-        return self.groups.full_length(tokens)
 
     def held(self, computed: int, tokens: int) -> int:
         return int(self.groups.held(computed, tokens))

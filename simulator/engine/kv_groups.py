@@ -52,10 +52,6 @@ class KvCacheGroups:
         sliding = np.maximum(blocks - self.skipped_blocks(computed), 0)
         return self.full * blocks + self.sliding * sliding
 
-    def full_length(self, tokens: int) -> int:
-        """Pool blocks of a sequence of `tokens` tokens with nothing freed."""
-        return (self.full + self.sliding) * -(-tokens // self.block_size)
-
     def window_cap(self, budget: int) -> int:
         """Most blocks a sliding group holds for one sequence when a step computes at
         most `budget` tokens (vLLM's max_admission_blocks_per_request): the window and

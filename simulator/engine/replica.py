@@ -596,8 +596,9 @@ class Replica:
         end of each step and the KV blocks the steps after the first need."""
         arrival, horizon, fault = self.clock.next_arrival, self.clock.horizon, self.clock.next_fault
         free, used = self.kv.free, self.kv.used
-        opens = self.running.block_need_pattern(steps).tolist()
-        n, bs, replica = pricer.seqs, len(opens), self.index
+        # The blocks of the steps expected, more only if the run gets that far.
+        opens = self.running.run_block_needs(min(steps, 2 * STEPWISE_RUN_STEPS)).tolist()
+        n, replica = pricer.seqs, self.index
         price = pricer.price
         start, blocks = self.t, 0
         seconds, _, flops, dram, bound = first
@@ -606,7 +607,9 @@ class Replica:
         ends = [end]
         for j in range(1, steps):
             # Does step j still run before anything could change the batch?
-            need = opens[j % bs]
+            if j == len(opens):
+                opens = self.running.run_block_needs(min(steps, 2 * j)).tolist()
+            need = opens[j]
             if end >= arrival or blocks + need > free:
                 break
             start = end

@@ -13,10 +13,11 @@ in lockstep (`epoch`) and stores, for decoding slots, `computed` less the epoch 
 `remaining` plus it (constant while they move together), counts sequences by stored
 `computed % block_size` (so a step's new blocks are one lookup), and writes the request
 table's last-token time and generated count only when a request leaves. A decode step
-is O(1) bookkeeping, whatever the batch size. Anything irregular (a request swapped back
-in, decodes that pause or exceed the token budget) first writes everything out with
-`materialize()`, and per-slot updates take over until a step in which every decoding
-request took a token.
+is O(1) bookkeeping, whatever the batch size (also with sliding-window KV cache groups,
+sliding_running.py; with Llama 4's chunked ones, one vector pass over the decodes).
+Anything irregular (a request swapped back in, decodes that pause or exceed the token
+budget) first writes everything out with `materialize()`, and per-slot updates take
+over until a step in which every decoding request took a token.
 """
 
 from __future__ import annotations
@@ -199,10 +200,10 @@ class RunningSet:
         else:
             self.blocks[slots] = -(-(self.computed[slots] + 1) // self.block_size)
 
-    def block_need_pattern(self, steps: int = 0) -> np.ndarray:
-        """New blocks the decoding requests need at lockstep step j from now (j < `steps`),
-        at index j % block_size: at step j a sequence of c cached tokens writes token
-        c + j, which opens a block when it is a multiple of the block size."""
+    def _block_need_pattern(self) -> np.ndarray:
+        """New blocks the decoding requests need at lockstep step j from now, at index
+        j % block_size (the pattern repeats): at step j a sequence of c cached tokens
+        writes token c + j, which opens a block when it is a multiple of the block size."""
         bs = self.block_size
         if self.lockstep:
             by_edge = self._by_edge
@@ -214,7 +215,7 @@ class RunningSet:
     def run_block_needs(self, steps: int) -> np.ndarray:
         """New blocks the decoding requests need at each of `steps` steps from now, the
         first excluded (the scheduler gave it)."""
-        pattern = self.block_need_pattern()
+        pattern = self._block_need_pattern()
         reps = -(-steps // self.block_size)
         need = np.tile(pattern, reps)[:steps] if reps > 1 else pattern[:steps]  # a fresh array
         need[0] = 0

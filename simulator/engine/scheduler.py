@@ -254,8 +254,11 @@ class IterationScheduler:
                 if chunk > budget and (plan.prefill_slots or len(plan.decode_slots)):
                     break  # a whole prompt over budget runs alone
                 blocks = kv.held(hit, hit + chunk)
+                # As vLLM: the whole sequence must fit, and so must the chunk's own
+                # allocation, which with sliding groups can exceed the former once the
+                # hit passes the window's cap (the request then waits).
                 full = self.policy.reserve_full_sequence
-                need = kv.full_sequence_blocks(hit, target) if full else blocks
+                need = max(kv.full_sequence_blocks(hit, target), blocks) if full else blocks
                 need -= shared
             alone = run.count == 0
             first = blocks - shared + ahead  # what it needs to run alone
