@@ -94,22 +94,29 @@ from pathlib import Path
 
 import pandas as pd
 
+
+def compare(a: Path, b: Path) -> int:
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir()), f"different files in {a}"
+    for name in names:
+        if (a / name).is_dir():
+            compare(a / name, b / name)
+        elif name == "summary.json":
+            left, right = (json.loads((d / name).read_text()) for d in (a, b))
+            for summary in (left, right):
+                summary.get("provenance", {}).pop("build_id", None)
+            assert left == right, a / name
+        elif name.endswith(".parquet"):
+            pd.testing.assert_frame_equal(
+                pd.read_parquet(a / name), pd.read_parquet(b / name), check_exact=True
+            )
+        else:
+            assert filecmp.cmp(a / name, b / name, shallow=False), a / name
+    return len(names)
+
+
 a, b = Path(sys.argv[1]), Path(sys.argv[2])
-names = sorted(p.name for p in a.iterdir())
-assert names == sorted(p.name for p in b.iterdir()), "different files"
-for name in names:
-    if name == "summary.json":
-        left, right = (json.loads((d / name).read_text()) for d in (a, b))
-        for summary in (left, right):
-            summary["provenance"].pop("build_id", None)
-        assert left == right, name
-    elif name.endswith(".parquet"):
-        pd.testing.assert_frame_equal(
-            pd.read_parquet(a / name), pd.read_parquet(b / name), check_exact=True
-        )
-    else:
-        assert filecmp.cmp(a / name, b / name, shallow=False), name
-print(f"equal: {a} {b} ({len(names)} files)")
+print(f"equal: {a} {b} ({compare(a, b)} entries)")
 EOF
 
 cd "$REPO"
