@@ -40,6 +40,7 @@ from simulator.scenario import ModelSection, Scenario
 from simulator.workload import (
     ClosedLoopSampler,
     PromptHashes,
+    RequestBatch,
     Session,
     SessionSampler,
     generate_requests,
@@ -207,6 +208,20 @@ def _kv_cache_groups(
         stacklevel=2,
     )
     return None
+
+
+def open_loop_requests(scenario: Scenario) -> RequestBatch | None:
+    """The open-loop workload, drawn before the replicas are built (None for sessions and
+    closed loops): prompts that share blocks by hash decide whether the KV cache runs in
+    the hybrid manager's groups."""
+    wl = scenario.workload
+    if wl.sessions is not None or wl.arrivals.kind == "closed_loop":
+        return None
+    return generate_requests(wl, scenario.seed, scenario.base_dir)
+
+
+def shares_blocks_by_hash(batch: RequestBatch | None) -> bool:
+    return batch is not None and batch.prompt_hashes is not None
 
 
 def build_pools(scenario: Scenario, hashed_prompts: bool = False) -> list[tuple[str, ReplicaBuild]]:
@@ -404,13 +419,8 @@ class _Run:
         wl = scenario.workload
         base_dir = scenario.base_dir
         self.closed = wl.arrivals.kind == "closed_loop"
-        # Open-loop requests are drawn first: prompts that share blocks by hash decide
-        # whether the KV cache runs in the hybrid manager's groups.
-        batch = None
-        if wl.sessions is None and not self.closed:
-            batch = generate_requests(wl, scenario.seed, base_dir)
-        hashed = batch is not None and batch.prompt_hashes is not None
-        self.builds = build_pools(scenario, hashed)
+        batch = open_loop_requests(scenario)
+        self.builds = build_pools(scenario, shares_blocks_by_hash(batch))
         self.env = simpy.Environment()
         self.horizon = wl.duration_s if wl.duration_s is not None else float("inf")
         self.clock = Clock(self.horizon)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 
 from hardware_models.errors import InfersimError
@@ -14,7 +15,7 @@ from simulator.compare import compare_table, write_comparison
 from simulator.formatting import WIDTH, sig
 from simulator.results import Results
 from simulator.scenario import Scenario
-from simulator.simulation import build_pools, simulate
+from simulator.simulation import build_pools, open_loop_requests, shares_blocks_by_hash, simulate
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -60,7 +61,9 @@ def _compare(args: argparse.Namespace) -> int:
         raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
     for label, (_, scenario) in runs.items():
         try:  # a run that cannot fit stops the comparison before any simulation
-            build_pools(scenario)
+            with warnings.catch_warnings():  # the run itself says what it bends
+                warnings.simplefilter("ignore")
+                build_pools(scenario, shares_blocks_by_hash(open_loop_requests(scenario)))
         except InfersimError as exc:
             raise InfersimError(f"{label}: {exc}") from None
     results: dict[str, Results] = {}

@@ -129,6 +129,7 @@ class SlidingRunningSet(RunningSet):
     # ---- membership ------------------------------------------------------------------
     def admit(self, rid: int, target: int, remaining: int, priority: int, computed: int = 0) -> int:
         if computed >= target:  # decoding from now on, holding only its own blocks
+            self.materialize()  # the others' blocks as this step took them, then the change
             self._changed()
         return super().admit(rid, target, remaining, priority, computed)
 
