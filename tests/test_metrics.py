@@ -1,5 +1,8 @@
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +28,8 @@ from simulator.metrics import (
 )
 from simulator.metrics.plots import latency_cdfs, save_run_plots
 from simulator.metrics.run_tables import request_table
+
+ROOT = Path(__file__).resolve().parents[1]
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -213,6 +218,29 @@ def test_latency_blocks_and_weighted_itl():
     assert lat["itl"]["mean"] == pytest.approx((3 * 0.01 + 0.05) / 4)
     assert lat["itl"]["p50"] == pytest.approx(0.01)
     assert lat["queueing"]["max"] == 0.0
+
+
+def test_a_long_latency_mean_does_not_depend_on_the_blas_thread_count():
+    """Dask workers run with OPENBLAS_NUM_THREADS=1; a mean taken with a threaded BLAS dot
+    product differed from a local run's in the last bit (a retried sweep point then no longer
+    matched its undisturbed run)."""
+    code = (
+        "import numpy as np; from simulator.metrics.summary import latency_stats; "
+        "rng = np.random.default_rng(1); v = rng.random(400_000) * 0.02; "
+        "print(repr(latency_stats(v, rng.integers(1, 5, v.size).astype(float))['mean']))"
+    )
+    means = {
+        threads: subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads},
+        ).stdout
+        for threads in ("1", "2")
+    }
+    assert means["1"] == means["2"], means
 
 
 def test_goodput_counts_requests_meeting_every_bound():

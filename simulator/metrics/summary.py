@@ -124,7 +124,9 @@ def latency_stats(values: np.ndarray, weights: np.ndarray | None = None) -> dict
     pct = weighted_percentile(values, w, np.asarray(PERCENTILES))
     return {
         "count": round(total),
-        "mean": float(np.dot(values, w) / total),
+        # fsum, not np.dot: BLAS splits a long dot product over its threads, so the last bit
+        # would depend on OPENBLAS_NUM_THREADS (Dask sets it to 1 in its workers).
+        "mean": math.fsum(values * w) / total,
         **{f"p{q}": float(p) for q, p in zip(PERCENTILES, pct, strict=True)},
         "max": float(values.max()),
     }
