@@ -63,7 +63,11 @@ def _compare(args: argparse.Namespace) -> int:
         try:  # a run that cannot fit stops the comparison before any simulation
             with warnings.catch_warnings():  # the run itself says what it bends
                 warnings.simplefilter("ignore")
-                build_pools(scenario, shares_blocks_by_hash(open_loop_requests(scenario)))
+                # the workload is drawn only where its hashes can matter (prefix caching)
+                hashed = scenario.serving.enable_prefix_caching and shares_blocks_by_hash(
+                    open_loop_requests(scenario)
+                )
+                build_pools(scenario, hashed)
         except InfersimError as exc:
             raise InfersimError(f"{label}: {exc}") from None
     results: dict[str, Results] = {}
