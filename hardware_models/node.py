@@ -27,7 +27,8 @@ class PcieFabric(BaseModel):
     GPUs allow it; any other hop is staged in host memory (NCCL's SHM transport: the
     sender writes into a host buffer, the receiver reads it back), because NCCL does not
     use P2P across a CPU host bridge by default (`p2pLevel = PATH_PXB` in its
-    src/graph/paths.cc)."""
+    src/graph/paths.cc). A staged hop also takes longer to be seen: the receiver polls
+    the host buffer across PCIe (`host_read_us` a poll) rather than its own memory."""
 
     model_config = _STRICT
     gpus_per_switch: int = Field(
@@ -48,6 +49,12 @@ class PcieFabric(BaseModel):
     )
     inter_socket_gbps: float = Field(
         gt=0, description="CPU-to-CPU link (UPI, xGMI), one direction, GB/s"
+    )
+    host_read_us: float = Field(
+        ge=0,
+        description="a GPU's read of host memory across PCIe, round trip, microseconds: "
+        "a hop staged in host memory takes it on top of the link's per-hop latency (its "
+        "receiver polls the host buffer; a peer-to-peer receiver polls its own memory)",
     )
 
     @model_validator(mode="after")
