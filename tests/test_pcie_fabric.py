@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from hardware_models.calibration.fit_links import fit_link
+from hardware_models.calibration.profile_file import read_profile, write_profile
 from hardware_models.calibration.split import holdout_mask
 from hardware_models.calibration.validate import predict_all
 from hardware_models.collectives import (
@@ -22,7 +23,7 @@ from hardware_models.collectives import (
     collective_cost,
 )
 from hardware_models.errors import InfersimError
-from hardware_models.node import LinkSpec, PcieFabric
+from hardware_models.node import HOST_READ_US, LinkSpec, PcieFabric
 from hardware_models.pcie_fabric import (
     all_to_all_flows,
     fabric_share,
@@ -32,7 +33,9 @@ from hardware_models.pcie_fabric import (
 from hardware_models.presets import load_gpu, load_node
 from tests.conftest import needs_shared_data
 
-L40S_NODE = Path(__file__).resolve().parents[1] / "hardware_models/presets/nodes/l40s-8x-pcie.yaml"
+PRESETS = Path(__file__).resolve().parents[1] / "hardware_models/presets"
+L40S_NODE = PRESETS / "nodes/l40s-8x-pcie.yaml"
+L40S_PROFILE = PRESETS / "calibrations/l40s.yaml"
 
 
 def _fabric(**changes) -> PcieFabric:
@@ -189,6 +192,8 @@ def test_the_l40s_node_describes_its_pcie_tree() -> None:
         ({"host_memory_gbps": 0}, r"fabric\.host_memory_gbps"),
         ({"p2p": "sometimes"}, r"fabric\.p2p"),
         ({"host_read_us": -1.0}, r"fabric\.host_read_us"),
+        ({"host_read_us": "fast"}, r"fabric\.host_read_us"),
+        ({"host_read_us": float("inf")}, r"fabric\.host_read_us"),
     ],
 )
 def test_a_bad_fabric_is_a_one_line_error_naming_the_field(
@@ -202,6 +207,44 @@ def test_a_bad_fabric_is_a_one_line_error_naming_the_field(
     with pytest.raises(InfersimError, match=message) as error:
         load_node(str(path))
     assert "\n" not in str(error.value)
+
+
+def test_a_fabric_written_before_host_read_us_loads_with_the_sourced_default(
+    tmp_path: Path,
+) -> None:
+    """Node YAMLs and profiles written before the field keep loading: the host read
+    takes its default (1.1 us, twice a posted write's 0.55), and a fitted profile written
+    from them states it, so its links say what they were fitted over."""
+    data = yaml.safe_load(L40S_NODE.read_text())
+    assert data["intra_node_link"]["fabric"].pop("host_read_us") == HOST_READ_US == 1.1
+    data["name"] = "old-l40s"
+    path = tmp_path / "old-l40s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    old, shipped = load_node(str(path)).intra_node_link, load_node("l40s-8x-pcie").intra_node_link
+    assert old.fabric.host_read_us == HOST_READ_US
+    assert old == shipped and old.signature() == shipped.signature()
+    assert collective_cost("all_reduce", 4096, 8, old) == collective_cost(
+        "all_reduce", 4096, 8, shipped
+    )
+    profile = yaml.safe_load(L40S_PROFILE.read_text())
+    for record in profile["links"]:
+        record["link"]["fabric"].pop("host_read_us")
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(profile))
+    written = write_profile(read_profile(tmp_path / "old.yaml"), tmp_path / "new.yaml")
+    assert read_profile(written) == read_profile(L40S_PROFILE)
+    links = yaml.safe_load(written.read_text())["links"]
+    assert [record["link"]["fabric"]["host_read_us"] for record in links] == [1.1] * 3
+    # Collective fits made before the field were fitted with every hop at one latency:
+    # their alpha holds the staged reads the model now adds, so they are not applied
+    # over the link (the run warns, as for any fit made over another link).
+    before = shipped.signature().replace(', "host_read_us": 1.1', "")
+    fits = read_profile(L40S_PROFILE).efficiency.collective_by_gpus
+    stale = {p: fit.model_copy(update={"fitted_over": before}) for p, fit in fits.items()}
+    efficiency = read_profile(L40S_PROFILE).efficiency.model_copy(
+        update={"collective_by_gpus": stale}
+    )
+    assert efficiency.links_fitted_elsewhere(shipped) == [2, 4, 8]
+    assert efficiency.link_for(4, shipped) == shipped
 
 
 def test_a_fabric_on_an_nvlink_is_refused(tmp_path: Path) -> None:
