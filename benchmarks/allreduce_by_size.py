@@ -1,9 +1,11 @@
 """Where the datasheet model's all-reduce error lies by message size: the held-out
 all-reduce rows of a GPU's public collective table, priced uncalibrated, their mean
 absolute error and bias by size band and GPU count, the points each band adds to the
-overall MAPE, every fp16 row's measured and modelled time (us) by size, and the held-out
+overall MAPE, every fp16 row's measured and modelled time (us) by size, the held-out
 rows again with the protocol chosen as NCCL's own tuner chooses it (ring LL at 1/4 of the
-bus bandwidth, src/graph/tuning.cc) but timed as the model times it.
+bus bandwidth, src/graph/tuning.cc) but timed as the model times it, and the held-out MAPE
+of each collective for other host read round trips R over a PCIe fabric (a peer-to-peer
+hop taken as R / 2; R = 0 with a 1.0 us hop is the model before hops had a transport).
 
     python benchmarks/allreduce_by_size.py l40s [--seed 0]
 """
@@ -14,6 +16,7 @@ import numpy as np
 import pandas as pd
 from collectives_fit import collective_rows
 
+from hardware_models.calibration.measured_tables import COLLECTIVE_CLASSES, predict
 from hardware_models.calibration.split import holdout_mask
 from hardware_models.calibration.validate import base_link, predict_all
 from hardware_models.collectives import Way, ways
@@ -22,6 +25,7 @@ from hardware_models.node import LinkSpec
 BANDS = [0, 16 << 10, 256 << 10, 2 << 20, 1 << 40]
 BAND_NAMES = ["<= 16 KiB", "32-256 KiB", "512 KiB-2 MiB", ">= 4 MiB"]
 NCCL_TUNER_LL_SLOWDOWN = 2.0  # the tuner's ring LL all-reduce: 1/4 of busBw, the model's 1/2
+HOST_READS_US = (0.0, 0.8, 1.0, 1.1, 1.2, 1.4)
 
 
 def _seconds(way: Way, link: LinkSpec) -> float:
@@ -39,8 +43,31 @@ def _nccl_choice_seconds(nbytes: float, num_gpus: int, link: LinkSpec) -> float:
     return _seconds(chosen, link)
 
 
+def _with_host_read(link: LinkSpec, host_read_us: float) -> LinkSpec:
+    """`link` with a host read round trip of `host_read_us` and a peer-to-peer hop of half
+    of it (0: NCCL's 1.0 us for every hop, no staged extra)."""
+    fabric = link.fabric.model_copy(update={"host_read_us": host_read_us})
+    hop_us = host_read_us / 2 if host_read_us else 1.0
+    return link.model_copy(update={"latency_us": hop_us, "fabric": fabric})
+
+
+def _host_read_sweep(table: pd.DataFrame, link: LinkSpec, seed: int) -> None:
+    """Held-out MAPE (%) of each collective class for each of HOST_READS_US."""
+    print("held-out MAPE (%) by host read round trip R (peer-to-peer hop R / 2):")
+    for host_read_us in HOST_READS_US:
+        swept = _with_host_read(link, host_read_us)
+        mapes = {}
+        for op in COLLECTIVE_CLASSES:
+            rows = table[table["op_class"] == op]
+            rows = rows[holdout_mask(rows, 0.5, seed)]
+            priced = predict(rows, link_resolver=lambda _name, s=swept: s)
+            mapes[op] = round(float(100 * np.mean(np.abs(priced / rows["measured_s"] - 1))), 1)
+        print(f"  R {host_read_us:g} us: {mapes}")
+
+
 def main() -> None:
-    args, spec, table = collective_rows(__doc__.splitlines()[0], ("all_reduce",))
+    args, spec, collectives = collective_rows(__doc__.splitlines()[0])
+    table = collectives[collectives["op_class"] == "all_reduce"]
     rows = table[holdout_mask(table, 0.5, args.seed)]
     error = 100 * (predict_all(rows, spec) / rows["measured_s"] - 1)
     frame = pd.DataFrame(
@@ -76,6 +103,8 @@ def main() -> None:
     nccl_ape = pd.Series(100 * np.abs(nccl / rows["measured_s"].to_numpy() - 1), index=rows.index)
     by_gpus = nccl_ape.groupby(frame["gpus"]).mean().round(1).to_dict()
     print(f"protocol as NCCL's tuner picks it: MAPE {nccl_ape.mean():.1f}% (by GPUs {by_gpus})")
+    if link is not None and link.fabric is not None:
+        _host_read_sweep(collectives, link, args.seed)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ the fit of the one constant no microbenchmark gives (the two-shot kernel's fence
 
     python benchmarks/custom_all_reduce.py          # the kernels against vLLM's tables
     python benchmarks/custom_all_reduce.py --step   # a Llama-3.1-70B TP8 H100 decode step
+    python benchmarks/custom_all_reduce.py --pcie   # a Llama-3.1-8B TP2 decode step on two
+                                                    # L40S switch neighbours (peer access)
 
 Sources (the PR descriptions' tables, `benchmarks/kernels/benchmark_device_communicators.py`):
 vllm-project/vllm#24532 (TP4: ca_1stage, ca_2stage, pynccl, symm_mem_multimem,
@@ -49,28 +51,43 @@ def priced_us(gpus: int, path: AllReducePath, rows: int) -> float:
     return (cost.seconds + cost.kernels * gpu.efficiency.launch_overhead_graph_us * 1e-6) * 1e6
 
 
-def decode_steps() -> None:
-    """Decode-only steps of Llama-3.1-70B on 8 H100s (2,000 keys a sequence), all
-    all-reduces on NCCL (as infersim priced them before) against vLLM's dispatch."""
-    gpu = choose_calibration(load_gpu("h100-sxm")).gpu
-    node, arch = load_node("dgx-h100"), load_model("llama-3.1-70b")
-    vllm = StepCostModel(arch, gpu, node, tp=8)
-    nccl = StepCostModel(arch, gpu, node, tp=8, custom_all_reduce=False, symm_mem_all_reduce=False)
+def decode_steps(gpu_name: str, node_name: str, model: str, tp: int) -> None:
+    """Decode-only steps of `model` on `tp` GPUs of `node_name` (2,000 keys a sequence,
+    the GPU's shipped profile), all all-reduces on NCCL (as infersim priced them before)
+    against vLLM's dispatch, and one all-reduce of the batch's hidden states on each."""
+    gpu = choose_calibration(load_gpu(gpu_name)).gpu
+    node, arch = load_node(node_name), load_model(model)
+    vllm = StepCostModel(arch, gpu, node, tp=tp)
+    nccl = StepCostModel(arch, gpu, node, tp=tp, custom_all_reduce=False, symm_mem_all_reduce=False)
     print(vllm.all_reduce_note())
-    print(f"{'batch':>5} {'NCCL only ms':>12} {'vLLM ms':>8} {'change':>7}  all-reduce backend")
+    print(
+        f"{'batch':>5} {'NCCL only ms':>12} {'vLLM ms':>8} {'change':>7} "
+        f"{'NCCL us':>8} {'vLLM us':>8}  all-reduce backend"
+    )
     for batch in (1, 8, 16, 32, 64, 128, 256):
         before = nccl.decode_steps(batch).one(batch * 2000).gpu_seconds
         after = vllm.decode_steps(batch).one(batch * 2000).gpu_seconds
-        path = vllm.tp_all_reduce.path(batch * arch.hidden_size * 2).value
+        nbytes = batch * arch.hidden_size * 2
+        ops = (nccl.tp_all_reduce.cost(nbytes), vllm.tp_all_reduce.cost(nbytes))
         change = 100 * (after - before) / before
-        print(f"{batch:>5} {before * 1e3:>12.3f} {after * 1e3:>8.3f} {change:>+6.1f}%  {path}")
+        print(
+            f"{batch:>5} {before * 1e3:>12.3f} {after * 1e3:>8.3f} {change:>+6.1f}% "
+            f"{ops[0].seconds * 1e6:>8.2f} {ops[1].seconds * 1e6:>8.2f}  "
+            f"{vllm.tp_all_reduce.path(nbytes).value}"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--step", action="store_true", help="the decode-step figure instead")
-    if parser.parse_args().step:
-        decode_steps()
+    figure = parser.add_mutually_exclusive_group()
+    figure.add_argument("--step", action="store_true", help="the TP8 H100 decode step instead")
+    figure.add_argument("--pcie", action="store_true", help="the TP2 L40S decode step instead")
+    args = parser.parse_args()
+    if args.step:
+        decode_steps("h100-sxm", "dgx-h100", "llama-3.1-70b", 8)
+        return
+    if args.pcie:
+        decode_steps("l40s", "l40s-8x-pcie", "llama-3.1-8b", 2)
         return
     residuals = []
     print(f"{'tp':>3} {'kernel':<18} {'MiB':>5} {'published':>9} {'model':>7} {'error':>7}")

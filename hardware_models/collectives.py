@@ -9,7 +9,15 @@ gets the share of its link rate that the flows sharing the tree leave it
 (pcie_fabric.fabric_share), the ring runs with NCCL's two PCIe protocols (LL: low
 latency, half the bandwidth; Simple: the full bandwidth after a longer latency) and the
 faster is taken, and the tree is a chain, as NCCL builds it inside one node (its tuning
-model counts nRanks - 1 intra-node hops each way), which never beats the ring there.
+model counts nRanks - 1 intra-node hops each way), priced when asked for: `auto` runs the
+ring there, as NCCL's tuner does (it rates the chain's hops as the ring's, after a higher
+base and at a lower bandwidth).
+An LL hop's latency is its flag's (data and flag travel in one store), so it depends on
+the transport: the link's `latency_us` is a peer-to-peer hop (a posted write into the
+peer's memory, which the peer polls); a hop staged in host memory adds the fabric's
+`host_read_us` (its receiver polls host memory across PCIe), for each staged hop on the
+call's slowest path (pcie_fabric.staged_hops). Simple's per-hop figure is a chunk's
+pipeline latency, one tuned figure for every PCI hop, and stays NCCL's.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from typing import NamedTuple
 from hardware_models.errors import InfersimError
 from hardware_models.node import LinkSpec
 from hardware_models.op_cost import Bound, OpCost
-from hardware_models.pcie_fabric import fabric_share
+from hardware_models.pcie_fabric import fabric_share, staged_hops
 
 
 class Collective(StrEnum):
@@ -91,9 +99,10 @@ class Way(NamedTuple):
 
 
 # NCCL's tuning model on PCI (src/graph/tuning.cc, NCCL 2.2x): the LL protocol pays a
-# 6.6 us base and the link's per-hop latency (1.0 us there) but carries data in half of
-# each line (its flags in the other); Simple moves whole lines after an 8.4 us base and
-# 5.7 us per hop. The tuner runs the faster, as priced here.
+# 6.6 us base and the link's per-hop latency (1.0 us there, one figure for every PCI hop;
+# here the link's peer-to-peer figure, a staged LL hop adding the fabric's host read) but
+# carries data in half of each line (its flags in the other); Simple moves whole lines
+# after an 8.4 us base and 5.7 us per hop. The tuner runs the faster, as priced here.
 LL_BASE_US, LL_DATA_FRACTION = 6.6, 0.5
 SIMPLE_BASE_US, SIMPLE_HOP_US = 8.4, 5.7
 
@@ -114,10 +123,13 @@ def ways(
         candidates = {Algorithm.RING: _ring(op, nbytes, p), Algorithm.TREE: _tree(op, nbytes, p)}
         chosen = candidates if algorithm == Algorithm.AUTO else {algorithm: candidates[algorithm]}
         return [Way(steps, 0.0, sent, sent) for steps, sent in chosen.values()]
-    steps, sent = (_chain if algorithm == Algorithm.TREE else _ring)(op, nbytes, p)
+    chain = algorithm == Algorithm.TREE
+    steps, sent = (_chain if chain else _ring)(op, nbytes, p)
     wire = sent / fabric_share(link, _pattern(op), p, first_gpu)
+    path = "chain" if chain else _pattern(op)
+    staged_s = staged_hops(link, path, p, steps, first_gpu) * link.fabric.host_read_us * 1e-6
     return [
-        Way(steps, LL_BASE_US * 1e-6, wire / LL_DATA_FRACTION, sent),
+        Way(steps, LL_BASE_US * 1e-6 + staged_s, wire / LL_DATA_FRACTION, sent),
         Way(0.0, (SIMPLE_BASE_US + steps * SIMPLE_HOP_US) * 1e-6, wire, sent),
     ]
 

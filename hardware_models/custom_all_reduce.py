@@ -67,7 +67,7 @@ from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.collectives import collective_cost
 from hardware_models.dtypes import Dtype
 from hardware_models.errors import InfeasibleError
-from hardware_models.node import LinkSpec, NodeSpec
+from hardware_models.node import PCIE_P2P_HOP_US, LinkSpec, NodeSpec
 from hardware_models.op_cost import Bound, OpCost
 from hardware_models.pointwise import Pointwise, elementwise_cost
 
@@ -101,12 +101,16 @@ SYMM_MEM_MULTIMEM_SIZES = {"9.0": (4, 6, 8), "10.0": (6, 8), "10.3": (6, 8)}
 THREADS_PER_BLOCK, BLOCK_LIMIT, VECTOR_BYTES = 512, 36, 16
 ONE_SHOT_BELOW = ((4, 512 * KiB), (8, 256 * KiB))  # (up to this many GPUs, below bytes)
 
-# One flag written into a peer's memory and seen by its poller: NCCL's tuning model gives
-# the same mechanism (its LL protocol: data and flag in one store, polled by the reader)
-# a per-hop latency of 0.6 us over NVLink and 1.0 us over PCI (hwLat, src/graph/tuning.cc,
-# NCCL 2.2x). A peer load is a round trip: two hops. No vendor figure exists for xGMI in
-# that table; NVLink's is used.
-FLAG_HOP_US = {"nvlink": 0.6, "nvswitch": 0.6, "infinity_fabric": 0.6, "pcie": 1.0}
+# One flag written into a peer's memory and seen by its poller: the kernel's barriers
+# (start_sync, end_sync) store a byte into each peer's signal through its peer pointer and
+# spin on their own signal in local memory. NCCL's tuning model gives the same mechanism
+# (its LL protocol: data and flag in one store, polled by the reader) a per-hop latency of
+# 0.6 us over NVLink (hwLat, src/graph/tuning.cc, NCCL 2.2x); no vendor figure exists for
+# xGMI in that table, NVLink's is used. Over PCIe the kernel runs only between switch
+# neighbours with peer access, so a flag is a peer-to-peer hop (node.PCIE_P2P_HOP_US),
+# not NCCL's 1.0 us PCI figure, which also covers hops staged in host memory. A peer load
+# is a round trip: two hops.
+FLAG_HOP_US = {"nvlink": 0.6, "nvswitch": 0.6, "infinity_fabric": 0.6, "pcie": PCIE_P2P_HOP_US}
 # vLLM's two-shot kernel's extra cost over the one-shot's structure: its middle barrier's
 # __threadfence_system, which makes the reduce-scatter's results visible system-wide
 # before the all-gather reads them (torch's two-shot kernel synchronises without one and

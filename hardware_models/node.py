@@ -18,6 +18,17 @@ _STRICT = ConfigDict(extra="forbid", frozen=True)
 
 FabricKind = Literal["nvswitch", "nvlink_mesh", "pcie", "infinity_fabric", "none"]
 
+# A PCIe peer-to-peer hop: a posted write through one switch into the peer's memory, seen
+# by the peer polling its own memory. Half the 1.106 us round trip of NVIDIA gdrcopy's
+# pplat test (two such writes, each seen by a local poll; NVIDIA/gdrcopy#264). NCCL's LL
+# hop between switch neighbours and vLLM's custom all-reduce flag both travel this way.
+PCIE_P2P_HOP_US = 0.55
+# A GPU's read round trip to host memory across PCIe: a non-posted read takes twice a
+# posted write's one-way latency (Intel's TCC developer guide, data streams), so 1.1 us;
+# ~0.85 us was measured between a desktop Haswell and an FPGA endpoint (hackingnasdaq,
+# 2014). A property of the host's root complex: a node YAML overrides it per server.
+HOST_READ_US = 2 * PCIE_P2P_HOP_US
+
 
 class PcieFabric(BaseModel):
     """The PCIe tree under a node's GPUs, for collectives that share it (pcie_fabric.py).
@@ -27,7 +38,8 @@ class PcieFabric(BaseModel):
     GPUs allow it; any other hop is staged in host memory (NCCL's SHM transport: the
     sender writes into a host buffer, the receiver reads it back), because NCCL does not
     use P2P across a CPU host bridge by default (`p2pLevel = PATH_PXB` in its
-    src/graph/paths.cc)."""
+    src/graph/paths.cc). A staged hop also takes longer to be seen: the receiver polls
+    the host buffer across PCIe (`host_read_us` a poll) rather than its own memory."""
 
     model_config = _STRICT
     gpus_per_switch: int = Field(
@@ -48,6 +60,16 @@ class PcieFabric(BaseModel):
     )
     inter_socket_gbps: float = Field(
         gt=0, description="CPU-to-CPU link (UPI, xGMI), one direction, GB/s"
+    )
+    host_read_us: float = Field(
+        default=HOST_READ_US,
+        ge=0,
+        allow_inf_nan=False,
+        description="a GPU's read of host memory across PCIe, round trip, microseconds: "
+        "a hop staged in host memory takes it on top of the link's per-hop latency (its "
+        "receiver polls the host buffer; a peer-to-peer receiver polls its own memory). "
+        "A property of the host's root complex; default 1.1 (twice a posted write's "
+        "one-way 0.55 us, Intel's TCC developer guide), set it per server where measured",
     )
 
     @model_validator(mode="after")

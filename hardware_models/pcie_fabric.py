@@ -12,6 +12,10 @@ slowest flow (a ring step, an all-to-all, ends when its last transfer does). GPU
 placed in order (GPU i of the group on switch i // gpus_per_switch), as tensor-parallel
 groups are, and the ring follows that order, as NCCL's ring search keeps switch
 neighbours adjacent.
+
+A staged hop is also slower to notice: the receiver polls a buffer in host memory, so
+each of its polls is a read round trip across PCIe, where a peer-to-peer receiver polls
+its own memory (`staged_hops` counts them on a collective's slowest path).
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ def all_to_all_flows(p: int, first: int = 0) -> list[Flow]:
     return [(first + i, first + j) for i in range(p) for j in range(p) if i != j]
 
 
+_PATTERNS = {"ring": ring_flows, "pair": pair_flows, "all_to_all": all_to_all_flows}
+
+
 def _route(fabric: PcieFabric, src: int, dst: int) -> list[tuple[str, int, int]]:
     """(resource, which one, load) of each shared resource one flow crosses besides the
     two GPUs' own links (a staged hop loads memory twice)."""
@@ -56,6 +63,35 @@ def _route(fabric: PcieFabric, src: int, dst: int) -> list[tuple[str, int, int]]
     if socket_src != socket_dst:
         route.append(("socket", socket_src, 1))
     return route
+
+
+def is_staged(fabric: PcieFabric, src: int, dst: int) -> bool:
+    """Whether a hop from GPU `src` to GPU `dst` goes through host memory."""
+    return bool(_route(fabric, src, dst))
+
+
+def staged_hops(link: LinkSpec, path: str, num_gpus: int, hops: int, first_gpu: int = 0) -> int:
+    """How many of the `hops` a collective's data takes one after another are staged in
+    host memory, on its slowest path, for GPUs placed from `first_gpu` on. `path`:
+    "ring" (any `hops` consecutive ring flows), "chain" (NCCL's in-node tree: down the
+    chain of GPUs and back up, `hops` = 2 (p - 1)), "pair" or "all_to_all" (all flows
+    at once, so one hop: at most one staged). 0 without a fabric."""
+    if link.fabric is None or num_gpus < 2:
+        return 0
+    return _staged_hops(link.fabric, path, num_gpus, hops, first_gpu)
+
+
+@lru_cache(maxsize=1024)
+def _staged_hops(fabric: PcieFabric, path: str, num_gpus: int, hops: int, first_gpu: int) -> int:
+    if path == "ring":
+        ring = [is_staged(fabric, src, dst) for src, dst in ring_flows(num_gpus, first_gpu)]
+        windows = range(num_gpus)
+        return max(sum(ring[(start + k) % num_gpus] for k in range(hops)) for start in windows)
+    if path == "chain":
+        chain = ring_flows(num_gpus, first_gpu)[:-1]
+        return 2 * sum(is_staged(fabric, src, dst) for src, dst in chain)
+    flows = _PATTERNS[path](num_gpus, first_gpu)
+    return int(any(is_staged(fabric, src, dst) for src, dst in flows))
 
 
 def _capacity(fabric: PcieFabric, resource: str) -> float:
@@ -78,9 +114,6 @@ def flow_rate_gbps(link_gbps: float, fabric: PcieFabric, flows: Iterable[Flow]) 
         (link_gbps if resource in ("gpu_out", "gpu_in") else _capacity(fabric, resource)) / count
         for (resource, _index), count in load.items()
     )
-
-
-_PATTERNS = {"ring": ring_flows, "pair": pair_flows, "all_to_all": all_to_all_flows}
 
 
 @lru_cache(maxsize=1024)

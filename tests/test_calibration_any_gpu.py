@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from hardware_models.calibration.measured_tables import (
     COLUMNS,
@@ -116,6 +117,9 @@ def test_fit_over_pcie_and_a_bad_node_through_the_cli(tmp_path: Path, capsys) ->
     args = ["--measured", str(folder), "--gpu", "l40s"]
     assert main(["calibrate", "fit", *args, "--holdout", "0", "-o", str(profile)]) == 0
     assert read_profile(profile).links[0].num_gpus == 2  # fitted over PCIe
+    # The fabric's optional host read is written out: the profile says what it assumed.
+    written = yaml.safe_load(profile.read_text())["links"][0]["link"]["fabric"]
+    assert written["host_read_us"] == 1.1
     out = tmp_path / "report"
     report = ["--profile", str(profile), "-o", str(out)]
     assert main(["calibrate", "validate", *args, "--node", "/no/such-node.yaml", *report]) == 2

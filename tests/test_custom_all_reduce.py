@@ -19,6 +19,7 @@ from hardware_models.custom_all_reduce import (
 from hardware_models.dtypes import Dtype
 from hardware_models.efficiency import CollectiveFit
 from hardware_models.errors import InfeasibleError
+from hardware_models.node import PCIE_P2P_HOP_US
 from hardware_models.presets import load_gpu, load_node
 from simulator.engine.step_cost import StepCostModel
 from simulator.model_catalog import load_model
@@ -160,6 +161,20 @@ def test_the_one_shot_cost_hand_worked() -> None:
     # against 7 x 4 MiB at 360 GB/s = 81.6 us: bandwidth-bound.
     big = tp8.cost(4 * MiB, ONE_SHOT)
     assert big.seconds == pytest.approx((floor + 1.2) * 1e-6 + 7 * 4 * MiB / 360e9, rel=1e-12)
+
+
+def test_a_pcie_pairs_flags_are_peer_to_peer_hops_as_nccls_between_switch_neighbours() -> None:
+    """16 KiB on two L40S switch neighbours: one pass, its peer round trip two P2P hops
+    (1.1 us) rather than 16 KiB at 0.70 x 31.5 GB/s (0.74 us); a barrier a hop each.
+    The flag and NCCL's LL hop between the same two GPUs are one figure."""
+    pair = plan("l40s-8x-pcie", 2)
+    assert load_node("l40s-8x-pcie").intra_node_link.latency_us == PCIE_P2P_HOP_US == 0.55
+    floor = load_gpu("l40s").efficiency.kernel_floor_us
+    cost = pair.cost(16 * KiB)
+    assert cost.seconds == pytest.approx((floor + 4 * PCIE_P2P_HOP_US) * 1e-6, rel=1e-12)
+    big = pair.cost(4 * MiB)  # bandwidth-bound: the barriers alone are fixed
+    rate = 31.5e9 * 0.70
+    assert big.seconds == pytest.approx((floor + 1.1) * 1e-6 + 4 * MiB / rate, rel=1e-12)
 
 
 def test_the_two_shot_and_multimem_costs_hand_worked() -> None:

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from hardware_models.calibration.fit_links import fit_link
+from hardware_models.calibration.profile_file import read_profile, write_profile
 from hardware_models.calibration.split import holdout_mask
 from hardware_models.calibration.validate import predict_all
 from hardware_models.collectives import (
@@ -22,12 +23,19 @@ from hardware_models.collectives import (
     collective_cost,
 )
 from hardware_models.errors import InfersimError
-from hardware_models.node import LinkSpec, PcieFabric
-from hardware_models.pcie_fabric import all_to_all_flows, fabric_share, flow_rate_gbps
+from hardware_models.node import HOST_READ_US, LinkSpec, PcieFabric
+from hardware_models.pcie_fabric import (
+    all_to_all_flows,
+    fabric_share,
+    flow_rate_gbps,
+    staged_hops,
+)
 from hardware_models.presets import load_gpu, load_node
 from tests.conftest import needs_shared_data
 
-L40S_NODE = Path(__file__).resolve().parents[1] / "hardware_models/presets/nodes/l40s-8x-pcie.yaml"
+PRESETS = Path(__file__).resolve().parents[1] / "hardware_models/presets"
+L40S_NODE = PRESETS / "nodes/l40s-8x-pcie.yaml"
+L40S_PROFILE = PRESETS / "calibrations/l40s.yaml"
 
 
 def _fabric(**changes) -> PcieFabric:
@@ -38,6 +46,7 @@ def _fabric(**changes) -> PcieFabric:
         "switch_uplink_gbps": 32.0,
         "host_memory_gbps": 40.0,
         "inter_socket_gbps": 22.0,
+        "host_read_us": 1.0,
     }
     return PcieFabric(**{**base, **changes})
 
@@ -82,7 +91,8 @@ def test_a_fabric_link_runs_the_faster_of_nccls_pcie_protocols_and_a_chain_tree(
     def ring(nbytes: float) -> tuple[float, float]:
         """(LL, Simple) seconds of an all-reduce ring, by NCCL's tuning model on PCI."""
         wire = 2 * (p - 1) / p * nbytes / (32e9 * 0.5 * share)
-        ll = LL_BASE_US * 1e-6 + 2 * (p - 1) * 1e-6 + wire / LL_DATA_FRACTION
+        # 6 LL hops of 1 us, 3 of them staged in host memory (1 us more each).
+        ll = LL_BASE_US * 1e-6 + (2 * (p - 1) + 3) * 1e-6 + wire / LL_DATA_FRACTION
         simple = (SIMPLE_BASE_US + 2 * (p - 1) * SIMPLE_HOP_US) * 1e-6 + wire
         return ll, simple
 
@@ -91,16 +101,63 @@ def test_a_fabric_link_runs_the_faster_of_nccls_pcie_protocols_and_a_chain_tree(
     for nbytes, want in ((4096.0, small[0]), (2.0**26, large[1])):
         assert collective_cost("all_reduce", nbytes, p, link).seconds == pytest.approx(want)
     latency = collective_cost("all_reduce", 4096.0, p, link).overhead_seconds
-    assert latency == pytest.approx(LL_BASE_US * 1e-6 + 2 * (p - 1) * 1e-6)
-    # The in-node tree is a chain: never faster than the ring, even for tiny messages.
-    assert collective_cost("all_reduce", 8, 8, link, "tree").seconds >= (
-        collective_cost("all_reduce", 8, 8, link, "ring").seconds
+    assert latency == pytest.approx(LL_BASE_US * 1e-6 + (2 * (p - 1) + 3) * 1e-6)
+    # The in-node tree is a chain, priced when asked for; `auto` runs the ring, as
+    # NCCL's tuner does on one PCIe node. The chain moves the whole buffer each way.
+    for nbytes in (8, 2.0**26):
+        assert collective_cost("all_reduce", nbytes, 8, link).seconds == pytest.approx(
+            collective_cost("all_reduce", nbytes, 8, link, "ring").seconds
+        )
+    assert collective_cost("all_reduce", 2.0**26, 8, link, "tree").seconds > (
+        collective_cost("all_reduce", 2.0**26, 8, link, "ring").seconds
     )
     # Without a fabric nothing changes: the plain alpha-beta ring/tree.
     plain = _link(None)
     nbytes = 2.0**24
     assert collective_cost("all_reduce", nbytes, 2, plain).seconds == pytest.approx(
         2e-6 + nbytes / (32e9 * 0.5)
+    )
+
+
+def test_staged_hops_count_host_memory_hops_on_the_slowest_path() -> None:
+    link = _link(_fabric())  # a switch per 2 GPUs, a socket per 4
+    assert staged_hops(link, "ring", 2, 2) == 0  # switch neighbours: peer to peer
+    assert staged_hops(link, "ring", 2, 2, first_gpu=1) == 2  # GPUs 1, 2: two switches
+    # A ring of 4 alternates peer-to-peer and staged hops: an all-reduce's 6 hops in a
+    # row cross 3 staged ones; an all-gather's 3 hops, from the worst start, 2.
+    assert staged_hops(link, "ring", 4, 6) == 3
+    assert staged_hops(link, "ring", 4, 3) == 2
+    assert staged_hops(link, "ring", 8, 14) == 7
+    # NCCL's in-node chain 0-1-2-3, down and back: one staged link, crossed twice.
+    assert staged_hops(link, "chain", 4, 6) == 2
+    # Flows that run at once wait for one hop, staged if any is.
+    assert staged_hops(link, "all_to_all", 4, 3) == 1
+    assert staged_hops(link, "pair", 2, 1) == 0
+    assert staged_hops(link, "pair", 8, 1) == 1
+    # Without P2P, or with every GPU on its own root port, every hop is staged.
+    assert staged_hops(_link(_fabric(p2p=False)), "ring", 2, 2) == 2
+    single = _fabric(gpus_per_switch=1)
+    assert staged_hops(_link(single), "ring", 4, 6) == 6
+    assert staged_hops(_link(None), "ring", 8, 14) == 0
+
+
+def test_a_staged_ll_hop_adds_the_host_read_and_a_peer_hop_does_not() -> None:
+    slow_reads = _link(_fabric(host_read_us=3.0))
+    fast_reads = _link(_fabric(host_read_us=0.0))
+
+    def latency(link: LinkSpec, op: str, p: int) -> float:
+        return collective_cost(op, 64, p, link).overhead_seconds
+
+    # Two switch neighbours: peer to peer, the host read never enters.
+    assert latency(slow_reads, "all_reduce", 2) == pytest.approx(
+        latency(fast_reads, "all_reduce", 2)
+    )
+    # 8 GPUs: 7 of an all-reduce's 14 hops staged; an all-to-all waits for one.
+    assert latency(slow_reads, "all_reduce", 8) - latency(fast_reads, "all_reduce", 8) == (
+        pytest.approx(7 * 3e-6)
+    )
+    assert latency(slow_reads, "all_to_all", 8) - latency(fast_reads, "all_to_all", 8) == (
+        pytest.approx(3e-6)
     )
 
 
@@ -134,6 +191,9 @@ def test_the_l40s_node_describes_its_pcie_tree() -> None:
         ({"gpus_per_socket": 3}, r"fabric.*gpus_per_socket \(3\) must be a multiple"),
         ({"host_memory_gbps": 0}, r"fabric\.host_memory_gbps"),
         ({"p2p": "sometimes"}, r"fabric\.p2p"),
+        ({"host_read_us": -1.0}, r"fabric\.host_read_us"),
+        ({"host_read_us": "fast"}, r"fabric\.host_read_us"),
+        ({"host_read_us": float("inf")}, r"fabric\.host_read_us"),
     ],
 )
 def test_a_bad_fabric_is_a_one_line_error_naming_the_field(
@@ -149,6 +209,44 @@ def test_a_bad_fabric_is_a_one_line_error_naming_the_field(
     assert "\n" not in str(error.value)
 
 
+def test_a_fabric_written_before_host_read_us_loads_with_the_sourced_default(
+    tmp_path: Path,
+) -> None:
+    """Node YAMLs and profiles written before the field keep loading: the host read
+    takes its default (1.1 us, twice a posted write's 0.55), and a fitted profile written
+    from them states it, so its links say what they were fitted over."""
+    data = yaml.safe_load(L40S_NODE.read_text())
+    assert data["intra_node_link"]["fabric"].pop("host_read_us") == HOST_READ_US == 1.1
+    data["name"] = "old-l40s"
+    path = tmp_path / "old-l40s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    old, shipped = load_node(str(path)).intra_node_link, load_node("l40s-8x-pcie").intra_node_link
+    assert old.fabric.host_read_us == HOST_READ_US
+    assert old == shipped and old.signature() == shipped.signature()
+    assert collective_cost("all_reduce", 4096, 8, old) == collective_cost(
+        "all_reduce", 4096, 8, shipped
+    )
+    profile = yaml.safe_load(L40S_PROFILE.read_text())
+    for record in profile["links"]:
+        record["link"]["fabric"].pop("host_read_us")
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(profile))
+    written = write_profile(read_profile(tmp_path / "old.yaml"), tmp_path / "new.yaml")
+    assert read_profile(written) == read_profile(L40S_PROFILE)
+    links = yaml.safe_load(written.read_text())["links"]
+    assert [record["link"]["fabric"]["host_read_us"] for record in links] == [1.1] * 3
+    # Collective fits made before the field were fitted with every hop at one latency:
+    # their alpha holds the staged reads the model now adds, so they are not applied
+    # over the link (the run warns, as for any fit made over another link).
+    before = shipped.signature().replace(', "host_read_us": 1.1', "")
+    fits = read_profile(L40S_PROFILE).efficiency.collective_by_gpus
+    stale = {p: fit.model_copy(update={"fitted_over": before}) for p, fit in fits.items()}
+    efficiency = read_profile(L40S_PROFILE).efficiency.model_copy(
+        update={"collective_by_gpus": stale}
+    )
+    assert efficiency.links_fitted_elsewhere(shipped) == [2, 4, 8]
+    assert efficiency.link_for(4, shipped) == shipped
+
+
 def test_a_fabric_on_an_nvlink_is_refused(tmp_path: Path) -> None:
     data = yaml.safe_load(L40S_NODE.read_text())
     data["intra_node_link"]["kind"] = "nvlink"
@@ -161,7 +259,8 @@ def test_a_fabric_on_an_nvlink_is_refused(tmp_path: Path) -> None:
 @needs_shared_data
 def test_l40s_all_reduce_over_pcie_uncalibrated() -> None:
     """Held-out half (seed 0) of the L40S's NCCL table, datasheet model: 103.7% MAPE on
-    independent links, 30.6% on the shared tree (benchmarks/README.md)."""
+    independent links, 30.6% on the shared tree, 29.5% with a staged LL hop priced apart
+    from a peer-to-peer one (benchmarks/README.md): issue 15's target, <= 30%."""
     from hardware_models.calibration.sources import load_measurements
 
     table = load_measurements(from_shared="l40s").table
@@ -169,7 +268,9 @@ def test_l40s_all_reduce_over_pcie_uncalibrated() -> None:
     held = rows[holdout_mask(rows, 0.5, 0)]
     predicted = predict_all(held, load_gpu("l40s"))
     mape = float(np.mean(np.abs(predicted - held["measured_s"]) / held["measured_s"]))
-    assert mape < 0.32
+    assert len(held) == 57
+    assert mape == pytest.approx(0.2947, abs=0.001)
+    assert mape <= 0.30
 
 
 def test_a_stage_hand_off_is_priced_where_the_stages_sit_on_the_tree():

@@ -111,7 +111,8 @@ def _link_text(link: LinkSpec | None) -> str:
     return (
         f"{text}; {fabric.gpus_per_switch} GPUs per switch ({fabric.switch_uplink_gbps:g} "
         f"GB/s uplink), {fabric.gpus_per_socket} per socket, {hops}, host memory "
-        f"{fabric.host_memory_gbps:g} GB/s per socket, CPU link {fabric.inter_socket_gbps:g} GB/s"
+        f"{fabric.host_memory_gbps:g} GB/s per socket ({fabric.host_read_us:g} us a read, "
+        f"added to each staged hop), CPU link {fabric.inter_socket_gbps:g} GB/s"
     )
 
 
