@@ -176,6 +176,8 @@ def test_counts_and_in_flight_split():
         "rejected": 1,
         "rejected_by_reason": {"exceeds_kv_cache": 1},
         "failed": 1,
+        "retried": 0,
+        "retries": 0,
         "in_flight": 2,
         "in_flight_queued": 1,
         "in_flight_running": 1,
@@ -429,7 +431,9 @@ def test_summary_table_shows_key_numbers():
     assert "completed 2" in table
     assert "0.200 req/s" in table
     assert "200.0" in table  # mean TTFT in ms
-    assert "goodput     0.100 req/s meet ttft <= 200.0 ms: 1 of 2 completed (50.0%)" in table
+    assert (
+        "goodput     0.100 req/s meet ttft <= 200.0 ms: 1 of 2 arrived (50.0%), 50.0% of 2" in table
+    )
     assert "$4.00/h" in table
     assert "e-0" not in table and "e+0" not in table  # no scientific notation
     assert max(len(line) for line in table.splitlines()) <= 100
