@@ -50,7 +50,7 @@ def _load(workload: Mapping[str, Any]) -> str:
         return f"{what} for {workload['duration_s']:g} s"
     if workload.get("num_requests") is not None:
         return f"{what}, {workload['num_requests']:,} requests"
-    return what
+    return f"{what} (to its end)" if kind == "trace" else what
 
 
 def configuration(scenario: Mapping[str, Any]) -> dict[str, Any]:
