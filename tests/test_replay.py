@@ -555,6 +555,30 @@ def test_a_simulated_bench_json_replays_as_itself(tmp_path, capsys):
             assert rows[metric, stat]["error_pct"] == pytest.approx(0, abs=1e-9), (metric, stat)
 
 
+def test_a_simulated_bench_json_carries_its_engine_settings(tmp_path, capsys):
+    """infersim writes the run's engine settings into its bench JSON (`infersim_meta`), so
+    a replay needs no --vllm-version, --gpu or --set: it runs with the run's own token
+    budget and prefix caching, not vLLM's defaults (8,192 tokens, caching on), and
+    reproduces it."""
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(json.dumps(scenario_dict(workload={"num_requests": 60})))
+    bench = tmp_path / "bench.json"
+    args = ["run", str(scenario), "-o", str(tmp_path / "run"), "--quiet", "--no-plots"]
+    assert main([*args, "--bench-json", str(bench)]) == 0
+    capsys.readouterr()
+    meta = json.loads(bench.read_text())["infersim_meta"]
+    assert meta["engine_kwargs"]["max_num_batched_tokens"] == 512
+    assert meta["engine_kwargs"]["enable_prefix_caching"] is False
+    code, out, err = replay(capsys, str(bench), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    assert "engine settings: the simulated run's own" in out
+    assert "assumed" not in out  # no vLLM default stood in for a setting
+    rows = written(tmp_path / "out")["latency"]
+    assert all(
+        r["error_pct"] == pytest.approx(0, abs=1e-9) for r in rows if r["error_pct"] is not None
+    )
+
+
 def test_the_timeline_sums_every_rank_of_a_multi_rank_run():
     """A DP run's ranks are replicas of the results: running, waiting and KV use at a tick
     are their sum, as the engine's log sums its engines, not one rank's."""
