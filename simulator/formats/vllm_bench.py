@@ -151,9 +151,11 @@ _VLLM_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 def engine_meta(results: Results) -> dict[str, Any] | None:
-    """The run's engine as vLLM's arguments name it, for `key.INFERSIM_META`; None for a
-    run no single vLLM engine describes (pools, several replicas, static or dynamic
-    batching), whose replay then needs --vllm-version and --set as a client file does."""
+    """The run's engine as vLLM's arguments name it (the fields of `EngineArgs`,
+    vllm/engine/arg_utils.py, as a run folder's meta.json records them), for
+    `key.INFERSIM_META`; None for a run no single vLLM engine describes (pools, several
+    replicas, static or dynamic batching), whose replay then needs --vllm-version and
+    --set as a client file does."""
     scenario = results.scenario
     par, serving, engine = scenario.parallelism, scenario.serving, scenario.engine
     if (
