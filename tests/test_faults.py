@@ -118,6 +118,9 @@ def test_failed_and_retried_requests_show_in_the_summary_and_compare_table(make_
         100 * good["fraction_of_arrived"]
     )
     assert table.loc["fail", "SLO met % arrived"] < table.loc["fail", "SLO met %"]
+    html = runs["fail"]._repr_html_()  # a notebook shows both too
+    assert f"0 / {fail['counts']['failed']:,} / 0" in html
+    assert "arrived / completed within the SLO" in html
 
 
 def test_a_fault_after_the_run_ends_is_a_warning(make_scenario):
