@@ -527,16 +527,22 @@ def test_model_from_a_config_json(tmp_path, capsys):
     assert by_path == written(tmp_path / "c")["latency"]  # the same shapes, the same replay
 
 
-def test_a_simulated_bench_json_replays_as_itself(tmp_path, capsys):
-    """Writer (`run --bench-json`) and reader (`replay`) share one format: a simulated run
-    written as a bench result and replayed with the same engine settings reads back its
-    own arrivals and latencies and reproduces them."""
+def _simulated_bench_json(tmp_path: Path, capsys) -> Path:
+    """`infersim run --bench-json` of the shared test scenario at 60 requests."""
     scenario = tmp_path / "s.yaml"
     scenario.write_text(json.dumps(scenario_dict(workload={"num_requests": 60})))
     bench = tmp_path / "bench.json"
     args = ["run", str(scenario), "-o", str(tmp_path / "run"), "--quiet", "--no-plots"]
     assert main([*args, "--bench-json", str(bench)]) == 0
     capsys.readouterr()
+    return bench
+
+
+def test_a_simulated_bench_json_replays_as_itself(tmp_path, capsys):
+    """Writer (`run --bench-json`) and reader (`replay`) share one format: a simulated run
+    written as a bench result and replayed with the same engine settings reads back its
+    own arrivals and latencies and reproduces them."""
+    bench = _simulated_bench_json(tmp_path, capsys)
     settings = [
         "--set", "serving.max_num_seqs=64", "--set", "serving.max_num_batched_tokens=512",
     ]  # fmt: skip
@@ -560,12 +566,7 @@ def test_a_simulated_bench_json_carries_its_engine_settings(tmp_path, capsys):
     a replay needs no --vllm-version, --gpu or --set: it runs with the run's own token
     budget and prefix caching, not vLLM's defaults (8,192 tokens, caching on), and
     reproduces it."""
-    scenario = tmp_path / "s.yaml"
-    scenario.write_text(json.dumps(scenario_dict(workload={"num_requests": 60})))
-    bench = tmp_path / "bench.json"
-    args = ["run", str(scenario), "-o", str(tmp_path / "run"), "--quiet", "--no-plots"]
-    assert main([*args, "--bench-json", str(bench)]) == 0
-    capsys.readouterr()
+    bench = _simulated_bench_json(tmp_path, capsys)
     meta = json.loads(bench.read_text())["infersim_meta"]
     assert meta["engine_kwargs"]["max_num_batched_tokens"] == 512
     assert meta["engine_kwargs"]["enable_prefix_caching"] is False
