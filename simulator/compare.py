@@ -14,6 +14,7 @@ _COLUMNS = (
     ("completed", ("counts", "completed"), 1),
     ("rejected", ("counts", "rejected"), 1),
     ("failed", ("counts", "failed"), 1),
+    ("retried", ("counts", "retried"), 1),
     ("req/s", ("throughput", "requests_per_s"), 1),
     ("out tok/s", ("throughput", "output_tokens_per_s"), 1),
     ("TTFT p50 ms", ("latency", "ttft", "p50"), 1000),
@@ -23,7 +24,8 @@ _COLUMNS = (
     ("ITL p99 ms", ("latency", "itl", "p99"), 1000),
     ("E2E p99 ms", ("latency", "e2e", "p99"), 1000),
     ("goodput req/s", ("goodput", "goodput_requests_per_s"), 1),
-    ("SLO met %", ("goodput", "fraction"), 100),
+    ("SLO met %", ("goodput", "fraction"), 100),  # of completed requests
+    ("SLO met % arrived", ("goodput", "fraction_of_arrived"), 100),  # failed ones count as misses
     ("preemptions", ("kv", "preemptions"), 1),
     ("KV max %", ("kv", "max_utilisation"), 100),
     ("prefix hit %", ("prefix_cache", "hit_rate"), 100),

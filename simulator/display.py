@@ -31,7 +31,8 @@ def _headline(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
     u, kv, cost, e = summary["utilisation"], summary["kv"], summary["cost"], summary["energy"]
     return [
         ("arrived / completed", f"{c['arrived']:,} / {c['completed']:,}"),
-        ("rejected / failed", f"{c['rejected']:,} / {c['failed']:,}"),
+        ("rejected / failed / retried",
+         f"{c['rejected']:,} / {c['failed']:,} / {c.get('retried', 0):,}"),
         ("in flight (queued, running)",
          f"{c['in_flight']:,} ({c['in_flight_queued']:,}, {c['in_flight_running']:,})"),
         ("throughput", f"{sig(t['requests_per_s'])} req/s"),
@@ -39,7 +40,8 @@ def _headline(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("tokens/s in / out",
          f"{num(t['input_tokens_per_s'], ',.0f')} / {num(t['output_tokens_per_s'], ',.0f')}"),
         (f"goodput ({slo_text(g['slo'])})", f"{sig(g['goodput_requests_per_s'])} req/s"),
-        ("completed within the SLO", pct(g["fraction"])),
+        ("arrived / completed within the SLO",
+         f"{pct(g.get('fraction_of_arrived'))} / {pct(g['fraction'])}"),
         ("busy / MFU / MBU",
          f"{pct(u['gpu_busy_fraction'])} / {pct(u['mfu'])} / {pct(u['mbu'])}"),
         ("KV mean / max", f"{pct(kv['mean_utilisation'])} / {pct(kv['max_utilisation'])}"),

@@ -31,7 +31,7 @@ on local processes or a Dask cluster.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +41,7 @@ import pandas as pd
 from hardware_models.errors import InfersimError
 from hardware_models.plot_labels import LEADER, spread_labels
 from simulator.metrics.overload import TOO_SHORT
+from simulator.progress import Progress
 from simulator.scenario import PlanSection, Scenario
 from simulator.sweep import JobError, run_parallel
 
@@ -322,12 +323,17 @@ def _evaluate_packed(args: tuple[dict[str, Any], Candidate]) -> list[dict[str, A
 
 
 def plan_capacity(
-    scenario: Scenario, *, workers: int | None = None, client: Client | None = None
+    scenario: Scenario,
+    *,
+    workers: int | None = None,
+    client: Client | None = None,
+    progress: bool = False,
 ) -> pd.DataFrame:
     """The ranked plan table: feasible candidates cheapest first, then the rest.
 
     Candidates run on `workers` local processes (default: one per CPU; 1 runs them in this
-    process) or on the Dask cluster of `client`, as sweep points do.
+    process) or on the Dask cluster of `client`, as sweep points do. `progress` shows a bar
+    of finished candidates on a terminal: a plan runs many probes and takes minutes.
     """
     if scenario.plan is None:
         raise InfersimError(f"{scenario.name}: no `plan:` section to search")
@@ -340,14 +346,22 @@ def plan_capacity(
     _base_rate(scenario)
     plan, todo = scenario.plan, candidates(scenario.plan)
     if workers == 1:
-        results = list(enumerate(evaluate(scenario, c) for c in todo))
+        finished: Iterable[tuple[int, Any]] = (
+            (i, evaluate(scenario, c)) for i, c in enumerate(todo)
+        )
     else:
         data = scenario.model_dump(mode="json")
         data["base_dir"] = scenario.base_dir
         payloads = [(data, c) for c in todo]
-        results = sorted(run_parallel(_evaluate_packed, payloads, workers=workers, client=client))
+        finished = run_parallel(_evaluate_packed, payloads, workers=workers, client=client)
+    bar = Progress(len(todo), enabled=progress, label=f"plan {scenario.name}", unit="candidate")
+    results = []
+    for done, item in enumerate(finished, start=1):
+        results.append(item)
+        bar.update(done)
+    bar.close()
     rows = []
-    for index, result in results:
+    for index, result in sorted(results):
         candidate = todo[index]
         if isinstance(result, JobError):  # its worker died on every try, or Dask lost it
             result = [

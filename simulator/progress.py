@@ -6,16 +6,17 @@ import sys
 
 
 class Progress:
-    """Counts terminal requests; redraws about 200 times per run, only on a terminal."""
+    """Counts finished items (a run's requests, a plan's candidates); redraws about 200
+    times per run, only on a terminal."""
 
-    def __init__(self, total: int | None, *, enabled: bool, label: str) -> None:
+    def __init__(self, total: int | None, *, enabled: bool, label: str, unit: str = "req") -> None:
         self._bar = None
         self._shown = 0
         self._every = max(1, (total or 1) // 200)
         if enabled and sys.stderr.isatty():
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, desc=label, unit="req", leave=False, file=sys.stderr)
+            self._bar = tqdm(total=total, desc=label, unit=unit, leave=False, file=sys.stderr)
 
     def update(self, done: int) -> None:
         if self._bar is not None and done - self._shown >= self._every:

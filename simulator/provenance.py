@@ -50,7 +50,7 @@ def _load(workload: Mapping[str, Any]) -> str:
         return f"{what} for {workload['duration_s']:g} s"
     if workload.get("num_requests") is not None:
         return f"{what}, {workload['num_requests']:,} requests"
-    return what
+    return f"{what} (to its end)" if kind == "trace" else what
 
 
 def configuration(scenario: Mapping[str, Any]) -> dict[str, Any]:
@@ -65,22 +65,45 @@ def configuration(scenario: Mapping[str, Any]) -> dict[str, Any]:
         "policy": serving["policy"],
         "max_num_seqs": serving["max_num_seqs"],
         "max_num_batched_tokens": serving["max_num_batched_tokens"],
+        "max_queue_delay_ms": serving["max_queue_delay_ms"],
         "load": _load(scenario["workload"]),
     }
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def _layout(pool: Mapping[str, Any]) -> str:
+    """'4 replicas x 2 h100-sxm (tp=2 pp=1)': the replicas, then the GPUs each holds (a
+    leading count of replicas alone read as a count of GPUs)."""
+    shape = f"tp={pool['tp']} pp={pool['pp']}"
+    shape += f" dp={pool['dp']}" if pool.get("dp", 1) > 1 else ""
+    shape += " ep" if pool.get("ep") else ""
+    shape += "" if pool["pool"] == "default" else f", pool {pool['pool']}"
+    gpus = pool["tp"] * pool["pp"] * pool.get("dp", 1)
+    return f"{_plural(pool['replicas'], 'replica')} x {gpus} {pool['gpu']} ({shape})"
+
+
+def _batching(config: Mapping[str, Any]) -> str:
+    """What bounds a step: the token budget for the iteration-level policies; static and
+    dynamic batches run whole prompts at once (no token budget), up to max_num_seqs
+    requests whose KV fits, dynamic ones also leaving after max_queue_delay_ms."""
+    seqs = f"{config['max_num_seqs']:,} seqs"
+    if config["policy"] == "static":
+        return f"batches of up to {seqs} whose KV fits, whole prompts (no token budget)"
+    if config["policy"] == "dynamic":
+        delay = config.get("max_queue_delay_ms")
+        wait = "" if delay is None else f" or after {delay:g} ms"
+        return f"batches of up to {seqs}{wait}, whole prompts (no token budget)"
+    return f"{seqs}, {config['max_num_batched_tokens']:,} tokens/step"
+
+
 def header_lines(config: Mapping[str, Any]) -> list[str]:
     """Two lines naming what ran: model and hardware, then policy and load."""
-    layout = ", ".join(
-        f"{p['replicas']} x {p['gpu']} tp={p['tp']} pp={p['pp']}"
-        + (f" dp={p['dp']}" if p.get("dp", 1) > 1 else "")
-        + (" ep" if p.get("ep") else "")
-        + ("" if p["pool"] == "default" else f" ({p['pool']})")
-        for p in config["pools"]
-    )
+    layout = ", ".join(_layout(p) for p in config["pools"])
     return [
         f"{config['model']} (weights {config['weight_dtype']}, KV {config['kv_dtype']}, "
         f"activations {config['activation_dtype']}) on {layout}",
-        f"{config['policy']}: {config['max_num_seqs']} seqs, "
-        f"{config['max_num_batched_tokens']:,} tokens/step; {config['load']}",
+        f"{config['policy']}: {_batching(config)}; {config['load']}",
     ]

@@ -825,6 +825,20 @@ class _Run:
                 self.requests.fail(rid, reason, self.env.now)
                 self._on_finish(rid)
 
+    def _warn_unfired_faults(self) -> None:
+        """A failure timed after the run's last event never happens: say so, rather than
+        report a fault-free run as the fault's outcome."""
+        faults = self.scenario.faults
+        for i, event in enumerate(faults.events if faults else ()):
+            if event.at_s > self.env.now:
+                warnings.warn(
+                    f"faults.events[{i}]: at_s={event.at_s:g} s is after the run's end "
+                    f"({self.env.now:.1f} s), so replica {event.replica} never failed; "
+                    "fail it earlier or run longer (workload.duration_s / num_requests)",
+                    InfersimWarning,
+                    stacklevel=2,
+                )
+
     # ---- run ---------------------------------------------------------------------------
     def run(self) -> float:
         self._start_faults()
@@ -847,6 +861,7 @@ class _Run:
         for unit in self.units:
             unit.settle(self.env.now)
         self.progress.close()
+        self._warn_unfired_faults()
         return float(self.env.now)
 
 

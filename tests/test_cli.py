@@ -41,7 +41,24 @@ def test_estimate_quick_figures_from_the_issue(capsys):
     assert code == 0
     assert "inference: 2 GPUs" in out
     assert "training:  11 GPUs" in out
-    assert "does not fit" in out  # tp=1 serving plan explains itself
+    # the serving plan is at the tp it recommends, not at tp=1, where the model cannot fit
+    assert "GPUs needed: 2" in out and "Serving plan at tp=2 (the GPUs needed" in out
+    assert "does not fit" not in out and "KV capacity" in out
+    code, out, _ = run(capsys, "estimate", "--model", "llama-2-70b", "--gpu", "h100-sxm",
+                       "--precision", "fp16", "--tp", "1")  # fmt: skip
+    assert code == 0 and "Serving plan at tp=1 (--tp" in out
+    assert "does not fit" in out  # a tp=1 serving plan explains itself
+
+
+@pytest.mark.parametrize("flag", ["--dp", "--grad-accum", "--batch", "--seq", "--tp"])
+def test_estimate_refuses_a_zero_count_before_printing_anything(capsys, flag):
+    with pytest.raises(SystemExit) as exit_:
+        run(capsys, "estimate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--training",
+            "--zero", "3", flag, "0")  # fmt: skip
+    assert exit_.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"argument {flag}: expected a whole number >= 1, got 0" in captured.err
 
 
 def test_estimate_training_zero3(capsys):

@@ -219,4 +219,4 @@ def test_the_terminal_header_names_dp_and_ep():
     config = {"model": "m", "weight_dtype": "fp8_block", "kv_dtype": "bf16",
               "activation_dtype": "bf16", "pools": pools, "policy": "chunked_prefill",
               "max_num_seqs": 32, "max_num_batched_tokens": 512, "load": "poisson"}  # fmt: skip
-    assert "1 x h200-sxm tp=1 pp=1 dp=8 ep" in header_lines(config)[0]
+    assert "1 replica x 8 h200-sxm (tp=1 pp=1 dp=8 ep)" in header_lines(config)[0]

@@ -92,3 +92,55 @@ def test_a_fault_on_a_missing_replica_is_a_clear_error(make_scenario):
 
     with pytest.raises(InfersimError, match=r"faults.events.0.replica: 5 is not a replica"):
         _faulty(make_scenario, [{"replica": 5, "at_s": 1.0}])
+
+
+def test_failed_and_retried_requests_show_in_the_summary_and_compare_table(make_scenario):
+    """The goodput line counts against the arrived requests, so a failed one is a miss,
+    and the summary and compare table say how many failed and how many were retried."""
+    from simulator.compare import compare_table
+
+    runs = {
+        policy: simulate(_faulty(make_scenario, [{"replica": 0, "at_s": 15.0}], policy))
+        for policy in ("retry", "fail")
+    }
+    retry, fail = (runs[k].summary() for k in ("retry", "fail"))
+    assert 0 < retry["counts"]["retried"] <= retry["counts"]["retries"]
+    assert fail["counts"]["retried"] == 0 and fail["counts"]["failed"] > 0
+    text = " ".join(runs["fail"].summary_table().split())  # as one line, unwrapped
+    good = fail["goodput"]
+    assert f"{good['requests_meeting_slo']:,} of 500 arrived" in text
+    assert f"failed {fail['counts']['failed']:,} retried 0" in text
+    assert f"completed; {fail['counts']['failed']:,} failed" in text
+    assert f"retried {retry['counts']['retried']:,}" in runs["retry"].summary_table()
+    table = compare_table(runs)
+    assert table.loc["retry", "retried"] == retry["counts"]["retried"]
+    assert table.loc["fail", "SLO met % arrived"] == pytest.approx(
+        100 * good["fraction_of_arrived"]
+    )
+    assert table.loc["fail", "SLO met % arrived"] < table.loc["fail", "SLO met %"]
+    html = runs["fail"]._repr_html_()  # a notebook shows both too
+    assert f"0 / {fail['counts']['failed']:,} / 0" in html
+    assert "arrived / completed within the SLO" in html
+
+
+def test_a_fault_after_the_run_ends_is_a_warning(make_scenario):
+    with pytest.warns(UserWarning, match=r"faults.events\[0\]: at_s=500 s is after the run's end"):
+        results = simulate(_faulty(make_scenario, [{"replica": 0, "at_s": 500.0}]))
+    assert any("never failed" in w for w in results.summary()["warnings"])
+
+
+def test_the_cli_prints_a_warning_the_summary_holds_once(tmp_path, capsys):
+    """The summary's `warning:` line, not also an `infersim: warning:` line before it."""
+    import yaml
+
+    from simulator.cli.main import main
+    from tests.conftest import scenario_dict
+
+    data = scenario_dict(workload={**LOAD, "num_requests": 40},
+                         faults={"events": [{"replica": 0, "at_s": 500.0}]})  # fmt: skip
+    path = tmp_path / "late-fault.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["run", str(path), "-o", str(tmp_path / "out"), "--quiet", "--no-plots"]) == 0
+    captured = capsys.readouterr()
+    assert (captured.out + captured.err).count("never failed") == 1
+    assert "warning: faults.events[0]" in captured.out

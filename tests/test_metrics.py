@@ -176,6 +176,8 @@ def test_counts_and_in_flight_split():
         "rejected": 1,
         "rejected_by_reason": {"exceeds_kv_cache": 1},
         "failed": 1,
+        "retried": 0,
+        "retries": 0,
         "in_flight": 2,
         "in_flight_queued": 1,
         "in_flight_running": 1,
@@ -429,7 +431,9 @@ def test_summary_table_shows_key_numbers():
     assert "completed 2" in table
     assert "0.200 req/s" in table
     assert "200.0" in table  # mean TTFT in ms
-    assert "goodput     0.100 req/s meet ttft <= 200.0 ms: 1 of 2 completed (50.0%)" in table
+    assert (
+        "goodput     0.100 req/s meet ttft <= 200.0 ms: 1 of 2 arrived (50.0%), 50.0% of 2" in table
+    )
     assert "$4.00/h" in table
     assert "e-0" not in table and "e+0" not in table  # no scientific notation
     assert max(len(line) for line in table.splitlines()) <= 100
@@ -445,12 +449,31 @@ def test_summary_table_names_what_ran_and_its_warnings(make_scenario):
     summary = simulate(scenario).summary()
     table = summary_table(summary)
     assert table.splitlines()[1:3] == [
-        "  llama-2-7b (weights bf16, KV bf16, activations bf16) on 1 x a100-80gb-sxm tp=1 pp=1",
+        "  llama-2-7b (weights bf16, KV bf16, activations bf16) on 1 replica x 1 a100-80gb-sxm "
+        "(tp=1 pp=1)",
         "  chunked_prefill: 64 seqs, 512 tokens/step; poisson 20 req/s, 200 requests",
     ]
     assert summary["warnings"] and "the KV cache is short for this load" in summary["warnings"][0]
     assert "warning: the KV cache is short" in table
     assert max(len(line) for line in table.splitlines()) <= 100
+
+
+def test_the_header_counts_gpus_per_replica_and_says_what_bounds_a_whole_batch():
+    """The leading number counts replicas, each of tp x pp GPUs; a static or dynamic batch
+    holds whole prompts, so the token budget does not bound its steps."""
+    from simulator.provenance import header_lines
+
+    pools = [{"pool": "default", "gpu": "h100-sxm", "tp": 4, "pp": 1, "replicas": 2}]
+    config = {"model": "m", "weight_dtype": "bf16", "kv_dtype": "bf16",
+              "activation_dtype": "bf16", "pools": pools, "policy": "static",
+              "max_num_seqs": 32, "max_num_batched_tokens": 4096, "max_queue_delay_ms": 10.0,
+              "load": "poisson"}  # fmt: skip
+    first, second = header_lines(config)
+    assert first.endswith("on 2 replicas x 4 h100-sxm (tp=4 pp=1)")
+    assert second.startswith("static: batches of up to 32 seqs whose KV fits, whole prompts")
+    assert "4,096" not in second
+    assert "or after 10 ms" in header_lines({**config, "policy": "dynamic"})[1]
+    assert "32 seqs, 4,096 tokens/step" in header_lines({**config, "policy": "continuous"})[1]
 
 
 # ---- time series --------------------------------------------------------------------------
@@ -624,6 +647,9 @@ def test_notebook_html_names_what_ran_and_its_warnings(make_scenario):
     load = {"arrivals": {"kind": "poisson", "rate_per_s": 20.0}}
     scenario = make_scenario(serving={"num_gpu_blocks": 200}, workload=load)
     html = simulate(scenario)._repr_html_()
-    assert "llama-2-7b (weights bf16, KV bf16, activations bf16) on 1 x a100-80gb-sxm" in html
+    assert (
+        "llama-2-7b (weights bf16, KV bf16, activations bf16) on 1 replica x 1 a100-80gb-sxm"
+        in html
+    )
     assert "<b>Warning:</b> the KV cache is short for this load" in html
     assert "steady-state throughput" in html and "e+0" not in html

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -186,6 +187,21 @@ def test_plan_cli_exits_non_zero_when_no_candidate_is_feasible(tmp_path, capsys)
     assert "infeasible" in captured.out
     assert "no candidate meets the SLOs" in captured.err
     assert (tmp_path / "out" / "plan.csv").is_file()
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_plan_cli_shows_its_progress_on_a_terminal_unless_quiet(tmp_path, capsys, monkeypatch,
+                                                                quiet):  # fmt: skip
+    path = tmp_path / "plan.yaml"
+    plan = {"gpus": ["l4"], "tp": [1, 2], "requests_per_probe": 100}
+    data = scenario_dict(slo={"ttft_ms": 1500}, model={"name": "llama-3.1-405b"}, plan=plan)
+    path.write_text(yaml.safe_dump(data))
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    argv = ["plan", str(path), "-o", str(tmp_path / "out"), "--workers", "1"]
+    assert main([*argv, "--quiet"] if quiet else argv) == 1
+    err = capsys.readouterr().err
+    assert ("plan test:" in err and "/2 [" in err) is not quiet  # the bar, on candidates
+    assert ("planning 2 candidates" in err) is not quiet
 
 
 def test_a_replica_of_dp_ranks_counts_and_prices_all_its_gpus(make_scenario):

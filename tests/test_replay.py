@@ -527,16 +527,22 @@ def test_model_from_a_config_json(tmp_path, capsys):
     assert by_path == written(tmp_path / "c")["latency"]  # the same shapes, the same replay
 
 
-def test_a_simulated_bench_json_replays_as_itself(tmp_path, capsys):
-    """Writer (`run --bench-json`) and reader (`replay`) share one format: a simulated run
-    written as a bench result and replayed with the same engine settings reads back its
-    own arrivals and latencies and reproduces them."""
+def _simulated_bench_json(tmp_path: Path, capsys) -> Path:
+    """`infersim run --bench-json` of the shared test scenario at 60 requests."""
     scenario = tmp_path / "s.yaml"
     scenario.write_text(json.dumps(scenario_dict(workload={"num_requests": 60})))
     bench = tmp_path / "bench.json"
     args = ["run", str(scenario), "-o", str(tmp_path / "run"), "--quiet", "--no-plots"]
     assert main([*args, "--bench-json", str(bench)]) == 0
     capsys.readouterr()
+    return bench
+
+
+def test_a_simulated_bench_json_replays_as_itself(tmp_path, capsys):
+    """Writer (`run --bench-json`) and reader (`replay`) share one format: a simulated run
+    written as a bench result and replayed with the same engine settings reads back its
+    own arrivals and latencies and reproduces them."""
+    bench = _simulated_bench_json(tmp_path, capsys)
     settings = [
         "--set", "serving.max_num_seqs=64", "--set", "serving.max_num_batched_tokens=512",
     ]  # fmt: skip
@@ -553,6 +559,25 @@ def test_a_simulated_bench_json_replays_as_itself(tmp_path, capsys):
     for metric in ("ttft", "tpot", "e2e"):
         for stat in ("mean", "p50", "p99"):
             assert rows[metric, stat]["error_pct"] == pytest.approx(0, abs=1e-9), (metric, stat)
+
+
+def test_a_simulated_bench_json_carries_its_engine_settings(tmp_path, capsys):
+    """infersim writes the run's engine settings into its bench JSON (`infersim_meta`), so
+    a replay needs no --vllm-version, --gpu or --set: it runs with the run's own token
+    budget and prefix caching, not vLLM's defaults (8,192 tokens, caching on), and
+    reproduces it."""
+    bench = _simulated_bench_json(tmp_path, capsys)
+    meta = json.loads(bench.read_text())["infersim_meta"]
+    assert meta["engine_kwargs"]["max_num_batched_tokens"] == 512
+    assert meta["engine_kwargs"]["enable_prefix_caching"] is False
+    code, out, err = replay(capsys, str(bench), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    assert "engine settings: the simulated run's own" in out
+    assert "assumed" not in out  # no vLLM default stood in for a setting
+    rows = written(tmp_path / "out")["latency"]
+    assert all(
+        r["error_pct"] == pytest.approx(0, abs=1e-9) for r in rows if r["error_pct"] is not None
+    )
 
 
 def test_the_timeline_sums_every_rank_of_a_multi_rank_run():

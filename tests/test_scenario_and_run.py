@@ -109,7 +109,7 @@ def test_summary_records_what_produced_it(tmp_path, capsys):
     assert resolved["serving"]["max_num_seqs"] == 32 and resolved["workload"]["num_requests"] == 50
     assert Scenario.model_validate(resolved).serving.max_num_seqs == 32  # it runs again as is
     out = capsys.readouterr().out
-    assert "llama-2-7b (weights bf16, KV bf16, activations bf16) on 1 x a100-80gb-sxm" in out
+    assert "(weights bf16, KV bf16, activations bf16) on 1 replica x 1 a100-80gb-sxm" in out
 
 
 def test_run_refuses_to_overwrite_before_simulating(tmp_path, capsys):

@@ -348,6 +348,24 @@ def test_trace_replay_stops_at_duration(tmp_path):
     np.testing.assert_array_equal(batch.arrival_s, [0.0, 0.5])
 
 
+def test_a_trace_replay_without_a_stop_condition_replays_the_whole_trace(tmp_path):
+    """A trace's last row is its natural end: neither num_requests nor duration_s needed."""
+    write(tmp_path, "t.csv", TRACE_CSV)
+    batch = generate_requests(trace_workload(tmp_path / "t.csv"), 0, tmp_path)
+    np.testing.assert_array_equal(batch.arrival_s, [0.0, 0.5, 1.5, 4.0])
+
+
+def test_a_run_on_a_trace_without_a_stop_condition_serves_every_row(make_scenario, tmp_path):
+    from simulator.simulation import simulate
+
+    path = write(tmp_path, "t.csv", TRACE_CSV)
+    workload = {"arrivals": {"kind": "trace", "path": str(path)}, "prompt_tokens": None,
+                "output_tokens": None, "num_requests": None, "duration_s": None}  # fmt: skip
+    results = simulate(make_scenario(workload=workload))
+    assert (results.requests["outcome"] == "completed").sum() == 4
+    assert "trace (to its end)" in results.summary_table()
+
+
 def test_trace_shorter_than_num_requests(tmp_path):
     write(tmp_path, "t.csv", TRACE_CSV)
     with pytest.raises(InfersimError, match=r"t.csv: the trace has 4 requests, fewer than"):

@@ -33,16 +33,31 @@ def register(parser: argparse.ArgumentParser) -> None:
         "mxfp4, ...)",
     )
     parser.add_argument("--kv-dtype", help="KV-cache dtype (default: --precision)")
-    parser.add_argument("--batch", type=int, default=1, help="sequences in flight")
-    parser.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree to plan")
+    parser.add_argument("--batch", type=_positive, default=1, help="sequences in flight")
+    parser.add_argument("--seq", type=_positive, default=2048, help="tokens per sequence")
+    parser.add_argument(
+        "--tp", type=_positive, help="tensor-parallel degree to plan (default: the GPUs needed)"
+    )
     parser.add_argument("--no-flash", action="store_true", help="materialise attention scores")
     parser.add_argument("--training", action="store_true", help="estimate training instead")
     parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage")
-    parser.add_argument("--dp", type=int, default=1, help="data-parallel GPUs (training)")
-    parser.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps")
+    parser.add_argument("--dp", type=_positive, default=1, help="data-parallel GPUs (training)")
+    parser.add_argument(
+        "--grad-accum", type=_positive, default=1, help="gradient accumulation steps"
+    )
     parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
     parser.set_defaults(handler=_run)
+
+
+def _positive(text: str) -> int:
+    """A count flag: refused with its name by argparse before anything is printed."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
 
 
 def _capacity(gpu: AcceleratorSpec) -> str:
@@ -63,16 +78,7 @@ def _run(args: argparse.Namespace) -> int:
     check_weight_support(gpu, precision, "--precision")
     kv_dtype = parse_dtype(args.kv_dtype or args.precision)
     params_b = arch.param_count() / 1e9
-    print(f"{arch.display_name} ({params_b:.2f} B parameters) on {gpu.display_name}")
-    print(f"  ({_capacity(gpu)} each), {precision} weights")
-    quick_inf = quick_inference_gpus(arch, gpu, precision)
-    quick_train = quick_training_gpus(arch, gpu, precision)
-    print("\nQuick sizing (weights only):")
-    print(f"  inference: {quick_inf} GPUs  = ceil({params_b:.1f} B x bytes/param / GPU memory)")
-    print(
-        f"  training:  {quick_train} GPUs  = x{TRAINING_MULTIPLIER} (optimizer 2x, gradients 1x, "
-        "activations 1x, buffers 2x)"
-    )
+    # Every estimate before the first line of output, so bad input is an error alone.
     if args.training:
         est = detailed_training(
             arch,
@@ -85,6 +91,27 @@ def _run(args: argparse.Namespace) -> int:
             activation_checkpointing=args.checkpointing,
             flash_attention=not args.no_flash,
         )
+    else:
+        est = detailed_inference(
+            arch,
+            gpu,
+            weight_dtype=precision,
+            kv_dtype=kv_dtype,
+            batch=args.batch,
+            seq_len=args.seq,
+            flash_attention=not args.no_flash,
+        )
+    quick_inf = quick_inference_gpus(arch, gpu, precision)
+    quick_train = quick_training_gpus(arch, gpu, precision)
+    print(f"{arch.display_name} ({params_b:.2f} B parameters) on {gpu.display_name}")
+    print(f"  ({_capacity(gpu)} each), {precision} weights")
+    print("\nQuick sizing (weights only):")
+    print(f"  inference: {quick_inf} GPUs  = ceil({params_b:.1f} B x bytes/param / GPU memory)")
+    print(
+        f"  training:  {quick_train} GPUs  = x{TRAINING_MULTIPLIER} (optimizer 2x, gradients 1x, "
+        "activations 1x, buffers 2x)"
+    )
+    if args.training:
         print(
             f"\nDetailed training, mixed precision, ZeRO-{args.zero} over dp={args.dp}, "
             f"micro-batch {args.batch} x {args.seq} tokens:"
@@ -95,24 +122,17 @@ def _run(args: argparse.Namespace) -> int:
         if est.min_dp_zero3:
             print(f"  ZeRO-3 fits from dp={est.min_dp_zero3}")
         return 0
-    est = detailed_inference(
-        arch,
-        gpu,
-        weight_dtype=precision,
-        kv_dtype=kv_dtype,
-        batch=args.batch,
-        seq_len=args.seq,
-        flash_attention=not args.no_flash,
-    )
     print(f"\nDetailed inference, batch {args.batch} x {args.seq} tokens, {kv_dtype.value} KV:")
     print(_rows(est.breakdown()))
     rounded = f" ({est.gpus} by memory, rounded up to a valid tp)" if est.tp != est.gpus else ""
     print(f"  GPUs needed: {est.tp}{rounded}")
-    print(f"\nServing plan at tp={args.tp} (vLLM-style memory budget):")
+    tp = args.tp or est.tp  # the plan at the tp just recommended, unless one is asked for
+    chosen = "--tp" if args.tp else "the GPUs needed"
+    print(f"\nServing plan at tp={tp} ({chosen}; vLLM-style memory budget):")
     groups = vllm_default_groups(arch, ServingSection.model_fields["block_size"].default)
     try:
         plan = plan_memory(
-            arch, gpu, weight_dtype=precision, kv_dtype=kv_dtype, tp=args.tp, kv_groups=groups
+            arch, gpu, weight_dtype=precision, kv_dtype=kv_dtype, tp=tp, kv_groups=groups
         )
     except InfeasibleError as exc:
         print(f"  {exc}")

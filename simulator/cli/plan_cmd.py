@@ -19,20 +19,26 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_overrides(parser)
     add_executor_flags(parser, "candidates", "; 1 runs them in this process")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing plan")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     from simulator.cli.run_cmd import free_results_dir
-    from simulator.planner import pareto_figure, plan_capacity
+    from simulator.planner import candidates, pareto_figure, plan_capacity
     from simulator.scenario import Scenario
 
     scenario = Scenario.from_yaml(args.scenario, args.overrides)
     outdir = args.output or free_results_dir(f"plan-{scenario.name}")
     if outdir.exists() and any(outdir.iterdir()) and not args.overwrite:
         raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
+    if scenario.plan and not args.quiet:  # a plan runs for minutes: say so before it starts
+        print(f"planning {len(candidates(scenario.plan))} candidates (GPU x tp x pp x policy)"
+              f" of {scenario.name}", file=sys.stderr)  # fmt: skip
     with connect(args) as client:
-        table = plan_capacity(scenario, workers=args.workers, client=client)
+        table = plan_capacity(
+            scenario, workers=args.workers, client=client, progress=not args.quiet
+        )
     plan = scenario.plan
     pct = plan.percentile
     split = ["prefill_replicas", "decode_replicas"] if plan.disaggregation else []

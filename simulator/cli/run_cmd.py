@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path, PurePath
+from typing import TYPE_CHECKING
 
 from hardware_models.errors import InfersimError
 from simulator.cli.options import add_output_flags, add_overrides, add_results_dir
@@ -12,6 +14,9 @@ from simulator.cli.run_exports import add_export_flags, check_exports, write_exp
 from simulator.formatting import WIDTH, sig
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
+
+if TYPE_CHECKING:
+    from simulator.results import Results
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +51,18 @@ def free_results_dir(name: str, root: Path = Path("results")) -> Path:
     return candidate
 
 
+def simulate_warning_once(scenario: Scenario, *, progress: bool) -> Results:
+    """simulate(), each warning shown once: one the printed summary holds (its `warning:`
+    lines) is not also printed as an `infersim: warning:` line."""
+    with warnings.catch_warnings(record=True) as caught:  # the caller's filters stay
+        result = simulate(scenario, progress=progress)
+    in_summary = set(result.summary()["warnings"])
+    for shown in caught:
+        if str(shown.message) not in in_summary:
+            warnings.warn_explicit(shown.message, shown.category, shown.filename, shown.lineno)
+    return result
+
+
 def results_dir(given: Path | None, name: str, overwrite: bool) -> Path:
     """The folder given (refused when it is a file, or holds results and `overwrite` is
     off), else the next free results/<name>: checked before simulating, not after."""
@@ -68,7 +85,7 @@ def _run(args: argparse.Namespace) -> int:
     written: list[Path] = []
     for run in runs:
         try:
-            result = simulate(run, progress=not args.quiet)
+            result = simulate_warning_once(run, progress=not args.quiet)
         except InfersimError as exc:  # say which scenario (and variant) the problem is in
             where = f"{args.scenario}: variant {run.name}" if len(runs) > 1 else args.scenario
             raise InfersimError(f"{where}: {exc}") from None

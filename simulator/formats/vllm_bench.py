@@ -13,12 +13,15 @@ numpy's linear ones; throughputs divide by the run's duration. Per-request lists
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hardware_models.errors import InfersimError
+from hardware_models.presets import load_gpu
 from simulator.formats import vllm_bench_keys as key
 from simulator.metrics.summary import weighted_percentile
 from simulator.metrics.table import Table, as_table
@@ -130,6 +133,8 @@ def bench_result(results: Results, *, date: datetime.datetime | None = None) -> 
         key.ERRORS: _errors(requests, completed),
         ESTIMATED_ITLS_KEY: estimated,
     }
+    if (meta := engine_meta(results)) is not None:
+        result[key.INFERSIM_META] = meta
     itl = results.itl_table
     ms = {
         "ttft": (requests["ttft"][completed] * 1000, None),
@@ -140,6 +145,53 @@ def bench_result(results: Results, *, date: datetime.datetime | None = None) -> 
     for metric, (values, weights) in ms.items():
         result.update(_stats(metric, values, weights))
     return {**setup, **result}
+
+
+_VLLM_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def engine_meta(results: Results) -> dict[str, Any] | None:
+    """The run's engine as vLLM's arguments name it (the fields of `EngineArgs`,
+    vllm/engine/arg_utils.py, as a run folder's meta.json records them), for
+    `key.INFERSIM_META`; None for a run no single vLLM engine describes (pools, several
+    replicas, static or dynamic batching), whose replay then needs --vllm-version and
+    --set as a client file does."""
+    scenario = results.scenario
+    par, serving, engine = scenario.parallelism, scenario.serving, scenario.engine
+    if (
+        scenario.pools
+        or par.replicas != 1
+        or serving.policy not in ("chunked_prefill", "continuous")
+    ):
+        return None
+    model = (results.context.provenance or {}).get("scenario", {}).get("model", {})
+    weights = model.get("weight_dtype") or scenario.model.weight_dtype
+    activation = scenario.model.activation_dtype
+    kwargs = {
+        "tensor_parallel_size": par.tp,
+        "pipeline_parallel_size": par.pp,
+        "data_parallel_size": par.dp,
+        "enable_expert_parallel": bool(par.enable_expert_parallel),
+        "disable_custom_all_reduce": bool(par.disable_custom_all_reduce),
+        "enable_chunked_prefill": serving.policy == "chunked_prefill",
+        "max_num_seqs": serving.max_num_seqs,
+        "max_num_batched_tokens": serving.max_num_batched_tokens,
+        "block_size": serving.block_size,
+        "gpu_memory_utilization": serving.gpu_memory_utilization,
+        "enable_prefix_caching": serving.enable_prefix_caching,
+        "num_gpu_blocks": serving.num_gpu_blocks,
+        "max_model_len": serving.max_model_len,
+        "enforce_eager": not engine.cuda_graphs,
+        "async_scheduling": engine.async_scheduling,
+        "dtype": _VLLM_DTYPE[activation],
+        "kv_cache_dtype": str(scenario.model.kv_dtype),
+        # vLLM's --quantization: none for a model served in its activation type
+        "quantization": None if weights in (None, activation) else str(weights),
+    }
+    meta: dict[str, Any] = {"engine_kwargs": {k: v for k, v in kwargs.items() if v is not None}}
+    with contextlib.suppress(InfersimError):  # a GPU from a YAML file: replay asks for --gpu
+        meta["hardware"] = {"device_name": load_gpu(results.context.replicas[0].gpu).display_name}
+    return meta
 
 
 def request_itls(

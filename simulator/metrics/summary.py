@@ -150,6 +150,9 @@ def _counts(requests: Table, masks: dict[str, np.ndarray]) -> dict[str, Any]:
         "rejected": int(masks["rejected"].sum()),
         "rejected_by_reason": {_REASON_KEY.get(text, text): n for text, n in reasons.items()},
         "failed": int(masks["failed"].sum()),
+        # restarted on another replica after theirs failed (faults.on_failure: retry)
+        "retried": int((requests["retries"] > 0).sum()),
+        "retries": int(requests["retries"].sum()),
         "in_flight": int(masks["in_flight"].sum()),
         "in_flight_queued": int((masks["in_flight"] & ~started).sum()),
         "in_flight_running": int((masks["in_flight"] & started).sum()),

@@ -59,6 +59,26 @@ def _throughput(t: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _goodput(g: Mapping[str, Any], c: Mapping[str, Any]) -> str:
+    """Against the arrived requests first, so a failed, rejected or unfinished one counts
+    as a miss; then against the completed ones, which is what latency percentiles see."""
+    rest = ", ".join(
+        f"{c[key]:,} {text}"
+        for key, text in (
+            ("rejected", "rejected"),
+            ("failed", "failed"),
+            ("in_flight", "in flight"),
+        )
+        if c[key]
+    )
+    return (
+        f"{sig(g['goodput_requests_per_s'])} req/s meet {slo_text(g['slo'])}: "
+        f"{g['requests_meeting_slo']:,} of {c['arrived']:,} arrived "
+        f"({pct(g.get('fraction_of_arrived'))}), {pct(g['fraction'])} of {c['completed']:,} "
+        "completed" + (f"; {rest}" if rest else "")
+    )
+
+
 def summary_table(summary: Mapping[str, Any]) -> str:
     """A compact aligned text rendering of `summarize`'s dict for terminals and notebooks."""
     c, t = summary["counts"], summary["throughput"]
@@ -82,18 +102,15 @@ def summary_table(summary: Mapping[str, Any]) -> str:
     lines += _line(
         "requests",
         f"arrived {c['arrived']:,}  completed {c['completed']:,}  rejected {c['rejected']:,}"
-        f"{f' ({rejected})' if rejected else ''}  failed {c['failed']:,}  in flight "
+        f"{f' ({rejected})' if rejected else ''}  failed {c['failed']:,}  "
+        f"retried {c.get('retried', 0):,}  in flight "
         f"{c['in_flight']:,} ({c['in_flight_queued']:,} queued, {c['in_flight_running']:,} "
         "running)",
     )
     lines += _throughput(t)
     lines.append("latency")
     lines += _latency_table(summary["latency"], ("ttft", "tpot", "itl", "e2e", "queueing"), "  ")
-    lines += _line(
-        "goodput",
-        f"{sig(g['goodput_requests_per_s'])} req/s meet {slo_text(g['slo'])}: "
-        f"{g['requests_meeting_slo']:,} of {c['completed']:,} completed ({pct(g['fraction'])})",
-    )
+    lines += _line("goodput", _goodput(g, c))
     lines += _line(
         "utilisation",
         f"busy {pct(u['gpu_busy_fraction'])}  MFU {pct(u['mfu'])} (busy {pct(u['mfu_busy'])})  "

@@ -2,7 +2,9 @@
 run (per request: lengths, TTFT, every inter-token gap, latency). Arrivals are the
 recorded send times where the file has them; otherwise they are drawn as the client drew
 them: gamma inter-arrival gaps at the recorded rate and burstiness (Poisson at
-burstiness 1), seeded, and stretched so the last lands at n / rate."""
+burstiness 1), seeded, and stretched so the last lands at n / rate. A file infersim wrote
+also holds the simulated engine's settings (`infersim_meta`), which the replay reads as a
+run folder's meta.json."""
 
 from __future__ import annotations
 
@@ -152,12 +154,21 @@ def read_bench_json(path: Path) -> MeasuredRun:
     ]
     if len(rows) < count:
         notes.append(f"{count - len(rows)} failed requests (non-empty 'errors') left out")
+    meta = data.get(key.INFERSIM_META) or {}
+    if not isinstance(meta, dict):
+        raise InfersimError(f"{path}: {key.INFERSIM_META!r} must be an object, got {meta!r}")
+    if meta:
+        notes.append(
+            f"engine settings: the simulated run's own ({key.INFERSIM_META}, written by "
+            "`infersim run --bench-json`)"
+        )
     itl = pd.DataFrame({"seconds": np.asarray(gaps, np.float64), "weight": 1.0})
     return MeasuredRun(
         source=path,
         kind="vLLM bench serve JSON",
         requests=requests.sort_values("arrival", kind="stable", ignore_index=True),
         model=data.get(key.MODEL_ID),
+        meta=meta,
         itl=itl,
         itl_mean=float(np.mean(gaps)) if gaps else None,
         notes=tuple(notes),

@@ -26,9 +26,10 @@ TIMELINE_COLUMNS = (
 
 @dataclass(frozen=True)
 class MeasuredRun:
-    """What a replay compares against. `meta` is the run's meta.json (empty for a bench
-    JSON: a client records no engine settings); `notes` say how the file was read (how
-    arrivals were obtained, requests left out) and are printed with the replay."""
+    """What a replay compares against. `meta` is the run's meta.json (for a bench JSON,
+    empty, as a client records no engine settings, unless infersim wrote the file);
+    `notes` say how the file was read (how arrivals were obtained, requests left out) and
+    are printed with the replay."""
 
     source: Path
     kind: str

@@ -330,7 +330,8 @@ def _default_classes() -> list[PriorityClass]:
 
 class WorkloadConfig(_Strict):
     """The requests a simulation serves: when they arrive, how long they are, their class,
-    and when to stop sending them (num_requests and/or duration_s, whichever comes first).
+    and when to stop sending them (num_requests and/or duration_s, whichever comes first;
+    a trace replay without either stops at the trace's end).
 
     Lengths are drawn, clipped to the distribution's own min/max, multiplied by the length
     scale and rounded (at least 1 token each); max_total_tokens is applied last.
@@ -385,7 +386,8 @@ class WorkloadConfig(_Strict):
         default=None,
         ge=1,
         le=MAX_REQUESTS,
-        description="stop after this many requests (with sessions: turns)",
+        description="stop after this many requests (with sessions: turns); a trace replay "
+        "with neither this nor duration_s replays the whole trace",
     )
     duration_s: float | None = Field(
         default=None,
@@ -396,8 +398,8 @@ class WorkloadConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> WorkloadConfig:
-        if self.num_requests is None and self.duration_s is None:
-            raise ValueError(
+        if self.num_requests is None and self.duration_s is None and self.arrivals.kind != "trace":
+            raise ValueError(  # a trace has its own end: its last row
                 "give a stop condition: num_requests and/or duration_s (whichever comes first)"
             )
         if self.arrivals.kind != "trace":
