@@ -125,3 +125,17 @@ def test_llama4_chunked_attention_priced_as_a_window_is_said_in_either_kv_mode(a
     priced = [w for w in warnings if "priced as a sliding window of 8192 tokens" in w]
     assert len(priced) == 1 and "upper bound" in priced[0]
     assert any("held at full length" in w for w in warnings) != allow
+
+
+def test_swap_preemption_without_room_for_one_sequence_is_said():
+    """vLLM v0 aborts at a swap-out that finds too little swap space, so a swap space
+    smaller than one max_model_len sequence is said up front, even on a run that ends."""
+    swap = {"preemption": "swap", "max_model_len": 4096}
+    (warning,) = _warnings(serving={**swap, "swap_space_gb": 0}, workload=FEW)
+    assert warning == (
+        "serving.swap_space_gb holds 0 KV blocks of host swap space, fewer than one "
+        "4,096-token sequence needs (256): with serving.preemption=swap, a swap-out that finds "
+        "too little free stops the run, as vLLM v0 aborts the engine (Scheduler._swap_out)"
+    )
+    assert _warnings(serving=swap, workload=FEW) == []  # 4 GB: 476 blocks of 8 MiB
+    assert _warnings(serving={"swap_space_gb": 0}, workload=FEW) == []  # recompute: unused

@@ -275,6 +275,7 @@ def _kv(totals: StepTotals, requests: Table) -> dict[str, Any]:
         "max_utilisation": float(totals.kv_max) if totals.steps.sum() else None,
         "preemptions": int(preemptions.sum()),
         "requests_preempted": int((preemptions > 0).sum()),
+        "swaps": int(requests["swaps"].sum()),
     }
 
 
