@@ -65,6 +65,22 @@ def test_a_full_budget_of_compute_bound_steps_is_not_blamed():
     assert not [w for w in _warnings(workload=load) if "token budget" in w]
 
 
+def test_max_num_seqs_capping_the_batch_with_the_kv_cache_free_is_said():
+    """4 sequences a step on an H100 at 8 req/s: memory-bound decode steps, KV 1% used,
+    the queue grows (quickstart with --set serving.max_num_seqs=4)."""
+    load = {"arrivals": {"kind": "poisson", "rate_per_s": 8.0}, "num_requests": 300}
+    h100 = {"gpu": "h100-sxm"}
+    (warning,) = _warnings(hardware=h100, workload=load, serving={"max_num_seqs": 4})
+    assert warning.startswith(
+        "serving.max_num_seqs=4, not memory, capped the batch: steps ran that many sequences, "
+        "not compute-bound, for "
+    )
+    assert warning.endswith("% used") and "while requests waited" in warning
+    assert _warnings(hardware=h100, workload=load, serving={"max_num_seqs": 256}) == []
+    light = {**load, "arrivals": {"kind": "poisson", "rate_per_s": 0.5}}  # rarely 4 at once
+    assert _warnings(hardware=h100, workload=light, serving={"max_num_seqs": 4}) == []
+
+
 def test_a_kv_starved_layout_that_preempts_heavily_is_said():
     load = {"arrivals": {"kind": "poisson", "rate_per_s": 20.0}, "num_requests": 300}
     (warning,) = _warnings(serving={"num_gpu_blocks": 200}, workload=load)
