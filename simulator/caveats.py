@@ -37,7 +37,8 @@ def _dtype_without_tensor_rate(build: ReplicaBuild, dtype: Dtype) -> bool:
 def configuration_warnings(build: ReplicaBuild) -> list[str]:
     """One replica layout's silent limits: tensor parallelism over the inter-node link,
     narrow dtypes the GPU cannot multiply in (dequantized to the activation dtype),
-    chunked local attention priced as a sliding window (whatever the KV cache mode)."""
+    chunked local attention priced as a sliding window (whatever the KV cache mode), a
+    swap space too small for one sequence (the run may stop at a swap-out)."""
     cost, node, gpu, arch = build.cost, build.node, build.gpu, build.arch
     warnings = []
     if chunked_local_attention(arch):
@@ -66,5 +67,14 @@ def configuration_warnings(build: ReplicaBuild) -> list[str]:
             f"{gpu.name} has no {cost.kv_dtype.value} tensor rate: the "
             f"{cost.kv_dtype.value} KV cache is dequantized and attention runs at the {act} "
             "rate"
+        )
+    config = build.config
+    longest = -(-config.max_model_len // config.block_size)
+    if config.iterative and config.preemption == "swap" and config.swap_blocks < longest:
+        warnings.append(
+            f"serving.swap_space_gb holds {config.swap_blocks:,} KV blocks of host swap space, "
+            f"fewer than one {config.max_model_len:,}-token sequence needs ({longest:,}): "
+            "with serving.preemption=swap, a swap-out that finds too little free stops the "
+            "run, as vLLM v0 aborts the engine (Scheduler._swap_out)"
         )
     return warnings

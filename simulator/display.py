@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
-from simulator.formatting import ms, num, pct, sig, slo_text, usd
+from simulator.formatting import ms, num, pct, preemption_text, sig, slo_text, usd
 from simulator.metrics.summary import PERCENTILES
 from simulator.provenance import header_lines
 
@@ -45,7 +45,7 @@ def _headline(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("busy / MFU / MBU",
          f"{pct(u['gpu_busy_fraction'])} / {pct(u['mfu'])} / {pct(u['mbu'])}"),
         ("KV mean / max", f"{pct(kv['mean_utilisation'])} / {pct(kv['max_utilisation'])}"),
-        ("preemptions", f"{kv['preemptions']:,} ({kv['requests_preempted']:,} requests)"),
+        ("preemptions", preemption_text(kv)),
         ("cost", f"{usd(cost['usd_per_hour'])}/h, run {usd(cost['usd_total'])}"),
         ("$ per request", usd(cost["usd_per_request"])),
         ("$ per 1M output tokens", usd(cost["usd_per_million_output_tokens"])),

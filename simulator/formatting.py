@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import textwrap
 from collections.abc import Mapping
+from typing import Any
 
 WIDTH = 100
 
@@ -47,6 +48,14 @@ def usd(x: float | None) -> str:
 def slo_text(slo: Mapping[str, float | None]) -> str:
     parts = [f"{k.removesuffix('_s')} <= {ms(v)} ms" for k, v in slo.items() if v is not None]
     return ", ".join(parts) or "none set"
+
+
+def preemption_text(kv: Mapping[str, Any]) -> str:
+    """`51 (51 requests, 41 swapped out)`: the swap count only where some preemptions
+    swapped (the others recomputed)."""
+    swaps = kv.get("swaps") or 0
+    swapped = f", {swaps:,} swapped out" if swaps else ""
+    return f"{kv['preemptions']:,} ({kv['requests_preempted']:,} requests{swapped})"
 
 
 def wrapped(text: str, first: str, rest: str | None = None) -> list[str]:

@@ -42,7 +42,7 @@ from hardware_models.errors import InfersimError
 from hardware_models.plot_labels import LEADER, spread_labels
 from simulator.metrics.overload import TOO_SHORT
 from simulator.progress import Progress
-from simulator.scenario import PlanSection, Scenario
+from simulator.scenario import PlanSection, Scenario, fields_overlap, override_key
 from simulator.sweep import JobError, run_parallel
 
 if TYPE_CHECKING:
@@ -105,6 +105,30 @@ def _at(scenario: Scenario, candidate: Candidate, rate: float, fleet: Fleet, n: 
     data["workload"]["arrivals"] = {**data["workload"]["arrivals"], "rate_per_s": rate}
     data["output"] = {"plots": False, "csv": False, "progress": False}
     return Scenario.from_dict(data, source="plan")
+
+
+# Fields each probe sets from the search (see _at), and what decides them instead.
+_SEARCHED = {
+    "hardware": "give GPUs as plan.gpus",
+    "pools": "give GPUs as plan.gpus (plan.disaggregation for prefill/decode pools)",
+    "parallelism.tp": "give degrees as plan.tp",
+    "parallelism.pp": "give degrees as plan.pp",
+    "parallelism.replicas": "the search sizes the fleet (up to plan.max_replicas)",
+    "parallelism.router": "probes route least_outstanding",
+    "serving.policy": "give policies as plan.policies",
+    "workload.num_requests": "give plan.requests_per_probe",
+    "workload.duration_s": "probes run plan.requests_per_probe requests",
+}
+
+
+def _check_overrides(scenario: Scenario) -> None:
+    """A --set of a field the search decides would be silently replaced: refuse it."""
+    for item in scenario.overrides:
+        for field, instead in _SEARCHED.items():
+            if fields_overlap(override_key(item), field):
+                raise InfersimError(
+                    f"plan: --set {item}: every probe sets {field} from the search; {instead}"
+                )
 
 
 def _margins(summary: dict[str, Any], scenario: Scenario, pct: str) -> dict[str, float]:
@@ -344,6 +368,7 @@ def plan_capacity(
     if workers is not None and workers < 1:
         raise InfersimError(f"workers: expected at least 1 (got {workers})")
     _base_rate(scenario)
+    _check_overrides(scenario)
     plan, todo = scenario.plan, candidates(scenario.plan)
     if workers == 1:
         finished: Iterable[tuple[int, Any]] = (

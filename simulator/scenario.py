@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import typing
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -23,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from hardware_models.errors import InfersimError
+from hardware_models.errors import InfersimError, InfersimWarning
 from hardware_models.yaml_io import load_yaml_mapping, parse_yaml
 from simulator.router import RouterName
 from simulator.workload.config import WorkloadConfig
@@ -523,20 +524,27 @@ class Scenario(BaseModel):
         return scenario
 
     def expand(self, source: str | None = None) -> list[Scenario]:
-        """The scenarios to run: this one, or one per variant (named after the variant)."""
+        """The scenarios to run: this one, or one per variant (named after the variant).
+
+        The command line wins over the file, variants included: the --set overrides are
+        applied again after each variant's changes (a warning names each field both set),
+        so a variant runs, and its summary records, what the overrides say."""
         if not self.variants:
             return [self]
+        cli = [o for o in self._overrides if override_key(o).split(".")[0] not in _VARIANT_OWNED]
         expanded = []
         for name, changes in self.variants.items():
             data = self.model_dump(mode="json", exclude={"variants"})
             data["base_dir"] = self.base_dir
-            data["name"] = name
             if not isinstance(changes, dict):
                 raise InfersimError(
                     f"{source or self.name}: variants.{name}: expected a mapping of field: value"
                 )
             for key, value in changes.items():
                 set_path(data, key, value, f"{source or self.name}: variants.{name}.{key}")
+            _warn_overridden(name, changes, cli)
+            apply_overrides(data, cli)
+            data["name"] = name
             try:
                 expanded.append(Scenario.model_validate(data))
                 expanded[-1]._overrides = self._overrides
@@ -585,6 +593,33 @@ def set_path(data: dict[str, Any], dotted: str, value: Any, label: str) -> None:
             raise InfersimError(f"{label}: {part} is not a section")
         node = child
     node[parts[-1]] = value
+
+
+# --set keys a variant's copy of the scenario does not take again: the variants themselves
+# (already applied to the mapping) and the name (each variant is named after itself).
+_VARIANT_OWNED = ("variants", "name")
+
+
+def override_key(item: str) -> str:
+    """The field path a `key.path=value` override sets."""
+    return item.partition("=")[0].strip()
+
+
+def fields_overlap(a: str, b: str) -> bool:
+    """Whether setting dotted path `a` and setting `b` touch the same field."""
+    return a == b or a.startswith(f"{b}.") or b.startswith(f"{a}.")
+
+
+def _warn_overridden(variant: str, changes: dict[str, Any], overrides: list[str]) -> None:
+    for item in overrides:
+        key = override_key(item)
+        for field in (k for k in changes if fields_overlap(k, key)):
+            warnings.warn(
+                f"--set {item} overrides variants.{variant}.{field}={changes[field]!r} "
+                "(the command line wins over the scenario file, variants included)",
+                InfersimWarning,
+                stacklevel=2,  # expand's line: the check on loading and the run warn once
+            )
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> None:

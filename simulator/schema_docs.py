@@ -61,7 +61,10 @@ dotted path that `--set`, `variants` and sweep grids use (`--set serving.max_num
 allowed column, x is the value. Unknown keys are errors, reported with the closest known
 name. `infersim schema` prints the same schema as JSON Schema for editors. Sweep grid and
 variant keys are such paths themselves, so `--set sweep.grid.serving.max_num_seqs=[64,256]`
-sets the one grid key `serving.max_num_seqs`.
+sets the one grid key `serving.max_num_seqs`. The command line wins over the file, variants
+included: a `--set` field is applied again after each variant's changes (with a warning
+naming the variant field it beat); a field a sweep grid or `infersim plan` varies is
+refused, pointing to the grid key or plan field to give instead.
 """
 _HEADER = "| field | type | default | allowed | description |\n|---|---|---|---|---|"
 

@@ -380,6 +380,7 @@ def build_replica(
         tdp_w=gpu.power.tdp_w,
         usd_per_gpu_hour=scenario.cost.usd_per_gpu_hour or gpu.price.usd_per_hour,
         token_budget=config.max_num_batched_tokens if config.iterative else math.inf,
+        max_num_seqs=config.max_num_seqs,
         calibration=calibration.note,
         all_reduce=cost.all_reduce_note(),
     )

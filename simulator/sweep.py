@@ -40,7 +40,14 @@ from tqdm import tqdm
 
 from hardware_models.errors import InfersimError
 from simulator.build_id import build_id
-from simulator.scenario import Scenario, SLOSection, describe_errors, set_path
+from simulator.scenario import (
+    Scenario,
+    SLOSection,
+    describe_errors,
+    fields_overlap,
+    override_key,
+    set_path,
+)
 from simulator.simulation import simulate
 
 if TYPE_CHECKING:
@@ -116,6 +123,11 @@ def expand_grid(scenario: Scenario) -> list[SweepPoint]:
             raise InfersimError(f"{where}: sweep.grid.{key}: needs at least one value")
         if twice := [v for i, v in enumerate(values) if v in values[:i]]:
             raise InfersimError(f"{where}: sweep.grid.{key}: {twice[0]!r} appears twice")
+        if fixed := [o for o in scenario.overrides if fields_overlap(override_key(o), key)]:
+            raise InfersimError(
+                f"{where}: --set {fixed[0]} fixes a field sweep.grid.{key} sweeps; to sweep "
+                f"other values give them as --set 'sweep.grid.{key}=[...]'"
+            )
     short = _short_names(list(grid))
     return [
         _point(base, base.name if scenario.variants else None, values, short, where)

@@ -65,6 +65,22 @@ def test_a_full_budget_of_compute_bound_steps_is_not_blamed():
     assert not [w for w in _warnings(workload=load) if "token budget" in w]
 
 
+def test_max_num_seqs_capping_the_batch_with_the_kv_cache_free_is_said():
+    """4 sequences a step on an H100 at 8 req/s: memory-bound decode steps, KV 1% used,
+    the queue grows (quickstart with --set serving.max_num_seqs=4)."""
+    load = {"arrivals": {"kind": "poisson", "rate_per_s": 8.0}, "num_requests": 300}
+    h100 = {"gpu": "h100-sxm"}
+    (warning,) = _warnings(hardware=h100, workload=load, serving={"max_num_seqs": 4})
+    assert warning.startswith(
+        "serving.max_num_seqs=4, not memory, capped the batch: steps ran that many sequences, "
+        "not compute-bound, for "
+    )
+    assert warning.endswith("% used") and "while requests waited" in warning
+    assert _warnings(hardware=h100, workload=load, serving={"max_num_seqs": 256}) == []
+    light = {**load, "arrivals": {"kind": "poisson", "rate_per_s": 0.5}}  # rarely 4 at once
+    assert _warnings(hardware=h100, workload=light, serving={"max_num_seqs": 4}) == []
+
+
 def test_a_kv_starved_layout_that_preempts_heavily_is_said():
     load = {"arrivals": {"kind": "poisson", "rate_per_s": 20.0}, "num_requests": 300}
     (warning,) = _warnings(serving={"num_gpu_blocks": 200}, workload=load)
@@ -125,3 +141,17 @@ def test_llama4_chunked_attention_priced_as_a_window_is_said_in_either_kv_mode(a
     priced = [w for w in warnings if "priced as a sliding window of 8192 tokens" in w]
     assert len(priced) == 1 and "upper bound" in priced[0]
     assert any("held at full length" in w for w in warnings) != allow
+
+
+def test_swap_preemption_without_room_for_one_sequence_is_said():
+    """vLLM v0 aborts at a swap-out that finds too little swap space, so a swap space
+    smaller than one max_model_len sequence is said up front, even on a run that ends."""
+    swap = {"preemption": "swap", "max_model_len": 4096}
+    (warning,) = _warnings(serving={**swap, "swap_space_gb": 0}, workload=FEW)
+    assert warning == (
+        "serving.swap_space_gb holds 0 KV blocks of host swap space, fewer than one "
+        "4,096-token sequence needs (256): with serving.preemption=swap, a swap-out that finds "
+        "too little free stops the run, as vLLM v0 aborts the engine (Scheduler._swap_out)"
+    )
+    assert _warnings(serving=swap, workload=FEW) == []  # 4 GB: 476 blocks of 8 MiB
+    assert _warnings(serving={"swap_space_gb": 0}, workload=FEW) == []  # recompute: unused

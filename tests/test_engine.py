@@ -3,11 +3,13 @@ and the orderings a practitioner expects between batching policies."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
 
-from hardware_models.errors import InfeasibleError
+from hardware_models.errors import InfeasibleError, InfersimError
 from simulator.engine import replica
 from simulator.engine.scheduler import IterationScheduler
 from simulator.simulation import simulate
@@ -132,6 +134,36 @@ def test_swapped_in_requests_alone_keep_the_replica_busy(make_scenario):
     assert results.requests["preemptions"].sum() > 0
     assert (results.requests["outcome"] == "completed").all()
     _check_invariants(results)
+
+
+def test_swaps_are_counted_apart_from_recomputes(make_scenario):
+    """Under swap preemption a decoding request is swapped out; one whose prefill is
+    unfinished is recomputed. The summary counts the swaps, per request and in all."""
+    tight = {"num_gpu_blocks": 100, "preemption": "swap", "max_num_seqs": 16}
+    results = simulate(make_scenario(serving=tight, workload={"num_requests": 120}))
+    req, kv = results.requests, results.summary()["kv"]
+    assert (req["swaps"] <= req["preemptions"]).all()
+    assert kv["swaps"] == req["swaps"].sum() and 0 < kv["swaps"] <= kv["preemptions"]
+    assert "swapped out)" in results.summary_table()
+    recompute = simulate(make_scenario(serving={**tight, "preemption": "recompute"},
+                                       workload={"num_requests": 120}))  # fmt: skip
+    assert recompute.summary()["kv"]["swaps"] == 0 and recompute.requests["preemptions"].sum()
+
+
+def test_a_swap_out_without_swap_space_stops_the_run_as_vllm_v0_aborts(make_scenario):
+    """vLLM v0's Scheduler._swap_out raises when block_manager.can_swap_out is false: no
+    silent recompute instead. The error names the time, the blocks and the swap space."""
+    tight = {"num_gpu_blocks": 100, "preemption": "swap", "max_num_seqs": 16}
+    for gb in (0.0, 0.4):  # none at all; room for the first swap, not for a later one
+        scenario = make_scenario(serving={**tight, "swap_space_gb": gb},
+                                 workload={"num_requests": 120})  # fmt: skip
+        with pytest.raises(InfersimError) as info:
+            simulate(scenario)
+        message = str(info.value)
+        assert re.search(r"at t=\d+\.\d{3} s, swapping out request \d+ needs \d+ KV blocks, "
+                         r"but the host swap space \(serving.swap_space_gb\) has \d+ of \d+ "
+                         r"free", message), message  # fmt: skip
+        assert "Aborted due to the lack of CPU swap space" in message
 
 
 def test_same_seed_same_results_other_seed_differs(make_scenario):

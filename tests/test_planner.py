@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -61,6 +62,23 @@ def test_plan_needs_a_plan_section_slo_and_a_rate(make_scenario):
         plan_capacity(make_scenario())
     with pytest.raises(InfersimError, match="SLO"):
         plan_capacity(make_scenario(plan={"gpus": ["l4"]}))
+
+
+@pytest.mark.parametrize(
+    ("item", "needle"),
+    [
+        ("parallelism.tp=2", "sets parallelism.tp from the search; give degrees as plan.tp"),
+        ("serving.policy=static", "give policies as plan.policies"),
+        ("hardware.gpu=h100-sxm", "give GPUs as plan.gpus"),
+        ("workload.num_requests=10", "give plan.requests_per_probe"),
+    ],
+)
+def test_plan_refuses_a_set_its_search_would_replace(make_scenario, item, needle):
+    scenario = make_scenario(plan={"gpus": ["l4"]}, slo={"ttft_ms": 500}).with_overrides([item])
+    with pytest.raises(InfersimError, match=f"plan: --set {re.escape(item)}: every probe"):
+        plan_capacity(scenario, workers=1)
+    with pytest.raises(InfersimError, match=re.escape(needle)):
+        plan_capacity(scenario, workers=1)
 
 
 def _check_fleet(scenario, row, rate: float) -> dict:

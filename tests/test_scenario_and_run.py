@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from hardware_models.errors import InfersimError
+from hardware_models.errors import InfersimError, InfersimWarning
 from simulator.cli.main import main
 from simulator.scenario import Scenario
 from tests.conftest import scenario_dict
@@ -39,6 +39,30 @@ def test_overrides_and_variants(tmp_path):
     runs = Scenario.from_dict(data).expand()
     assert [r.name for r in runs] == ["a", "b"]
     assert runs[0].serving.policy == "static" and runs[1].seed == 9
+
+
+def test_set_wins_over_variants_and_says_which_it_overrode(tmp_path):
+    """The command line wins over the file, variants included: a variant runs (and its
+    provenance records) what --set says, and a warning names the variant field it beat."""
+    data = scenario_dict(
+        variants={"a": {"serving.max_num_seqs": 16, "seed": 3}, "b": {"serving.policy": "static"}}
+    )
+    path = write(tmp_path, data)
+    sets = ["serving.max_num_seqs=8", "variants.b.seed=5"]
+    with pytest.warns(InfersimWarning) as caught:
+        runs = Scenario.from_yaml(path, sets).expand()
+    messages = {str(w.message) for w in caught if issubclass(w.category, InfersimWarning)}
+    assert messages == {
+        "--set serving.max_num_seqs=8 overrides variants.a.serving.max_num_seqs=16 "
+        "(the command line wins over the scenario file, variants included)"
+    }  # said on loading and on expanding again: the CLI shows an identical warning once
+    assert [(r.name, r.serving.max_num_seqs, r.seed) for r in runs] == [("a", 8, 3), ("b", 8, 5)]
+    assert runs[1].serving.policy == "static" and runs[0].overrides == tuple(sets)
+    # a whole section set on the command line beats a variant's field inside it
+    with pytest.warns(InfersimWarning, match="--set serving=.* overrides variants.a.serving"):
+        runs = Scenario.from_yaml(path, ["serving={max_num_seqs: 2}"]).expand()
+    assert [r.serving.max_num_seqs for r in runs] == [2, 2]
+    assert runs[1].serving.policy == "chunked_prefill"  # the section replaced, as --set does
 
 
 @pytest.mark.parametrize(

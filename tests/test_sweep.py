@@ -295,3 +295,12 @@ def test_each_point_records_the_sweeps_set_overrides_and_its_overload_verdict(tm
     table = pd.read_parquet(out / "sweep.parquet")
     assert "overload_verdict" in table  # None here: 30 arrivals are too few for a trend
     assert dict(zip(table["name"], table["overload_verdict"], strict=True)) == verdicts
+
+
+def test_a_set_of_a_swept_field_is_refused_not_overridden_by_the_grid(tmp_path):
+    scenario = Scenario.from_dict(tiny({"serving.max_num_seqs": [4, 32]}))
+    with pytest.raises(InfersimError, match=r"--set serving=\{max_num_seqs: 8\} fixes a field "
+                       r"sweep.grid.serving.max_num_seqs sweeps"):  # fmt: skip
+        expand_grid(scenario.with_overrides(["serving={max_num_seqs: 8}"]))
+    points = expand_grid(scenario.with_overrides(["sweep.grid.serving.max_num_seqs=[8]"]))
+    assert [p.data["serving"]["max_num_seqs"] for p in points] == [8]

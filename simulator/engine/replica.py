@@ -147,6 +147,7 @@ class Replica:
                 [cost.peak_bandwidth],
                 [config.total_blocks],
                 [config.max_num_batched_tokens if config.iterative else math.inf],
+                [config.max_num_seqs],
             ),
             lambda: env.now,
             keep_rows=config.step_table,

@@ -53,6 +53,7 @@ _COLUMNS = {
     "finish": np.float64,
     "generated": np.int64,
     "preemptions": np.int32,
+    "swaps": np.int32,  # preemptions that swapped its KV cache to host memory
     "retries": np.int16,
     "replica": np.int32,
     "outcome": np.int8,

@@ -23,6 +23,7 @@ from typing import Literal
 
 import numpy as np
 
+from hardware_models.errors import InfersimError
 from simulator.engine.kv_cache import BlockManager, CacheKey, request_key, session_key
 from simulator.engine.prefix_hashes import HashedBlockManager, Key
 from simulator.engine.requests import RequestTable
@@ -94,16 +95,18 @@ class IterationScheduler:
         computed, target = run.computed_of(slot), int(run.target[slot])
         req.preemptions[rid] += 1
         plan.preempted = True
-        swap = (
-            self.policy.preemption == "swap"
-            and computed >= target
-            and self.swap_used + blocks <= self.policy.swap_blocks
-        )
+        # A request whose prefill is unfinished is recomputed (its partial blocks are not
+        # swapped; vLLM v0 would swap them too). A finished one is swapped out, or, as
+        # vLLM v0's Scheduler._swap_out (block_manager.can_swap_out false), the run stops.
+        swap = self.policy.preemption == "swap" and computed >= target
+        if swap and self.swap_used + blocks > self.policy.swap_blocks:
+            self._out_of_swap_space(rid, blocks)
         if self.hashed is not None:  # swapped blocks come back as its own
             self.hashed.leave(rid, blocks, 0 if swap else computed, finished=False)
         else:
             self.kv.release(blocks)
         if swap:
+            req.swaps[rid] += 1
             self.swapped[rid] = _Swapped(computed, target, run.remaining_of(slot), blocks)
             self.swap_used += blocks
             plan.swap_blocks += blocks
@@ -111,6 +114,15 @@ class IterationScheduler:
             self.kv.keep_cached(request_key(rid), computed // self.kv.block_size)
         self.waiting.push_front(rid, level)
         run.remove(slot)
+
+    def _out_of_swap_space(self, rid: int, blocks: int) -> None:
+        free, total = self.policy.swap_blocks - self.swap_used, self.policy.swap_blocks
+        raise InfersimError(
+            f"at t={self.now:.3f} s, swapping out request {rid} needs {blocks} KV blocks, "
+            f"but the host swap space (serving.swap_space_gb) has {free} of {total} free: "
+            "vLLM v0 aborts here ('Aborted due to the lack of CPU swap space'); raise "
+            "serving.swap_space_gb or use serving.preemption: recompute"
+        )
 
     def _make_room(self, blocks: int, plan: StepPlan, requester: int) -> bool:
         """Preempt victims until `blocks` are free for `requester`; False when the

@@ -31,6 +31,7 @@ class ReplicaInfo:
     usd_per_gpu_hour: float
     pool: str = "default"
     token_budget: float = math.inf  # tokens per step; inf where the policy has none
+    max_num_seqs: float = math.inf  # sequences per step or batch (serving.max_num_seqs)
     calibration: str = "none"  # the profile its GPU runs with, and why (calibration_lookup)
     all_reduce: str | None = None  # which backend its tp all-reduces take (None: tp = 1)
 

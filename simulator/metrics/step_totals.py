@@ -52,19 +52,25 @@ def clip_to(rows: np.ndarray, end: float) -> np.ndarray:
     return rows
 
 
+def _per_replica(values: Sequence[float] | None, n: int) -> np.ndarray:
+    return np.full(n, np.inf) if values is None else np.asarray(values, np.float64)
+
+
 class StepTotals:
     """Per-replica sums over steps and cluster-wide per-bin sums over time."""
 
     def __init__(self, peak_flops: Sequence[float], peak_bandwidth: Sequence[float],
                  kv_total_blocks: Sequence[float],
-                 token_budget: Sequence[float] | None = None) -> None:  # fmt: skip
+                 token_budget: Sequence[float] | None = None,
+                 max_num_seqs: Sequence[float] | None = None) -> None:  # fmt: skip
         self.peak_flops = np.asarray(peak_flops, np.float64)
         self.peak_bandwidth = np.asarray(peak_bandwidth, np.float64)
         self.kv_total_blocks = np.asarray(kv_total_blocks, np.float64)
         n = len(self.peak_flops)
-        # Steps per replica's token budget (inf: not tracked), for the budget warning.
-        budget = np.full(n, np.inf) if token_budget is None else token_budget
-        self.token_budget = np.asarray(budget, np.float64)
+        # Each replica's token budget and sequence cap per step (inf: not tracked), for the
+        # warnings that one of them, not memory, capped the batch.
+        self.token_budget = _per_replica(token_budget, n)
+        self.max_num_seqs = _per_replica(max_num_seqs, n)
         self.steps = np.zeros(n, np.int64)
         self.busy = np.zeros(n)  # seconds of steps
         self.flops = np.zeros(n)
@@ -72,9 +78,10 @@ class StepTotals:
         self.active = np.zeros(n)  # seconds x activity (fraction of peak), for energy
         self.kv_time = np.zeros(n)  # seconds x used / total KV blocks
         self.kv_max = 0.0
-        self.budget_full = np.zeros(n)  # seconds of steps that filled the token budget
-        self.budget_full_kv = np.zeros(n)  # ... while requests waited, x used / total KV
-        self.budget_full_compute = np.zeros(n)  # ... of those, compute-bound steps' seconds
+        # Steps that filled the token budget (seqs: max_num_seqs) while requests waited,
+        # per replica: their seconds, those x used / total KV, the compute-bound ones' seconds
+        self.budget_full = np.zeros((n, 3))
+        self.seqs_full = np.zeros((n, 3))
         self.bound_time = np.zeros(len(StepBound))  # seconds by StepBound code
         self.bin_width = _FIRST_WIDTH
         self.bins = np.zeros((len(BIN_ROWS), FINE_BINS))
@@ -87,6 +94,7 @@ class StepTotals:
             [r.peak_bandwidth for r in reps],
             [r.kv_total_blocks for r in reps],
             [r.token_budget for r in reps],
+            [r.max_num_seqs for r in reps],
         )
 
     @classmethod
@@ -130,11 +138,14 @@ class StepTotals:
         self.kv_max = max(self.kv_max, float(kv.max()))
         tokens = np.asarray(rows["prefill_tokens"], np.float64) + rows["decode_tokens"]
         waited = np.asarray(rows["waiting"], np.float64) > 0
-        full = np.where((tokens >= self.token_budget[rep]) & waited, dur, 0.0)
-        self.budget_full += np.bincount(rep, full, n)
-        self.budget_full_kv += np.bincount(rep, full * kv, n)
         bound = np.asarray(rows["bound"], np.int64)
-        self.budget_full_compute += np.bincount(rep, full * (bound == StepBound.COMPUTE), n)
+        weights = (np.ones(len(dur)), kv, bound == StepBound.COMPUTE)
+        batch = np.asarray(rows["batch_size"], np.float64)
+        for sums, at_cap in ((self.budget_full, tokens >= self.token_budget[rep]),
+                             (self.seqs_full, batch >= self.max_num_seqs[rep])):  # fmt: skip
+            full = np.where(at_cap & waited, dur, 0.0)
+            for column, weight in enumerate(weights):
+                sums[:, column] += np.bincount(rep, full * weight, n)
         self.bound_time += np.bincount(bound, dur, len(StepBound))
 
         self._cover(float(stop.max()))
@@ -173,9 +184,10 @@ class StepTotals:
             np.concatenate([p.peak_bandwidth for p in parts]),
             np.concatenate([p.kv_total_blocks for p in parts]),
             np.concatenate([p.token_budget for p in parts]),
+            np.concatenate([p.max_num_seqs for p in parts]),
         )
         for name in ("steps", "busy", "flops", "dram_bytes", "active", "kv_time", "budget_full",
-                     "budget_full_kv", "budget_full_compute"):  # fmt: skip
+                     "seqs_full"):  # fmt: skip
             setattr(merged, name, np.concatenate([getattr(p, name) for p in parts]))
         merged.kv_max = max((p.kv_max for p in parts), default=0.0)
         merged.bound_time = np.sum([p.bound_time for p in parts], axis=0)

@@ -278,6 +278,7 @@ def _kv(totals: StepTotals, requests: Table) -> dict[str, Any]:
         "max_utilisation": float(totals.kv_max) if totals.steps.sum() else None,
         "preemptions": int(preemptions.sum()),
         "requests_preempted": int((preemptions > 0).sum()),
+        "swaps": int(requests["swaps"].sum()),
     }
 
 
@@ -385,22 +386,39 @@ def _rejection_warnings(rejected_by_reason: Mapping[str, int], arrived: int) -> 
     return warnings
 
 
+def _capped(sums: np.ndarray, busy: float) -> tuple[float, float] | None:
+    """(Share of busy time, KV use) when steps that filled a cap (StepTotals' rows:
+    seconds, x KV used, compute-bound seconds) took BUDGET_CAP_SHARE of the busy time with
+    the KV cache at most BUDGET_CAP_KV used. A compute-bound step would take as much longer
+    as a bigger cap gave it work: only the full steps that are not compute-bound count."""
+    full, full_kv, full_compute = (float(column.sum()) for column in sums.T)
+    kv_use = full_kv / full if full else 1.0
+    capped = full - full_compute
+    if busy and capped >= BUDGET_CAP_SHARE * busy and kv_use <= BUDGET_CAP_KV:
+        return capped / busy, kv_use
+    return None
+
+
 def _run_warnings(
-    totals: StepTotals, kv: Mapping[str, Any], arrived: int, budget: Any
+    totals: StepTotals, kv: Mapping[str, Any], arrived: int, configuration: Mapping[str, Any]
 ) -> list[str]:
     """What the run's figures show a setting quietly limited (module doc)."""
     warnings = []
-    busy, full = float(totals.busy.sum()), float(totals.budget_full.sum())
-    kv_use = totals.budget_full_kv.sum() / full if full else 1.0
-    # A compute-bound step would take as much longer as a bigger budget gave it tokens:
-    # only the budget-full steps that are not compute-bound were capped by the budget.
-    capped = full - float(totals.budget_full_compute.sum())
-    if busy and capped >= BUDGET_CAP_SHARE * busy and kv_use <= BUDGET_CAP_KV:
-        warnings.append(
-            f"the token budget (serving.max_num_batched_tokens={budget}), not memory, capped "
-            f"the batch: steps filled it, not compute-bound, for {capped / busy:.0%} of the "
-            f"busy time while requests waited and the KV cache was {kv_use:.0%} used"
-        )
+    busy = float(totals.busy.sum())
+    caps = (  # (what capped the batch, its configuration key, its sums, how steps met it)
+        ("the token budget (serving.max_num_batched_tokens={})", "max_num_batched_tokens",
+         totals.budget_full, "steps filled it"),
+        ("serving.max_num_seqs={}", "max_num_seqs", totals.seqs_full,
+         "steps ran that many sequences"),
+    )  # fmt: skip
+    for label, key, sums, how in caps:
+        if (found := _capped(sums, busy)) is not None:
+            share, kv_use = found
+            warnings.append(
+                f"{label.format(configuration.get(key, 'its value'))}, not memory, capped the "
+                f"batch: {how}, not compute-bound, for {share:.0%} of the busy time while "
+                f"requests waited and the KV cache was {kv_use:.0%} used"
+            )
     preempted = kv["requests_preempted"]
     if preempted > PREEMPTED_SHARE * arrived:
         warnings.append(
@@ -476,14 +494,13 @@ def summarize(
     latency["itl"] = latency_stats(itl["seconds"], itl["weight"])
     run = _run(ctx, len(requests))
     kv = _kv(totals, requests)
-    budget = run.get("configuration", {}).get("max_num_batched_tokens", "its value")
     counts = _counts(requests, masks)
     summary = {
         "run": run,
         "warnings": [
             *ctx.warnings,
             *_rejection_warnings(counts["rejected_by_reason"], len(requests)),
-            *_run_warnings(totals, kv, len(requests), budget),
+            *_run_warnings(totals, kv, len(requests), run.get("configuration", {})),
         ],
         "counts": counts,
         "overloaded": load.pop("overloaded"),

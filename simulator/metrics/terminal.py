@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from simulator.formatting import ms, num, pct, sig, slo_text, usd, wrapped
+from simulator.formatting import ms, num, pct, preemption_text, sig, slo_text, usd, wrapped
 from simulator.metrics.overload import TOO_SHORT
 from simulator.metrics.summary import PERCENTILES
 from simulator.provenance import header_lines
@@ -120,8 +120,7 @@ def summary_table(summary: Mapping[str, Any]) -> str:
     lines += _line(
         "kv cache",
         f"mean {pct(kv['mean_utilisation'])}  max {pct(kv['max_utilisation'])}  preemptions "
-        f"{kv['preemptions']:,} ({kv['requests_preempted']:,} requests)"
-        + (f"  prefix hits {pct(hits)} of prompt tokens" if hits else ""),
+        f"{preemption_text(kv)}" + (f"  prefix hits {pct(hits)} of prompt tokens" if hits else ""),
     )
     lines += _line(
         "cost",
