@@ -12,8 +12,10 @@ import pytest
 from hardware_models.calibration import (
     COLUMNS,
     big_gemm_mask,
+    default_measured_dir,
     error_table,
     load_measured,
+    measured_tables,
     plot_predicted_vs_measured,
     predict,
     resolve_measured_dir,
@@ -55,6 +57,62 @@ def test_missing_directory_is_a_clear_error(tmp_path: Path) -> None:
         resolve_measured_dir(tmp_path / "nowhere")
     with pytest.raises(InfersimError, match="no measurement tables"):
         load_measured(tmp_path)
+
+
+@pytest.fixture
+def wheel_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A `pip install .` layout: the package in a venv's site-packages (nothing beside it),
+    a clone next to shared/, and no $INFERSIM_SHARED_DATA."""
+    monkeypatch.delenv(measured_tables.SHARED_DATA_ENV, raising=False)
+    site_packages = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    monkeypatch.setattr(measured_tables, "repo_root", lambda: site_packages)
+    (tmp_path / "clone" / "notebooks").mkdir(parents=True)
+    return tmp_path
+
+
+def test_a_wheel_install_finds_the_tables_beside_the_clone_from_its_notebooks_folder(
+    wheel_install: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (wheel_install / "shared" / "data" / "measured").mkdir(parents=True)
+    monkeypatch.chdir(wheel_install / "clone" / "notebooks")  # where a kernel starts
+    assert default_measured_dir() == wheel_install / "shared" / "data" / "measured"
+    assert resolve_measured_dir() == wheel_install / "shared" / "data" / "measured"
+
+
+def test_the_upward_search_takes_the_nearest_tables_and_stops_after_its_levels(
+    wheel_install: Path,
+) -> None:
+    top = wheel_install / "shared" / "data" / "measured"
+    near = wheel_install / "clone" / "shared" / "data" / "measured"
+    for folder in (top, near):
+        folder.mkdir(parents=True)
+    assert default_measured_dir(wheel_install / "clone" / "notebooks") == near
+    deep = wheel_install.joinpath("clone", *"abcd")  # 5 levels below wheel_install
+    deep.mkdir(parents=True)
+    assert default_measured_dir(deep) == near
+    near.rmdir()
+    assert measured_tables.SHARED_SEARCH_LEVELS == 4
+    assert default_measured_dir(deep) != top  # top is 5 folders up: past the bound
+
+
+def test_without_the_tables_the_error_says_where_it_looked(
+    wheel_install: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(wheel_install / "clone" / "notebooks")
+    with pytest.raises(InfersimError, match=r"looked in .*notebooks, its 4 parent folders"):
+        resolve_measured_dir()
+
+
+def test_the_environment_variable_is_the_only_place_looked_when_set(
+    wheel_install: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (wheel_install / "shared" / "data" / "measured").mkdir(parents=True)
+    monkeypatch.chdir(wheel_install / "clone" / "notebooks")
+    monkeypatch.setenv(measured_tables.SHARED_DATA_ENV, str(wheel_install / "typo"))
+    with pytest.raises(InfersimError, match=r"INFERSIM_SHARED_DATA=.*typo .*not found"):
+        resolve_measured_dir()
+    monkeypatch.setenv(measured_tables.SHARED_DATA_ENV, str(wheel_install / "shared" / "data"))
+    assert resolve_measured_dir() == wheel_install / "shared" / "data" / "measured"
 
 
 def test_unsupported_dtype_is_nan_and_collectives_use_the_node_link() -> None:

@@ -55,8 +55,8 @@ EXECUTED = [
 ]
 
 
-@pytest.mark.parametrize("path", EXECUTED, ids=lambda p: p.name)
-def test_notebook_runs(path: Path):
+def _execute(path: Path):
+    """`path` run top to bottom in a fresh kernel started in notebooks/; the executed copy."""
     _require_kernel()
     import nbformat
     from nbclient import NotebookClient
@@ -73,3 +73,42 @@ def test_notebook_runs(path: Path):
         client.execute()
     except CellExecutionError as exc:
         pytest.fail(f"{path.name} failed:\n{exc}", pytrace=False)
+    return notebook
+
+
+@pytest.mark.parametrize("path", EXECUTED, ids=lambda p: p.name)
+def test_notebook_runs(path: Path):
+    _execute(path)
+
+
+def _output_texts(notebook) -> list[str]:
+    return [
+        "".join(output.get("text") or output.get("data", {}).get("text/markdown", ""))
+        for cell in notebook.cells
+        for output in cell.get("outputs", [])
+    ]
+
+
+@pytest.mark.slow
+def test_the_moe_notebook_runs_deepseek_in_its_checkpoints_format_and_says_the_calibration():
+    notebook = _execute(ROOT / "notebooks" / "06_moe_serving.ipynb")
+    texts = "\n".join(_output_texts(notebook))
+    assert "checkpoint is stored in" not in texts  # no re-quantised DeepSeek-V3
+    assert "deepseek-v3 (fp8_block, tp=8" in texts
+    table = next(c for c in notebook.cells if "calibrations" in c.source).outputs[0]
+    assert "calibration" in table["data"]["text/plain"]
+    assert {"h100-sxm", "none"} <= set(table["data"]["text/plain"].split())
+
+
+@pytest.mark.slow
+def test_the_calibration_notebook_says_when_it_runs_without_the_public_tables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # Its text quotes the public tables' figures: on any other source the run must say
+    # that its results are not those, not quietly show them under that text.
+    monkeypatch.setenv("INFERSIM_SHARED_DATA", str(tmp_path / "none"))  # the kernel inherits it
+    notebook = _execute(ROOT / "notebooks" / "05_calibration.ipynb")
+    texts = _output_texts(notebook)
+    warning = [t for t in texts if "InfersimWarning: notebook 05 runs on" in t]
+    assert warning and "not the figures its text quotes" in warning[0]
+    assert sum("not the figures the text quotes" in t for t in texts) == 3

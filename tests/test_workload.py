@@ -317,6 +317,26 @@ def test_lengths_required_without_an_arrivals_trace():
         )
 
 
+def test_a_trace_length_without_a_path_says_to_leave_it_out_for_the_arrivals_lengths():
+    # `{kind: trace}` alone reads as "the arrivals trace's lengths", which leaving the
+    # field out gives; the error says so instead of a bare "path: Field required".
+    for role in ("prompt_tokens", "output_tokens"):
+        with pytest.raises(
+            InfersimError,
+            match=rf"{role}.trace: path is required .*arrivals trace row by row, leave "
+            r"prompt_tokens/output_tokens out",
+        ):
+            validate_model(
+                WorkloadConfig,
+                {
+                    "arrivals": {"kind": "trace", "path": "t.csv"},
+                    role: {"kind": "trace"},
+                    "num_requests": 1,
+                },
+                "scenario.yaml",
+            )
+
+
 def test_uniform_bounds_ordered():
     with pytest.raises(InfersimError, match=r"high \(5\) is below low \(9\)"):
         poisson(num_requests=1, prompt_tokens={"kind": "uniform", "low": 9, "high": 5})

@@ -21,6 +21,7 @@ from hardware_models.calibration.measured_tables import (
     load_measured,
     predict,
     resolve_measured_dir,
+    searched_places,
     supported_mask,
 )
 from hardware_models.calibration.profile_file import (
@@ -49,6 +50,7 @@ __all__ = [
     "predict",
     "read_profile",
     "resolve_measured_dir",
+    "searched_places",
     "size_bucket",
     "summarise_errors",
     "supported_mask",

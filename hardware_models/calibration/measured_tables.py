@@ -98,6 +98,9 @@ GPU_FOLDERS: dict[str, str] = {
     "b200_sxm": "b200",
 }
 SHARED_DATA_ENV = "INFERSIM_SHARED_DATA"
+# How many folders above the working folder shared/data/measured is looked for (a clone's
+# notebooks/ or benchmarks/ folder is two below the folder holding shared/).
+SHARED_SEARCH_LEVELS = 4
 PUBLIC_TABLES = (
     "NVIDIA ai-dynamo/aiconfigurator (Apache-2.0), "
     "aic-core/src/aiconfigurator_core/systems/data/<gpu>/"
@@ -154,23 +157,41 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-def shared_measured_candidates() -> list[Path]:
-    """Where the public tables may be, in order: $INFERSIM_SHARED_DATA (a data/ or a
-    measured/ folder), ../shared/data/measured beside the working folder, and beside the
-    checkout (an editable install); a wheel install has no checkout, hence the first two."""
-    candidates = []
+def shared_measured_candidates(start: Path | None = None) -> list[Path]:
+    """Where the public tables may be, in order. $INFERSIM_SHARED_DATA (a data/ or a
+    measured/ folder), when set, is the only place looked: a setting that does not hold
+    the tables is an error, not silently passed over. Otherwise shared/data/measured
+    in the working folder (`start`) or any of its SHARED_SEARCH_LEVELS ancestors, nearest
+    first, then beside the checkout (an editable install). The upward search is what finds
+    the tables for a wheel install, whose package sits in site-packages, from anywhere in
+    a clone next to shared/ (a notebook's kernel starts in notebooks/)."""
     env = os.environ.get(SHARED_DATA_ENV)
     if env:
-        candidates += [Path(env) / "measured", Path(env)]
-    candidates.append(Path.cwd().parent / "shared" / "data" / "measured")
-    candidates.append(repo_root().parent / "shared" / "data" / "measured")
+        return [Path(env) / "measured", Path(env)]
+    here = (start or Path.cwd()).resolve()
+    folders = [here, *here.parents][: SHARED_SEARCH_LEVELS + 1]
+    candidates = [folder / "shared" / "data" / "measured" for folder in folders]
+    beside_checkout = repo_root().parent / "shared" / "data" / "measured"
+    if beside_checkout not in candidates:
+        candidates.append(beside_checkout)
     return candidates
 
 
-def default_measured_dir() -> Path:
+def default_measured_dir(start: Path | None = None) -> Path:
     """The first of `shared_measured_candidates` that exists (else the last, to name it)."""
-    candidates = shared_measured_candidates()
+    candidates = shared_measured_candidates(start)
     return next((c for c in candidates if c.is_dir()), candidates[-1])
+
+
+def searched_places() -> str:
+    """Where `default_measured_dir` looked, in words, for a message saying it found nothing."""
+    env = os.environ.get(SHARED_DATA_ENV)
+    if env:
+        return f"{SHARED_DATA_ENV}={env} (neither it nor its measured/)"
+    return (
+        f"shared/data/measured (looked in {Path.cwd()}, its {SHARED_SEARCH_LEVELS} parent "
+        f"folders and beside the package's folder {repo_root()})"
+    )
 
 
 def resolve_measured_dir(data_dir: str | Path | None = None, option: str = "--data") -> Path:
@@ -178,8 +199,9 @@ def resolve_measured_dir(data_dir: str | Path | None = None, option: str = "--da
     caller's flag for it) and where the public tables come from."""
     path = Path(data_dir) if data_dir is not None else default_measured_dir()
     if not path.is_dir():
+        where = path if data_dir is not None else searched_places()
         raise InfersimError(
-            f"measured-data directory {path} not found; pass {option} DIR (or set "
+            f"measured-data directory {where} not found; pass {option} DIR (or set "
             f"{SHARED_DATA_ENV}) pointing at a folder of GPU table folders; the public "
             f"tables are {PUBLIC_TABLES}"
         )

@@ -71,7 +71,8 @@ def _inputs(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="DIR",
         help="where --from-shared looks (a data/ or measured/ folder; default: "
-        "$INFERSIM_SHARED_DATA, else ../shared/data beside the working folder or the checkout)",
+        "$INFERSIM_SHARED_DATA, else shared/data in the working folder or up to 4 folders "
+        "above it, else beside the checkout)",
     )
     parser.add_argument("--gpu", help="accelerator preset or YAML (default: from the input)")
     parser.add_argument(

@@ -226,6 +226,18 @@ class TraceLength(_Strict):
         "num_decode_tokens in infersim's own)",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _path_given(cls, value: Any) -> Any:
+        """`{kind: trace}` alone reads as "the arrivals trace's lengths": say how to get those."""
+        if isinstance(value, dict) and "path" not in value:
+            raise ValueError(
+                "path is required (the trace file to draw lengths from, with replacement); "
+                "to take each request's lengths from the arrivals trace row by row, leave "
+                "prompt_tokens/output_tokens out"
+            )
+        return value
+
 
 SYNTHETIC_LENGTH_KINDS = ("fixed", "uniform", "normal", "lognormal")
 LENGTH_KINDS = (*SYNTHETIC_LENGTH_KINDS, "trace")
