@@ -208,6 +208,15 @@ def activation_bytes(
     return (residual + max(attention, mlp)) * a_bytes + logits
 
 
+class MaxModelLenRefused(InfeasibleError):
+    """vLLM refuses to start: the KV cache cannot hold one sequence of max_model_len
+    tokens (MemoryPlan.refusal); `longest` is the largest max_model_len that fits."""
+
+    def __init__(self, message: str, longest: int) -> None:
+        super().__init__(message)
+        self.longest = longest
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
     """Bytes on the most loaded GPU of one replica. `usable` is the vLLM budget."""
@@ -260,6 +269,11 @@ class MemoryPlan:
             f"(check_enough_kv_cache_memory); {longest}: set {setting} to at most that, or "
             "raise the GPU memory utilization, tp or pp, or use an fp8 KV cache"
         )
+
+    def check_starts(self) -> None:
+        """Raise MaxModelLenRefused where vLLM would refuse to start (see `refusal`)."""
+        if self.refusal():
+            raise MaxModelLenRefused(self.refusal(), self.longest_fitting_len or 0)
 
     def breakdown(self) -> list[tuple[str, float]]:
         """(item, GB) rows that add up to the GPU's capacity."""

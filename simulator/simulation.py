@@ -330,8 +330,7 @@ def build_replica(
             f"capacity {memory.kv_capacity_tokens} tokens at {memory.kv_bytes_per_token:.0f} "
             f"B/token): {rows}"
         )
-    if memory.refusal():
-        raise InfeasibleError(memory.refusal())
+    memory.check_starts()
     pcie = gpu.pcie.unidirectional_gbps * 1e9
     config = ReplicaConfig(
         policy=serving.policy,

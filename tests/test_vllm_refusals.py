@@ -163,3 +163,15 @@ def test_a_plan_holding_one_sequence_has_no_refusal_and_none_without_a_max_model
     assert plan.refusal() == "" and plan.longest_fitting_len == 4096
     unchecked = plan_memory(arch, gpu)
     assert unchecked.longest_fitting_len is None and unchecked.refusal() == ""
+
+
+def test_a_replay_without_max_model_len_runs_at_the_largest_that_started(tmp_path, capsys):
+    """Llama-3.1-8B on an RTX 4090 cannot hold one 131,072-token sequence: the run that
+    happened set a shorter max_model_len, so the replay takes the largest that fits."""
+    from tests.test_replay import _meta, replay, write_run, written
+
+    run = write_run(tmp_path / "run", _meta(), log=False)
+    code, out, err = replay(capsys, str(run), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    assert "replayed at the largest that fits, 39,360" in out
+    assert written(tmp_path / "out")["scenario"]["serving"]["max_model_len"] == 39360
