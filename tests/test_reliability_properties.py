@@ -64,7 +64,7 @@ POLICIES = ["static", "dynamic", "continuous", "chunked_prefill"]
 ROUTERS = list(ROUTER_NAMES)
 MAX_TURNS = 4  # a session's prompts grow to MAX_TURNS x (prompt + output) at most
 DTYPES = ["bf16", "fp16", "fp8", "int8", "int4", "fp4", "fp32"]
-KV_DTYPES = ["bf16", "fp16", "fp8", "fp8", "int8"]  # int8: vLLM has none, refused
+KV_DTYPES = ["bf16", "fp16", "fp8"]  # what vLLM has (tests/test_vllm_refusals.py: the rest)
 MAX_REQUESTS = 150
 # Largest prompt tokens one case may ask the engine to prefill, over all its requests and
 # chunks of the token budget: keeps the worst case (tiny budget, huge prompts) to a few
