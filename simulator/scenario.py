@@ -266,7 +266,11 @@ class ServingSection(BaseModel):
         default=4.0, ge=0, le=1e5, description="host memory per GPU for swapped KV blocks, GB"
     )
     max_model_len: int | None = Field(
-        default=None, ge=2, description="longest prompt + output; default: the model's context"
+        default=None,
+        ge=2,
+        description="longest prompt + output; default: the model's context. As vLLM, a run "
+        "is refused above the context, or where the KV cache cannot hold one sequence this "
+        "long (the message names the largest that fits)",
     )
     enable_prefix_caching: bool = Field(
         default=False,
