@@ -15,18 +15,43 @@ from hardware_models.errors import InfeasibleError
 from simulator.engine.kv_groups import chunked_local_attention
 
 if TYPE_CHECKING:
+    from simulator.architecture import ModelArchitecture
     from simulator.simulation import ReplicaBuild
 
 
-def check_token_budget(policy: str, budget: int, max_model_len: int) -> None:
-    """vLLM refuses to start a prefill-first engine (no chunked prefill) whose token budget
-    is below max_model_len: a longer prompt could never be scheduled."""
+def check_token_budget(policy: str, budget: int, max_model_len: int, max_num_seqs: int) -> None:
+    """vLLM's SchedulerConfig.verify_max_model_len refuses to start a prefill-first engine
+    (no chunked prefill) whose token budget is below max_model_len (a longer prompt could
+    never be scheduled), and any engine whose budget is below max_num_seqs (each
+    sequence of a step takes at least one token), chunked prefill or not."""
+    if policy not in ("continuous", "chunked_prefill"):
+        return  # run-to-completion batches: not vLLM's scheduler, no token budget
     if policy == "continuous" and budget < max_model_len:
         raise InfeasibleError(
             f"serving.max_num_batched_tokens={budget} is below max_model_len={max_model_len}: "
             "the continuous policy prefills a prompt in one step, so vLLM refuses this at "
             "start-up; raise max_num_batched_tokens, lower serving.max_model_len, or use "
             "chunked_prefill"
+        )
+    if budget < max_num_seqs:
+        raise InfeasibleError(
+            f"serving.max_num_batched_tokens={budget} is below serving.max_num_seqs="
+            f"{max_num_seqs}: vLLM refuses this at start-up (max_num_batched_tokens must "
+            "be greater than or equal to max_num_seqs); raise max_num_batched_tokens or "
+            "lower max_num_seqs"
+        )
+
+
+def check_context(max_model_len: int, arch: ModelArchitecture) -> None:
+    """vLLM's ModelConfig (_get_and_verify_max_len) refuses a max_model_len above the
+    model's context (max_position_embeddings, rope scaling included), unless
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, which infersim does not model."""
+    if max_model_len > arch.max_position_embeddings:
+        raise InfeasibleError(
+            f"serving.max_model_len={max_model_len} is above {arch.name}'s context of "
+            f"{arch.max_position_embeddings} tokens (max_position_embeddings): vLLM refuses "
+            f"this at start-up; set serving.max_model_len to at most "
+            f"{arch.max_position_embeddings}"
         )
 
 

@@ -208,6 +208,15 @@ def activation_bytes(
     return (residual + max(attention, mlp)) * a_bytes + logits
 
 
+class MaxModelLenRefused(InfeasibleError):
+    """vLLM refuses to start: the KV cache cannot hold one sequence of max_model_len
+    tokens (MemoryPlan.refusal); `longest` is the largest max_model_len that fits."""
+
+    def __init__(self, message: str, longest: int) -> None:
+        super().__init__(message)
+        self.longest = longest
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
     """Bytes on the most loaded GPU of one replica. `usable` is the vLLM budget."""
@@ -234,6 +243,37 @@ class MemoryPlan:
     # `kv_bytes_per_token` a token (one group's layers), and the pool's capacity in
     # tokens of one group; None: every layer's KV in every block.
     kv_groups: KvCacheGroups | None = None
+    # With a max_model_len to serve: it, and the longest max_model_len (up to it) whose
+    # one sequence the KV cache holds on every GPU (vLLM's estimate_max_model_len).
+    max_model_len: int | None = None
+    longest_fitting_len: int | None = None
+
+    def refusal(self, setting: str = "serving.max_model_len") -> str:
+        """Why vLLM refuses to start this replica (empty: it starts): the KV cache cannot
+        hold one sequence of max_model_len tokens, as vLLM's check_enough_kv_cache_memory
+        (vllm/v1/core/kv_cache_utils.py) judges at start-up; `setting` names where the
+        max_model_len is set."""
+        if self.max_model_len is None or self.longest_fitting_len == self.max_model_len:
+            return ""
+        per = " of a group" if self.kv_groups else ""
+        longest = (
+            f"the largest max_model_len that fits is {self.longest_fitting_len}"
+            if self.longest_fitting_len
+            else "not even one token fits"
+        )
+        return (
+            f"{self.model} on {self.gpu} (tp={self.tp}, pp={self.pp}): the KV cache "
+            f"({self.kv_capacity_bytes / GB:.2f} GB, KV capacity{per} "
+            f"{self.kv_capacity_tokens} tokens) cannot hold one sequence of "
+            f"max_model_len={self.max_model_len} tokens, so vLLM refuses to start "
+            f"(check_enough_kv_cache_memory); {longest}: set {setting} to at most that, or "
+            "raise the GPU memory utilization, tp or pp, or use an fp8 KV cache"
+        )
+
+    def check_starts(self) -> None:
+        """Raise MaxModelLenRefused where vLLM would refuse to start (see `refusal`)."""
+        if self.refusal():
+            raise MaxModelLenRefused(self.refusal(), self.longest_fitting_len or 0)
 
     def breakdown(self) -> list[tuple[str, float]]:
         """(item, GB) rows that add up to the GPU's capacity."""
@@ -266,6 +306,8 @@ class MemoryPlan:
         ]
         if self.kv_groups:
             footer.append(f"  {'KV cache groups':<28} {self.kv_groups.describe()}")
+        if self.longest_fitting_len is not None:
+            footer.append(f"  {'longest max_model_len':<28}{self.longest_fitting_len:>9d} tokens")
         return "\n".join([title, *rows, *footer])
 
 
@@ -284,6 +326,8 @@ def plan_memory(
     expert_parallel: bool = False,
     dp: int = 1,
     kv_groups: KvCacheGroups | None = None,
+    max_model_len: int | None = None,
+    block_size: int = 16,
 ) -> MemoryPlan:
     """Plan one GPU of a tp x pp x dp replica (experts sliced over the tp x dp GPUs, or
     whole over them with `expert_parallel`; each dp rank's tp GPUs hold that rank's KV
@@ -291,7 +335,9 @@ def plan_memory(
     weights, activations and overhead leave no room for a KV cache. The plan is the
     GPU whose stage holds the fewest KV tokens. With `kv_groups` (vLLM V1's hybrid KV
     cache manager) a block holds a page of one group's layers, as many as the most any
-    group has on the stage (vLLM's tensors shared by one layer of each group)."""
+    group has on the stage (vLLM's tensors shared by one layer of each group). With
+    `max_model_len`, the plan also holds the longest max_model_len up to it whose one
+    sequence fits (`MemoryPlan.refusal` says when vLLM would refuse to start)."""
     if not 0 < gpu_memory_utilization <= 1:
         raise InfersimError(
             f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}"
@@ -346,6 +392,14 @@ def plan_memory(
         room = usable - stage.total - activations - overhead
         plans.append((room // per_token, stage, per_token, room))
     tokens, stage, kv_per_token, kv_capacity = min(plans)
+    longest = None
+    if max_model_len is not None:
+        layout = (block_size, max_num_batched_tokens, kv_groups)
+        rooms = [room for *_, room in plans]
+        longest = min(
+            longest_fitting_len(arch, layers, k_dtype, tp, room, max_model_len, *layout)
+            for layers, room in zip(stage_layers(arch, pp), rooms, strict=True)
+        )
     return MemoryPlan(
         model=arch.name,
         gpu=gpu.name,
@@ -366,7 +420,64 @@ def plan_memory(
         kv_capacity_bytes=kv_capacity,
         kv_capacity_tokens=int(tokens),
         kv_groups=kv_groups,
+        max_model_len=max_model_len,
+        longest_fitting_len=longest,
     )
+
+
+def one_sequence_kv_bytes(
+    arch: ModelArchitecture,
+    layers: range,
+    kv_dtype: str | Dtype,
+    tp: int,
+    max_model_len: int,
+    block_size: int,
+    max_num_batched_tokens: int,
+    kv_groups: KvCacheGroups | None,
+) -> float:
+    """KV bytes one sequence of max_model_len tokens may hold on a GPU with `layers`, as
+    vLLM sums each layer's KVCacheSpec.max_memory_usage_bytes: a full-attention layer
+    every block of the sequence; with the hybrid KV cache manager (`kv_groups`) a
+    sliding-window layer the window and a step's tokens plus a block (SlidingWindowSpec),
+    a chunked local one the chunk and a step's tokens (ChunkedLocalAttentionSpec).
+    Without it every layer is held at full length, as vLLM's unify_hybrid_kv_cache_specs
+    makes them full-attention specs."""
+    page = block_size * arch.kv_elements_per_token_layer_shard(tp) * bytes_per_element(kv_dtype)
+    blocks = -(-max_model_len // block_size)
+    if kv_groups is None:
+        return page * len(layers) * blocks
+    sliding = sum(arch.is_sliding_layer(i) for i in layers)
+    if kv_groups.chunked:
+        window = -(-min(kv_groups.window + max_num_batched_tokens, max_model_len) // block_size)
+    else:
+        span = min(kv_groups.window - 1 + max_num_batched_tokens, max_model_len)
+        window = -(-span // block_size) + 1
+    return page * ((len(layers) - sliding) * blocks + sliding * window)
+
+
+def longest_fitting_len(
+    arch: ModelArchitecture,
+    layers: range,
+    kv_dtype: str | Dtype,
+    tp: int,
+    room: float,
+    max_model_len: int,
+    *layout: Any,
+) -> int:
+    """The longest max_model_len, up to `max_model_len`, whose one sequence fits in `room`
+    bytes (0: not one token), by bisection as vLLM's estimate_max_model_len; `layout`
+    is one_sequence_kv_bytes's block_size, token budget and KV cache groups."""
+
+    def fits(length: int) -> bool:
+        return one_sequence_kv_bytes(arch, layers, kv_dtype, tp, length, *layout) <= room
+
+    if fits(max_model_len):
+        return max_model_len
+    lo, hi = 0, max_model_len  # fits(lo) or lo == 0; not fits(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 def _hint(

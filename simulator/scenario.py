@@ -31,7 +31,11 @@ from simulator.workload.config import WorkloadConfig
 
 # No NaN or infinity anywhere in a scenario: every number must be a real quantity.
 _STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-DType = Literal["fp32", "fp16", "bf16", "fp8", "int8", "int4", "fp4"]
+# The KV cache types vLLM has (CacheConfig.cache_dtype: auto, i.e. the model's bf16 or
+# fp16, bfloat16, float16 and the fp8 variants, fp8_e4m3 and fp8_e5m2 as one byte each).
+KvDType = Literal["bf16", "fp16", "fp8"]
+# vLLM's CacheConfig BlockSize (vllm/config/cache.py): the block sizes it starts with.
+BlockSize = Literal[1, 8, 16, 32, 64, 128, 256]
 # Weights also come block-scaled: fp8_block is DeepSeek-V3's and Qwen3-FP8's checkpoint
 # format, nvfp4 and mxfp4 Blackwell's 4-bit ones (simulator.engine.weight_format).
 WeightDType = Literal[
@@ -75,7 +79,12 @@ class ModelSection(BaseModel):
         "Default: the checkpoint's own format (`infersim models show`; a config.json's "
         "quantization_config), else bf16, as vLLM serves a checkpoint as stored",
     )
-    kv_dtype: DType = Field(default="bf16", description="storage type of the KV cache")
+    kv_dtype: KvDType = Field(
+        default="bf16",
+        description="storage type of the KV cache, as vLLM's --kv-cache-dtype: bf16 or "
+        "fp16 (its auto: the model's dtype) or fp8 (fp8_e4m3, fp8_e5m2); vLLM has no "
+        "int8, int4 or fp4 KV cache, so they are refused",
+    )
     activation_dtype: Literal["fp16", "bf16"] = Field(default="bf16")
     moe_routing: str = Field(
         default="balanced",
@@ -83,6 +92,17 @@ class ModelSection(BaseModel):
         "token picks its top-k uniformly), round_robin (loads even to one token), or "
         "power_law_<alpha> (skewed loads, alpha > 1, as the measured tables use)",
     )
+
+    @field_validator("kv_dtype", mode="before")
+    @classmethod
+    def _vllm_kv_dtype(cls, value: Any) -> Any:
+        allowed = typing.get_args(KvDType)
+        if isinstance(value, str) and value not in allowed:
+            raise ValueError(
+                "vLLM has no such KV cache type (its --kv-cache-dtype: auto, bfloat16, "
+                f"float16, fp8, fp8_e4m3, fp8_e5m2); allowed: {', '.join(allowed)}"
+            )
+        return value
 
     @field_validator("moe_routing")
     @classmethod
@@ -216,7 +236,10 @@ class ServingSection(BaseModel):
     max_queue_delay_ms: float = Field(
         default=10.0, ge=0, description="dynamic batching: longest a request waits for a batch"
     )
-    block_size: int = Field(default=16, ge=1, le=1024, description="tokens per KV-cache block")
+    block_size: BlockSize = Field(
+        default=16,
+        description="tokens per KV-cache block; one of the block sizes vLLM's --block-size accepts",
+    )
     gpu_memory_utilization: float = Field(
         default=0.90, gt=0, le=1, description="share of GPU memory the engine may use"
     )
@@ -244,7 +267,11 @@ class ServingSection(BaseModel):
         default=4.0, ge=0, le=1e5, description="host memory per GPU for swapped KV blocks, GB"
     )
     max_model_len: int | None = Field(
-        default=None, ge=2, description="longest prompt + output; default: the model's context"
+        default=None,
+        ge=2,
+        description="longest prompt + output; default: the model's context. As vLLM, a run "
+        "is refused above the context, or where the KV cache cannot hold one sequence this "
+        "long (the message names the largest that fits)",
     )
     enable_prefix_caching: bool = Field(
         default=False,

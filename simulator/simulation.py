@@ -21,7 +21,7 @@ from hardware_models.errors import InfeasibleError, InfersimError, InfersimWarni
 from hardware_models.node import NodeSpec
 from hardware_models.presets import list_nodes, load_gpu, load_node
 from simulator.architecture import ModelArchitecture
-from simulator.caveats import check_token_budget, configuration_warnings
+from simulator.caveats import check_context, check_token_budget, configuration_warnings
 from simulator.engine.dp_group import DpGroup
 from simulator.engine.kv_groups import KvCacheGroups, chunked_local_attention, kv_cache_groups
 from simulator.engine.pipeline import PipelineGroup, SharedKv
@@ -290,6 +290,11 @@ def build_replica(
         raise InfersimError(
             f"model.moe_routing: {routing} routing, but {arch.name} has no experts (dense model)"
         )
+    max_model_len = serving.max_model_len or arch.max_position_embeddings
+    check_context(max_model_len, arch)
+    check_token_budget(
+        serving.policy, serving.max_num_batched_tokens, max_model_len, serving.max_num_seqs
+    )
     weight_dtype = resolve_weight_dtype(scenario.model.weight_dtype, arch)
     if arch.is_moe and parse_dtype(weight_dtype) == Dtype.FP4 and gpu.supports(Dtype.FP4):
         warnings.warn(
@@ -313,6 +318,8 @@ def build_replica(
         expert_parallel=par.enable_expert_parallel,
         dp=par.dp,
         kv_groups=_kv_cache_groups(scenario, arch, kv_transfer, hashed_prompts),
+        max_model_len=max_model_len,
+        block_size=serving.block_size,
     )
     block_bytes = serving.block_size * memory.kv_bytes_per_token
     blocks = serving.num_gpu_blocks or int(memory.kv_capacity_bytes // block_bytes)
@@ -323,9 +330,8 @@ def build_replica(
             f"capacity {memory.kv_capacity_tokens} tokens at {memory.kv_bytes_per_token:.0f} "
             f"B/token): {rows}"
         )
+    memory.check_starts()
     pcie = gpu.pcie.unidirectional_gbps * 1e9
-    max_model_len = serving.max_model_len or arch.max_position_embeddings
-    check_token_budget(serving.policy, serving.max_num_batched_tokens, max_model_len)
     config = ReplicaConfig(
         policy=serving.policy,
         max_num_seqs=serving.max_num_seqs,

@@ -277,9 +277,10 @@ def test_a_kv_cache_smaller_than_one_request_rejects_it_with_the_reason():
 
 
 def test_a_kv_cache_of_one_block_still_serves_what_fits():
-    # 18.2% of an A100-80GB leaves room for exactly one 1024-token block after the weights
+    # 17.8% of an A100-80GB leaves room for exactly one 256-token block (391 tokens) after
+    # the weights; vLLM starts only with a max_model_len one block holds
     data = scenario_dict(
-        serving={"gpu_memory_utilization": 0.182, "block_size": 1024},
+        serving={"gpu_memory_utilization": 0.178, "block_size": 256, "max_model_len": 256},
         workload={"num_requests": 60},
     )
     scenario = Scenario.from_dict(data)
@@ -290,15 +291,15 @@ def test_a_kv_cache_of_one_block_still_serves_what_fits():
     assert set(outcome) == {"completed", "rejected"}
 
 
-NO_BLOCK = scenario_dict(serving={"gpu_memory_utilization": 0.18, "block_size": 1024})
+NO_BLOCK = scenario_dict(serving={"gpu_memory_utilization": 0.177, "block_size": 256})
 
 
 def test_a_kv_cache_smaller_than_one_block_is_infeasible_with_the_breakdown():
     with pytest.raises(InfeasibleError) as exc:
         build_replica(Scenario.from_dict(NO_BLOCK))
     message = str(exc.value)
-    for part in ("smaller than one block of 1024 tokens", "weights", "activations",
-                 "framework overhead", "KV capacity", "719 tokens"):  # fmt: skip
+    for part in ("smaller than one block of 256 tokens", "weights", "activations",
+                 "framework overhead", "KV capacity", "228 tokens"):  # fmt: skip
         assert part in message
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import typing
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import parse_dtype
@@ -12,7 +13,7 @@ from simulator.engine.kv_groups import vllm_default_groups
 from simulator.engine.weight_format import check_weight_support, weight_format
 from simulator.memory_planner import GB, plan_memory
 from simulator.model_catalog import load_model
-from simulator.scenario import ServingSection
+from simulator.scenario import KvDType, ServingSection
 from simulator.sizing import (
     TRAINING_MULTIPLIER,
     detailed_inference,
@@ -32,7 +33,19 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="weight dtype or format, as model.weight_dtype (fp16, bf16, fp8, fp8_block, nvfp4, "
         "mxfp4, ...)",
     )
-    parser.add_argument("--kv-dtype", help="KV-cache dtype (default: --precision)")
+    parser.add_argument(
+        "--kv-dtype",
+        choices=typing.get_args(KvDType),
+        help="KV-cache dtype, as vLLM's --kv-cache-dtype (default: the model's dtype, as "
+        "vLLM's auto: fp16 with fp16 weights, else bf16; quantised weights keep a bf16 KV "
+        "cache)",
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=_positive,
+        help="longest prompt + output the serving plan must hold one of (default: the "
+        "model's context), as serving.max_model_len",
+    )
     parser.add_argument("--batch", type=_positive, default=1, help="sequences in flight")
     parser.add_argument("--seq", type=_positive, default=2048, help="tokens per sequence")
     parser.add_argument(
@@ -76,7 +89,7 @@ def _run(args: argparse.Namespace) -> int:
     # scales, its own kernels), and one vLLM has no kernel for on this GPU is refused.
     precision = weight_format(args.precision)
     check_weight_support(gpu, precision, "--precision")
-    kv_dtype = parse_dtype(args.kv_dtype or args.precision)
+    kv_dtype = parse_dtype(args.kv_dtype or ("fp16" if precision == "fp16" else "bf16"))
     params_b = arch.param_count() / 1e9
     # Every estimate before the first line of output, so bad input is an error alone.
     if args.training:
@@ -129,13 +142,23 @@ def _run(args: argparse.Namespace) -> int:
     tp = args.tp or est.tp  # the plan at the tp just recommended, unless one is asked for
     chosen = "--tp" if args.tp else "the GPUs needed"
     print(f"\nServing plan at tp={tp} ({chosen}; vLLM-style memory budget):")
-    groups = vllm_default_groups(arch, ServingSection.model_fields["block_size"].default)
+    block_size = ServingSection.model_fields["block_size"].default
     try:
         plan = plan_memory(
-            arch, gpu, weight_dtype=precision, kv_dtype=kv_dtype, tp=tp, kv_groups=groups
+            arch,
+            gpu,
+            weight_dtype=precision,
+            kv_dtype=kv_dtype,
+            tp=tp,
+            kv_groups=vllm_default_groups(arch, block_size),
+            max_model_len=args.max_model_len or arch.max_position_embeddings,
+            block_size=block_size,
         )
     except InfeasibleError as exc:
         print(f"  {exc}")
         return 0
     print(plan.table())
+    refusal = plan.refusal("--max-model-len")
+    if refusal:
+        print(f"  vLLM would not start: {refusal}")
     return 0

@@ -14,10 +14,12 @@ import pandas as pd
 from hardware_models.errors import InfersimError
 from hardware_models.presets import list_calibrations, load_gpu
 from simulator.architecture import ModelArchitecture
+from simulator.memory_planner import MaxModelLenRefused
 from simulator.model_catalog import CATALOG_DIR, list_models, load_model
 from simulator.replay.measured import MeasuredRun
 from simulator.replay.vllm_defaults import parse_version, symm_mem_default, vllm_default
 from simulator.scenario import Scenario
+from simulator.simulation import build_pools
 
 NO_CALIBRATION = "none"
 
@@ -403,6 +405,24 @@ def _check_recorded(run: MeasuredRun, setting: _Resolver, serving: dict, given: 
         )
 
 
+def _max_model_len_that_started(scenario: Scenario, notes: list[str]) -> Scenario:
+    """The scenario at the model's context, or, where vLLM would have refused to start
+    with it (the KV cache cannot hold one such sequence), at the largest max_model_len
+    that fits: the run started, so it must have set one at most that long."""
+    try:
+        build_pools(scenario)
+    except MaxModelLenRefused as exc:
+        if not exc.longest:
+            raise
+        notes.append(
+            "max_model_len: vLLM would refuse to start this replica at the model's context "
+            "(one sequence does not fit its KV cache), so the run set a shorter one: "
+            f"replayed at the largest that fits, {exc.longest:,}"
+        )
+        return scenario.with_overrides([f"serving.max_model_len={exc.longest}"])
+    return scenario
+
+
 def _engine(setting: _Resolver, pp: int, notes: list[str]) -> dict[str, bool]:
     async_scheduling = setting("async_scheduling")
     if async_scheduling and pp > 1:
@@ -453,6 +473,8 @@ def replay_scenario(
     _check_recorded(run, setting, sections["serving"], given)
     write_trace(run, trace)
     scenario = Scenario.from_dict(sections, source=str(run.source))
+    if setting.optional("max_model_len") is None and "serving.max_model_len" not in given:
+        scenario = _max_model_len_that_started(scenario, notes)
     notes += setting.disagreements
     notes += [f"assumed {line}" for line in setting.assumptions]
     notes += [f"--set {item} (applied last)" for item in options.overrides]

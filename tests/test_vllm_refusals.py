@@ -1,0 +1,177 @@
+"""What vLLM refuses to start, infersim refuses too: a KV cache that cannot hold one
+max_model_len sequence (check_enough_kv_cache_memory), a max_model_len above the model's
+context, a token budget below max_num_seqs, block sizes and KV cache types vLLM lacks."""
+
+from __future__ import annotations
+
+import pytest
+
+from hardware_models.errors import InfeasibleError, InfersimError
+from hardware_models.presets import load_gpu
+from simulator.cli.main import main
+from simulator.engine.kv_groups import kv_cache_groups
+from simulator.memory_planner import one_sequence_kv_bytes, plan_memory
+from simulator.model_catalog import load_model
+from simulator.planner import plan_capacity
+from simulator.scenario import Scenario
+from simulator.simulation import build_replica
+from tests.conftest import scenario_dict
+
+
+def _llama70b_tp2(**serving) -> Scenario:
+    return Scenario.from_dict(
+        scenario_dict(
+            hardware={"gpu": "h100-sxm"},
+            model={"name": "llama-3.1-70b"},
+            parallelism={"tp": 2},
+            serving={"max_num_batched_tokens": 2048, **serving},
+        )
+    )
+
+
+def test_a_kv_cache_short_of_one_max_model_len_sequence_is_refused_with_the_way_out():
+    with pytest.raises(InfeasibleError) as exc:
+        build_replica(_llama70b_tp2())
+    message = str(exc.value)
+    assert "\n" not in message
+    # 28,982 tokens hold 1,811 whole 16-token blocks: 28,976 tokens, as vLLM counts blocks
+    for part in ("max_model_len=131072", "KV capacity 28982 tokens",
+                 "largest max_model_len that fits is 28976", "serving.max_model_len",
+                 "check_enough_kv_cache_memory"):  # fmt: skip
+        assert part in message, (part, message)
+
+
+def test_the_largest_max_model_len_named_is_the_boundary():
+    assert build_replica(_llama70b_tp2(max_model_len=28976)).config.max_model_len == 28976
+    with pytest.raises(InfeasibleError, match="largest max_model_len that fits is 28976"):
+        build_replica(_llama70b_tp2(max_model_len=28977))
+
+
+def test_pipeline_stages_are_judged_each_on_its_own_layers():
+    """vLLM checks each worker: the stage with the least room per layer decides."""
+    arch, gpu = load_model("llama-3.1-70b"), load_gpu("h100-sxm")
+    plan = plan_memory(arch, gpu, pp=2, max_num_batched_tokens=2048, max_model_len=131072)
+    assert plan.longest_fitting_len is not None and plan.longest_fitting_len < 131072
+    assert plan.longest_fitting_len <= plan.kv_capacity_tokens
+    fits = plan_memory(arch, gpu, pp=2, max_num_batched_tokens=2048,
+                       max_model_len=plan.longest_fitting_len)  # fmt: skip
+    assert fits.refusal() == ""
+    assert "max_model_len=131072" in plan.refusal()
+
+
+def test_sliding_window_layers_need_the_window_not_the_sequence_as_vllm_sums_them():
+    """With the hybrid KV cache manager a sliding layer needs cdiv(min(window - 1 +
+    budget, max_model_len), block) + 1 blocks (vLLM's SlidingWindowSpec), a full one
+    cdiv(max_model_len, block); without it every layer needs the full length."""
+    arch = load_model("gemma-2-9b")
+    layers = range(arch.num_layers)
+    groups = kv_cache_groups(arch, 16)
+    page = 16 * arch.kv_elements_per_token_layer_shard(1) * 2
+    sliding = arch.num_sliding_layers
+    full = arch.num_layers - sliding
+    window = -(-(arch.sliding_window - 1 + 2048) // 16) + 1
+    hybrid = one_sequence_kv_bytes(arch, layers, "bf16", 1, 8192, 16, 2048, groups)
+    assert hybrid == page * (full * 512 + sliding * window)
+    flat = one_sequence_kv_bytes(arch, layers, "bf16", 1, 8192, 16, 2048, None)
+    assert flat == page * arch.num_layers * 512 > hybrid
+
+
+def test_a_sliding_window_model_fits_with_the_hybrid_manager_where_it_would_not_without():
+    arch, gpu = load_model("gemma-2-9b"), load_gpu("l4")
+    common = {"max_num_batched_tokens": 2048, "max_model_len": 8192, "block_size": 16}
+    utilization = 0.9
+    while True:  # the least memory with which the hybrid layout holds one sequence
+        hybrid = plan_memory(arch, gpu, gpu_memory_utilization=utilization,
+                             kv_groups=kv_cache_groups(arch, 16), **common)  # fmt: skip
+        if hybrid.refusal():
+            break
+        utilization -= 0.01
+    utilization += 0.01
+    hybrid = plan_memory(arch, gpu, gpu_memory_utilization=utilization,
+                         kv_groups=kv_cache_groups(arch, 16), **common)  # fmt: skip
+    flat = plan_memory(arch, gpu, gpu_memory_utilization=utilization, **common)
+    assert hybrid.refusal() == "" and flat.refusal() != ""
+    assert hybrid.kv_capacity_bytes == flat.kv_capacity_bytes < 8192 * flat.kv_bytes_per_token
+
+
+def test_the_planner_marks_a_refused_candidate_infeasible_with_the_reason(make_scenario):
+    scenario = make_scenario(
+        model={"name": "llama-3.1-70b"},
+        serving={"max_num_batched_tokens": 2048},
+        slo={"ttft_ms": 2000, "tpot_ms": 80},
+        plan={"gpus": ["h100-sxm"], "tp": [2], "requests_per_probe": 100},
+    )
+    table = plan_capacity(scenario, workers=1)
+    assert table.loc[0, "status"] == "infeasible"
+    assert "largest max_model_len that fits is 28976" in table.loc[0, "reason"]
+
+
+def test_max_model_len_above_the_models_context_is_refused():
+    with pytest.raises(InfeasibleError, match=r"max_model_len=1000000 is above .*131072"):
+        build_replica(Scenario.from_dict(scenario_dict(
+            model={"name": "llama-3.1-8b"}, serving={"max_model_len": 1_000_000})))  # fmt: skip
+    at_context = scenario_dict(model={"name": "llama-2-7b"}, serving={"max_model_len": 4096})
+    assert build_replica(Scenario.from_dict(at_context)).config.max_model_len == 4096
+
+
+@pytest.mark.parametrize("policy", ["continuous", "chunked_prefill"])
+def test_a_token_budget_below_max_num_seqs_is_refused(policy):
+    data = scenario_dict(serving={"policy": policy, "max_num_seqs": 256,
+                                  "max_num_batched_tokens": 128, "max_model_len": 128})  # fmt: skip
+    with pytest.raises(InfeasibleError, match=r"max_num_batched_tokens=128 is below .*256"):
+        build_replica(Scenario.from_dict(data))
+
+
+def test_run_to_completion_batches_have_no_token_budget_to_refuse():
+    data = scenario_dict(serving={"policy": "static", "max_num_seqs": 256,
+                                  "max_num_batched_tokens": 128})  # fmt: skip
+    assert build_replica(Scenario.from_dict(data)).config.max_num_seqs == 256
+
+
+@pytest.mark.parametrize("block_size", [17, 512, 1024])
+def test_block_sizes_vllm_lacks_are_refused_naming_those_it_has(block_size):
+    with pytest.raises(InfersimError, match=r"serving.block_size: .*1, 8, 16, 32, 64, 128"):
+        Scenario.from_dict(scenario_dict(serving={"block_size": block_size}))
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "int4", "fp4", "fp32"])
+def test_kv_cache_types_vllm_lacks_are_refused_naming_those_it_has(kv_dtype):
+    with pytest.raises(InfersimError, match=r"model.kv_dtype: vLLM has no such .*bf16, fp16, fp8"):
+        Scenario.from_dict(scenario_dict(model={"name": "llama-2-7b", "kv_dtype": kv_dtype}))
+
+
+def test_estimate_defaults_the_kv_cache_to_the_models_dtype_not_the_weights(capsys):
+    main(["estimate", "--model", "llama-2-70b", "--gpu", "h100-sxm", "--precision", "int4"])
+    out = capsys.readouterr().out
+    assert "int4 weights, bf16 KV" in out and "int4 KV" not in out
+
+
+def test_estimate_says_plainly_when_vllm_would_not_start(capsys):
+    main(["estimate", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--tp", "2"])
+    out = capsys.readouterr().out
+    assert "KV capacity                     24527 tokens" in out
+    assert "vLLM would not start" in out and "largest max_model_len that fits is 24512" in out
+    assert "--max-model-len" in out
+    main(["estimate", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--tp", "2",
+          "--max-model-len", "24512"])  # fmt: skip
+    assert "vLLM would not start" not in capsys.readouterr().out
+
+
+def test_a_plan_holding_one_sequence_has_no_refusal_and_none_without_a_max_model_len():
+    arch, gpu = load_model("llama-2-7b"), load_gpu("a100-80gb-sxm")
+    plan = plan_memory(arch, gpu, max_model_len=4096)
+    assert plan.refusal() == "" and plan.longest_fitting_len == 4096
+    unchecked = plan_memory(arch, gpu)
+    assert unchecked.longest_fitting_len is None and unchecked.refusal() == ""
+
+
+def test_a_replay_without_max_model_len_runs_at_the_largest_that_started(tmp_path, capsys):
+    """Llama-3.1-8B on an RTX 4090 cannot hold one 131,072-token sequence: the run that
+    happened set a shorter max_model_len, so the replay takes the largest that fits."""
+    from tests.test_replay import _meta, replay, write_run, written
+
+    run = write_run(tmp_path / "run", _meta(), log=False)
+    code, out, err = replay(capsys, str(run), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    assert "replayed at the largest that fits, 39,360" in out
+    assert written(tmp_path / "out")["scenario"]["serving"]["max_model_len"] == 39360
