@@ -4,7 +4,7 @@ the terminal header. No wall-clock time, so the same scenario and seed give the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from simulator.build_id import build_id
@@ -13,13 +13,15 @@ if TYPE_CHECKING:
     from simulator.scenario import Scenario
 
 
-def provenance(scenario: Scenario) -> dict[str, Any]:
-    """The run's origin, JSON-ready: build_id is `<version>+<source digest>`."""
+def provenance(scenario: Scenario, defaults: Sequence[str] = ()) -> dict[str, Any]:
+    """The run's origin, JSON-ready: build_id is `<version>+<source digest>`; `defaults`
+    says what vLLM's defaults chose for the settings the scenario left unset."""
     build = build_id()
     return {
         "infersim_version": build.split("+")[0],
         "build_id": build,
         "overrides": list(scenario.overrides),
+        "defaults": list(defaults),
         "scenario": scenario.model_dump(mode="json"),
     }
 
@@ -53,8 +55,9 @@ def _load(workload: Mapping[str, Any]) -> str:
     return what
 
 
-def configuration(scenario: Mapping[str, Any]) -> dict[str, Any]:
-    """Model, GPUs and layout, dtypes, policy and load of a scenario dump."""
+def configuration(scenario: Mapping[str, Any], defaults: Sequence[str] = ()) -> dict[str, Any]:
+    """Model, GPUs and layout, dtypes, policy and load of a scenario dump, and the
+    `defaults` vLLM's rules chose (provenance)."""
     model, serving = scenario["model"], scenario["serving"]
     return {
         "model": model["name"],
@@ -66,6 +69,7 @@ def configuration(scenario: Mapping[str, Any]) -> dict[str, Any]:
         "max_num_seqs": serving["max_num_seqs"],
         "max_num_batched_tokens": serving["max_num_batched_tokens"],
         "load": _load(scenario["workload"]),
+        "defaults": list(defaults),
     }
 
 
@@ -78,9 +82,11 @@ def header_lines(config: Mapping[str, Any]) -> list[str]:
         + ("" if p["pool"] == "default" else f" ({p['pool']})")
         for p in config["pools"]
     )
+    seqs, tokens = config["max_num_seqs"], config["max_num_batched_tokens"]
     return [
         f"{config['model']} (weights {config['weight_dtype']}, KV {config['kv_dtype']}, "
         f"activations {config['activation_dtype']}) on {layout}",
-        f"{config['policy']}: {config['max_num_seqs']} seqs, "
-        f"{config['max_num_batched_tokens']:,} tokens/step; {config['load']}",
+        f"{config['policy']}: {'per pool' if seqs is None else seqs} seqs, "
+        f"{'per pool' if tokens is None else format(tokens, ',')} tokens/step; {config['load']}",
+        *(f"default {line}" for line in config.get("defaults", ())),
     ]
