@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import argparse
 
+from pydantic import ValidationError
+
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import parse_dtype
-from hardware_models.errors import InfeasibleError
+from hardware_models.errors import InfeasibleError, InfersimError
 from hardware_models.presets import load_gpu
 from simulator.engine.kv_groups import vllm_default_groups
 from simulator.engine.weight_format import check_weight_support, weight_format
 from simulator.memory_planner import GB, plan_memory
 from simulator.model_catalog import load_model
-from simulator.scenario import ServingSection
+from simulator.scenario import ModelSection, ServingSection
+from simulator.simulation import resolve_weight_dtype
 from simulator.sizing import (
     TRAINING_MULTIPLIER,
     detailed_inference,
@@ -28,21 +31,56 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", required=True, help="GPU preset name or YAML path")
     parser.add_argument(
         "--precision",
-        default="bf16",
         help="weight dtype or format, as model.weight_dtype (fp16, bf16, fp8, fp8_block, nvfp4, "
-        "mxfp4, ...)",
+        "mxfp4, ...); default: the checkpoint's, as `infersim run` serves it",
     )
     parser.add_argument("--kv-dtype", help="KV-cache dtype (default: --precision)")
     parser.add_argument("--batch", type=int, default=1, help="sequences in flight")
     parser.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree to plan")
     parser.add_argument("--no-flash", action="store_true", help="materialise attention scores")
+    for flag, kind in _SERVING_FLAGS.items():
+        name = flag.removeprefix("--").replace("-", "_")
+        parser.add_argument(flag, type=kind, help=f"as serving.{name} in a scenario")
     parser.add_argument("--training", action="store_true", help="estimate training instead")
     parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage")
     parser.add_argument("--dp", type=int, default=1, help="data-parallel GPUs (training)")
     parser.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps")
     parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
     parser.set_defaults(handler=_run)
+
+
+# the serving plan's settings, named and meant as the scenario's serving fields
+_SERVING_FLAGS = {
+    "--gpu-memory-utilization": float,
+    "--max-num-batched-tokens": int,
+    "--max-num-seqs": int,
+    "--max-model-len": int,
+}
+
+
+def _serving(
+    args: argparse.Namespace, gpu: AcceleratorSpec, context: int
+) -> tuple[ServingSection, tuple[str, ...]]:
+    """The serving section `run` would plan with: the flags given, the scenario's defaults
+    (vLLM's for this GPU) for the rest, and the lines saying what was defaulted."""
+    given = {
+        name: value
+        for name in (flag.removeprefix("--").replace("-", "_") for flag in _SERVING_FLAGS)
+        if (value := getattr(args, name)) is not None
+    }
+    try:
+        serving = ServingSection(**given)
+    except ValidationError as exc:
+        raise InfersimError(
+            "; ".join(
+                f"--{str(error['loc'][0]).replace('_', '-')} {error['input']!r}: {error['msg']}"
+                for error in exc.errors()
+            )
+        ) from None
+    return serving.with_vllm_defaults(
+        gpu.display_name, gpu.memory_bytes / 2**30, serving.max_model_len or context
+    )
 
 
 def _capacity(gpu: AcceleratorSpec) -> str:
@@ -57,11 +95,14 @@ def _rows(rows: list[tuple[str, float]]) -> str:
 def _run(args: argparse.Namespace) -> int:
     arch = load_model(args.model)
     gpu = load_gpu(args.gpu)
-    # The weight format as `run` reads model.weight_dtype: nvfp4 stays nvfp4 (its own
-    # scales, its own kernels), and one vLLM has no kernel for on this GPU is refused.
-    precision = weight_format(args.precision)
+    # The weight format as `run` reads model.weight_dtype: unset, the checkpoint's; nvfp4
+    # stays nvfp4 (its own scales, its own kernels), and one vLLM has no kernel for on this
+    # GPU is refused.
+    precision = weight_format(resolve_weight_dtype(args.precision, arch))
     check_weight_support(gpu, precision, "--precision")
-    kv_dtype = parse_dtype(args.kv_dtype or args.precision)
+    kv_dtype = parse_dtype(args.kv_dtype or ModelSection.model_fields["kv_dtype"].default)
+    context = arch.max_position_embeddings
+    serving, defaults = _serving(args, gpu, context)
     params_b = arch.param_count() / 1e9
     print(f"{arch.display_name} ({params_b:.2f} B parameters) on {gpu.display_name}")
     print(f"  ({_capacity(gpu)} each), {precision} weights")
@@ -109,13 +150,25 @@ def _run(args: argparse.Namespace) -> int:
     rounded = f" ({est.gpus} by memory, rounded up to a valid tp)" if est.tp != est.gpus else ""
     print(f"  GPUs needed: {est.tp}{rounded}")
     print(f"\nServing plan at tp={args.tp} (vLLM-style memory budget):")
-    groups = vllm_default_groups(arch, ServingSection.model_fields["block_size"].default)
+    for line in defaults:
+        print(f"  default {line}")
     try:
         plan = plan_memory(
-            arch, gpu, weight_dtype=precision, kv_dtype=kv_dtype, tp=args.tp, kv_groups=groups
+            arch,
+            gpu,
+            weight_dtype=precision,
+            kv_dtype=kv_dtype,
+            tp=args.tp,
+            gpu_memory_utilization=serving.gpu_memory_utilization,
+            max_num_batched_tokens=serving.max_num_batched_tokens,
+            max_num_seqs=serving.max_num_seqs,
+            kv_groups=vllm_default_groups(arch, serving.block_size),
         )
     except InfeasibleError as exc:
         print(f"  {exc}")
         return 0
     print(plan.table())
+    if plan.kv_groups is None:  # as vLLM's "Maximum concurrency for N tokens per request"
+        max_len = serving.max_model_len or context
+        print(f"  {'sequences of max_model_len':<28}{plan.kv_capacity_tokens / max_len:>10.2f}")
     return 0
