@@ -67,7 +67,7 @@ SOURCES = (
            V0_MAX_NUM_SEQS, None, 7351 * 16),
     Source(f"{VLLM}/pull/2031", "0.2", "llama-2-70b", "a100-80gb-sxm", "fp16", 4, 0.9, 4096,
            V0_MAX_NUM_SEQS, None, 20865 * 16),
-    Source(f"{VLLM}/issues/21348", "0.9.2", "qwen3-235b-a22b", "h100-sxm", "fp8_block", 4,
+    Source(f"{VLLM}/issues/21348", "0.9", "qwen3-235b-a22b", "h100-sxm", "fp8_block", 4,
            0.9, None, None, 8.11, 178880),
     Source(f"{VLLM}/issues/23278", "0.10.1", "gpt-oss-120b", "h100-sxm", "mxfp4", 1, 0.9,
            None, None, -2.14, None),
@@ -128,9 +128,10 @@ def _plan(source: Source, before: bool) -> tuple[float | None, int | None, int, 
 
 
 def _error(ours: float | None, theirs: float | None) -> str:
-    if ours is None or theirs is None or theirs <= 0:
+    """Relative error; in GiB where vLLM had no KV cache left (it refused to start)."""
+    if ours is None or theirs is None:
         return ""
-    return f"{(ours / theirs - 1) * 100:+.1f}%"
+    return f"{ours - theirs:+.2f} GiB" if theirs <= 0 else f"{(ours / theirs - 1) * 100:+.1f}%"
 
 
 def main(argv: list[str] | None = None) -> int:
