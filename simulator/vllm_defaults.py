@@ -16,6 +16,8 @@ Sources (vLLM repository and release notes):
   default); GPUs of at least 70 GiB from 0.8.5 (PR #17073, merged 2025-04-23); those but
   the A100 from 0.9.0 (PR #17885, merged 2025-05-09, `EngineArgs.get_batch_defaults`).
   Before 0.8.4 max_num_seqs was 1024 on every GPU (PR #16158 put it back to 256).
+  The offline `LLM` class (UsageContext.LLM_CLASS) gets the same sequences but 16384
+  tokens on a big GPU and 8192 on others; infersim emulates the server, as runs serve.
   Checked up to 0.28; PR #51726 (2026-08) adds a 16384-token tier for GPUs of 160 GiB
   or more in a release after it, so a later version is flagged as unchecked.
 - With chunked prefill off, max_num_batched_tokens is at least max_model_len, so a
