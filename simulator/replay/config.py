@@ -16,8 +16,8 @@ from hardware_models.presets import list_calibrations, load_gpu
 from simulator.architecture import ModelArchitecture
 from simulator.model_catalog import CATALOG_DIR, list_models, load_model
 from simulator.replay.measured import MeasuredRun
-from simulator.vllm_defaults import parse_version, symm_mem_default, vllm_default
 from simulator.scenario import Scenario
+from simulator.vllm_defaults import parse_version, symm_mem_default, vllm_default
 
 NO_CALIBRATION = "none"
 
