@@ -33,7 +33,7 @@ vLLM's CUDA communicator (vllm/distributed/device_communicators/cuda_communicato
    is on again by 0.18.0 (#38550 reports it) and on vLLM's main branch, from a release
    in between that was not found. `parallelism.allreduce_use_symm_mem` (default on, as
    main) sets it; a replay picks it by the run's vLLM version and says where that is a
-   guess (simulator.replay.vllm_defaults.symm_mem_default). CUDA only, compute
+   guess (simulator.vllm_defaults.symm_mem_default). CUDA only, compute
    capability 9.0, 10.0 or 10.3, a bf16 tensor up to `SYMM_MEM_ALL_REDUCE_MAX_SIZES`
    (64 MiB for 8 H100s; "up to" as vLLM compares since vllm-project/vllm#42993, May
    2026; releases before it compare with `<`, which sends a tensor of exactly the limit

@@ -321,6 +321,7 @@ def plan_memory(
     pp: int = 1,
     gpu_memory_utilization: float = 0.90,
     max_num_batched_tokens: int = 8192,
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
     activation_dtype: str | Dtype = Dtype.BF16,
     framework_overhead_gb: float = DEFAULT_FRAMEWORK_OVERHEAD_GB,
     expert_parallel: bool = False,
@@ -362,6 +363,9 @@ def plan_memory(
             max_num_batched_tokens,
             tp=tp,
             activation_dtype=activation_dtype,
+            # vLLM's profile run samples one position per request: min(tokens, max_num_seqs)
+            # (gpu_model_runner._dummy_sampler_run)
+            sampled_tokens=min(max_num_batched_tokens, max_num_seqs),
             expert_parallel=expert_parallel,
             dp=dp,
         )

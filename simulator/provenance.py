@@ -4,7 +4,7 @@ the terminal header. No wall-clock time, so the same scenario and seed give the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from simulator.build_id import build_id
@@ -13,13 +13,15 @@ if TYPE_CHECKING:
     from simulator.scenario import Scenario
 
 
-def provenance(scenario: Scenario) -> dict[str, Any]:
-    """The run's origin, JSON-ready: build_id is `<version>+<source digest>`."""
+def provenance(scenario: Scenario, defaults: Sequence[str] = ()) -> dict[str, Any]:
+    """The run's origin, JSON-ready: build_id is `<version>+<source digest>`; `defaults`
+    says what vLLM's defaults chose for the settings the scenario left unset."""
     build = build_id()
     return {
         "infersim_version": build.split("+")[0],
         "build_id": build,
         "overrides": list(scenario.overrides),
+        "defaults": list(defaults),
         "scenario": scenario.model_dump(mode="json"),
     }
 
@@ -53,8 +55,9 @@ def _load(workload: Mapping[str, Any]) -> str:
     return f"{what} (to its end)" if kind == "trace" else what
 
 
-def configuration(scenario: Mapping[str, Any]) -> dict[str, Any]:
-    """Model, GPUs and layout, dtypes, policy and load of a scenario dump."""
+def configuration(scenario: Mapping[str, Any], defaults: Sequence[str] = ()) -> dict[str, Any]:
+    """Model, GPUs and layout, dtypes, policy and load of a scenario dump, and the
+    `defaults` vLLM's rules chose (provenance)."""
     model, serving = scenario["model"], scenario["serving"]
     return {
         "model": model["name"],
@@ -67,6 +70,7 @@ def configuration(scenario: Mapping[str, Any]) -> dict[str, Any]:
         "max_num_batched_tokens": serving["max_num_batched_tokens"],
         "max_queue_delay_ms": serving["max_queue_delay_ms"],
         "load": _load(scenario["workload"]),
+        "defaults": list(defaults),
     }
 
 
@@ -89,14 +93,17 @@ def _batching(config: Mapping[str, Any]) -> str:
     """What bounds a step: the token budget for the iteration-level policies; static and
     dynamic batches run whole prompts at once (no token budget), up to max_num_seqs
     requests whose KV fits, dynamic ones also leaving after max_queue_delay_ms."""
-    seqs = f"{config['max_num_seqs']:,} seqs"
+    seqs, tokens = config["max_num_seqs"], config["max_num_batched_tokens"]
+    # None: pools that took different vLLM defaults (each pool's header line says)
+    seqs = "per-pool seqs" if seqs is None else f"{seqs:,} seqs"
+    tokens = "per-pool tokens" if tokens is None else f"{tokens:,} tokens"
     if config["policy"] == "static":
         return f"batches of up to {seqs} whose KV fits, whole prompts (no token budget)"
     if config["policy"] == "dynamic":
         delay = config.get("max_queue_delay_ms")
         wait = "" if delay is None else f" or after {delay:g} ms"
         return f"batches of up to {seqs}{wait}, whole prompts (no token budget)"
-    return f"{seqs}, {config['max_num_batched_tokens']:,} tokens/step"
+    return f"{seqs}, {tokens}/step"
 
 
 def header_lines(config: Mapping[str, Any]) -> list[str]:
@@ -106,4 +113,5 @@ def header_lines(config: Mapping[str, Any]) -> list[str]:
         f"{config['model']} (weights {config['weight_dtype']}, KV {config['kv_dtype']}, "
         f"activations {config['activation_dtype']}) on {layout}",
         f"{config['policy']}: {_batching(config)}; {config['load']}",
+        *(f"default {line}" for line in config.get("defaults", ())),
     ]

@@ -27,6 +27,7 @@ from pydantic import (
 from hardware_models.errors import InfersimError, InfersimWarning
 from hardware_models.yaml_io import load_yaml_mapping, parse_yaml
 from simulator.router import RouterName
+from simulator.vllm_defaults import EMULATED_VLLM_VERSION, vllm_default
 from simulator.workload.config import WorkloadConfig
 
 # No NaN or infinity anywhere in a scenario: every number must be a real quantity.
@@ -213,6 +214,9 @@ class FaultsSection(BaseModel):
 Policy = Literal["static", "dynamic", "continuous", "chunked_prefill"]
 
 
+_BATCH_LIMITS = ("max_num_seqs", "max_num_batched_tokens")  # defaulted per GPU
+
+
 class ServingSection(BaseModel):
     """The batching policy and its knobs (vLLM names where they exist)."""
 
@@ -223,15 +227,23 @@ class ServingSection(BaseModel):
         "max_queue_delay_ms, run to completion; continuous: iteration-level, prefill first; "
         "chunked_prefill: iteration-level, decodes first, prefill chunks fill the budget",
     )
-    max_num_seqs: int = Field(
-        default=256, ge=1, le=65536, description="sequences per step (batch size for static)"
+    max_num_seqs: int | None = Field(
+        default=None,
+        ge=1,
+        le=65536,
+        description="sequences per step (batch size for static); default: what `vllm "
+        "serve` of the emulated release (simulator.vllm_defaults.EMULATED_VLLM_VERSION, "
+        "0.19) chooses for the GPU: 1024 on GPUs of at least 70 GiB other than the A100, "
+        "else 256 (the run's summary says which)",
     )
-    max_num_batched_tokens: int = Field(
-        default=2048,
+    max_num_batched_tokens: int | None = Field(
+        default=None,
         ge=1,
         le=1 << 22,
         description="token budget per engine step; the continuous policy needs at least "
-        "max_model_len (vLLM refuses less at start-up)",
+        "max_model_len (vLLM refuses less at start-up); default: as `vllm serve` chooses "
+        "for the GPU, 8192 on GPUs of at least 70 GiB other than the A100, else 2048, and "
+        "at least max_model_len for the continuous policy (chunked prefill off)",
     )
     max_queue_delay_ms: float = Field(
         default=10.0, ge=0, description="dynamic batching: longest a request waits for a batch"
@@ -311,6 +323,28 @@ class ServingSection(BaseModel):
         if self.watermark is not None:
             return self.watermark
         return VLLM_V0_WATERMARK if self.policy == "continuous" else 0.0
+
+    def with_vllm_defaults(
+        self, gpu_name: str, gpu_memory_gib: float, max_model_len: int
+    ) -> tuple[ServingSection, tuple[str, ...]]:
+        """This section with max_num_seqs and max_num_batched_tokens, where unset, as `vllm
+        serve` of EMULATED_VLLM_VERSION chooses them on the GPU vLLM sees as `gpu_name`
+        with `gpu_memory_gib` (EngineArgs.get_batch_defaults), and a line for each saying
+        what it became and why; set values are kept as given."""
+        unset = [name for name in _BATCH_LIMITS if getattr(self, name) is None]
+        chosen = {
+            name: vllm_default(
+                name,
+                EMULATED_VLLM_VERSION,
+                gpu_name,
+                gpu_memory_gib,
+                chunked_prefill=self.policy != "continuous",
+                max_model_len=max_model_len,
+            )
+            for name in unset
+        }
+        notes = tuple(f"serving.{name} = {d.value} ({d.reason})" for name, d in chosen.items())
+        return self.model_copy(update={n: d.value for n, d in chosen.items()}), notes
 
 
 class EngineSection(BaseModel):

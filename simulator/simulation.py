@@ -60,6 +60,7 @@ class ReplicaBuild:
     info: ReplicaInfo  # of one dp rank (the whole replica when dp is 1)
     replicas: int
     dp: int = 1  # attention data-parallel ranks per replica
+    defaults: tuple[str, ...] = ()  # the serving settings vLLM's defaults chose, and why
 
 
 def resolve_calibration(scenario: Scenario) -> CalibrationChoice:
@@ -281,7 +282,11 @@ def build_replica(
     node = resolve_node(scenario, gpu)
     _warn_links_fitted_elsewhere(gpu, node, calibration.profile)
     arch = _named_field("model.name", load_model, _maybe_path(scenario, scenario.model.name))
-    par, serving, engine = scenario.parallelism, scenario.serving, scenario.engine
+    par, engine = scenario.parallelism, scenario.engine
+    max_model_len = scenario.serving.max_model_len or arch.max_position_embeddings
+    serving, defaults = scenario.serving.with_vllm_defaults(
+        gpu.display_name, gpu.memory_bytes / 2**30, max_model_len
+    )
     gpus = par.tp * par.pp  # of one dp rank; the replica has dp of them
     check_placement(scenario, arch, node)
     routing = scenario.model.moe_routing
@@ -290,7 +295,6 @@ def build_replica(
         raise InfersimError(
             f"model.moe_routing: {routing} routing, but {arch.name} has no experts (dense model)"
         )
-    max_model_len = serving.max_model_len or arch.max_position_embeddings
     check_context(max_model_len, arch)
     check_token_budget(
         serving.policy, serving.max_num_batched_tokens, max_model_len, serving.max_num_seqs
@@ -313,6 +317,7 @@ def build_replica(
         pp=par.pp,
         gpu_memory_utilization=serving.gpu_memory_utilization,
         max_num_batched_tokens=serving.max_num_batched_tokens,
+        max_num_seqs=serving.max_num_seqs,
         activation_dtype=scenario.model.activation_dtype,
         framework_overhead_gb=engine.framework_overhead_gb,
         expert_parallel=par.enable_expert_parallel,
@@ -390,7 +395,7 @@ def build_replica(
         calibration=calibration.note,
         all_reduce=cost.all_reduce_note(),
     )
-    return ReplicaBuild(arch, gpu, node, memory, config, cost, info, par.replicas, par.dp)
+    return ReplicaBuild(arch, gpu, node, memory, config, cost, info, par.replicas, par.dp, defaults)
 
 
 @dataclass
@@ -883,14 +888,32 @@ def _configuration_warnings(builds: list[tuple[str, ReplicaBuild]]) -> tuple[str
 
 
 def _as_run(scenario: Scenario, builds: list[tuple[str, ReplicaBuild]]) -> Scenario:
-    """The scenario as it ran: an unset model.weight_dtype is the checkpoint's format the
-    replicas were built with (resolve_weight_dtype), so summary.json names it."""
-    if scenario.model.weight_dtype is not None or not builds:
+    """The scenario as it ran, so summary.json names it: an unset model.weight_dtype is the
+    checkpoint's format the replicas were built with (resolve_weight_dtype); unset batch
+    limits are vLLM's defaults for the GPU, where every pool got the same."""
+    if not builds:
         return scenario
-    used = builds[0][1].memory.weight_dtype
-    return scenario.model_copy(
-        update={"model": scenario.model.model_copy(update={"weight_dtype": used})}
-    )
+    update = {}
+    if scenario.model.weight_dtype is None:
+        used = builds[0][1].memory.weight_dtype
+        update["model"] = scenario.model.model_copy(update={"weight_dtype": used})
+    chosen = {
+        name: {getattr(build.config, name) for _, build in builds}
+        for name in ("max_num_seqs", "max_num_batched_tokens")
+        if getattr(scenario.serving, name) is None
+    }
+    agreed = {name: values.pop() for name, values in chosen.items() if len(values) == 1}
+    if agreed:
+        update["serving"] = scenario.serving.model_copy(update=agreed)
+    return scenario.model_copy(update=update)
+
+
+def _serving_defaults(builds: list[tuple[str, ReplicaBuild]]) -> list[str]:
+    """What vLLM's defaults chose for each pool's unset serving settings, and why."""
+    named = len(builds) > 1
+    return [
+        f"[{pool}] {line}" if named else line for pool, build in builds for line in build.defaults
+    ]
 
 
 def simulate(
@@ -935,7 +958,7 @@ def simulate(
         usd_per_kwh=scenario.cost.usd_per_kwh,
         priority_names=tuple(run.class_names),
         wall_seconds=wall,
-        provenance=provenance(_as_run(scenario, run.builds)),
+        provenance=provenance(_as_run(scenario, run.builds), _serving_defaults(run.builds)),
         warnings=(*_configuration_warnings(run.builds), *dict.fromkeys(raised)),
     )
     memory = "\n".join(f"[{pool}] {build.memory.table()}" for pool, build in run.builds)

@@ -261,6 +261,11 @@ def scenarios(draw: st.DrawFn, max_requests: int = MAX_REQUESTS) -> dict[str, An
         # vLLM V1's hybrid KV cache manager (models with sliding-window layers)
         "disable_hybrid_kv_cache_manager": draw(st.booleans()),
     }
+    # unset: what `vllm serve` chooses for the GPU (never a smaller budget than 2048)
+    if draw(st.integers(0, 4)) == 0:
+        del serving["max_num_seqs"]
+    if budget <= 2048 and draw(st.integers(0, 4)) == 0:
+        del serving["max_num_batched_tokens"]
     if draw(st.booleans()):
         serving["num_gpu_blocks"] = draw(st.sampled_from([1, 2, 5, 40, 300, 2000]))
     # Often: at a model's whole context a small KV cache cannot hold one sequence (refused)

@@ -15,7 +15,7 @@ from hardware_models.errors import InfersimError
 from simulator.cli.main import main
 from simulator.replay.bench_json import vllm_client_arrivals
 from simulator.replay.config import catalog_name_for, gpu_preset_for
-from simulator.replay.vllm_defaults import parse_version, symm_mem_default, vllm_default
+from simulator.vllm_defaults import parse_version, symm_mem_default, vllm_default
 from tests.conftest import SHARED_DATA, needs_shared_data, scenario_dict
 from tests.test_architecture import LLAMA_31_8B_CONFIG
 

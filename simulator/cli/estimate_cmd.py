@@ -5,15 +5,18 @@ from __future__ import annotations
 import argparse
 import typing
 
+from pydantic import ValidationError
+
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import parse_dtype
-from hardware_models.errors import InfeasibleError
+from hardware_models.errors import InfeasibleError, InfersimError
 from hardware_models.presets import load_gpu
 from simulator.engine.kv_groups import vllm_default_groups
 from simulator.engine.weight_format import check_weight_support, weight_format
 from simulator.memory_planner import GB, plan_memory
 from simulator.model_catalog import load_model
 from simulator.scenario import KvDType, ServingSection
+from simulator.simulation import resolve_weight_dtype
 from simulator.sizing import (
     TRAINING_MULTIPLIER,
     detailed_inference,
@@ -29,9 +32,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", required=True, help="GPU preset name or YAML path")
     parser.add_argument(
         "--precision",
-        default="bf16",
         help="weight dtype or format, as model.weight_dtype (fp16, bf16, fp8, fp8_block, nvfp4, "
-        "mxfp4, ...)",
+        "mxfp4, ...); default: the checkpoint's, as `infersim run` serves it",
     )
     parser.add_argument(
         "--kv-dtype",
@@ -40,18 +42,15 @@ def register(parser: argparse.ArgumentParser) -> None:
         "vLLM's auto: fp16 with fp16 weights, else bf16; quantised weights keep a bf16 KV "
         "cache)",
     )
-    parser.add_argument(
-        "--max-model-len",
-        type=_positive,
-        help="longest prompt + output the serving plan must hold one of (default: the "
-        "model's context), as serving.max_model_len",
-    )
     parser.add_argument("--batch", type=_positive, default=1, help="sequences in flight")
     parser.add_argument("--seq", type=_positive, default=2048, help="tokens per sequence")
     parser.add_argument(
         "--tp", type=_positive, help="tensor-parallel degree to plan (default: the GPUs needed)"
     )
     parser.add_argument("--no-flash", action="store_true", help="materialise attention scores")
+    for flag, kind in _SERVING_FLAGS.items():
+        name = flag.removeprefix("--").replace("-", "_")
+        parser.add_argument(flag, type=kind, help=f"as serving.{name} in a scenario")
     parser.add_argument("--training", action="store_true", help="estimate training instead")
     parser.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="ZeRO stage")
     parser.add_argument("--dp", type=_positive, default=1, help="data-parallel GPUs (training)")
@@ -73,6 +72,39 @@ def _positive(text: str) -> int:
     return value
 
 
+# the serving plan's settings, named and meant as the scenario's serving fields
+_SERVING_FLAGS = {
+    "--gpu-memory-utilization": float,
+    "--max-num-batched-tokens": int,
+    "--max-num-seqs": int,
+    "--max-model-len": int,
+}
+
+
+def _serving(
+    args: argparse.Namespace, gpu: AcceleratorSpec, context: int
+) -> tuple[ServingSection, tuple[str, ...]]:
+    """The serving section `run` would plan with: the flags given, the scenario's defaults
+    (vLLM's for this GPU) for the rest, and the lines saying what was defaulted."""
+    given = {
+        name: value
+        for name in (flag.removeprefix("--").replace("-", "_") for flag in _SERVING_FLAGS)
+        if (value := getattr(args, name)) is not None
+    }
+    try:
+        serving = ServingSection(**given)
+    except ValidationError as exc:
+        raise InfersimError(
+            "; ".join(
+                f"--{str(error['loc'][0]).replace('_', '-')} {error['input']!r}: {error['msg']}"
+                for error in exc.errors()
+            )
+        ) from None
+    return serving.with_vllm_defaults(
+        gpu.display_name, gpu.memory_bytes / 2**30, serving.max_model_len or context
+    )
+
+
 def _capacity(gpu: AcceleratorSpec) -> str:
     """A GPU's memory in GB (1e9 bytes, as every size here) and in the GiB it is sold as."""
     return f"{gpu.memory_bytes / GB:.2f} GB = {gpu.memory.capacity_gb:g} GiB"
@@ -85,11 +117,14 @@ def _rows(rows: list[tuple[str, float]]) -> str:
 def _run(args: argparse.Namespace) -> int:
     arch = load_model(args.model)
     gpu = load_gpu(args.gpu)
-    # The weight format as `run` reads model.weight_dtype: nvfp4 stays nvfp4 (its own
-    # scales, its own kernels), and one vLLM has no kernel for on this GPU is refused.
-    precision = weight_format(args.precision)
+    # The weight format as `run` reads model.weight_dtype: unset, the checkpoint's; nvfp4
+    # stays nvfp4 (its own scales, its own kernels), and one vLLM has no kernel for on this
+    # GPU is refused.
+    precision = weight_format(resolve_weight_dtype(args.precision, arch))
     check_weight_support(gpu, precision, "--precision")
     kv_dtype = parse_dtype(args.kv_dtype or ("fp16" if precision == "fp16" else "bf16"))
+    context = arch.max_position_embeddings
+    serving, defaults = _serving(args, gpu, context)
     params_b = arch.param_count() / 1e9
     # Every estimate before the first line of output, so bad input is an error alone.
     if args.training:
@@ -142,7 +177,8 @@ def _run(args: argparse.Namespace) -> int:
     tp = args.tp or est.tp  # the plan at the tp just recommended, unless one is asked for
     chosen = "--tp" if args.tp else "the GPUs needed"
     print(f"\nServing plan at tp={tp} ({chosen}; vLLM-style memory budget):")
-    block_size = ServingSection.model_fields["block_size"].default
+    for line in defaults:
+        print(f"  default {line}")
     try:
         plan = plan_memory(
             arch,
@@ -150,9 +186,12 @@ def _run(args: argparse.Namespace) -> int:
             weight_dtype=precision,
             kv_dtype=kv_dtype,
             tp=tp,
-            kv_groups=vllm_default_groups(arch, block_size),
-            max_model_len=args.max_model_len or arch.max_position_embeddings,
-            block_size=block_size,
+            gpu_memory_utilization=serving.gpu_memory_utilization,
+            max_num_batched_tokens=serving.max_num_batched_tokens,
+            max_num_seqs=serving.max_num_seqs,
+            kv_groups=vllm_default_groups(arch, serving.block_size),
+            max_model_len=serving.max_model_len or context,
+            block_size=serving.block_size,
         )
     except InfeasibleError as exc:
         print(f"  {exc}")
@@ -161,4 +200,7 @@ def _run(args: argparse.Namespace) -> int:
     refusal = plan.refusal("--max-model-len")
     if refusal:
         print(f"  vLLM would not start: {refusal}")
+    if plan.kv_groups is None:  # as vLLM's "Maximum concurrency for N tokens per request"
+        max_len = serving.max_model_len or context
+        print(f"  {'sequences of max_model_len':<28}{plan.kv_capacity_tokens / max_len:>10.2f}")
     return 0

@@ -444,7 +444,9 @@ def _run(ctx: RunContext, arrived: int) -> dict[str, Any]:
     if all_reduce:  # only tensor-parallel runs have all-reduces to tell of
         run["all_reduce"] = all_reduce
     if "scenario" in ctx.provenance:
-        run["configuration"] = configuration(ctx.provenance["scenario"])
+        run["configuration"] = configuration(
+            ctx.provenance["scenario"], ctx.provenance.get("defaults", ())
+        )
     if ctx.wall_seconds > 0:
         run["wall"] = {
             "seconds": ctx.wall_seconds,

@@ -17,9 +17,9 @@ from simulator.architecture import ModelArchitecture
 from simulator.memory_planner import MaxModelLenRefused
 from simulator.model_catalog import CATALOG_DIR, list_models, load_model
 from simulator.replay.measured import MeasuredRun
-from simulator.replay.vllm_defaults import parse_version, symm_mem_default, vllm_default
 from simulator.scenario import Scenario
 from simulator.simulation import build_pools
+from simulator.vllm_defaults import parse_version, symm_mem_default, vllm_default
 
 NO_CALIBRATION = "none"
 

@@ -1,8 +1,11 @@
-"""What vLLM (the V1 engine, `vllm serve`) sets when a run's configuration is silent.
+"""What vLLM (the V1 engine, `vllm serve`) sets when a configuration is silent.
 
 A measured run records what its user passed and sometimes what the engine resolved; the
-rest is vLLM's default for that version and, for the batch limits, for that GPU. Each
-entry below names where it comes from in vLLM, so a replay can say what it assumed.
+rest is vLLM's default for that version and, for the batch limits, for that GPU. A
+scenario that leaves serving.max_num_seqs or max_num_batched_tokens unset gets the same
+defaults, for EMULATED_VLLM_VERSION (scenario.ServingSection.with_vllm_defaults). Each
+entry below names where it comes from in vLLM, so a replay or a run can say what it
+assumed.
 Sources (vLLM repository and release notes):
 
 - V1 is the default engine from 0.8.0; it always chunks prefills and turns prefix
@@ -13,6 +16,8 @@ Sources (vLLM repository and release notes):
   default); GPUs of at least 70 GiB from 0.8.5 (PR #17073, merged 2025-04-23); those but
   the A100 from 0.9.0 (PR #17885, merged 2025-05-09, `EngineArgs.get_batch_defaults`).
   Before 0.8.4 max_num_seqs was 1024 on every GPU (PR #16158 put it back to 256).
+  The offline `LLM` class (UsageContext.LLM_CLASS) gets the same sequences but 16384
+  tokens on a big GPU and 8192 on others; infersim emulates the server, as runs serve.
   Checked up to 0.28; PR #51726 (2026-08) adds a 16384-token tier for GPUs of 160 GiB
   or more in a release after it, so a later version is flagged as unchecked.
 - With chunked prefill off, max_num_batched_tokens is at least max_model_len, so a
@@ -39,6 +44,10 @@ from hardware_models.errors import InfersimError
 
 FIRST_V1 = (0, 8, 0)
 LAST_CHECKED = (0, 28, 0)
+EMULATED_VLLM_VERSION = (0, 19, 0)
+"""The vLLM release a scenario's unset engine settings default as: the one whose scheduler
+infersim models (scheduler_reserve_full_isl, engine/scheduler.py) and whose measured runs
+(../shared/data/e2e) the shipped profiles are checked against."""
 _BIG_GPU_GIB = 70  # vLLM's threshold for its larger batch defaults (from 0.8.5)
 
 
