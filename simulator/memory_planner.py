@@ -19,6 +19,7 @@ from hardware_models.errors import InfeasibleError, InfersimError
 from simulator.architecture import ModelArchitecture
 from simulator.engine.kv_groups import KvCacheGroups, page_layers
 from simulator.engine.moe_layer import ExpertLayout
+from simulator.engine.mxfp4_layout import ExpertDims, is_mxfp4_moe, mxfp4_expert_dims
 from simulator.engine.weight_format import (
     check_block_shards,
     check_weight_support,
@@ -63,7 +64,12 @@ class StageWeights(NamedTuple):
 
 
 def _layer_weight_bytes(
-    arch: ModelArchitecture, tp: int, experts: ExpertLayout, w_bytes: float, a_bytes: float
+    arch: ModelArchitecture,
+    tp: int,
+    experts: ExpertLayout,
+    w_format: str,
+    a_bytes: float,
+    gpu: AcceleratorSpec | None = None,
 ) -> tuple[float, float, float]:
     """Bytes of one dense layer, of one MoE layer, and of its routed experts on one GPU.
 
@@ -71,12 +77,21 @@ def _layer_weight_bytes(
     K/V projections replicate when tp > KV heads; MLA's down-projections replicate), the
     dense MLP and the shared experts split over tp, and the routed experts as `experts`
     places them (sliced over tp, or whole over the EP group). The router, norms, biases
-    and sinks stay in the activation dtype, as vLLM's quantised loaders keep them.
+    and sinks stay in the activation dtype, as vLLM's quantised loaders keep them. An
+    MXFP4 MoE checkpoint (gpt-oss) quantises its experts only, padded for the kernel
+    that runs them on `gpu` (simulator.engine.mxfp4_layout).
     """
+    w_bytes = weight_bytes_per_param(w_format)
     attention = sum(n * k for _, _, n, k in arch.attention_gemms(1, tp))
     dense_mlp = arch.mlp_matrix_params(math.ceil(arch.intermediate_size / tp))
     shared = arch.mlp_matrix_params(math.ceil(arch.shared_intermediate_size / tp))
-    routed = experts.experts_per_gpu * arch.mlp_matrix_params(experts.expert_width(arch))
+    linear_bytes = w_bytes
+    dims = ExpertDims(arch.hidden_size, experts.expert_width(arch))
+    if is_mxfp4_moe(w_format, arch.is_moe):
+        linear_bytes = a_bytes
+        dims = mxfp4_expert_dims(gpu, *dims)
+    expert = arch.mlp_matrix_params(dims.width) * dims.hidden // arch.hidden_size
+    routed = experts.experts_per_gpu * expert
     # Everything but the matrices (router included), kept whole on every GPU.
     whole_dense = (
         arch.dense_layer_params
@@ -89,8 +104,8 @@ def _layer_weight_bytes(
         - arch.mlp_matrix_params(arch.shared_intermediate_size)
         - arch.num_experts * arch.mlp_matrix_params(arch.expert_intermediate_size)
     )
-    dense_layer = (attention + dense_mlp) * w_bytes + whole_dense * a_bytes
-    moe_layer = (attention + shared + routed) * w_bytes + whole_moe * a_bytes
+    dense_layer = (attention + dense_mlp) * linear_bytes + whole_dense * a_bytes
+    moe_layer = (attention + shared) * linear_bytes + routed * w_bytes + whole_moe * a_bytes
     return dense_layer, moe_layer, routed * w_bytes
 
 
@@ -119,19 +134,21 @@ def stage_weights(
     pp: int = 1,
     expert_parallel: bool = False,
     dp: int = 1,
+    gpu: AcceleratorSpec | None = None,
 ) -> list[StageWeights]:
     """Weight bytes on one GPU of each pipeline stage.
 
     With pp stages the first adds the embedding and the last the final norm and the LM
     head (a copy of the embedding when tied and pp > 1); the vocabulary splits over tp.
     With attention data parallelism the routed experts spread over all tp x dp GPUs.
+    `gpu` picks the padding of MXFP4 experts (the kernel vLLM runs them with there).
     """
     arch.check_tp(tp)
     experts = ExpertLayout.of(arch, tp, expert_parallel, dp)
     check_block_shards(arch, weight_format(weight_dtype), tp, experts.moe_tp)
     a_bytes = bytes_per_element(activation_dtype)
     dense, moe, routed = _layer_weight_bytes(
-        arch, tp, experts, weight_bytes_per_param(weight_dtype), a_bytes
+        arch, tp, experts, weight_format(weight_dtype), a_bytes, gpu
     )
     vocab_shard = math.ceil(arch.vocab_size / tp) * arch.hidden_size
     head = 0 if (pp == 1 and arch.tie_word_embeddings) else vocab_shard
@@ -310,6 +327,7 @@ def plan_memory(
             pp=pp,
             expert_parallel=expert_parallel,
             dp=dp,
+            gpu=gpu,
         )
         activations = activation_bytes(
             arch,
