@@ -277,7 +277,7 @@ class MemoryPlan:
             )
         per = " (a group)" if self.kv_groups else ""
         footer += [
-            f"  {'capacity':<28}{self.capacity / GB:>9.2f} GB",
+            f"  {'capacity (CUDA-visible)':<28}{self.capacity / GB:>9.2f} GB",
             f"  {'KV bytes per token' + per:<28}{self.kv_bytes_per_token:>9.0f} B",
             f"  {'KV capacity' + per:<28}{self.kv_capacity_tokens:>9d} tokens",
         ]
@@ -341,7 +341,8 @@ def plan_memory(
 
     stages, activations = weights_and_activations(tp)
     overhead = framework_overhead_gb * GB
-    usable = gpu.memory_bytes * gpu_memory_utilization
+    # vLLM's budget: a share of what torch.cuda.mem_get_info reports, not the datasheet.
+    usable = gpu.cuda_memory_bytes * gpu_memory_utilization
     heaviest = max(stages)
     weights = heaviest.total
     layout = f"tp={tp}, pp={pp}" + (f", dp={dp}" if dp > 1 else "")
@@ -352,7 +353,7 @@ def plan_memory(
             f"{arch.name} ({w_format}, {layout}) does not fit on {gpu.name}: "
             f"weights {weights / GB:.1f} GB + activations {activations / GB:.1f} GB + "
             f"overhead {overhead / GB:.1f} GB > usable {usable / GB:.1f} GB "
-            f"({gpu.memory_bytes / 2**30:g} GiB x {gpu_memory_utilization:.2f}) on the most "
+            f"({gpu.memory.visible_gib:g} GiB x {gpu_memory_utilization:.2f}) on the most "
             f"loaded GPU{experts}; " + _hint(arch, tp, usable - overhead, weights_and_activations)
         )
     # Each stage's GPUs keep their own KV cache; the stage holding the fewest tokens
@@ -372,7 +373,7 @@ def plan_memory(
         tp=tp,
         pp=pp,
         dp=dp,
-        capacity=gpu.memory_bytes,
+        capacity=gpu.cuda_memory_bytes,
         gpu_memory_utilization=gpu_memory_utilization,
         weights=stage.total,
         expert_weights=stage.experts,
