@@ -29,11 +29,49 @@ from simulator.engine.weight_format import (
 GB = 1e9
 
 DEFAULT_FRAMEWORK_OVERHEAD_GB = 1.5
-"""CUDA context (~0.5 GB), allocator fragmentation and NCCL buffers (~0.3 GB) and captured
-CUDA graphs (~0.5-1 GB): vLLM's non-torch memory plus graph pool on an 80 GB GPU."""
+"""A rough per-GPU allowance for quick sizing (simulator.sizing): CUDA context, NCCL
+buffers and captured CUDA graphs. plan_memory models vLLM's own accounting instead
+(framework_overhead_bytes)."""
 
 DEFAULT_MAX_NUM_SEQS = 256
 """vLLM's default cap on sequences per step: the number of positions that get logits."""
+
+# vLLM's non-torch memory (what its memory profiler counts outside PyTorch's allocator:
+# cuBLAS workspaces, NCCL's and the custom all-reduce's buffers), in GiB, as its start-up
+# logs print it; no source gives it in closed form. One GPU: 0.16 on an H100 (vllm PR
+# #12126), 0.20 on an RTX 3090 (PR #14447), 0.25 per RTX 4090 at tp=2 over PCIe (issue
+# #13061). Over NVLink, NCCL (its NVLink SHARP and per-peer channel buffers) and vLLM's
+# custom all-reduce add what one vLLM version (0.6.4, PR #10511 and issue #10702) shows
+# against its own tp=1 figure: +1.79 GiB at tp=2 on H100, +3.89 at tp=8 on H200, i.e.
+# 1.44 GiB plus 0.35 a peer.
+_NON_TORCH_GIB = 0.2
+_NVLINK_COMM_GIB = 1.44
+_NVLINK_COMM_PER_PEER_GIB = 0.35
+
+# vLLM's profile run (vllm/v1/worker/gpu_model_runner.py `profile_run`, V1 0.9-0.14) is a
+# forward pass over max_num_batched_tokens tokens, then `_dummy_sampler_run` over one
+# position per sequence (max_num_seqs of them). Its torch peak is the larger of the two.
+# The fused-MoE layer works through its tokens in chunks of VLLM_FUSED_MOE_CHUNK_SIZE
+# (vllm/envs.py: 32768).
+_FUSED_MOE_CHUNK_TOKENS = 32768
+# The dummy sampler sets temperature, top-k and top-p, so the sampler reaches
+# apply_top_k_top_p (vllm/v1/sample/ops/topk_topp_sampler.py): per logit, the bf16
+# logits compute_logits returns (2), their fp32 copy (4), the sort's fp32 values and
+# int64 indices (4 + 8), and the top-p softmax and its cumulative sum (4 + 4).
+_SAMPLER_BYTES_PER_LOGIT = 2 + 4 + (4 + 8) + (4 + 4)
+
+
+def framework_overhead_bytes(gpu: AcceleratorSpec, tp: int) -> float:
+    """vLLM's non-torch memory on one GPU of a tp group: cuBLAS and driver allocations,
+    plus NCCL's and the custom all-reduce's buffers when the group talks over NVLink.
+    CUDA graphs are not in it: vLLM captures them after sizing the KV cache, out of the
+    (1 - gpu_memory_utilization) reserve, unless VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS
+    is set (vllm PR #30515, 0.13: opt-in)."""
+    gib = _NON_TORCH_GIB
+    if tp > 1 and gpu.nvlink is not None:
+        gib += _NVLINK_COMM_GIB + _NVLINK_COMM_PER_PEER_GIB * (tp - 1)
+    return gib * 2**30
+
 
 # Block-quantised formats store one scale per group of weights. Assumed: int4 as in
 # GPTQ/AWQ (group 128, fp16 scale) and a plain fp4 as MXFP4 (group 32, 8-bit scale:
@@ -42,10 +80,6 @@ DEFAULT_MAX_NUM_SEQS = 256
 # (fp8_block: one fp32 scale per 128 x 128 block; nvfp4: an fp8 scale per 16; mxfp4: an
 # e8m0 scale per 32). nvfp4's per-tensor fp32 scale is 4 bytes a matrix: left out.
 _INT4_SCALE_BYTES_PER_WEIGHT = 2 / 128
-
-# Logits are upcast to fp32 for sampling; the softmax makes a second vocab-wide buffer.
-_LOGIT_BUFFERS = 2
-_LOGIT_BYTES = 4
 
 
 def weight_bytes_per_param(dtype: str | Dtype) -> float:
@@ -189,19 +223,25 @@ def activation_bytes(
     expert_parallel: bool = False,
     dp: int = 1,
 ) -> float:
-    """Peak transient memory of one forward step over `tokens` tokens, on one TP rank.
+    """Peak transient memory of vLLM's profile run over `tokens` tokens, on one TP rank:
+    the larger of the forward pass's and the sampler's peaks.
 
-    Modelled as the live buffers at the widest point of a layer plus the logits:
+    The forward pass holds the live buffers at the widest point of a layer:
     - residual stream and normed input: 2 x tokens x hidden;
     - the larger of the attention intermediates (QKV output + attention output; MLA's
       decompressed K and V) and the MLP's (gate_up output + activated product), sharded
-      by tp; an MoE layer's routed experts see tokens x experts_per_token rows (fused-MoE
-      scratch, each row an expert's width: sliced over tp, or whole with
-      `expert_parallel`, as every rank sees every token, all dp ranks' tokens once
-      they are dispatched) besides the shared experts';
-    - logits for the sampled positions (min(tokens, 256) by default), upcast to fp32,
-      plus the softmax copy, over the full vocabulary (gathered on the first rank).
+      by tp. An MoE layer's routed experts see tokens x experts_per_token rows, in chunks
+      of VLLM_FUSED_MOE_CHUNK_SIZE tokens, each row an expert's width (sliced over tp,
+      or whole with `expert_parallel`; every rank sees all dp ranks' tokens once
+      dispatched). The fused-MoE workspaces (vLLM's modular kernel, fused_moe.py
+      `workspace_shapes`): workspace13 (rows x max(gate_up width, hidden)) holds the
+      gate/up output and then the down output, workspace2 (rows x width) the activated
+      product; the shared experts' MLP besides.
     Layers run one after another and free their intermediates, so only one counts.
+    The sampler then takes one position per sequence (`sampled_tokens`: min(tokens,
+    256) by default): logits over the full vocabulary on every rank (gathered), and the
+    top-k/top-p sampler's buffers (_SAMPLER_BYTES_PER_LOGIT), with the forward's
+    hidden states still held.
     """
     if tokens < 1:
         raise InfersimError(f"tokens must be >= 1, got {tokens}")
@@ -216,13 +256,16 @@ def activation_bytes(
     mlp = tokens * width
     if arch.is_moe:
         width = ExpertLayout.of(arch, tp, expert_parallel, dp).expert_width(arch)
-        expert = (3 if arch.gated_mlp else 2) * width
+        gate_up = (2 if arch.gated_mlp else 1) * width
+        rows = min(dp * tokens, _FUSED_MOE_CHUNK_TOKENS) * arch.experts_per_token
         shared = (3 if arch.gated_mlp else 2) * math.ceil(arch.shared_intermediate_size / tp)
-        mlp = max(mlp, tokens * (dp * arch.experts_per_token * expert + shared))
+        routed = rows * (max(gate_up, arch.hidden_size) + width)
+        mlp = max(mlp, routed + tokens * shared)
     residual = 2 * tokens * arch.hidden_size
+    forward = (residual + max(attention, mlp)) * a_bytes
     sampled = min(tokens, DEFAULT_MAX_NUM_SEQS) if sampled_tokens is None else sampled_tokens
-    logits = sampled * arch.vocab_size * _LOGIT_BYTES * _LOGIT_BUFFERS
-    return (residual + max(attention, mlp)) * a_bytes + logits
+    sampler = sampled * arch.vocab_size * _SAMPLER_BYTES_PER_LOGIT
+    return max(forward, tokens * arch.hidden_size * a_bytes + sampler)
 
 
 @dataclass(frozen=True)
@@ -297,10 +340,11 @@ def plan_memory(
     gpu_memory_utilization: float = 0.90,
     max_num_batched_tokens: int = 8192,
     activation_dtype: str | Dtype = Dtype.BF16,
-    framework_overhead_gb: float = DEFAULT_FRAMEWORK_OVERHEAD_GB,
+    framework_overhead_gb: float | None = None,
     expert_parallel: bool = False,
     dp: int = 1,
     kv_groups: KvCacheGroups | None = None,
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
 ) -> MemoryPlan:
     """Plan one GPU of a tp x pp x dp replica (experts sliced over the tp x dp GPUs, or
     whole over them with `expert_parallel`; each dp rank's tp GPUs hold that rank's KV
@@ -308,12 +352,15 @@ def plan_memory(
     weights, activations and overhead leave no room for a KV cache. The plan is the
     GPU whose stage holds the fewest KV tokens. With `kv_groups` (vLLM V1's hybrid KV
     cache manager) a block holds a page of one group's layers, as many as the most any
-    group has on the stage (vLLM's tensors shared by one layer of each group)."""
+    group has on the stage (vLLM's tensors shared by one layer of each group).
+    `framework_overhead_gb` overrides the modelled non-torch memory
+    (framework_overhead_bytes); `max_num_seqs` sizes the sampler's share of the
+    profiled peak."""
     if not 0 < gpu_memory_utilization <= 1:
         raise InfersimError(
             f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}"
         )
-    if framework_overhead_gb < 0:
+    if framework_overhead_gb is not None and framework_overhead_gb < 0:
         raise InfersimError(f"framework_overhead_gb must be >= 0, got {framework_overhead_gb}")
     w_format, k_dtype = weight_format(weight_dtype), parse_dtype(kv_dtype)
     check_weight_support(gpu, w_format, "model.weight_dtype")
@@ -334,13 +381,18 @@ def plan_memory(
             max_num_batched_tokens,
             tp=tp,
             activation_dtype=activation_dtype,
+            sampled_tokens=min(max_num_batched_tokens, max_num_seqs),
             expert_parallel=expert_parallel,
             dp=dp,
         )
         return weights, activations
 
     stages, activations = weights_and_activations(tp)
-    overhead = framework_overhead_gb * GB
+    overhead = (
+        framework_overhead_bytes(gpu, tp)
+        if framework_overhead_gb is None
+        else framework_overhead_gb * GB
+    )
     # vLLM's budget: a share of what torch.cuda.mem_get_info reports, not the datasheet.
     usable = gpu.cuda_memory_bytes * gpu_memory_utilization
     heaviest = max(stages)
