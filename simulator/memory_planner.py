@@ -233,10 +233,11 @@ def activation_bytes(
       by tp. An MoE layer's routed experts see tokens x experts_per_token rows, in chunks
       of VLLM_FUSED_MOE_CHUNK_SIZE tokens, each row an expert's width (sliced over tp,
       or whole with `expert_parallel`; every rank sees all dp ranks' tokens once
-      dispatched). The fused-MoE workspaces (vLLM's modular kernel, fused_moe.py
-      `workspace_shapes`): workspace13 (rows x max(gate_up width, hidden)) holds the
-      gate/up output and then the down output, workspace2 (rows x width) the activated
-      product; the shared experts' MLP besides.
+      dispatched). The fused-MoE workspaces (vLLM's modular kernel, TritonExperts
+      `workspace_shapes` in fused_moe.py, 0.10-0.14): workspace13 (rows x max(width,
+      hidden)) holds the activated product, workspace2 (rows x max(gate_up width,
+      hidden)) the gate/up output and then the down output, besides the layer's output
+      (tokens x hidden) and the shared experts' MLP.
     Layers run one after another and free their intermediates, so only one counts.
     The sampler then takes one position per sequence (`sampled_tokens`: min(tokens,
     256) by default): logits over the full vocabulary on every rank (gathered), and the
@@ -259,8 +260,8 @@ def activation_bytes(
         gate_up = (2 if arch.gated_mlp else 1) * width
         rows = min(dp * tokens, _FUSED_MOE_CHUNK_TOKENS) * arch.experts_per_token
         shared = (3 if arch.gated_mlp else 2) * math.ceil(arch.shared_intermediate_size / tp)
-        routed = rows * (max(gate_up, arch.hidden_size) + width)
-        mlp = max(mlp, routed + tokens * shared)
+        routed = rows * (max(width, arch.hidden_size) + max(gate_up, arch.hidden_size))
+        mlp = max(mlp, routed + tokens * (arch.hidden_size + shared))
     residual = 2 * tokens * arch.hidden_size
     forward = (residual + max(attention, mlp)) * a_bytes
     sampled = min(tokens, DEFAULT_MAX_NUM_SEQS) if sampled_tokens is None else sampled_tokens

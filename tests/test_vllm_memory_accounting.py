@@ -83,18 +83,20 @@ def test_the_sampler_peak_scales_with_max_num_seqs():
 
 def test_the_fused_moe_workspaces_hold_a_hidden_wide_row_per_routed_token():
     """Qwen3-235B's experts at tp=4 are 384 wide, narrower than the 4096 hidden size:
-    workspace13 holds the down projection's hidden-wide output per routed row."""
+    both of vLLM's workspaces (workspace13: max(width, hidden), workspace2: max(gate_up,
+    hidden)) are hidden-wide per routed row, besides the layer's output."""
     arch = load_model("qwen3-235b-a22b")
-    tokens, width = 4096, arch.expert_intermediate_size // 4
+    tokens = 4096
     rows = tokens * arch.experts_per_token
     forward = activation_bytes(arch, tokens, tp=4, sampled_tokens=0)
     residual = 2 * tokens * arch.hidden_size
-    assert forward == 2 * (residual + rows * (max(2 * width, arch.hidden_size) + width))
+    workspaces = rows * 2 * arch.hidden_size
+    assert forward == 2 * (residual + workspaces + tokens * arch.hidden_size)
     # Past VLLM_FUSED_MOE_CHUNK_SIZE tokens the workspaces stop growing.
     big = 2 * _FUSED_MOE_CHUNK_TOKENS  # the residual stream still grows with every token
-    moe = activation_bytes(arch, big, tp=4, sampled_tokens=0) - 2 * 2 * big * arch.hidden_size
+    moe = activation_bytes(arch, big, tp=4, sampled_tokens=0) - 2 * 3 * big * arch.hidden_size
     chunk_rows = _FUSED_MOE_CHUNK_TOKENS * arch.experts_per_token
-    assert moe == 2 * chunk_rows * (arch.hidden_size + width)
+    assert moe == 2 * chunk_rows * 2 * arch.hidden_size
 
 
 def _expert_bytes(arch, hidden: int, width: int) -> float:
