@@ -39,7 +39,7 @@ DEFAULT_MAX_NUM_SEQS = 256
 # vLLM's non-torch memory (what its memory profiler counts outside PyTorch's allocator:
 # cuBLAS workspaces, NCCL's and the custom all-reduce's buffers), in GiB, as its start-up
 # logs print it; no source gives it in closed form. One GPU: 0.16 on an H100 (vllm PR
-# #12126), 0.20 on an RTX 3090 (PR #14447), 0.25 per RTX 4090 at tp=2 over PCIe (issue
+# #12126), 0.20 per RTX 3090 at tp>1 over PCIe (PR #14447), 0.25 per RTX 4090 at tp=2 (issue
 # #13061). Over NVLink, NCCL (its NVLink SHARP and per-peer channel buffers) and vLLM's
 # custom all-reduce add what one vLLM version (0.6.4, PR #10511 and issue #10702) shows
 # against its own tp=1 figure: +1.79 GiB at tp=2 on H100, +3.89 at tp=8 on H200, i.e.
