@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import simulator as sim
 from hardware_models.errors import InfeasibleError
 from simulator.engine.kv_groups import kv_cache_groups
-from simulator.memory_planner import plan_memory
+from simulator.memory_planner import plan_memory, stage_weight_bytes, stage_weights
 
 GIB = 2**30
 VLLM = "https://github.com/vllm-project/vllm"
@@ -103,6 +103,15 @@ def _plan(case: Case):
         return plan_memory(arch, gpu, **settings)
 
 
+def _weights(case: Case) -> float:
+    """The plan's weights on the most loaded GPU, for a plan that does not fit."""
+    arch, gpu = sim.load_model(case.model), sim.load_gpu(case.gpu)
+    layout = dict(weight_dtype=case.weight_dtype, tp=case.tp)
+    if "gpu" in inspect.signature(stage_weights).parameters:  # as _plan's note
+        layout["gpu"] = gpu
+    return stage_weight_bytes(arch, **layout)
+
+
 def _error(ours: float, theirs: float | None) -> str:
     if theirs is None or theirs <= 0:
         return ""
@@ -125,8 +134,9 @@ def rows() -> list[list[str]]:
         try:
             plan = _plan(case)
         except InfeasibleError:
-            table.append([label, case.version, setting, vllm_weights, "", vllm_kv,
-                          "refuses", vllm_tokens, "", "", case.note])  # fmt: skip
+            weights = _weights(case) / GIB
+            table.append([label, case.version, setting, vllm_weights, f"{weights:.2f}",
+                          vllm_kv, "refuses", vllm_tokens, "", "", case.note])  # fmt: skip
             continue
         weights, kv = plan.weights / GIB, plan.kv_capacity_bytes / GIB
         error = _error(plan.kv_capacity_tokens, case.kv_tokens) or _error(kv, case.kv_gib)

@@ -55,10 +55,12 @@ _NVLINK_COMM_PER_PEER_GIB = 0.35
 # (vllm/envs.py: 32768).
 _FUSED_MOE_CHUNK_TOKENS = 32768
 # The dummy sampler sets temperature, top-k and top-p, so the sampler reaches
-# apply_top_k_top_p (vllm/v1/sample/ops/topk_topp_sampler.py): per logit, the bf16
-# logits compute_logits returns (2), their fp32 copy (4), the sort's fp32 values and
-# int64 indices (4 + 8), and the top-p softmax and its cumulative sum (4 + 4).
-_SAMPLER_BYTES_PER_LOGIT = 2 + 4 + (4 + 8) + (4 + 4)
+# apply_top_k_top_p (vllm/v1/sample/ops/topk_topp_sampler.py, its PyTorch path as in
+# 0.9-0.11): per logit, the bf16 logits compute_logits returns (2), their fp32 copy (4),
+# the sort's fp32 values and int64 indices (4 + 8), the top-p softmax, its cumulative
+# sum and the bool mask (4 + 4 + 1). Later vLLM sums in place and samples with a Triton
+# kernel or FlashInfer (no sort): less, so the plan is conservative there.
+_SAMPLER_BYTES_PER_LOGIT = 2 + 4 + (4 + 8) + (4 + 4 + 1)
 
 
 def framework_overhead_bytes(gpu: AcceleratorSpec, tp: int) -> float:

@@ -7,6 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.errors import InfeasibleError
 from hardware_models.presets import load_gpu
 from simulator.memory_planner import (
     _FUSED_MOE_CHUNK_TOKENS,
@@ -72,13 +73,22 @@ def test_the_users_overhead_overrides_the_model():
 def test_the_sampler_peak_scales_with_max_num_seqs():
     """vLLM's dummy sampler run takes one position per sequence: past the forward's
     peak, each more sequence costs a vocabulary of sampler buffers."""
-    arch, h100 = load_model("gpt-oss-120b"), load_gpu("h100-sxm")
-    small = plan_memory(arch, h100, weight_dtype="mxfp4", max_num_seqs=512)
-    large = plan_memory(arch, h100, weight_dtype="mxfp4", max_num_seqs=1024)
+    arch, h200 = load_model("gpt-oss-120b"), load_gpu("h200-sxm")
+    small = plan_memory(arch, h200, weight_dtype="mxfp4", max_num_seqs=512)
+    large = plan_memory(arch, h200, weight_dtype="mxfp4", max_num_seqs=1024)
     assert large.activations - small.activations == pytest.approx(
         512 * arch.vocab_size * _SAMPLER_BYTES_PER_LOGIT
     )
     assert large.weights == small.weights
+
+
+def test_gpt_oss_120b_with_vllms_1024_sequences_does_not_fit_an_h100_at_0_9():
+    """vLLM 0.10.1 refused it (vllm#23278: -2.14 GiB of KV): 66 GiB of padded weights and
+    a 5 GiB sampler peak leave no KV cache in 0.9 x 79.22 GiB."""
+    arch, h100 = load_model("gpt-oss-120b"), load_gpu("h100-sxm")
+    with pytest.raises(InfeasibleError, match="does not fit on h100-sxm"):
+        plan_memory(arch, h100, weight_dtype="mxfp4", max_num_seqs=1024)
+    assert plan_memory(arch, h100, weight_dtype="mxfp4", max_num_seqs=256).kv_capacity_tokens
 
 
 def test_the_fused_moe_workspaces_hold_a_hidden_wide_row_per_routed_token():
