@@ -1,159 +1,161 @@
-"""infersim's memory plan beside the KV cache vLLM reported at start-up.
+"""infersim's memory plan beside vLLM's own start-up logs.
 
-Each row is a published vLLM start-up log (a GitHub issue or pull request: the URL, the
-settings it ran with, and what vLLM logged as "Available KV cache memory" or "GPU KV cache
-size"); the run's own measured RTX 4090 log (../shared/data/e2e, read where present) is
-one more. infersim plans each with plan_memory as `infersim run` calls it. A setting the
-source left to vLLM is vLLM's default for that release (simulator.vllm_defaults: max_num_seqs
-and max_num_batched_tokens by GPU); V0 releases (before 0.8) defaulted to 256 sequences on
-every GPU, their budget is given. `--before` plans as infersim did before the batch limits
-followed vLLM: the logits sized for 256 sequences whatever max_num_seqs was, and a default
-budget of 2048 tokens.
+vLLM prints what it measured when it sizes the KV cache: "Model loading took X GiB",
+"Available KV cache memory: X GiB" / "available_kv_cache_memory", "GPU KV cache size: N
+tokens" (or "# GPU blocks: N"). The cases below are such figures pasted into public vLLM
+issues and pull requests, with the settings they ran with; each row prints infersim's
+plan_memory for the same settings beside them. A negative vLLM KV figure is a start-up
+vLLM refused ("No available memory for the cache blocks").
 
-    python benchmarks/vllm_startup_memory.py [--before]
+Run: .venv/bin/python benchmarks/vllm_startup_memory.py
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import inspect
+import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
+import simulator as sim
 from hardware_models.errors import InfeasibleError
-from hardware_models.presets import load_gpu
 from simulator.engine.kv_groups import kv_cache_groups
-from simulator.memory_planner import plan_memory
-from simulator.model_catalog import load_model
-from simulator.vllm_defaults import parse_version, vllm_default
+from simulator.memory_planner import plan_memory, stage_weight_bytes, stage_weights
 
 GIB = 2**30
-V0_MAX_NUM_SEQS = 256  # vLLM's SchedulerConfig default before the V1 engine, every GPU
-MEASURED = (
-    Path(__file__).resolve().parents[2] / "shared/data/e2e/rtx4090-llama-3.1-8b-vllm-0.19/meta.json"
-)
+VLLM = "https://github.com/vllm-project/vllm"
 
 
 @dataclass(frozen=True)
-class Source:
-    """A vLLM start-up log: where, how it ran (None: vLLM's default), what it reported."""
-
-    url: str
-    vllm: str
-    model: str
-    gpu: str
-    weights: str
+class Case:
+    source: str  # where the figures were published
+    version: str  # the vLLM that printed them
+    model: str  # infersim's catalog name (a stand-in where noted)
+    gpu: str  # infersim's preset
+    weight_dtype: str
     tp: int
-    gmu: float
-    max_num_batched_tokens: int | None
-    max_num_seqs: int | None
-    kv_gib: float | None  # "Available KV cache memory" (GiB; negative: refused to start)
-    kv_tokens: int | None  # "GPU KV cache size" (tokens) or blocks x block size
+    gpu_memory_utilization: float
+    max_num_batched_tokens: int  # the profile run's tokens (V0 without chunked prefill:
+    # max_model_len)
+    max_num_seqs: int  # the sampler's rows (vLLM's default for that version and GPU)
+    kv_gib: float | None = None  # vLLM's KV cache memory, GiB (negative: refused)
+    kv_tokens: int | None = None  # vLLM's KV cache size in tokens
+    weights_gib: float | None = None  # "Model loading took"
+    hybrid: bool = False  # vLLM V1's hybrid KV cache manager (sliding-window layers)
+    kv_dtype: str = "bf16"
+    note: str = ""
 
 
-VLLM = "https://github.com/vllm-project/vllm"  # Llama-3-8B: the shapes of llama-3.1-8b
-SOURCES = (
-    Source(f"{VLLM}/pull/10511", "0.6.4", "llama-3.1-8b", "h100-sxm", "bf16", 1, 0.9, 8192,
-           V0_MAX_NUM_SEQS, 53.29, None),
-    Source(f"{VLLM}/pull/10511", "0.6.4", "llama-3.1-8b", "h100-sxm", "bf16", 2, 0.9, 8192,
-           V0_MAX_NUM_SEQS, 58.97, None),
-    Source(f"{VLLM}/issues/10702", "0.6.4", "llama-3.1-70b", "h200-sxm", "bf16", 8, 0.95,
-           2048, V0_MAX_NUM_SEQS, 110.52, None),
-    Source(f"{VLLM}/issues/10517", "0.6", "llama-3.1-8b", "rtx-4090", "bf16", 1, 0.9, 20000,
-           V0_MAX_NUM_SEQS, None, 1952 * 16),
-    Source(f"{VLLM}/issues/10517", "0.6", "llama-3.1-8b", "rtx-4090", "bf16", 1, 0.9, 29000,
-           V0_MAX_NUM_SEQS, None, 1478 * 16),
-    Source(f"{VLLM}/pull/2031", "0.2", "llama-2-7b", "a100-80gb-sxm", "fp16", 1, 0.9, 4096,
-           V0_MAX_NUM_SEQS, None, 7351 * 16),
-    Source(f"{VLLM}/pull/2031", "0.2", "llama-2-70b", "a100-80gb-sxm", "fp16", 4, 0.9, 4096,
-           V0_MAX_NUM_SEQS, None, 20865 * 16),
-    Source(f"{VLLM}/issues/21348", "0.9", "qwen3-235b-a22b", "h100-sxm", "fp8_block", 4,
-           0.9, None, None, 8.11, 178880),
-    Source(f"{VLLM}/issues/23278", "0.10.1", "gpt-oss-120b", "h100-sxm", "mxfp4", 1, 0.9,
-           None, None, -2.14, None),
-    Source(f"{VLLM}/issues/27508", "0.11.0", "gpt-oss-120b", "h100-sxm", "mxfp4", 1, 0.95,
-           1024, None, 1.71, None),
-)  # fmt: skip
+# fmt: off
+CASES = [
+    Case(f"{VLLM}/pull/10511", "0.6.4 V0", "llama-3.1-8b", "h100-sxm", "bf16", 1, 0.90,
+         8192, 256, kv_gib=53.29, weights_gib=14.96,
+         note="Llama-3-8B (same shapes as 3.1)"),
+    Case(f"{VLLM}/pull/10511", "0.6.4 V0", "llama-3.1-8b", "h100-sxm", "bf16", 2, 0.90,
+         8192, 256, kv_gib=71.29 - 7.48 - 3.58 - 1.26, weights_gib=7.48,
+         note="KV = 71.29 usable - 7.48 weights - 3.58 non-torch - 1.26 peak, its log"),
+    Case(f"{VLLM}/issues/10702", "0.6.4 V0", "llama-3.1-70b", "h200-sxm", "bf16", 8, 0.95,
+         2048, 256, kv_gib=110.52, note="settings as read by the review; log not re-found"),
+    Case(f"{VLLM}/issues/10517", "0.6 V0", "llama-3.1-8b", "rtx-4090", "bf16", 1, 0.90,
+         20000, 256, kv_tokens=1952 * 16, weights_gib=14.99,
+         note="an RTX 3090 (24 GB): the RTX 4090 preset; max_model_len 20000"),
+    Case(f"{VLLM}/issues/10517", "0.6 V0", "llama-3.1-8b", "rtx-4090", "bf16", 1, 0.90,
+         29000, 256, kv_tokens=1478 * 16, weights_gib=14.99,
+         note="as above, max_model_len 29000"),
+    Case("../shared/data/e2e/rtx4090-llama-3.1-8b-vllm-0.19/meta.json", "0.19 V1",
+         "llama-3.1-8b", "rtx-4090", "bf16", 1, 0.90, 2048, 256, kv_tokens=41408,
+         note="measured run (kv_cache.num_kv_tokens)"),
+    Case(f"{VLLM}/pull/2031", "0.2.4 V0", "llama-2-7b", "a100-80gb-sxm", "fp16", 1, 0.90,
+         4096, 256, kv_tokens=7351 * 16, kv_dtype="fp16"),
+    Case(f"{VLLM}/pull/2031", "0.2.4 V0", "llama-2-70b", "a100-80gb-sxm", "fp16", 4, 0.90,
+         4096, 256, kv_tokens=20865 * 16, kv_dtype="fp16"),
+    Case(f"{VLLM}/issues/21348", "0.9 V1", "qwen3-235b-a22b", "h100-sxm", "fp8_block", 4,
+         0.90, 8192, 1024, kv_gib=8.11, kv_tokens=178880),
+    Case(f"{VLLM}/issues/23278", "0.10.1 V1", "gpt-oss-120b", "h100-sxm", "mxfp4", 1, 0.90,
+         8192, 1024, kv_gib=-2.14, weights_gib=65.97, hybrid=True,
+         note="Marlin MXFP4 backend (its log)"),
+    Case(f"{VLLM}/issues/27508", "0.11 V1", "gpt-oss-120b", "h100-sxm", "mxfp4", 1, 0.95,
+         1024, 1024, kv_gib=1.71, hybrid=True),
+    Case(f"{VLLM}/issues/33155", "0.14.1 V1", "gpt-oss-120b", "h100-sxm", "mxfp4", 1, 0.90,
+         8192, 1024, weights_gib=64.38, hybrid=True,
+         note="Triton MXFP4 backend (its log): not modelled"),
+    Case(f"{VLLM}/issues/6746", "0.5.3 V0", "llama-3.1-405b", "h100-sxm", "fp8", 8, 0.90,
+         8192, 256, weights_gib=57.75,
+         note="Meta's FP8 keeps attention and the first/last layers 16-bit: not modelled"),
+]
+# fmt: on
 
 
-def _measured() -> Source | None:
-    """The measured RTX 4090 run's own log, where ../shared/data is present."""
-    if not MEASURED.is_file():
-        return None
-    meta = json.loads(MEASURED.read_text())
-    args, kv = meta["engine_kwargs"], meta["kv_cache"]
-    return Source("../shared/data/e2e (measured)", meta["vllm_version"], "llama-3.1-8b",
-                  "rtx-4090", "bf16", args["tensor_parallel_size"], kv["gpu_memory_utilization"],
-                  args["max_num_batched_tokens"], args["max_num_seqs"], None,
-                  kv["num_kv_tokens"])  # fmt: skip
+def _plan(case: Case):
+    arch, gpu = sim.load_model(case.model), sim.load_gpu(case.gpu)
+    settings = dict(
+        weight_dtype=case.weight_dtype,
+        kv_dtype=case.kv_dtype,
+        tp=case.tp,
+        gpu_memory_utilization=case.gpu_memory_utilization,
+        max_num_batched_tokens=case.max_num_batched_tokens,
+        kv_groups=kv_cache_groups(arch, block_size=16) if case.hybrid else None,
+    )
+    # Older infersim commits (the "before" column) took no max_num_seqs.
+    if "max_num_seqs" in inspect.signature(plan_memory).parameters:
+        settings["max_num_seqs"] = case.max_num_seqs
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return plan_memory(arch, gpu, **settings)
 
 
-def _limits(source: Source, before: bool) -> tuple[int, int | None]:
-    """(max_num_batched_tokens, max_num_seqs) as the source's vLLM ran (None for the
-    sequences: the planner's old fixed 256, with --before)."""
-    gpu = load_gpu(source.gpu)
-    version = parse_version(source.vllm)
-
-    def chosen(field: str, given: int | None) -> int:
-        if given is not None:
-            return given
-        return int(vllm_default(field, version, gpu.display_name, gpu.memory_bytes / GIB).value)
-
-    tokens = source.max_num_batched_tokens
-    if before:
-        return (2048 if tokens is None else tokens), None
-    return chosen("max_num_batched_tokens", tokens), chosen("max_num_seqs", source.max_num_seqs)
+def _weights(case: Case) -> float:
+    """The plan's weights on the most loaded GPU, for a plan that does not fit."""
+    arch, gpu = sim.load_model(case.model), sim.load_gpu(case.gpu)
+    layout = dict(weight_dtype=case.weight_dtype, tp=case.tp)
+    if "gpu" in inspect.signature(stage_weights).parameters:  # as _plan's note
+        layout["gpu"] = gpu
+    return stage_weight_bytes(arch, **layout)
 
 
-def _plan(source: Source, before: bool) -> tuple[float | None, int | None, int, int | None]:
-    """infersim's KV cache (GiB and tokens; None where it refuses to start) and the batch
-    limits it planned with."""
-    arch, gpu = load_model(source.model), load_gpu(source.gpu)
-    tokens, seqs = _limits(source, before)
-    try:
-        plan = plan_memory(
-            arch,
-            gpu,
-            weight_dtype=source.weights,
-            kv_dtype="fp16" if source.weights == "fp16" else "bf16",
-            tp=source.tp,
-            gpu_memory_utilization=source.gmu,
-            max_num_batched_tokens=tokens,
-            kv_groups=kv_cache_groups(arch, block_size=16) if arch.num_sliding_layers else None,
-            **({} if seqs is None else {"max_num_seqs": seqs}),
-        )
-    except InfeasibleError:  # no room left for a KV cache: infersim refuses to start
-        return None, None, tokens, seqs
-    return plan.kv_capacity_bytes / GIB, plan.kv_capacity_tokens, tokens, seqs
-
-
-def _error(ours: float | None, theirs: float | None) -> str:
-    """Relative error; in GiB where vLLM had no KV cache left (it refused to start)."""
-    if ours is None or theirs is None:
+def _error(ours: float, theirs: float | None) -> str:
+    if theirs is None or theirs <= 0:
         return ""
-    return f"{ours - theirs:+.2f} GiB" if theirs <= 0 else f"{(ours / theirs - 1) * 100:+.1f}%"
+    return f"{(ours / theirs - 1) * 100:+.1f}%"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", action="store_true", help="plan as infersim did before")
-    args = parser.parse_args(argv)
-    sources = [*SOURCES, *filter(None, [_measured()])]
-    print("| source | vLLM | model, GPU, tp | mnbt / seqs | vLLM KV GiB | infersim KV GiB | "
-          "vLLM tokens | infersim tokens | error |")  # fmt: skip
-    print("|---|---|---|---|---:|---:|---:|---:|---:|")
-    for source in sources:
-        kv_gib, kv_tokens, tokens, seqs = _plan(source, args.before)
-        theirs = "refused" if source.kv_gib is not None and source.kv_gib <= 0 else source.kv_gib
-        ours = "refused" if kv_gib is None else f"{kv_gib:.2f}"
-        error = _error(kv_tokens, source.kv_tokens) or _error(kv_gib, source.kv_gib)
-        print(
-            f"| {source.url} | {source.vllm} | {source.model}, {source.gpu}, tp{source.tp} | "
-            f"{tokens} / {seqs or 256} | {theirs if theirs is not None else ''} | {ours} | "
-            f"{source.kv_tokens or ''} | {kv_tokens or ''} | {error} |"
+def rows() -> list[list[str]]:
+    table = []
+    for case in CASES:
+        where = case.source.rsplit("/", 2)
+        label = f"{where[-2]} {where[-1]}" if case.source.startswith("http") else "e2e meta"
+        setting = (
+            f"{case.gpu} {case.model} {case.weight_dtype} tp{case.tp} "
+            f"gmu {case.gpu_memory_utilization} mnbt {case.max_num_batched_tokens} "
+            f"seqs {case.max_num_seqs}"
         )
-    return 0
+        vllm_kv = "" if case.kv_gib is None else f"{case.kv_gib:.2f}"
+        vllm_tokens = "" if case.kv_tokens is None else f"{case.kv_tokens:,}"
+        vllm_weights = "" if case.weights_gib is None else f"{case.weights_gib:.2f}"
+        try:
+            plan = _plan(case)
+        except InfeasibleError:
+            weights = _weights(case) / GIB
+            table.append([label, case.version, setting, vllm_weights, f"{weights:.2f}",
+                          vllm_kv, "refuses", vllm_tokens, "", "", case.note])  # fmt: skip
+            continue
+        weights, kv = plan.weights / GIB, plan.kv_capacity_bytes / GIB
+        error = _error(plan.kv_capacity_tokens, case.kv_tokens) or _error(kv, case.kv_gib)
+        table.append([
+            label, case.version, setting, vllm_weights, f"{weights:.2f}", vllm_kv,
+            f"{kv:.2f}", vllm_tokens, f"{plan.kv_capacity_tokens:,}", error, case.note,
+        ])  # fmt: skip
+    return table
+
+
+def main() -> None:
+    header = ["source", "vLLM", "settings", "weights vLLM", "weights infersim",
+              "KV GiB vLLM", "KV GiB infersim", "KV tokens vLLM", "KV tokens infersim",
+              "KV error", "note"]  # fmt: skip
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows():
+        print("| " + " | ".join(row) + " |")
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

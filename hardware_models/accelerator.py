@@ -20,15 +20,49 @@ _STRICT = ConfigDict(extra="forbid", frozen=True)
 PCIE_GBPS_PER_LANE = {3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 
 
+# Share of the datasheet capacity CUDA does not hand out (the driver's reserve, ECC and
+# row-remapping pages), for a GPU whose preset has no public `cuda_visible_gib`: the
+# largest seen on its siblings with one (presets/gpus/*.yaml). HBM: A100 40GB 39.50 of
+# 40 GiB (1.25%), H100 SXM 79.22 of 80 (0.98%), A100 80GB 79.25 of 80 (0.94%), H200
+# 139.72 of 141 (0.91%), B200 178.36 of 180 (0.91%); GDDR: RTX 4090 23.52 of 24 (2.0%).
+_CUDA_RESERVED_SHARE = {"HBM": 0.0125, "GDDR": 0.020}
+
+
 class MemorySpec(BaseModel):
     model_config = _STRICT
     kind: str = Field(description="HBM2e, HBM3, HBM3e, GDDR6, GDDR6X, ...")
     capacity_gb: float = Field(
         gt=0,
-        description="device memory as marketed ('80 GB'); HBM and GDDR come in binary "
-        "units, so the chip holds capacity_gb GiB (an 'H100 80GB' has 80 GiB)",
+        description="device memory as marketed ('80 GB'), read as GiB: what the datasheet "
+        "sells, not what the board carries (an H200 has 144 GiB of HBM3e, sold as 141 GB) "
+        "nor what CUDA hands out (cuda_visible_gib)",
+    )
+    cuda_visible_gib: float | None = Field(
+        default=None,
+        gt=0,
+        description="device memory CUDA reports, GiB (torch.cuda.mem_get_info's total, as "
+        "vLLM logs it as total_gpu_memory; nvidia-smi's total less the driver's reserve): "
+        "what gpu_memory_utilization takes a share of. None: capacity_gb less the largest "
+        "reserved share seen on siblings with a public figure (HBM 1.25%, GDDR 2.0%)",
     )
     bandwidth_gbps: float = Field(gt=0, description="peak device-memory bandwidth, GB/s")
+
+    @model_validator(mode="after")
+    def _visible_within_capacity(self) -> MemorySpec:
+        if self.cuda_visible_gib is not None and self.cuda_visible_gib > self.capacity_gb:
+            raise ValueError(
+                f"memory.cuda_visible_gib {self.cuda_visible_gib} exceeds capacity_gb "
+                f"{self.capacity_gb}: CUDA never sees more than the datasheet capacity"
+            )
+        return self
+
+    @property
+    def visible_gib(self) -> float:
+        """GiB CUDA hands out: the preset's public figure, or the siblings' rule."""
+        if self.cuda_visible_gib is not None:
+            return self.cuda_visible_gib
+        family = "GDDR" if self.kind.upper().startswith("GDDR") else "HBM"
+        return self.capacity_gb * (1 - _CUDA_RESERVED_SHARE[family])
 
 
 class L2Spec(BaseModel):
@@ -244,8 +278,14 @@ class AcceleratorSpec(BaseModel):
 
     @property
     def memory_bytes(self) -> float:
-        """Physical device memory in bytes (marketed GB are GiB for DRAM parts)."""
+        """The datasheet capacity in bytes, read as GiB (see MemorySpec.capacity_gb)."""
         return self.memory.capacity_gb * 2**30
+
+    @property
+    def cuda_memory_bytes(self) -> float:
+        """Device memory CUDA hands out, bytes: vLLM's gpu_memory_utilization budget is a
+        share of this total (torch.cuda.mem_get_info), not of the datasheet figure."""
+        return self.memory.visible_gib * 2**30
 
     @property
     def marketed_memory_bytes(self) -> float:

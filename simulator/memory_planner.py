@@ -19,6 +19,7 @@ from hardware_models.errors import InfeasibleError, InfersimError
 from simulator.architecture import ModelArchitecture
 from simulator.engine.kv_groups import KvCacheGroups, page_layers
 from simulator.engine.moe_layer import ExpertLayout
+from simulator.engine.mxfp4_layout import ExpertDims, is_mxfp4_moe, mxfp4_expert_dims
 from simulator.engine.weight_format import (
     check_block_shards,
     check_weight_support,
@@ -28,11 +29,51 @@ from simulator.engine.weight_format import (
 GB = 1e9
 
 DEFAULT_FRAMEWORK_OVERHEAD_GB = 1.5
-"""CUDA context (~0.5 GB), allocator fragmentation and NCCL buffers (~0.3 GB) and captured
-CUDA graphs (~0.5-1 GB): vLLM's non-torch memory plus graph pool on an 80 GB GPU."""
+"""A rough per-GPU allowance for quick sizing (simulator.sizing): CUDA context, NCCL
+buffers and captured CUDA graphs. plan_memory models vLLM's own accounting instead
+(framework_overhead_bytes)."""
 
 DEFAULT_MAX_NUM_SEQS = 256
 """vLLM's default cap on sequences per step: the number of positions that get logits."""
+
+# vLLM's non-torch memory (what its memory profiler counts outside PyTorch's allocator:
+# cuBLAS workspaces, NCCL's and the custom all-reduce's buffers), in GiB, as its start-up
+# logs print it; no source gives it in closed form. One GPU: 0.16 on an H100 (vllm PR
+# #12126), 0.20 per RTX 3090 at tp>1 over PCIe (PR #14447), 0.25 per RTX 4090 at tp=2 (issue
+# #13061). Over NVLink, NCCL (its NVLink SHARP and per-peer channel buffers) and vLLM's
+# custom all-reduce add what one vLLM version (0.6.4, PR #10511 and issue #10702) shows
+# against its own tp=1 figure: +1.79 GiB at tp=2 on H100, +3.89 at tp=8 on H200, i.e.
+# 1.44 GiB plus 0.35 a peer.
+_NON_TORCH_GIB = 0.2
+_NVLINK_COMM_GIB = 1.44
+_NVLINK_COMM_PER_PEER_GIB = 0.35
+
+# vLLM's profile run (vllm/v1/worker/gpu_model_runner.py `profile_run`, V1 0.9-0.14) is a
+# forward pass over max_num_batched_tokens tokens, then `_dummy_sampler_run` over one
+# position per sequence (max_num_seqs of them). Its torch peak is the larger of the two.
+# The fused-MoE layer works through its tokens in chunks of VLLM_FUSED_MOE_CHUNK_SIZE
+# (vllm/envs.py: 32768).
+_FUSED_MOE_CHUNK_TOKENS = 32768
+# The dummy sampler sets temperature, top-k and top-p, so the sampler reaches
+# apply_top_k_top_p (vllm/v1/sample/ops/topk_topp_sampler.py, its PyTorch path as in
+# 0.9-0.11): per logit, the bf16 logits compute_logits returns (2), their fp32 copy (4),
+# the sort's fp32 values and int64 indices (4 + 8), the top-p softmax, its cumulative
+# sum and the bool mask (4 + 4 + 1). Later vLLM sums in place and samples with a Triton
+# kernel or FlashInfer (no sort): less, so the plan is conservative there.
+_SAMPLER_BYTES_PER_LOGIT = 2 + 4 + (4 + 8) + (4 + 4 + 1)
+
+
+def framework_overhead_bytes(gpu: AcceleratorSpec, tp: int) -> float:
+    """vLLM's non-torch memory on one GPU of a tp group: cuBLAS and driver allocations,
+    plus NCCL's and the custom all-reduce's buffers when the group talks over NVLink.
+    CUDA graphs are not in it: vLLM captures them after sizing the KV cache, out of the
+    (1 - gpu_memory_utilization) reserve, unless VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS
+    is set (vllm PR #30515, 0.13: opt-in)."""
+    gib = _NON_TORCH_GIB
+    if tp > 1 and gpu.nvlink is not None:
+        gib += _NVLINK_COMM_GIB + _NVLINK_COMM_PER_PEER_GIB * (tp - 1)
+    return gib * 2**30
+
 
 # Block-quantised formats store one scale per group of weights. Assumed: int4 as in
 # GPTQ/AWQ (group 128, fp16 scale) and a plain fp4 as MXFP4 (group 32, 8-bit scale:
@@ -41,10 +82,6 @@ DEFAULT_MAX_NUM_SEQS = 256
 # (fp8_block: one fp32 scale per 128 x 128 block; nvfp4: an fp8 scale per 16; mxfp4: an
 # e8m0 scale per 32). nvfp4's per-tensor fp32 scale is 4 bytes a matrix: left out.
 _INT4_SCALE_BYTES_PER_WEIGHT = 2 / 128
-
-# Logits are upcast to fp32 for sampling; the softmax makes a second vocab-wide buffer.
-_LOGIT_BUFFERS = 2
-_LOGIT_BYTES = 4
 
 
 def weight_bytes_per_param(dtype: str | Dtype) -> float:
@@ -63,7 +100,12 @@ class StageWeights(NamedTuple):
 
 
 def _layer_weight_bytes(
-    arch: ModelArchitecture, tp: int, experts: ExpertLayout, w_bytes: float, a_bytes: float
+    arch: ModelArchitecture,
+    tp: int,
+    experts: ExpertLayout,
+    w_format: str,
+    a_bytes: float,
+    gpu: AcceleratorSpec | None = None,
 ) -> tuple[float, float, float]:
     """Bytes of one dense layer, of one MoE layer, and of its routed experts on one GPU.
 
@@ -71,12 +113,21 @@ def _layer_weight_bytes(
     K/V projections replicate when tp > KV heads; MLA's down-projections replicate), the
     dense MLP and the shared experts split over tp, and the routed experts as `experts`
     places them (sliced over tp, or whole over the EP group). The router, norms, biases
-    and sinks stay in the activation dtype, as vLLM's quantised loaders keep them.
+    and sinks stay in the activation dtype, as vLLM's quantised loaders keep them. An
+    MXFP4 MoE checkpoint (gpt-oss) quantises its experts only, padded for the kernel
+    that runs them on `gpu` (simulator.engine.mxfp4_layout).
     """
+    w_bytes = weight_bytes_per_param(w_format)
     attention = sum(n * k for _, _, n, k in arch.attention_gemms(1, tp))
     dense_mlp = arch.mlp_matrix_params(math.ceil(arch.intermediate_size / tp))
     shared = arch.mlp_matrix_params(math.ceil(arch.shared_intermediate_size / tp))
-    routed = experts.experts_per_gpu * arch.mlp_matrix_params(experts.expert_width(arch))
+    linear_bytes = w_bytes
+    dims = ExpertDims(arch.hidden_size, experts.expert_width(arch))
+    if is_mxfp4_moe(w_format, arch.is_moe):
+        linear_bytes = a_bytes
+        dims = mxfp4_expert_dims(gpu, *dims)
+    expert = arch.mlp_matrix_params(dims.width) * dims.hidden // arch.hidden_size
+    routed = experts.experts_per_gpu * expert
     # Everything but the matrices (router included), kept whole on every GPU.
     whole_dense = (
         arch.dense_layer_params
@@ -89,8 +140,8 @@ def _layer_weight_bytes(
         - arch.mlp_matrix_params(arch.shared_intermediate_size)
         - arch.num_experts * arch.mlp_matrix_params(arch.expert_intermediate_size)
     )
-    dense_layer = (attention + dense_mlp) * w_bytes + whole_dense * a_bytes
-    moe_layer = (attention + shared + routed) * w_bytes + whole_moe * a_bytes
+    dense_layer = (attention + dense_mlp) * linear_bytes + whole_dense * a_bytes
+    moe_layer = (attention + shared) * linear_bytes + routed * w_bytes + whole_moe * a_bytes
     return dense_layer, moe_layer, routed * w_bytes
 
 
@@ -119,19 +170,21 @@ def stage_weights(
     pp: int = 1,
     expert_parallel: bool = False,
     dp: int = 1,
+    gpu: AcceleratorSpec | None = None,
 ) -> list[StageWeights]:
     """Weight bytes on one GPU of each pipeline stage.
 
     With pp stages the first adds the embedding and the last the final norm and the LM
     head (a copy of the embedding when tied and pp > 1); the vocabulary splits over tp.
     With attention data parallelism the routed experts spread over all tp x dp GPUs.
+    `gpu` picks the padding of MXFP4 experts (the kernel vLLM runs them with there).
     """
     arch.check_tp(tp)
     experts = ExpertLayout.of(arch, tp, expert_parallel, dp)
     check_block_shards(arch, weight_format(weight_dtype), tp, experts.moe_tp)
     a_bytes = bytes_per_element(activation_dtype)
     dense, moe, routed = _layer_weight_bytes(
-        arch, tp, experts, weight_bytes_per_param(weight_dtype), a_bytes
+        arch, tp, experts, weight_format(weight_dtype), a_bytes, gpu
     )
     vocab_shard = math.ceil(arch.vocab_size / tp) * arch.hidden_size
     head = 0 if (pp == 1 and arch.tie_word_embeddings) else vocab_shard
@@ -172,19 +225,26 @@ def activation_bytes(
     expert_parallel: bool = False,
     dp: int = 1,
 ) -> float:
-    """Peak transient memory of one forward step over `tokens` tokens, on one TP rank.
+    """Peak transient memory of vLLM's profile run over `tokens` tokens, on one TP rank:
+    the larger of the forward pass's and the sampler's peaks.
 
-    Modelled as the live buffers at the widest point of a layer plus the logits:
+    The forward pass holds the live buffers at the widest point of a layer:
     - residual stream and normed input: 2 x tokens x hidden;
     - the larger of the attention intermediates (QKV output + attention output; MLA's
       decompressed K and V) and the MLP's (gate_up output + activated product), sharded
-      by tp; an MoE layer's routed experts see tokens x experts_per_token rows (fused-MoE
-      scratch, each row an expert's width: sliced over tp, or whole with
-      `expert_parallel`, as every rank sees every token, all dp ranks' tokens once
-      they are dispatched) besides the shared experts';
-    - logits for the sampled positions (min(tokens, 256) by default), upcast to fp32,
-      plus the softmax copy, over the full vocabulary (gathered on the first rank).
+      by tp. An MoE layer's routed experts see tokens x experts_per_token rows, in chunks
+      of VLLM_FUSED_MOE_CHUNK_SIZE tokens, each row an expert's width (sliced over tp,
+      or whole with `expert_parallel`; every rank sees all dp ranks' tokens once
+      dispatched). The fused-MoE workspaces (vLLM's modular kernel, TritonExperts
+      `workspace_shapes` in fused_moe.py, 0.10-0.14): workspace13 (rows x max(width,
+      hidden)) holds the activated product, workspace2 (rows x max(gate_up width,
+      hidden)) the gate/up output and then the down output, besides the layer's output
+      (tokens x hidden) and the shared experts' MLP.
     Layers run one after another and free their intermediates, so only one counts.
+    The sampler then takes one position per sequence (`sampled_tokens`: min(tokens,
+    256) by default): logits over the full vocabulary on every rank (gathered), and the
+    top-k/top-p sampler's buffers (_SAMPLER_BYTES_PER_LOGIT), with the forward's
+    hidden states still held.
     """
     if tokens < 1:
         raise InfersimError(f"tokens must be >= 1, got {tokens}")
@@ -199,13 +259,16 @@ def activation_bytes(
     mlp = tokens * width
     if arch.is_moe:
         width = ExpertLayout.of(arch, tp, expert_parallel, dp).expert_width(arch)
-        expert = (3 if arch.gated_mlp else 2) * width
+        gate_up = (2 if arch.gated_mlp else 1) * width
+        rows = min(dp * tokens, _FUSED_MOE_CHUNK_TOKENS) * arch.experts_per_token
         shared = (3 if arch.gated_mlp else 2) * math.ceil(arch.shared_intermediate_size / tp)
-        mlp = max(mlp, tokens * (dp * arch.experts_per_token * expert + shared))
+        routed = rows * (max(width, arch.hidden_size) + max(gate_up, arch.hidden_size))
+        mlp = max(mlp, routed + tokens * (arch.hidden_size + shared))
     residual = 2 * tokens * arch.hidden_size
+    forward = (residual + max(attention, mlp)) * a_bytes
     sampled = min(tokens, DEFAULT_MAX_NUM_SEQS) if sampled_tokens is None else sampled_tokens
-    logits = sampled * arch.vocab_size * _LOGIT_BYTES * _LOGIT_BUFFERS
-    return (residual + max(attention, mlp)) * a_bytes + logits
+    sampler = sampled * arch.vocab_size * _SAMPLER_BYTES_PER_LOGIT
+    return max(forward, tokens * arch.hidden_size * a_bytes + sampler)
 
 
 class MaxModelLenRefused(InfeasibleError):
@@ -300,7 +363,7 @@ class MemoryPlan:
             )
         per = " (a group)" if self.kv_groups else ""
         footer += [
-            f"  {'capacity':<28}{self.capacity / GB:>9.2f} GB",
+            f"  {'capacity (CUDA-visible)':<28}{self.capacity / GB:>9.2f} GB",
             f"  {'KV bytes per token' + per:<28}{self.kv_bytes_per_token:>9.0f} B",
             f"  {'KV capacity' + per:<28}{self.kv_capacity_tokens:>9d} tokens",
         ]
@@ -323,7 +386,7 @@ def plan_memory(
     max_num_batched_tokens: int = 8192,
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
     activation_dtype: str | Dtype = Dtype.BF16,
-    framework_overhead_gb: float = DEFAULT_FRAMEWORK_OVERHEAD_GB,
+    framework_overhead_gb: float | None = None,
     expert_parallel: bool = False,
     dp: int = 1,
     kv_groups: KvCacheGroups | None = None,
@@ -338,12 +401,15 @@ def plan_memory(
     cache manager) a block holds a page of one group's layers, as many as the most any
     group has on the stage (vLLM's tensors shared by one layer of each group). With
     `max_model_len`, the plan also holds the longest max_model_len up to it whose one
-    sequence fits (`MemoryPlan.refusal` says when vLLM would refuse to start)."""
+    sequence fits (`MemoryPlan.refusal` says when vLLM would refuse to start).
+    `framework_overhead_gb` overrides the modelled non-torch memory
+    (framework_overhead_bytes); `max_num_seqs` sizes the sampler's share of the
+    profiled peak."""
     if not 0 < gpu_memory_utilization <= 1:
         raise InfersimError(
             f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}"
         )
-    if framework_overhead_gb < 0:
+    if framework_overhead_gb is not None and framework_overhead_gb < 0:
         raise InfersimError(f"framework_overhead_gb must be >= 0, got {framework_overhead_gb}")
     w_format, k_dtype = weight_format(weight_dtype), parse_dtype(kv_dtype)
     check_weight_support(gpu, w_format, "model.weight_dtype")
@@ -357,6 +423,7 @@ def plan_memory(
             pp=pp,
             expert_parallel=expert_parallel,
             dp=dp,
+            gpu=gpu,
         )
         activations = activation_bytes(
             arch,
@@ -372,8 +439,13 @@ def plan_memory(
         return weights, activations
 
     stages, activations = weights_and_activations(tp)
-    overhead = framework_overhead_gb * GB
-    usable = gpu.memory_bytes * gpu_memory_utilization
+    overhead = (
+        framework_overhead_bytes(gpu, tp)
+        if framework_overhead_gb is None
+        else framework_overhead_gb * GB
+    )
+    # vLLM's budget: a share of what torch.cuda.mem_get_info reports, not the datasheet.
+    usable = gpu.cuda_memory_bytes * gpu_memory_utilization
     heaviest = max(stages)
     weights = heaviest.total
     layout = f"tp={tp}, pp={pp}" + (f", dp={dp}" if dp > 1 else "")
@@ -384,7 +456,7 @@ def plan_memory(
             f"{arch.name} ({w_format}, {layout}) does not fit on {gpu.name}: "
             f"weights {weights / GB:.1f} GB + activations {activations / GB:.1f} GB + "
             f"overhead {overhead / GB:.1f} GB > usable {usable / GB:.1f} GB "
-            f"({gpu.memory_bytes / 2**30:g} GiB x {gpu_memory_utilization:.2f}) on the most "
+            f"({gpu.memory.visible_gib:g} GiB x {gpu_memory_utilization:.2f}) on the most "
             f"loaded GPU{experts}; " + _hint(arch, tp, usable - overhead, weights_and_activations)
         )
     # Each stage's GPUs keep their own KV cache; the stage holding the fewest tokens
@@ -412,7 +484,7 @@ def plan_memory(
         tp=tp,
         pp=pp,
         dp=dp,
-        capacity=gpu.memory_bytes,
+        capacity=gpu.cuda_memory_bytes,
         gpu_memory_utilization=gpu_memory_utilization,
         weights=stage.total,
         expert_weights=stage.experts,

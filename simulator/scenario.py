@@ -362,8 +362,13 @@ class EngineSection(BaseModel):
     host_overhead_per_seq_us: float = Field(
         default=4.0, ge=0, le=1e6, description="extra host time per scheduled sequence"
     )
-    framework_overhead_gb: float = Field(
-        default=1.5, ge=0, le=1e4, description="CUDA context, allocator, graphs: memory per GPU"
+    framework_overhead_gb: float | None = Field(
+        default=None,
+        ge=0,
+        le=1e4,
+        description="vLLM's non-torch memory per GPU (cuBLAS, NCCL and custom all-reduce "
+        "buffers), GB; null: modelled from tp and the GPU's links "
+        "(memory_planner.framework_overhead_bytes)",
     )
     multi_step: bool = Field(
         default=True,

@@ -117,7 +117,7 @@ def detailed_inference(
         arch, tokens, activation_dtype=activation_dtype, sampled_tokens=batch
     )
     overhead = framework_overhead_gb * GB
-    usable = gpu.memory_bytes * gpu_memory_utilization
+    usable = gpu.cuda_memory_bytes * gpu_memory_utilization
     if usable <= overhead:
         raise InfersimError(
             f"framework overhead {framework_overhead_gb} GB leaves nothing of {gpu.name}'s "
@@ -255,7 +255,7 @@ def detailed_training(
         flash_attention=flash_attention,
     )
     overhead = framework_overhead_gb * GB
-    capacity = gpu.memory_bytes
+    capacity = gpu.cuda_memory_bytes
     model_states = params * (2 * _HALF_BYTES + _OPTIMIZER_BYTES)
     room = capacity - activations - overhead
     return TrainingEstimate(

@@ -173,7 +173,7 @@ def test_paper_cuts(capsys, tmp_path):
     with pytest.raises(Exception, match="unknown gpu 'nope'"):
         main(["hardware", "show", "nope", "--debug"])
     code, out, _ = run(capsys, "hardware", "show", "H100-SXM")
-    assert code == 0 and "h100-sxm" in out and "80 GiB (85.9 GB)" in out
+    assert code == 0 and "h100-sxm" in out and "80 GiB (85.9 GB; CUDA sees 79.22 GiB)" in out
     # a folder is not a file
     code, _, err = run(capsys, "run", "scenarios")
     assert code == 2 and "scenarios: is a folder; give one YAML file in it" in err

@@ -107,7 +107,7 @@ def test_the_pool_is_sized_in_blocks_of_one_groups_layers(model, gain):
     """The same KV memory holds `gain` times the blocks: a block pages one group's
     layers (12 of gpt-oss's 24, 10 of Gemma 3's 62), not every layer."""
     arch = _gemma3_27b() if model == "gemma-3-27b" else load_model(model)
-    gpu = load_gpu("h100-sxm")
+    gpu = load_gpu("h200-sxm")  # Gemma 3 27B's 16-bit weights and a KV cache on one GPU
     dtype = arch.checkpoint_dtype or "bf16"
     full = plan_memory(arch, gpu, weight_dtype=dtype)
     hybrid = plan_memory(arch, gpu, weight_dtype=dtype, kv_groups=kv_cache_groups(arch, 16))
@@ -214,7 +214,8 @@ def test_compares_feasibility_check_builds_a_hashed_traces_pools_as_its_run_does
         checked = build_pools(scenario, hashed)[0][1].config
         hybrid = build_pools(scenario, False)[0][1].config
     assert hashed and checked.kv_groups is None
-    assert hybrid.total_blocks == 2 * checked.total_blocks
+    # Both floor whole blocks: within one block of twice as many.
+    assert hybrid.total_blocks == pytest.approx(2 * checked.total_blocks, abs=1)
 
 
 @st.composite
@@ -465,7 +466,9 @@ def test_compares_feasibility_check_builds_the_pools_a_disaggregated_run_builds(
     assert [build.config.kv_groups for _, build in split] == [None, None]
     assert colocated[0][1].config.kv_groups is not None
     # Half the layers a block: twice the blocks in the same memory.
-    assert colocated[0][1].config.total_blocks == 2 * split[0][1].config.total_blocks
+    assert colocated[0][1].config.total_blocks == pytest.approx(
+        2 * split[0][1].config.total_blocks, abs=1
+    )  # both floor whole blocks
 
 
 # Found by review: with the decodes' blocks not taken when a step's new and freed blocks

@@ -27,10 +27,11 @@ def test_an_unknown_model_is_separated_from_the_known_ones():
 
 
 def test_does_not_fit_says_gib_for_binary_capacities():
-    """An 80 GiB H100 is 85.9 GB: the message gave '85.8993 GB'."""
+    """The budget is a share of the GiB CUDA sees (79.22 on an H100): the message gave
+    '85.8993 GB'."""
     with pytest.raises(InfeasibleError) as exc:
         plan_memory(load_model("llama-3.1-70b"), load_gpu("h100-sxm"))
-    assert "(80 GiB x 0.90)" in str(exc.value) and "85.8993" not in str(exc.value)
+    assert "(79.22 GiB x 0.90)" in str(exc.value) and "85.8993" not in str(exc.value)
 
 
 def test_moe_routing_on_a_dense_model_is_refused_as_expert_parallelism_is():
@@ -43,9 +44,10 @@ def test_moe_routing_on_a_dense_model_is_refused_as_expert_parallelism_is():
 
 
 def test_the_estimate_rounds_up_to_a_tensor_parallel_size_the_heads_split_over():
-    """DeepSeek-V3 in fp8 needs 5 H200s of memory, but 128 heads split over 8, not 5."""
+    """DeepSeek-V3 in fp8 needs 6 H200s of memory (139.72 GiB each as CUDA sees it), but
+    128 heads split over 8, not 6."""
     est = detailed_inference(load_model("deepseek-v3"), load_gpu("h200-sxm"), weight_dtype="fp8")
-    assert (est.gpus, est.tp) == (5, 8)
+    assert (est.gpus, est.tp) == (6, 8)
     one = detailed_inference(load_model("llama-3.1-8b"), load_gpu("h100-sxm"))
     assert one.gpus == one.tp == 1
 

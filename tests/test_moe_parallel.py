@@ -222,13 +222,27 @@ def test_hybrid_window_model_runs_with_a_one_line_warning(tmp_path, capsys):
 
 
 def test_ep_scratch_holds_whole_experts():
-    """With EP a rank runs whole experts over every token: its fused-MoE scratch is tp
-    times wider per row than a tensor-parallel slice's."""
-    arch = load_model("qwen3-30b-a3b")
+    """With EP a rank runs whole experts over every token: its fused-MoE scratch is as
+    wide per row as a whole expert's, not a tensor-parallel slice's. vLLM's workspaces
+    are at least hidden-wide (max(width, hidden) and max(gate_up, hidden)), so only an
+    expert wider than the hidden size (Mixtral's 14336 over 4096) widens them."""
+
+    def workspaces(width: int, hidden: int) -> int:
+        return max(width, hidden) + max(2 * width, hidden)
+
+    arch = load_model("mixtral-8x7b")
     tp = activation_bytes(arch, 4096, tp=4, sampled_tokens=0)
     ep = activation_bytes(arch, 4096, tp=4, sampled_tokens=0, expert_parallel=True)
-    rows = 4096 * arch.experts_per_token * 3  # gate, up and the product, per expert row
-    assert ep - tp == pytest.approx(rows * (768 - 768 / 4) * 2)
+    rows = 4096 * arch.experts_per_token
+    whole, sliced = arch.expert_intermediate_size, arch.expert_intermediate_size // 4
+    hidden = arch.hidden_size
+    assert ep - tp == pytest.approx(
+        rows * (workspaces(whole, hidden) - workspaces(sliced, hidden)) * 2
+    )
+    narrow = load_model("qwen3-30b-a3b")  # 768-wide experts under a 2048 hidden size
+    assert activation_bytes(narrow, 4096, tp=4, sampled_tokens=0) == activation_bytes(
+        narrow, 4096, tp=4, sampled_tokens=0, expert_parallel=True
+    )
 
 
 def test_warnings_raised_in_a_run_stand_in_its_summary():

@@ -138,8 +138,8 @@ def _show(args: argparse.Namespace) -> int:
         f"boost {gpu.boost_clock_mhz:.0f} MHz"
     )
     print(
-        f"  memory {gpu.memory.capacity_gb:g} GiB ({gpu.memory_bytes / 1e9:.1f} GB) "
-        f"{gpu.memory.kind} at "
+        f"  memory {gpu.memory.capacity_gb:g} GiB ({gpu.memory_bytes / 1e9:.1f} GB; CUDA "
+        f"sees {gpu.memory.visible_gib:.2f} GiB) {gpu.memory.kind} at "
         f"{gpu.memory.bandwidth_gbps:g} GB/s; L2 {gpu.l2.size_mb:g} MB at "
         f"{gpu.l2.bandwidth_gbps:g} GB/s"
     )
