@@ -320,7 +320,6 @@ def build_replica(
         max_num_seqs=serving.max_num_seqs,
         activation_dtype=scenario.model.activation_dtype,
         framework_overhead_gb=engine.framework_overhead_gb,
-        max_num_seqs=serving.max_num_seqs,
         expert_parallel=par.enable_expert_parallel,
         dp=par.dp,
         kv_groups=_kv_cache_groups(scenario, arch, kv_transfer, hashed_prompts),
