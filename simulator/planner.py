@@ -40,7 +40,7 @@ import pandas as pd
 
 from hardware_models.errors import InfersimError
 from hardware_models.plot_labels import LEADER, spread_labels
-from simulator.metrics.overload import TOO_SHORT
+from simulator.metrics.overload import RAMPS_TO_JUDGE, TOO_SHORT, verdict
 from simulator.scenario import PlanSection, Scenario
 from simulator.sweep import JobError, run_parallel
 
@@ -147,9 +147,17 @@ def _requests_needed(summary: dict[str, Any], rate: float, n: int) -> int:
     detectable (the detectable share falls as 1 / sqrt(arrivals))."""
     time_in_system = summary["latency"]["e2e"]["p50"] or 0.0
     needed = math.ceil(STEADY_TURNOVERS * rate * time_in_system)
-    load = summary["load"]
-    if summary["overload_verdict"] == TOO_SHORT and load["unserved_share"]:
-        ratio = load["detectable_unserved_share"] / load["unserved_share"]
+    if summary["overload_verdict"] != TOO_SHORT:
+        return needed
+    load, system = summary["load"], summary["load"]["in_system"]
+    within_noise = [load] if load["unserved_share"] and verdict(load) == TOO_SHORT else []
+    if system["verdict"] == TOO_SHORT and system["ramp_over"]:
+        within_noise.append(system)
+    elif system["verdict"] == TOO_SHORT:
+        # arrivals over the ramp and RAMPS_TO_JUDGE ramps after it (overload.in_system_trend)
+        needed = max(needed, math.ceil(rate * (RAMPS_TO_JUDGE + 1) * system["from_s"]))
+    for trend in within_noise:
+        ratio = trend["detectable_unserved_share"] / trend["unserved_share"]
         needed = max(needed, math.ceil(n * ratio**2))
     return needed
 

@@ -44,6 +44,7 @@ MIN_UNSERVED_SHARE = 0.02
 MIN_QUEUE_RISE = 5.0
 MIN_ARRIVALS = 5 * BLOCKS
 NOISE_Z = 2.3  # the rise must beat NOISE_Z random-walk standard deviations
+RAMPS_TO_JUDGE = 3  # the in-system count is judged over at least 3 ramps' time after its ramp
 STABLE, OVERLOADED, TOO_SHORT = "stable", "overloaded", "too_short_to_judge"
 TREND_FIELDS = (  # the keys of queue_trend's dict
     "window_s",
@@ -58,11 +59,12 @@ TREND_FIELDS = (  # the keys of queue_trend's dict
 )
 
 
-def waiting_at_arrivals(arrival: np.ndarray, started: np.ndarray) -> np.ndarray:
-    """Requests waiting just before each arrival (arrivals in time order): those arrived
-    earlier minus those started by then. `started` is when each was first scheduled."""
+def present_at_arrivals(arrival: np.ndarray, left: np.ndarray) -> np.ndarray:
+    """Requests present just before each arrival (arrivals in time order): those arrived
+    earlier minus those gone by then. `left` is when each left the set counted: its first
+    scheduling for the waiting queue, its finish for the requests in the system."""
     arrival = np.sort(arrival)
-    return np.arange(len(arrival)) - np.searchsorted(np.sort(started), arrival, side="left")
+    return np.arange(len(arrival)) - np.searchsorted(np.sort(left), arrival, side="left")
 
 
 @cache
@@ -108,13 +110,19 @@ def _median(values: np.ndarray) -> float:
     return float(np.mean(ordered[(n - 1) // 2 : n // 2 + 1]))
 
 
-def queue_trend(arrival: np.ndarray, started: np.ndarray) -> dict[str, Any] | None:
-    """The waiting queue's trend over the arrivals (module doc); None with too few."""
-    if len(arrival) < MIN_ARRIVALS:
-        return None
+def queue_trend(
+    arrival: np.ndarray, left: np.ndarray, since: float | None = None
+) -> dict[str, Any] | None:
+    """The trend of the requests present (waiting: `left` = first scheduled; in the
+    system: `left` = finish) over the arrivals after the warm-up and after `since`
+    (module doc); None with fewer than MIN_ARRIVALS arrivals to judge."""
     times = np.sort(arrival)
-    waiting = waiting_at_arrivals(arrival, started)
+    waiting = present_at_arrivals(arrival, left)
     skip = int(len(times) * WARMUP_SHARE)
+    if since is not None:
+        skip = max(skip, int(np.searchsorted(times, since, side="left")))
+    if len(times) - (0 if since is None else skip) < MIN_ARRIVALS:
+        return None
     times, waiting = times[skip:], waiting[skip:]
     window = float(times[-1] - times[0])
     if window <= 0:
@@ -163,25 +171,83 @@ def verdict(trend: dict[str, Any]) -> str:
     )
 
 
+def ramp_end(arrival: np.ndarray, finish: np.ndarray) -> float:
+    """When a stable system's count of requests in it has reached its level: the finish of
+    the last of the first WARMUP_SHARE arrivals. Until then the count rises by its ramp
+    (arrival rate x time in system, Little's law) whether the load is stable or not."""
+    order = np.argsort(arrival, kind="stable")
+    first = order[: max(1, int(len(order) * WARMUP_SHARE))]
+    return float(finish[first].max())
+
+
+def in_system_trend(arrival: np.ndarray, finish: np.ndarray) -> dict[str, Any] | None:
+    """The trend of the requests in the system (arrived, not finished: waiting and running)
+    over the arrivals after its ramp (from `from_s`; `ramp_over` True). The count keeps a
+    burst (or a run of long requests) for a time in system, so the window must span
+    RAMPS_TO_JUDGE ramps (each about a time in system) for its blocks to be more than one
+    fluctuation; where it is shorter, or under MIN_ARRIVALS arrive after the ramp, the
+    trend is taken over the arrivals after the warm-up, ramp included (`ramp_over` False).
+    None with too few arrivals."""
+    if len(arrival) < MIN_ARRIVALS:
+        return None
+    start = ramp_end(arrival, finish)
+    trend = queue_trend(arrival, finish, since=start)
+    ramp_over = trend is not None and trend["window_s"] >= RAMPS_TO_JUDGE * (
+        start - float(arrival.min())
+    )
+    trend = trend if ramp_over else queue_trend(arrival, finish)
+    return None if trend is None else {**trend, "from_s": start, "ramp_over": ramp_over}
+
+
+def in_system_verdict(trend: dict[str, Any]) -> str:
+    """`verdict` of the requests in the system; a rise that may be the ramp of a stable
+    system (no arrivals left to judge after it) is TOO_SHORT, never overload."""
+    judged = verdict(trend)
+    return judged if trend["ramp_over"] or judged == STABLE else TOO_SHORT
+
+
+def worst(*verdicts: str | None) -> str | None:
+    """The verdict of a run from its signals': OVERLOADED if any is, else TOO_SHORT if any
+    is, else STABLE if any was judged, else None."""
+    for judged in (OVERLOADED, TOO_SHORT, STABLE):
+        if judged in verdicts:
+            return judged
+    return None
+
+
 def is_growing(trend: dict[str, Any]) -> bool:
     """The waiting queue grew beyond doubt: the run is overloaded."""
     return verdict(trend) == OVERLOADED
 
 
-def growing_text(trend: dict[str, Any]) -> str:
+WAITING, IN_SYSTEM = "the waiting queue", "the requests in the system (waiting and running)"
+
+
+def growing_text(trend: dict[str, Any], what: str = WAITING) -> str:
+    since = f" from {trend['from_s']:,.0f} s" if "from_s" in trend else ""
     return (
-        f"the waiting queue grew from {trend['waiting_first']:,.0f} to "
-        f"{trend['waiting_last']:,.0f} requests over {trend['window_s']:,.0f} s of arrivals: "
-        f"{trend['unserved_share']:.0%} of the offered load "
+        f"{what} grew from {trend['waiting_first']:,.0f} to "
+        f"{trend['waiting_last']:,.0f} requests over {trend['window_s']:,.0f} s of "
+        f"arrivals{since}: {trend['unserved_share']:.0%} of the offered load "
         f"({trend['offered_requests_per_s']:,.2f} req/s) went unserved "
         f"(trend p = {trend['trend_p_value']:.1g})"
     )
 
 
-def too_short_text(trend: dict[str, Any]) -> str:
+def too_short_text(trend: dict[str, Any], what: str = WAITING) -> str:
+    head = (
+        f"too short to judge overload: {what} rose from {trend['waiting_first']:,.0f} "
+        f"to {trend['waiting_last']:,.0f} requests"
+    )
+    if not trend.get("ramp_over", True):
+        return (
+            f"{head}, as a stable system's do while they fill up, and the run is too short "
+            f"to see past that ramp (its first {WARMUP_SHARE:.0%} of arrivals finished only at "
+            f"{trend['from_s']:,.0f} s; it needs {RAMPS_TO_JUDGE} times as long again of arrivals "
+            "after that)"
+        )
     return (
-        f"too short to judge overload: the waiting queue rose from {trend['waiting_first']:,.0f}"
-        f" to {trend['waiting_last']:,.0f} requests, within the noise of arrivals this bursty "
+        f"{head}, within the noise of arrivals this bursty "
         f"(inter-arrival cv {trend['arrival_cv']:.1f}); this run could only detect "
         f"{trend['detectable_unserved_share']:.0%} or more of the offered load unserved"
     )

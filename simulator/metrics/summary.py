@@ -48,13 +48,17 @@ from simulator.engine.requests import REJECT_TEXT, RejectReason
 from simulator.engine.step_cost import StepBound
 from simulator.metrics.context import RunContext
 from simulator.metrics.overload import (
+    IN_SYSTEM,
     OVERLOADED,
     TOO_SHORT,
     TREND_FIELDS,
     growing_text,
+    in_system_trend,
+    in_system_verdict,
     queue_trend,
     too_short_text,
     verdict,
+    worst,
 )
 from simulator.metrics.step_totals import StepTotals
 from simulator.metrics.table import Table, as_table
@@ -157,26 +161,44 @@ def _counts(requests: Table, masks: dict[str, np.ndarray]) -> dict[str, Any]:
 
 
 def _load(requests: Table, masks: dict[str, np.ndarray], end: float) -> dict[str, Any]:
-    """The waiting queue's trend over the arrivals and the queue-full rejections; the
-    verdict from either (module doc of simulator.metrics.overload)."""
+    """The trends of the waiting queue and of the requests in the system over the
+    arrivals, and the queue-full rejections; the verdict from all three (module doc of
+    simulator.metrics.overload)."""
     queue_full = int(requests["reason"].equals(_QUEUE_FULL).sum())
     # Rejected requests never wait: the unservable are not load, queue-full is counted below.
     servable = ~masks["rejected"]
-    started = requests["first_scheduled"][servable]
-    trend = queue_trend(requests["arrival"][servable], np.where(np.isnan(started), end, started))
+    arrival = requests["arrival"][servable]
+    started, finish = requests["first_scheduled"][servable], requests["finish"][servable]
+    trend = queue_trend(arrival, np.where(np.isnan(started), end, started))
+    system = in_system_trend(arrival, np.where(np.isnan(finish), end, finish))
+    judged = verdict(trend) if trend else None
+    system_judged = in_system_verdict(system) if system else None
     load: dict[str, Any] = {
         **(trend or dict.fromkeys(TREND_FIELDS)),
+        "in_system": _in_system_fields(system, system_judged),
         "queue_full_rejections": queue_full,
     }
-    judged = verdict(trend) if trend else None
     reasons = [growing_text(trend)] if judged == OVERLOADED else []
+    if system_judged == OVERLOADED:
+        reasons.append(growing_text(system, IN_SYSTEM))
     if queue_full > QUEUE_FULL_SHARE * len(requests):
         reasons.append(f"waiting queue full: {queue_full} requests rejected")
     load["overloaded"] = bool(reasons)
-    load["verdict"] = OVERLOADED if reasons else judged
+    load["verdict"] = OVERLOADED if reasons else worst(judged, system_judged)
     load["reason"] = "; ".join(reasons)  # explains `overloaded`, and only it
-    load["note"] = too_short_text(trend) if load["verdict"] == TOO_SHORT else ""
+    notes = [too_short_text(trend)] if judged == TOO_SHORT else []
+    if system_judged == TOO_SHORT:
+        notes.append(too_short_text(system, IN_SYSTEM))
+    load["note"] = "; ".join(notes) if load["verdict"] == TOO_SHORT else ""
     return load
+
+
+def _in_system_fields(trend: dict[str, Any] | None, judged: str | None) -> dict[str, Any]:
+    """`load.in_system`: the trend's figures under names that do not say `waiting`."""
+    names = {"waiting_first": "first", "waiting_last": "last", "queue_growth_per_s": "growth_per_s"}
+    fields = (*TREND_FIELDS, "from_s", "ramp_over")
+    values = trend or dict.fromkeys(fields)
+    return {names.get(k, k): values[k] for k in fields} | {"verdict": judged}
 
 
 def _steady_throughput(requests: Table, completed: np.ndarray) -> dict[str, Any]:
