@@ -44,6 +44,7 @@ MIN_UNSERVED_SHARE = 0.02
 MIN_QUEUE_RISE = 5.0
 MIN_ARRIVALS = 5 * BLOCKS
 NOISE_Z = 2.3  # the rise must beat NOISE_Z random-walk standard deviations
+RAMP_RESIDUAL = 0.05  # the ramp is over once the count lacks at most 5% of its level
 RAMPS_TO_JUDGE = 3  # the in-system count is judged over at least 3 ramps' time after its ramp
 STABLE, OVERLOADED, TOO_SHORT = "stable", "overloaded", "too_short_to_judge"
 TREND_FIELDS = (  # the keys of queue_trend's dict
@@ -172,12 +173,20 @@ def verdict(trend: dict[str, Any]) -> str:
 
 
 def ramp_end(arrival: np.ndarray, finish: np.ndarray) -> float:
-    """When a stable system's count of requests in it has reached its level: the finish of
-    the last of the first WARMUP_SHARE arrivals. Until then the count rises by its ramp
-    (arrival rate x time in system, Little's law) whether the load is stable or not."""
+    """When a stable system's count of requests in it has reached its level, to within
+    RAMP_RESIDUAL of it: the count at time tau after an arrival lacks the time those
+    arrivals still spend in the system past tau, sum((s - tau)+) over their times in
+    system s (M/G/infinity: level x E[(S - tau)+] / E[S]). tau is the smallest time in
+    system of the first WARMUP_SHARE arrivals past which they spent at most RAMP_RESIDUAL
+    of their time, counted from the last of them: one request of a rare long output
+    (the maximum) does not set the ramp."""
     order = np.argsort(arrival, kind="stable")
     first = order[: max(1, int(len(order) * WARMUP_SHARE))]
-    return float(finish[first].max())
+    stay = np.sort(finish[first] - arrival[first])
+    # time spent past each stay[k] by the longer ones: sum_{j>k} (stay[j] - stay[k])
+    past = np.cumsum(stay[::-1])[::-1] - stay * np.arange(len(stay), 0, -1)
+    tau = stay[np.argmax(past <= RAMP_RESIDUAL * stay.sum())]
+    return float(arrival[first[-1]] + tau)
 
 
 def in_system_trend(arrival: np.ndarray, finish: np.ndarray) -> dict[str, Any] | None:
