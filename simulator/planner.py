@@ -40,7 +40,12 @@ import pandas as pd
 
 from hardware_models.errors import InfersimError
 from hardware_models.plot_labels import LEADER, spread_labels
-from simulator.metrics.overload import RAMPS_TO_JUDGE, TOO_SHORT, verdict
+from simulator.metrics.overload import (
+    MIN_IN_SYSTEM_ARRIVALS,
+    RAMPS_TO_JUDGE,
+    TOO_SHORT,
+    verdict,
+)
 from simulator.scenario import PlanSection, Scenario
 from simulator.sweep import JobError, run_parallel
 
@@ -151,11 +156,14 @@ def _requests_needed(summary: dict[str, Any], rate: float, n: int) -> int:
         return needed
     load, system = summary["load"], summary["load"]["in_system"]
     within_noise = [load] if load["unserved_share"] and verdict(load) == TOO_SHORT else []
-    if system["verdict"] == TOO_SHORT and system["ramp_over"]:
+    if system["verdict"] == TOO_SHORT and system["arrivals"] >= MIN_IN_SYSTEM_ARRIVALS:
         within_noise.append(system)
     elif system["verdict"] == TOO_SHORT:
-        # arrivals over the ramp and RAMPS_TO_JUDGE ramps after it (overload.in_system_trend)
-        needed = max(needed, math.ceil(rate * (RAMPS_TO_JUDGE + 1) * system["from_s"]))
+        # arrivals over the ramp, then over RAMPS_TO_JUDGE ramps and MIN_IN_SYSTEM_ARRIVALS
+        # (overload.in_system_verdict)
+        ramp = rate * system["from_s"]
+        after = max(RAMPS_TO_JUDGE * ramp, MIN_IN_SYSTEM_ARRIVALS)
+        needed = max(needed, math.ceil(ramp + after))
     for trend in within_noise:
         ratio = trend["detectable_unserved_share"] / trend["unserved_share"]
         needed = max(needed, math.ceil(n * ratio**2))

@@ -126,7 +126,7 @@ def _check(name: str, loads: tuple[float, ...], lengths: tuple[int, ...], seeds:
 # ---- a representative subset, in the default run ---------------------------------------------
 def test_a_stable_system_is_not_overloaded_at_any_run_length():
     _check("small-mixed", (0.5, 0.9), (200, 1000, 5000), range(2), expected=False)
-    _check("long-prompts", (0.9,), (200, 1000), range(2), expected=False)
+    _check("long-prompts", (0.9,), (200, 1000), range(3), expected=False)  # seed 2 at 200: a swing
 
 
 def test_an_overloaded_system_is_flagged():

@@ -209,7 +209,7 @@ def _summary(
     load = {"window_s": 100.0, "offered_requests_per_s": 10.0, "trend_p_value": 1e-4,
             "queue_growth_per_s": 10.0 * (unserved or 0.0), "unserved_share": unserved,
             "detectable_unserved_share": detectable}  # fmt: skip
-    load["in_system"] = in_system or {"verdict": "stable", "ramp_over": True}
+    load["in_system"] = in_system or {"verdict": "stable", "ramp_over": True, "arrivals": 0}
     return {"overload_verdict": verdict, "load": load, "latency": {"e2e": {"p50": p50_s}}}
 
 
@@ -224,12 +224,13 @@ def test_a_probe_too_short_to_judge_is_run_long_enough_to_see_its_rise():
 
 def test_a_probe_ended_within_its_ramp_is_run_past_it():
     """Requests in the system still rising over a ramp of 30 s: a verdict needs arrivals
-    over the ramp and RAMPS_TO_JUDGE (3) ramps after it, 4 x 30 s x 10 req/s."""
+    over the ramp and then RAMPS_TO_JUDGE (3) ramps and 1,000 arrivals at least."""
     from simulator.planner import _requests_needed
 
-    ramp = {"verdict": "too_short_to_judge", "ramp_over": False, "from_s": 30.0}
+    ramp = {"verdict": "too_short_to_judge", "ramp_over": False, "from_s": 30.0, "arrivals": 0}
     summary = _summary("too_short_to_judge", 0.0, 0.1, 2.0, in_system=ramp)
-    assert _requests_needed(summary, 10.0, 300) == 1_200
+    assert _requests_needed(summary, 10.0, 300) == 300 + 1_000
+    assert _requests_needed(summary, 50.0, 300) == 4 * 1_500
 
 
 def test_a_probe_held_at_the_request_cap_says_so_in_the_plan(make_scenario, monkeypatch):

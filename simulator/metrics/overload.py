@@ -46,6 +46,7 @@ MIN_ARRIVALS = 5 * BLOCKS
 NOISE_Z = 2.3  # the rise must beat NOISE_Z random-walk standard deviations
 RAMP_RESIDUAL = 0.05  # the ramp is over once the count lacks at most 5% of its level
 RAMPS_TO_JUDGE = 3  # the in-system count is judged over at least 3 ramps' time after its ramp
+MIN_IN_SYSTEM_ARRIVALS = 1000  # and called overloaded from at least 1,000 arrivals after it
 STABLE, OVERLOADED, TOO_SHORT = "stable", "overloaded", "too_short_to_judge"
 TREND_FIELDS = (  # the keys of queue_trend's dict
     "window_s",
@@ -191,7 +192,7 @@ def ramp_end(arrival: np.ndarray, finish: np.ndarray) -> float:
 
 def in_system_trend(arrival: np.ndarray, finish: np.ndarray) -> dict[str, Any] | None:
     """The trend of the requests in the system (arrived, not finished: waiting and running)
-    over the arrivals after its ramp (from `from_s`; `ramp_over` True). The count keeps a
+    over the `arrivals` after its ramp (from `from_s`; `ramp_over` True). The count keeps a
     burst (or a run of long requests) for a time in system, so the window must span
     RAMPS_TO_JUDGE ramps (each about a time in system) for its blocks to be more than one
     fluctuation; where it is shorter, or under MIN_ARRIVALS arrive after the ramp, the
@@ -204,15 +205,23 @@ def in_system_trend(arrival: np.ndarray, finish: np.ndarray) -> dict[str, Any] |
     ramp_over = trend is not None and trend["window_s"] >= RAMPS_TO_JUDGE * (
         start - float(arrival.min())
     )
+    after = int(np.count_nonzero(arrival >= start)) if ramp_over else 0
     trend = trend if ramp_over else queue_trend(arrival, finish)
-    return None if trend is None else {**trend, "from_s": start, "ramp_over": ramp_over}
+    if trend is None:
+        return None
+    return {**trend, "from_s": start, "ramp_over": ramp_over, "arrivals": after}
 
 
 def in_system_verdict(trend: dict[str, Any]) -> str:
-    """`verdict` of the requests in the system; a rise that may be the ramp of a stable
-    system (no arrivals left to judge after it) is TOO_SHORT, never overload."""
+    """`verdict` of the requests in the system. A rise that may be the ramp of a stable
+    system (`ramp_over` False) is TOO_SHORT, never overload; so is one over fewer than
+    MIN_IN_SYSTEM_ARRIVALS arrivals after the ramp, where the count of a stable system
+    near capacity (its running set as well as its queue) still swings by as much (a
+    long-prompt workload at 90% of capacity rose by 24% of 157 arrivals)."""
     judged = verdict(trend)
-    return judged if trend["ramp_over"] or judged == STABLE else TOO_SHORT
+    if judged == STABLE:
+        return STABLE
+    return judged if trend["arrivals"] >= MIN_IN_SYSTEM_ARRIVALS else TOO_SHORT
 
 
 def worst(*verdicts: str | None) -> str | None:
@@ -248,12 +257,12 @@ def too_short_text(trend: dict[str, Any], what: str = WAITING) -> str:
         f"too short to judge overload: {what} rose from {trend['waiting_first']:,.0f} "
         f"to {trend['waiting_last']:,.0f} requests"
     )
-    if not trend.get("ramp_over", True):
+    if "arrivals" in trend and trend["arrivals"] < MIN_IN_SYSTEM_ARRIVALS:
         return (
-            f"{head}, as a stable system's do while they fill up, and the run is too short "
-            f"to see past that ramp (its first {WARMUP_SHARE:.0%} of arrivals finished only at "
-            f"{trend['from_s']:,.0f} s; it needs {RAMPS_TO_JUDGE} times as long again of arrivals "
-            "after that)"
+            f"{head}, as a stable system's do while they fill up or swing near capacity: "
+            f"a verdict on them needs {RAMPS_TO_JUDGE} times the time its first "
+            f"{WARMUP_SHARE:.0%} of arrivals took to finish ({trend['from_s']:,.0f} s) "
+            f"and {MIN_IN_SYSTEM_ARRIVALS:,} arrivals after it at least; run more requests"
         )
     return (
         f"{head}, within the noise of arrivals this bursty "
