@@ -1,12 +1,15 @@
-"""The overload verdict is a growing waiting queue, whatever the run's length.
+"""The overload verdict is a growing backlog (waiting queue, or requests in the system),
+whatever the run's length.
 
-Three workloads unlike each other (a compute-bound one of long prompts, the 70B chat
-traffic of the capacity-plan scenario on tp=4, a small model's mixed requests), each at a
+Four workloads unlike each other (a compute-bound one of long prompts, the 70B chat
+traffic of the capacity-plan scenario on tp=4, a small model's mixed requests, and the
+quickstart's 8B chat traffic, whose running batch absorbs the first excess), each at a
 fraction of its capacity: the steady-state throughput of a burst of requests far beyond
-it. Stable loads (50-90%) are never flagged at 200 to 5,000 requests; loads of 105-150%
-are flagged from the run length at which their queue's drift beats its noise
-(simulator.metrics.overload: about (2.3 x cv / g)^2 arrivals for an unserved share g and
-inter-arrival cv: Poisson, and gamma arrivals of cv 2 and 4).
+it. No overload ever reads stable. Stable loads (50-90%) are never flagged at 200 to
+5,000 requests; loads of 105-150% are flagged from the run length at which their
+queue's drift beats its noise (simulator.metrics.overload: about (2.3 x cv / g)^2
+arrivals for an unserved share g and inter-arrival cv: Poisson, and gamma arrivals of
+cv 2 and 4).
 """
 
 from __future__ import annotations
@@ -283,3 +286,26 @@ def test_the_notebook_view_shows_the_too_short_note():
                        progress=False).summary()  # fmt: skip
     summary["overload_note"] = "too short to judge overload: the queue rose"
     assert "<b>Note:</b> too short to judge overload" in summary_html(summary)
+
+
+@pytest.mark.slow
+def test_the_8b_chat_verdicts_by_load_and_length():
+    """docs/METRICS.md's table (seeds 0-2): a batch that absorbs the excess makes 120%
+    detectable from 1,000 requests, not 200, and no overload ever reads stable."""
+    expected = {
+        (0.5, 200): {STABLE: 1, TOO_SHORT: 2},
+        (0.7, 200): {STABLE: 1, TOO_SHORT: 2},
+        (0.9, 200): {TOO_SHORT: 3},
+        (1.05, 200): {TOO_SHORT: 3},
+        (1.05, 1000): {TOO_SHORT: 3},
+        (1.2, 200): {TOO_SHORT: 3},
+        (1.5, 200): {TOO_SHORT: 3},
+    }
+    for load in (0.5, 0.7, 0.9, 1.05, 1.2, 1.5):
+        for n in (200, 1000, 5000):
+            got: dict[str, int] = {}
+            for seed in range(3):
+                judged = _at("8b-chat", load * capacity("8b-chat"), n, seed)["overload_verdict"]
+                got[judged] = got.get(judged, 0) + 1
+            default = {STABLE: 3} if load < 1 else {OVERLOADED: 3}
+            assert got == expected.get((load, n), default), (load, n, got)

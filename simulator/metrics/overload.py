@@ -1,4 +1,5 @@
-"""Is the waiting queue growing? The overload verdict of a run, as a trend test.
+"""Is the backlog growing? The overload verdict of a run, as trend tests of the waiting
+queue and of the requests in the system.
 
 A stable server's waiting queue fluctuates about a level; an overloaded one's grows for as
 long as traffic arrives, by (offered - served rate) per second. The test therefore looks
@@ -27,7 +28,21 @@ reads a burst late in a short run as a trend. The rise must therefore also excee
 Poisson 105% of capacity (g = 0.048) from ~2,300 requests, 120% from ~200; for cv = 4,
 150% from ~800. A significant, material rise below that bound is `too_short_to_judge`,
 not overloaded; `detectable_unserved_share` (2.3 x cv / sqrt(n)) is the smallest share
-the run could have told from noise. docs/METRICS.md has the reasoning and measurements.
+the run could have told from noise.
+
+Those lengths hold where the excess waits. vLLM admits waiting requests while the
+running set is below max_num_seqs and KV blocks fit (`Scheduler.schedule`,
+vllm/v1/core/sched/scheduler.py), so with a large max_num_seqs and KV to spare the
+excess first joins the running batch (TPOT rises) and the waiting queue stays flat for
+as long as the batch grows. The requests in the system (arrived, not finished: waiting
+and running) grow either way and are tested the same way (`in_system_trend`), after
+their ramp: a stable system's count also rises, by rate x time in system, until its
+first requests are through (`ramp_end`). After the ramp, over at least RAMPS_TO_JUDGE
+ramps' time and MIN_IN_SYSTEM_ARRIVALS arrivals, a rise is overload; any shorter run
+with a significant, material rise of that count is `too_short_to_judge`, never stable.
+So 120% of capacity on an 8B H100 replica with 256 sequences reads too short to judge
+at 200 requests and overloaded from 1,000. docs/METRICS.md has the reasoning and
+measurements.
 """
 
 from __future__ import annotations

@@ -17,12 +17,13 @@ Definitions (all times in seconds of simulated time, D = ctx.duration_s):
   statistics, exactly as `numpy.percentile` on the samples repeated `weight` times.
 - goodput: completed requests for which every bound the SLO gives holds (a one-token
   output meets any TPOT bound).
-- overload: the cluster is `overloaded` when its waiting queue grew over the arrivals (a
-  significant and material trend beyond the arrivals' noise, simulator.metrics.overload),
-  or when more than 1% of arrivals were rejected because a waiting queue was full;
-  `overload_verdict` is overloaded, stable, too_short_to_judge (a rise the run is too
-  short to tell from its bursts) or None (not judged: fewer than 50 arrivals, or all at
-  once). docs/METRICS.md has the reasoning.
+- overload: the cluster is `overloaded` when its waiting queue, or the requests in the
+  system (waiting and running) after their ramp, grew over the arrivals (a significant
+  and material trend beyond the arrivals' noise, simulator.metrics.overload), or when more
+  than 1% of arrivals were rejected because a waiting queue was full; `overload_verdict`
+  is overloaded, stable, too_short_to_judge (a rise the run is too short to tell from its
+  bursts or from the system filling up) or None (not judged: fewer than 50 arrivals, or
+  all at once). docs/METRICS.md has the reasoning.
 - utilisation: busy fraction = step time of a replica / D, averaged over replicas; MFU =
   sum of step FLOPs / (sum of replica peak FLOP/s x D); MBU the same with DRAM bytes and
   peak bandwidth; the `_busy` variants divide by each replica's busy time instead of D;
