@@ -274,10 +274,10 @@ def too_short_text(trend: dict[str, Any], what: str = WAITING) -> str:
     )
     if "arrivals" in trend and trend["arrivals"] < MIN_IN_SYSTEM_ARRIVALS:
         return (
-            f"{head}, as a stable system's do while they fill up or swing near capacity: "
-            f"a verdict on them needs {RAMPS_TO_JUDGE} times the time its first "
-            f"{WARMUP_SHARE:.0%} of arrivals took to finish ({trend['from_s']:,.0f} s) "
-            f"and {MIN_IN_SYSTEM_ARRIVALS:,} arrivals after it at least; run more requests"
+            f"{head}, as a stable system's do while it fills up (or swings near capacity): "
+            f"its first {WARMUP_SHARE:.0%} of arrivals were through only at "
+            f"{trend['from_s']:,.0f} s, and a verdict needs {RAMPS_TO_JUDGE} times that long of "
+            f"arrivals after it, {MIN_IN_SYSTEM_ARRIVALS:,} at least; run more requests"
         )
     return (
         f"{head}, within the noise of arrivals this bursty "
