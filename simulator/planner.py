@@ -40,7 +40,12 @@ import pandas as pd
 
 from hardware_models.errors import InfersimError
 from hardware_models.plot_labels import LEADER, spread_labels
-from simulator.metrics.overload import TOO_SHORT
+from simulator.metrics.overload import (
+    MIN_IN_SYSTEM_ARRIVALS,
+    RAMPS_TO_JUDGE,
+    TOO_SHORT,
+    verdict,
+)
 from simulator.progress import Progress
 from simulator.scenario import PlanSection, Scenario, fields_overlap, override_key
 from simulator.sweep import JobError, run_parallel
@@ -172,9 +177,20 @@ def _requests_needed(summary: dict[str, Any], rate: float, n: int) -> int:
     detectable (the detectable share falls as 1 / sqrt(arrivals))."""
     time_in_system = summary["latency"]["e2e"]["p50"] or 0.0
     needed = math.ceil(STEADY_TURNOVERS * rate * time_in_system)
-    load = summary["load"]
-    if summary["overload_verdict"] == TOO_SHORT and load["unserved_share"]:
-        ratio = load["detectable_unserved_share"] / load["unserved_share"]
+    if summary["overload_verdict"] != TOO_SHORT:
+        return needed
+    load, system = summary["load"], summary["load"]["in_system"]
+    within_noise = [load] if load["unserved_share"] and verdict(load) == TOO_SHORT else []
+    if system["verdict"] == TOO_SHORT and system["arrivals"] >= MIN_IN_SYSTEM_ARRIVALS:
+        within_noise.append(system)
+    elif system["verdict"] == TOO_SHORT:
+        # arrivals over the ramp, then over RAMPS_TO_JUDGE ramps and MIN_IN_SYSTEM_ARRIVALS
+        # (overload.in_system_verdict)
+        ramp = rate * system["from_s"]
+        after = max(RAMPS_TO_JUDGE * ramp, MIN_IN_SYSTEM_ARRIVALS)
+        needed = max(needed, math.ceil(ramp + after))
+    for trend in within_noise:
+        ratio = trend["detectable_unserved_share"] / trend["unserved_share"]
         needed = max(needed, math.ceil(n * ratio**2))
     return needed
 

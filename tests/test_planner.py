@@ -235,8 +235,15 @@ def test_a_replica_of_dp_ranks_counts_and_prices_all_its_gpus(make_scenario):
     assert row["dp"] == 2
 
 
-def _summary(verdict: str, unserved: float | None, detectable: float, p50_s: float) -> dict:
-    load = {"unserved_share": unserved, "detectable_unserved_share": detectable}
+def _summary(
+    verdict: str, unserved: float | None, detectable: float, p50_s: float,
+    in_system: dict | None = None,
+) -> dict:  # fmt: skip
+    """A waiting queue that rose by `unserved` over 100 s at 10 req/s (p = 1e-4)."""
+    load = {"window_s": 100.0, "offered_requests_per_s": 10.0, "trend_p_value": 1e-4,
+            "queue_growth_per_s": 10.0 * (unserved or 0.0), "unserved_share": unserved,
+            "detectable_unserved_share": detectable}  # fmt: skip
+    load["in_system"] = in_system or {"verdict": "stable", "ramp_over": True, "arrivals": 0}
     return {"overload_verdict": verdict, "load": load, "latency": {"e2e": {"p50": p50_s}}}
 
 
@@ -247,6 +254,17 @@ def test_a_probe_too_short_to_judge_is_run_long_enough_to_see_its_rise():
     assert _requests_needed(_summary("stable", 0.001, 0.2, 2.0), 10.0, 1_000) == 100
     # a 5% rise where 1,000 arrivals can only see 10%: 4x the arrivals halve the limit
     assert _requests_needed(_summary("too_short_to_judge", 0.05, 0.1, 2.0), 10.0, 1_000) == 4_000
+
+
+def test_a_probe_ended_within_its_ramp_is_run_past_it():
+    """Requests in the system still rising over a ramp of 30 s: a verdict needs arrivals
+    over the ramp and then RAMPS_TO_JUDGE (3) ramps and 1,000 arrivals at least."""
+    from simulator.planner import _requests_needed
+
+    ramp = {"verdict": "too_short_to_judge", "ramp_over": False, "from_s": 30.0, "arrivals": 0}
+    summary = _summary("too_short_to_judge", 0.0, 0.1, 2.0, in_system=ramp)
+    assert _requests_needed(summary, 10.0, 300) == 300 + 1_000
+    assert _requests_needed(summary, 50.0, 300) == 4 * 1_500
 
 
 def test_a_probe_held_at_the_request_cap_says_so_in_the_plan(make_scenario, monkeypatch):

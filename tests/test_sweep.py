@@ -19,6 +19,8 @@ from simulator.scenario import Scenario
 from simulator.sweep import PLOT_FILES, JobError, expand_grid, run_parallel, run_point, sweep
 from tests.conftest import scenario_dict
 
+ROOT = Path(__file__).resolve().parents[1]
+
 GRID = {"workload.arrivals.rate_per_s": [2.0, 8.0], "serving.max_num_seqs": [4, 32]}
 
 
@@ -304,3 +306,19 @@ def test_a_set_of_a_swept_field_is_refused_not_overridden_by_the_grid(tmp_path):
         expand_grid(scenario.with_overrides(["serving={max_num_seqs: 8}"]))
     points = expand_grid(scenario.with_overrides(["sweep.grid.serving.max_num_seqs=[8]"]))
     assert [p.data["serving"]["max_num_seqs"] for p in points] == [8]
+
+
+def test_the_sweep_table_prints_a_point_too_short_to_judge_as_such(tmp_path, capsys):
+    """sweep-rate-batch's 32 req/s, max_num_seqs 256 point at 400 requests ends within the
+    ramp of its requests in the system: the table says too_short_to_judge, where it printed
+    `overloaded False` (and the verdict was `stable`) while only the waiting queue was
+    tested."""
+    grid = "sweep.grid={workload.arrivals.rate_per_s: [32], serving.max_num_seqs: [256]}"
+    argv = ["sweep", str(ROOT / "scenarios" / "sweep-rate-batch.yaml"), "-o", str(tmp_path),
+            "--workers", "1", "--quiet", "--no-plots", "--set", grid,
+            "--set", "workload.num_requests=400"]  # fmt: skip
+    assert main(argv) == 0
+    assert "too_short_to_judge" in capsys.readouterr().out
+    table = pd.read_parquet(tmp_path / "sweep.parquet")
+    assert table["overload_verdict"].tolist() == ["too_short_to_judge"]
+    assert table["overloaded"].tolist() == [False]

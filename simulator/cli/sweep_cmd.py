@@ -20,7 +20,9 @@ from simulator.sweep import PER_USD, sweep
 if TYPE_CHECKING:
     from distributed import Client
 
-# Columns printed at the end (all of them are in sweep.parquet), with short headers.
+# Columns printed at the end (all of them are in sweep.parquet), with short headers; the
+# overload verdict rather than `overloaded`, so a point too short to judge is not read as
+# stable.
 _SHOWN = {
     "status": "status",
     "output_tokens_per_s": "out tok/s",
@@ -29,7 +31,7 @@ _SHOWN = {
     "goodput_fraction": "SLO met",
     "usd_per_million_output_tokens": "$/1M out tok",
     PER_USD: "tok/s per $/h",
-    "overloaded": "overloaded",
+    "overload_verdict": "overload",
 }
 
 

@@ -1,4 +1,5 @@
-"""Is the waiting queue growing? The overload verdict of a run, as a trend test.
+"""Is the backlog growing? The overload verdict of a run, as trend tests of the waiting
+queue and of the requests in the system.
 
 A stable server's waiting queue fluctuates about a level; an overloaded one's grows for as
 long as traffic arrives, by (offered - served rate) per second. The test therefore looks
@@ -27,7 +28,21 @@ reads a burst late in a short run as a trend. The rise must therefore also excee
 Poisson 105% of capacity (g = 0.048) from ~2,300 requests, 120% from ~200; for cv = 4,
 150% from ~800. A significant, material rise below that bound is `too_short_to_judge`,
 not overloaded; `detectable_unserved_share` (2.3 x cv / sqrt(n)) is the smallest share
-the run could have told from noise. docs/METRICS.md has the reasoning and measurements.
+the run could have told from noise.
+
+Those lengths hold where the excess waits. vLLM admits waiting requests while the
+running set is below max_num_seqs and KV blocks fit (`Scheduler.schedule`,
+vllm/v1/core/sched/scheduler.py), so with a large max_num_seqs and KV to spare the
+excess first joins the running batch (TPOT rises) and the waiting queue stays flat for
+as long as the batch grows. The requests in the system (arrived, not finished: waiting
+and running) grow either way and are tested the same way (`in_system_trend`), after
+their ramp: a stable system's count also rises, by rate x time in system, until its
+first requests are through (`ramp_end`). After the ramp, over at least RAMPS_TO_JUDGE
+ramps' time and MIN_IN_SYSTEM_ARRIVALS arrivals, a rise is overload; any shorter run
+with a significant, material rise of that count is `too_short_to_judge`, never stable.
+So 120% of capacity on an 8B H100 replica with 256 sequences reads too short to judge
+at 200 requests and overloaded from 1,000. docs/METRICS.md has the reasoning and
+measurements.
 """
 
 from __future__ import annotations
@@ -44,6 +59,9 @@ MIN_UNSERVED_SHARE = 0.02
 MIN_QUEUE_RISE = 5.0
 MIN_ARRIVALS = 5 * BLOCKS
 NOISE_Z = 2.3  # the rise must beat NOISE_Z random-walk standard deviations
+RAMP_RESIDUAL = 0.05  # the ramp is over once the count lacks at most 5% of its level
+RAMPS_TO_JUDGE = 3  # the in-system count is judged over at least 3 ramps' time after its ramp
+MIN_IN_SYSTEM_ARRIVALS = 1000  # and called overloaded from at least 1,000 arrivals after it
 STABLE, OVERLOADED, TOO_SHORT = "stable", "overloaded", "too_short_to_judge"
 TREND_FIELDS = (  # the keys of queue_trend's dict
     "window_s",
@@ -58,11 +76,12 @@ TREND_FIELDS = (  # the keys of queue_trend's dict
 )
 
 
-def waiting_at_arrivals(arrival: np.ndarray, started: np.ndarray) -> np.ndarray:
-    """Requests waiting just before each arrival (arrivals in time order): those arrived
-    earlier minus those started by then. `started` is when each was first scheduled."""
+def present_at_arrivals(arrival: np.ndarray, left: np.ndarray) -> np.ndarray:
+    """Requests present just before each arrival (arrivals in time order): those arrived
+    earlier minus those gone by then. `left` is when each left the set counted: its first
+    scheduling for the waiting queue, its finish for the requests in the system."""
     arrival = np.sort(arrival)
-    return np.arange(len(arrival)) - np.searchsorted(np.sort(started), arrival, side="left")
+    return np.arange(len(arrival)) - np.searchsorted(np.sort(left), arrival, side="left")
 
 
 @cache
@@ -108,13 +127,19 @@ def _median(values: np.ndarray) -> float:
     return float(np.mean(ordered[(n - 1) // 2 : n // 2 + 1]))
 
 
-def queue_trend(arrival: np.ndarray, started: np.ndarray) -> dict[str, Any] | None:
-    """The waiting queue's trend over the arrivals (module doc); None with too few."""
-    if len(arrival) < MIN_ARRIVALS:
-        return None
+def queue_trend(
+    arrival: np.ndarray, left: np.ndarray, since: float | None = None
+) -> dict[str, Any] | None:
+    """The trend of the requests present (waiting: `left` = first scheduled; in the
+    system: `left` = finish) over the arrivals after the warm-up and after `since`
+    (module doc); None with fewer than MIN_ARRIVALS arrivals to judge."""
     times = np.sort(arrival)
-    waiting = waiting_at_arrivals(arrival, started)
+    waiting = present_at_arrivals(arrival, left)
     skip = int(len(times) * WARMUP_SHARE)
+    if since is not None:
+        skip = max(skip, int(np.searchsorted(times, since, side="left")))
+    if len(times) - (0 if since is None else skip) < MIN_ARRIVALS:
+        return None
     times, waiting = times[skip:], waiting[skip:]
     window = float(times[-1] - times[0])
     if window <= 0:
@@ -163,25 +188,99 @@ def verdict(trend: dict[str, Any]) -> str:
     )
 
 
+def ramp_end(arrival: np.ndarray, finish: np.ndarray) -> float:
+    """When a stable system's count of requests in it has reached its level, to within
+    RAMP_RESIDUAL of it: the count at time tau after an arrival lacks the time those
+    arrivals still spend in the system past tau, sum((s - tau)+) over their times in
+    system s (M/G/infinity: level x E[(S - tau)+] / E[S]). tau is the smallest time in
+    system of the first WARMUP_SHARE arrivals past which they spent at most RAMP_RESIDUAL
+    of their time, counted from the last of them: one request of a rare long output
+    (the maximum) does not set the ramp."""
+    order = np.argsort(arrival, kind="stable")
+    first = order[: max(1, int(len(order) * WARMUP_SHARE))]
+    stay = np.sort(finish[first] - arrival[first])
+    # time spent past each stay[k] by the longer ones: sum_{j>k} (stay[j] - stay[k])
+    past = np.cumsum(stay[::-1])[::-1] - stay * np.arange(len(stay), 0, -1)
+    tau = stay[np.argmax(past <= RAMP_RESIDUAL * stay.sum())]
+    return float(arrival[first[-1]] + tau)
+
+
+def in_system_trend(arrival: np.ndarray, finish: np.ndarray) -> dict[str, Any] | None:
+    """The trend of the requests in the system (arrived, not finished: waiting and running)
+    over the `arrivals` after its ramp (from `from_s`; `ramp_over` True). The count keeps a
+    burst (or a run of long requests) for a time in system, so the window must span
+    RAMPS_TO_JUDGE ramps (each about a time in system) for its blocks to be more than one
+    fluctuation; where it is shorter, or under MIN_ARRIVALS arrive after the ramp, the
+    trend is taken over the arrivals after the warm-up, ramp included (`ramp_over` False).
+    None with too few arrivals."""
+    if len(arrival) < MIN_ARRIVALS:
+        return None
+    start = ramp_end(arrival, finish)
+    trend = queue_trend(arrival, finish, since=start)
+    ramp_over = trend is not None and trend["window_s"] >= RAMPS_TO_JUDGE * (
+        start - float(arrival.min())
+    )
+    after = int(np.count_nonzero(arrival >= start)) if ramp_over else 0
+    trend = trend if ramp_over else queue_trend(arrival, finish)
+    if trend is None:
+        return None
+    return {**trend, "from_s": start, "ramp_over": ramp_over, "arrivals": after}
+
+
+def in_system_verdict(trend: dict[str, Any]) -> str:
+    """`verdict` of the requests in the system. A rise that may be the ramp of a stable
+    system (`ramp_over` False) is TOO_SHORT, never overload; so is one over fewer than
+    MIN_IN_SYSTEM_ARRIVALS arrivals after the ramp, where the count of a stable system
+    near capacity (its running set as well as its queue) still swings by as much (a
+    long-prompt workload at 90% of capacity rose by 24% of 157 arrivals)."""
+    judged = verdict(trend)
+    if judged == STABLE:
+        return STABLE
+    return judged if trend["arrivals"] >= MIN_IN_SYSTEM_ARRIVALS else TOO_SHORT
+
+
+def worst(*verdicts: str | None) -> str | None:
+    """The verdict of a run from its signals': OVERLOADED if any is, else TOO_SHORT if any
+    is, else STABLE if any was judged, else None."""
+    for judged in (OVERLOADED, TOO_SHORT, STABLE):
+        if judged in verdicts:
+            return judged
+    return None
+
+
 def is_growing(trend: dict[str, Any]) -> bool:
     """The waiting queue grew beyond doubt: the run is overloaded."""
     return verdict(trend) == OVERLOADED
 
 
-def growing_text(trend: dict[str, Any]) -> str:
+WAITING, IN_SYSTEM = "the waiting queue", "the requests in the system (waiting and running)"
+
+
+def growing_text(trend: dict[str, Any], what: str = WAITING) -> str:
+    since = f" from {trend['from_s']:,.0f} s" if "from_s" in trend else ""
     return (
-        f"the waiting queue grew from {trend['waiting_first']:,.0f} to "
-        f"{trend['waiting_last']:,.0f} requests over {trend['window_s']:,.0f} s of arrivals: "
-        f"{trend['unserved_share']:.0%} of the offered load "
+        f"{what} grew from {trend['waiting_first']:,.0f} to "
+        f"{trend['waiting_last']:,.0f} requests over {trend['window_s']:,.0f} s of "
+        f"arrivals{since}: {trend['unserved_share']:.0%} of the offered load "
         f"({trend['offered_requests_per_s']:,.2f} req/s) went unserved "
         f"(trend p = {trend['trend_p_value']:.1g})"
     )
 
 
-def too_short_text(trend: dict[str, Any]) -> str:
+def too_short_text(trend: dict[str, Any], what: str = WAITING) -> str:
+    head = (
+        f"too short to judge overload: {what} rose from {trend['waiting_first']:,.0f} "
+        f"to {trend['waiting_last']:,.0f} requests"
+    )
+    if "arrivals" in trend and trend["arrivals"] < MIN_IN_SYSTEM_ARRIVALS:
+        return (
+            f"{head}, as a stable system's do while it fills up (or swings near capacity): "
+            f"its first {WARMUP_SHARE:.0%} of arrivals were through only at "
+            f"{trend['from_s']:,.0f} s, and a verdict needs {RAMPS_TO_JUDGE} times that long of "
+            f"arrivals after it, {MIN_IN_SYSTEM_ARRIVALS:,} at least; run more requests"
+        )
     return (
-        f"too short to judge overload: the waiting queue rose from {trend['waiting_first']:,.0f}"
-        f" to {trend['waiting_last']:,.0f} requests, within the noise of arrivals this bursty "
+        f"{head}, within the noise of arrivals this bursty "
         f"(inter-arrival cv {trend['arrival_cv']:.1f}); this run could only detect "
         f"{trend['detectable_unserved_share']:.0%} or more of the offered load unserved"
     )

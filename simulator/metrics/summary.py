@@ -17,12 +17,13 @@ Definitions (all times in seconds of simulated time, D = ctx.duration_s):
   statistics, exactly as `numpy.percentile` on the samples repeated `weight` times.
 - goodput: completed requests for which every bound the SLO gives holds (a one-token
   output meets any TPOT bound).
-- overload: the cluster is `overloaded` when its waiting queue grew over the arrivals (a
-  significant and material trend beyond the arrivals' noise, simulator.metrics.overload),
-  or when more than 1% of arrivals were rejected because a waiting queue was full;
-  `overload_verdict` is overloaded, stable, too_short_to_judge (a rise the run is too
-  short to tell from its bursts) or None (not judged: fewer than 50 arrivals, or all at
-  once). docs/METRICS.md has the reasoning.
+- overload: the cluster is `overloaded` when its waiting queue, or the requests in the
+  system (waiting and running) after their ramp, grew over the arrivals (a significant
+  and material trend beyond the arrivals' noise, simulator.metrics.overload), or when more
+  than 1% of arrivals were rejected because a waiting queue was full; `overload_verdict`
+  is overloaded, stable, too_short_to_judge (a rise the run is too short to tell from its
+  bursts or from the system filling up) or None (not judged: fewer than 50 arrivals, or
+  all at once). docs/METRICS.md has the reasoning.
 - utilisation: busy fraction = step time of a replica / D, averaged over replicas; MFU =
   sum of step FLOPs / (sum of replica peak FLOP/s x D); MBU the same with DRAM bytes and
   peak bandwidth; the `_busy` variants divide by each replica's busy time instead of D;
@@ -48,13 +49,17 @@ from simulator.engine.requests import REJECT_TEXT, RejectReason
 from simulator.engine.step_cost import StepBound
 from simulator.metrics.context import RunContext
 from simulator.metrics.overload import (
+    IN_SYSTEM,
     OVERLOADED,
     TOO_SHORT,
     TREND_FIELDS,
     growing_text,
+    in_system_trend,
+    in_system_verdict,
     queue_trend,
     too_short_text,
     verdict,
+    worst,
 )
 from simulator.metrics.step_totals import StepTotals
 from simulator.metrics.table import Table, as_table
@@ -160,26 +165,44 @@ def _counts(requests: Table, masks: dict[str, np.ndarray]) -> dict[str, Any]:
 
 
 def _load(requests: Table, masks: dict[str, np.ndarray], end: float) -> dict[str, Any]:
-    """The waiting queue's trend over the arrivals and the queue-full rejections; the
-    verdict from either (module doc of simulator.metrics.overload)."""
+    """The trends of the waiting queue and of the requests in the system over the
+    arrivals, and the queue-full rejections; the verdict from all three (module doc of
+    simulator.metrics.overload)."""
     queue_full = int(requests["reason"].equals(_QUEUE_FULL).sum())
     # Rejected requests never wait: the unservable are not load, queue-full is counted below.
     servable = ~masks["rejected"]
-    started = requests["first_scheduled"][servable]
-    trend = queue_trend(requests["arrival"][servable], np.where(np.isnan(started), end, started))
+    arrival = requests["arrival"][servable]
+    started, finish = requests["first_scheduled"][servable], requests["finish"][servable]
+    trend = queue_trend(arrival, np.where(np.isnan(started), end, started))
+    system = in_system_trend(arrival, np.where(np.isnan(finish), end, finish))
+    judged = verdict(trend) if trend else None
+    system_judged = in_system_verdict(system) if system else None
     load: dict[str, Any] = {
         **(trend or dict.fromkeys(TREND_FIELDS)),
+        "in_system": _in_system_fields(system, system_judged),
         "queue_full_rejections": queue_full,
     }
-    judged = verdict(trend) if trend else None
     reasons = [growing_text(trend)] if judged == OVERLOADED else []
+    if system_judged == OVERLOADED:
+        reasons.append(growing_text(system, IN_SYSTEM))
     if queue_full > QUEUE_FULL_SHARE * len(requests):
         reasons.append(f"waiting queue full: {queue_full} requests rejected")
     load["overloaded"] = bool(reasons)
-    load["verdict"] = OVERLOADED if reasons else judged
+    load["verdict"] = OVERLOADED if reasons else worst(judged, system_judged)
     load["reason"] = "; ".join(reasons)  # explains `overloaded`, and only it
-    load["note"] = too_short_text(trend) if load["verdict"] == TOO_SHORT else ""
+    notes = [too_short_text(trend)] if judged == TOO_SHORT else []
+    if system_judged == TOO_SHORT:
+        notes.append(too_short_text(system, IN_SYSTEM))
+    load["note"] = "; ".join(notes) if load["verdict"] == TOO_SHORT else ""
     return load
+
+
+def _in_system_fields(trend: dict[str, Any] | None, judged: str | None) -> dict[str, Any]:
+    """`load.in_system`: the trend's figures under names that do not say `waiting`."""
+    names = {"waiting_first": "first", "waiting_last": "last", "queue_growth_per_s": "growth_per_s"}
+    fields = (*TREND_FIELDS, "from_s", "ramp_over", "arrivals")
+    values = trend or dict.fromkeys(fields)
+    return {names.get(k, k): values[k] for k in fields} | {"verdict": judged}
 
 
 def _steady_throughput(requests: Table, completed: np.ndarray) -> dict[str, Any]:
