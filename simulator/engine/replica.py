@@ -233,13 +233,14 @@ class Replica:
     def rejection(self, rid: int) -> RejectReason:
         """Why this replica can never serve `rid`, or NONE."""
         req, cfg = self.requests, self.cfg
-        total = int(req.prompt[rid] + req.output[rid])
+        prompt = req.prompt.item(rid)
+        total = prompt + req.output.item(rid)
         if total > cfg.max_model_len:
             return RejectReason.EXCEEDS_MAX_MODEL_LEN
-        held = int(req.prompt[rid]) + 1 if cfg.role == "prefill" else total
+        held = prompt + 1 if cfg.role == "prefill" else total
         if self.kv.peak_blocks(held - 1) > self.kv.total:
             return RejectReason.EXCEEDS_KV_CACHE
-        if cfg.policy == "continuous" and req.prompt[rid] > cfg.max_num_batched_tokens:
+        if cfg.policy == "continuous" and prompt > cfg.max_num_batched_tokens:
             return RejectReason.EXCEEDS_TOKEN_BUDGET
         if cfg.max_waiting is not None and len(self.waiting) >= cfg.max_waiting:
             return RejectReason.QUEUE_FULL
@@ -259,7 +260,7 @@ class Replica:
         if kv_tokens:
             assert self.scheduler is not None
             self.scheduler.arrived_with_kv[rid] = kv_tokens
-        self.waiting.push(rid, int(req.priority[rid]))
+        self.waiting.push(rid, req.priority.item(rid))
         self._wake()
 
     def nudge(self) -> None:
