@@ -562,12 +562,16 @@ class Replica:
         end = ends[-1]
         yield from self._catch_up(end)
         self.t = end
-        self._decode_tokens(dec, ends[0])
         k = len(ends)
-        if k > 1:
-            # The gaps between consecutive tokens, as stepping one by one computes them.
-            self.log.run_gaps(ends, len(dec))
-            run.advance_lockstep(k - 1, end)
+        # The gaps between consecutive tokens, as stepping one by one computes them.
+        if run.lockstep:  # every decode's previous token came at the lockstep time
+            self.log.run_gaps([run.lockstep_time, *ends], len(dec))
+            run.advance_lockstep(k, end)
+        else:
+            self._decode_tokens(dec, ends[0])
+            if k > 1:
+                self.log.run_gaps(ends, len(dec))
+                run.advance_lockstep(k - 1, end)
         if k == min_remaining:
             self._finish(run.finished(), end)
 
