@@ -620,12 +620,13 @@ class _Run:
             replica.clock.next_arrival = float(arrival[mine[0]]) if len(mine) else np.inf
             replica.clock.arrivals_done = not len(mine)
         for rid in range(n):
-            t = float(arrival[rid])
+            t = arrival.item(rid)  # .item(): Python numbers, with no numpy scalar made
             if t > env.now:
                 yield env.timeout(t - env.now)
-            replica = entry[targets[rid]]
-            replica.clock.next_arrival = float(next_own[rid])
-            replica.clock.arrivals_done = next_own[rid] == np.inf
+            replica = entry[targets.item(rid)]
+            after = next_own.item(rid)
+            replica.clock.next_arrival = after
+            replica.clock.arrivals_done = after == math.inf
             replica.submit(rid)
 
     def _start_closed_loop(self) -> None:

@@ -549,3 +549,33 @@ def test_catching_up_lands_on_the_step_end_across_binades():
     env.process(waiter.wait_until(end))
     env.run()
     assert env.now == end
+
+
+def test_run_block_needs_repeat_the_block_edges_of_each_sequence():
+    """A run's new blocks at step j: every decoding sequence whose next token starts a
+    block, counted directly, in lockstep and out of it, over runs longer than one block
+    pattern and after the cached step index has grown."""
+    from simulator.engine.requests import RequestTable
+    from simulator.engine.running import RunningSet
+
+    req = RequestTable(8)
+    rids = req.add(np.zeros(5), np.array([5, 16, 17, 30, 47]), np.full(5, 500), np.zeros(5, int))
+    run = RunningSet(8, 16, req)
+    for rid in rids:
+        slot = run.admit(int(rid), int(req.prompt[rid]), 500, 0)
+        run.prefill(slot, int(req.prompt[rid]))
+        run.start_decoding(slot)
+
+    def counted(steps: int) -> list[int]:
+        computed = run.decode_computed_of(run.decoding())
+        # Step j writes token c + j of a sequence of c cached: a new block where c + j
+        # is a multiple of the block size (step 0's block the scheduler gave).
+        return [0] + [int(((computed + j) % 16 == 0).sum()) for j in range(1, steps)]
+
+    for steps in (1, 7, 16, 40, 300, 5000, 33):
+        assert run.run_block_needs(steps).tolist() == counted(steps)
+    run.enter_lockstep(1.0)
+    for advanced in (3, 16, 29):
+        run.advance_lockstep(advanced, 2.0)
+        for steps in (5, 64, 4096):
+            assert run.run_block_needs(steps).tolist() == counted(steps)

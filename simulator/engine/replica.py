@@ -234,13 +234,14 @@ class Replica:
     def rejection(self, rid: int) -> RejectReason:
         """Why this replica can never serve `rid`, or NONE."""
         req, cfg = self.requests, self.cfg
-        total = int(req.prompt[rid] + req.output[rid])
+        prompt = req.prompt.item(rid)
+        total = prompt + req.output.item(rid)
         if total > cfg.max_model_len:
             return RejectReason.EXCEEDS_MAX_MODEL_LEN
-        held = int(req.prompt[rid]) + 1 if cfg.role == "prefill" else total
+        held = prompt + 1 if cfg.role == "prefill" else total
         if self.kv.peak_blocks(held - 1) > self.kv.total:
             return RejectReason.EXCEEDS_KV_CACHE
-        if cfg.policy == "continuous" and req.prompt[rid] > cfg.max_num_batched_tokens:
+        if cfg.policy == "continuous" and prompt > cfg.max_num_batched_tokens:
             return RejectReason.EXCEEDS_TOKEN_BUDGET
         if cfg.max_waiting is not None and len(self.waiting) >= cfg.max_waiting:
             return RejectReason.QUEUE_FULL
@@ -260,7 +261,7 @@ class Replica:
         if kv_tokens:
             assert self.scheduler is not None
             self.scheduler.arrived_with_kv[rid] = kv_tokens
-        self.waiting.push(rid, int(req.priority[rid]))
+        self.waiting.push(rid, req.priority.item(rid))
         self._wake()
 
     def nudge(self) -> None:
@@ -562,12 +563,16 @@ class Replica:
         end = ends[-1]
         yield from self._catch_up(end)
         self.t = end
-        self._decode_tokens(dec, ends[0])
         k = len(ends)
-        if k > 1:
-            # The gaps between consecutive tokens, as stepping one by one computes them.
-            self.log.run_gaps(ends, len(dec))
-            run.advance_lockstep(k - 1, end)
+        # The gaps between consecutive tokens, as stepping one by one computes them.
+        if run.lockstep:  # every decode's previous token came at the lockstep time
+            self.log.run_gaps([run.lockstep_time, *ends], len(dec))
+            run.advance_lockstep(k, end)
+        else:
+            self._decode_tokens(dec, ends[0])
+            if k > 1:
+                self.log.run_gaps(ends, len(dec))
+                run.advance_lockstep(k - 1, end)
         if k == min_remaining:
             self._finish(run.finished(), end)
 

@@ -96,8 +96,9 @@ class StepLog:
         self.itl.append((seconds, weight))
 
     def run_gaps(self, ends: list[float], weight: int) -> None:
-        """`weight` tokens after each step of a run but the first: the gaps between its
-        consecutive step `ends`, as `gap` takes them one at a time. Without a table (and
+        """`weight` tokens at each of `ends` but the first (a run's step ends, led by the
+        previous token's time where that is the same for all): the gaps between
+        consecutive ends, as `gap` takes them one at a time. Without a table (and
         when no gap can be taken back) the ends are kept as they come and binned a chunk
         at a time: the histogram's counts do not depend on the order of the samples, and
         numpy's differences are the same subtractions."""
