@@ -104,8 +104,9 @@ def _kv_tokens(out: str) -> int:
 @pytest.mark.parametrize(
     ("model", "gpu", "flags", "serving"),
     [
-        ("gpt-oss-120b", "h100-sxm", [], {}),
-        ("llama-3.1-8b", "rtx-4090", [], {}),
+        # a max_model_len one sequence of fits: at the models' 131072 vLLM would not start
+        ("gpt-oss-120b", "h100-sxm", ["--max-model-len", "32768"], {"max_model_len": 32768}),
+        ("llama-3.1-8b", "rtx-4090", ["--max-model-len", "32768"], {"max_model_len": 32768}),
         (
             "llama-3.1-8b",
             "h100-sxm",
