@@ -15,11 +15,13 @@ from __future__ import annotations
 import inspect
 import warnings
 from dataclasses import dataclass
+from urllib.parse import urlparse
 
 import simulator as sim
 from hardware_models.errors import InfeasibleError
 from simulator.engine.kv_groups import kv_cache_groups
 from simulator.memory_planner import plan_memory, stage_weight_bytes, stage_weights
+from simulator.vllm_defaults import parse_version
 
 GIB = 2**30
 VLLM = "https://github.com/vllm-project/vllm"
@@ -55,12 +57,6 @@ CASES = [
          note="KV = 71.29 usable - 7.48 weights - 3.58 non-torch - 1.26 peak, its log"),
     Case(f"{VLLM}/issues/10702", "0.6.4 V0", "llama-3.1-70b", "h200-sxm", "bf16", 8, 0.95,
          2048, 256, kv_gib=110.52, note="settings as read by the review; log not re-found"),
-    Case(f"{VLLM}/issues/10517", "0.6 V0", "llama-3.1-8b", "rtx-4090", "bf16", 1, 0.90,
-         20000, 256, kv_tokens=1952 * 16, weights_gib=14.99,
-         note="an RTX 3090 (24 GB): the RTX 4090 preset; max_model_len 20000"),
-    Case(f"{VLLM}/issues/10517", "0.6 V0", "llama-3.1-8b", "rtx-4090", "bf16", 1, 0.90,
-         29000, 256, kv_tokens=1478 * 16, weights_gib=14.99,
-         note="as above, max_model_len 29000"),
     Case("../shared/data/e2e/rtx4090-llama-3.1-8b-vllm-0.19/meta.json", "0.19 V1",
          "llama-3.1-8b", "rtx-4090", "bf16", 1, 0.90, 2048, 256, kv_tokens=41408,
          note="measured run (kv_cache.num_kv_tokens)"),
@@ -69,7 +65,8 @@ CASES = [
     Case(f"{VLLM}/pull/2031", "0.2.4 V0", "llama-2-70b", "a100-80gb-sxm", "fp16", 4, 0.90,
          4096, 256, kv_tokens=20865 * 16, kv_dtype="fp16"),
     Case(f"{VLLM}/issues/21348", "0.9 V1", "qwen3-235b-a22b", "h100-sxm", "fp8_block", 4,
-         0.90, 8192, 1024, kv_gib=8.11, kv_tokens=178880),
+         0.90, 8192, 1024, kv_gib=8.11, kv_tokens=178880,
+         note="ran with LMCacheConnectorV1 as kv-transfer connector (its command)"),
     Case(f"{VLLM}/issues/23278", "0.10.1 V1", "gpt-oss-120b", "h100-sxm", "mxfp4", 1, 0.90,
          8192, 1024, kv_gib=-2.14, weights_gib=65.97, hybrid=True,
          note="Marlin MXFP4 backend (its log)"),
@@ -78,6 +75,9 @@ CASES = [
     Case(f"{VLLM}/issues/33155", "0.14.1 V1", "gpt-oss-120b", "h100-sxm", "mxfp4", 1, 0.90,
          8192, 1024, weights_gib=64.38, hybrid=True,
          note="Triton MXFP4 backend (its log): not modelled"),
+    Case("https://myoceane.fr/index.php/ai-vllm-a100-gemma-4/", "0.19.0 V1", "gpt-oss-20b",
+         "a100-80gb-sxm", "mxfp4", 1, 0.65, 2048, 256, kv_gib=36.56, weights_gib=13.72,
+         hybrid=True, note="A100 (0.65 x 80 GB holds its 13.72 + 36.56 GiB); max_model_len 131072"),
     Case(f"{VLLM}/issues/6746", "0.5.3 V0", "llama-3.1-405b", "h100-sxm", "fp8", 8, 0.90,
          8192, 256, weights_gib=57.75,
          note="Meta's FP8 keeps attention and the first/last layers 16-bit: not modelled"),
@@ -95,9 +95,12 @@ def _plan(case: Case):
         max_num_batched_tokens=case.max_num_batched_tokens,
         kv_groups=kv_cache_groups(arch, block_size=16) if case.hybrid else None,
     )
-    # Older infersim commits (the "before" column) took no max_num_seqs.
-    if "max_num_seqs" in inspect.signature(plan_memory).parameters:
+    # Older infersim commits (the "before" column) took no max_num_seqs or vllm_version.
+    parameters = inspect.signature(plan_memory).parameters
+    if "max_num_seqs" in parameters:
         settings["max_num_seqs"] = case.max_num_seqs
+    if "vllm_version" in parameters:  # the sampler's bytes a logit differ by version
+        settings["vllm_version"] = parse_version(case.version)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return plan_memory(arch, gpu, **settings)
@@ -118,11 +121,19 @@ def _error(ours: float, theirs: float | None) -> str:
     return f"{(ours / theirs - 1) * 100:+.1f}%"
 
 
+def _label(source: str) -> str:
+    """'issues 10702' for a GitHub thread, the host for another page, 'e2e meta' for data."""
+    if source.startswith(VLLM):
+        return " ".join(source.rsplit("/", 2)[-2:])
+    if source.startswith("http"):
+        return urlparse(source).netloc
+    return "e2e meta"
+
+
 def rows() -> list[list[str]]:
     table = []
     for case in CASES:
-        where = case.source.rsplit("/", 2)
-        label = f"{where[-2]} {where[-1]}" if case.source.startswith("http") else "e2e meta"
+        label = _label(case.source)
         setting = (
             f"{case.gpu} {case.model} {case.weight_dtype} tp{case.tp} "
             f"gmu {case.gpu_memory_utilization} mnbt {case.max_num_batched_tokens} "

@@ -25,6 +25,7 @@ from simulator.engine.weight_format import (
     check_weight_support,
     weight_format,
 )
+from simulator.vllm_defaults import EMULATED_VLLM_VERSION
 
 GB = 1e9
 
@@ -54,13 +55,29 @@ _NVLINK_COMM_PER_PEER_GIB = 0.35
 # The fused-MoE layer works through its tokens in chunks of VLLM_FUSED_MOE_CHUNK_SIZE
 # (vllm/envs.py: 32768).
 _FUSED_MOE_CHUNK_TOKENS = 32768
-# The dummy sampler sets temperature, top-k and top-p, so the sampler reaches
-# apply_top_k_top_p (vllm/v1/sample/ops/topk_topp_sampler.py, its PyTorch path as in
-# 0.9-0.11): per logit, the bf16 logits compute_logits returns (2), their fp32 copy (4),
-# the sort's fp32 values and int64 indices (4 + 8), the top-p softmax, its cumulative
-# sum and the bool mask (4 + 4 + 1). Later vLLM sums in place and samples with a Triton
-# kernel or FlashInfer (no sort): less, so the plan is conservative there.
-_SAMPLER_BYTES_PER_LOGIT = 2 + 4 + (4 + 8) + (4 + 4 + 1)
+# The dummy sampler sets temperature, top-k and top-p (gpu_model_runner._dummy_sampler_run),
+# so the sampler (vllm/v1/sample/ops/topk_topp_sampler.py) filters and samples every row.
+# Its peak per logit (sampler_bytes_per_logit) depends on the top-k/top-p path by version.
+_TRITON_SAMPLER_VERSION = (0, 17, 0)
+# From 0.17 apply_top_k_top_p runs a Triton kernel that masks the logits in place (no sort;
+# vllm PR #33538, Feb 2026; in _dummy_sampler_run's traceback on 0.16.0rc2.dev377, issue
+# #35390): the bf16 logits compute_logits returns (2), their fp32 copy (4), the fp32
+# softmax (4) and random_sample's exponential noise (4). The kernel's own [programs x
+# vocab] scratch (~80 MiB, PR #33538) is left out. FlashInfer's sampler, where on, holds
+# as much (masked logits and their softmax).
+_TRITON_SAMPLER_BYTES_PER_LOGIT = 2 + 4 + 4 + 4
+# Before, its PyTorch path sorted the logits: besides the bf16 and fp32 logits (2 + 4), the
+# sort's fp32 values and int64 indices (4 + 8), the top-p softmax, its cumulative sum and
+# the bool mask (4 + 4 + 1). A lower bound: torch.sort's own scratch is not counted (PR
+# #32558 measures the PyTorch path at ~1.25 GB for 256 x 131072 fp32 logits).
+_SORT_SAMPLER_BYTES_PER_LOGIT = 2 + 4 + (4 + 8) + (4 + 4 + 1)
+
+
+def sampler_bytes_per_logit(vllm_version: tuple[int, int, int] = EMULATED_VLLM_VERSION) -> int:
+    """Bytes a logit of vLLM's dummy sampler run holds at its peak, for that vLLM version."""
+    if vllm_version >= _TRITON_SAMPLER_VERSION:
+        return _TRITON_SAMPLER_BYTES_PER_LOGIT
+    return _SORT_SAMPLER_BYTES_PER_LOGIT
 
 
 def framework_overhead_bytes(gpu: AcceleratorSpec, tp: int) -> float:
@@ -224,6 +241,7 @@ def activation_bytes(
     sampled_tokens: int | None = None,
     expert_parallel: bool = False,
     dp: int = 1,
+    vllm_version: tuple[int, int, int] = EMULATED_VLLM_VERSION,
 ) -> float:
     """Peak transient memory of vLLM's profile run over `tokens` tokens, on one TP rank:
     the larger of the forward pass's and the sampler's peaks.
@@ -243,8 +261,8 @@ def activation_bytes(
     Layers run one after another and free their intermediates, so only one counts.
     The sampler then takes one position per sequence (`sampled_tokens`: min(tokens,
     256) by default): logits over the full vocabulary on every rank (gathered), and the
-    top-k/top-p sampler's buffers (_SAMPLER_BYTES_PER_LOGIT), with the forward's
-    hidden states still held.
+    top-k/top-p sampler's buffers (sampler_bytes_per_logit of `vllm_version`), with the
+    forward's hidden states still held.
     """
     if tokens < 1:
         raise InfersimError(f"tokens must be >= 1, got {tokens}")
@@ -267,7 +285,7 @@ def activation_bytes(
     residual = 2 * tokens * arch.hidden_size
     forward = (residual + max(attention, mlp)) * a_bytes
     sampled = min(tokens, DEFAULT_MAX_NUM_SEQS) if sampled_tokens is None else sampled_tokens
-    sampler = sampled * arch.vocab_size * _SAMPLER_BYTES_PER_LOGIT
+    sampler = sampled * arch.vocab_size * sampler_bytes_per_logit(vllm_version)
     return max(forward, tokens * arch.hidden_size * a_bytes + sampler)
 
 
@@ -392,6 +410,7 @@ def plan_memory(
     kv_groups: KvCacheGroups | None = None,
     max_model_len: int | None = None,
     block_size: int = 16,
+    vllm_version: tuple[int, int, int] = EMULATED_VLLM_VERSION,
 ) -> MemoryPlan:
     """Plan one GPU of a tp x pp x dp replica (experts sliced over the tp x dp GPUs, or
     whole over them with `expert_parallel`; each dp rank's tp GPUs hold that rank's KV
@@ -404,7 +423,7 @@ def plan_memory(
     sequence fits (`MemoryPlan.refusal` says when vLLM would refuse to start).
     `framework_overhead_gb` overrides the modelled non-torch memory
     (framework_overhead_bytes); `max_num_seqs` sizes the sampler's share of the
-    profiled peak."""
+    profiled peak, `vllm_version` its bytes a logit (sampler_bytes_per_logit)."""
     if not 0 < gpu_memory_utilization <= 1:
         raise InfersimError(
             f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}"
@@ -435,6 +454,7 @@ def plan_memory(
             sampled_tokens=min(max_num_batched_tokens, max_num_seqs),
             expert_parallel=expert_parallel,
             dp=dp,
+            vllm_version=vllm_version,
         )
         return weights, activations
 

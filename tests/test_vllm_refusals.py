@@ -34,17 +34,17 @@ def test_a_kv_cache_short_of_one_max_model_len_sequence_is_refused_with_the_way_
         build_replica(_llama70b_tp2())
     message = str(exc.value)
     assert "\n" not in message
-    # 28,982 tokens hold 1,811 whole 16-token blocks: 28,976 tokens, as vLLM counts blocks
-    for part in ("max_model_len=131072", "KV capacity 28982 tokens",
-                 "largest max_model_len that fits is 28976", "serving.max_model_len",
+    # 22,098 tokens hold 1,381 whole 16-token blocks: 22,096 tokens, as vLLM counts blocks
+    for part in ("max_model_len=131072", "KV capacity 22098 tokens",
+                 "largest max_model_len that fits is 22096", "serving.max_model_len",
                  "check_enough_kv_cache_memory"):  # fmt: skip
         assert part in message, (part, message)
 
 
 def test_the_largest_max_model_len_named_is_the_boundary():
-    assert build_replica(_llama70b_tp2(max_model_len=28976)).config.max_model_len == 28976
-    with pytest.raises(InfeasibleError, match="largest max_model_len that fits is 28976"):
-        build_replica(_llama70b_tp2(max_model_len=28977))
+    assert build_replica(_llama70b_tp2(max_model_len=22096)).config.max_model_len == 22096
+    with pytest.raises(InfeasibleError, match="largest max_model_len that fits is 22096"):
+        build_replica(_llama70b_tp2(max_model_len=22097))
 
 
 def test_pipeline_stages_are_judged_each_on_its_own_layers():
@@ -103,7 +103,7 @@ def test_the_planner_marks_a_refused_candidate_infeasible_with_the_reason(make_s
     )
     table = plan_capacity(scenario, workers=1)
     assert table.loc[0, "status"] == "infeasible"
-    assert "largest max_model_len that fits is 28976" in table.loc[0, "reason"]
+    assert "largest max_model_len that fits is 22096" in table.loc[0, "reason"]
 
 
 def test_max_model_len_above_the_models_context_is_refused():
@@ -149,11 +149,11 @@ def test_estimate_defaults_the_kv_cache_to_the_models_dtype_not_the_weights(caps
 def test_estimate_says_plainly_when_vllm_would_not_start(capsys):
     main(["estimate", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--tp", "2"])
     out = capsys.readouterr().out
-    assert "KV capacity                     24527 tokens" in out
-    assert "vLLM would not start" in out and "largest max_model_len that fits is 24512" in out
+    assert "KV capacity                     11541 tokens" in out
+    assert "vLLM would not start" in out and "largest max_model_len that fits is 11536" in out
     assert "--max-model-len" in out
     main(["estimate", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--tp", "2",
-          "--max-model-len", "24512"])  # fmt: skip
+          "--max-model-len", "11536"])  # fmt: skip
     assert "vLLM would not start" not in capsys.readouterr().out
 
 
@@ -173,5 +173,5 @@ def test_a_replay_without_max_model_len_runs_at_the_largest_that_started(tmp_pat
     run = write_run(tmp_path / "run", _meta(), log=False)
     code, out, err = replay(capsys, str(run), "-o", str(tmp_path / "out"))
     assert code == 0, err
-    assert "replayed at the largest that fits, 39,360" in out
-    assert written(tmp_path / "out")["scenario"]["serving"]["max_model_len"] == 39360
+    assert "replayed at the largest that fits, 45,600" in out
+    assert written(tmp_path / "out")["scenario"]["serving"]["max_model_len"] == 45600
