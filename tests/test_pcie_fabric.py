@@ -22,6 +22,7 @@ from hardware_models.collectives import (
     SIMPLE_HOP_US,
     collective_cost,
 )
+from hardware_models.efficiency import CollectiveFit, EfficiencyProfile
 from hardware_models.errors import InfersimError
 from hardware_models.node import HOST_READ_US, LinkSpec, PcieFabric
 from hardware_models.pcie_fabric import (
@@ -234,17 +235,53 @@ def test_a_fabric_written_before_host_read_us_loads_with_the_sourced_default(
     assert read_profile(written) == read_profile(L40S_PROFILE)
     links = yaml.safe_load(written.read_text())["links"]
     assert [record["link"]["fabric"]["host_read_us"] for record in links] == [1.1] * 3
-    # Collective fits made before the field were fitted with every hop at one latency:
-    # their alpha holds the staged reads the model now adds, so they are not applied
-    # over the link (the run warns, as for any fit made over another link).
-    before = shipped.signature().replace(', "host_read_us": 1.1', "")
-    fits = read_profile(L40S_PROFILE).efficiency.collective_by_gpus
-    stale = {p: fit.model_copy(update={"fitted_over": before}) for p, fit in fits.items()}
-    efficiency = read_profile(L40S_PROFILE).efficiency.model_copy(
-        update={"collective_by_gpus": stale}
+
+
+# ccaf331's l40s profile (before fabric.host_read_us): its collective fits by group size.
+FITS_BEFORE_HOST_READ = {2: (0.295, 0.64), 4: (0.671, 0.56), 8: (0.812, 0.15)}
+
+
+def _fits_before_host_read(link: LinkSpec) -> EfficiencyProfile:
+    """The shipped L40S profile with ccaf331's collective fits, recorded over `link`'s
+    hardware as signatures were written before the host read was a field."""
+    before = link.signature().replace(f', "host_read_us": {link.fabric.host_read_us}', "")
+    assert "host_read_us" not in before
+    fits = {
+        p: CollectiveFit(latency_us=alpha, efficiency=eff, fitted_over=before)
+        for p, (alpha, eff) in FITS_BEFORE_HOST_READ.items()
+    }
+    profile = read_profile(L40S_PROFILE).efficiency
+    return profile.model_copy(update={"collective_by_gpus": fits})
+
+
+def test_fits_made_before_host_read_us_price_as_the_model_they_were_fitted_under() -> None:
+    """A fit made before the host read was modelled priced every hop at its one fitted
+    latency, which holds the staged hops' reads: over the same tree it applies with no
+    host read, as it was fitted and validated, pricing what ccaf331's code priced (its
+    collective_cost over `load_gpu("l40s", <ccaf331's l40s.yaml>).efficiency.link_for(p,
+    l40s-8x-pcie's link)`); adding the default 1.1 us a staged hop would count those
+    reads twice."""
+    shipped = load_node("l40s-8x-pcie").intra_node_link
+    efficiency = _fits_before_host_read(shipped)
+    assert efficiency.links_fitted_elsewhere(shipped) == []
+    fitted = efficiency.link_for(4, shipped)
+    assert (fitted.latency_us, fitted.efficiency, fitted.fabric.host_read_us) == (0.671, 0.56, 0)
+    assert fitted.fabric.model_copy(update={"host_read_us": 1.1}) == shipped.fabric
+    ccaf331_us = {(2, 16): 8.8154, (4, 16): 19.4031, (8, 16): 56.1973, (8, 4096): 4981.5547}
+    for (p, kib), before in ccaf331_us.items():
+        cost = collective_cost("all_reduce", kib * 1024, p, efficiency.link_for(p, shipped))
+        assert cost.seconds * 1e6 == pytest.approx(before, abs=1e-4)
+    # The node may state its own host read: the old fit still holds the reads it had.
+    measured = shipped.model_copy(
+        update={"fabric": shipped.fabric.model_copy(update={"host_read_us": 0.85})}
     )
-    assert efficiency.links_fitted_elsewhere(shipped) == [2, 4, 8]
-    assert efficiency.link_for(4, shipped) == shipped
+    assert efficiency.link_for(8, measured) == efficiency.link_for(8, shipped)
+    # Over another tree the fit says nothing, before the field as after it.
+    other = shipped.model_copy(
+        update={"fabric": shipped.fabric.model_copy(update={"gpus_per_switch": 4})}
+    )
+    assert efficiency.links_fitted_elsewhere(other) == [2, 4, 8]
+    assert efficiency.link_for(4, other) == other
 
 
 def test_a_fabric_on_an_nvlink_is_refused(tmp_path: Path) -> None:
