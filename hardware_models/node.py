@@ -168,6 +168,18 @@ class NodeSpec(BaseModel):
     host_memory_gb: float = Field(gt=0, description="CPU memory for KV swap, GB")
     sources: dict[str, str] = Field(default_factory=dict)
 
+    def links_without_host_read(self) -> list[str]:
+        """The fields of its PCIe links whose `fabric` leaves `host_read_us` unset (node
+        files written before it was modelled, whose `latency_us` meant every PCI hop's)."""
+        links = {"intra_node_link": self.intra_node_link, "inter_node_link": self.inter_node_link}
+        return [
+            name
+            for name, link in links.items()
+            if link is not None
+            and link.fabric is not None
+            and "host_read_us" not in link.fabric.model_fields_set
+        ]
+
     @property
     def tp_within_node_allowed(self) -> bool:
         return self.intra_node_link is not None

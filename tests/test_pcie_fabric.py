@@ -4,6 +4,7 @@ uses inside a node, the fit of such a link, and the node YAML's field errors."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from hardware_models.collectives import (
     collective_cost,
 )
 from hardware_models.efficiency import CollectiveFit, EfficiencyProfile
-from hardware_models.errors import InfersimError
+from hardware_models.errors import InfersimError, InfersimWarning
 from hardware_models.node import HOST_READ_US, LinkSpec, PcieFabric
 from hardware_models.pcie_fabric import (
     all_to_all_flows,
@@ -221,7 +222,9 @@ def test_a_fabric_written_before_host_read_us_loads_with_the_sourced_default(
     data["name"] = "old-l40s"
     path = tmp_path / "old-l40s.yaml"
     path.write_text(yaml.safe_dump(data))
-    old, shipped = load_node(str(path)).intra_node_link, load_node("l40s-8x-pcie").intra_node_link
+    with pytest.warns(InfersimWarning, match=r"intra_node_link\.fabric\.host_read_us"):
+        old = load_node(str(path)).intra_node_link
+    shipped = load_node("l40s-8x-pcie").intra_node_link
     assert old.fabric.host_read_us == HOST_READ_US
     assert old == shipped and old.signature() == shipped.signature()
     assert collective_cost("all_reduce", 4096, 8, old) == collective_cost(
@@ -235,6 +238,46 @@ def test_a_fabric_written_before_host_read_us_loads_with_the_sourced_default(
     assert read_profile(written) == read_profile(L40S_PROFILE)
     links = yaml.safe_load(written.read_text())["links"]
     assert [record["link"]["fabric"]["host_read_us"] for record in links] == [1.1] * 3
+
+
+def _node_before_host_read(tmp_path: Path, **fabric) -> Path:
+    """ccaf331's l40s-8x-pcie.yaml: every PCI hop at NCCL's 1.0 us, no host read field
+    (`fabric` adds fields to its tree)."""
+    data = yaml.safe_load(L40S_NODE.read_text())
+    data["intra_node_link"]["fabric"].pop("host_read_us")
+    data["intra_node_link"]["fabric"].update(fabric)
+    data["name"], data["intra_node_link"]["latency_us"] = "l40s-before", 1.0
+    path = tmp_path / f"l40s-before-{len(fabric)}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_a_node_file_without_host_read_us_warns_once_what_latency_us_now_means(
+    tmp_path: Path,
+) -> None:
+    """Its latency_us was every PCI hop's; now a staged hop adds the default host read,
+    so 16 KiB over 8 GPUs goes from ccaf331's 28.792 us to 36.492 (the ring's 7 staged
+    hops x 1.1). The warning names the field, the default and the two ways back;
+    host_read_us: 0 prices as ccaf331's code did. The preset states it: no warning."""
+    path = _node_before_host_read(tmp_path)
+    pattern = (
+        r"intra_node_link\.fabric\.host_read_us is not set: taken as 1\.1 us.*"
+        r"latency_us \(1\.0\) now prices a peer-to-peer hop only.*host_read_us: 0"
+    )
+    with pytest.warns(InfersimWarning, match=pattern) as caught:
+        link = load_node(str(path)).intra_node_link
+        load_node(str(path))  # read once: one warning
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)
+    cost_us = collective_cost("all_reduce", 16 * 1024, 8, link).seconds * 1e6
+    assert cost_us == pytest.approx(28.792 + 7 * HOST_READ_US, abs=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InfersimWarning)
+        kept = load_node(str(_node_before_host_read(tmp_path, host_read_us=0))).intra_node_link
+        shipped = tmp_path / "l40s-8x-pcie.yaml"
+        shipped.write_text(L40S_NODE.read_text())
+        load_node(str(shipped))
+    kept_us = collective_cost("all_reduce", 16 * 1024, 8, kept).seconds * 1e6
+    assert kept_us == pytest.approx(28.792, abs=1e-3)  # ccaf331's price
 
 
 # ccaf331's l40s profile (before fabric.host_read_us): its collective fits by group size.
@@ -276,6 +319,13 @@ def test_fits_made_before_host_read_us_price_as_the_model_they_were_fitted_under
         update={"fabric": shipped.fabric.model_copy(update={"host_read_us": 0.85})}
     )
     assert efficiency.link_for(8, measured) == efficiency.link_for(8, shipped)
+    # The run applies them without a word (no "another link"), as it would a fresh fit.
+    from simulator.simulation import _warn_links_fitted_elsewhere
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InfersimWarning)
+        gpu = load_gpu("l40s").with_efficiency(efficiency)
+        _warn_links_fitted_elsewhere(gpu, load_node("l40s-8x-pcie"), "l40s-ccaf331.yaml")
     # Over another tree the fit says nothing, before the field as after it.
     other = shipped.model_copy(
         update={"fabric": shipped.fabric.model_copy(update={"gpus_per_switch": 4})}
