@@ -67,7 +67,7 @@ from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.collectives import collective_cost
 from hardware_models.dtypes import Dtype
 from hardware_models.errors import InfeasibleError
-from hardware_models.node import PCIE_P2P_HOP_US, LinkSpec, NodeSpec
+from hardware_models.node import LinkSpec, NodeSpec
 from hardware_models.op_cost import Bound, OpCost
 from hardware_models.pointwise import Pointwise, elementwise_cost
 
@@ -107,10 +107,12 @@ ONE_SHOT_BELOW = ((4, 512 * KiB), (8, 256 * KiB))  # (up to this many GPUs, belo
 # (its LL protocol: data and flag in one store, polled by the reader) a per-hop latency of
 # 0.6 us over NVLink (hwLat, src/graph/tuning.cc, NCCL 2.2x); no vendor figure exists for
 # xGMI in that table, NVLink's is used. Over PCIe the kernel runs only between switch
-# neighbours with peer access, so a flag is a peer-to-peer hop (node.PCIE_P2P_HOP_US),
-# not NCCL's 1.0 us PCI figure, which also covers hops staged in host memory. A peer load
-# is a round trip: two hops.
-FLAG_HOP_US = {"nvlink": 0.6, "nvswitch": 0.6, "infinity_fabric": 0.6, "pcie": PCIE_P2P_HOP_US}
+# neighbours with peer access, so a flag is a peer-to-peer hop ("Latency = 1 p2p write",
+# start_sync in vLLM's csrc/custom_all_reduce.cuh, commit 036bb68): the node's PCIe link's
+# `latency_us`, which is that hop (node.PCIE_P2P_HOP_US in the l40s-8x-pcie preset), so
+# NCCL's LL hops and the flags between the same GPUs move together. A peer load is a
+# round trip: two hops.
+FLAG_HOP_US = {"nvlink": 0.6, "nvswitch": 0.6, "infinity_fabric": 0.6}
 # vLLM's two-shot kernel's extra cost over the one-shot's structure: its middle barrier's
 # __threadfence_system, which makes the reduce-scatter's results visible system-wide
 # before the all-gather reads them (torch's two-shot kernel synchronises without one and
@@ -125,6 +127,19 @@ FUSION_NOT_MODELLED = "newer vLLM's all-reduce + RMSNorm fusion (FlashInfer, -O2
 
 _COPY = Pointwise("copy", reads=1, writes=1, flops_per_element=0)
 _FULLY_CONNECTED = ("nvlink", "nvswitch", "infinity_fabric")
+
+
+def _flag_hop_us(link: LinkSpec, path: AllReducePath) -> float:
+    """One flag's hop over `link`, us: a PCIe link's own peer-to-peer hop (`latency_us`),
+    NCCL's NVLink figure over fully connected links; no peer access over a network link."""
+    if link.kind == "pcie":
+        return link.latency_us
+    if link.kind not in FLAG_HOP_US:
+        raise InfeasibleError(
+            f"all_reduce[{path.value}] runs on peer access, which a {link.kind} "
+            "link has not: only NCCL runs over it"
+        )
+    return FLAG_HOP_US[link.kind]
 
 
 def capability(gpu: AcceleratorSpec) -> str | None:
@@ -273,12 +288,7 @@ class TpAllReduce:
         path = path or self.path(nbytes)
         if path == AllReducePath.NCCL:
             return collective_cost("all_reduce", nbytes, self.num_gpus, self.nccl_link)
-        if self.link.kind not in FLAG_HOP_US:
-            raise InfeasibleError(
-                f"all_reduce[{path.value}] runs on peer access, which a {self.link.kind} "
-                "link has not: only NCCL runs over it"
-            )
-        p, hop = self.num_gpus, FLAG_HOP_US[self.link.kind] * 1e-6
+        p, hop = self.num_gpus, _flag_hop_us(self.link, path) * 1e-6
         rate = self.link.bytes_per_second
         fixed = self.gpu.efficiency.kernel_floor_us * 1e-6 + 2 * hop  # start, end barriers
         if path == AllReducePath.SYMM_MEM_MULTIMEM:

@@ -271,9 +271,8 @@ KV_DTYPE_KERNELS: dict[str, type[BaseModel]] = {
 
 
 def _fitted_over(fit: CollectiveFit, link: LinkSpec) -> bool:
-    """Whether `fit` applies over `link`: fitted over it, or recorded before fits named
-    their link."""
-    return fit.fitted_over is None or fit.fitted_over == link.signature()
+    """Whether `fit` applies over `link` (LinkSpec.as_fitted_over)."""
+    return link.as_fitted_over(fit.fitted_over) is not None
 
 
 def _set_or(value: float | None, fallback: float) -> float:
@@ -794,11 +793,13 @@ class EfficiencyProfile(BaseModel):
 
     def link_for(self, num_gpus: int, link: LinkSpec) -> LinkSpec:
         """`link` with the fitted latency and efficiency for `num_gpus` GPUs, where there is
-        a fit over this very link (see links_fitted_elsewhere)."""
+        a fit over this very link (see links_fitted_elsewhere), as the model the fit was
+        made under prices it (LinkSpec.as_fitted_over)."""
         fitted = self.collective_by_gpus.get(int(num_gpus))
-        if fitted is None or not _fitted_over(fitted, link):
+        as_fitted = None if fitted is None else link.as_fitted_over(fitted.fitted_over)
+        if as_fitted is None:
             return link
-        return link.model_copy(
+        return as_fitted.model_copy(
             update={"latency_us": fitted.latency_us, "efficiency": fitted.efficiency}
         )
 

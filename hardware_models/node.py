@@ -116,6 +116,25 @@ class LinkSpec(BaseModel):
         hardware = self.model_dump(mode="json", exclude={"latency_us", "efficiency"})
         return json.dumps(hardware, sort_keys=True)
 
+    def as_fitted_over(self, fitted_over: str | None) -> LinkSpec | None:
+        """This link as a collective fit recorded over `fitted_over` (a `signature()`)
+        prices it, or None where the fit was made over other hardware. A fit over this
+        very link, or recorded before fits named their link, takes it as it is. A fit over
+        this PCIe tree made before `fabric.host_read_us` was modelled (its signature lacks
+        the field) priced every hop at its fitted latency, which therefore holds the
+        staged hops' host reads: it takes the link with no host read, the model it was
+        fitted and validated under, so those reads are not counted twice."""
+        if fitted_over is None or fitted_over == self.signature():
+            return self
+        if self.fabric is None:
+            return None
+        before = {"latency_us": True, "efficiency": True, "fabric": {"host_read_us"}}
+        if fitted_over != json.dumps(self.model_dump(mode="json", exclude=before), sort_keys=True):
+            return None
+        return self.model_copy(
+            update={"fabric": self.fabric.model_copy(update={"host_read_us": 0.0})}
+        )
+
     @model_validator(mode="after")
     def _fabric_is_pcie(self) -> LinkSpec:
         if self.fabric is not None and self.kind != "pcie":
@@ -148,6 +167,18 @@ class NodeSpec(BaseModel):
     )
     host_memory_gb: float = Field(gt=0, description="CPU memory for KV swap, GB")
     sources: dict[str, str] = Field(default_factory=dict)
+
+    def links_without_host_read(self) -> list[str]:
+        """The fields of its PCIe links whose `fabric` leaves `host_read_us` unset (node
+        files written before it was modelled, whose `latency_us` meant every PCI hop's)."""
+        links = {"intra_node_link": self.intra_node_link, "inter_node_link": self.inter_node_link}
+        return [
+            name
+            for name, link in links.items()
+            if link is not None
+            and link.fabric is not None
+            and "host_read_us" not in link.fabric.model_fields_set
+        ]
 
     @property
     def tp_within_node_allowed(self) -> bool:

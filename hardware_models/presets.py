@@ -3,12 +3,14 @@ or by a user's YAML path."""
 
 from __future__ import annotations
 
+import warnings
 from functools import cache
 from pathlib import Path
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.efficiency import EfficiencyProfile
-from hardware_models.node import NodeSpec
+from hardware_models.errors import InfersimWarning
+from hardware_models.node import HOST_READ_US, NodeSpec
 from hardware_models.yaml_io import load_yaml_mapping, unknown_name_error, validate_model
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -58,7 +60,29 @@ def _load_gpu_path(path: Path) -> AcceleratorSpec:
 
 @cache
 def _load_node_path(path: Path) -> NodeSpec:
-    return validate_model(NodeSpec, _read(path), str(path))
+    """A node file, validated; read once, so a file written before fabric.host_read_us
+    warns once (see _warn_host_read_unset)."""
+    node = validate_model(NodeSpec, _read(path), str(path))
+    _warn_host_read_unset(node, path)
+    return node
+
+
+def _warn_host_read_unset(node: NodeSpec, path: Path) -> None:
+    """Before fabric.host_read_us (infersim of 2026-12-01) a PCIe link's `latency_us` was
+    NCCL's figure for every PCI hop; now it is a peer-to-peer hop's and each hop staged
+    in host memory adds the host read, so such a file prices staged hops higher unless
+    told which it means."""
+    for field in node.links_without_host_read():
+        latency = getattr(node, field).latency_us
+        warnings.warn(
+            f"{path}: {field}.fabric.host_read_us is not set: taken as {HOST_READ_US} us, "
+            f"added to each hop staged in host memory; {field}.latency_us ({latency}) now "
+            "prices a peer-to-peer hop only (before infersim of 2026-12-01, every PCI "
+            "hop): set host_read_us: 0 to keep that meaning, or latency_us: 0.55 and "
+            "host_read_us: 1.1 as the l40s-8x-pcie preset does",
+            InfersimWarning,
+            stacklevel=2,
+        )
 
 
 def load_gpu(name_or_path: str | Path, calibration: str | Path | None = None) -> AcceleratorSpec:

@@ -4,8 +4,10 @@ which machine, what each costs (hand-worked), the switches, and a TP8 decode ste
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
+import yaml
 
 from hardware_models.calibration_lookup import choose_calibration
 from hardware_models.collectives import collective_cost
@@ -26,6 +28,7 @@ from simulator.model_catalog import load_model
 from simulator.simulation import build_replica
 
 KiB = 1024
+L40S_NODE = Path(__file__).resolve().parents[1] / "hardware_models/presets/nodes/l40s-8x-pcie.yaml"
 ONE_SHOT, TWO_SHOT = AllReducePath.CUSTOM_ONE_SHOT, AllReducePath.CUSTOM_TWO_SHOT
 MULTIMEM, NCCL = AllReducePath.SYMM_MEM_MULTIMEM, AllReducePath.NCCL
 
@@ -175,6 +178,24 @@ def test_a_pcie_pairs_flags_are_peer_to_peer_hops_as_nccls_between_switch_neighb
     big = pair.cost(4 * MiB)  # bandwidth-bound: the barriers alone are fixed
     rate = 31.5e9 * 0.70
     assert big.seconds == pytest.approx((floor + 1.1) * 1e-6 + 4 * MiB / rate, rel=1e-12)
+
+
+def test_a_pcie_pairs_flag_hop_is_its_nodes_link_latency(tmp_path) -> None:
+    """A node whose PCIe peer-to-peer hop is 0.9 us (another switch) moves the custom
+    kernel's flags as it moves NCCL's LL hops: 16 KiB on the pair takes 4 such hops
+    (two barriers, one peer round trip), 4 x 0.35 us more than on the preset."""
+    data = yaml.safe_load(L40S_NODE.read_text())
+    data["name"], data["intra_node_link"]["latency_us"] = "slow-switch", 0.9
+    path = tmp_path / "slow-switch.yaml"
+    path.write_text(yaml.safe_dump(data))
+    node = load_node(str(path))
+    slow = TpAllReduce.plan(load_gpu("l40s"), node, 2, node.intra_node_link)
+    preset = plan("l40s-8x-pcie", 2)
+    assert slow.path(16 * KiB) == ONE_SHOT
+    extra = slow.cost(16 * KiB).seconds - preset.cost(16 * KiB).seconds
+    assert extra == pytest.approx(4 * (0.9 - 0.55) * 1e-6, rel=1e-9)
+    nccl = collective_cost("all_reduce", 16 * KiB, 2, node.intra_node_link)
+    assert nccl.seconds > collective_cost("all_reduce", 16 * KiB, 2, preset.link).seconds
 
 
 def test_the_two_shot_and_multimem_costs_hand_worked() -> None:

@@ -4,6 +4,7 @@ uses inside a node, the fit of such a link, and the node YAML's field errors."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,8 @@ from hardware_models.collectives import (
     SIMPLE_HOP_US,
     collective_cost,
 )
-from hardware_models.errors import InfersimError
+from hardware_models.efficiency import CollectiveFit, EfficiencyProfile
+from hardware_models.errors import InfersimError, InfersimWarning
 from hardware_models.node import HOST_READ_US, LinkSpec, PcieFabric
 from hardware_models.pcie_fabric import (
     all_to_all_flows,
@@ -220,7 +222,9 @@ def test_a_fabric_written_before_host_read_us_loads_with_the_sourced_default(
     data["name"] = "old-l40s"
     path = tmp_path / "old-l40s.yaml"
     path.write_text(yaml.safe_dump(data))
-    old, shipped = load_node(str(path)).intra_node_link, load_node("l40s-8x-pcie").intra_node_link
+    with pytest.warns(InfersimWarning, match=r"intra_node_link\.fabric\.host_read_us"):
+        old = load_node(str(path)).intra_node_link
+    shipped = load_node("l40s-8x-pcie").intra_node_link
     assert old.fabric.host_read_us == HOST_READ_US
     assert old == shipped and old.signature() == shipped.signature()
     assert collective_cost("all_reduce", 4096, 8, old) == collective_cost(
@@ -234,17 +238,100 @@ def test_a_fabric_written_before_host_read_us_loads_with_the_sourced_default(
     assert read_profile(written) == read_profile(L40S_PROFILE)
     links = yaml.safe_load(written.read_text())["links"]
     assert [record["link"]["fabric"]["host_read_us"] for record in links] == [1.1] * 3
-    # Collective fits made before the field were fitted with every hop at one latency:
-    # their alpha holds the staged reads the model now adds, so they are not applied
-    # over the link (the run warns, as for any fit made over another link).
-    before = shipped.signature().replace(', "host_read_us": 1.1', "")
-    fits = read_profile(L40S_PROFILE).efficiency.collective_by_gpus
-    stale = {p: fit.model_copy(update={"fitted_over": before}) for p, fit in fits.items()}
-    efficiency = read_profile(L40S_PROFILE).efficiency.model_copy(
-        update={"collective_by_gpus": stale}
+
+
+def _node_before_host_read(tmp_path: Path, **fabric) -> Path:
+    """ccaf331's l40s-8x-pcie.yaml: every PCI hop at NCCL's 1.0 us, no host read field
+    (`fabric` adds fields to its tree)."""
+    data = yaml.safe_load(L40S_NODE.read_text())
+    data["intra_node_link"]["fabric"].pop("host_read_us")
+    data["intra_node_link"]["fabric"].update(fabric)
+    data["name"], data["intra_node_link"]["latency_us"] = "l40s-before", 1.0
+    path = tmp_path / f"l40s-before-{len(fabric)}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_a_node_file_without_host_read_us_warns_once_what_latency_us_now_means(
+    tmp_path: Path,
+) -> None:
+    """Its latency_us was every PCI hop's; now a staged hop adds the default host read,
+    so 16 KiB over 8 GPUs goes from ccaf331's 28.792 us to 36.492 (the ring's 7 staged
+    hops x 1.1). The warning names the field, the default and the two ways back;
+    host_read_us: 0 prices as ccaf331's code did. The preset states it: no warning."""
+    path = _node_before_host_read(tmp_path)
+    pattern = (
+        r"intra_node_link\.fabric\.host_read_us is not set: taken as 1\.1 us.*"
+        r"latency_us \(1\.0\) now prices a peer-to-peer hop only.*host_read_us: 0"
     )
-    assert efficiency.links_fitted_elsewhere(shipped) == [2, 4, 8]
-    assert efficiency.link_for(4, shipped) == shipped
+    with pytest.warns(InfersimWarning, match=pattern) as caught:
+        link = load_node(str(path)).intra_node_link
+        load_node(str(path))  # read once: one warning
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)
+    cost_us = collective_cost("all_reduce", 16 * 1024, 8, link).seconds * 1e6
+    assert cost_us == pytest.approx(28.792 + 7 * HOST_READ_US, abs=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InfersimWarning)
+        kept = load_node(str(_node_before_host_read(tmp_path, host_read_us=0))).intra_node_link
+        shipped = tmp_path / "l40s-8x-pcie.yaml"
+        shipped.write_text(L40S_NODE.read_text())
+        load_node(str(shipped))
+    kept_us = collective_cost("all_reduce", 16 * 1024, 8, kept).seconds * 1e6
+    assert kept_us == pytest.approx(28.792, abs=1e-3)  # ccaf331's price
+
+
+# ccaf331's l40s profile (before fabric.host_read_us): its collective fits by group size.
+FITS_BEFORE_HOST_READ = {2: (0.295, 0.64), 4: (0.671, 0.56), 8: (0.812, 0.15)}
+
+
+def _fits_before_host_read(link: LinkSpec) -> EfficiencyProfile:
+    """The shipped L40S profile with ccaf331's collective fits, recorded over `link`'s
+    hardware as signatures were written before the host read was a field."""
+    before = link.signature().replace(f', "host_read_us": {link.fabric.host_read_us}', "")
+    assert "host_read_us" not in before
+    fits = {
+        p: CollectiveFit(latency_us=alpha, efficiency=eff, fitted_over=before)
+        for p, (alpha, eff) in FITS_BEFORE_HOST_READ.items()
+    }
+    profile = read_profile(L40S_PROFILE).efficiency
+    return profile.model_copy(update={"collective_by_gpus": fits})
+
+
+def test_fits_made_before_host_read_us_price_as_the_model_they_were_fitted_under() -> None:
+    """A fit made before the host read was modelled priced every hop at its one fitted
+    latency, which holds the staged hops' reads: over the same tree it applies with no
+    host read, as it was fitted and validated, pricing what ccaf331's code priced (its
+    collective_cost over `load_gpu("l40s", <ccaf331's l40s.yaml>).efficiency.link_for(p,
+    l40s-8x-pcie's link)`); adding the default 1.1 us a staged hop would count those
+    reads twice."""
+    shipped = load_node("l40s-8x-pcie").intra_node_link
+    efficiency = _fits_before_host_read(shipped)
+    assert efficiency.links_fitted_elsewhere(shipped) == []
+    fitted = efficiency.link_for(4, shipped)
+    assert (fitted.latency_us, fitted.efficiency, fitted.fabric.host_read_us) == (0.671, 0.56, 0)
+    assert fitted.fabric.model_copy(update={"host_read_us": 1.1}) == shipped.fabric
+    ccaf331_us = {(2, 16): 8.8154, (4, 16): 19.4031, (8, 16): 56.1973, (8, 4096): 4981.5547}
+    for (p, kib), before in ccaf331_us.items():
+        cost = collective_cost("all_reduce", kib * 1024, p, efficiency.link_for(p, shipped))
+        assert cost.seconds * 1e6 == pytest.approx(before, abs=1e-4)
+    # The node may state its own host read: the old fit still holds the reads it had.
+    measured = shipped.model_copy(
+        update={"fabric": shipped.fabric.model_copy(update={"host_read_us": 0.85})}
+    )
+    assert efficiency.link_for(8, measured) == efficiency.link_for(8, shipped)
+    # The run applies them without a word (no "another link"), as it would a fresh fit.
+    from simulator.simulation import _warn_links_fitted_elsewhere
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InfersimWarning)
+        gpu = load_gpu("l40s").with_efficiency(efficiency)
+        _warn_links_fitted_elsewhere(gpu, load_node("l40s-8x-pcie"), "l40s-ccaf331.yaml")
+    # Over another tree the fit says nothing, before the field as after it.
+    other = shipped.model_copy(
+        update={"fabric": shipped.fabric.model_copy(update={"gpus_per_switch": 4})}
+    )
+    assert efficiency.links_fitted_elsewhere(other) == [2, 4, 8]
+    assert efficiency.link_for(4, other) == other
 
 
 def test_a_fabric_on_an_nvlink_is_refused(tmp_path: Path) -> None:
