@@ -11,6 +11,8 @@ from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import parse_dtype
 from hardware_models.errors import InfeasibleError, InfersimError
 from hardware_models.presets import load_gpu
+from simulator.architecture import ModelArchitecture
+from simulator.caveats import check_context, check_token_budget
 from simulator.engine.kv_groups import vllm_default_groups
 from simulator.engine.weight_format import check_weight_support, weight_format
 from simulator.memory_planner import GB, plan_memory
@@ -105,6 +107,19 @@ def _serving(
     )
 
 
+def _start_refusal(arch: ModelArchitecture, serving: ServingSection, max_model_len: int) -> str:
+    """Why vLLM would refuse these settings before planning memory, as `run` refuses them
+    (ModelConfig's context check, SchedulerConfig.verify_max_model_len); '' when it starts."""
+    try:
+        check_context(max_model_len, arch)
+        check_token_budget(
+            serving.policy, serving.max_num_batched_tokens, max_model_len, serving.max_num_seqs
+        )
+    except InfeasibleError as exc:
+        return str(exc)
+    return ""
+
+
 def _capacity(gpu: AcceleratorSpec) -> str:
     """A GPU's memory in GB (1e9 bytes, as every size here) and in the GiB it is sold as."""
     return f"{gpu.memory_bytes / GB:.2f} GB = {gpu.memory.capacity_gb:g} GiB"
@@ -179,6 +194,11 @@ def _run(args: argparse.Namespace) -> int:
     print(f"\nServing plan at tp={tp} ({chosen}; vLLM-style memory budget):")
     for line in defaults:
         print(f"  default {line}")
+    max_len = serving.max_model_len or context
+    refusal = _start_refusal(arch, serving, max_len)
+    if refusal:
+        print(f"  vLLM would not start: {refusal}")
+        return 0
     try:
         plan = plan_memory(
             arch,
@@ -190,7 +210,7 @@ def _run(args: argparse.Namespace) -> int:
             max_num_batched_tokens=serving.max_num_batched_tokens,
             max_num_seqs=serving.max_num_seqs,
             kv_groups=vllm_default_groups(arch, serving.block_size),
-            max_model_len=serving.max_model_len or context,
+            max_model_len=max_len,
             block_size=serving.block_size,
         )
     except InfeasibleError as exc:
@@ -201,6 +221,5 @@ def _run(args: argparse.Namespace) -> int:
     if refusal:
         print(f"  vLLM would not start: {refusal}")
     if plan.kv_groups is None:  # as vLLM's "Maximum concurrency for N tokens per request"
-        max_len = serving.max_model_len or context
         print(f"  {'sequences of max_model_len':<28}{plan.kv_capacity_tokens / max_len:>10.2f}")
     return 0
