@@ -29,11 +29,6 @@ from simulator.vllm_defaults import EMULATED_VLLM_VERSION, vllm_default
 
 GB = 1e9
 
-DEFAULT_FRAMEWORK_OVERHEAD_GB = 1.5
-"""A rough per-GPU allowance for quick sizing (simulator.sizing): CUDA context, NCCL
-buffers and captured CUDA graphs. plan_memory models vLLM's own accounting instead
-(framework_overhead_bytes)."""
-
 DEFAULT_MAX_NUM_SEQS = 256
 """vLLM's default cap on sequences per step: the number of positions that get logits."""
 

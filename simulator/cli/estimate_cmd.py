@@ -121,8 +121,12 @@ def _start_refusal(arch: ModelArchitecture, serving: ServingSection, max_model_l
 
 
 def _capacity(gpu: AcceleratorSpec) -> str:
-    """A GPU's memory in GB (1e9 bytes, as every size here) and in the GiB it is sold as."""
-    return f"{gpu.memory_bytes / GB:.2f} GB = {gpu.memory.capacity_gb:g} GiB"
+    """A GPU's memory in GB (1e9 bytes, as every size here): the GiB it is sold as, and
+    the share of it CUDA reports, which the detailed estimates and the plan budget from."""
+    return (
+        f"{gpu.memory_bytes / GB:.2f} GB = {gpu.memory.capacity_gb:g} GiB on the datasheet, "
+        f"{gpu.cuda_memory_bytes / GB:.2f} GB of it visible to CUDA"
+    )
 
 
 def _rows(rows: list[tuple[str, float]]) -> str:
@@ -163,11 +167,12 @@ def _run(args: argparse.Namespace) -> int:
             batch=args.batch,
             seq_len=args.seq,
             flash_attention=not args.no_flash,
+            gpu_memory_utilization=serving.gpu_memory_utilization,
         )
     quick_inf = quick_inference_gpus(arch, gpu, precision)
     quick_train = quick_training_gpus(arch, gpu, precision)
     print(f"{arch.display_name} ({params_b:.2f} B parameters) on {gpu.display_name}")
-    print(f"  ({_capacity(gpu)} each), {precision} weights")
+    print(f"  (each {_capacity(gpu)}), {precision} weights")
     print("\nQuick sizing (weights only):")
     print(f"  inference: {quick_inf} GPUs  = ceil({params_b:.1f} B x bytes/param / GPU memory)")
     print(
@@ -181,7 +186,10 @@ def _run(args: argparse.Namespace) -> int:
         )
         print(_rows(est.breakdown()))
         verdict = "fits" if est.fits else "does NOT fit"
-        print(f"  {verdict} in {_capacity(gpu)}; effective batch {est.effective_batch}")
+        print(
+            f"  {verdict} in the {est.capacity_per_gpu / GB:.2f} GB CUDA sees; "
+            f"effective batch {est.effective_batch}"
+        )
         if est.min_dp_zero3:
             print(f"  ZeRO-3 fits from dp={est.min_dp_zero3}")
         return 0
