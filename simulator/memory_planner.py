@@ -25,14 +25,9 @@ from simulator.engine.weight_format import (
     check_weight_support,
     weight_format,
 )
-from simulator.vllm_defaults import EMULATED_VLLM_VERSION
+from simulator.vllm_defaults import EMULATED_VLLM_VERSION, vllm_default
 
 GB = 1e9
-
-DEFAULT_FRAMEWORK_OVERHEAD_GB = 1.5
-"""A rough per-GPU allowance for quick sizing (simulator.sizing): CUDA context, NCCL
-buffers and captured CUDA graphs. plan_memory models vLLM's own accounting instead
-(framework_overhead_bytes)."""
 
 DEFAULT_MAX_NUM_SEQS = 256
 """vLLM's default cap on sequences per step: the number of positions that get logits."""
@@ -392,6 +387,12 @@ class MemoryPlan:
         return "\n".join([title, *rows, *footer])
 
 
+def _batch_default(field: str, gpu: AcceleratorSpec, vllm_version: tuple[int, int, int]) -> int:
+    """`vllm serve`'s default for a batch limit on `gpu`, as `run` resolves an unset one
+    (ServingSection.with_vllm_defaults; chunked prefill, V1's default)."""
+    return int(vllm_default(field, vllm_version, gpu.display_name, gpu.memory_bytes / 2**30).value)
+
+
 def plan_memory(
     arch: ModelArchitecture,
     gpu: AcceleratorSpec,
@@ -401,8 +402,8 @@ def plan_memory(
     tp: int = 1,
     pp: int = 1,
     gpu_memory_utilization: float = 0.90,
-    max_num_batched_tokens: int = 8192,
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+    max_num_batched_tokens: int | None = None,
+    max_num_seqs: int | None = None,
     activation_dtype: str | Dtype = Dtype.BF16,
     framework_overhead_gb: float | None = None,
     expert_parallel: bool = False,
@@ -423,7 +424,13 @@ def plan_memory(
     sequence fits (`MemoryPlan.refusal` says when vLLM would refuse to start).
     `framework_overhead_gb` overrides the modelled non-torch memory
     (framework_overhead_bytes); `max_num_seqs` sizes the sampler's share of the
-    profiled peak, `vllm_version` its bytes a logit (sampler_bytes_per_logit)."""
+    profiled peak, `vllm_version` its bytes a logit (sampler_bytes_per_logit). Unset
+    batch limits are `vllm serve`'s defaults for this GPU in `vllm_version`
+    (vllm_defaults.vllm_default), as a scenario's are, so the plan is the one `run` makes."""
+    if max_num_batched_tokens is None:
+        max_num_batched_tokens = _batch_default("max_num_batched_tokens", gpu, vllm_version)
+    if max_num_seqs is None:
+        max_num_seqs = _batch_default("max_num_seqs", gpu, vllm_version)
     if not 0 < gpu_memory_utilization <= 1:
         raise InfersimError(
             f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}"

@@ -13,9 +13,9 @@ from hardware_models.dtypes import Dtype, bytes_per_element
 from hardware_models.errors import InfersimError
 from simulator.architecture import ModelArchitecture
 from simulator.memory_planner import (
-    DEFAULT_FRAMEWORK_OVERHEAD_GB,
     GB,
     activation_bytes,
+    framework_overhead_bytes,
     stage_weight_bytes,
     weight_bytes_per_param,
 )
@@ -93,7 +93,7 @@ def detailed_inference(
     flash_attention: bool = True,
     activation_dtype: str | Dtype = Dtype.BF16,
     gpu_memory_utilization: float = 0.90,
-    framework_overhead_gb: float = DEFAULT_FRAMEWORK_OVERHEAD_GB,
+    framework_overhead_gb: float | None = None,
 ) -> InferenceEstimate:
     """Memory to prefill `batch` sequences of `seq_len` tokens in one pass and hold their KV.
 
@@ -101,9 +101,12 @@ def detailed_inference(
     matrix (batch x heads x seq_len^2) is materialised at a time, so that term is
     quadratic in seq_len; FlashAttention tiles it away. Activations are the memory
     planner's per-step peak for batch x seq_len tokens with batch sampled positions;
-    weights are the planner's (quantised matrices, 16-bit embeddings and norms).
-    GPUs = ceil(shardable bytes / (usable - overhead)): each GPU pays the overhead once
-    and everything else is assumed to shard evenly.
+    weights are the planner's (quantised matrices, 16-bit embeddings and norms). The
+    budget and the overhead are the serving plan's (plan_memory): `gpu_memory_utilization`
+    of the memory CUDA reports, less vLLM's non-torch memory at the tp chosen
+    (framework_overhead_bytes, which grows with the tp group over NVLink) unless
+    `framework_overhead_gb` is given. GPUs = ceil(shardable bytes / (usable - overhead)):
+    each GPU pays the overhead once and everything else is assumed to shard evenly.
     """
     if batch < 1 or seq_len < 1:
         raise InfersimError(f"batch and seq_len must be >= 1, got {batch} and {seq_len}")
@@ -116,14 +119,27 @@ def detailed_inference(
     activations = activation_bytes(
         arch, tokens, activation_dtype=activation_dtype, sampled_tokens=batch
     )
-    overhead = framework_overhead_gb * GB
     usable = gpu.cuda_memory_bytes * gpu_memory_utilization
-    if usable <= overhead:
-        raise InfersimError(
-            f"framework overhead {framework_overhead_gb} GB leaves nothing of {gpu.name}'s "
-            f"usable {usable / GB:.1f} GB"
-        )
     shardable = weights + kv + scores + activations
+
+    def overhead_at(tp: int) -> float:
+        if framework_overhead_gb is not None:
+            return framework_overhead_gb * GB
+        return framework_overhead_bytes(gpu, tp)
+
+    # The overhead grows with tp, so more GPUs may be needed at the tp the count rounds to.
+    gpus, tp = 1, 1
+    while True:
+        overhead = overhead_at(tp)
+        if usable <= overhead:
+            raise InfersimError(
+                f"framework overhead {overhead / GB:.2f} GB (tp={tp}) leaves nothing of "
+                f"{gpu.name}'s usable {usable / GB:.1f} GB"
+            )
+        gpus = max(gpus, math.ceil(shardable / (usable - overhead)))
+        if gpus <= tp:
+            break
+        tp = valid_tp_at_least(arch, gpus)
     return InferenceEstimate(
         weights=weights,
         kv_cache=kv,
@@ -131,8 +147,8 @@ def detailed_inference(
         activations=activations,
         framework_overhead=overhead,
         usable_per_gpu=usable,
-        gpus=(gpus := math.ceil(shardable / (usable - overhead))),
-        tp=valid_tp_at_least(arch, gpus),
+        gpus=gpus,
+        tp=tp,
     )
 
 
@@ -232,7 +248,7 @@ def detailed_training(
     grad_accum_steps: int = 1,
     activation_checkpointing: bool = False,
     flash_attention: bool = True,
-    framework_overhead_gb: float = DEFAULT_FRAMEWORK_OVERHEAD_GB,
+    framework_overhead_gb: float | None = None,
 ) -> TrainingEstimate:
     """Per-GPU memory on `dp` data-parallel GPUs (no tensor or pipeline parallelism).
 
@@ -240,7 +256,11 @@ def detailed_training(
     the weights. Gradient accumulation leaves per-GPU memory unchanged (activations are
     per micro-batch) and only raises the effective batch to micro_batch x accum x dp.
     `min_dp_zero3` is the smallest dp at which ZeRO-3 fits (None when activations and
-    overhead alone exceed the GPU); the whole device memory counts as usable.
+    overhead alone exceed the GPU). The capacity is the memory CUDA reports, all of it
+    usable; the overhead is the serving plan's non-torch memory of a GPU outside a tensor-
+    parallel group (framework_overhead_bytes at tp=1: cuBLAS and driver allocations)
+    unless `framework_overhead_gb` is given. The dp all-reduce's NCCL buffers are not in
+    it: the modelled figures are vLLM's tp groups', measured up to 8 GPUs of a node.
     """
     if dp < 1 or grad_accum_steps < 1:
         raise InfersimError(f"dp and grad_accum_steps must be >= 1, got {dp}, {grad_accum_steps}")
@@ -254,7 +274,11 @@ def detailed_training(
         activation_checkpointing=activation_checkpointing,
         flash_attention=flash_attention,
     )
-    overhead = framework_overhead_gb * GB
+    overhead = (
+        framework_overhead_bytes(gpu, tp=1)
+        if framework_overhead_gb is None
+        else framework_overhead_gb * GB
+    )
     capacity = gpu.cuda_memory_bytes
     model_states = params * (2 * _HALF_BYTES + _OPTIMIZER_BYTES)
     room = capacity - activations - overhead

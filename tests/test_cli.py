@@ -5,7 +5,9 @@ import sys
 
 import pytest
 
+from hardware_models.presets import load_gpu
 from simulator.cli.main import main
+from simulator.memory_planner import framework_overhead_bytes
 
 
 def run(capsys, *argv):
@@ -158,8 +160,29 @@ def test_estimate_says_gb_and_gib_apart(capsys):
     code, out, _ = run(capsys, "estimate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm",
                        "--training")  # fmt: skip
     assert code == 0
-    assert "(85.90 GB = 80 GiB each)" in out and "does NOT fit in 85.90 GB = 80 GiB" in out
+    assert "(each 85.90 GB = 80 GiB on the datasheet, 85.06 GB of it visible to CUDA)" in out
+    # the verdict names the capacity it checks: what CUDA reports, not the datasheet's
+    assert "does NOT fit in the 85.06 GB CUDA sees" in out
     assert "80 GB" not in out
+
+
+def _row_gb(out: str, label: str, nth: int = 0) -> float:
+    rows = [x for x in out.splitlines() if x.strip().startswith(label)]
+    return float(rows[nth].split()[-2])
+
+
+@pytest.mark.parametrize(("model", "tp"), [("llama-3.1-8b", 1), ("llama-3.1-70b", 2)])
+def test_estimate_charges_one_overhead_in_both_sections(capsys, model, tp):
+    """The detailed inference and the serving plan below it charge the same non-torch
+    memory (framework_overhead_bytes at the tp: 0.21 GB at tp=1, 2.14 GB at tp=2 over
+    NVLink), not a flat 1.50 GB above a modelled figure."""
+    code, out, _ = run(capsys, "estimate", "--model", model, "--gpu", "h100-sxm")
+    assert code == 0 and f"Serving plan at tp={tp}" in out
+    detailed = _row_gb(out, "framework overhead (per GPU)")
+    assert detailed == _row_gb(out, "framework overhead", nth=1)
+    assert detailed == pytest.approx(
+        framework_overhead_bytes(load_gpu("h100-sxm"), tp) / 1e9, abs=0.01
+    )
 
 
 def test_paper_cuts(capsys, tmp_path):

@@ -1,6 +1,7 @@
 import pytest
 
 from hardware_models.presets import load_gpu
+from simulator.memory_planner import framework_overhead_bytes
 from simulator.model_catalog import load_model
 from simulator.sizing import (
     detailed_inference,
@@ -93,3 +94,15 @@ def test_inference_gpu_count(h100):
     big = detailed_inference(arch, h100, batch=64, seq_len=4096)
     assert big.gpus > est.gpus
     assert big.breakdown()[-1][0] == "total"
+
+
+def test_detailed_estimates_budget_as_the_serving_plan(h100):
+    """The memory CUDA reports, less the modelled non-torch memory (at the tp the count
+    rounds to), as plan_memory charges it: not the datasheet, not a flat 1.5 GB."""
+    inference = detailed_inference(load_model("llama-3.1-70b"), h100)
+    assert inference.tp == 2
+    assert inference.framework_overhead == framework_overhead_bytes(h100, 2)
+    assert inference.usable_per_gpu == pytest.approx(0.9 * h100.cuda_memory_bytes)
+    training = detailed_training(load_model("llama-3.1-8b"), h100)
+    assert training.capacity_per_gpu == h100.cuda_memory_bytes
+    assert training.framework_overhead == framework_overhead_bytes(h100, 1)

@@ -157,6 +157,29 @@ def test_estimate_says_plainly_when_vllm_would_not_start(capsys):
     assert "vLLM would not start" not in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    ("serving", "why"),
+    [
+        ({"max_model_len": 200000},
+         "serving.max_model_len=200000 is above llama-3.1-8b's context of 131072 tokens"),
+        ({"max_num_batched_tokens": 512, "max_num_seqs": 1024},
+         "serving.max_num_batched_tokens=512 is below serving.max_num_seqs=1024"),
+    ],
+)  # fmt: skip
+def test_estimate_refuses_what_run_refuses_before_planning(capsys, serving, why):
+    """`run` refuses these at build time (check_context, check_token_budget); `estimate`
+    with the same settings says vLLM would not start, and plans no KV cache for them."""
+    flags = [f"--{name.replace('_', '-')}={value}" for name, value in serving.items()]
+    main(["estimate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", *flags])
+    out = capsys.readouterr().out
+    assert f"vLLM would not start: {why}" in out and "KV capacity" not in out
+    scenario = scenario_dict(
+        hardware={"gpu": "h100-sxm"}, model={"name": "llama-3.1-8b"}, serving=serving
+    )
+    with pytest.raises(InfeasibleError, match=why):
+        build_replica(Scenario.from_dict(scenario))
+
+
 def test_a_plan_holding_one_sequence_has_no_refusal_and_none_without_a_max_model_len():
     arch, gpu = load_model("llama-2-7b"), load_gpu("a100-80gb-sxm")
     plan = plan_memory(arch, gpu, max_model_len=4096)

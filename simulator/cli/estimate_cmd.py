@@ -11,6 +11,8 @@ from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import parse_dtype
 from hardware_models.errors import InfeasibleError, InfersimError
 from hardware_models.presets import load_gpu
+from simulator.architecture import ModelArchitecture
+from simulator.caveats import check_context, check_token_budget
 from simulator.engine.kv_groups import vllm_default_groups
 from simulator.engine.weight_format import check_weight_support, weight_format
 from simulator.memory_planner import GB, plan_memory
@@ -105,9 +107,26 @@ def _serving(
     )
 
 
+def _start_refusal(arch: ModelArchitecture, serving: ServingSection, max_model_len: int) -> str:
+    """Why vLLM would refuse these settings before planning memory, as `run` refuses them
+    (ModelConfig's context check, SchedulerConfig.verify_max_model_len); '' when it starts."""
+    try:
+        check_context(max_model_len, arch)
+        check_token_budget(
+            serving.policy, serving.max_num_batched_tokens, max_model_len, serving.max_num_seqs
+        )
+    except InfeasibleError as exc:
+        return str(exc)
+    return ""
+
+
 def _capacity(gpu: AcceleratorSpec) -> str:
-    """A GPU's memory in GB (1e9 bytes, as every size here) and in the GiB it is sold as."""
-    return f"{gpu.memory_bytes / GB:.2f} GB = {gpu.memory.capacity_gb:g} GiB"
+    """A GPU's memory in GB (1e9 bytes, as every size here): the GiB it is sold as, and
+    the share of it CUDA reports, which the detailed estimates and the plan budget from."""
+    return (
+        f"{gpu.memory_bytes / GB:.2f} GB = {gpu.memory.capacity_gb:g} GiB on the datasheet, "
+        f"{gpu.cuda_memory_bytes / GB:.2f} GB of it visible to CUDA"
+    )
 
 
 def _rows(rows: list[tuple[str, float]]) -> str:
@@ -148,11 +167,12 @@ def _run(args: argparse.Namespace) -> int:
             batch=args.batch,
             seq_len=args.seq,
             flash_attention=not args.no_flash,
+            gpu_memory_utilization=serving.gpu_memory_utilization,
         )
     quick_inf = quick_inference_gpus(arch, gpu, precision)
     quick_train = quick_training_gpus(arch, gpu, precision)
     print(f"{arch.display_name} ({params_b:.2f} B parameters) on {gpu.display_name}")
-    print(f"  ({_capacity(gpu)} each), {precision} weights")
+    print(f"  (each {_capacity(gpu)}), {precision} weights")
     print("\nQuick sizing (weights only):")
     print(f"  inference: {quick_inf} GPUs  = ceil({params_b:.1f} B x bytes/param / GPU memory)")
     print(
@@ -166,7 +186,10 @@ def _run(args: argparse.Namespace) -> int:
         )
         print(_rows(est.breakdown()))
         verdict = "fits" if est.fits else "does NOT fit"
-        print(f"  {verdict} in {_capacity(gpu)}; effective batch {est.effective_batch}")
+        print(
+            f"  {verdict} in the {est.capacity_per_gpu / GB:.2f} GB CUDA sees; "
+            f"effective batch {est.effective_batch}"
+        )
         if est.min_dp_zero3:
             print(f"  ZeRO-3 fits from dp={est.min_dp_zero3}")
         return 0
@@ -179,6 +202,11 @@ def _run(args: argparse.Namespace) -> int:
     print(f"\nServing plan at tp={tp} ({chosen}; vLLM-style memory budget):")
     for line in defaults:
         print(f"  default {line}")
+    max_len = serving.max_model_len or context
+    refusal = _start_refusal(arch, serving, max_len)
+    if refusal:
+        print(f"  vLLM would not start: {refusal}")
+        return 0
     try:
         plan = plan_memory(
             arch,
@@ -190,7 +218,7 @@ def _run(args: argparse.Namespace) -> int:
             max_num_batched_tokens=serving.max_num_batched_tokens,
             max_num_seqs=serving.max_num_seqs,
             kv_groups=vllm_default_groups(arch, serving.block_size),
-            max_model_len=serving.max_model_len or context,
+            max_model_len=max_len,
             block_size=serving.block_size,
         )
     except InfeasibleError as exc:
@@ -201,6 +229,5 @@ def _run(args: argparse.Namespace) -> int:
     if refusal:
         print(f"  vLLM would not start: {refusal}")
     if plan.kv_groups is None:  # as vLLM's "Maximum concurrency for N tokens per request"
-        max_len = serving.max_model_len or context
         print(f"  {'sequences of max_model_len':<28}{plan.kv_capacity_tokens / max_len:>10.2f}")
     return 0
