@@ -285,7 +285,7 @@ def build_replica(
     par, engine = scenario.parallelism, scenario.engine
     max_model_len = scenario.serving.max_model_len or arch.max_position_embeddings
     serving, defaults = scenario.serving.with_vllm_defaults(
-        gpu.display_name, gpu.memory_bytes / 2**30, max_model_len
+        gpu.display_name, gpu.cuda_memory_bytes / 2**30, max_model_len
     )
     gpus = par.tp * par.pp  # of one dp rank; the replica has dp of them
     check_placement(scenario, arch, node)
