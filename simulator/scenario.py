@@ -214,6 +214,7 @@ class FaultsSection(BaseModel):
 Policy = Literal["static", "dynamic", "continuous", "chunked_prefill"]
 
 
+BATCH_LIMITS = ("max_num_seqs", "max_num_batched_tokens")  # vLLM's defaults differ by GPU
 NON_VLLM_BATCH_LIMITS = {"max_num_seqs": 256, "max_num_batched_tokens": 2048}
 """The static and dynamic policies' unset batch limits: infersim's own batchers, not vLLM's
 scheduler, so vLLM's GPU-dependent defaults do not apply; these are infersim's defaults

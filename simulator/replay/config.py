@@ -17,7 +17,7 @@ from simulator.architecture import ModelArchitecture
 from simulator.memory_planner import MaxModelLenRefused
 from simulator.model_catalog import CATALOG_DIR, list_models, load_model
 from simulator.replay.measured import MeasuredRun
-from simulator.scenario import Scenario
+from simulator.scenario import BATCH_LIMITS, Scenario
 from simulator.simulation import build_pools
 from simulator.vllm_defaults import (
     batch_limits,
@@ -246,7 +246,7 @@ class _Resolver:
     def batch_limits(self, *, chunked_prefill: bool, max_model_len: int) -> dict[str, int]:
         """max_num_seqs and max_num_batched_tokens from the run, else vLLM's defaults,
         where one recorded bounds the other's default (vllm_defaults.batch_limits)."""
-        given = {name: self._recorded(name) for name in ("max_num_seqs", "max_num_batched_tokens")}
+        given = {name: self._recorded(name) for name in BATCH_LIMITS}
         unset = [name for name, value in given.items() if value is None]
         if unset:
             chosen = batch_limits(
@@ -441,7 +441,7 @@ def _check_batch_limits(setting: _Resolver, serving: dict, given: set[str]) -> N
     seqs, tokens = serving["max_num_seqs"], serving["max_num_batched_tokens"]
     defaulted = [
         name
-        for name in ("max_num_seqs", "max_num_batched_tokens")
+        for name in BATCH_LIMITS
         if setting.optional(name) is None and f"serving.{name}" not in given
     ]
     if tokens < seqs and defaulted:
