@@ -318,7 +318,11 @@ def build_replica(
         )
     check_context(max_model_len, arch)
     check_token_budget(
-        serving.policy, serving.max_num_batched_tokens, max_model_len, serving.max_num_seqs
+        serving.policy,
+        serving.max_num_batched_tokens,
+        max_model_len,
+        serving.max_num_seqs,
+        budget_default=scenario.serving.max_num_batched_tokens is None,
     )
     weight_dtype = resolve_weight_dtype(scenario.model.weight_dtype, arch)
     if arch.is_moe and parse_dtype(weight_dtype) == Dtype.FP4 and gpu.supports(Dtype.FP4):
