@@ -19,11 +19,15 @@ if TYPE_CHECKING:
     from simulator.simulation import ReplicaBuild
 
 
-def check_token_budget(policy: str, budget: int, max_model_len: int, max_num_seqs: int) -> None:
+def check_token_budget(
+    policy: str, budget: int, max_model_len: int, max_num_seqs: int, budget_default: bool = False
+) -> None:
     """vLLM's SchedulerConfig.verify_max_model_len refuses to start a prefill-first engine
     (no chunked prefill) whose token budget is below max_model_len (a longer prompt could
     never be scheduled), and any engine whose budget is below max_num_seqs (each
-    sequence of a step takes at least one token), chunked prefill or not."""
+    sequence of a step takes at least one token), chunked prefill or not.
+    `budget_default`: the budget was left unset (vLLM's default for the GPU, which only
+    a max_num_seqs given above it can exceed), so the message says to set it."""
     if policy not in ("continuous", "chunked_prefill"):
         return  # run-to-completion batches: not vLLM's scheduler, no token budget
     if policy == "continuous" and budget < max_model_len:
@@ -34,11 +38,16 @@ def check_token_budget(policy: str, budget: int, max_model_len: int, max_num_seq
             "chunked_prefill"
         )
     if budget < max_num_seqs:
+        way_out = "raise max_num_batched_tokens or lower max_num_seqs"
+        if budget_default:
+            way_out = (
+                f"max_num_batched_tokens was left unset and took vLLM's default for this "
+                f"GPU, {budget}: set it to at least {max_num_seqs} or lower max_num_seqs"
+            )
         raise InfeasibleError(
             f"serving.max_num_batched_tokens={budget} is below serving.max_num_seqs="
             f"{max_num_seqs}: vLLM refuses this at start-up (max_num_batched_tokens must "
-            "be greater than or equal to max_num_seqs); raise max_num_batched_tokens or "
-            "lower max_num_seqs"
+            f"be greater than or equal to max_num_seqs); {way_out}"
         )
 
 

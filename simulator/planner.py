@@ -47,7 +47,7 @@ from simulator.metrics.overload import (
     verdict,
 )
 from simulator.progress import Progress
-from simulator.scenario import PlanSection, Scenario, fields_overlap, override_key
+from simulator.scenario import BATCH_LIMITS, PlanSection, Scenario, fields_overlap, override_key
 from simulator.sweep import JobError, run_parallel
 
 if TYPE_CHECKING:
@@ -318,6 +318,17 @@ def _row(scenario: Scenario, candidate: Candidate, fleet: Fleet, probe: Probe) -
     }
 
 
+def _batch_limits(scenario: Scenario, candidate: Candidate, rate: float) -> dict[str, Any]:
+    """The batch limits the candidate's replicas run with: vLLM's defaults differ by GPU
+    (1024/8192 on an H100, 256/2048 on an A100), so the table says which each ran."""
+    from simulator.simulation import batch_limits_of
+
+    try:
+        return batch_limits_of(_at(scenario, candidate, rate, 1, 1))
+    except InfersimError:  # the candidate's own row says why it cannot run
+        return dict.fromkeys(BATCH_LIMITS)
+
+
 def evaluate(scenario: Scenario, candidate: Candidate) -> list[dict[str, Any]]:
     """The candidate's rows of the plan table, one per layout (colocated, and
     disaggregated when planned); an infeasible one has status 'infeasible' and the reason."""
@@ -325,6 +336,7 @@ def evaluate(scenario: Scenario, candidate: Candidate) -> list[dict[str, Any]]:
     assert plan is not None
     target = (plan.target_rate_per_s or _base_rate(scenario)) * (1 + plan.headroom)
     base = {**asdict(candidate), "dp": scenario.parallelism.dp}  # the scenario's, every probe's
+    base |= _batch_limits(scenario, candidate, target)
     rows = []
     start = 1  # where the disaggregated search starts: the colocated size, when known
     try:
@@ -412,6 +424,7 @@ def plan_capacity(
             ]  # fmt: skip
         rows.extend(result)
     table = pd.DataFrame(rows)
+    table = table.astype({name: "Int64" for name in BATCH_LIMITS if name in table})
     if "usd_per_hour" not in table:  # nothing feasible
         table["usd_per_hour"] = float("nan")
     feasible = table["usd_per_hour"].where(table["status"] == "ok")

@@ -27,7 +27,7 @@ from pydantic import (
 from hardware_models.errors import InfersimError, InfersimWarning
 from hardware_models.yaml_io import load_yaml_mapping, parse_yaml
 from simulator.router import RouterName
-from simulator.vllm_defaults import EMULATED_VLLM_VERSION, vllm_default
+from simulator.vllm_defaults import EMULATED_VLLM_VERSION, Default, batch_limits
 from simulator.workload.config import WorkloadConfig
 
 # No NaN or infinity anywhere in a scenario: every number must be a real quantity.
@@ -214,7 +214,11 @@ class FaultsSection(BaseModel):
 Policy = Literal["static", "dynamic", "continuous", "chunked_prefill"]
 
 
-_BATCH_LIMITS = ("max_num_seqs", "max_num_batched_tokens")  # defaulted per GPU
+BATCH_LIMITS = ("max_num_seqs", "max_num_batched_tokens")  # vLLM's defaults differ by GPU
+NON_VLLM_BATCH_LIMITS = {"max_num_seqs": 256, "max_num_batched_tokens": 2048}
+"""The static and dynamic policies' unset batch limits: infersim's own batchers, not vLLM's
+scheduler, so vLLM's GPU-dependent defaults do not apply; these are infersim's defaults
+from before it took vLLM's (vLLM's for a GPU under 70 GiB)."""
 
 
 class ServingSection(BaseModel):
@@ -233,8 +237,9 @@ class ServingSection(BaseModel):
         le=65536,
         description="sequences per step (batch size for static); default: what `vllm "
         "serve` of the emulated release (simulator.vllm_defaults.EMULATED_VLLM_VERSION, "
-        "0.19) chooses for the GPU: 1024 on GPUs of at least 70 GiB other than the A100, "
-        "else 256 (the run's summary says which)",
+        "0.19) chooses for the GPU: 1024 on GPUs CUDA sees at least 70 GiB of, other than "
+        "the A100, else 256, and at most max_num_batched_tokens; 256 for the static and "
+        "dynamic policies (the run's summary says which)",
     )
     max_num_batched_tokens: int | None = Field(
         default=None,
@@ -242,8 +247,9 @@ class ServingSection(BaseModel):
         le=1 << 22,
         description="token budget per engine step; the continuous policy needs at least "
         "max_model_len (vLLM refuses less at start-up); default: as `vllm serve` chooses "
-        "for the GPU, 8192 on GPUs of at least 70 GiB other than the A100, else 2048, and "
-        "at least max_model_len for the continuous policy (chunked prefill off)",
+        "for the GPU, 8192 on GPUs CUDA sees at least 70 GiB of, other than the A100, else "
+        "2048, at least max_model_len for the continuous policy (chunked prefill off), and "
+        "at most max_num_seqs * max_model_len; 2048 for the static and dynamic policies",
     )
     max_queue_delay_ms: float = Field(
         default=10.0, ge=0, description="dynamic batching: longest a request waits for a batch"
@@ -329,20 +335,26 @@ class ServingSection(BaseModel):
     ) -> tuple[ServingSection, tuple[str, ...]]:
         """This section with max_num_seqs and max_num_batched_tokens, where unset, as `vllm
         serve` of EMULATED_VLLM_VERSION chooses them on the GPU vLLM sees as `gpu_name`
-        with `gpu_memory_gib` (EngineArgs.get_batch_defaults), and a line for each saying
-        what it became and why; set values are kept as given."""
-        unset = [name for name in _BATCH_LIMITS if getattr(self, name) is None]
-        chosen = {
-            name: vllm_default(
-                name,
+        with `gpu_memory_gib` of CUDA-visible memory (vllm_defaults.batch_limits: a limit
+        given bounds the other's default), and a line for each saying what it became and
+        why; set values are kept as given. The static and dynamic policies are not vLLM's
+        scheduler: theirs default to NON_VLLM_BATCH_LIMITS."""
+        if self.policy in ("static", "dynamic"):
+            chosen = {
+                name: Default(value, f"the {self.policy} policy's default (not vLLM's scheduler)")
+                for name, value in NON_VLLM_BATCH_LIMITS.items()
+                if getattr(self, name) is None
+            }
+        else:
+            chosen = batch_limits(
                 EMULATED_VLLM_VERSION,
                 gpu_name,
                 gpu_memory_gib,
+                max_num_seqs=self.max_num_seqs,
+                max_num_batched_tokens=self.max_num_batched_tokens,
                 chunked_prefill=self.policy != "continuous",
                 max_model_len=max_model_len,
             )
-            for name in unset
-        }
         notes = tuple(f"serving.{name} = {d.value} ({d.reason})" for name, d in chosen.items())
         return self.model_copy(update={n: d.value for n, d in chosen.items()}), notes
 

@@ -36,7 +36,7 @@ from simulator.progress import Progress
 from simulator.provenance import provenance
 from simulator.results import Results
 from simulator.router import SessionAffinity, make_router
-from simulator.scenario import ModelSection, Scenario
+from simulator.scenario import BATCH_LIMITS, ModelSection, Scenario, ServingSection
 from simulator.workload import (
     ClosedLoopSampler,
     PromptHashes,
@@ -270,6 +270,29 @@ def _warn_links_fitted_elsewhere(gpu: AcceleratorSpec, node: NodeSpec, profile: 
         )
 
 
+def _load_arch(scenario: Scenario) -> ModelArchitecture:
+    return _named_field("model.name", load_model, _maybe_path(scenario, scenario.model.name))
+
+
+def _serving_for(
+    scenario: Scenario, gpu: AcceleratorSpec, max_model_len: int
+) -> tuple[ServingSection, tuple[str, ...]]:
+    """The serving section a replica runs: unset batch limits as vLLM's for the GPU, read
+    at the memory CUDA reports (vLLM's rule reads that, not the datasheet figure)."""
+    return scenario.serving.with_vllm_defaults(
+        gpu.display_name, gpu.cuda_memory_bytes / 2**30, max_model_len
+    )
+
+
+def batch_limits_of(scenario: Scenario) -> dict[str, int]:
+    """max_num_seqs and max_num_batched_tokens a replica of `scenario` runs with (set, or
+    vLLM's defaults for its GPU), resolved as build_replica does without building it: for
+    tables that set GPUs with different defaults side by side (plan), feasible or not."""
+    max_model_len = scenario.serving.max_model_len or _load_arch(scenario).max_position_embeddings
+    serving, _ = _serving_for(scenario, resolve_gpu(scenario), max_model_len)
+    return {name: getattr(serving, name) for name in BATCH_LIMITS}
+
+
 def build_replica(
     scenario: Scenario, kv_transfer: bool = False, hashed_prompts: bool = False
 ) -> ReplicaBuild:
@@ -281,12 +304,10 @@ def build_replica(
     gpu = calibration.gpu
     node = resolve_node(scenario, gpu)
     _warn_links_fitted_elsewhere(gpu, node, calibration.profile)
-    arch = _named_field("model.name", load_model, _maybe_path(scenario, scenario.model.name))
+    arch = _load_arch(scenario)
     par, engine = scenario.parallelism, scenario.engine
     max_model_len = scenario.serving.max_model_len or arch.max_position_embeddings
-    serving, defaults = scenario.serving.with_vllm_defaults(
-        gpu.display_name, gpu.memory_bytes / 2**30, max_model_len
-    )
+    serving, defaults = _serving_for(scenario, gpu, max_model_len)
     gpus = par.tp * par.pp  # of one dp rank; the replica has dp of them
     check_placement(scenario, arch, node)
     routing = scenario.model.moe_routing
@@ -297,7 +318,11 @@ def build_replica(
         )
     check_context(max_model_len, arch)
     check_token_budget(
-        serving.policy, serving.max_num_batched_tokens, max_model_len, serving.max_num_seqs
+        serving.policy,
+        serving.max_num_batched_tokens,
+        max_model_len,
+        serving.max_num_seqs,
+        budget_default=scenario.serving.max_num_batched_tokens is None,
     )
     weight_dtype = resolve_weight_dtype(scenario.model.weight_dtype, arch)
     if arch.is_moe and parse_dtype(weight_dtype) == Dtype.FP4 and gpu.supports(Dtype.FP4):
@@ -900,7 +925,7 @@ def _as_run(scenario: Scenario, builds: list[tuple[str, ReplicaBuild]]) -> Scena
         update["model"] = scenario.model.model_copy(update={"weight_dtype": used})
     chosen = {
         name: {getattr(build.config, name) for _, build in builds}
-        for name in ("max_num_seqs", "max_num_batched_tokens")
+        for name in BATCH_LIMITS
         if getattr(scenario.serving, name) is None
     }
     agreed = {name: values.pop() for name, values in chosen.items() if len(values) == 1}

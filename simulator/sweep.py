@@ -41,6 +41,7 @@ from tqdm import tqdm
 from hardware_models.errors import InfersimError
 from simulator.build_id import build_id
 from simulator.scenario import (
+    BATCH_LIMITS,
     Scenario,
     SLOSection,
     describe_errors,
@@ -84,6 +85,9 @@ METRICS: tuple[tuple[str, tuple[str, ...], float], ...] = (
     ("joules_per_output_token", ("energy", "joules_per_output_token"), 1),
 )
 _COUNTS = ("completed", "preemptions")
+# The batch limits each point ran with, from its summary's provenance: unset, they are
+# vLLM's defaults for the point's GPU, so a sweep over GPUs runs each with its own.
+_RAN_WITH = ("provenance", "scenario", "serving")
 PER_USD = "output_tokens_per_s_per_usd_hour"
 
 
@@ -464,6 +468,7 @@ def sweep_table(points: Sequence[SweepPoint], records: Mapping[str, Mapping]) ->
             row["variant"] = point.variant
         row |= {key: _cell(value) for key, value in point.values.items()}
         row |= {"status": record["status"], "error": record["error"]}
+        row |= {name: _get(summary, (*_RAN_WITH, name)) for name in BATCH_LIMITS}
         for column, path, scale in METRICS:
             value = _get(summary, path)
             row[column] = None if value is None else value * scale
@@ -477,7 +482,7 @@ def sweep_table(points: Sequence[SweepPoint], records: Mapping[str, Mapping]) ->
     table = pd.DataFrame(rows)
     floats = [c for c, _, _ in METRICS if c not in _COUNTS] + [PER_USD, "wall_s", "cpu_s"]
     table[floats] = table[floats].astype(float)
-    table[list(_COUNTS)] = table[list(_COUNTS)].astype("Int64")
+    table[[*_COUNTS, *BATCH_LIMITS]] = table[[*_COUNTS, *BATCH_LIMITS]].astype("Int64")
     table["overloaded"] = table["overloaded"].astype("boolean")
     return table
 

@@ -22,6 +22,19 @@ Sources (vLLM repository and release notes):
   or more in a release after it, so a later version is flagged as unchecked.
 - With chunked prefill off, max_num_batched_tokens is at least max_model_len, so a
   whole prompt fits one step (`EngineArgs`: max(max_model_len, the default above)).
+- The two limits bound each other where unset (batch_limits). An unset max_num_seqs is
+  at most max_num_batched_tokens, set or defaulted (`min(max_num_seqs,
+  max_num_batched_tokens)` under `if orig_max_num_seqs is None` in
+  `EngineArgs._set_default_max_num_seqs_and_batched_tokens_args`, 0.12 to 0.19 and main),
+  so `--max-num-batched-tokens 512` alone starts with 512 sequences where the default
+  would be 1024. The 0.8/0.9 sources set the default sequences with no such bound
+  (`_set_default_args_v1`: `self.max_num_seqs = default_max_num_seqs`), and
+  SchedulerConfig then refused a budget below them; a later `_set_default_args_v1`
+  (the one deprecating disable_log_requests for 0.12) has the bound; the release that
+  added it was not found, so it is taken from 0.10.0. An unset max_num_batched_tokens
+  is at most max_num_seqs * max_model_len (vllm PR #17853, 2025-05, for Whisper; applied
+  to `vllm serve`'s default since PR #28665 moved the defaults into that function,
+  2025-11, so from 0.12.0).
 - block_size 16 on CUDA; gpu_memory_utilization 0.9 (`CacheConfig`), every version.
 - Async scheduling: an opt-in flag from 0.10.0 (PR #19970), on by default from 0.14.0
   (release notes: "Async scheduling is now enabled by default", PR #27614), except with
@@ -49,6 +62,8 @@ EMULATED_VLLM_VERSION = (0, 19, 0)
 infersim models (scheduler_reserve_full_isl, engine/scheduler.py) and whose measured runs
 (../shared/data/e2e) the shipped profiles are checked against."""
 _BIG_GPU_GIB = 70  # vLLM's threshold for its larger batch defaults (from 0.8.5)
+_SEQS_BOUND_BY_TOKENS = (0, 10, 0)  # unset max_num_seqs <= max_num_batched_tokens (module doc)
+_TOKENS_BOUND_BY_SEQS = (0, 12, 0)  # unset budget <= max_num_seqs * max_model_len
 
 
 @dataclass(frozen=True)
@@ -68,7 +83,8 @@ def parse_version(text: str) -> tuple[int, int, int]:
     return int(major), int(minor), int(patch or 0)
 
 
-def _shown(version: tuple[int, int, int]) -> str:
+def version_text(version: tuple[int, int, int]) -> str:
+    """(0, 19, 0) -> "0.19.0", as messages name a release."""
     return ".".join(map(str, version))
 
 
@@ -78,10 +94,10 @@ def _big_gpu(version: tuple[int, int, int], name: str, gib: float) -> tuple[bool
         big = "h100" in name or "h200" in name
         return big, "an H100/H200" if big else "not an H100/H200"
     if gib < _BIG_GPU_GIB:
-        return False, f"{gib:.0f} GiB, under {_BIG_GPU_GIB}"
+        return False, f"{gib:.2f} GiB as CUDA reports it, under {_BIG_GPU_GIB}"
     if version >= (0, 9, 0) and "a100" in name:
         return False, "an A100, left out from 0.9.0"
-    return True, f"{gib:.0f} GiB, at least {_BIG_GPU_GIB}"
+    return True, f"{gib:.2f} GiB as CUDA reports it, at least {_BIG_GPU_GIB}"
 
 
 # VLLM_ALLREDUCE_USE_SYMM_MEM's default by release (see the module doc): (first version,
@@ -105,7 +121,7 @@ def symm_mem_default(version: tuple[int, int, int]) -> Default:
     """VLLM_ALLREDUCE_USE_SYMM_MEM's default in vLLM `version` (which no run records), and
     why."""
     _, value, why = next(row for row in reversed(_SYMM_MEM_DEFAULTS) if version >= row[0])
-    return Default(value, f"vLLM {_shown(version)}: {why}")
+    return Default(value, f"vLLM {version_text(version)}: {why}")
 
 
 def vllm_default(
@@ -118,17 +134,18 @@ def vllm_default(
     max_model_len: int = 0,
 ) -> Default:
     """vLLM's default for `field` in `version` on the GPU named `gpu_name` (as vLLM sees
-    it: the device name) with `gpu_memory_gib` of memory; max_num_batched_tokens also
-    depends on chunked prefill and max_model_len. Versions before the V1 engine (0.8.0)
+    it: the device name) with `gpu_memory_gib` of memory as CUDA reports it (what
+    vLLM's rule reads, not the datasheet figure); max_num_batched_tokens also depends on
+    chunked prefill and max_model_len. Versions before the V1 engine (0.8.0)
     are not tabled: their defaults depended on max_model_len and the V0 scheduler."""
     if version < FIRST_V1:
         raise InfersimError(
-            f"{field}: not recorded in the run, and vLLM {_shown(version)} predates the V1 "
+            f"{field}: not recorded in the run, and vLLM {version_text(version)} predates the V1 "
             "engine (0.8.0) whose defaults infersim knows; give it with --set"
         )
-    where = f"vLLM {_shown(version)} default"
+    where = f"vLLM {version_text(version)} default"
     if version > LAST_CHECKED:
-        where += f" (table checked up to {_shown(LAST_CHECKED)}: a later vLLM may differ)"
+        where += f" (table checked up to {version_text(LAST_CHECKED)}: a later vLLM may differ)"
     big, big_why = _big_gpu(version, gpu_name.lower(), gpu_memory_gib)
     if field == "max_num_batched_tokens":
         tokens = 8192 if big else 2048
@@ -161,3 +178,54 @@ def vllm_default(
         raise KeyError(field)
     value, why = fixed[field]
     return Default(value, f"{where}: {why}" if why else where)
+
+
+def batch_limits(
+    version: tuple[int, int, int],
+    gpu_name: str,
+    gpu_memory_gib: float,
+    *,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int | None,
+    chunked_prefill: bool,
+    max_model_len: int,
+) -> dict[str, Default]:
+    """vLLM `version`'s values for whichever of the two batch limits is None, resolved as
+    EngineArgs does: each GPU default (vllm_default), then an unset budget bounded by
+    max_num_seqs * max_model_len and unset sequences by the budget (module doc), so a
+    limit that is given bounds the other's default."""
+    defaults = {
+        name: vllm_default(
+            name,
+            version,
+            gpu_name,
+            gpu_memory_gib,
+            chunked_prefill=chunked_prefill,
+            max_model_len=max_model_len,
+        )
+        for name, given in (
+            ("max_num_seqs", max_num_seqs),
+            ("max_num_batched_tokens", max_num_batched_tokens),
+        )
+        if given is None
+    }
+    seqs = defaults["max_num_seqs"].value if max_num_seqs is None else max_num_seqs
+    tokens = defaults.get("max_num_batched_tokens")
+    if tokens is not None and version >= _TOKENS_BOUND_BY_SEQS:
+        bound = seqs * max_model_len
+        if bound < tokens.value:
+            defaults["max_num_batched_tokens"] = Default(
+                bound,
+                f"{tokens.reason}, lowered to max_num_seqs * max_model_len = "
+                f"{seqs} * {max_model_len} (EngineArgs bounds a default budget so)",
+            )
+    budget = defaults["max_num_batched_tokens"].value if tokens else max_num_batched_tokens
+    sequences = defaults.get("max_num_seqs")
+    if sequences is not None and version >= _SEQS_BOUND_BY_TOKENS and budget < sequences.value:
+        given = "the max_num_batched_tokens given" if tokens is None else "its default"
+        defaults["max_num_seqs"] = Default(
+            budget,
+            f"{sequences.reason}, lowered to max_num_batched_tokens = {budget} ({given}: "
+            "vLLM bounds default sequences by the token budget)",
+        )
+    return defaults

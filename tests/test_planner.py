@@ -49,12 +49,32 @@ def test_plan_ranks_feasible_fleets_and_explains_the_rest(make_scenario):
     assert summary["latency"]["ttft"]["p99"] <= 1.5
 
 
+def test_each_candidate_says_the_batch_limits_it_ran_with(make_scenario):
+    """vLLM's defaults differ by GPU, and a budget given bounds the default sequences
+    (vLLM 0.19 starts an H100 with `--max-num-batched-tokens 512` at 512 sequences, so
+    the H100 is not refused as a budget below its 1024)."""
+    scenario = _plan_scenario(make_scenario, gpus=["h100-sxm", "a100-80gb-sxm"])
+    unset = {"max_num_seqs": None, "max_num_batched_tokens": None}
+    scenario = scenario.model_copy(update={"serving": scenario.serving.model_copy(update=unset)})
+    table = plan_capacity(scenario, workers=1).set_index("gpu")
+    assert (table["status"] == "ok").all(), table["reason"].tolist()
+    limits = table[["max_num_seqs", "max_num_batched_tokens"]].astype(int)
+    assert limits.loc["h100-sxm"].tolist() == [1024, 8192]
+    assert limits.loc["a100-80gb-sxm"].tolist() == [256, 2048]
+    budget = scenario.with_overrides(["serving.max_num_batched_tokens=512"])
+    table = plan_capacity(budget, workers=1).set_index("gpu")
+    assert (table["status"] == "ok").all(), table["reason"].tolist()
+    assert table.loc["h100-sxm", "max_num_seqs"] == 512
+    assert table.loc["a100-80gb-sxm", "max_num_seqs"] == 256
+
+
 def test_a_model_that_does_not_fit_is_infeasible_with_reason(make_scenario):
     scenario = _plan_scenario(make_scenario, gpus=["l4"], tp=[1])
     scenario = scenario.with_overrides(["model.name=llama-2-13b"])
     table = plan_capacity(scenario, workers=1)
     assert table.loc[0, "status"] == "infeasible"
     assert "does not fit" in table.loc[0, "reason"]
+    assert table.loc[0, "max_num_seqs"] == 64  # said for a refused candidate too
 
 
 def test_plan_needs_a_plan_section_slo_and_a_rate(make_scenario):

@@ -15,7 +15,7 @@ from hardware_models.errors import InfersimError
 from simulator.cli.main import main
 from simulator.replay.bench_json import vllm_client_arrivals
 from simulator.replay.config import catalog_name_for, gpu_preset_for
-from simulator.vllm_defaults import parse_version, symm_mem_default, vllm_default
+from simulator.vllm_defaults import batch_limits, parse_version, symm_mem_default, vllm_default
 from tests.conftest import SHARED_DATA, needs_shared_data, scenario_dict
 from tests.test_architecture import LLAMA_31_8B_CONFIG
 
@@ -220,6 +220,46 @@ def test_vllm_defaults_by_version_and_gpu():
         vllm_default("max_num_seqs", (0, 7, 3), "x", 1)
     with pytest.raises(InfersimError, match="not a version number"):
         parse_version("latest")
+
+
+def test_each_batch_limit_bounds_the_others_default_from_its_release():
+    """EngineArgs: unset sequences at most the budget (from 0.10), an unset budget at most
+    max_num_seqs * max_model_len (from 0.12); before, vLLM kept the GPU's defaults."""
+
+    def limits(version: tuple[int, int, int], **given: int | None) -> dict[str, object]:
+        given = {"max_num_seqs": None, "max_num_batched_tokens": None, **given}
+        chosen = batch_limits(
+            version, "NVIDIA H100 80GB HBM3", 79.2, chunked_prefill=True, max_model_len=1024,
+            **given,
+        )  # fmt: skip
+        return {name: default.value for name, default in chosen.items()}
+
+    assert limits((0, 19, 0), max_num_batched_tokens=512) == {"max_num_seqs": 512}
+    assert limits((0, 9, 2), max_num_batched_tokens=512) == {"max_num_seqs": 1024}
+    assert limits((0, 19, 0), max_num_seqs=2) == {"max_num_batched_tokens": 2048}
+    assert limits((0, 11, 0), max_num_seqs=2) == {"max_num_batched_tokens": 8192}
+    assert limits((0, 19, 0)) == {"max_num_seqs": 1024, "max_num_batched_tokens": 8192}
+
+
+def test_a_recorded_budget_bounds_the_default_sequences_replayed(tmp_path, capsys):
+    meta = _meta(hardware=H100, engine_kwargs={"max_num_batched_tokens": 512})
+    code, out, err = replay(capsys, str(write_run(tmp_path / "run", meta)), "-o",
+                            str(tmp_path / "out"))  # fmt: skip
+    assert code == 0, err
+    assert "assumed max_num_seqs = 512 (vLLM 0.19.0 default" in out
+    assert written(tmp_path / "out")["scenario"]["serving"]["max_num_seqs"] == 512
+
+
+def test_a_default_that_old_vllm_would_refuse_is_not_replayed(tmp_path, capsys):
+    """vLLM 0.9 did not bound its 1024 default sequences by a budget of 512, and refused
+    that pair at start-up: the run must have set max_num_seqs, so say to give it."""
+    meta = _meta(vllm_version="0.9.2", hardware=H100,
+                 engine_kwargs={"max_num_batched_tokens": 512})  # fmt: skip
+    code, _, err = replay(capsys, str(write_run(tmp_path / "run", meta)), "-o",
+                          str(tmp_path / "out"))  # fmt: skip
+    assert code != 0
+    assert "max_num_seqs: not recorded in the run, and vLLM 0.9.2's default" in err
+    assert "--set serving.max_num_seqs=N" in err
 
 
 def bench_result(count: int = 20, **extra: Any) -> dict[str, Any]:

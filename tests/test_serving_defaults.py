@@ -55,6 +55,43 @@ def test_set_limits_are_kept_and_only_the_unset_one_defaulted():
     assert set_both.config.max_num_batched_tokens == 512
 
 
+def test_an_unset_max_num_seqs_is_at_most_the_budget_given():
+    """vLLM 0.19's EngineArgs._set_default_max_num_seqs_and_batched_tokens_args bounds
+    default sequences by the budget (`--max-num-batched-tokens 512` alone starts with
+    512), so what vLLM starts is not refused as a budget below 1024 sequences."""
+    build = build_replica(_unset("h100-sxm", max_num_batched_tokens=512))
+    assert (build.config.max_num_seqs, build.config.max_num_batched_tokens) == (512, 512)
+    (line,) = build.defaults
+    assert line.startswith(f"serving.max_num_seqs = 512 (vLLM {EMULATED} default")
+    assert "lowered to max_num_batched_tokens = 512 (the max_num_batched_tokens given" in line
+    above = build_replica(_unset("h100-sxm", max_num_batched_tokens=4096))
+    assert above.config.max_num_seqs == 1024  # the GPU's default, under the budget
+
+
+def test_an_unset_budget_is_at_most_max_num_seqs_times_max_model_len():
+    """EngineArgs bounds a default budget by max_num_seqs * max_model_len (vllm #17853)."""
+    build = build_replica(_unset("h100-sxm", max_num_seqs=2, max_model_len=1024))
+    assert build.config.max_num_batched_tokens == 2048
+    assert "lowered to max_num_seqs * max_model_len = 2 * 1024" in build.defaults[0]
+
+
+def test_static_and_dynamic_batches_do_not_take_vllms_defaults():
+    """Not vLLM's scheduler: infersim's own 256 sequences and 2048 tokens on any GPU."""
+    for policy in ("static", "dynamic"):
+        build = build_replica(_unset("h100-sxm", policy=policy))
+        assert (build.config.max_num_seqs, build.config.max_num_batched_tokens) == (256, 2048)
+        assert all(f"the {policy} policy's default" in line for line in build.defaults)
+
+
+def test_the_gpu_size_the_defaults_read_is_what_cuda_reports():
+    """vLLM's 70 GiB rule reads the memory CUDA reports (79.22 GiB on an H100 SXM), not
+    the 80 GB it is sold as; the header says which figure it took."""
+    build = build_replica(_unset("h100-sxm"))
+    visible = load_gpu("h100-sxm").cuda_memory_bytes / 2**30
+    assert visible < 80
+    assert all(f"{visible:.2f} GiB as CUDA reports it, at least 70" in d for d in build.defaults)
+
+
 def test_the_continuous_policy_defaults_its_budget_to_at_least_max_model_len():
     """Chunked prefill off: vLLM's EngineArgs takes max(max_model_len, the default)."""
     small = build_replica(_unset("rtx-4090", policy="continuous", max_model_len=4096))

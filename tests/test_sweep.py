@@ -142,6 +142,18 @@ def test_an_infeasible_point_is_a_failed_row_and_the_others_run(tmp_path):
     assert point_files(tmp_path / "out")[failed["point"]]["status"] == "failed"
 
 
+def test_each_point_says_the_batch_limits_it_ran_with(tmp_path):
+    """Unset, they are vLLM's defaults for the point's GPU: 1024/8192 on an H100 beside
+    256/2048 on an A100 in the same table."""
+    data = tiny({"hardware.gpu": ["h100-sxm", "a100-80gb-sxm"]})
+    data["serving"] = {"policy": "chunked_prefill"}
+    table = sweep(Scenario.from_dict(data), workers=1, outdir=tmp_path / "out")
+    limits = table.set_index("hardware.gpu")[["max_num_seqs", "max_num_batched_tokens"]]
+    assert limits.loc["h100-sxm"].tolist() == [1024, 8192]
+    assert limits.loc["a100-80gb-sxm"].tolist() == [256, 2048]
+    assert str(table["max_num_seqs"].dtype) == "Int64"
+
+
 def test_resume_runs_only_the_missing_points(tmp_path):
     scenario = Scenario.from_dict(tiny())
     out = tmp_path / "out"

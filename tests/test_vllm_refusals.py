@@ -122,6 +122,18 @@ def test_a_token_budget_below_max_num_seqs_is_refused(policy):
         build_replica(Scenario.from_dict(data))
 
 
+def test_a_default_budget_below_the_sequences_given_says_it_was_the_default():
+    """vLLM 0.19 on an A100 defaults the budget to 2048 whatever max_num_seqs is given,
+    then refuses 4096 sequences: the message names the unset budget as the default."""
+    serving = {"max_num_seqs": 4096, "max_num_batched_tokens": None}
+    data = scenario_dict(hardware={"gpu": "a100-80gb-sxm"}, serving=serving)
+    with pytest.raises(InfeasibleError) as refused:
+        build_replica(Scenario.from_dict(data))
+    message = str(refused.value)
+    assert "max_num_batched_tokens=2048 is below serving.max_num_seqs=4096" in message
+    assert "took vLLM's default for this GPU, 2048: set it to at least 4096" in message
+
+
 def test_run_to_completion_batches_have_no_token_budget_to_refuse():
     data = scenario_dict(serving={"policy": "static", "max_num_seqs": 256,
                                   "max_num_batched_tokens": 128})  # fmt: skip

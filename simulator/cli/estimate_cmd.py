@@ -103,7 +103,7 @@ def _serving(
             )
         ) from None
     return serving.with_vllm_defaults(
-        gpu.display_name, gpu.memory_bytes / 2**30, serving.max_model_len or context
+        gpu.display_name, gpu.cuda_memory_bytes / 2**30, serving.max_model_len or context
     )
 
 

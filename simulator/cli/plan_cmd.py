@@ -42,7 +42,8 @@ def _run(args: argparse.Namespace) -> int:
     plan = scenario.plan
     pct = plan.percentile
     split = ["prefill_replicas", "decode_replicas"] if plan.disaggregation else []
-    shown = ["rank", "gpu", "tp", "pp", "dp", "policy", "layout", "replicas", *split, "gpus",
+    shown = ["rank", "gpu", "tp", "pp", "dp", "policy", "max_num_seqs", "max_num_batched_tokens",
+             "layout", "replicas", *split, "gpus",
              "usd_per_hour", "usd_per_million_output_tokens", f"ttft_{pct}_ms",
              f"tpot_{pct}_ms", "status", "reason", "note"]  # fmt: skip
     print(f"Plan for {scenario.model.name}: "

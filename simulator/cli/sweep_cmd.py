@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 # stable.
 _SHOWN = {
     "status": "status",
+    "max_num_seqs": "seqs",  # the batch limits it ran with: unset, vLLM's for its GPU
+    "max_num_batched_tokens": "tok/step",
     "output_tokens_per_s": "out tok/s",
     "ttft_p99_ms": "TTFT p99 ms",
     "tpot_p99_ms": "TPOT p99 ms",

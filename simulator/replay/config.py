@@ -17,9 +17,15 @@ from simulator.architecture import ModelArchitecture
 from simulator.memory_planner import MaxModelLenRefused
 from simulator.model_catalog import CATALOG_DIR, list_models, load_model
 from simulator.replay.measured import MeasuredRun
-from simulator.scenario import Scenario
+from simulator.scenario import BATCH_LIMITS, Scenario
 from simulator.simulation import build_pools
-from simulator.vllm_defaults import parse_version, symm_mem_default, vllm_default
+from simulator.vllm_defaults import (
+    batch_limits,
+    parse_version,
+    symm_mem_default,
+    version_text,
+    vllm_default,
+)
 
 NO_CALIBRATION = "none"
 
@@ -219,17 +225,42 @@ class _Resolver:
         found = self._recorded(field)
         if found is not None:
             return found
-        if self.version is None:
-            raise InfersimError(
-                f"{field}: not recorded in the run and its vLLM version is unknown; pass "
-                "--vllm-version so infersim can use that version's defaults"
-            )
-        default = vllm_default(field, self.version, self.gpu_name, self.gpu_gib, **context)
+        default = vllm_default(
+            field, self._version_for(field), self.gpu_name, self.gpu_gib, **context
+        )
         self.assumptions.append(f"{field} = {default.value} ({default.reason})")
         return default.value
 
     def optional(self, field: str) -> Any:
         return self._recorded(field)
+
+    def _version_for(self, field: str) -> tuple[int, int, int]:
+        """The run's vLLM version, needed for `field`'s default."""
+        if self.version is None:
+            raise InfersimError(
+                f"{field}: not recorded in the run and its vLLM version is unknown; pass "
+                "--vllm-version so infersim can use that version's defaults"
+            )
+        return self.version
+
+    def batch_limits(self, *, chunked_prefill: bool, max_model_len: int) -> dict[str, int]:
+        """max_num_seqs and max_num_batched_tokens from the run, else vLLM's defaults,
+        where one recorded bounds the other's default (vllm_defaults.batch_limits)."""
+        given = {name: self._recorded(name) for name in BATCH_LIMITS}
+        unset = [name for name, value in given.items() if value is None]
+        if unset:
+            chosen = batch_limits(
+                self._version_for(unset[0]),
+                self.gpu_name,
+                self.gpu_gib,
+                **given,
+                chunked_prefill=chunked_prefill,
+                max_model_len=max_model_len,
+            )
+            for name, default in chosen.items():
+                self.assumptions.append(f"{name} = {default.value} ({default.reason})")
+                given[name] = default.value
+        return given
 
 
 def _hardware(
@@ -255,7 +286,7 @@ def _hardware(
     memory = device.get("device_total_memory_bytes")
     if memory is not None:
         _checked("device_total_memory_bytes", memory, "hardware.device_total_memory_bytes")
-    gib = spec.memory.capacity_gb if memory is None else memory / 2**30
+    gib = spec.memory.visible_gib if memory is None else memory / 2**30
     calibration = options.calibration
     if calibration is None:
         calibration = spec.name if spec.name in list_calibrations() else NO_CALIBRATION
@@ -359,10 +390,7 @@ def _serving(setting: _Resolver, arch: ModelArchitecture, notes: list[str]) -> d
     context = max_len or arch.max_position_embeddings
     serving = {
         "policy": "chunked_prefill" if chunked else "continuous",
-        "max_num_seqs": setting("max_num_seqs"),
-        "max_num_batched_tokens": setting(
-            "max_num_batched_tokens", chunked_prefill=chunked, max_model_len=context
-        ),
+        **setting.batch_limits(chunked_prefill=chunked, max_model_len=context),
         "block_size": setting("block_size"),
         "gpu_memory_utilization": setting("gpu_memory_utilization"),
         "enable_prefix_caching": setting("enable_prefix_caching"),
@@ -392,6 +420,7 @@ def _check_recorded(run: MeasuredRun, setting: _Resolver, serving: dict, given: 
             f"({blocks} x {size} = {blocks * size}): the run contradicts itself; fix "
             "meta.json or give both with --set"
         )
+    _check_batch_limits(setting, serving, given)
     max_len = serving.get("max_model_len")
     if max_len is None or "serving.max_model_len" in given:
         return
@@ -402,6 +431,25 @@ def _check_recorded(run: MeasuredRun, setting: _Resolver, serving: dict, given: 
             f"run's requests are longer (up to {int(lengths.max()):,} tokens of prompt and "
             "output), which that engine would have refused: the setting is not this run's "
             "(--set serving.max_model_len=N to replay anyway)"
+        )
+
+
+def _check_batch_limits(setting: _Resolver, serving: dict, given: set[str]) -> None:
+    """Refuse a budget below the sequences where one of the two is the version's default
+    (vLLM refuses that at start-up, so the run must have set it): replayed, the message
+    would tell the user to change a setting the run never recorded."""
+    seqs, tokens = serving["max_num_seqs"], serving["max_num_batched_tokens"]
+    defaulted = [
+        name
+        for name in BATCH_LIMITS
+        if setting.optional(name) is None and f"serving.{name}" not in given
+    ]
+    if tokens < seqs and defaulted:
+        raise InfersimError(
+            f"{defaulted[0]}: not recorded in the run, and vLLM {version_text(setting.version)}'s "
+            f"default makes max_num_batched_tokens {tokens} below max_num_seqs {seqs}, which "
+            f"that release refuses at start-up: the run must have set it (--set "
+            f"serving.{defaulted[0]}=N)"
         )
 
 
