@@ -289,13 +289,23 @@ def activation_bytes(
     return max(forward, tokens * arch.hidden_size * a_bytes + sampler)
 
 
-class MaxModelLenRefused(InfeasibleError):
-    """vLLM refuses to start: the KV cache cannot hold one sequence of max_model_len
-    tokens (MemoryPlan.refusal); `longest` is the largest max_model_len that fits."""
+@dataclass(frozen=True)
+class SettingNames:
+    """How a command spells the settings a refusal suggests changing (pp None: the
+    command cannot set it)."""
 
-    def __init__(self, message: str, longest: int) -> None:
-        super().__init__(message)
-        self.longest = longest
+    max_model_len: str = "serving.max_model_len"
+    gpu_memory_utilization: str = "serving.gpu_memory_utilization"
+    tp: str = "parallelism.tp"
+    pp: str | None = "parallelism.pp"
+    kv_dtype: str = "model.kv_dtype"
+
+
+RUN_SETTINGS = SettingNames()
+PLAN_SETTINGS = SettingNames(tp="plan.tp", pp="plan.pp")
+ESTIMATE_SETTINGS = SettingNames(
+    "--max-model-len", "--gpu-memory-utilization", "--tp", None, "--kv-dtype"
+)
 
 
 @dataclass(frozen=True)
@@ -329,11 +339,12 @@ class MemoryPlan:
     max_model_len: int | None = None
     longest_fitting_len: int | None = None
 
-    def refusal(self, setting: str = "serving.max_model_len") -> str:
+    def refusal(self, settings: SettingNames = RUN_SETTINGS) -> str:
         """Why vLLM refuses to start this replica (empty: it starts): the KV cache cannot
         hold one sequence of max_model_len tokens, as vLLM's check_enough_kv_cache_memory
-        (vllm/v1/core/kv_cache_utils.py) judges at start-up; `setting` names where the
-        max_model_len is set."""
+        (vllm/v1/core/kv_cache_utils.py) judges at start-up. The way out names each
+        setting as the command spells it (`settings`) and offers only what can still
+        change: no higher utilization at 1.0, no fp8 KV cache when it is fp8 already."""
         if self.max_model_len is None or self.longest_fitting_len == self.max_model_len:
             return ""
         per = " of a group" if self.kv_groups else ""
@@ -347,14 +358,27 @@ class MemoryPlan:
             f"({self.kv_capacity_bytes / GB:.2f} GB, KV capacity{per} "
             f"{self.kv_capacity_tokens} tokens) cannot hold one sequence of "
             f"max_model_len={self.max_model_len} tokens, so vLLM refuses to start "
-            f"(check_enough_kv_cache_memory); {longest}: set {setting} to at most that, or "
-            "raise the GPU memory utilization, tp or pp, or use an fp8 KV cache"
+            f"(check_enough_kv_cache_memory); {longest}: {self._ways_out(settings)}"
         )
 
-    def check_starts(self) -> None:
+    def _ways_out(self, settings: SettingNames) -> str:
+        """The changes that give one sequence room, each named as `settings` spell it."""
+        ways = [f"set {settings.max_model_len} to at most that"] if self.longest_fitting_len else []
+        if self.gpu_memory_utilization < 1:
+            now = f"now {self.gpu_memory_utilization:g}"
+            ways.append(f"raise {settings.gpu_memory_utilization} ({now})")
+        degrees = [f"{settings.tp} (now {self.tp})"]
+        if settings.pp is not None:
+            degrees.append(f"{settings.pp} (now {self.pp})")
+        ways.append(f"raise {' or '.join(degrees)}")
+        if bytes_per_element(self.kv_dtype) > bytes_per_element(Dtype.FP8):
+            ways.append(f"set {settings.kv_dtype} to fp8 (now {self.kv_dtype})")
+        return ", or ".join(ways)
+
+    def check_starts(self, settings: SettingNames = RUN_SETTINGS) -> None:
         """Raise MaxModelLenRefused where vLLM would refuse to start (see `refusal`)."""
         if self.refusal():
-            raise MaxModelLenRefused(self.refusal(), self.longest_fitting_len or 0)
+            raise MaxModelLenRefused(self, settings)
 
     def breakdown(self) -> list[tuple[str, float]]:
         """(item, GB) rows that add up to the GPU's capacity."""
@@ -390,6 +414,21 @@ class MemoryPlan:
         if self.longest_fitting_len is not None:
             footer.append(f"  {'longest max_model_len':<28}{self.longest_fitting_len:>9d} tokens")
         return "\n".join([title, *rows, *footer])
+
+
+class MaxModelLenRefused(InfeasibleError):
+    """vLLM refuses to start: the KV cache cannot hold one sequence of max_model_len
+    tokens (MemoryPlan.refusal, its settings spelled as `settings`); `longest` is the
+    largest max_model_len that fits."""
+
+    def __init__(self, plan: MemoryPlan, settings: SettingNames) -> None:
+        super().__init__(plan.refusal(settings))
+        self.plan = plan
+        self.longest = plan.longest_fitting_len or 0
+
+    def named(self, settings: SettingNames) -> MaxModelLenRefused:
+        """The same refusal with its settings spelled as another command sets them."""
+        return MaxModelLenRefused(self.plan, settings)
 
 
 def plan_memory(

@@ -29,7 +29,13 @@ from simulator.engine.prefix_hashes import BlockKeys
 from simulator.engine.replica import Clock, Replica, ReplicaConfig, empty_kv_cache
 from simulator.engine.requests import Outcome, RejectReason, RequestTable
 from simulator.engine.step_cost import EngineOverheads, StepCostModel
-from simulator.memory_planner import MemoryPlan, plan_memory, stage_layers
+from simulator.memory_planner import (
+    MaxModelLenRefused,
+    MemoryPlan,
+    SettingNames,
+    plan_memory,
+    stage_layers,
+)
 from simulator.metrics.context import SLO, ReplicaInfo, RunContext
 from simulator.model_catalog import load_model
 from simulator.progress import Progress
@@ -231,9 +237,24 @@ def build_pools(scenario: Scenario, hashed_prompts: bool = False) -> list[tuple[
     pools = scenario.pool_list()
     kv_transfer = any(pool.role != "mixed" for pool in pools)
     return [
-        (pool.name, build_replica(scenario.for_pool(pool), kv_transfer, hashed_prompts))
-        for pool in pools
+        (pool.name, _build_pool(scenario, index, kv_transfer, hashed_prompts))
+        for index, pool in enumerate(pools)
     ]
+
+
+def _build_pool(
+    scenario: Scenario, index: int, kv_transfer: bool, hashed_prompts: bool
+) -> ReplicaBuild:
+    """One pool's replica build; a refusal in a scenario's own `pools:` names that pool's
+    tp and pp, which it sets there instead of in `parallelism`."""
+    pool = scenario.pool_list()[index]
+    try:
+        return build_replica(scenario.for_pool(pool), kv_transfer, hashed_prompts)
+    except MaxModelLenRefused as exc:
+        if not scenario.pools:
+            raise
+        names = SettingNames(tp=f"pools.{index}.tp", pp=f"pools.{index}.pp")
+        raise exc.named(names) from None
 
 
 def resolve_weight_dtype(asked: str | None, arch: ModelArchitecture) -> str:

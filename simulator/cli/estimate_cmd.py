@@ -13,7 +13,7 @@ from hardware_models.errors import InfeasibleError, InfersimError
 from hardware_models.presets import load_gpu
 from simulator.engine.kv_groups import vllm_default_groups
 from simulator.engine.weight_format import check_weight_support, weight_format
-from simulator.memory_planner import GB, plan_memory
+from simulator.memory_planner import ESTIMATE_SETTINGS, GB, plan_memory
 from simulator.model_catalog import load_model
 from simulator.scenario import KvDType, ServingSection
 from simulator.simulation import resolve_weight_dtype
@@ -197,7 +197,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"  {exc}")
         return 0
     print(plan.table())
-    refusal = plan.refusal("--max-model-len")
+    refusal = plan.refusal(ESTIMATE_SETTINGS)
     if refusal:
         print(f"  vLLM would not start: {refusal}")
     if plan.kv_groups is None:  # as vLLM's "Maximum concurrency for N tokens per request"
