@@ -167,10 +167,24 @@ def test_block_sizes_vllm_lacks_are_refused_naming_those_it_has(block_size):
         Scenario.from_dict(scenario_dict(serving={"block_size": block_size}))
 
 
-@pytest.mark.parametrize("kv_dtype", ["int8", "int4", "fp4", "fp32"])
+@pytest.mark.parametrize("kv_dtype", ["int8", "int4", "fp4", "fp32", "auto", "fp8_inc"])
 def test_kv_cache_types_vllm_lacks_are_refused_naming_those_it_has(kv_dtype):
-    with pytest.raises(InfersimError, match=r"model.kv_dtype: vLLM has no such .*bf16, fp16, fp8"):
+    accepted = (
+        r"allowed: bf16, fp16, fp8, or vLLM's spellings bfloat16, float16, fp8_e4m3, fp8_e5m2"
+    )
+    with pytest.raises(InfersimError, match=rf"model.kv_dtype: vLLM has no such .*{accepted}"):
         Scenario.from_dict(scenario_dict(model={"name": "llama-2-7b", "kv_dtype": kv_dtype}))
+
+
+@pytest.mark.parametrize(
+    ("vllm_name", "modelled"),
+    [("fp8_e4m3", "fp8"), ("fp8_e5m2", "fp8"), ("bfloat16", "bf16"), ("float16", "fp16")],
+)
+def test_vllms_kv_cache_spellings_are_read_as_the_cache_they_store(vllm_name, modelled, capsys):
+    model = {"name": "llama-2-7b", "kv_dtype": vllm_name}
+    assert Scenario.from_dict(scenario_dict(model=model)).model.kv_dtype == modelled
+    main(["estimate", "--model", "llama-2-7b", "--gpu", "h100-sxm", "--kv-dtype", vllm_name])
+    assert f"bf16 weights, {modelled} KV" in capsys.readouterr().out
 
 
 def test_estimate_defaults_the_kv_cache_to_the_models_dtype_not_the_weights(capsys):
