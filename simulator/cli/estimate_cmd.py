@@ -15,7 +15,7 @@ from simulator.engine.kv_groups import vllm_default_groups
 from simulator.engine.weight_format import check_weight_support, weight_format
 from simulator.memory_planner import ESTIMATE_SETTINGS, GB, plan_memory
 from simulator.model_catalog import load_model
-from simulator.scenario import KvDType, ServingSection
+from simulator.scenario import VLLM_KV_DTYPES, KvDType, ServingSection
 from simulator.simulation import resolve_weight_dtype
 from simulator.sizing import (
     TRAINING_MULTIPLIER,
@@ -37,7 +37,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--kv-dtype",
-        choices=typing.get_args(KvDType),
+        choices=(*typing.get_args(KvDType), *VLLM_KV_DTYPES),
         help="KV-cache dtype, as vLLM's --kv-cache-dtype (default: the model's dtype, as "
         "vLLM's auto: fp16 with fp16 weights, else bf16; quantised weights keep a bf16 KV "
         "cache)",
@@ -122,7 +122,8 @@ def _run(args: argparse.Namespace) -> int:
     # GPU is refused.
     precision = weight_format(resolve_weight_dtype(args.precision, arch))
     check_weight_support(gpu, precision, "--precision")
-    kv_dtype = parse_dtype(args.kv_dtype or ("fp16" if precision == "fp16" else "bf16"))
+    asked = VLLM_KV_DTYPES.get(args.kv_dtype, args.kv_dtype)
+    kv_dtype = parse_dtype(asked or ("fp16" if precision == "fp16" else "bf16"))
     context = arch.max_position_embeddings
     serving, defaults = _serving(args, gpu, context)
     params_b = arch.param_count() / 1e9
