@@ -55,6 +55,22 @@ def check_context(max_model_len: int, arch: ModelArchitecture) -> None:
         )
 
 
+def overhead_override_warning(asked_gb: float, modelled_bytes: float) -> str:
+    """engine.framework_overhead_gb narrowed with the memory plan as vLLM's profiler
+    (merge d0e21c8): it was a catch-all allowance (CUDA context, allocator, graphs) and is
+    now vLLM's non-torch memory alone, the profile run's sampler peak and the memory CUDA
+    does not show being counted apart; an old file's figure still loads, so the run says
+    it now stands for less."""
+    return (
+        f"engine.framework_overhead_gb={asked_gb:g}: this is now vLLM's non-torch memory "
+        f"only (cuBLAS, driver, NCCL and custom all-reduce buffers; {modelled_bytes / 1e9:.2f} "
+        "GB modelled here); the profile run's activation and sampler peak and the memory "
+        "CUDA does not show are counted apart, so a figure written for the older catch-all "
+        "allowance (CUDA context, allocator, graphs) counts them twice: unset it for the "
+        "modelled figure"
+    )
+
+
 def _dtype_without_tensor_rate(build: ReplicaBuild, dtype: Dtype) -> bool:
     return bytes_per_element(dtype) < 2 and dtype not in build.gpu.tensor_flops_per_core_per_clock
 

@@ -384,7 +384,11 @@ class EngineSection(BaseModel):
         le=1e4,
         description="vLLM's non-torch memory per GPU (cuBLAS, NCCL and custom all-reduce "
         "buffers), GB; null: modelled from tp and the GPU's links "
-        "(memory_planner.framework_overhead_bytes)",
+        "(memory_planner.framework_overhead_bytes). Before the memory plan followed vLLM's "
+        "profiler (2026-12-01) it was a catch-all (CUDA context, allocator, graphs, default "
+        "1.5); the profile run's sampler peak and the memory CUDA does not show are now "
+        "counted apart, so an old file's figure counts them twice (a run that sets it says "
+        "so)",
     )
     multi_step: bool = Field(
         default=True,

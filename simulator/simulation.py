@@ -21,7 +21,12 @@ from hardware_models.errors import InfeasibleError, InfersimError, InfersimWarni
 from hardware_models.node import NodeSpec
 from hardware_models.presets import list_nodes, load_gpu, load_node
 from simulator.architecture import ModelArchitecture
-from simulator.caveats import check_context, check_token_budget, configuration_warnings
+from simulator.caveats import (
+    check_context,
+    check_token_budget,
+    configuration_warnings,
+    overhead_override_warning,
+)
 from simulator.engine.dp_group import DpGroup
 from simulator.engine.kv_groups import KvCacheGroups, chunked_local_attention, kv_cache_groups
 from simulator.engine.pipeline import PipelineGroup, SharedKv
@@ -33,6 +38,7 @@ from simulator.memory_planner import (
     MaxModelLenRefused,
     MemoryPlan,
     SettingNames,
+    framework_overhead_bytes,
     plan_memory,
     stage_layers,
 )
@@ -347,6 +353,13 @@ def build_replica(
         max_model_len=max_model_len,
         block_size=serving.block_size,
     )
+    if engine.framework_overhead_gb is not None:
+        modelled = framework_overhead_bytes(gpu, par.tp)
+        warnings.warn(
+            overhead_override_warning(engine.framework_overhead_gb, modelled),
+            InfersimWarning,
+            stacklevel=2,
+        )
     block_bytes = serving.block_size * memory.kv_bytes_per_token
     blocks = serving.num_gpu_blocks or int(memory.kv_capacity_bytes // block_bytes)
     if blocks < 1:
