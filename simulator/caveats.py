@@ -15,6 +15,7 @@ from hardware_models.errors import InfeasibleError
 from simulator.engine.kv_groups import chunked_local_attention
 
 if TYPE_CHECKING:
+    from hardware_models.accelerator import AcceleratorSpec
     from simulator.architecture import ModelArchitecture
     from simulator.simulation import ReplicaBuild
 
@@ -53,6 +54,28 @@ def check_context(max_model_len: int, arch: ModelArchitecture) -> None:
             f"this at start-up; set serving.max_model_len to at most "
             f"{arch.max_position_embeddings}"
         )
+
+
+def mla_block_size(
+    arch: ModelArchitecture, gpu: AcceleratorSpec, block_size: int
+) -> tuple[int, str] | None:
+    """The KV block size vLLM forces for an MLA model on CUDA, and the backend that needs
+    it (None: block_size suits it). CudaPlatformBase.check_and_update_config
+    (vllm/platforms/cuda.py, commit 002db49) picks the MLA backend by GPU and resizes the
+    block, whether the user set it or not: FlashMLA on Hopper (is_flashmla_dense_supported:
+    capability family 90) reads pages of 64 tokens; on datacenter Blackwell (family 100),
+    FlashInfer MLA for 128-wide qk_nope heads takes 32 or a multiple of 64, else CUTLASS
+    MLA a multiple of 128. Elsewhere (Ampere, Ada, RTX Blackwell, ROCm) the block is kept."""
+    if not arch.is_mla or gpu.vendor != "nvidia":
+        return None
+    major = int(gpu.compute_capability.split(".")[0]) if gpu.compute_capability else None
+    if gpu.architecture.strip().lower() == "hopper" or major == 9:
+        return None if block_size % 64 == 0 else (64, "FlashMLA")
+    if major != 10:
+        return None
+    if arch.qk_nope_head_dim == 128:
+        return None if block_size == 32 or block_size % 64 == 0 else (64, "FlashInfer MLA")
+    return None if block_size % 128 == 0 else (128, "CUTLASS MLA")
 
 
 def overhead_override_warning(asked_gb: float, modelled_bytes: float) -> str:

@@ -266,7 +266,11 @@ class ServingSection(BaseModel):
     )
     block_size: BlockSize = Field(
         default=16,
-        description="tokens per KV-cache block; one of the block sizes vLLM's --block-size accepts",
+        description="tokens per KV-cache block; one of the block sizes vLLM's --block-size "
+        "accepts. An MLA model (DeepSeek) on CUDA runs at the size vLLM forces for its "
+        "attention backend, set or not: 64 for FlashMLA on Hopper, 64 (or 32) for FlashInfer "
+        "MLA and a multiple of 128 for CUTLASS MLA on datacenter Blackwell (said in the "
+        "header, warned when another size was set)",
     )
     gpu_memory_utilization: float = Field(
         default=0.90, gt=0, le=1, description="share of GPU memory the engine may use"

@@ -25,6 +25,7 @@ from simulator.caveats import (
     check_context,
     check_token_budget,
     configuration_warnings,
+    mla_block_size,
     overhead_override_warning,
 )
 from simulator.engine.dp_group import DpGroup
@@ -48,7 +49,7 @@ from simulator.progress import Progress
 from simulator.provenance import provenance
 from simulator.results import Results
 from simulator.router import SessionAffinity, make_router
-from simulator.scenario import ModelSection, Scenario
+from simulator.scenario import ModelSection, Scenario, ServingSection
 from simulator.workload import (
     ClosedLoopSampler,
     PromptHashes,
@@ -297,6 +298,34 @@ def _warn_links_fitted_elsewhere(gpu: AcceleratorSpec, node: NodeSpec, profile: 
         )
 
 
+def _at_vllm_block_size(
+    scenario: Scenario, arch: ModelArchitecture, gpu: AcceleratorSpec
+) -> tuple[Scenario, tuple[str, ...]]:
+    """The scenario at the KV block size vLLM forces for an MLA model's attention backend
+    on this GPU (caveats.mla_block_size), and the header's line for it where
+    serving.block_size is the default 16 (vLLM's too; a variant's copy of the scenario
+    sets every field, so the value, not whether it was written, tells); another block
+    size the scenario chose is replaced as vLLM replaces it, and the run warns."""
+    serving = scenario.serving
+    forced = mla_block_size(arch, gpu, serving.block_size)
+    if forced is None:
+        return scenario, ()
+    size, backend = forced
+    why = f"vLLM forces it for {backend}, {arch.name}'s MLA attention on {gpu.name}"
+    notes: tuple[str, ...] = ()
+    if serving.block_size != ServingSection.model_fields["block_size"].default:
+        warnings.warn(
+            f"serving.block_size={serving.block_size}: {why} (CudaPlatformBase."
+            f"check_and_update_config), so the run uses {size}",
+            InfersimWarning,
+            stacklevel=3,
+        )
+    else:
+        notes = (f"serving.block_size = {size} ({why})",)
+    serving = serving.model_copy(update={"block_size": size})
+    return scenario.model_copy(update={"serving": serving}), notes
+
+
 def build_replica(
     scenario: Scenario, kv_transfer: bool = False, hashed_prompts: bool = False
 ) -> ReplicaBuild:
@@ -309,11 +338,13 @@ def build_replica(
     node = resolve_node(scenario, gpu)
     _warn_links_fitted_elsewhere(gpu, node, calibration.profile)
     arch = _named_field("model.name", load_model, _maybe_path(scenario, scenario.model.name))
+    scenario, forced = _at_vllm_block_size(scenario, arch, gpu)
     par, engine = scenario.parallelism, scenario.engine
     max_model_len = scenario.serving.max_model_len or arch.max_position_embeddings
     serving, defaults = scenario.serving.with_vllm_defaults(
         gpu.display_name, gpu.memory_bytes / 2**30, max_model_len
     )
+    defaults = (*forced, *defaults)
     gpus = par.tp * par.pp  # of one dp rank; the replica has dp of them
     check_placement(scenario, arch, node)
     routing = scenario.model.moe_routing
@@ -925,7 +956,8 @@ def _configuration_warnings(builds: list[tuple[str, ReplicaBuild]]) -> tuple[str
 def _as_run(scenario: Scenario, builds: list[tuple[str, ReplicaBuild]]) -> Scenario:
     """The scenario as it ran, so summary.json names it: an unset model.weight_dtype is the
     checkpoint's format the replicas were built with (resolve_weight_dtype); unset batch
-    limits are vLLM's defaults for the GPU, where every pool got the same."""
+    limits are vLLM's defaults for the GPU, and a block size vLLM forced is the forced one,
+    where every pool got the same."""
     if not builds:
         return scenario
     update = {}
@@ -937,6 +969,9 @@ def _as_run(scenario: Scenario, builds: list[tuple[str, ReplicaBuild]]) -> Scena
         for name in ("max_num_seqs", "max_num_batched_tokens")
         if getattr(scenario.serving, name) is None
     }
+    sizes = {build.config.block_size for _, build in builds}
+    if sizes != {scenario.serving.block_size}:  # vLLM forced one (_at_vllm_block_size)
+        chosen["block_size"] = sizes
     agreed = {name: values.pop() for name, values in chosen.items() if len(values) == 1}
     if agreed:
         update["serving"] = scenario.serving.model_copy(update=agreed)
