@@ -8,7 +8,7 @@ cache is free, heavy preemption) is judged in simulator.metrics.summary.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from hardware_models.dtypes import Dtype, bytes_per_element
 from hardware_models.errors import InfeasibleError
@@ -56,9 +56,15 @@ def check_context(max_model_len: int, arch: ModelArchitecture) -> None:
         )
 
 
+class ForcedBlockSize(NamedTuple):
+    size: int
+    backend: str  # the MLA attention backend that needs it
+    reason: str  # for the header line or the warning
+
+
 def mla_block_size(
     arch: ModelArchitecture, gpu: AcceleratorSpec, block_size: int
-) -> tuple[int, str] | None:
+) -> ForcedBlockSize | None:
     """The KV block size vLLM forces for an MLA model on CUDA, and the backend that needs
     it (None: block_size suits it). CudaPlatformBase.check_and_update_config
     (vllm/platforms/cuda.py, commit 002db49) picks the MLA backend by GPU and resizes the
@@ -70,12 +76,15 @@ def mla_block_size(
         return None
     major = int(gpu.compute_capability.split(".")[0]) if gpu.compute_capability else None
     if gpu.architecture.strip().lower() == "hopper" or major == 9:
-        return None if block_size % 64 == 0 else (64, "FlashMLA")
-    if major != 10:
+        fits, size, backend = block_size % 64 == 0, 64, "FlashMLA"
+    elif major != 10:
         return None
-    if arch.qk_nope_head_dim == 128:
-        return None if block_size == 32 or block_size % 64 == 0 else (64, "FlashInfer MLA")
-    return None if block_size % 128 == 0 else (128, "CUTLASS MLA")
+    elif arch.qk_nope_head_dim == 128:
+        fits, size, backend = block_size == 32 or block_size % 64 == 0, 64, "FlashInfer MLA"
+    else:
+        fits, size, backend = block_size % 128 == 0, 128, "CUTLASS MLA"
+    reason = f"vLLM forces it for {backend}, {arch.name}'s MLA attention on {gpu.name}"
+    return None if fits else ForcedBlockSize(size, backend, reason)
 
 
 def overhead_override_warning(asked_gb: float, modelled_bytes: float) -> str:

@@ -310,19 +310,17 @@ def _at_vllm_block_size(
     forced = mla_block_size(arch, gpu, serving.block_size)
     if forced is None:
         return scenario, ()
-    size, backend = forced
-    why = f"vLLM forces it for {backend}, {arch.name}'s MLA attention on {gpu.name}"
     notes: tuple[str, ...] = ()
     if serving.block_size != ServingSection.model_fields["block_size"].default:
         warnings.warn(
-            f"serving.block_size={serving.block_size}: {why} (CudaPlatformBase."
-            f"check_and_update_config), so the run uses {size}",
+            f"serving.block_size={serving.block_size}: {forced.reason} (CudaPlatformBase."
+            f"check_and_update_config), so the run uses {forced.size}",
             InfersimWarning,
             stacklevel=3,
         )
     else:
-        notes = (f"serving.block_size = {size} ({why})",)
-    serving = serving.model_copy(update={"block_size": size})
+        notes = (f"serving.block_size = {forced.size} ({forced.reason})",)
+    serving = serving.model_copy(update={"block_size": forced.size})
     return scenario.model_copy(update={"serving": serving}), notes
 
 

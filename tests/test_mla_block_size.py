@@ -12,6 +12,7 @@ import pytest
 from hardware_models.errors import InfersimWarning
 from hardware_models.presets import load_gpu
 from simulator.caveats import mla_block_size
+from simulator.cli.main import main
 from simulator.model_catalog import load_model
 from simulator.scenario import Scenario
 from simulator.simulation import ReplicaBuild, build_replica
@@ -69,8 +70,15 @@ def test_the_forced_block_size_follows_vllms_backend_choice_by_gpu(
     gpu, qk_nope, block_size, forced
 ):
     arch = load_model("deepseek-v3").model_copy(update={"qk_nope_head_dim": qk_nope})
-    assert mla_block_size(arch, load_gpu(gpu), block_size) == forced
+    got = mla_block_size(arch, load_gpu(gpu), block_size)
+    assert (got if got is None else (got.size, got.backend)) == forced
 
 
 def test_a_model_without_mla_keeps_its_block_size():
     assert mla_block_size(load_model("llama-3.1-8b"), load_gpu("h100-sxm"), 16) is None
+
+
+def test_estimate_plans_deepseek_at_the_forced_block_size_as_run_does(capsys):
+    main(["estimate", "--model", "deepseek-v3", "--gpu", "h200-sxm", "--tp", "8"])
+    out = capsys.readouterr().out
+    assert "default serving.block_size = 64 (vLLM forces it for FlashMLA" in out

@@ -11,6 +11,7 @@ from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import parse_dtype
 from hardware_models.errors import InfeasibleError, InfersimError
 from hardware_models.presets import load_gpu
+from simulator.caveats import mla_block_size
 from simulator.engine.kv_groups import vllm_default_groups
 from simulator.engine.weight_format import check_weight_support, weight_format
 from simulator.memory_planner import ESTIMATE_SETTINGS, GB, plan_memory
@@ -126,6 +127,9 @@ def _run(args: argparse.Namespace) -> int:
     kv_dtype = parse_dtype(asked or ("fp16" if precision == "fp16" else "bf16"))
     context = arch.max_position_embeddings
     serving, defaults = _serving(args, gpu, context)
+    if forced := mla_block_size(arch, gpu, serving.block_size):  # as `run` resolves it
+        serving = serving.model_copy(update={"block_size": forced.size})
+        defaults = (f"serving.block_size = {forced.size} ({forced.reason})", *defaults)
     params_b = arch.param_count() / 1e9
     # Every estimate before the first line of output, so bad input is an error alone.
     if args.training:
