@@ -8,13 +8,14 @@ cache is free, heavy preemption) is judged in simulator.metrics.summary.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from hardware_models.dtypes import Dtype, bytes_per_element
 from hardware_models.errors import InfeasibleError
 from simulator.engine.kv_groups import chunked_local_attention
 
 if TYPE_CHECKING:
+    from hardware_models.accelerator import AcceleratorSpec
     from simulator.architecture import ModelArchitecture
     from simulator.simulation import ReplicaBuild
 
@@ -62,6 +63,53 @@ def check_context(max_model_len: int, arch: ModelArchitecture) -> None:
             f"this at start-up; set serving.max_model_len to at most "
             f"{arch.max_position_embeddings}"
         )
+
+
+class ForcedBlockSize(NamedTuple):
+    size: int
+    backend: str  # the MLA attention backend that needs it
+    reason: str  # for the header line or the warning
+
+
+def mla_block_size(
+    arch: ModelArchitecture, gpu: AcceleratorSpec, block_size: int
+) -> ForcedBlockSize | None:
+    """The KV block size vLLM forces for an MLA model on CUDA, and the backend that needs
+    it (None: block_size suits it). CudaPlatformBase.check_and_update_config
+    (vllm/platforms/cuda.py, commit 002db49) picks the MLA backend by GPU and resizes the
+    block, whether the user set it or not: FlashMLA on Hopper (is_flashmla_dense_supported:
+    capability family 90) reads pages of 64 tokens; on datacenter Blackwell (family 100),
+    FlashInfer MLA for 128-wide qk_nope heads takes 32 or a multiple of 64, else CUTLASS
+    MLA a multiple of 128. Elsewhere (Ampere, Ada, RTX Blackwell, ROCm) the block is kept."""
+    if not arch.is_mla or gpu.vendor != "nvidia":
+        return None
+    major = int(gpu.compute_capability.split(".")[0]) if gpu.compute_capability else None
+    if gpu.architecture.strip().lower() == "hopper" or major == 9:
+        fits, size, backend = block_size % 64 == 0, 64, "FlashMLA"
+    elif major != 10:
+        return None
+    elif arch.qk_nope_head_dim == 128:
+        fits, size, backend = block_size == 32 or block_size % 64 == 0, 64, "FlashInfer MLA"
+    else:
+        fits, size, backend = block_size % 128 == 0, 128, "CUTLASS MLA"
+    reason = f"vLLM forces it for {backend}, {arch.name}'s MLA attention on {gpu.name}"
+    return None if fits else ForcedBlockSize(size, backend, reason)
+
+
+def overhead_override_warning(asked_gb: float, modelled_bytes: float) -> str:
+    """engine.framework_overhead_gb narrowed with the memory plan as vLLM's profiler
+    (merge d0e21c8): it was a catch-all allowance (CUDA context, allocator, graphs) and is
+    now vLLM's non-torch memory alone, the profile run's sampler peak and the memory CUDA
+    does not show being counted apart; an old file's figure still loads, so the run says
+    it now stands for less."""
+    return (
+        f"engine.framework_overhead_gb={asked_gb:g}: this is now vLLM's non-torch memory "
+        f"only (cuBLAS, driver, NCCL and custom all-reduce buffers; {modelled_bytes / 1e9:.2f} "
+        "GB modelled here); the profile run's activation and sampler peak and the memory "
+        "CUDA does not show are counted apart, so a figure written for the older catch-all "
+        "allowance (CUDA context, allocator, graphs) counts them twice: unset it for the "
+        "modelled figure"
+    )
 
 
 def _dtype_without_tensor_rate(build: ReplicaBuild, dtype: Dtype) -> bool:

@@ -25,7 +25,7 @@ from simulator.engine.weight_format import (
     check_weight_support,
     weight_format,
 )
-from simulator.vllm_defaults import EMULATED_VLLM_VERSION, vllm_default
+from simulator.vllm_defaults import EMULATED_VLLM_VERSION, batch_limits
 
 GB = 1e9
 
@@ -284,13 +284,23 @@ def activation_bytes(
     return max(forward, tokens * arch.hidden_size * a_bytes + sampler)
 
 
-class MaxModelLenRefused(InfeasibleError):
-    """vLLM refuses to start: the KV cache cannot hold one sequence of max_model_len
-    tokens (MemoryPlan.refusal); `longest` is the largest max_model_len that fits."""
+@dataclass(frozen=True)
+class SettingNames:
+    """How a command spells the settings a refusal suggests changing (pp None: the
+    command cannot set it)."""
 
-    def __init__(self, message: str, longest: int) -> None:
-        super().__init__(message)
-        self.longest = longest
+    max_model_len: str = "serving.max_model_len"
+    gpu_memory_utilization: str = "serving.gpu_memory_utilization"
+    tp: str = "parallelism.tp"
+    pp: str | None = "parallelism.pp"
+    kv_dtype: str = "model.kv_dtype"
+
+
+RUN_SETTINGS = SettingNames()
+PLAN_SETTINGS = SettingNames(tp="plan.tp", pp="plan.pp")
+ESTIMATE_SETTINGS = SettingNames(
+    "--max-model-len", "--gpu-memory-utilization", "--tp", None, "--kv-dtype"
+)
 
 
 @dataclass(frozen=True)
@@ -324,11 +334,12 @@ class MemoryPlan:
     max_model_len: int | None = None
     longest_fitting_len: int | None = None
 
-    def refusal(self, setting: str = "serving.max_model_len") -> str:
+    def refusal(self, settings: SettingNames = RUN_SETTINGS) -> str:
         """Why vLLM refuses to start this replica (empty: it starts): the KV cache cannot
         hold one sequence of max_model_len tokens, as vLLM's check_enough_kv_cache_memory
-        (vllm/v1/core/kv_cache_utils.py) judges at start-up; `setting` names where the
-        max_model_len is set."""
+        (vllm/v1/core/kv_cache_utils.py) judges at start-up. The way out names each
+        setting as the command spells it (`settings`) and offers only what can still
+        change: no higher utilization at 1.0, no fp8 KV cache when it is fp8 already."""
         if self.max_model_len is None or self.longest_fitting_len == self.max_model_len:
             return ""
         per = " of a group" if self.kv_groups else ""
@@ -342,14 +353,27 @@ class MemoryPlan:
             f"({self.kv_capacity_bytes / GB:.2f} GB, KV capacity{per} "
             f"{self.kv_capacity_tokens} tokens) cannot hold one sequence of "
             f"max_model_len={self.max_model_len} tokens, so vLLM refuses to start "
-            f"(check_enough_kv_cache_memory); {longest}: set {setting} to at most that, or "
-            "raise the GPU memory utilization, tp or pp, or use an fp8 KV cache"
+            f"(check_enough_kv_cache_memory); {longest}: {self._ways_out(settings)}"
         )
 
-    def check_starts(self) -> None:
+    def _ways_out(self, settings: SettingNames) -> str:
+        """The changes that give one sequence room, each named as `settings` spell it."""
+        ways = [f"set {settings.max_model_len} to at most that"] if self.longest_fitting_len else []
+        if self.gpu_memory_utilization < 1:
+            now = f"now {self.gpu_memory_utilization:g}"
+            ways.append(f"raise {settings.gpu_memory_utilization} ({now})")
+        degrees = [f"{settings.tp} (now {self.tp})"]
+        if settings.pp is not None:
+            degrees.append(f"{settings.pp} (now {self.pp})")
+        ways.append(f"raise {' or '.join(degrees)}")
+        if bytes_per_element(self.kv_dtype) > bytes_per_element(Dtype.FP8):
+            ways.append(f"set {settings.kv_dtype} to fp8 (now {self.kv_dtype})")
+        return ", or ".join(ways)
+
+    def check_starts(self, settings: SettingNames = RUN_SETTINGS) -> None:
         """Raise MaxModelLenRefused where vLLM would refuse to start (see `refusal`)."""
         if self.refusal():
-            raise MaxModelLenRefused(self.refusal(), self.longest_fitting_len or 0)
+            raise MaxModelLenRefused(self, settings)
 
     def breakdown(self) -> list[tuple[str, float]]:
         """(item, GB) rows that add up to the GPU's capacity."""
@@ -387,10 +411,48 @@ class MemoryPlan:
         return "\n".join([title, *rows, *footer])
 
 
-def _batch_default(field: str, gpu: AcceleratorSpec, vllm_version: tuple[int, int, int]) -> int:
-    """`vllm serve`'s default for a batch limit on `gpu`, as `run` resolves an unset one
-    (ServingSection.with_vllm_defaults; chunked prefill, V1's default)."""
-    return int(vllm_default(field, vllm_version, gpu.display_name, gpu.memory_bytes / 2**30).value)
+def _batch_defaults(
+    gpu: AcceleratorSpec,
+    vllm_version: tuple[int, int, int],
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int | None,
+    max_model_len: int,
+) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) as `run` resolves unset ones
+    (ServingSection.with_vllm_defaults): `vllm serve`'s defaults for `gpu` at the memory
+    CUDA reports, each bounded by the other as EngineArgs does (chunked prefill, V1's
+    default)."""
+    chosen = batch_limits(
+        vllm_version,
+        gpu.display_name,
+        gpu.cuda_memory_bytes / 2**30,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        chunked_prefill=True,
+        max_model_len=max_model_len,
+    )
+    seqs = chosen["max_num_seqs"].value if max_num_seqs is None else max_num_seqs
+    tokens = (
+        chosen["max_num_batched_tokens"].value
+        if max_num_batched_tokens is None
+        else max_num_batched_tokens
+    )
+    return int(seqs), int(tokens)
+
+
+class MaxModelLenRefused(InfeasibleError):
+    """vLLM refuses to start: the KV cache cannot hold one sequence of max_model_len
+    tokens (MemoryPlan.refusal, its settings spelled as `settings`); `longest` is the
+    largest max_model_len that fits."""
+
+    def __init__(self, plan: MemoryPlan, settings: SettingNames) -> None:
+        super().__init__(plan.refusal(settings))
+        self.plan = plan
+        self.longest = plan.longest_fitting_len or 0
+
+    def named(self, settings: SettingNames) -> MaxModelLenRefused:
+        """The same refusal with its settings spelled as another command sets them."""
+        return MaxModelLenRefused(self.plan, settings)
 
 
 def plan_memory(
@@ -426,11 +488,15 @@ def plan_memory(
     (framework_overhead_bytes); `max_num_seqs` sizes the sampler's share of the
     profiled peak, `vllm_version` its bytes a logit (sampler_bytes_per_logit). Unset
     batch limits are `vllm serve`'s defaults for this GPU in `vllm_version`
-    (vllm_defaults.vllm_default), as a scenario's are, so the plan is the one `run` makes."""
-    if max_num_batched_tokens is None:
-        max_num_batched_tokens = _batch_default("max_num_batched_tokens", gpu, vllm_version)
-    if max_num_seqs is None:
-        max_num_seqs = _batch_default("max_num_seqs", gpu, vllm_version)
+    (vllm_defaults.batch_limits), as a scenario's are, so the plan is the one `run` makes."""
+    if max_num_seqs is None or max_num_batched_tokens is None:
+        max_num_seqs, max_num_batched_tokens = _batch_defaults(
+            gpu,
+            vllm_version,
+            max_num_seqs,
+            max_num_batched_tokens,
+            max_model_len or arch.max_position_embeddings,
+        )
     if not 0 < gpu_memory_utilization <= 1:
         raise InfersimError(
             f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}"

@@ -40,6 +40,7 @@ import pandas as pd
 
 from hardware_models.errors import InfersimError
 from hardware_models.plot_labels import LEADER, spread_labels
+from simulator.memory_planner import PLAN_SETTINGS, MaxModelLenRefused
 from simulator.metrics.overload import (
     MIN_IN_SYSTEM_ARRIVALS,
     RAMPS_TO_JUDGE,
@@ -329,6 +330,14 @@ def _batch_limits(scenario: Scenario, candidate: Candidate, rate: float) -> dict
         return dict.fromkeys(BATCH_LIMITS)
 
 
+def _reason(exc: InfersimError) -> str:
+    """Why a candidate is infeasible, in one line; a refusal names the plan's own
+    settings (plan.tp, plan.pp), which the search sets the probes' from."""
+    if isinstance(exc, MaxModelLenRefused):
+        exc = exc.named(PLAN_SETTINGS)
+    return str(exc).splitlines()[0]
+
+
 def evaluate(scenario: Scenario, candidate: Candidate) -> list[dict[str, Any]]:
     """The candidate's rows of the plan table, one per layout (colocated, and
     disaggregated when planned); an infeasible one has status 'infeasible' and the reason."""
@@ -346,7 +355,7 @@ def evaluate(scenario: Scenario, candidate: Candidate) -> list[dict[str, Any]]:
         start = replicas
         row = {"replica_capacity_rps": capacity, **_row(scenario, candidate, replicas, probe)}
     except InfersimError as exc:
-        row = {"status": "infeasible", "reason": str(exc).splitlines()[0]}
+        row = {"status": "infeasible", "reason": _reason(exc)}
     rows.append({**base, "layout": "colocated", **row})
     if "disaggregated" in _layouts(plan, candidate):
         try:
@@ -354,7 +363,7 @@ def evaluate(scenario: Scenario, candidate: Candidate) -> list[dict[str, Any]]:
             pools, probe = _disaggregated(scenario, candidate, plan, target, start)
             row = _row(scenario, candidate, pools, probe)
         except InfersimError as exc:
-            row = {"status": "infeasible", "reason": str(exc).splitlines()[0]}
+            row = {"status": "infeasible", "reason": _reason(exc)}
         rows.append({**base, "layout": "disaggregated", **row})
     return rows
 

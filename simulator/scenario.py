@@ -35,6 +35,17 @@ _STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 # The KV cache types vLLM has (CacheConfig.cache_dtype: auto, i.e. the model's bf16 or
 # fp16, bfloat16, float16 and the fp8 variants, fp8_e4m3 and fp8_e5m2 as one byte each).
 KvDType = Literal["bf16", "fp16", "fp8"]
+# vLLM's --kv-cache-dtype names (CacheDType, vllm/config/cache.py) of the caches infersim
+# models: fp8_e4m3 is what vLLM's fp8 means on CUDA; fp8_e5m2 stores the same byte an
+# element and is priced as it (its coarser 2-bit mantissa's accuracy is not modelled);
+# float16 is in newer vLLM's CacheDType, not in older ones (commit c1d8642's), whose
+# fp16 cache is auto on an fp16 model.
+VLLM_KV_DTYPES: dict[str, KvDType] = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+}
 # vLLM's CacheConfig BlockSize (vllm/config/cache.py): the block sizes it starts with.
 BlockSize = Literal[1, 8, 16, 32, 64, 128, 256]
 # Weights also come block-scaled: fp8_block is DeepSeek-V3's and Qwen3-FP8's checkpoint
@@ -83,8 +94,10 @@ class ModelSection(BaseModel):
     kv_dtype: KvDType = Field(
         default="bf16",
         description="storage type of the KV cache, as vLLM's --kv-cache-dtype: bf16 or "
-        "fp16 (its auto: the model's dtype) or fp8 (fp8_e4m3, fp8_e5m2); vLLM has no "
-        "int8, int4 or fp4 KV cache, so they are refused",
+        "fp16 (its auto: the model's dtype) or fp8; vLLM's spellings bfloat16, float16, "
+        "fp8_e4m3 and fp8_e5m2 are read as bf16, fp16 and fp8 (fp8_e5m2 priced as fp8: "
+        "the same byte an element, its accuracy not modelled); int8, int4, fp4 and "
+        "vLLM's other cache types are refused",
     )
     activation_dtype: Literal["fp16", "bf16"] = Field(default="bf16")
     moe_routing: str = Field(
@@ -97,11 +110,14 @@ class ModelSection(BaseModel):
     @field_validator("kv_dtype", mode="before")
     @classmethod
     def _vllm_kv_dtype(cls, value: Any) -> Any:
-        allowed = typing.get_args(KvDType)
-        if isinstance(value, str) and value not in allowed:
+        if not isinstance(value, str):
+            return value
+        value = VLLM_KV_DTYPES.get(value, value)
+        if value not in typing.get_args(KvDType):
             raise ValueError(
-                "vLLM has no such KV cache type (its --kv-cache-dtype: auto, bfloat16, "
-                f"float16, fp8, fp8_e4m3, fp8_e5m2); allowed: {', '.join(allowed)}"
+                "vLLM has no such KV cache type, or infersim does not model it; allowed: "
+                f"{', '.join(typing.get_args(KvDType))}, or vLLM's spellings "
+                f"{', '.join(VLLM_KV_DTYPES)}"
             )
         return value
 
@@ -256,7 +272,11 @@ class ServingSection(BaseModel):
     )
     block_size: BlockSize = Field(
         default=16,
-        description="tokens per KV-cache block; one of the block sizes vLLM's --block-size accepts",
+        description="tokens per KV-cache block; one of the block sizes vLLM's --block-size "
+        "accepts. An MLA model (DeepSeek) on CUDA runs at the size vLLM forces for its "
+        "attention backend, set or not: 64 for FlashMLA on Hopper, 64 (or 32) for FlashInfer "
+        "MLA and a multiple of 128 for CUTLASS MLA on datacenter Blackwell (said in the "
+        "header, warned when another size was set)",
     )
     gpu_memory_utilization: float = Field(
         default=0.90, gt=0, le=1, description="share of GPU memory the engine may use"
@@ -380,7 +400,11 @@ class EngineSection(BaseModel):
         le=1e4,
         description="vLLM's non-torch memory per GPU (cuBLAS, NCCL and custom all-reduce "
         "buffers), GB; null: modelled from tp and the GPU's links "
-        "(memory_planner.framework_overhead_bytes)",
+        "(memory_planner.framework_overhead_bytes). Before the memory plan followed vLLM's "
+        "profiler (2026-12-01) it was a catch-all (CUDA context, allocator, graphs, default "
+        "1.5); the profile run's sampler peak and the memory CUDA does not show are now "
+        "counted apart, so an old file's figure counts them twice (a run that sets it says "
+        "so)",
     )
     multi_step: bool = Field(
         default=True,

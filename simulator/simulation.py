@@ -21,7 +21,13 @@ from hardware_models.errors import InfeasibleError, InfersimError, InfersimWarni
 from hardware_models.node import NodeSpec
 from hardware_models.presets import list_nodes, load_gpu, load_node
 from simulator.architecture import ModelArchitecture
-from simulator.caveats import check_context, check_token_budget, configuration_warnings
+from simulator.caveats import (
+    check_context,
+    check_token_budget,
+    configuration_warnings,
+    mla_block_size,
+    overhead_override_warning,
+)
 from simulator.engine.dp_group import DpGroup
 from simulator.engine.kv_groups import KvCacheGroups, chunked_local_attention, kv_cache_groups
 from simulator.engine.pipeline import PipelineGroup, SharedKv
@@ -29,7 +35,14 @@ from simulator.engine.prefix_hashes import BlockKeys
 from simulator.engine.replica import Clock, Replica, ReplicaConfig, empty_kv_cache
 from simulator.engine.requests import Outcome, RejectReason, RequestTable
 from simulator.engine.step_cost import EngineOverheads, StepCostModel
-from simulator.memory_planner import MemoryPlan, plan_memory, stage_layers
+from simulator.memory_planner import (
+    MaxModelLenRefused,
+    MemoryPlan,
+    SettingNames,
+    framework_overhead_bytes,
+    plan_memory,
+    stage_layers,
+)
 from simulator.metrics.context import SLO, ReplicaInfo, RunContext
 from simulator.model_catalog import load_model
 from simulator.progress import Progress
@@ -231,9 +244,24 @@ def build_pools(scenario: Scenario, hashed_prompts: bool = False) -> list[tuple[
     pools = scenario.pool_list()
     kv_transfer = any(pool.role != "mixed" for pool in pools)
     return [
-        (pool.name, build_replica(scenario.for_pool(pool), kv_transfer, hashed_prompts))
-        for pool in pools
+        (pool.name, _build_pool(scenario, index, kv_transfer, hashed_prompts))
+        for index, pool in enumerate(pools)
     ]
+
+
+def _build_pool(
+    scenario: Scenario, index: int, kv_transfer: bool, hashed_prompts: bool
+) -> ReplicaBuild:
+    """One pool's replica build; a refusal in a scenario's own `pools:` names that pool's
+    tp and pp, which it sets there instead of in `parallelism`."""
+    pool = scenario.pool_list()[index]
+    try:
+        return build_replica(scenario.for_pool(pool), kv_transfer, hashed_prompts)
+    except MaxModelLenRefused as exc:
+        if not scenario.pools:
+            raise
+        names = SettingNames(tp=f"pools.{index}.tp", pp=f"pools.{index}.pp")
+        raise exc.named(names) from None
 
 
 def resolve_weight_dtype(asked: str | None, arch: ModelArchitecture) -> str:
@@ -293,6 +321,32 @@ def batch_limits_of(scenario: Scenario) -> dict[str, int]:
     return {name: getattr(serving, name) for name in BATCH_LIMITS}
 
 
+def _at_vllm_block_size(
+    scenario: Scenario, arch: ModelArchitecture, gpu: AcceleratorSpec
+) -> tuple[Scenario, tuple[str, ...]]:
+    """The scenario at the KV block size vLLM forces for an MLA model's attention backend
+    on this GPU (caveats.mla_block_size), and the header's line for it where
+    serving.block_size is the default 16 (vLLM's too; a variant's copy of the scenario
+    sets every field, so the value, not whether it was written, tells); another block
+    size the scenario chose is replaced as vLLM replaces it, and the run warns."""
+    serving = scenario.serving
+    forced = mla_block_size(arch, gpu, serving.block_size)
+    if forced is None:
+        return scenario, ()
+    notes: tuple[str, ...] = ()
+    if serving.block_size != ServingSection.model_fields["block_size"].default:
+        warnings.warn(
+            f"serving.block_size={serving.block_size}: {forced.reason} (CudaPlatformBase."
+            f"check_and_update_config), so the run uses {forced.size}",
+            InfersimWarning,
+            stacklevel=3,
+        )
+    else:
+        notes = (f"serving.block_size = {forced.size} ({forced.reason})",)
+    serving = serving.model_copy(update={"block_size": forced.size})
+    return scenario.model_copy(update={"serving": serving}), notes
+
+
 def build_replica(
     scenario: Scenario, kv_transfer: bool = False, hashed_prompts: bool = False
 ) -> ReplicaBuild:
@@ -305,9 +359,11 @@ def build_replica(
     node = resolve_node(scenario, gpu)
     _warn_links_fitted_elsewhere(gpu, node, calibration.profile)
     arch = _load_arch(scenario)
+    scenario, forced = _at_vllm_block_size(scenario, arch, gpu)
     par, engine = scenario.parallelism, scenario.engine
     max_model_len = scenario.serving.max_model_len or arch.max_position_embeddings
     serving, defaults = _serving_for(scenario, gpu, max_model_len)
+    defaults = (*forced, *defaults)
     gpus = par.tp * par.pp  # of one dp rank; the replica has dp of them
     check_placement(scenario, arch, node)
     routing = scenario.model.moe_routing
@@ -351,6 +407,13 @@ def build_replica(
         max_model_len=max_model_len,
         block_size=serving.block_size,
     )
+    if engine.framework_overhead_gb is not None:
+        modelled = framework_overhead_bytes(gpu, par.tp)
+        warnings.warn(
+            overhead_override_warning(engine.framework_overhead_gb, modelled),
+            InfersimWarning,
+            stacklevel=2,
+        )
     block_bytes = serving.block_size * memory.kv_bytes_per_token
     blocks = serving.num_gpu_blocks or int(memory.kv_capacity_bytes // block_bytes)
     if blocks < 1:
@@ -916,7 +979,8 @@ def _configuration_warnings(builds: list[tuple[str, ReplicaBuild]]) -> tuple[str
 def _as_run(scenario: Scenario, builds: list[tuple[str, ReplicaBuild]]) -> Scenario:
     """The scenario as it ran, so summary.json names it: an unset model.weight_dtype is the
     checkpoint's format the replicas were built with (resolve_weight_dtype); unset batch
-    limits are vLLM's defaults for the GPU, where every pool got the same."""
+    limits are vLLM's defaults for the GPU, and a block size vLLM forced is the forced one,
+    where every pool got the same."""
     if not builds:
         return scenario
     update = {}
@@ -928,6 +992,9 @@ def _as_run(scenario: Scenario, builds: list[tuple[str, ReplicaBuild]]) -> Scena
         for name in BATCH_LIMITS
         if getattr(scenario.serving, name) is None
     }
+    sizes = {build.config.block_size for _, build in builds}
+    if sizes != {scenario.serving.block_size}:  # vLLM forced one (_at_vllm_block_size)
+        chosen["block_size"] = sizes
     agreed = {name: values.pop() for name, values in chosen.items() if len(values) == 1}
     if agreed:
         update["serving"] = scenario.serving.model_copy(update=agreed)

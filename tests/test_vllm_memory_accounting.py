@@ -3,11 +3,13 @@ non-torch memory grows with NVLink peers, the profiled peak is the larger of the
 pass (fused-MoE workspaces included) and the sampler, and MXFP4 MoE checkpoints load as
 vLLM's Mxfp4Config lays them out."""
 
+import warnings
+
 import pytest
 from pydantic import ValidationError
 
 from hardware_models.accelerator import AcceleratorSpec
-from hardware_models.errors import InfeasibleError
+from hardware_models.errors import InfeasibleError, InfersimWarning
 from hardware_models.presets import load_gpu
 from simulator.memory_planner import (
     _FUSED_MOE_CHUNK_TOKENS,
@@ -19,6 +21,9 @@ from simulator.memory_planner import (
     stage_weights,
 )
 from simulator.model_catalog import load_model
+from simulator.scenario import Scenario
+from simulator.simulation import build_replica
+from tests.conftest import scenario_dict
 
 GIB = 2**30
 
@@ -68,6 +73,27 @@ def test_the_users_overhead_overrides_the_model():
     assert given.kv_capacity_bytes == pytest.approx(
         modelled.kv_capacity_bytes + modelled.framework_overhead - 3.0 * GB
     )
+
+
+def test_a_scenario_setting_the_overhead_is_told_what_it_now_covers():
+    """engine.framework_overhead_gb was a catch-all allowance before the memory plan
+    followed vLLM's profiler; an old file's figure still loads, so the run says once that
+    it is now non-torch memory only, with the modelled figure beside it."""
+
+    def said(**engine) -> list[str]:
+        scenario = Scenario.from_dict(scenario_dict(engine=engine))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            build_replica(scenario)
+        return [str(w.message) for w in caught if issubclass(w.category, InfersimWarning)]
+
+    told = [text for text in said(framework_overhead_gb=3.0) if "framework_overhead_gb" in text]
+    assert len(told) == 1, told
+    modelled = framework_overhead_bytes(load_gpu("h100-sxm"), 1) / GB
+    for part in ("framework_overhead_gb=3:", "non-torch memory only", "sampler peak",
+                 f"{modelled:.2f} GB modelled here", "counts them twice"):  # fmt: skip
+        assert part in told[0], (part, told[0])
+    assert not [text for text in said() if "framework_overhead_gb" in text]
 
 
 def test_the_sampler_peak_scales_with_max_num_seqs():

@@ -14,7 +14,7 @@ from simulator.memory_planner import one_sequence_kv_bytes, plan_memory
 from simulator.model_catalog import load_model
 from simulator.planner import plan_capacity
 from simulator.scenario import Scenario
-from simulator.simulation import build_replica
+from simulator.simulation import build_pools, build_replica
 from tests.conftest import scenario_dict
 
 
@@ -103,7 +103,40 @@ def test_the_planner_marks_a_refused_candidate_infeasible_with_the_reason(make_s
     )
     table = plan_capacity(scenario, workers=1)
     assert table.loc[0, "status"] == "infeasible"
-    assert "largest max_model_len that fits is 22096" in table.loc[0, "reason"]
+    reason = table.loc[0, "reason"]
+    assert "largest max_model_len that fits is 22096" in reason
+    # the plan sets the probes' degrees from plan.tp and plan.pp: those are the way out
+    assert "raise plan.tp (now 2) or plan.pp (now 1)" in reason and "parallelism." not in reason
+
+
+def test_a_refusal_names_each_setting_and_offers_only_what_can_still_change():
+    def refusal(**changes) -> str:
+        model = {"name": "llama-3.1-70b", **changes.pop("model", {})}
+        with pytest.raises(InfeasibleError) as exc:
+            build_replica(Scenario.from_dict(scenario_dict(
+                hardware={"gpu": "h100-sxm"}, model=model, parallelism={"tp": 2},
+                serving={"max_num_batched_tokens": 2048, **changes})))  # fmt: skip
+        return str(exc.value)
+
+    every_way = refusal()
+    for part in ("set serving.max_model_len to at most that",
+                 "raise serving.gpu_memory_utilization (now 0.9)",
+                 "raise parallelism.tp (now 2) or parallelism.pp (now 1)",
+                 "set model.kv_dtype to fp8 (now bf16)"):  # fmt: skip
+        assert part in every_way, (part, every_way)
+    at_full_memory = refusal(gpu_memory_utilization=1.0)
+    assert "gpu_memory_utilization" not in at_full_memory and "model.kv_dtype" in at_full_memory
+    fp8 = refusal(model={"kv_dtype": "fp8"})
+    assert "kv_dtype" not in fp8 and "raise serving.gpu_memory_utilization" in fp8
+
+
+def test_a_refusal_in_a_pool_names_that_pools_degrees():
+    pool = {"name": "big", "hardware": {"gpu": "h100-sxm"}, "tp": 2}
+    scenario = Scenario.from_dict(scenario_dict(
+        model={"name": "llama-3.1-70b"}, pools=[pool], hardware=None,
+        serving={"max_num_batched_tokens": 2048}))  # fmt: skip
+    with pytest.raises(InfeasibleError, match=r"raise pools.0.tp \(now 2\) or pools.0.pp"):
+        build_pools(scenario)
 
 
 def test_max_model_len_above_the_models_context_is_refused():
@@ -146,10 +179,24 @@ def test_block_sizes_vllm_lacks_are_refused_naming_those_it_has(block_size):
         Scenario.from_dict(scenario_dict(serving={"block_size": block_size}))
 
 
-@pytest.mark.parametrize("kv_dtype", ["int8", "int4", "fp4", "fp32"])
+@pytest.mark.parametrize("kv_dtype", ["int8", "int4", "fp4", "fp32", "auto", "fp8_inc"])
 def test_kv_cache_types_vllm_lacks_are_refused_naming_those_it_has(kv_dtype):
-    with pytest.raises(InfersimError, match=r"model.kv_dtype: vLLM has no such .*bf16, fp16, fp8"):
+    accepted = (
+        r"allowed: bf16, fp16, fp8, or vLLM's spellings bfloat16, float16, fp8_e4m3, fp8_e5m2"
+    )
+    with pytest.raises(InfersimError, match=rf"model.kv_dtype: vLLM has no such .*{accepted}"):
         Scenario.from_dict(scenario_dict(model={"name": "llama-2-7b", "kv_dtype": kv_dtype}))
+
+
+@pytest.mark.parametrize(
+    ("vllm_name", "modelled"),
+    [("fp8_e4m3", "fp8"), ("fp8_e5m2", "fp8"), ("bfloat16", "bf16"), ("float16", "fp16")],
+)
+def test_vllms_kv_cache_spellings_are_read_as_the_cache_they_store(vllm_name, modelled, capsys):
+    model = {"name": "llama-2-7b", "kv_dtype": vllm_name}
+    assert Scenario.from_dict(scenario_dict(model=model)).model.kv_dtype == modelled
+    main(["estimate", "--model", "llama-2-7b", "--gpu", "h100-sxm", "--kv-dtype", vllm_name])
+    assert f"bf16 weights, {modelled} KV" in capsys.readouterr().out
 
 
 def test_estimate_defaults_the_kv_cache_to_the_models_dtype_not_the_weights(capsys):
@@ -163,7 +210,12 @@ def test_estimate_says_plainly_when_vllm_would_not_start(capsys):
     out = capsys.readouterr().out
     assert "KV capacity                     11541 tokens" in out
     assert "vLLM would not start" in out and "largest max_model_len that fits is 11536" in out
-    assert "--max-model-len" in out
+    # estimate's own flags; it has no --pp
+    for part in ("set --max-model-len to", "raise --gpu-memory-utilization (now 0.9)",
+                 "raise --tp (now 2), or", "set --kv-dtype to fp8 (now bf16)"):  # fmt: skip
+        assert part in out, (part, out)
+    refusal = next(line for line in out.splitlines() if "vLLM would not start" in line)
+    assert "pp (now" not in refusal and "serving." not in refusal
     main(["estimate", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--tp", "2",
           "--max-model-len", "11536"])  # fmt: skip
     assert "vLLM would not start" not in capsys.readouterr().out

@@ -12,12 +12,12 @@ from hardware_models.dtypes import parse_dtype
 from hardware_models.errors import InfeasibleError, InfersimError
 from hardware_models.presets import load_gpu
 from simulator.architecture import ModelArchitecture
-from simulator.caveats import check_context, check_token_budget
+from simulator.caveats import check_context, check_token_budget, mla_block_size
 from simulator.engine.kv_groups import vllm_default_groups
 from simulator.engine.weight_format import check_weight_support, weight_format
-from simulator.memory_planner import GB, plan_memory
+from simulator.memory_planner import ESTIMATE_SETTINGS, GB, plan_memory
 from simulator.model_catalog import load_model
-from simulator.scenario import KvDType, ServingSection
+from simulator.scenario import VLLM_KV_DTYPES, KvDType, ServingSection
 from simulator.simulation import resolve_weight_dtype
 from simulator.sizing import (
     TRAINING_MULTIPLIER,
@@ -39,7 +39,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--kv-dtype",
-        choices=typing.get_args(KvDType),
+        choices=(*typing.get_args(KvDType), *VLLM_KV_DTYPES),
         help="KV-cache dtype, as vLLM's --kv-cache-dtype (default: the model's dtype, as "
         "vLLM's auto: fp16 with fp16 weights, else bf16; quantised weights keep a bf16 KV "
         "cache)",
@@ -141,9 +141,13 @@ def _run(args: argparse.Namespace) -> int:
     # GPU is refused.
     precision = weight_format(resolve_weight_dtype(args.precision, arch))
     check_weight_support(gpu, precision, "--precision")
-    kv_dtype = parse_dtype(args.kv_dtype or ("fp16" if precision == "fp16" else "bf16"))
+    asked = VLLM_KV_DTYPES.get(args.kv_dtype, args.kv_dtype)
+    kv_dtype = parse_dtype(asked or ("fp16" if precision == "fp16" else "bf16"))
     context = arch.max_position_embeddings
     serving, defaults = _serving(args, gpu, context)
+    if forced := mla_block_size(arch, gpu, serving.block_size):  # as `run` resolves it
+        serving = serving.model_copy(update={"block_size": forced.size})
+        defaults = (f"serving.block_size = {forced.size} ({forced.reason})", *defaults)
     params_b = arch.param_count() / 1e9
     # Every estimate before the first line of output, so bad input is an error alone.
     if args.training:
@@ -225,7 +229,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"  {exc}")
         return 0
     print(plan.table())
-    refusal = plan.refusal("--max-model-len")
+    refusal = plan.refusal(ESTIMATE_SETTINGS)
     if refusal:
         print(f"  vLLM would not start: {refusal}")
     if plan.kv_groups is None:  # as vLLM's "Maximum concurrency for N tokens per request"
