@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import warnings
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING
 
-from hardware_models.errors import InfersimError
+from hardware_models.errors import InfersimError, InfersimWarning
 from simulator.cli.options import add_output_flags, add_overrides, add_results_dir
 from simulator.cli.run_exports import add_export_flags, check_exports, write_exports
 from simulator.formatting import WIDTH, sig
@@ -16,6 +17,8 @@ from simulator.scenario import Scenario
 from simulator.simulation import simulate
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from simulator.results import Results
 
 
@@ -54,13 +57,33 @@ def free_results_dir(name: str, root: Path = Path("results")) -> Path:
 def simulate_warning_once(scenario: Scenario, *, progress: bool) -> Results:
     """simulate(), each warning shown once: one the printed summary holds (its `warning:`
     lines) is not also printed as an `infersim: warning:` line."""
-    with warnings.catch_warnings(record=True) as caught:  # the caller's filters stay
-        result = simulate(scenario, progress=progress)
-    in_summary = set(result.summary()["warnings"])
-    for shown in caught:
-        if str(shown.message) not in in_summary:
-            warnings.warn_explicit(shown.message, shown.category, shown.filename, shown.lineno)
-    return result
+    caught: list[warnings.WarningMessage] = []
+    in_summary: set[str] = set()  # none when the run stops with an error: all are shown
+    try:
+        with warnings.catch_warnings(record=True) as caught:  # the caller's filters stay
+            result = simulate(scenario, progress=progress)
+        in_summary = set(result.summary()["warnings"])
+        return result
+    finally:
+        for shown in caught:
+            if str(shown.message) not in in_summary:
+                warnings.warn_explicit(shown.message, shown.category, shown.filename, shown.lineno)
+
+
+@contextlib.contextmanager
+def warnings_named(where: str) -> Iterator[None]:
+    """Each InfersimWarning raised inside passed on as `where: message` (a compared run,
+    a sweep point), also when the block stops with an error; other warnings as they are."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:  # the caller's filters stay
+            yield
+    finally:
+        for shown in caught:
+            if issubclass(shown.category, InfersimWarning):
+                warnings.warn(f"{where}: {shown.message}", shown.category, stacklevel=3)
+            else:
+                warnings.warn_explicit(shown.message, shown.category, shown.filename, shown.lineno)
 
 
 def results_dir(given: Path | None, name: str, overwrite: bool) -> Path:
