@@ -127,3 +127,16 @@ def test_sweep_prints_each_points_warnings_once_named_by_point(tmp_path, capfd, 
         "infersim: warning: point max_model_len=600: 14 of 30",
         "infersim: warning: point max_model_len=700: 12 of 30",
     ]
+
+
+def test_a_plan_probe_leaves_its_load_warnings_in_its_summary():
+    """The planner probes overloaded rates by design: a probe's summary-only warnings are
+    not printed for each probe; what its layout bends still is."""
+    from simulator.planner import _run
+
+    data = scenario_dict(**REJECTING)
+    data["serving"] |= {"preemption": "swap", "swap_space_gb": 0.1}
+    summary: dict = {}
+    seen = _recorded(lambda: summary.update(_run(Scenario.from_dict(data))))
+    assert len(seen) == 1 and seen[0].startswith("serving.swap_space_gb holds 11 KV blocks")
+    assert any(REJECTED in w for w in summary["warnings"])
