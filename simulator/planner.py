@@ -159,7 +159,7 @@ def _run(scenario: Scenario) -> dict[str, Any]:
     """A probe's summary. What its load bent (the warnings simulate() raises from the
     summary: KV cache short, batch capped, rejections) stays in the summary: the planner
     probes overloaded rates by design and its verdict says so. The rest is passed on."""
-    from simulator.simulation import simulate
+    from simulator.simulation import pass_on, simulate
 
     results = None
     caught: list[warnings.WarningMessage] = []
@@ -168,10 +168,9 @@ def _run(scenario: Scenario) -> dict[str, Any]:
             warnings.simplefilter("always", InfersimWarning)
             results = simulate(scenario, progress=False)
     finally:
-        for shown in caught:
-            passed = results is None or not issubclass(shown.category, InfersimWarning)
-            if passed or str(shown.message) in results.context.warnings:
-                warnings.warn_explicit(shown.message, shown.category, shown.filename, shown.lineno)
+        raised = None if results is None else results.context.warnings  # None: all
+        pass_on(caught, lambda shown: raised is None or str(shown.message) in raised
+                or not issubclass(shown.category, InfersimWarning))  # fmt: skip
     assert results is not None  # simulate() returned: no exception left the try
     return results.summary()
 

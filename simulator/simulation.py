@@ -952,7 +952,7 @@ def simulate(
                 if text not in results.context.warnings:
                     warnings.warn(text, InfersimWarning, stacklevel=2)
     finally:  # also when the run stops with an error: what it raised until then still holds
-        _pass_on(caught)
+        pass_on(caught)
     return results
 
 
@@ -966,16 +966,20 @@ def _distinct(
     return distinct
 
 
-def _pass_on(caught: list[warnings.WarningMessage]) -> None:
-    """The warnings a run recorded, each distinct one once, to the caller's filters and
-    display."""
+def pass_on(
+    caught: list[warnings.WarningMessage],
+    keep: Callable[[warnings.WarningMessage], bool] = lambda _: True,
+) -> None:
+    """Recorded warnings (the distinct ones `keep` accepts, each once) to the caller's
+    filters and display, where they were raised."""
     for caught_warning in _distinct(caught).values():
-        warnings.warn_explicit(
-            caught_warning.message,
-            caught_warning.category,
-            caught_warning.filename,
-            caught_warning.lineno,
-        )
+        if keep(caught_warning):
+            warnings.warn_explicit(
+                caught_warning.message,
+                caught_warning.category,
+                caught_warning.filename,
+                caught_warning.lineno,
+            )
 
 
 def _results(

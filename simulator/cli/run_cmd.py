@@ -14,7 +14,7 @@ from simulator.cli.options import add_output_flags, add_overrides, add_results_d
 from simulator.cli.run_exports import add_export_flags, check_exports, write_exports
 from simulator.formatting import WIDTH, sig
 from simulator.scenario import Scenario
-from simulator.simulation import simulate
+from simulator.simulation import pass_on, simulate
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -65,15 +65,13 @@ def simulate_warning_once(scenario: Scenario, *, progress: bool) -> Results:
         in_summary = set(result.summary()["warnings"])
         return result
     finally:
-        for shown in caught:
-            if str(shown.message) not in in_summary:
-                warnings.warn_explicit(shown.message, shown.category, shown.filename, shown.lineno)
+        pass_on(caught, lambda shown: str(shown.message) not in in_summary)
 
 
 @contextlib.contextmanager
 def warnings_named(where: str) -> Iterator[None]:
-    """Each InfersimWarning raised inside passed on as `where: message` (a compared run,
-    a sweep point), also when the block stops with an error; other warnings as they are."""
+    """Each InfersimWarning raised inside passed on as `where: message` (`where` names a
+    compared run), also when the block stops with an error; other warnings as they are."""
     caught: list[warnings.WarningMessage] = []
     try:
         with warnings.catch_warnings(record=True) as caught:  # the caller's filters stay
@@ -82,8 +80,7 @@ def warnings_named(where: str) -> Iterator[None]:
         for shown in caught:
             if issubclass(shown.category, InfersimWarning):
                 warnings.warn(f"{where}: {shown.message}", shown.category, stacklevel=3)
-            else:
-                warnings.warn_explicit(shown.message, shown.category, shown.filename, shown.lineno)
+        pass_on(caught, lambda shown: not issubclass(shown.category, InfersimWarning))
 
 
 def results_dir(given: Path | None, name: str, overwrite: bool) -> Path:
