@@ -3,7 +3,8 @@ point reduced to one row of headline numbers.
 
 Points run on local processes (a ProcessPoolExecutor) or on a Dask cluster (a
 `distributed.Client`). A worker receives a plain scenario dict and sends back the summary
-dict, never DataFrames, so a point costs kilobytes to ship. Each finished point is written
+dict and the point's warnings as text (raised again here, each naming its point), never
+DataFrames, so a point costs kilobytes to ship. Each finished point is written
 at once to <outdir>/points/<id>.json (atomically), so an interrupted sweep loses nothing and
 `resume` runs only the points without a file. A point that raises (the model does not
 fit, ...) is a row with status 'failed' and its one-line error, and the others carry on.
