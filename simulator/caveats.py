@@ -152,9 +152,12 @@ def configuration_warnings(build: ReplicaBuild) -> list[str]:
         )
     config = build.config
     longest = -(-config.max_model_len // config.block_size)
-    if config.iterative and config.preemption == "swap" and config.swap_blocks < longest:
+    engines = build.pipelined_engines
+    swap_blocks = config.swap_blocks // max(engines, 1)  # what a swap-out can use
+    if config.iterative and config.preemption == "swap" and swap_blocks < longest:
+        share = f" per pipelined batch ({engines} share it)" if engines > 1 else ""
         warnings.append(
-            f"serving.swap_space_gb holds {config.swap_blocks:,} KV blocks of host swap space, "
+            f"serving.swap_space_gb holds {swap_blocks:,} KV blocks of host swap space{share}, "
             f"fewer than one {config.max_model_len:,}-token sequence needs ({longest:,}): "
             "with serving.preemption=swap, a swap-out that finds too little free stops the "
             "run, as vLLM v0 aborts the engine (Scheduler._swap_out)"

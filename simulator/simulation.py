@@ -75,6 +75,16 @@ class ReplicaBuild:
     dp: int = 1  # attention data-parallel ranks per replica
     defaults: tuple[str, ...] = ()  # the serving settings vLLM's defaults chose, and why
 
+    @property
+    def pipelined_engines(self) -> int:
+        """The engines (batches in flight) of a pipelined replica, each with its own
+        scheduler and swap_blocks // engines of the swap space, as vLLM v0's virtual
+        engines; 0 when the replica is not pipelined."""
+        pp = self.cost.pp
+        if pp > 1 and self.config.iterative and self.dp == 1:
+            return min(pp, self.config.max_num_seqs)
+        return 0
+
 
 def resolve_calibration(scenario: Scenario) -> CalibrationChoice:
     """The scenario's GPU with the profile `hardware.calibration` chooses, and a note of
@@ -521,6 +531,9 @@ class _Run:
         self.closed = wl.arrivals.kind == "closed_loop"
         batch = open_loop_requests(scenario)
         self.builds = build_pools(scenario, shares_blocks_by_hash(batch))
+        self.configuration_warnings = _configuration_warnings(self.builds)
+        for text in self.configuration_warnings:  # before the run, which they may stop
+            warnings.warn(text, InfersimWarning, stacklevel=3)
         self.env = simpy.Environment()
         self.horizon = wl.duration_s if wl.duration_s is not None else float("inf")
         self.clock = Clock(self.horizon)
@@ -593,7 +606,7 @@ class _Run:
     ) -> Replica | DpGroup | PipelineGroup:
         """One replica: an engine, dp ranks (engine_group.py), or pp pipelined engines."""
         pp = build.cost.pp
-        pipelined = pp > 1 and config.iterative and build.dp == 1
+        pipelined = build.pipelined_engines > 0
         if pp > 1 and not config.iterative:
             warnings.warn(
                 f"parallelism.pp={pp}: serving.policy {config.policy!r} runs whole "
@@ -602,7 +615,7 @@ class _Run:
                 InfersimWarning,
                 stacklevel=2,
             )
-        engines = build.dp if build.dp > 1 else min(pp, config.max_num_seqs) if pipelined else 1
+        engines = build.dp if build.dp > 1 else build.pipelined_engines or 1
         driven = pipelined or (build.dp > 1 and build.arch.is_moe)
         configs = [config] * engines
         shared_kv = None
@@ -1017,25 +1030,59 @@ def simulate(
     if not isinstance(scenario, Scenario):
         scenario = Scenario.from_yaml(os.fspath(scenario))
     show = scenario.output.progress if progress is None else progress
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", InfersimWarning)
-        run = _Run(scenario, show)
-        started = time.perf_counter()
-        end = run.run()
-        wall = time.perf_counter() - started
-    # Each distinct warning once (one raised per replica is one fact), then the caller's
-    # filters and display decide, as before.
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", InfersimWarning)
+            run = _Run(scenario, show)
+            started = time.perf_counter()
+            end = run.run()
+            wall = time.perf_counter() - started
+            raised = [msg for kind, msg in _distinct(caught) if issubclass(kind, InfersimWarning)]
+            results = _results(scenario, run, end, wall, raised)
+            for text in results.summary()["warnings"]:  # the ones the run's figures show
+                if text not in results.context.warnings:
+                    warnings.warn(text, InfersimWarning, stacklevel=2)
+    finally:  # also when the run stops with an error: what it raised until then still holds
+        pass_on(caught)
+    return results
+
+
+def _distinct(
+    caught: list[warnings.WarningMessage],
+) -> dict[tuple[type[Warning], str], warnings.WarningMessage]:
+    """Each distinct warning once: one raised per replica is one fact."""
     distinct: dict[tuple[type[Warning], str], warnings.WarningMessage] = {}
     for caught_warning in caught:
         distinct.setdefault((caught_warning.category, str(caught_warning.message)), caught_warning)
-    for caught_warning in distinct.values():
-        warnings.warn_explicit(
-            caught_warning.message,
-            caught_warning.category,
-            caught_warning.filename,
-            caught_warning.lineno,
-        )
-    raised = [msg for category, msg in distinct if issubclass(category, InfersimWarning)]
+    return distinct
+
+
+def pass_on(
+    caught: list[warnings.WarningMessage],
+    keep: Callable[[warnings.WarningMessage], bool] = lambda _: True,
+) -> None:
+    """Recorded warnings (the distinct ones `keep` accepts, each once) to the caller's
+    filters and display, where they were raised."""
+    for caught_warning in _distinct(caught).values():
+        if keep(caught_warning):
+            warnings.warn_explicit(
+                caught_warning.message,
+                caught_warning.category,
+                caught_warning.filename,
+                caught_warning.lineno,
+            )
+
+
+def _results(
+    scenario: Scenario,
+    run: _Run,
+    end: float,
+    wall: float,
+    raised: list[str],
+) -> Results:
+    """The finished run's results; its summary holds the warnings raised so far, the
+    configuration ones first."""
     slo = scenario.slo
     ctx = RunContext(
         scenario=scenario.name,
@@ -1052,7 +1099,7 @@ def simulate(
         priority_names=tuple(run.class_names),
         wall_seconds=wall,
         provenance=provenance(_as_run(scenario, run.builds), _serving_defaults(run.builds)),
-        warnings=(*_configuration_warnings(run.builds), *dict.fromkeys(raised)),
+        warnings=tuple(dict.fromkeys((*run.configuration_warnings, *raised))),
     )
     memory = "\n".join(f"[{pool}] {build.memory.table()}" for pool, build in run.builds)
     return Results.from_run(scenario, memory, ctx, run.requests, run.replicas)

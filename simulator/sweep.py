@@ -3,7 +3,8 @@ point reduced to one row of headline numbers.
 
 Points run on local processes (a ProcessPoolExecutor) or on a Dask cluster (a
 `distributed.Client`). A worker receives a plain scenario dict and sends back the summary
-dict, never DataFrames, so a point costs kilobytes to ship. Each finished point is written
+dict and the point's warnings as text (raised again here, each naming its point), never
+DataFrames, so a point costs kilobytes to ship. Each finished point is written
 at once to <outdir>/points/<id>.json (atomically), so an interrupted sweep loses nothing and
 `resume` runs only the points without a file. A point that raises (the model does not
 fit, ...) is a row with status 'failed' and its one-line error, and the others carry on.
@@ -27,6 +28,7 @@ import os
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -38,7 +40,7 @@ import pandas as pd
 from pydantic import ValidationError
 from tqdm import tqdm
 
-from hardware_models.errors import InfersimError
+from hardware_models.errors import InfersimError, InfersimWarning
 from simulator.build_id import build_id
 from simulator.scenario import (
     BATCH_LIMITS,
@@ -190,21 +192,41 @@ def run_point(data: dict[str, Any], overrides: tuple[str, ...] = ()) -> dict[str
     in the point's provenance (the point's data already has them applied). Never raises:
     any exception becomes a failed outcome, so one bad point costs one row, not the sweep."""
     started, cpu = time.perf_counter(), time.process_time()
-    try:
-        scenario = Scenario.from_dict(data, source="sweep point", overrides=overrides)
-        summary = simulate(scenario, progress=False).summary()
-    except Exception as exc:
-        return _failure("failed", exc, time.perf_counter() - started)
+    with warnings.catch_warnings(record=True) as caught:  # carried back, not shown here
+        warnings.simplefilter("always")
+        try:
+            scenario = Scenario.from_dict(data, source="sweep point", overrides=overrides)
+            summary = simulate(scenario, progress=False).summary()
+        except Exception as exc:
+            return {**_failure("failed", exc, time.perf_counter() - started),
+                    "warnings": _texts(caught)}  # fmt: skip
     run = {k: v for k, v in summary["run"].items() if k != "wall"}  # the only varying part
     return {
         "status": "ok",
         "error": None,
         "detail": None,
+        "warnings": _texts(caught),
         "wall_s": time.perf_counter() - started,
         # CPU seconds of the worker: below wall_s when workers outnumber free cores.
         "cpu_s": time.process_time() - cpu,
         "summary": {**summary, "run": run},
     }
+
+
+def _texts(caught: list[warnings.WarningMessage]) -> list[str]:
+    """A point's warnings as the text a worker sends back, each once; a warning other than
+    InfersimWarning names its category."""
+    return list(dict.fromkeys(
+        str(w.message) if issubclass(w.category, InfersimWarning)
+        else f"{w.category.__name__}: {w.message}"
+        for w in caught
+    ))  # fmt: skip
+
+
+def _warn_point(point: SweepPoint, record: Mapping[str, Any]) -> None:
+    """A point's warnings, raised where the sweep runs, each naming its point."""
+    for text in record.get("warnings") or ():
+        warnings.warn(f"point {point.name}: {text}", InfersimWarning, stacklevel=3)
 
 
 def _failure(status: str, exc: BaseException, wall_s: float | None) -> dict[str, Any]:
@@ -214,7 +236,7 @@ def _failure(status: str, exc: BaseException, wall_s: float | None) -> dict[str,
 def _outcome(error: JobError, wall_s: float | None = None) -> dict[str, Any]:
     """A point that did not simulate, as the record fields of one that did."""
     return {"status": error.status, "error": error.error, "detail": error.detail,
-            "wall_s": wall_s, "cpu_s": None, "summary": None}  # fmt: skip
+            "warnings": [], "wall_s": wall_s, "cpu_s": None, "summary": None}  # fmt: skip
 
 
 # ---- executors ------------------------------------------------------------------------------
@@ -623,6 +645,9 @@ def sweep(
         outdir = Path(outdir)
         _prepare(outdir, resume=resume, overwrite=overwrite)
         records = _load_done(outdir, points)
+        for point in points:  # a resumed point still says what bent its numbers
+            if point.id in records:
+                _warn_point(point, records[point.id])
     elif resume:
         raise InfersimError("resume: needs the outdir of the sweep to continue")
     pending = [p for p in points if p.id not in records]
@@ -646,6 +671,7 @@ def sweep(
             if outdir is not None and outcome["status"] != "lost":
                 _write_point(outdir, record)
             records[point.id] = record
+            _warn_point(point, record)
             bar.update()
     table = sweep_table(points, records)
     if outdir is not None:

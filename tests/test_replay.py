@@ -456,8 +456,9 @@ def test_a_replay_that_serves_nothing_is_refused(tmp_path, capsys):
     code, _, err = replay(
         capsys, str(run), "-o", str(tmp_path / "out"), "--set", "serving.num_gpu_blocks=1"
     )
-    assert code == 2 and len(err.strip().splitlines()) == 1
-    assert "the replay served none of the run's 24 requests (24 prompt + output" in err
+    warning, error = err.strip().splitlines()  # the run's rejection warning, then the refusal
+    assert code == 2 and warning.startswith("infersim: warning: 24 of 24 requests (100%)")
+    assert "the replay served none of the run's 24 requests (24 prompt + output" in error
 
 
 def test_early_requests_the_simulation_rejects_are_left_out_of_the_cache_check(tmp_path, capsys):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hardware_models.errors import InfersimError
 from simulator.cli.options import add_output_flags, add_overrides, add_results_dir
-from simulator.cli.run_cmd import folder_name, free_results_dir
+from simulator.cli.run_cmd import folder_name, free_results_dir, warnings_named
 from simulator.compare import compare_table, write_comparison
 from simulator.formatting import WIDTH, sig
 from simulator.results import Results
@@ -73,7 +73,8 @@ def _compare(args: argparse.Namespace) -> int:
     results: dict[str, Results] = {}
     written: list[Path] = []
     for label, (folder, scenario) in runs.items():
-        results[label] = simulate(scenario, progress=not args.quiet)
+        with warnings_named(label):  # no summary is printed: each is a warning line
+            results[label] = simulate(scenario, progress=not args.quiet)
         written += results[label].write(
             outdir / folder, plots=False if args.no_plots else None, overwrite=args.overwrite
         )

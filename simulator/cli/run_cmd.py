@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import warnings
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING
 
-from hardware_models.errors import InfersimError
+from hardware_models.errors import InfersimError, InfersimWarning
 from simulator.cli.options import add_output_flags, add_overrides, add_results_dir
 from simulator.cli.run_exports import add_export_flags, check_exports, write_exports
 from simulator.formatting import WIDTH, sig
 from simulator.scenario import Scenario
-from simulator.simulation import simulate
+from simulator.simulation import pass_on, simulate
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from simulator.results import Results
 
 
@@ -54,13 +57,30 @@ def free_results_dir(name: str, root: Path = Path("results")) -> Path:
 def simulate_warning_once(scenario: Scenario, *, progress: bool) -> Results:
     """simulate(), each warning shown once: one the printed summary holds (its `warning:`
     lines) is not also printed as an `infersim: warning:` line."""
-    with warnings.catch_warnings(record=True) as caught:  # the caller's filters stay
-        result = simulate(scenario, progress=progress)
-    in_summary = set(result.summary()["warnings"])
-    for shown in caught:
-        if str(shown.message) not in in_summary:
-            warnings.warn_explicit(shown.message, shown.category, shown.filename, shown.lineno)
-    return result
+    caught: list[warnings.WarningMessage] = []
+    in_summary: set[str] = set()  # none when the run stops with an error: all are shown
+    try:
+        with warnings.catch_warnings(record=True) as caught:  # the caller's filters stay
+            result = simulate(scenario, progress=progress)
+        in_summary = set(result.summary()["warnings"])
+        return result
+    finally:
+        pass_on(caught, lambda shown: str(shown.message) not in in_summary)
+
+
+@contextlib.contextmanager
+def warnings_named(where: str) -> Iterator[None]:
+    """Each InfersimWarning raised inside passed on as `where: message` (`where` names a
+    compared run), also when the block stops with an error; other warnings as they are."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:  # the caller's filters stay
+            yield
+    finally:
+        for shown in caught:
+            if issubclass(shown.category, InfersimWarning):
+                warnings.warn(f"{where}: {shown.message}", shown.category, stacklevel=3)
+        pass_on(caught, lambda shown: not issubclass(shown.category, InfersimWarning))
 
 
 def results_dir(given: Path | None, name: str, overwrite: bool) -> Path:

@@ -1,0 +1,142 @@
+"""Every warning a run raises reaches the caller once: Python's warnings for library users
+(also the ones only the summary computes, and also when the run stops with an error), one
+`infersim: warning:` line per warning on the command line, naming the compared run or the
+sweep point it belongs to."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import yaml
+
+from hardware_models.errors import InfersimError, InfersimWarning
+from simulator.cli.main import main
+from simulator.scenario import Scenario
+from simulator.simulation import simulate
+from tests.conftest import scenario_dict
+
+# Llama-2-13B pipelined over two A100s with 0.5 GB of swap space: each of the two batches in
+# flight gets 38 of its 76 blocks, a swap-out needs more, and the run stops at t=27 s.
+SWAP_STOP = {
+    "name": "swapstop",
+    "seed": 11,
+    "hardware": {"gpu": "a100-80gb-sxm"},
+    "model": {"name": "llama-2-13b"},
+    "parallelism": {"pp": 2},
+    "serving": {"policy": "chunked_prefill", "max_num_seqs": 128, "max_num_batched_tokens": 1024,
+                "preemption": "swap", "swap_space_gb": 0.5, "num_gpu_blocks": 1500},
+    "workload": {
+        "arrivals": {"kind": "poisson", "rate_per_s": 1.5},
+        "prompt_tokens": {"kind": "lognormal", "mean": 3000, "std": 1000, "min": 500, "max": 3800},
+        "output_tokens": {"kind": "lognormal", "mean": 300, "std": 200, "min": 16, "max": 800},
+        "max_total_tokens": 4096,
+        "num_requests": 300,
+    },
+    "output": {"plots": False, "progress": False},
+}  # fmt: skip
+SWAP_WARNING = (
+    "serving.swap_space_gb holds 38 KV blocks of host swap space per pipelined batch (2 share "
+    "it), fewer than one 4,096-token sequence needs (256)"
+)
+SPLIT_WARNING = "serving.max_num_seqs=128 is split as [64, 64]"
+# 14 of 30 requests are longer than 600 tokens: a warning only the summary computes.
+REJECTING = {"serving": {"max_model_len": 600}, "workload": {"num_requests": 30}}
+REJECTED = "were rejected because prompt + output exceed max_model_len"
+
+
+def _recorded(call) -> list[str]:
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        call()
+    return [str(w.message) for w in seen if issubclass(w.category, InfersimWarning)]
+
+
+def test_warnings_raised_before_a_run_stops_with_an_error_are_passed_on():
+    """The swap-space warning (built before the run) and the pp split warning (raised
+    building the engines) reach the caller although the run raises at its swap-out."""
+
+    def run():
+        with pytest.raises(InfersimError, match="has 38 of 38 free"):
+            simulate(Scenario.from_dict(SWAP_STOP))
+
+    seen = _recorded(run)
+    assert [SWAP_WARNING in w for w in seen] == [True, False]
+    assert SPLIT_WARNING in seen[1]
+
+
+def test_run_prints_the_warnings_then_the_error_when_it_stops(tmp_path, capsys):
+    path = tmp_path / "swap.yaml"
+    path.write_text(yaml.safe_dump(SWAP_STOP))
+    assert main(["run", str(path), "-o", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"infersim: warning: {SWAP_WARNING}")
+    assert err[1].startswith("infersim: warning: parallelism.pp=2: " + SPLIT_WARNING)
+    assert err[2].startswith("infersim: error: ") and "38 of 38 free" in err[2]
+
+
+def test_the_swap_warning_counts_the_whole_swap_space_without_pipelining():
+    data = scenario_dict(serving={"preemption": "swap", "swap_space_gb": 0.5},
+                         workload={"num_requests": 10})  # fmt: skip
+    (warning,) = _recorded(lambda: simulate(Scenario.from_dict(data)))
+    assert warning.startswith("serving.swap_space_gb holds 59 KV blocks of host swap space, ")
+
+
+def test_a_warning_only_the_summary_computes_is_an_infersim_warning_once():
+    data = scenario_dict(**REJECTING)
+    results: list = []
+    seen = _recorded(lambda: results.append(simulate(Scenario.from_dict(data))))
+    assert len(seen) == 1 and REJECTED in seen[0]
+    assert seen == results[0].summary()["warnings"]
+
+
+def test_run_shows_a_summary_warning_once_in_its_summary(tmp_path, capsys):
+    path = tmp_path / "rejecting.yaml"
+    path.write_text(yaml.safe_dump(scenario_dict(**REJECTING)))
+    assert main(["run", str(path), "-o", str(tmp_path / "out"), "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert out.count(REJECTED) == 1 and REJECTED not in err
+
+
+def test_compare_prints_each_runs_warnings_once_named_by_run(tmp_path, capsys):
+    data = scenario_dict(**REJECTING)
+    data["variants"] = {"short": {}, "longer": {"serving": {"max_model_len": 700}}}
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["compare", str(path), "-o", str(tmp_path / "out"), "--quiet"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert [line.split(" requests")[0] for line in lines] == [
+        "infersim: warning: longer: 12 of 30",
+        "infersim: warning: short: 14 of 30",
+    ]
+    assert all(REJECTED in line for line in lines)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sweep_prints_each_points_warnings_once_named_by_point(tmp_path, capfd, workers):
+    """Workers carry their points' warnings back; the sweep prints one line each (none
+    raw from a worker), the ones only the summary computes included."""
+    data = scenario_dict(**REJECTING)
+    data["sweep"] = {"grid": {"serving.max_model_len": [600, 700]}}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(data))
+    args = ["sweep", str(path), "-o", str(tmp_path / "out"), "--workers", str(workers)]
+    assert main([*args, "--quiet"]) == 0
+    lines = [line for line in capfd.readouterr().err.splitlines() if "arning" in line]
+    assert sorted(line.split(" requests")[0] for line in lines) == [
+        "infersim: warning: point max_model_len=600: 14 of 30",
+        "infersim: warning: point max_model_len=700: 12 of 30",
+    ]
+
+
+def test_a_plan_probe_leaves_its_load_warnings_in_its_summary():
+    """The planner probes overloaded rates by design: a probe's summary-only warnings are
+    not printed for each probe; what its layout bends still is."""
+    from simulator.planner import _run
+
+    data = scenario_dict(**REJECTING)
+    data["serving"] |= {"preemption": "swap", "swap_space_gb": 0.1}
+    summary: dict = {}
+    seen = _recorded(lambda: summary.update(_run(Scenario.from_dict(data))))
+    assert len(seen) == 1 and seen[0].startswith("serving.swap_space_gb holds 11 KV blocks")
+    assert any(REJECTED in w for w in summary["warnings"])
