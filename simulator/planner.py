@@ -114,7 +114,8 @@ def _at(scenario: Scenario, candidate: Candidate, rate: float, fleet: Fleet, n: 
 
 # Fields each probe sets from the search (see _at), and what decides them instead.
 _SEARCHED = {
-    "hardware": "give GPUs as plan.gpus",
+    "hardware.gpu": "give GPUs as plan.gpus",
+    "hardware.node": "probes run each GPU on its default node",
     "pools": "give GPUs as plan.gpus (plan.disaggregation for prefill/decode pools)",
     "parallelism.tp": "give degrees as plan.tp",
     "parallelism.pp": "give degrees as plan.pp",
