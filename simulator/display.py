@@ -59,11 +59,12 @@ def _breakdowns(summary: Mapping[str, Any]) -> list[str]:
     rows = []
     classes = summary.get("priority_classes", {})
     if classes:
-        rows.append(_row(["class", "arrived", "completed", "meets SLO",
+        rows.append(_row(["class", "arrived", "completed", "meets SLO arrived / completed",
                           "TTFT p99 ms", "TPOT p99 ms", "E2E p99 ms"], "th"))  # fmt: skip
     for name, c in classes.items():
         rows.append(_row([escape(name), f"{c['arrived']:,}", f"{c['completed']:,}",
-                          pct(c["slo_fraction"]), ms(c["ttft"]["p99"]),
+                          f"{pct(c['slo_fraction_of_arrived'])} / {pct(c['slo_fraction'])}",
+                          ms(c["ttft"]["p99"]),
                           ms(c["tpot"]["p99"]), ms(c["e2e"]["p99"])]))  # fmt: skip
     pools = summary.get("per_pool", {})
     if pools:

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hardware_models.errors import InfersimError
+from simulator.display import summary_html
 from simulator.engine.requests import Outcome, RejectReason, RequestTable
 from simulator.engine.step_cost import StepBound
 from simulator.metrics import (
@@ -407,6 +408,30 @@ def test_per_class_and_per_replica_blocks():
     table = summary_table(s)
     assert "class batch" in table
     assert "replica 1" in table
+
+
+def test_a_class_meets_its_slo_of_arrived_and_of_completed_requests():
+    """A class's rejected request is a miss of its arrivals, not of its completions: both
+    shares are given and the terminal row names which is which (as goodput does)."""
+    frame = requests(
+        3,
+        names=("interactive", "batch"),
+        priority_class=[0, 1, 1],
+        first_scheduled=[0, 0, 0],
+        first_token=[0.1, 0.2, 0.3],
+        last_token=[1, 2, 3],
+        finish=[1, 2, 3],
+        generated=[5, 5, 5],
+        outcome=[Outcome.COMPLETED, Outcome.COMPLETED, Outcome.REJECTED],
+    )
+    ctx = context(priority_names=("interactive", "batch"))
+    batch = summarize(frame, NO_STEPS, NO_ITL, ctx)["priority_classes"]["batch"]
+    assert (batch["arrived"], batch["completed"], batch["rejected"]) == (2, 1, 1)
+    assert batch["slo_fraction"] == 1.0 and batch["slo_fraction_of_arrived"] == 0.5
+    summary = summarize(frame, NO_STEPS, NO_ITL, ctx)
+    assert "meets SLO 50.0% of arrived, 100.0% of completed" in summary_table(summary)
+    html = summary_html(summary)
+    assert "meets SLO arrived / completed" in html and "50.0% / 100.0%" in html
 
 
 def test_single_class_single_replica_have_no_breakdown():

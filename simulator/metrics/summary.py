@@ -264,7 +264,8 @@ def _per_class(
             "arrived": int(mine.sum()),
             "completed": int(done.sum()),
             "rejected": int((masks["rejected"] & mine).sum()),
-            "slo_fraction": _ratio((ok & mine).sum(), done.sum()),
+            "slo_fraction": _ratio((ok & mine).sum(), done.sum()),  # of completed
+            "slo_fraction_of_arrived": _ratio((ok & mine).sum(), mine.sum()),
             **_latency_blocks(requests.rows(mine), done[mine]),
         }
     return blocks

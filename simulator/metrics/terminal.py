@@ -138,7 +138,8 @@ def summary_table(summary: Mapping[str, Any]) -> str:
     for name, block in summary.get("priority_classes", {}).items():
         lines.append(
             f"class {name}: arrived {block['arrived']:,}  completed {block['completed']:,}  "
-            f"meets SLO {pct(block['slo_fraction'])}"
+            f"meets SLO {pct(block['slo_fraction_of_arrived'])} of arrived, "
+            f"{pct(block['slo_fraction'])} of completed"
         )
         lines += _latency_table(block, ("ttft", "tpot", "e2e"), "  ")
     for name, p in summary.get("per_pool", {}).items():
