@@ -274,7 +274,8 @@ def test_a_probe_ended_within_its_ramp_is_run_past_it():
     over the ramp and then RAMPS_TO_JUDGE (3) ramps and 1,000 arrivals at least."""
     from simulator.planner import _requests_needed
 
-    ramp = {"verdict": "too_short_to_judge", "ramp_over": False, "from_s": 30.0, "arrivals": 0}
+    ramp = {"verdict": "too_short_to_judge", "ramp_over": False, "ramp_end_s": 30.0,
+            "arrivals": 1_200}  # fmt: skip
     summary = _summary("too_short_to_judge", 0.0, 0.1, 2.0, in_system=ramp)
     assert _requests_needed(summary, 10.0, 300) == 300 + 1_000
     assert _requests_needed(summary, 50.0, 300) == 4 * 1_500

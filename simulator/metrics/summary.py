@@ -200,7 +200,7 @@ def _load(requests: Table, masks: dict[str, np.ndarray], end: float) -> dict[str
 def _in_system_fields(trend: dict[str, Any] | None, judged: str | None) -> dict[str, Any]:
     """`load.in_system`: the trend's figures under names that do not say `waiting`."""
     names = {"waiting_first": "first", "waiting_last": "last", "queue_growth_per_s": "growth_per_s"}
-    fields = (*TREND_FIELDS, "from_s", "ramp_over", "arrivals")
+    fields = (*TREND_FIELDS, "ramp_end_s", "ramp_over")
     values = trend or dict.fromkeys(fields)
     return {names.get(k, k): values[k] for k in fields} | {"verdict": judged}
 
