@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
-from simulator.formatting import ms, num, pct, preemption_text, sig, slo_text, usd
+from simulator.formatting import fleet_text, ms, num, pct, preemption_text, sig, slo_text, usd
 from simulator.metrics.summary import PERCENTILES
 from simulator.provenance import header_lines
 
@@ -86,8 +86,7 @@ def summary_html(summary: Mapping[str, Any]) -> str:
     run = summary["run"]
     caption = (
         f"<b>{escape(str(run['scenario']))}</b> seed {run['seed']}, "
-        f"{run['duration_s']:,.1f} s simulated, {run['gpus']} x "
-        f"{escape('/'.join(run['gpu_types']))} in {run['replicas']} replica(s)"
+        f"{run['duration_s']:,.1f} s simulated, {escape(fleet_text(run))}"
     )
     parts = [f"<p>{caption}</p>"]
     if "configuration" in run:

@@ -365,7 +365,8 @@ def _per_replica(
     busy = totals.busy
     return [
         {
-            "replica": i,
+            "replica": i,  # the engine's index, as in the request and step tables
+            **({} if info.dp_rank is None else {"dp_rank": info.dp_rank}),
             "pool": info.pool,
             "gpu": info.gpu,
             "gpus": info.gpus,
@@ -381,19 +382,21 @@ def _per_replica(
 def _per_pool(replicas: list[dict[str, Any]], ctx: RunContext) -> dict[str, Any]:
     """Replica blocks summed by pool (a heterogeneous or disaggregated cluster)."""
     pools: dict[str, dict[str, Any]] = {}
+    engines: dict[str, int] = {}
     for block in replicas:
         pool = pools.setdefault(
             block["pool"],
             {"gpu": block["gpu"], "replicas": 0, "gpus": 0, "completed": 0,
              "requests_per_s": 0.0, "output_tokens_per_s": 0.0, "busy_fraction": 0.0},
         )  # fmt: skip
-        pool["replicas"] += 1
+        pool["replicas"] += not block.get("dp_rank")  # a dp group counts once
+        engines[block["pool"]] = engines.get(block["pool"], 0) + 1
         pool["gpus"] += block["gpus"]
         pool["completed"] += block["completed"]
         for key in ("requests_per_s", "output_tokens_per_s", "busy_fraction"):
             pool[key] += block[key] or 0.0
-    for pool in pools.values():
-        pool["busy_fraction"] /= pool["replicas"]
+    for name, pool in pools.items():
+        pool["busy_fraction"] /= engines[name]
     return pools if len(pools) > 1 else {}
 
 
@@ -459,11 +462,13 @@ def _run(ctx: RunContext, arrived: int) -> dict[str, Any]:
         "scenario": ctx.scenario,
         "seed": ctx.seed,
         "duration_s": ctx.duration_s,
-        "replicas": len(ctx.replicas),
+        "replicas": sum(not r.dp_rank for r in ctx.replicas),  # a dp rank's first or none
         "gpus": ctx.gpus,
         "gpu_types": sorted({r.gpu for r in ctx.replicas}),
         "calibrations": sorted({f"{r.gpu}: {r.calibration}" for r in ctx.replicas}),
     }
+    if ranks := sum(r.dp_rank is not None for r in ctx.replicas):
+        run["dp_ranks"] = ranks  # of all replicas; `replicas` counts each dp group once
     all_reduce = sorted({f"{r.gpu}: {r.all_reduce}" for r in ctx.replicas if r.all_reduce})
     if all_reduce:  # only tensor-parallel runs have all-reduces to tell of
         run["all_reduce"] = all_reduce
