@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
-from simulator.formatting import ms, num, pct, preemption_text, sig, slo_text, usd
+from simulator.formatting import fleet_text, ms, num, pct, preemption_text, sig, slo_text, usd
 from simulator.metrics.summary import PERCENTILES
 from simulator.provenance import header_lines
 
@@ -59,11 +59,12 @@ def _breakdowns(summary: Mapping[str, Any]) -> list[str]:
     rows = []
     classes = summary.get("priority_classes", {})
     if classes:
-        rows.append(_row(["class", "arrived", "completed", "meets SLO",
+        rows.append(_row(["class", "arrived", "completed", "meets SLO arrived / completed",
                           "TTFT p99 ms", "TPOT p99 ms", "E2E p99 ms"], "th"))  # fmt: skip
     for name, c in classes.items():
         rows.append(_row([escape(name), f"{c['arrived']:,}", f"{c['completed']:,}",
-                          pct(c["slo_fraction"]), ms(c["ttft"]["p99"]),
+                          f"{pct(c['slo_fraction_of_arrived'])} / {pct(c['slo_fraction'])}",
+                          ms(c["ttft"]["p99"]),
                           ms(c["tpot"]["p99"]), ms(c["e2e"]["p99"])]))  # fmt: skip
     pools = summary.get("per_pool", {})
     if pools:
@@ -85,8 +86,7 @@ def summary_html(summary: Mapping[str, Any]) -> str:
     run = summary["run"]
     caption = (
         f"<b>{escape(str(run['scenario']))}</b> seed {run['seed']}, "
-        f"{run['duration_s']:,.1f} s simulated, {run['gpus']} x "
-        f"{escape('/'.join(run['gpu_types']))} in {run['replicas']} replica(s)"
+        f"{run['duration_s']:,.1f} s simulated, {escape(fleet_text(run))}"
     )
     parts = [f"<p>{caption}</p>"]
     if "configuration" in run:

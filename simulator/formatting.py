@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 WIDTH = 100
@@ -48,6 +48,31 @@ def usd(x: float | None) -> str:
 def slo_text(slo: Mapping[str, float | None]) -> str:
     parts = [f"{k.removesuffix('_s')} <= {ms(v)} ms" for k, v in slo.items() if v is not None]
     return ", ".join(parts) or "none set"
+
+
+def fleet_text(run: Mapping[str, Any]) -> str:
+    """`16 x h100-sxm in 2 replicas`, `8 x h200-sxm in 1 replica of 8 dp ranks`: a dp rank
+    is one of the data-parallel ranks of a replica's engine (vLLM's DP), not a replica."""
+    n = run["replicas"]
+    ranks = f" of {run['dp_ranks']:,} dp ranks" if run.get("dp_ranks") else ""
+    return (
+        f"{run['gpus']} x {'/'.join(run['gpu_types'])} in {n:,} replica{'' if n == 1 else 's'}"
+        f"{ranks}"
+    )
+
+
+def engine_labels(blocks: Sequence[Mapping[str, Any]], replicas: int) -> list[str]:
+    """The `per_replica` rows' names: `replica 3`, or `rank 5` for a dp rank (`replica 1
+    rank 5` among several replicas, each replica counted from its rank 0)."""
+    labels, replica = [], -1
+    for block in blocks:
+        rank = block.get("dp_rank")
+        replica += not rank
+        if rank is None:
+            labels.append(f"replica {replica}")
+        else:
+            labels.append(f"rank {rank}" if replicas == 1 else f"replica {replica} rank {rank}")
+    return labels
 
 
 def preemption_text(kv: Mapping[str, Any]) -> str:

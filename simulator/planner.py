@@ -46,6 +46,7 @@ from simulator.metrics.overload import (
     MIN_IN_SYSTEM_ARRIVALS,
     RAMPS_TO_JUDGE,
     TOO_SHORT,
+    judged_long_enough,
     verdict,
 )
 from simulator.progress import Progress
@@ -116,7 +117,8 @@ def _at(scenario: Scenario, candidate: Candidate, rate: float, fleet: Fleet, n: 
 
 # Fields each probe sets from the search (see _at), and what decides them instead.
 _SEARCHED = {
-    "hardware": "give GPUs as plan.gpus",
+    "hardware.gpu": "give GPUs as plan.gpus",
+    "hardware.node": "probes run each GPU on its default node",
     "pools": "give GPUs as plan.gpus (plan.disaggregation for prefill/decode pools)",
     "parallelism.tp": "give degrees as plan.tp",
     "parallelism.pp": "give degrees as plan.pp",
@@ -197,12 +199,12 @@ def _requests_needed(summary: dict[str, Any], rate: float, n: int) -> int:
         return needed
     load, system = summary["load"], summary["load"]["in_system"]
     within_noise = [load] if load["unserved_share"] and verdict(load) == TOO_SHORT else []
-    if system["verdict"] == TOO_SHORT and system["arrivals"] >= MIN_IN_SYSTEM_ARRIVALS:
+    if system["verdict"] == TOO_SHORT and judged_long_enough(system):
         within_noise.append(system)
     elif system["verdict"] == TOO_SHORT:
         # arrivals over the ramp, then over RAMPS_TO_JUDGE ramps and MIN_IN_SYSTEM_ARRIVALS
         # (overload.in_system_verdict)
-        ramp = rate * system["from_s"]
+        ramp = rate * system["ramp_end_s"]
         after = max(RAMPS_TO_JUDGE * ramp, MIN_IN_SYSTEM_ARRIVALS)
         needed = max(needed, math.ceil(ramp + after))
     for trend in within_noise:

@@ -641,7 +641,7 @@ class _Run:
             )  # fmt: skip
             if rank == 0 or not pipelined:  # a pipelined replica's engines share one log
                 self.replicas.append(members[-1])
-                self.infos.append(info)
+                self.infos.append(replace(info, dp_rank=rank) if build.dp > 1 else info)
         if pipelined:
             assert shared_kv is not None
             layers = [len(stage) for stage in stage_layers(build.arch, pp)]

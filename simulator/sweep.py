@@ -70,6 +70,8 @@ _LATENCIES = ("ttft", "tpot", "itl", "e2e")
 # (column, path into the summary, scale): latencies in ms.
 METRICS: tuple[tuple[str, tuple[str, ...], float], ...] = (
     ("completed", ("counts", "completed"), 1),
+    ("failed", ("counts", "failed"), 1),
+    ("rejected", ("counts", "rejected"), 1),
     ("requests_per_s", ("throughput", "requests_per_s"), 1),
     ("output_tokens_per_s", ("throughput", "output_tokens_per_s"), 1),
     *(
@@ -77,7 +79,8 @@ METRICS: tuple[tuple[str, tuple[str, ...], float], ...] = (
         for name in _LATENCIES
         for p in ("p50", "p90", "p99")
     ),
-    ("goodput_fraction", ("goodput", "fraction"), 1),
+    ("goodput_fraction", ("goodput", "fraction"), 1),  # of completed requests
+    ("goodput_fraction_of_arrived", ("goodput", "fraction_of_arrived"), 1),
     ("preemptions", ("kv", "preemptions"), 1),
     ("kv_max_utilisation", ("kv", "max_utilisation"), 1),
     ("mfu", ("utilisation", "mfu"), 1),
@@ -86,7 +89,7 @@ METRICS: tuple[tuple[str, tuple[str, ...], float], ...] = (
     ("usd_per_million_output_tokens", ("cost", "usd_per_million_output_tokens"), 1),
     ("joules_per_output_token", ("energy", "joules_per_output_token"), 1),
 )
-_COUNTS = ("completed", "preemptions")
+_COUNTS = ("completed", "failed", "rejected", "preemptions")
 # The batch limits each point ran with, from its summary's provenance: unset, they are
 # vLLM's defaults for the point's GPU, so a sweep over GPUs runs each with its own.
 _RAN_WITH = ("provenance", "scenario", "serving")

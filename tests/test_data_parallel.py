@@ -220,3 +220,23 @@ def test_the_terminal_header_names_dp_and_ep():
               "activation_dtype": "bf16", "pools": pools, "policy": "chunked_prefill",
               "max_num_seqs": 32, "max_num_batched_tokens": 512, "load": "poisson"}  # fmt: skip
     assert "1 replica x 8 h200-sxm (tp=1 pp=1 dp=8 ep)" in header_lines(config)[0]
+
+
+def test_a_dp_rank_is_named_a_rank_of_its_replica_not_a_replica():
+    """vLLM's DP ranks are ranks of one engine: two replicas of dp 2 are 2 replicas of 4
+    dp ranks in the summary, the terminal rows and the notebook caption, as the header
+    (`2 replicas x 2 h100-sxm`) says; each rank's row keeps its engine's index."""
+    from simulator.display import summary_html
+    from simulator.metrics import summary_table
+
+    summary = _run(_scenario("llama-3.1-8b", replicas=2)).summary()
+    assert (summary["run"]["replicas"], summary["run"]["dp_ranks"]) == (2, 4)
+    rows = summary["per_replica"]
+    assert [(r["replica"], r["dp_rank"]) for r in rows] == [(0, 0), (1, 1), (2, 0), (3, 1)]
+    table = summary_table(summary)
+    assert "2 replicas x 2 h100-sxm (tp=1 pp=1 dp=2)" in table
+    assert "replica 1 rank 1 " in table and "replica 3" not in table
+    assert "4 x h100-sxm in 2 replicas of 4 dp ranks" in summary_html(summary)
+    one = _run(_scenario("llama-3.1-8b", dp=4)).summary()
+    assert (one["run"]["replicas"], one["run"]["dp_ranks"]) == (1, 4)
+    assert "rank 3 " in summary_table(one) and "replica 0" not in summary_table(one)

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hardware_models.errors import InfersimError
+from simulator.display import summary_html
 from simulator.engine.requests import Outcome, RejectReason, RequestTable
 from simulator.engine.step_cost import StepBound
 from simulator.metrics import (
@@ -384,18 +385,23 @@ def test_queue_full_rejections_mean_overload():
     assert "queue full" in s["overload_reason"]
 
 
-def test_per_class_and_per_replica_blocks():
-    frame = requests(
+def _two_classes(**columns) -> pd.DataFrame:
+    """One interactive request and two batch ones, finished at 1, 2 and 3 s."""
+    return requests(
         3,
         names=("interactive", "batch"),
         priority_class=[0, 1, 1],
         first_scheduled=[0, 0, 0],
         first_token=[0.1, 0.2, 0.3],
+        last_token=[1, 2, 3],
         finish=[1, 2, 3],
         generated=[5, 5, 5],
-        replica=[0, 1, 1],
-        outcome=Outcome.COMPLETED,
+        **columns,
     )
+
+
+def test_per_class_and_per_replica_blocks():
+    frame = _two_classes(replica=[0, 1, 1], outcome=Outcome.COMPLETED)
     ctx = context(duration=10.0, replicas=2, priority_names=("interactive", "batch"))
     s = summarize(frame, NO_STEPS, NO_ITL, ctx)
     classes = s["priority_classes"]
@@ -407,6 +413,19 @@ def test_per_class_and_per_replica_blocks():
     table = summary_table(s)
     assert "class batch" in table
     assert "replica 1" in table
+
+
+def test_a_class_meets_its_slo_of_arrived_and_of_completed_requests():
+    """A class's rejected request is a miss of its arrivals, not of its completions: both
+    shares are given and the terminal row names which is which (as goodput does)."""
+    frame = _two_classes(outcome=[Outcome.COMPLETED, Outcome.COMPLETED, Outcome.REJECTED])
+    summary = summarize(frame, NO_STEPS, NO_ITL, context(priority_names=("interactive", "batch")))
+    batch = summary["priority_classes"]["batch"]
+    assert (batch["arrived"], batch["completed"], batch["rejected"]) == (2, 1, 1)
+    assert batch["slo_fraction"] == 1.0 and batch["slo_fraction_of_arrived"] == 0.5
+    assert "meets SLO 50.0% of arrived, 100.0% of completed" in summary_table(summary)
+    html = summary_html(summary)
+    assert "meets SLO arrived / completed" in html and "50.0% / 100.0%" in html
 
 
 def test_single_class_single_replica_have_no_breakdown():

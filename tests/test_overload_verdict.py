@@ -24,6 +24,7 @@ from simulator.metrics.overload import (
     OVERLOADED,
     STABLE,
     TOO_SHORT,
+    WARMUP_SHARE,
     _median,
     in_system_trend,
     in_system_verdict,
@@ -265,6 +266,27 @@ def test_the_requests_in_the_system_tell_a_batch_that_keeps_growing():
     short = in_system_trend(arrival[:300], finish[:300])
     assert short is not None and not short["ramp_over"]
     assert in_system_verdict(short) == TOO_SHORT
+
+
+def test_the_in_system_block_describes_the_window_its_trend_covers():
+    """`from_s`, `arrivals` and `window_s` are those of the arrivals the trend was taken
+    over: after the ramp once it is over, after the warm-up (ramp included) before; the
+    ramp's end is `ramp_end_s` either way. A run ending within its ramp read `arrivals: 0`
+    and `from_s` the ramp's end while its figures covered the window from the warm-up."""
+    rng = np.random.default_rng(1)
+    arrival = np.cumsum(rng.exponential(0.1, 5000))
+    finish = arrival + rng.exponential(5.0, 5000)
+    for n, over in ((300, False), (5000, True)):
+        times, trend = arrival[:n], in_system_trend(arrival[:n], finish[:n])
+        assert trend is not None and trend["ramp_over"] is over
+        window = times[times >= trend["from_s"]]
+        assert trend["arrivals"] == len(window) > 0
+        assert trend["from_s"] + trend["window_s"] == pytest.approx(times[-1])
+        if over:
+            assert len(window) == np.count_nonzero(times >= trend["ramp_end_s"])
+        else:
+            assert trend["from_s"] < trend["ramp_end_s"]
+            assert trend["arrivals"] == n - int(n * WARMUP_SHARE)
 
 
 def test_the_ramp_ends_when_the_first_arrivals_have_spent_95_percent_of_their_time():

@@ -13,7 +13,7 @@ import yaml
 from hardware_models.errors import InfersimError
 from hardware_models.presets import load_gpu
 from simulator.cli.main import main
-from simulator.planner import plan_capacity
+from simulator.planner import Candidate, _at, _check_overrides, plan_capacity
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
 from tests.conftest import scenario_dict
@@ -99,6 +99,19 @@ def test_plan_refuses_a_set_its_search_would_replace(make_scenario, item, needle
         plan_capacity(scenario, workers=1)
     with pytest.raises(InfersimError, match=re.escape(needle)):
         plan_capacity(scenario, workers=1)
+
+
+def test_plan_keeps_a_set_of_the_hardware_fields_its_probes_keep(make_scenario):
+    """Probes replace hardware.gpu and hardware.node only: a --set of the calibration is
+    carried to every probe, not refused; a whole hardware section still is."""
+    scenario = _plan_scenario(make_scenario, gpus=["l4"], tp=[1])
+    scenario = scenario.with_overrides(["hardware.calibration=none"])
+    _check_overrides(scenario)
+    probe = _at(scenario, Candidate("l4", 1, 1, "chunked_prefill"), 1.0, 1, 10)
+    assert probe.hardware.calibration == "none" and probe.hardware.gpu == "l4"
+    for item in ("hardware.node=dgx-h100", "hardware={gpu: h100-sxm}"):
+        with pytest.raises(InfersimError, match="every probe sets hardware"):
+            _check_overrides(scenario.with_overrides([item]))
 
 
 def _check_fleet(scenario, row, rate: float) -> dict:
@@ -281,7 +294,8 @@ def test_a_probe_ended_within_its_ramp_is_run_past_it():
     over the ramp and then RAMPS_TO_JUDGE (3) ramps and 1,000 arrivals at least."""
     from simulator.planner import _requests_needed
 
-    ramp = {"verdict": "too_short_to_judge", "ramp_over": False, "from_s": 30.0, "arrivals": 0}
+    ramp = {"verdict": "too_short_to_judge", "ramp_over": False, "ramp_end_s": 30.0,
+            "arrivals": 1_200}  # fmt: skip
     summary = _summary("too_short_to_judge", 0.0, 0.1, 2.0, in_system=ramp)
     assert _requests_needed(summary, 10.0, 300) == 300 + 1_000
     assert _requests_needed(summary, 50.0, 300) == 4 * 1_500

@@ -568,10 +568,11 @@ def test_model_from_a_config_json(tmp_path, capsys):
     assert by_path == written(tmp_path / "c")["latency"]  # the same shapes, the same replay
 
 
-def _simulated_bench_json(tmp_path: Path, capsys) -> Path:
+def _simulated_bench_json(tmp_path: Path, capsys, **serving: Any) -> Path:
     """`infersim run --bench-json` of the shared test scenario at 60 requests."""
     scenario = tmp_path / "s.yaml"
-    scenario.write_text(json.dumps(scenario_dict(workload={"num_requests": 60})))
+    sections = {"workload": {"num_requests": 60}, "serving": serving}
+    scenario.write_text(json.dumps(scenario_dict(**sections)))
     bench = tmp_path / "bench.json"
     args = ["run", str(scenario), "-o", str(tmp_path / "run"), "--quiet", "--no-plots"]
     assert main([*args, "--bench-json", str(bench)]) == 0
@@ -615,6 +616,27 @@ def test_a_simulated_bench_json_carries_its_engine_settings(tmp_path, capsys):
     assert code == 0, err
     assert "engine settings: the simulated run's own" in out
     assert "assumed" not in out  # no vLLM default stood in for a setting
+    rows = written(tmp_path / "out")["latency"]
+    assert all(
+        r["error_pct"] == pytest.approx(0, abs=1e-9) for r in rows if r["error_pct"] is not None
+    )
+
+
+def test_a_simulated_bench_json_with_vllm_default_batch_limits_replays_alone(tmp_path, capsys):
+    """A run leaving max_num_seqs and max_num_batched_tokens to vLLM's defaults records the
+    values it resolved and the vLLM release it emulates, so its bench JSON replays with no
+    --vllm-version; the replay says its latencies are simulated, not a client's."""
+    bench = _simulated_bench_json(tmp_path, capsys, max_num_seqs=None, max_num_batched_tokens=None)
+    meta = json.loads(bench.read_text())["infersim_meta"]
+    provenance = json.loads((tmp_path / "run" / "summary.json").read_text())["provenance"]
+    resolved = provenance["scenario"]["serving"]
+    for name in ("max_num_seqs", "max_num_batched_tokens"):
+        assert meta["engine_kwargs"][name] == resolved[name] is not None
+    assert meta["vllm_version"] == "0.19.0"
+    code, out, err = replay(capsys, str(bench), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    assert "infersim-simulated vLLM bench serve JSON" in out
+    assert "latencies as infersim simulated them" in out and "client measured" not in out
     rows = written(tmp_path / "out")["latency"]
     assert all(
         r["error_pct"] == pytest.approx(0, abs=1e-9) for r in rows if r["error_pct"] is not None

@@ -296,19 +296,31 @@ def test_cli_compare_files_and_variants(tmp_path, capsys):
     assert "two or more runs" in capsys.readouterr().err
 
 
-def test_each_point_records_the_sweeps_set_overrides_and_its_overload_verdict(tmp_path):
+def test_each_point_records_the_sweeps_set_overrides_and_its_overload_verdict(tmp_path, capsys):
+    """... and the table holds each point's SLO share of arrived requests (as run and
+    compare show it) beside that of completed ones, and its failed and rejected counts."""
     path, out = write(tmp_path, tiny({"serving.max_num_seqs": [4, 32]})), tmp_path / "out"
     argv = ["sweep", str(path), "-o", str(out), "--workers", "1", "--quiet", "--no-plots"]
     assert main([*argv, "--set", "seed=7"]) == 0
-    verdicts = {}
+    verdicts, arrived = {}, {}
     for record in point_files(out).values():
         provenance = record["summary"]["provenance"]
         assert provenance["overrides"] == ["seed=7", "output.plots=false"]
         assert provenance["scenario"]["seed"] == 7
         verdicts[record["name"]] = record["summary"]["overload_verdict"]
+        counts, goodput = record["summary"]["counts"], record["summary"]["goodput"]
+        arrived[record["name"]] = (
+            goodput["fraction_of_arrived"],
+            counts["failed"],
+            counts["rejected"],
+        )
     table = pd.read_parquet(out / "sweep.parquet")
     assert "overload_verdict" in table  # None here: 30 arrivals are too few for a trend
     assert dict(zip(table["name"], table["overload_verdict"], strict=True)) == verdicts
+    columns = ["goodput_fraction_of_arrived", "failed", "rejected"]
+    assert {n: tuple(r) for n, *r in table[["name", *columns]].itertuples(index=False)} == (arrived)
+    shown = capsys.readouterr().out
+    assert all(label in shown for label in ("SLO met/arrived", "SLO met/done", "rejected"))
 
 
 def test_a_set_of_a_swept_field_is_refused_not_overridden_by_the_grid(tmp_path):

@@ -25,6 +25,7 @@ from hardware_models.presets import load_gpu
 from simulator.formats import vllm_bench_keys as key
 from simulator.metrics.summary import weighted_percentile
 from simulator.metrics.table import Table, as_table
+from simulator.vllm_defaults import EMULATED_VLLM_VERSION
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 SETUP_KEYS = (
     "date",
     "endpoint_type",
-    "backend",
+    key.BACKEND,
     "label",
     key.MODEL_ID,
     "tokenizer_id",
@@ -106,8 +107,8 @@ def bench_result(results: Results, *, date: datetime.datetime | None = None) -> 
     total_output = int(generated.sum())
     setup = {
         "date": (date or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S"),
-        "endpoint_type": "infersim",
-        "backend": "infersim",
+        "endpoint_type": key.INFERSIM_BACKEND,
+        key.BACKEND: key.INFERSIM_BACKEND,
         "label": scenario.name,
         key.MODEL_ID: scenario.model.name,
         "tokenizer_id": scenario.model.name,
@@ -164,7 +165,8 @@ def engine_meta(results: Results) -> dict[str, Any] | None:
         or serving.policy not in ("chunked_prefill", "continuous")
     ):
         return None
-    model = (results.context.provenance or {}).get("scenario", {}).get("model", {})
+    resolved = (results.context.provenance or {}).get("scenario", {})
+    model, served = resolved.get("model", {}), resolved.get("serving", {})
     weights = model.get("weight_dtype") or scenario.model.weight_dtype
     activation = scenario.model.activation_dtype
     kwargs = {
@@ -174,8 +176,11 @@ def engine_meta(results: Results) -> dict[str, Any] | None:
         "enable_expert_parallel": bool(par.enable_expert_parallel),
         "disable_custom_all_reduce": bool(par.disable_custom_all_reduce),
         "enable_chunked_prefill": serving.policy == "chunked_prefill",
-        "max_num_seqs": serving.max_num_seqs,
-        "max_num_batched_tokens": serving.max_num_batched_tokens,
+        # the values the run used: vLLM's defaults where the scenario left them unset
+        "max_num_seqs": served.get("max_num_seqs") or serving.max_num_seqs,
+        "max_num_batched_tokens": (
+            served.get("max_num_batched_tokens") or serving.max_num_batched_tokens
+        ),
         "block_size": serving.block_size,
         "gpu_memory_utilization": serving.gpu_memory_utilization,
         "enable_prefix_caching": serving.enable_prefix_caching,
@@ -188,7 +193,11 @@ def engine_meta(results: Results) -> dict[str, Any] | None:
         # vLLM's --quantization: none for a model served in its activation type
         "quantization": None if weights in (None, activation) else str(weights),
     }
-    meta: dict[str, Any] = {"engine_kwargs": {k: v for k, v in kwargs.items() if v is not None}}
+    meta: dict[str, Any] = {
+        "engine_kwargs": {k: v for k, v in kwargs.items() if v is not None},
+        # whose defaults the replay gives the settings left out (max_model_len, ...)
+        "vllm_version": ".".join(map(str, EMULATED_VLLM_VERSION)),
+    }
     with contextlib.suppress(InfersimError):  # a GPU from a YAML file: replay asks for --gpu
         meta["hardware"] = {"device_name": load_gpu(results.context.replicas[0].gpu).display_name}
     return meta

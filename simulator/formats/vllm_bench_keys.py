@@ -16,11 +16,15 @@ REQUEST_RATE = "request_rate"  # a number, or the string "inf"
 BURSTINESS = "burstiness"
 MAX_CONCURRENCY = "max_concurrency"
 RAMP_UP_STRATEGY = "ramp_up_strategy"
+BACKEND = "backend"
+INFERSIM_BACKEND = "infersim"
+"""The `backend` (and `endpoint_type`) infersim writes: the file's latencies are simulated."""
 SEED = "seed"  # not written by vLLM itself; present when passed with --metadata seed=N
 INFERSIM_META = "infersim_meta"
 """infersim's own addition, as vLLM's --metadata adds keys: the simulated engine's settings
 shaped as a run folder's meta.json (`engine_kwargs` by vLLM's argument names,
-`hardware.device_name`), so a replay of the file runs with them, not vLLM's defaults."""
+`hardware.device_name`, and `vllm_version`, the release whose defaults the run resolved
+unset settings as), so a replay of the file runs with them, not vLLM's defaults."""
 
 DETAILED = (INPUT_LENS, OUTPUT_LENS, TTFTS, ITLS)
 """The lists a replay needs: present only when the run was saved with --save-detailed."""

@@ -19,7 +19,8 @@ class SLO:
 
 @dataclass(frozen=True, slots=True)
 class ReplicaInfo:
-    """One replica: its GPUs and the peaks and prices they bring."""
+    """One replica, or one dp rank of one (`dp_rank`): its GPUs and the peaks and prices
+    they bring."""
 
     gpu: str
     gpus: int
@@ -34,6 +35,9 @@ class ReplicaInfo:
     max_num_seqs: float = math.inf  # sequences per step or batch (serving.max_num_seqs)
     calibration: str = "none"  # the profile its GPU runs with, and why (calibration_lookup)
     all_reduce: str | None = None  # which backend its tp all-reduces take (None: tp = 1)
+    # Its rank among its replica's attention data-parallel ranks (vLLM's DP ranks of one
+    # engine, each with its own scheduler); None where the replica has one (dp = 1).
+    dp_rank: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

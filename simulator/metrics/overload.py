@@ -64,6 +64,8 @@ RAMPS_TO_JUDGE = 3  # the in-system count is judged over at least 3 ramps' time 
 MIN_IN_SYSTEM_ARRIVALS = 1000  # and called overloaded from at least 1,000 arrivals after it
 STABLE, OVERLOADED, TOO_SHORT = "stable", "overloaded", "too_short_to_judge"
 TREND_FIELDS = (  # the keys of queue_trend's dict
+    "from_s",
+    "arrivals",
     "window_s",
     "offered_requests_per_s",
     "waiting_first",
@@ -153,6 +155,8 @@ def queue_trend(
     growth = _theil_sen(t, w)
     cv = arrival_cv(times)
     return {
+        "from_s": float(times[0]),  # the window's first arrival
+        "arrivals": len(times),  # the window's arrivals
         "window_s": window,
         "offered_requests_per_s": offered,
         "waiting_first": float(w[0]),
@@ -207,12 +211,13 @@ def ramp_end(arrival: np.ndarray, finish: np.ndarray) -> float:
 
 def in_system_trend(arrival: np.ndarray, finish: np.ndarray) -> dict[str, Any] | None:
     """The trend of the requests in the system (arrived, not finished: waiting and running)
-    over the `arrivals` after its ramp (from `from_s`; `ramp_over` True). The count keeps a
-    burst (or a run of long requests) for a time in system, so the window must span
-    RAMPS_TO_JUDGE ramps (each about a time in system) for its blocks to be more than one
-    fluctuation; where it is shorter, or under MIN_ARRIVALS arrive after the ramp, the
-    trend is taken over the arrivals after the warm-up, ramp included (`ramp_over` False).
-    None with too few arrivals."""
+    over the arrivals after its ramp (which ends at `ramp_end_s`; `ramp_over` True). The
+    count keeps a burst (or a run of long requests) for a time in system, so the window
+    must span RAMPS_TO_JUDGE ramps (each about a time in system) for its blocks to be more
+    than one fluctuation; where it is shorter, or under MIN_ARRIVALS arrive after the ramp,
+    the trend is taken over the arrivals after the warm-up, ramp included (`ramp_over`
+    False). Either way its `from_s` and `arrivals` are those of the window its figures
+    cover. None with too few arrivals."""
     if len(arrival) < MIN_ARRIVALS:
         return None
     start = ramp_end(arrival, finish)
@@ -220,11 +225,10 @@ def in_system_trend(arrival: np.ndarray, finish: np.ndarray) -> dict[str, Any] |
     ramp_over = trend is not None and trend["window_s"] >= RAMPS_TO_JUDGE * (
         start - float(arrival.min())
     )
-    after = int(np.count_nonzero(arrival >= start)) if ramp_over else 0
     trend = trend if ramp_over else queue_trend(arrival, finish)
     if trend is None:
         return None
-    return {**trend, "from_s": start, "ramp_over": ramp_over, "arrivals": after}
+    return {**trend, "ramp_end_s": start, "ramp_over": ramp_over}
 
 
 def in_system_verdict(trend: dict[str, Any]) -> str:
@@ -236,7 +240,13 @@ def in_system_verdict(trend: dict[str, Any]) -> str:
     judged = verdict(trend)
     if judged == STABLE:
         return STABLE
-    return judged if trend["arrivals"] >= MIN_IN_SYSTEM_ARRIVALS else TOO_SHORT
+    return judged if judged_long_enough(trend) else TOO_SHORT
+
+
+def judged_long_enough(trend: dict[str, Any]) -> bool:
+    """An in-system trend over RAMPS_TO_JUDGE ramps and MIN_IN_SYSTEM_ARRIVALS arrivals
+    after its ramp: long enough to call a rise overload."""
+    return bool(trend["ramp_over"]) and trend["arrivals"] >= MIN_IN_SYSTEM_ARRIVALS
 
 
 def worst(*verdicts: str | None) -> str | None:
@@ -272,12 +282,12 @@ def too_short_text(trend: dict[str, Any], what: str = WAITING) -> str:
         f"too short to judge overload: {what} rose from {trend['waiting_first']:,.0f} "
         f"to {trend['waiting_last']:,.0f} requests"
     )
-    if "arrivals" in trend and trend["arrivals"] < MIN_IN_SYSTEM_ARRIVALS:
+    if "ramp_over" in trend and not judged_long_enough(trend):
         return (
             f"{head}, as a stable system's do while it fills up (or swings near capacity): "
             f"its first {WARMUP_SHARE:.0%} of arrivals were through only at "
-            f"{trend['from_s']:,.0f} s, and a verdict needs {RAMPS_TO_JUDGE} times that long of "
-            f"arrivals after it, {MIN_IN_SYSTEM_ARRIVALS:,} at least; run more requests"
+            f"{trend['ramp_end_s']:,.0f} s, and a verdict needs {RAMPS_TO_JUDGE} times that "
+            f"long of arrivals after it, {MIN_IN_SYSTEM_ARRIVALS:,} at least; run more requests"
         )
     return (
         f"{head}, within the noise of arrivals this bursty "

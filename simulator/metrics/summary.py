@@ -200,7 +200,7 @@ def _load(requests: Table, masks: dict[str, np.ndarray], end: float) -> dict[str
 def _in_system_fields(trend: dict[str, Any] | None, judged: str | None) -> dict[str, Any]:
     """`load.in_system`: the trend's figures under names that do not say `waiting`."""
     names = {"waiting_first": "first", "waiting_last": "last", "queue_growth_per_s": "growth_per_s"}
-    fields = (*TREND_FIELDS, "from_s", "ramp_over", "arrivals")
+    fields = (*TREND_FIELDS, "ramp_end_s", "ramp_over")
     values = trend or dict.fromkeys(fields)
     return {names.get(k, k): values[k] for k in fields} | {"verdict": judged}
 
@@ -264,7 +264,8 @@ def _per_class(
             "arrived": int(mine.sum()),
             "completed": int(done.sum()),
             "rejected": int((masks["rejected"] & mine).sum()),
-            "slo_fraction": _ratio((ok & mine).sum(), done.sum()),
+            "slo_fraction": _ratio((ok & mine).sum(), done.sum()),  # of completed
+            "slo_fraction_of_arrived": _ratio((ok & mine).sum(), mine.sum()),
             **_latency_blocks(requests.rows(mine), done[mine]),
         }
     return blocks
@@ -364,7 +365,8 @@ def _per_replica(
     busy = totals.busy
     return [
         {
-            "replica": i,
+            "replica": i,  # the engine's index, as in the request and step tables
+            **({} if info.dp_rank is None else {"dp_rank": info.dp_rank}),
             "pool": info.pool,
             "gpu": info.gpu,
             "gpus": info.gpus,
@@ -380,19 +382,21 @@ def _per_replica(
 def _per_pool(replicas: list[dict[str, Any]], ctx: RunContext) -> dict[str, Any]:
     """Replica blocks summed by pool (a heterogeneous or disaggregated cluster)."""
     pools: dict[str, dict[str, Any]] = {}
+    engines: dict[str, int] = {}
     for block in replicas:
         pool = pools.setdefault(
             block["pool"],
             {"gpu": block["gpu"], "replicas": 0, "gpus": 0, "completed": 0,
              "requests_per_s": 0.0, "output_tokens_per_s": 0.0, "busy_fraction": 0.0},
         )  # fmt: skip
-        pool["replicas"] += 1
+        pool["replicas"] += not block.get("dp_rank")  # a dp group counts once
+        engines[block["pool"]] = engines.get(block["pool"], 0) + 1
         pool["gpus"] += block["gpus"]
         pool["completed"] += block["completed"]
         for key in ("requests_per_s", "output_tokens_per_s", "busy_fraction"):
             pool[key] += block[key] or 0.0
-    for pool in pools.values():
-        pool["busy_fraction"] /= pool["replicas"]
+    for name, pool in pools.items():
+        pool["busy_fraction"] /= engines[name]
     return pools if len(pools) > 1 else {}
 
 
@@ -458,11 +462,13 @@ def _run(ctx: RunContext, arrived: int) -> dict[str, Any]:
         "scenario": ctx.scenario,
         "seed": ctx.seed,
         "duration_s": ctx.duration_s,
-        "replicas": len(ctx.replicas),
+        "replicas": sum(not r.dp_rank for r in ctx.replicas),  # a dp rank's first or none
         "gpus": ctx.gpus,
         "gpu_types": sorted({r.gpu for r in ctx.replicas}),
         "calibrations": sorted({f"{r.gpu}: {r.calibration}" for r in ctx.replicas}),
     }
+    if ranks := sum(r.dp_rank is not None for r in ctx.replicas):
+        run["dp_ranks"] = ranks  # of all replicas; `replicas` counts each dp group once
     all_reduce = sorted({f"{r.gpu}: {r.all_reduce}" for r in ctx.replicas if r.all_reduce})
     if all_reduce:  # only tensor-parallel runs have all-reduces to tell of
         run["all_reduce"] = all_reduce

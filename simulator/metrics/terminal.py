@@ -6,7 +6,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from simulator.formatting import ms, num, pct, preemption_text, sig, slo_text, usd, wrapped
+from simulator.formatting import (
+    engine_labels,
+    fleet_text,
+    ms,
+    num,
+    pct,
+    preemption_text,
+    sig,
+    slo_text,
+    usd,
+    wrapped,
+)
 from simulator.metrics.overload import TOO_SHORT
 from simulator.metrics.summary import PERCENTILES
 from simulator.provenance import header_lines
@@ -40,7 +51,7 @@ def _header(summary: Mapping[str, Any]) -> list[str]:
         for text in header_lines(run["configuration"]):
             lines += wrapped(text, "  ", "    ")
         return lines
-    return [f"{head}  {run['gpus']} x {'/'.join(run['gpu_types'])} in {run['replicas']} replica(s)"]
+    return [f"{head}  {fleet_text(run)}"]
 
 
 def _throughput(t: Mapping[str, Any]) -> list[str]:
@@ -138,7 +149,8 @@ def summary_table(summary: Mapping[str, Any]) -> str:
     for name, block in summary.get("priority_classes", {}).items():
         lines.append(
             f"class {name}: arrived {block['arrived']:,}  completed {block['completed']:,}  "
-            f"meets SLO {pct(block['slo_fraction'])}"
+            f"meets SLO {pct(block['slo_fraction_of_arrived'])} of arrived, "
+            f"{pct(block['slo_fraction'])} of completed"
         )
         lines += _latency_table(block, ("ttft", "tpot", "e2e"), "  ")
     for name, p in summary.get("per_pool", {}).items():
@@ -148,9 +160,12 @@ def summary_table(summary: Mapping[str, Any]) -> str:
             f"{num(p['output_tokens_per_s'], ',.0f')} tok/s  busy {pct(p['busy_fraction'])}"
         )
     replicas = summary.get("per_replica", [])
-    for r in replicas if len(replicas) <= MAX_REPLICA_LINES else []:
+    shown = replicas if len(replicas) <= MAX_REPLICA_LINES else []
+    labels = engine_labels(shown, summary["run"]["replicas"])
+    width = max([11, *map(len, labels)])  # `replica 12 ` as it was before dp ranks
+    for r, label in zip(shown, labels, strict=True):
         lines.append(
-            f"replica {r['replica']:<3} {r['gpus']} x {r['gpu']}  completed {r['completed']:,}  "
+            f"{label:<{width}} {r['gpus']} x {r['gpu']}  completed {r['completed']:,}  "
             f"{sig(r['requests_per_s'])} req/s  "
             f"{num(r['output_tokens_per_s'], ',.0f')} tok/s  busy {pct(r['busy_fraction'])}"
         )

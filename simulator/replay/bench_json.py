@@ -145,9 +145,13 @@ def read_bench_json(path: Path) -> MeasuredRun:
         raise InfersimError(f"{path}: every request failed (see 'errors')")
     requests = pd.DataFrame(rows, columns=["arrival", "prompt", "output", "ttft", "tpot", "e2e"])
     requests["arrival"] -= requests["arrival"].min()
+    simulated = data.get(key.BACKEND) == key.INFERSIM_BACKEND
     notes = [
         arrival_note,
-        "latencies as the client measured them: HTTP, tokenisation and streaming "
+        "latencies as infersim simulated them (written by `infersim run --bench-json`): "
+        "the engine alone, no HTTP, tokenisation or streaming, on both sides"
+        if simulated
+        else "latencies as the client measured them: HTTP, tokenisation and streaming "
         "included, which infersim (the engine alone) does not model",
         "prefix reuse: the file records lengths, not prompts, so the replayed prompts share "
         "no prefix; any prefix-cache hits the server had are not rebuilt",
@@ -162,12 +166,18 @@ def read_bench_json(path: Path) -> MeasuredRun:
             f"engine settings: the simulated run's own ({key.INFERSIM_META}, written by "
             "`infersim run --bench-json`)"
         )
+    version = meta.get("vllm_version")
+    if version is not None and not isinstance(version, str):
+        raise InfersimError(
+            f"{path}: {key.INFERSIM_META}.vllm_version must be a version text, got {version!r}"
+        )
     itl = pd.DataFrame({"seconds": np.asarray(gaps, np.float64), "weight": 1.0})
     return MeasuredRun(
         source=path,
-        kind="vLLM bench serve JSON",
+        kind="infersim-simulated vLLM bench serve JSON" if simulated else "vLLM bench serve JSON",
         requests=requests.sort_values("arrival", kind="stable", ignore_index=True),
         model=data.get(key.MODEL_ID),
+        vllm_version=version,
         meta=meta,
         itl=itl,
         itl_mean=float(np.mean(gaps)) if gaps else None,
