@@ -53,7 +53,10 @@ class StepLog:
         self.replica = replica
         self.totals, self._now, self._keep = totals, now, keep_rows
         self._gaps_final = gaps_final
-        self.steps = ColumnStore(STEP_COLUMNS, CHUNK_ROWS, on_full=self._fold_steps)
+        # A fold takes whole chunks: an eighth of one more is room for the steps still in
+        # flight when a chunk's last step ends, so the buffer seldom has to grow.
+        capacity = CHUNK_ROWS + CHUNK_ROWS // 8
+        self.steps = ColumnStore(STEP_COLUMNS, capacity, on_full=self._fold_steps)
         # ITL samples as (seconds, how many tokens saw that gap): a decode step of n
         # sequences is one value with weight n, so storage grows with steps, not tokens.
         fold_gaps = None if keep_rows else self._fold_gaps
