@@ -5,8 +5,8 @@ change (those that ended by the SimPy clock: a failure later cuts only steps sti
 flight) are folded into the replica's StepTotals in whole chunks of CHUNK_ROWS rows
 counted from the replica's first step (so the float sums depend on the rows alone, not
 on when a fold happened), and kept as table rows only when the scenario asks for a
-step table. Without one, inter-token gaps are folded into a log
-histogram too, so memory stays bounded however long the run.
+step table. Without one, inter-token gaps are folded into a log histogram too, so
+memory stays bounded however long the run.
 """
 
 from __future__ import annotations
