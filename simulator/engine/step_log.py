@@ -2,9 +2,11 @@
 
 Steps go into a small columnar buffer; whenever it fills, the steps that can no longer
 change (those that ended by the SimPy clock: a failure later cuts only steps still in
-flight) are folded into the replica's StepTotals, and kept as table rows only when the
-scenario asks for a step table. Without one, inter-token gaps are folded into a log
-histogram too, so memory stays bounded however long the run.
+flight) are folded into the replica's StepTotals in whole chunks of CHUNK_ROWS rows
+counted from the replica's first step (so the float sums depend on the rows alone, not
+on when a fold happened), and kept as table rows only when the scenario asks for a
+step table. Without one, inter-token gaps are folded into a log histogram too, so
+memory stays bounded however long the run.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ STEP_COLUMNS = {
     "replica": "i4",
 }
 GAP_COLUMNS = {"seconds": "f8", "weight": "i4"}
-CHUNK_ROWS = 8192  # rows buffered per replica between folds
+CHUNK_ROWS = 8192  # rows per fold: step rows are folded in chunks of this many
 
 
 class StepLog:
@@ -51,7 +53,10 @@ class StepLog:
         self.replica = replica
         self.totals, self._now, self._keep = totals, now, keep_rows
         self._gaps_final = gaps_final
-        self.steps = ColumnStore(STEP_COLUMNS, CHUNK_ROWS, on_full=self._fold_steps)
+        # A fold takes whole chunks: an eighth of one more is room for the steps still in
+        # flight when a chunk's last step ends, so the buffer seldom has to grow.
+        capacity = CHUNK_ROWS + CHUNK_ROWS // 8
+        self.steps = ColumnStore(STEP_COLUMNS, capacity, on_full=self._fold_steps)
         # ITL samples as (seconds, how many tokens saw that gap): a decode step of n
         # sequences is one value with weight n, so storage grows with steps, not tokens.
         fold_gaps = None if keep_rows else self._fold_gaps
@@ -139,18 +144,24 @@ class StepLog:
 
     # ---- folding ----------------------------------------------------------------------------
     def _fold_steps(self) -> None:
-        """Fold the buffered steps that ended by the SimPy clock."""
+        """Fold the whole chunks of buffered steps that ended by the SimPy clock. A chunk
+        still holding a step in flight waits (the buffer grows): how many steps had ended
+        depends on when this runs (multi-step or not), where the chunks fall must not."""
         rows = self.steps.rows()
         ends = rows["start"] + rows["duration"]
         done = int(np.searchsorted(ends, self._now(), side="right"))
+        done -= done % CHUNK_ROWS
         if done:
             self._take(self.steps.drain(done))
             self._folded[0] += done
 
     def _take(self, rows: np.ndarray) -> None:
-        self.totals.fold(rows, replica=0)
-        if self._keep:
-            self._kept_steps.append(rows)
+        """Fold `rows` (which start a chunk) one chunk at a time."""
+        for first in range(0, max(len(rows), 1), CHUNK_ROWS):
+            chunk = rows[first : first + CHUNK_ROWS]
+            self.totals.fold(chunk, replica=0)
+            if self._keep:
+                self._kept_steps.append(chunk)
 
     def _fold_gaps(self) -> None:
         done = self.itl.size if self._gaps_final else self._gap_mark - self._folded[1]
