@@ -2,12 +2,13 @@
 Vidur users open to see a simulated engine step by step.
 
 One process per replica, or per dp rank of one, named as the summary's rows are
-(`replica 2`, `replica 1 rank 3`: formatting.engine_labels). Its thread 0 holds the engine steps as complete events ("X",
-named prefill, decode or mixed, with batch size, token and KV counts as arguments) and
-counters ("C") for the batch (prefill and decode tokens, batch size) and KV blocks in
-use. The requests it served are on the following threads, each a lane of requests that
-do not overlap in time: per request a `queued`, `prefill` and `decode` slice. Times are
-microseconds of simulated time, as the format wants. A request shows on the replica that
+(`replica 2`, `replica 1 rank 3`: formatting.engine_labels). Its thread 0 holds the
+engine steps as complete events ("X", named prefill, decode or mixed, with batch size,
+token and KV counts as arguments) and counters ("C") for the batch (prefill and decode
+tokens, batch size) and KV blocks in use. The requests it served are on the following
+threads, each a lane of requests that do not overlap in time: per request a `queued`,
+`prefill` and `decode` slice. Times are microseconds of simulated time, as the format
+wants. A request shows on the replica that
 finished it (in a disaggregated cluster, its decode replica; after a failure, the one
 that retried it).
 
