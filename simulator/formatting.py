@@ -61,12 +61,13 @@ def fleet_text(run: Mapping[str, Any]) -> str:
     )
 
 
-def engine_labels(blocks: Sequence[Mapping[str, Any]], replicas: int) -> list[str]:
-    """The `per_replica` rows' names: `replica 3`, or `rank 5` for a dp rank (`replica 1
-    rank 5` among several replicas, each replica counted from its rank 0)."""
+def engine_labels(dp_ranks: Sequence[int | None]) -> list[str]:
+    """The engines' names, one per `per_replica` row (its `dp_rank`, None where the replica
+    has one engine): `replica 3`, or `rank 5` for a dp rank (`replica 1 rank 5` among
+    several replicas, each replica counted from its rank 0)."""
     labels, replica = [], -1
-    for block in blocks:
-        rank = block.get("dp_rank")
+    replicas = sum(not rank for rank in dp_ranks)
+    for rank in dp_ranks:
         replica += not rank
         if rank is None:
             labels.append(f"replica {replica}")

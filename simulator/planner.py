@@ -51,7 +51,7 @@ from simulator.metrics.overload import (
 )
 from simulator.progress import Progress
 from simulator.scenario import BATCH_LIMITS, PlanSection, Scenario, fields_overlap, override_key
-from simulator.sweep import JobError, run_parallel
+from simulator.sweep import JobError, run_parallel, warn_named, warning_texts
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -76,6 +76,12 @@ class Candidate:
     tp: int
     pp: int
     policy: str
+
+    @property
+    def name(self) -> str:
+        """`h100-sxm tp4 continuous`, `h100-sxm tp4 pp2 static`: how its warnings name it."""
+        pp = f" pp{self.pp}" if self.pp > 1 else ""
+        return f"{self.gpu} tp{self.tp}{pp} {self.policy}"
 
 
 def _base_rate(scenario: Scenario) -> float:
@@ -395,9 +401,20 @@ def candidates(plan: PlanSection) -> list[Candidate]:
     ]
 
 
-def _evaluate_packed(args: tuple[dict[str, Any], Candidate]) -> list[dict[str, Any]]:
+def _evaluated(scenario: Scenario, candidate: Candidate) -> dict[str, Any]:
+    """The candidate's rows and the warnings its probes raised (each once), carried back
+    as text so they show where the plan runs, naming the candidate, whichever process
+    ran it (a worker's own display would print them raw, and once per worker, not per
+    candidate)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rows = evaluate(scenario, candidate)
+    return {"rows": rows, "warnings": warning_texts(caught)}
+
+
+def _evaluate_packed(args: tuple[dict[str, Any], Candidate]) -> dict[str, Any]:
     data, candidate = args
-    return evaluate(Scenario.model_validate(data), candidate)
+    return _evaluated(Scenario.model_validate(data), candidate)
 
 
 def plan_capacity(
@@ -426,7 +443,7 @@ def plan_capacity(
     plan, todo = scenario.plan, candidates(scenario.plan)
     if workers == 1:
         finished: Iterable[tuple[int, Any]] = (
-            (i, evaluate(scenario, c)) for i, c in enumerate(todo)
+            (i, _evaluated(scenario, c)) for i, c in enumerate(todo)
         )
     else:
         data = scenario.model_dump(mode="json")
@@ -443,12 +460,14 @@ def plan_capacity(
     for index, result in sorted(results):
         candidate = todo[index]
         if isinstance(result, JobError):  # its worker died on every try, or Dask lost it
-            result = [
+            rows.extend(
                 {**asdict(candidate), "layout": layout, "status": result.status,
                  "reason": result.error}
                 for layout in _layouts(plan, candidate)
-            ]  # fmt: skip
-        rows.extend(result)
+            )  # fmt: skip
+            continue
+        warn_named(f"candidate {candidate.name}", result["warnings"])
+        rows.extend(result["rows"])
     table = pd.DataFrame(rows)
     table = table.astype({name: "Int64" for name in BATCH_LIMITS if name in table})
     if "usd_per_hour" not in table:  # nothing feasible

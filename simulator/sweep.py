@@ -202,13 +202,13 @@ def run_point(data: dict[str, Any], overrides: tuple[str, ...] = ()) -> dict[str
             summary = simulate(scenario, progress=False).summary()
         except Exception as exc:
             return {**_failure("failed", exc, time.perf_counter() - started),
-                    "warnings": _texts(caught)}  # fmt: skip
+                    "warnings": warning_texts(caught)}  # fmt: skip
     run = {k: v for k, v in summary["run"].items() if k != "wall"}  # the only varying part
     return {
         "status": "ok",
         "error": None,
         "detail": None,
-        "warnings": _texts(caught),
+        "warnings": warning_texts(caught),
         "wall_s": time.perf_counter() - started,
         # CPU seconds of the worker: below wall_s when workers outnumber free cores.
         "cpu_s": time.process_time() - cpu,
@@ -216,8 +216,8 @@ def run_point(data: dict[str, Any], overrides: tuple[str, ...] = ()) -> dict[str
     }
 
 
-def _texts(caught: list[warnings.WarningMessage]) -> list[str]:
-    """A point's warnings as the text a worker sends back, each once; a warning other than
+def warning_texts(caught: list[warnings.WarningMessage]) -> list[str]:
+    """A job's warnings as the text a worker sends back, each once; a warning other than
     InfersimWarning names its category."""
     return list(dict.fromkeys(
         str(w.message) if issubclass(w.category, InfersimWarning)
@@ -226,10 +226,11 @@ def _texts(caught: list[warnings.WarningMessage]) -> list[str]:
     ))  # fmt: skip
 
 
-def _warn_point(point: SweepPoint, record: Mapping[str, Any]) -> None:
-    """A point's warnings, raised where the sweep runs, each naming its point."""
-    for text in record.get("warnings") or ():
-        warnings.warn(f"point {point.name}: {text}", InfersimWarning, stacklevel=3)
+def warn_named(name: str, texts: Iterable[str] | None) -> None:
+    """A job's warnings (`warning_texts`), raised where the sweep or plan runs, each
+    naming its job (`point NAME`, `candidate GPU tpN`)."""
+    for text in texts or ():
+        warnings.warn(f"{name}: {text}", InfersimWarning, stacklevel=3)
 
 
 def _failure(status: str, exc: BaseException, wall_s: float | None) -> dict[str, Any]:
@@ -650,7 +651,7 @@ def sweep(
         records = _load_done(outdir, points)
         for point in points:  # a resumed point still says what bent its numbers
             if point.id in records:
-                _warn_point(point, records[point.id])
+                warn_named(f"point {point.name}", records[point.id].get("warnings"))
     elif resume:
         raise InfersimError("resume: needs the outdir of the sweep to continue")
     pending = [p for p in points if p.id not in records]
@@ -674,7 +675,7 @@ def sweep(
             if outdir is not None and outcome["status"] != "lost":
                 _write_point(outdir, record)
             records[point.id] = record
-            _warn_point(point, record)
+            warn_named(f"point {point.name}", record.get("warnings"))
             bar.update()
     table = sweep_table(points, records)
     if outdir is not None:

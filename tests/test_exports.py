@@ -78,6 +78,25 @@ def test_trace_events_have_the_format_fields(results):
     assert "engine steps" in names
 
 
+def _process_names(trace) -> dict[int, str]:
+    events = trace.document["traceEvents"]
+    return {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+
+
+def test_trace_names_a_dp_rank_as_a_rank_of_its_replica(results):
+    """A data-parallel rank's engine is `replica j rank k` (`rank k` in a single replica),
+    as the summary's rows and the terminal name it, not a replica of its own."""
+    assert _process_names(chrome_trace(results)) == {0: "replica 0 (default, 1 x a100-80gb-sxm)"}
+    data = scenario_dict(parallelism={"dp": 2, "replicas": 2}, workload={"num_requests": 40})
+    dp = sim.simulate(Scenario.from_dict(data), progress=False)
+    names = _process_names(chrome_trace(dp))
+    assert [n.split(" (")[0] for _, n in sorted(names.items())] == [
+        "replica 0 rank 0", "replica 0 rank 1", "replica 1 rank 0", "replica 1 rank 1"
+    ]  # fmt: skip
+    one = sim.simulate(Scenario.from_dict({**data, "parallelism": {"dp": 2}}), progress=False)
+    assert sorted(_process_names(chrome_trace(one)).values())[1].startswith("rank 1 (")
+
+
 def test_trace_is_cut_at_the_cap_and_says_where(results):
     trace = chrome_trace(results, max_events=500)
     assert len(trace.document["traceEvents"]) == trace.events <= 500  # names included

@@ -255,6 +255,27 @@ def test_plan_cli_shows_its_progress_on_a_terminal_unless_quiet(tmp_path, capsys
     assert ("planning 2 candidates" in err) is not quiet
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_plan_cli_names_each_candidates_warnings_once_from_any_worker(tmp_path, capfd, workers):
+    """A warning a candidate's probes raise (here pp's split of max_num_seqs, on every
+    probe) shows once per candidate, naming it, whether it ran in this process or in a
+    worker; two candidates raising the same text each show it."""
+    path = tmp_path / "plan.yaml"
+    plan = {"gpus": ["a100-80gb-sxm", "h100-sxm"], "tp": [1], "pp": [2], "requests_per_probe": 100}
+    data = scenario_dict(slo={"ttft_ms": 1500, "tpot_ms": 60}, serving={"max_num_seqs": 7},
+                         plan=plan)  # fmt: skip
+    path.write_text(yaml.safe_dump(data))
+    argv = ["plan", str(path), "-o", str(tmp_path / "out"), "--workers", workers, "--quiet"]
+    assert main(argv) == 0
+    err = capfd.readouterr().err
+    assert "InfersimWarning" not in err  # nothing printed raw by a worker
+    split = "parallelism.pp=2: serving.max_num_seqs=7 is split as [4, 3]"
+    for gpu in plan["gpus"]:
+        line = f"infersim: warning: candidate {gpu} tp1 pp2 chunked_prefill: {split}"
+        assert err.count(line) == 1, err
+    assert err.count(split) == 2
+
+
 def test_a_replica_of_dp_ranks_counts_and_prices_all_its_gpus(make_scenario):
     """parallelism.dp = 2: every probe runs two data-parallel ranks per replica, so a
     replica is tp x dp GPUs and is priced as such."""

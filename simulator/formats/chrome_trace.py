@@ -1,12 +1,14 @@
 """A run as a Chrome / Perfetto trace-event JSON (chrome://tracing, ui.perfetto.dev): what
 Vidur users open to see a simulated engine step by step.
 
-One process per replica. Its thread 0 holds the engine steps as complete events ("X",
-named prefill, decode or mixed, with batch size, token and KV counts as arguments) and
-counters ("C") for the batch (prefill and decode tokens, batch size) and KV blocks in
-use. The requests it served are on the following threads, each a lane of requests that
-do not overlap in time: per request a `queued`, `prefill` and `decode` slice. Times are
-microseconds of simulated time, as the format wants. A request shows on the replica that
+One process per replica, or per dp rank of one, named as the summary's rows are
+(`replica 2`, `replica 1 rank 3`: formatting.engine_labels). Its thread 0 holds the
+engine steps as complete events ("X", named prefill, decode or mixed, with batch size,
+token and KV counts as arguments) and counters ("C") for the batch (prefill and decode
+tokens, batch size) and KV blocks in use. The requests it served are on the following
+threads, each a lane of requests that do not overlap in time: per request a `queued`,
+`prefill` and `decode` slice. Times are microseconds of simulated time, as the format
+wants. A request shows on the replica that
 finished it (in a disaggregated cluster, its decode replica; after a failure, the one
 that retried it).
 
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hardware_models.errors import InfersimError
+from simulator.formatting import engine_labels
 from simulator.metrics.table import Table
 
 if TYPE_CHECKING:
@@ -172,10 +175,11 @@ def _metadata(results: Results, events: list[dict[str, Any]]) -> list[dict[str, 
     """Process and thread names of the replicas and lanes in `events`, so the viewer
     shows them by name."""
     infos = results.context.replicas
+    names = engine_labels([info.dp_rank for info in infos])  # as the summary's rows
     meta: list[dict[str, Any]] = []
     for r in sorted({e["pid"] for e in events}):
         info = infos[r] if r < len(infos) else None
-        label = f"replica {r}" + (f" ({info.pool}, {info.gpus} x {info.gpu})" if info else "")
+        label = f"{names[r]} ({info.pool}, {info.gpus} x {info.gpu})" if info else f"replica {r}"
         meta.append({"name": "process_name", "ph": "M", "pid": int(r), "tid": 0,
                      "args": {"name": label}})  # fmt: skip
         meta.append({"name": "process_sort_index", "ph": "M", "pid": int(r), "tid": 0,

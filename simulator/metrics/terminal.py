@@ -161,7 +161,7 @@ def summary_table(summary: Mapping[str, Any]) -> str:
         )
     replicas = summary.get("per_replica", [])
     shown = replicas if len(replicas) <= MAX_REPLICA_LINES else []
-    labels = engine_labels(shown, summary["run"]["replicas"])
+    labels = engine_labels([r.get("dp_rank") for r in shown])
     width = max([11, *map(len, labels)])  # `replica 12 ` as it was before dp ranks
     for r, label in zip(shown, labels, strict=True):
         lines.append(
