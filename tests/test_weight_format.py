@@ -6,6 +6,7 @@ import pytest
 
 from hardware_models.efficiency import MOE_FORMATS
 from hardware_models.errors import InfersimError
+from hardware_models.gemm import gemm_cost
 from hardware_models.presets import load_gpu, load_node, with_calibration
 from simulator.engine.moe_layer import moe_format
 from simulator.engine.step_cost import StepCostModel
@@ -74,3 +75,33 @@ def test_fp4_weights_are_stored_as_the_moe_kernel_reads_them():
     and in the fused-MoE format alike; the planner used NVFP4's 1/16."""
     assert weight_bytes_per_param("fp4") == MOE_FORMATS[moe_format("fp4")].weight_bytes
     assert weight_bytes_per_param("fp4") == pytest.approx(0.5 + 1 / 32)
+
+
+@pytest.mark.parametrize("gpu_name", ["h100-sxm", "b200"])
+def test_mxfp4_moe_prices_its_linear_layers_in_16_bits(gpu_name):
+    """vLLM's Mxfp4Config quantises gpt-oss's fused-MoE experts only; its attention
+    projections keep bf16 weights and bf16 math (also on B200, which multiplies fp4
+    natively), as the memory plan stores them. The experts stay MXFP4."""
+    arch, gpu = load_model("gpt-oss-20b"), load_gpu(gpu_name)
+    node = load_node("dgx-h100" if gpu_name == "h100-sxm" else "hgx-b200")
+    mxfp4 = StepCostModel(arch, gpu, node, weight_dtype="mxfp4")
+    bf16 = StepCostModel(arch, gpu, node, weight_dtype="bf16")
+    assert mxfp4.gemm_dtypes("qkv_proj") == bf16.gemm_dtypes("qkv_proj") == ("bf16", "bf16")
+    assert mxfp4.compute_dtype == "bf16"
+    (_, _, n, k), *_ = arch.attention_gemms(1)
+    qkv = gemm_cost(gpu, 1, n, k, *mxfp4.gemm_dtypes("qkv_proj"))
+    assert qkv.dram_bytes >= 2 * n * k
+    experts, dense_experts = (m._routed_experts(1) for m in (mxfp4, bf16))
+    assert moe_format(mxfp4.weight_format) == "w4a16_mxfp4"
+    assert experts.dram_bytes < 0.3 * dense_experts.dram_bytes
+    plan = plan_memory(arch, gpu, weight_dtype="mxfp4")
+    attention_bytes = 2 * sum(n * k for _, _, n, k in arch.attention_gemms(1))
+    assert plan.weights - plan.expert_weights >= attention_bytes * arch.num_layers
+
+
+def test_a_dense_mxfp4_model_keeps_its_linear_layers_in_mxfp4():
+    """Only an MoE checkpoint's experts-only rule sends its linear layers to 16 bits: a
+    dense model in mxfp4 (B200 multiplies it natively) runs its GEMMs in mxfp4."""
+    gpu, node = load_gpu("b200"), load_node("hgx-b200")
+    m = StepCostModel(load_model("llama-3.1-8b"), gpu, node, weight_dtype="mxfp4")
+    assert m.gemm_dtypes("qkv_proj") == ("mxfp4", "mxfp4")

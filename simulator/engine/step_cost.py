@@ -51,6 +51,7 @@ from simulator.engine.latent_attention import (
     mla_shape,
 )
 from simulator.engine.moe_layer import ExpertLayout, routed_experts_cost
+from simulator.engine.mxfp4_layout import is_mxfp4_moe
 from simulator.engine.weight_format import (
     check_block_shards,
     check_weight_support,
@@ -351,11 +352,18 @@ class StepCostModel:
         self.weight_dtype = parse_dtype(weight_dtype)
         self.kv_dtype = parse_dtype(kv_dtype)
         self.act_dtype = parse_dtype(activation_dtype)
-        native = self._tensor_native(self.weight_dtype)
-        self.compute_dtype = self.weight_dtype if native else self.act_dtype
+        # The linear layers' weights (attention, dense MLP, shared experts): in the
+        # checkpoint's format, but an MXFP4 MoE checkpoint (gpt-oss) quantises its routed
+        # experts only (vLLM's Mxfp4Config, mxfp4_layout): its linear layers keep 16-bit
+        # weights and math, as the memory plan stores them.
+        experts_only = is_mxfp4_moe(self.weight_format, arch.is_moe)
+        self.linear_format = self.act_dtype.value if experts_only else self.weight_format
+        linear_dtype = parse_dtype(self.linear_format)
+        native = self._tensor_native(linear_dtype)
+        self.compute_dtype = linear_dtype if native else self.act_dtype
         # The GEMM kernels' key: a block-scaled format runs its own kernels where the
         # chip multiplies its dtype natively (elsewhere its weights are dequantised).
-        self.gemm_dtype: str | Dtype = self.weight_format if native else self.compute_dtype
+        self.gemm_dtype: str | Dtype = self.linear_format if native else self.compute_dtype
         self.overheads = overheads or EngineOverheads()
         self.heads = arch.num_attention_heads // tp
         self.kv_heads = arch.kv_heads_per_shard(tp)
@@ -529,7 +537,7 @@ class StepCostModel:
                 self.gpu,
                 shape,
                 compute_dtype=self.gemm_dtype,
-                weight_dtype=self.weight_format,
+                weight_dtype=self.linear_format,
                 **dtypes,
             )
             return prefill, MlaDecodeAttention(self.gpu, shape, **dtypes)
@@ -616,11 +624,11 @@ class StepCostModel:
 
     def gemm_dtypes(self, name: str) -> tuple[str | Dtype, str | None]:
         """(kernel dtype, weight format) of the model's GEMM `name` (Architecture.gemms):
-        the weights' format as spelled (its block scales' bytes), but the MoE gate in the
-        activation dtype, as vLLM builds it with quant_config=None."""
+        the linear layers' format as spelled (its block scales' bytes), but the MoE gate
+        in the activation dtype, as vLLM builds it with quant_config=None."""
         if name == "router":
             return self.act_dtype, None
-        return self.gemm_dtype, self.weight_format
+        return self.gemm_dtype, self.linear_format
 
     def _moe_over_ranks(self, total: int, tokens: int) -> _Part:
         """The MoE layers of a dp rank's step: the routed experts over all ranks' `total`
