@@ -58,7 +58,7 @@ def _host_read_sweep(table: pd.DataFrame, link: LinkSpec, seed: int) -> None:
     for host_read_us in HOST_READS_US:
         swept = _with_host_read(link, host_read_us)
         mapes = {}
-        for op in COLLECTIVE_CLASSES:
+        for op in sorted(COLLECTIVE_CLASSES):  # a frozenset: its order varies by run
             rows = table[table["op_class"] == op]
             rows = rows[holdout_mask(rows, 0.5, seed)]
             priced = predict(rows, link_resolver=lambda _name, s=swept: s)
