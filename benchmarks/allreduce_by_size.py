@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 from collectives_fit import collective_rows
 
+from hardware_models.calibration.fit import mape
 from hardware_models.calibration.measured_tables import COLLECTIVE_CLASSES, predict
 from hardware_models.calibration.split import holdout_mask
 from hardware_models.calibration.validate import base_link, predict_all
@@ -57,11 +58,11 @@ def _host_read_sweep(table: pd.DataFrame, link: LinkSpec, seed: int) -> None:
     for host_read_us in HOST_READS_US:
         swept = _with_host_read(link, host_read_us)
         mapes = {}
-        for op in COLLECTIVE_CLASSES:
+        for op in sorted(COLLECTIVE_CLASSES):  # a frozenset: its order varies by run
             rows = table[table["op_class"] == op]
             rows = rows[holdout_mask(rows, 0.5, seed)]
             priced = predict(rows, link_resolver=lambda _name, s=swept: s)
-            mapes[op] = round(float(100 * np.mean(np.abs(priced / rows["measured_s"] - 1))), 1)
+            mapes[op] = round(100 * mape(rows["measured_s"].to_numpy(), np.asarray(priced)), 1)
         print(f"  R {host_read_us:g} us: {mapes}")
 
 

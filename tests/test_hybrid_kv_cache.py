@@ -143,27 +143,35 @@ def _run_noting_full_length(scenario: Scenario):
     return results, any("held at full length" in str(w.message) for w in caught)
 
 
-def _long_context(make_scenario, disable: bool, **serving):
-    """gpt-oss-20b on an L4 (its KV memory is small): long prompts arriving together."""
+def _long_prompts(make_scenario, full_length: bool, serving: dict, workload: dict, **sections):
+    """Simulate fixed-length prompts under an 8192-token budget and a 16384 max_model_len
+    (`workload`: rate_per_s, prompt, output, num_requests), checking the run says the
+    sliding layers' KV cache is held at full length exactly when `full_length`."""
     scenario = make_scenario(
-        hardware={"gpu": "l4"},
-        model={"name": "gpt-oss-20b"},
-        serving={
-            "max_num_batched_tokens": 8192,
-            "max_model_len": 16384,
-            "disable_hybrid_kv_cache_manager": disable,
-            **serving,
-        },
+        serving={"max_num_batched_tokens": 8192, "max_model_len": 16384, **serving},
         workload={
-            "arrivals": {"kind": "poisson", "rate_per_s": 1000.0},
-            "prompt_tokens": {"kind": "fixed", "tokens": 12000},
-            "output_tokens": {"kind": "fixed", "tokens": 64},
-            "num_requests": 48,
+            "arrivals": {"kind": "poisson", "rate_per_s": workload["rate_per_s"]},
+            "prompt_tokens": {"kind": "fixed", "tokens": workload["prompt"]},
+            "output_tokens": {"kind": "fixed", "tokens": workload["output"]},
+            "num_requests": workload["num_requests"],
         },
+        **sections,
     )
     results, said = _run_noting_full_length(scenario)
-    assert said == disable
+    assert said == full_length
     return results
+
+
+def _long_context(make_scenario, disable: bool, **serving):
+    """gpt-oss-20b on an L4 (its KV memory is small): long prompts arriving together."""
+    return _long_prompts(
+        make_scenario,
+        disable,
+        {"disable_hybrid_kv_cache_manager": disable, **serving},
+        {"rate_per_s": 1000.0, "prompt": 12000, "output": 64, "num_requests": 48},
+        hardware={"gpu": "l4"},
+        model={"name": "gpt-oss-20b"},
+    )
 
 
 def test_more_long_sequences_run_at_once_with_the_hybrid_manager(make_scenario):
@@ -422,26 +430,16 @@ def test_llama4_runs_chunked_groups_only_when_allowed(make_scenario, multi_step)
     second chunk, in runs of decode steps as stepping one by one."""
 
     def run(allow: bool):
-        scenario = make_scenario(
+        return _long_prompts(
+            make_scenario,
+            not allow,
+            {"allow_chunked_local_attn_with_hybrid_kv_cache": allow},
+            {"rate_per_s": 1.0, "prompt": 8100, "output": 200, "num_requests": 1},
             hardware={"gpu": "h200-sxm"},
             model={"name": "llama-4-scout", "weight_dtype": "fp8"},
             parallelism={"tp": 2},
-            serving={
-                "max_num_batched_tokens": 8192,
-                "max_model_len": 16384,
-                "allow_chunked_local_attn_with_hybrid_kv_cache": allow,
-            },
-            workload={
-                "arrivals": {"kind": "poisson", "rate_per_s": 1.0},
-                "prompt_tokens": {"kind": "fixed", "tokens": 8100},
-                "output_tokens": {"kind": "fixed", "tokens": 200},
-                "num_requests": 1,
-            },
             engine={"multi_step": multi_step},
         )
-        results, said = _run_noting_full_length(scenario)
-        assert said != allow
-        return results
 
     assert run(False).steps["kv_blocks_used"].tolist()[-1] == -(-8299 // 16)  # 48 layers
     g = kv_cache_groups(load_model("llama-4-scout"), 16)
