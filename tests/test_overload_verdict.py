@@ -38,6 +38,18 @@ from simulator.scenario import Scenario
 from simulator.simulation import simulate
 from tests.conftest import scenario_dict
 
+
+def _chat_lengths(prompt_max: int, output_max: int) -> dict[str, Any]:
+    """Chat traffic's lognormal prompt (mean 1,000) and output (mean 250) lengths, clipped
+    at the scenario's own maxima."""
+    return {
+        "prompt_tokens": {"kind": "lognormal", "mean": 1000, "std": 800, "min": 16,
+                          "max": prompt_max},
+        "output_tokens": {"kind": "lognormal", "mean": 250, "std": 200, "min": 4,
+                          "max": output_max},
+    }  # fmt: skip
+
+
 WORKLOADS: dict[str, dict[str, Any]] = {
     "long-prompts": scenario_dict(
         hardware={"gpu": "h100-sxm"},
@@ -53,16 +65,7 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         model={"name": "llama-3.1-70b", "weight_dtype": "bf16"},
         parallelism={"tp": 4},
         serving={"policy": "chunked_prefill", "max_num_seqs": 256, "max_num_batched_tokens": 2048},
-        workload={
-            "prompt_tokens": {
-                "kind": "lognormal",
-                "mean": 1000,
-                "std": 800,
-                "min": 16,
-                "max": 6000,
-            },
-            "output_tokens": {"kind": "lognormal", "mean": 250, "std": 200, "min": 4, "max": 1500},
-        },
+        workload=_chat_lengths(prompt_max=6000, output_max=1500),
     ),
     "small-mixed": scenario_dict(),
     # scenarios/quickstart.yaml's: KV to spare, so max_num_seqs (256) takes the first
@@ -71,16 +74,7 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         hardware={"gpu": "h100-sxm"},
         model={"name": "llama-3.1-8b"},
         serving={"policy": "chunked_prefill", "max_num_seqs": 256, "max_num_batched_tokens": 2048},
-        workload={
-            "prompt_tokens": {
-                "kind": "lognormal",
-                "mean": 1000,
-                "std": 800,
-                "min": 16,
-                "max": 8000,
-            },
-            "output_tokens": {"kind": "lognormal", "mean": 250, "std": 200, "min": 4, "max": 2000},
-        },
+        workload=_chat_lengths(prompt_max=8000, output_max=2000),
     ),
 }
 

@@ -267,12 +267,11 @@ WAITING, IN_SYSTEM = "the waiting queue", "the requests in the system (waiting a
 
 
 def growing_text(trend: dict[str, Any], what: str = WAITING) -> str:
-    since = f" from {trend['from_s']:,.0f} s" if "from_s" in trend else ""
     return (
         f"{what} grew from {trend['waiting_first']:,.0f} to "
         f"{trend['waiting_last']:,.0f} requests over {trend['window_s']:,.0f} s of "
-        f"arrivals{since}: {trend['unserved_share']:.0%} of the offered load "
-        f"({trend['offered_requests_per_s']:,.2f} req/s) went unserved "
+        f"arrivals from {trend['from_s']:,.0f} s: {trend['unserved_share']:.0%} of the offered "
+        f"load ({trend['offered_requests_per_s']:,.2f} req/s) went unserved "
         f"(trend p = {trend['trend_p_value']:.1g})"
     )
 
