@@ -102,9 +102,7 @@ def _serving(
                 for error in exc.errors()
             )
         ) from None
-    return serving.with_vllm_defaults(
-        gpu.display_name, gpu.cuda_memory_bytes / 2**30, serving.max_model_len or context
-    )
+    return serving.with_vllm_defaults(gpu, serving.max_model_len or context)
 
 
 def _start_refusal(arch: ModelArchitecture, serving: ServingSection, max_model_len: int) -> str:
