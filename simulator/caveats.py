@@ -70,6 +70,12 @@ class ForcedBlockSize(NamedTuple):
     backend: str  # the MLA attention backend that needs it
     reason: str  # for the header line or the warning
 
+    @property
+    def default_line(self) -> str:
+        """The serving plan's and the run header's line where the block size was left at
+        the default, so `estimate` and `run` say it alike."""
+        return f"serving.block_size = {self.size} ({self.reason})"
+
 
 def mla_block_size(
     arch: ModelArchitecture, gpu: AcceleratorSpec, block_size: int

@@ -342,7 +342,7 @@ def _at_vllm_block_size(
             stacklevel=3,
         )
     else:
-        notes = (f"serving.block_size = {forced.size} ({forced.reason})",)
+        notes = (forced.default_line,)
     serving = serving.model_copy(update={"block_size": forced.size})
     return scenario.model_copy(update={"serving": serving}), notes
 

@@ -145,7 +145,7 @@ def _run(args: argparse.Namespace) -> int:
     serving, defaults = _serving(args, gpu, context)
     if forced := mla_block_size(arch, gpu, serving.block_size):  # as `run` resolves it
         serving = serving.model_copy(update={"block_size": forced.size})
-        defaults = (f"serving.block_size = {forced.size} ({forced.reason})", *defaults)
+        defaults = (forced.default_line, *defaults)
     params_b = arch.param_count() / 1e9
     # Every estimate before the first line of output, so bad input is an error alone.
     if args.training:
