@@ -377,7 +377,7 @@ class ServingSection(BaseModel):
                 chunked_prefill=self.policy != "continuous",
                 max_model_len=max_model_len,
             )
-        notes = tuple(f"serving.{name} = {d.value} ({d.reason})" for name, d in chosen.items())
+        notes = tuple(d.line(f"serving.{name}") for name, d in chosen.items())
         return self.model_copy(update={n: d.value for n, d in chosen.items()}), notes
 
 
