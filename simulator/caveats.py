@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from hardware_models.dtypes import Dtype, bytes_per_element
 from hardware_models.errors import InfeasibleError
 from simulator.engine.kv_groups import chunked_local_attention
+from simulator.vllm_defaults import Default
 
 if TYPE_CHECKING:
     from hardware_models.accelerator import AcceleratorSpec
@@ -69,6 +70,12 @@ class ForcedBlockSize(NamedTuple):
     size: int
     backend: str  # the MLA attention backend that needs it
     reason: str  # for the header line or the warning
+
+    @property
+    def default_line(self) -> str:
+        """The serving plan's and the run header's line where the block size was left at
+        the default, so `estimate` and `run` say it alike."""
+        return Default(self.size, self.reason).line("serving.block_size")
 
 
 def mla_block_size(

@@ -75,12 +75,15 @@ def sampler_bytes_per_logit(vllm_version: tuple[int, int, int] = EMULATED_VLLM_V
     return _SORT_SAMPLER_BYTES_PER_LOGIT
 
 
-def framework_overhead_bytes(gpu: AcceleratorSpec, tp: int) -> float:
+def framework_overhead_bytes(gpu: AcceleratorSpec, tp: int, asked_gb: float | None = None) -> float:
     """vLLM's non-torch memory on one GPU of a tp group: cuBLAS and driver allocations,
-    plus NCCL's and the custom all-reduce's buffers when the group talks over NVLink.
-    CUDA graphs are not in it: vLLM captures them after sizing the KV cache, out of the
-    (1 - gpu_memory_utilization) reserve, unless VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS
-    is set (vllm PR #30515, 0.13: opt-in)."""
+    plus NCCL's and the custom all-reduce's buffers when the group talks over NVLink;
+    `asked_gb` (engine.framework_overhead_gb, estimate's --framework-overhead-gb), when
+    given, replaces the modelled figure. CUDA graphs are not in it: vLLM captures them
+    after sizing the KV cache, out of the (1 - gpu_memory_utilization) reserve, unless
+    VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is set (vllm PR #30515, 0.13: opt-in)."""
+    if asked_gb is not None:
+        return asked_gb * GB
     gib = _NON_TORCH_GIB
     if tp > 1 and gpu.nvlink is not None:
         gib += _NVLINK_COMM_GIB + _NVLINK_COMM_PER_PEER_GIB * (tp - 1)
@@ -532,11 +535,7 @@ def plan_memory(
         return weights, activations
 
     stages, activations = weights_and_activations(tp)
-    overhead = (
-        framework_overhead_bytes(gpu, tp)
-        if framework_overhead_gb is None
-        else framework_overhead_gb * GB
-    )
+    overhead = framework_overhead_bytes(gpu, tp, framework_overhead_gb)
     # vLLM's budget: a share of what torch.cuda.mem_get_info reports, not the datasheet.
     usable = gpu.cuda_memory_bytes * gpu_memory_utilization
     heaviest = max(stages)

@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.errors import InfersimError, InfersimWarning
 from hardware_models.yaml_io import load_yaml_mapping, parse_yaml
 from simulator.router import RouterName
@@ -351,14 +352,15 @@ class ServingSection(BaseModel):
         return VLLM_V0_WATERMARK if self.policy == "continuous" else 0.0
 
     def with_vllm_defaults(
-        self, gpu_name: str, gpu_memory_gib: float, max_model_len: int
+        self, gpu: AcceleratorSpec, max_model_len: int
     ) -> tuple[ServingSection, tuple[str, ...]]:
         """This section with max_num_seqs and max_num_batched_tokens, where unset, as `vllm
-        serve` of EMULATED_VLLM_VERSION chooses them on the GPU vLLM sees as `gpu_name`
-        with `gpu_memory_gib` of CUDA-visible memory (vllm_defaults.batch_limits: a limit
-        given bounds the other's default), and a line for each saying what it became and
-        why; set values are kept as given. The static and dynamic policies are not vLLM's
-        scheduler: theirs default to NON_VLLM_BATCH_LIMITS."""
+        serve` of EMULATED_VLLM_VERSION chooses them on `gpu`, read by its device name and
+        the memory CUDA reports, as vLLM's rule reads it, not the datasheet figure
+        (vllm_defaults.batch_limits: a limit given bounds the other's default), and a line
+        for each saying what it became and why; set values are kept as given. The static
+        and dynamic policies are not vLLM's scheduler: theirs default to
+        NON_VLLM_BATCH_LIMITS."""
         if self.policy in ("static", "dynamic"):
             chosen = {
                 name: Default(value, f"the {self.policy} policy's default (not vLLM's scheduler)")
@@ -368,14 +370,14 @@ class ServingSection(BaseModel):
         else:
             chosen = batch_limits(
                 EMULATED_VLLM_VERSION,
-                gpu_name,
-                gpu_memory_gib,
+                gpu.display_name,
+                gpu.cuda_memory_bytes / 2**30,
                 max_num_seqs=self.max_num_seqs,
                 max_num_batched_tokens=self.max_num_batched_tokens,
                 chunked_prefill=self.policy != "continuous",
                 max_model_len=max_model_len,
             )
-        notes = tuple(f"serving.{name} = {d.value} ({d.reason})" for name, d in chosen.items())
+        notes = tuple(d.line(f"serving.{name}") for name, d in chosen.items())
         return self.model_copy(update={n: d.value for n, d in chosen.items()}), notes
 
 

@@ -312,22 +312,12 @@ def _load_arch(scenario: Scenario) -> ModelArchitecture:
     return _named_field("model.name", load_model, _maybe_path(scenario, scenario.model.name))
 
 
-def _serving_for(
-    scenario: Scenario, gpu: AcceleratorSpec, max_model_len: int
-) -> tuple[ServingSection, tuple[str, ...]]:
-    """The serving section a replica runs: unset batch limits as vLLM's for the GPU, read
-    at the memory CUDA reports (vLLM's rule reads that, not the datasheet figure)."""
-    return scenario.serving.with_vllm_defaults(
-        gpu.display_name, gpu.cuda_memory_bytes / 2**30, max_model_len
-    )
-
-
 def batch_limits_of(scenario: Scenario) -> dict[str, int]:
     """max_num_seqs and max_num_batched_tokens a replica of `scenario` runs with (set, or
     vLLM's defaults for its GPU), resolved as build_replica does without building it: for
     tables that set GPUs with different defaults side by side (plan), feasible or not."""
     max_model_len = scenario.serving.max_model_len or _load_arch(scenario).max_position_embeddings
-    serving, _ = _serving_for(scenario, resolve_gpu(scenario), max_model_len)
+    serving, _ = scenario.serving.with_vllm_defaults(resolve_gpu(scenario), max_model_len)
     return {name: getattr(serving, name) for name in BATCH_LIMITS}
 
 
@@ -352,7 +342,7 @@ def _at_vllm_block_size(
             stacklevel=3,
         )
     else:
-        notes = (f"serving.block_size = {forced.size} ({forced.reason})",)
+        notes = (forced.default_line,)
     serving = serving.model_copy(update={"block_size": forced.size})
     return scenario.model_copy(update={"serving": serving}), notes
 
@@ -372,7 +362,7 @@ def build_replica(
     scenario, forced = _at_vllm_block_size(scenario, arch, gpu)
     par, engine = scenario.parallelism, scenario.engine
     max_model_len = scenario.serving.max_model_len or arch.max_position_embeddings
-    serving, defaults = _serving_for(scenario, gpu, max_model_len)
+    serving, defaults = scenario.serving.with_vllm_defaults(gpu, max_model_len)
     defaults = (*forced, *defaults)
     gpus = par.tp * par.pp  # of one dp rank; the replica has dp of them
     check_placement(scenario, arch, node)

@@ -122,15 +122,10 @@ def detailed_inference(
     usable = gpu.cuda_memory_bytes * gpu_memory_utilization
     shardable = weights + kv + scores + activations
 
-    def overhead_at(tp: int) -> float:
-        if framework_overhead_gb is not None:
-            return framework_overhead_gb * GB
-        return framework_overhead_bytes(gpu, tp)
-
     # The overhead grows with tp, so more GPUs may be needed at the tp the count rounds to.
     gpus, tp = 1, 1
     while True:
-        overhead = overhead_at(tp)
+        overhead = framework_overhead_bytes(gpu, tp, framework_overhead_gb)
         if usable <= overhead:
             raise InfersimError(
                 f"framework overhead {overhead / GB:.2f} GB (tp={tp}) leaves nothing of "
@@ -274,11 +269,7 @@ def detailed_training(
         activation_checkpointing=activation_checkpointing,
         flash_attention=flash_attention,
     )
-    overhead = (
-        framework_overhead_bytes(gpu, tp=1)
-        if framework_overhead_gb is None
-        else framework_overhead_gb * GB
-    )
+    overhead = framework_overhead_bytes(gpu, tp=1, asked_gb=framework_overhead_gb)
     capacity = gpu.cuda_memory_bytes
     model_states = params * (2 * _HALF_BYTES + _OPTIMIZER_BYTES)
     room = capacity - activations - overhead

@@ -73,6 +73,10 @@ class Default:
     value: object
     reason: str
 
+    def line(self, setting: str) -> str:
+        """`setting` = value (why): how a run's header and a replay's notes state it."""
+        return f"{setting} = {self.value} ({self.reason})"
+
 
 def parse_version(text: str) -> tuple[int, int, int]:
     """'0.19.0', 'v0.8.5.post1', '0.10.1rc2+cu128' -> (major, minor, patch)."""

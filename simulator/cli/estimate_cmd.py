@@ -102,9 +102,7 @@ def _serving(
                 for error in exc.errors()
             )
         ) from None
-    return serving.with_vllm_defaults(
-        gpu.display_name, gpu.cuda_memory_bytes / 2**30, serving.max_model_len or context
-    )
+    return serving.with_vllm_defaults(gpu, serving.max_model_len or context)
 
 
 def _start_refusal(arch: ModelArchitecture, serving: ServingSection, max_model_len: int) -> str:
@@ -147,7 +145,7 @@ def _run(args: argparse.Namespace) -> int:
     serving, defaults = _serving(args, gpu, context)
     if forced := mla_block_size(arch, gpu, serving.block_size):  # as `run` resolves it
         serving = serving.model_copy(update={"block_size": forced.size})
-        defaults = (f"serving.block_size = {forced.size} ({forced.reason})", *defaults)
+        defaults = (forced.default_line, *defaults)
     params_b = arch.param_count() / 1e9
     # Every estimate before the first line of output, so bad input is an error alone.
     if args.training:

@@ -228,7 +228,7 @@ class _Resolver:
         default = vllm_default(
             field, self._version_for(field), self.gpu_name, self.gpu_gib, **context
         )
-        self.assumptions.append(f"{field} = {default.value} ({default.reason})")
+        self.assumptions.append(default.line(field))
         return default.value
 
     def optional(self, field: str) -> Any:
@@ -258,7 +258,7 @@ class _Resolver:
                 max_model_len=max_model_len,
             )
             for name, default in chosen.items():
-                self.assumptions.append(f"{name} = {default.value} ({default.reason})")
+                self.assumptions.append(default.line(name))
                 given[name] = default.value
         return given
 
