@@ -262,3 +262,11 @@ def test_a_replay_without_max_model_len_runs_at_the_largest_that_started(tmp_pat
     assert code == 0, err
     assert "replayed at the largest that fits, 45,600" in out
     assert written(tmp_path / "out")["scenario"]["serving"]["max_model_len"] == 45600
+
+
+def test_estimate_says_when_the_budget_it_refuses_was_vllms_default(capsys):
+    """As run says it: a max_num_seqs above vLLM's default budget, the budget left unset."""
+    main(["estimate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--max-num-seqs", "10000"])
+    out = capsys.readouterr().out
+    assert "vLLM would not start" in out
+    assert "left unset and took vLLM's default for this GPU, 8192" in out

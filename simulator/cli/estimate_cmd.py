@@ -105,13 +105,20 @@ def _serving(
     return serving.with_vllm_defaults(gpu, serving.max_model_len or context)
 
 
-def _start_refusal(arch: ModelArchitecture, serving: ServingSection, max_model_len: int) -> str:
+def _start_refusal(
+    arch: ModelArchitecture, serving: ServingSection, max_model_len: int, budget_default: bool
+) -> str:
     """Why vLLM would refuse these settings before planning memory, as `run` refuses them
-    (ModelConfig's context check, SchedulerConfig.verify_max_model_len); '' when it starts."""
+    (ModelConfig's context check, SchedulerConfig.verify_max_model_len); '' when it starts.
+    `budget_default`: --max-num-batched-tokens was not given (vLLM's default was taken)."""
     try:
         check_context(max_model_len, arch)
         check_token_budget(
-            serving.policy, serving.max_num_batched_tokens, max_model_len, serving.max_num_seqs
+            serving.policy,
+            serving.max_num_batched_tokens,
+            max_model_len,
+            serving.max_num_seqs,
+            budget_default=budget_default,
         )
     except InfeasibleError as exc:
         return str(exc)
@@ -205,7 +212,7 @@ def _run(args: argparse.Namespace) -> int:
     for line in defaults:
         print(f"  default {line}")
     max_len = serving.max_model_len or context
-    refusal = _start_refusal(arch, serving, max_len)
+    refusal = _start_refusal(arch, serving, max_len, args.max_num_batched_tokens is None)
     if refusal:
         print(f"  vLLM would not start: {refusal}")
         return 0
