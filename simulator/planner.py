@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from hardware_models.errors import InfersimError, InfersimWarning
+from hardware_models.errors import InfersimError
 from hardware_models.plot_labels import LEADER, spread_labels
 from simulator.memory_planner import PLAN_SETTINGS, MaxModelLenRefused
 from simulator.metrics.overload import (
@@ -165,23 +165,12 @@ def _meets(summary: dict[str, Any], scenario: Scenario, pct: str) -> bool:
 
 
 def _run(scenario: Scenario) -> dict[str, Any]:
-    """A probe's summary. What its load bent (the warnings simulate() raises from the
-    summary: KV cache short, batch capped, rejections) stays in the summary: the planner
-    probes overloaded rates by design and its verdict says so. The rest is passed on."""
-    from simulator.simulation import pass_on, simulate
+    """A probe's summary. What its load bent (KV cache short, batch capped, rejections)
+    stays in the summary: the planner probes overloaded rates by design and its verdict
+    says so. The rest is passed on."""
+    from simulator.simulation import simulate
 
-    results = None
-    caught: list[warnings.WarningMessage] = []
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", InfersimWarning)
-            results = simulate(scenario, progress=False)
-    finally:
-        raised = None if results is None else results.context.warnings  # None: all
-        pass_on(caught, lambda shown: raised is None or str(shown.message) in raised
-                or not issubclass(shown.category, InfersimWarning))  # fmt: skip
-    assert results is not None  # simulate() returned: no exception left the try
-    return results.summary()
+    return simulate(scenario, progress=False, summary_warnings=False).summary()
 
 
 @dataclass(frozen=True)
