@@ -18,6 +18,7 @@ from simulator.vllm_defaults import Default
 if TYPE_CHECKING:
     from hardware_models.accelerator import AcceleratorSpec
     from simulator.architecture import ModelArchitecture
+    from simulator.scenario import ServingSection
     from simulator.simulation import ReplicaBuild
 
 
@@ -64,6 +65,22 @@ def check_context(max_model_len: int, arch: ModelArchitecture) -> None:
             f"this at start-up; set serving.max_model_len to at most "
             f"{arch.max_position_embeddings}"
         )
+
+
+def check_serving_starts(
+    arch: ModelArchitecture, serving: ServingSection, max_model_len: int, *, budget_default: bool
+) -> None:
+    """What vLLM checks of the serving settings before it sizes memory (check_context,
+    check_token_budget), as `run` and `estimate` both refuse them; `budget_default`: the
+    token budget was left to vLLM's default."""
+    check_context(max_model_len, arch)
+    check_token_budget(
+        serving.policy,
+        serving.max_num_batched_tokens,
+        max_model_len,
+        serving.max_num_seqs,
+        budget_default=budget_default,
+    )
 
 
 class ForcedBlockSize(NamedTuple):

@@ -22,8 +22,7 @@ from hardware_models.node import NodeSpec
 from hardware_models.presets import list_nodes, load_gpu, load_node
 from simulator.architecture import ModelArchitecture
 from simulator.caveats import (
-    check_context,
-    check_token_budget,
+    check_serving_starts,
     configuration_warnings,
     mla_block_size,
     overhead_override_warning,
@@ -372,13 +371,8 @@ def build_replica(
         raise InfersimError(
             f"model.moe_routing: {routing} routing, but {arch.name} has no experts (dense model)"
         )
-    check_context(max_model_len, arch)
-    check_token_budget(
-        serving.policy,
-        serving.max_num_batched_tokens,
-        max_model_len,
-        serving.max_num_seqs,
-        budget_default=scenario.serving.max_num_batched_tokens is None,
+    check_serving_starts(
+        arch, serving, max_model_len, budget_default=scenario.serving.max_num_batched_tokens is None
     )
     weight_dtype = resolve_weight_dtype(scenario.model.weight_dtype, arch)
     if arch.is_moe and parse_dtype(weight_dtype) == Dtype.FP4 and gpu.supports(Dtype.FP4):

@@ -12,7 +12,7 @@ from hardware_models.dtypes import parse_dtype
 from hardware_models.errors import InfeasibleError, InfersimError
 from hardware_models.presets import load_gpu
 from simulator.architecture import ModelArchitecture
-from simulator.caveats import check_context, check_token_budget, mla_block_size
+from simulator.caveats import check_serving_starts, mla_block_size
 from simulator.engine.kv_groups import vllm_default_groups
 from simulator.engine.weight_format import check_weight_support, weight_format
 from simulator.memory_planner import ESTIMATE_SETTINGS, GB, plan_memory
@@ -112,14 +112,7 @@ def _start_refusal(
     (ModelConfig's context check, SchedulerConfig.verify_max_model_len); '' when it starts.
     `budget_default`: --max-num-batched-tokens was not given (vLLM's default was taken)."""
     try:
-        check_context(max_model_len, arch)
-        check_token_budget(
-            serving.policy,
-            serving.max_num_batched_tokens,
-            max_model_len,
-            serving.max_num_seqs,
-            budget_default=budget_default,
-        )
+        check_serving_starts(arch, serving, max_model_len, budget_default=budget_default)
     except InfeasibleError as exc:
         return str(exc)
     return ""
