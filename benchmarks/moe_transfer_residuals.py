@@ -60,6 +60,22 @@ def split(rows: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return out.round(2)
 
 
+def same_model(rows: pd.DataFrame, num_experts: int, hidden: int, by: str) -> pd.DataFrame:
+    """One model's power_law_1.01 rows at 16,384 and 65,536 tokens across its EP or TP
+    degrees: the rank's work halves at each step, the configuration file may not."""
+    pick = rows[
+        (rows["num_experts"] == num_experts)
+        & (rows["n"] == hidden)
+        & (rows["routing"] == "power_law_1.01")
+        & rows["m"].isin([16384, 65536])
+        & (rows[by] > 1 if by == "ep" else rows["ep"] == 1)
+    ]
+    out = pick.assign(measured_us=pick["measured_s"] * 1e6, predicted_us=pick["predicted_s"] * 1e6)
+    out["error"] *= 100
+    columns = ["m", by, "config", "measured_us", "predicted_us", "error"]
+    return out.sort_values(["m", by])[columns].round(1).set_index(["m", by])
+
+
 def one_token_floor(gpu: str) -> str:
     """Least squares of the one-token tensor-parallel bf16 rows' latency over the weight
     bytes they read (top-k experts' slices): the fixed part and the rate."""
@@ -83,8 +99,10 @@ def main() -> None:
     pd.set_option("display.width", 200)
     print(f"{args.profile} profile on {len(rows)} {TRANSFER_GPU} MoE rows: ", end="")
     print(f"MAPE {rows['error'].abs().mean():.2%}")
-    for keys in (["parallel", "tokens"], ["parallel", "config", "large"]):
+    for keys in (["parallel"], ["parallel", "tokens"], ["parallel", "config", "large"]):
         print(split(rows, keys), end="\n\n")
+    print(same_model(rows, 256, 7168, "ep"), end="\n\n")  # DeepSeek-V3's layer
+    print(same_model(rows, 8, 4096, "tp"), end="\n\n")  # Mixtral-8x7B's layer
     for gpu in ("h100-sxm", TRANSFER_GPU):
         print(one_token_floor(gpu))
 
