@@ -76,6 +76,21 @@ def same_model(rows: pd.DataFrame, num_experts: int, hidden: int, by: str) -> pd
     return out.sort_values(["m", by])[columns].round(1).set_index(["m", by])
 
 
+def operand_rates(rows: pd.DataFrame) -> pd.DataFrame:
+    """TFLOPS and the L2-to-SM operand traffic it implies (TB/s) of the tensor-parallel
+    power_law_1.01 rows at 16,384 tokens and more, per shape: a default-config row moves
+    (64 + 64) x 2 bytes a k step for 2 x 64 x 64 FLOPs (vLLM 0.14's 64 x 64 x 32 tile),
+    a tuned one is taken as 128 x 128 (Mixtral's E=8, N=7168 A100 file from 1,536 tokens:
+    128 x 128 x 64; the other files not read), twice the FLOPs a byte."""
+    pick = rows[(rows["ep"] == 1) & (rows["m"] >= 16384) & (rows["routing"] == "power_law_1.01")]
+    width = pick["k"] // pick["tp"]
+    tflops = 2 * pick["m"] * pick["topk"] * 3 * pick["n"] * width / pick["measured_s"] / 1e12
+    flops_per_byte = np.where(pick["config"] == "tuned", 64.0, 32.0)
+    out = pick.assign(width=width, tflops=tflops, operand_tbs=tflops / flops_per_byte)
+    keys = ["num_experts", "n", "width", "config"]
+    return out.groupby(keys)[["tflops", "operand_tbs"]].median().round(2)
+
+
 def one_token_floor(gpu: str) -> str:
     """Least squares of the one-token tensor-parallel bf16 rows' latency over the weight
     bytes they read (top-k experts' slices): the fixed part and the rate."""
@@ -103,6 +118,7 @@ def main() -> None:
         print(split(rows, keys), end="\n\n")
     print(same_model(rows, 256, 7168, "ep"), end="\n\n")  # DeepSeek-V3's layer
     print(same_model(rows, 8, 4096, "tp"), end="\n\n")  # Mixtral-8x7B's layer
+    print(operand_rates(rows).to_string(), end="\n\n")
     for gpu in ("h100-sxm", TRANSFER_GPU):
         print(one_token_floor(gpu))
 
