@@ -48,7 +48,13 @@ from simulator.progress import Progress
 from simulator.provenance import provenance
 from simulator.results import Results
 from simulator.router import SessionAffinity, make_router
-from simulator.scenario import BATCH_LIMITS, ModelSection, Scenario, ServingSection
+from simulator.scenario import (
+    BATCH_LIMITS,
+    ModelSection,
+    Scenario,
+    ServingSection,
+    replica_gpus,
+)
 from simulator.workload import (
     ClosedLoopSampler,
     PromptHashes,
@@ -156,7 +162,7 @@ def check_placement(scenario: Scenario, arch: ModelArchitecture, node: NodeSpec)
             "stage would hold none (uneven stages are split as vLLM does)"
         )
     if par.nodes is not None:
-        needed = par.replicas * par.tp * par.pp * par.dp
+        needed = par.replicas * replica_gpus(par.tp, par.pp, par.dp)
         have = par.nodes * node.gpus_per_node
         if needed > have:
             dp = f" x dp={par.dp}" if par.dp > 1 else ""
@@ -363,7 +369,7 @@ def build_replica(
     max_model_len = scenario.serving.max_model_len or arch.max_position_embeddings
     serving, defaults = scenario.serving.with_vllm_defaults(gpu, max_model_len)
     defaults = (*forced, *defaults)
-    gpus = par.tp * par.pp  # of one dp rank; the replica has dp of them
+    gpus = replica_gpus(par.tp, par.pp)  # of one dp rank; the replica has dp of them
     check_placement(scenario, arch, node)
     routing = scenario.model.moe_routing
     if not arch.is_moe and routing != ModelSection.model_fields["moe_routing"].default:
