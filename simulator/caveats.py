@@ -107,7 +107,7 @@ def mla_block_size(
     MLA a multiple of 128. Elsewhere (Ampere, Ada, RTX Blackwell, ROCm) the block is kept."""
     if not arch.is_mla or gpu.vendor != "nvidia":
         return None
-    major = int(gpu.compute_capability.split(".")[0]) if gpu.compute_capability else None
+    major = gpu.capability_major
     if gpu.architecture.strip().lower() == "hopper" or major == 9:
         fits, size, backend = block_size % 64 == 0, 64, "FlashMLA"
     elif major != 10:
