@@ -275,7 +275,7 @@ class BuiltScenario:
     scenario: Scenario
     pools: list[tuple[str, ReplicaBuild]]
     hashed_prompts: bool  # built for prompts that share blocks by hash (build_pools)
-    warnings: tuple[warnings.WarningMessage, ...]
+    raised: tuple[warnings.WarningMessage, ...]  # the warnings building them raised
 
 
 def build_scenario(scenario: Scenario, hashed_prompts: bool = False) -> BuiltScenario:
@@ -624,7 +624,7 @@ class _Run:
                 f"{'share' if built.hashed_prompts else 'do not share'} blocks by hash; the "
                 "workload's prompts do not match (build_scenario's hashed_prompts)"
             )
-        pass_on(list(built.warnings))
+        pass_on(list(built.raised))
         return built.pools
 
     def _replica(
