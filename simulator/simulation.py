@@ -269,27 +269,32 @@ def build_pools(scenario: Scenario, hashed_prompts: bool = False) -> list[tuple[
 class BuiltScenario:
     """A scenario with its replicas built, and the warnings building them raised. A caller
     that builds a scenario to learn whether it starts (replay: the max_model_len its run
-    must have set) hands it to simulate(), which runs these replicas instead of building
-    them again and raises, and records, those warnings as its own build would."""
+    must have set; compare: every run before any runs) hands it to simulate(), which runs
+    these replicas instead of building them again and raises, and records, those
+    warnings as its own build would."""
 
     scenario: Scenario
     pools: list[tuple[str, ReplicaBuild]]
-    hashed_prompts: bool  # built for prompts that share blocks by hash (build_pools)
     raised: tuple[warnings.WarningMessage, ...]  # the warnings building them raised
 
 
-def build_scenario(scenario: Scenario, hashed_prompts: bool = False) -> BuiltScenario:
-    """build_pools, with its warnings kept for the run (simulate raises them); a build
-    that fails passes on what it raised until then, as simulate does."""
+def build_scenario(scenario: Scenario) -> BuiltScenario:
+    """The replicas simulate() builds for `scenario`, with the warnings kept for the run.
+    The workload is drawn only where its prompts' hashes can change the build (prefix
+    caching on); a build that fails passes on what it raised until then, as simulate
+    does."""
     caught: list[warnings.WarningMessage] = []
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", InfersimWarning)
-            pools = build_pools(scenario, hashed_prompts)
+            caching = scenario.serving.enable_prefix_caching
+            pools = build_pools(
+                scenario, caching and shares_blocks_by_hash(open_loop_requests(scenario))
+            )
     except Exception:
         pass_on(caught)
         raise
-    return BuiltScenario(scenario, pools, hashed_prompts, tuple(caught))
+    return BuiltScenario(scenario, pools, tuple(caught))
 
 
 def _build_pool(
@@ -548,7 +553,7 @@ class _Run:
         base_dir = scenario.base_dir
         self.closed = wl.arrivals.kind == "closed_loop"
         batch = open_loop_requests(scenario)
-        self.builds = self._pools(built, shares_blocks_by_hash(batch))
+        self.builds = self._pools(built, batch)
         self.configuration_warnings = _configuration_warnings(self.builds)
         for text in self.configuration_warnings:  # before the run, which they may stop
             warnings.warn(text, InfersimWarning, stacklevel=3)
@@ -614,16 +619,13 @@ class _Run:
             make_router(router, decoders, scenario.seed + 1, self.requests) if decoders else None
         )
 
-    def _pools(self, built: BuiltScenario | None, hashed: bool) -> list[tuple[str, ReplicaBuild]]:
-        """The replicas `built` holds, with the warnings building them raised, or built now."""
+    def _pools(
+        self, built: BuiltScenario | None, batch: RequestBatch | None
+    ) -> list[tuple[str, ReplicaBuild]]:
+        """The replicas `built` holds, raising the warnings building them raised, or the
+        replicas built now for the workload `batch`."""
         if built is None:
-            return build_pools(self.scenario, hashed)
-        if built.hashed_prompts != hashed:
-            raise ValueError(
-                f"{self.scenario.name}: built for prompts that "
-                f"{'share' if built.hashed_prompts else 'do not share'} blocks by hash; the "
-                "workload's prompts do not match (build_scenario's hashed_prompts)"
-            )
+            return build_pools(self.scenario, shares_blocks_by_hash(batch))
         pass_on(list(built.raised))
         return built.pools
 

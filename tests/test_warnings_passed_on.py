@@ -143,9 +143,8 @@ def test_a_plan_probe_leaves_its_load_warnings_in_its_summary():
 
 
 def test_a_scenario_built_beforehand_runs_as_built_and_raises_its_build_warnings():
-    """simulate(build_scenario(s)) runs the replicas built once (replay's check), with the
-    warnings building them raised counted as the run's own; a build made for prompts that
-    share blocks by hash does not run a workload whose prompts do not."""
+    """simulate(build_scenario(s)) runs the replicas built once (replay's and compare's
+    checks), with the warnings building them raised counted as the run's own."""
     from simulator.simulation import build_scenario
 
     model = {"name": "gpt-oss-20b", "weight_dtype": "bf16"}  # an upcast checkpoint: a warning
@@ -158,5 +157,3 @@ def test_a_scenario_built_beforehand_runs_as_built_and_raises_its_build_warnings
     with pytest.warns(InfersimWarning, match="stored in fp4"):
         results = simulate(built)
     assert any("stored in fp4" in text for text in results.summary()["warnings"])
-    with pytest.raises(ValueError, match="share blocks by hash"):
-        simulate(build_scenario(scenario, hashed_prompts=True))
