@@ -1063,10 +1063,10 @@ def simulate(
 ) -> Results:
     """Run one scenario (or the scenario file at a path, or a scenario build_scenario
     built already) to its stop condition and return its results. Every warning goes to
-    the caller's filters once; with
-    `summary_warnings` off, those only the finished run's figures show (KV cache short,
-    batch capped, rejections) stay in its summary alone: for callers that run loads past
-    capacity by design and judge them from the summary (the planner's probes)."""
+    the caller's filters once; with `summary_warnings` off, those only the finished run's
+    figures show (KV cache short, batch capped, rejections) stay in its summary alone:
+    for callers that run loads past capacity by design and judge them from the summary
+    (the planner's probes)."""
     built = scenario if isinstance(scenario, BuiltScenario) else None
     if built is not None:
         scenario = built.scenario
