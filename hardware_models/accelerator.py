@@ -230,11 +230,18 @@ class AcceleratorSpec(BaseModel):
         )
         if self.compute_capability is None:
             raise ValueError(f"compute_capability is required for a Blackwell GPU: {allowed}")
-        major = int(self.compute_capability.split(".")[0])
-        if major not in BLACKWELL_MAJORS:
+        if self.capability_major not in BLACKWELL_MAJORS:
             raise ValueError(
                 f"compute_capability {self.compute_capability} is not a Blackwell one: {allowed}"
             )
+
+    @property
+    def capability_major(self) -> int | None:
+        """The compute capability's major (10 of "10.0"): what tells kernel families and
+        Blackwell's two GEMM machines apart. None where the preset states no capability."""
+        if self.compute_capability is None:
+            return None
+        return int(self.compute_capability.split(".")[0])
 
     def __hash__(self) -> int:
         # Consistent with field equality; lets operator costs be memoised per chip. The

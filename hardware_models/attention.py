@@ -18,7 +18,7 @@ from hardware_models.block_scaling import WARP_MMA_FAMILIES, gemm_family
 from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
 from hardware_models.efficiency import EfficiencyCurve
 from hardware_models.gemm import l2_hit_fraction
-from hardware_models.op_cost import Bound, OpCost, classify
+from hardware_models.op_cost import Bound, OpCost
 
 # Query rows x keys of one prefill thread block's tile. vLLM's FlashAttention-2 always
 # reads a paged cache, which runs its split-KV kernel (flash_api.cpp: force_split_kernel
@@ -445,17 +445,8 @@ def attention_prefill_cost(
     )
     query_blocks = max(1, math.ceil(new_tokens / max(num_seqs, 1) / model.block_m))
     floor = model.decode.floor if new_tokens <= num_seqs else model.floor
-    return OpCost(
-        name="attention_prefill",
-        seconds=seconds,
-        flops=flops,
-        dram_bytes=dram,
-        l2_bytes=dram + context_tokens * model.kv_bytes_per_token * (query_blocks - 1),
-        bound=classify(compute, memory, 0.0, floor),
-        compute_seconds=compute,
-        memory_seconds=memory,
-        overhead_seconds=floor,
-    )
+    l2 = dram + context_tokens * model.kv_bytes_per_token * (query_blocks - 1)
+    return OpCost.from_terms("attention_prefill", seconds, flops, dram, l2, compute, memory, floor)
 
 
 def uniform_prefill_args(

@@ -122,7 +122,8 @@ def gemm_family(gpu: AcceleratorSpec) -> str:
     arch = gpu.architecture.strip().lower()
     if arch != "blackwell":
         return arch
-    major = int(str(gpu.compute_capability).split(".")[0])
+    major = gpu.capability_major
+    assert major is not None  # AcceleratorSpec requires it of a Blackwell chip
     return BLACKWELL_WORKSTATION if major >= 12 else BLACKWELL_DATACENTER
 
 

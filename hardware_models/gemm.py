@@ -36,7 +36,7 @@ from hardware_models.block_scaling import (
 )
 from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
 from hardware_models.efficiency import EfficiencyCurve, GemmKernel, dtype_key
-from hardware_models.op_cost import OpCost, classify
+from hardware_models.op_cost import OpCost
 
 # (tile_m, tile_n) shapes cuBLAS/CUTLASS kernels commonly use on tensor cores.
 TILE_SHAPES: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128), (64, 128), (64, 64))
@@ -679,23 +679,7 @@ def gemm_costs_many(
         parts.fixed_s.tolist(), parts.kernels.tolist(),
         strict=True,
     )  # fmt: skip
-    return [_op_cost(*terms) for terms in columns]
-
-
-def _op_cost(seconds, flops, dram, l2, compute, memory, fixed, kernels) -> OpCost:
-    """A GEMM's OpCost from its GemmParts terms."""
-    return OpCost(
-        name="gemm",
-        seconds=seconds,
-        flops=flops,
-        dram_bytes=dram,
-        l2_bytes=l2,
-        bound=classify(compute, memory, 0.0, fixed),
-        compute_seconds=compute,
-        memory_seconds=memory,
-        overhead_seconds=fixed,
-        kernels=kernels,
-    )
+    return [OpCost.from_terms("gemm", *terms) for terms in columns]
 
 
 @lru_cache(maxsize=65536)
@@ -724,6 +708,5 @@ def gemm_cost(
     any L2, hence None (from DRAM) by default.
     """
     p = gemm_parts(gpu, m, n, k, dtype, weight_dtype, loop_bytes)
-    return _op_cost(
-        p.seconds, p.flops, p.dram_bytes, p.l2_bytes, p.compute_s, p.memory_s, p.fixed_s, p.kernels
-    )
+    terms = (p.seconds, p.flops, p.dram_bytes, p.l2_bytes, p.compute_s, p.memory_s, p.fixed_s)
+    return OpCost.from_terms("gemm", *terms, p.kernels)

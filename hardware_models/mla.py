@@ -375,17 +375,7 @@ def mla_prefill_cost(
         float(a[0]) for a in model.many(num_seqs, new_tokens, attended_pairs, context_tokens)
     )
     floor = model.decode.floor if model.absorbed(num_seqs, new_tokens) else model.flash.floor
-    return OpCost(
-        name="mla_prefill",
-        seconds=seconds,
-        flops=flops,
-        dram_bytes=dram,
-        l2_bytes=dram,
-        bound=classify(compute, memory, 0.0, floor),
-        compute_seconds=compute,
-        memory_seconds=memory,
-        overhead_seconds=floor,
-    )
+    return OpCost.from_terms("mla_prefill", seconds, flops, dram, dram, compute, memory, floor)
 
 
 def mla_projection_gemms(shape: MlaShape, decode: bool) -> list[tuple[str, bool, int, int, bool]]:
@@ -491,18 +481,14 @@ def mla_module_cost(
                 kv_dtype=kv_dtype,
             )
         )
-    compute = sum(p.compute_seconds for p in parts)
-    memory = sum(p.memory_seconds for p in parts)
-    overhead = sum(p.overhead_seconds for p in parts)
-    return OpCost(
-        name="mla_module",
+    return OpCost.from_terms(
+        "mla_module",
         seconds=sum(p.seconds for p in parts),
         flops=sum(p.flops for p in parts),
         dram_bytes=sum(p.dram_bytes for p in parts),
         l2_bytes=sum(p.l2_bytes for p in parts),
-        bound=classify(compute, memory, 0.0, overhead),
-        compute_seconds=compute,
-        memory_seconds=memory,
-        overhead_seconds=overhead,
+        compute=sum(p.compute_seconds for p in parts),
+        memory=sum(p.memory_seconds for p in parts),
+        overhead=sum(p.overhead_seconds for p in parts),
         kernels=sum(p.kernels for p in parts),
     )

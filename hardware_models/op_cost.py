@@ -38,6 +38,26 @@ class OpCost:
     def achieved_flops(self) -> float:
         return self.flops / self.seconds if self.seconds else 0.0
 
+    @classmethod
+    def from_terms(
+        cls,
+        name: str,
+        seconds: float,
+        flops: float,
+        dram_bytes: float,
+        l2_bytes: float,
+        compute: float,
+        memory: float,
+        overhead: float,
+        kernels: int = 1,
+    ) -> OpCost:
+        """An op priced by its compute, DRAM and fixed-overhead terms, its bound named by
+        the largest of them (classify): the label always agrees with the terms."""
+        bound = classify(compute, memory, 0.0, overhead)
+        return cls(
+            name, seconds, flops, dram_bytes, l2_bytes, bound, compute, memory, overhead, kernels
+        )
+
     def as_dict(self) -> dict[str, float | str]:
         return {
             "op": self.name,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
-from hardware_models.op_cost import OpCost, classify
+from hardware_models.op_cost import OpCost
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,18 +36,8 @@ def _cost(gpu: AcceleratorSpec, name: str, flops: float, dram: float, kernels: i
     memory = dram / (gpu.memory_bandwidth * eff.memory_bandwidth)
     compute = flops / gpu.peak_vector_flops()
     floor = kernels * eff.kernel_floor_us * 1e-6
-    return OpCost(
-        name=name,
-        seconds=max(memory, compute) + floor,
-        flops=flops,
-        dram_bytes=dram,
-        l2_bytes=dram,
-        bound=classify(compute, memory, 0.0, floor),
-        compute_seconds=compute,
-        memory_seconds=memory,
-        overhead_seconds=floor,
-        kernels=kernels,
-    )
+    seconds = max(memory, compute) + floor
+    return OpCost.from_terms(name, seconds, flops, dram, dram, compute, memory, floor, kernels)
 
 
 def elementwise_cost(

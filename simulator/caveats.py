@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from hardware_models.dtypes import Dtype, bytes_per_element
 from hardware_models.errors import InfeasibleError
 from simulator.engine.kv_groups import chunked_local_attention
+from simulator.memory_planner import RUN_SETTINGS, SettingNames
 from simulator.vllm_defaults import Default
 
 if TYPE_CHECKING:
@@ -23,63 +24,78 @@ if TYPE_CHECKING:
 
 
 def check_token_budget(
-    policy: str, budget: int, max_model_len: int, max_num_seqs: int, budget_default: bool = False
+    policy: str,
+    budget: int,
+    max_model_len: int,
+    max_num_seqs: int,
+    budget_default: bool = False,
+    names: SettingNames = RUN_SETTINGS,
 ) -> None:
     """vLLM's SchedulerConfig.verify_max_model_len refuses to start a prefill-first engine
     (no chunked prefill) whose token budget is below max_model_len (a longer prompt could
     never be scheduled), and any engine whose budget is below max_num_seqs (each
     sequence of a step takes at least one token), chunked prefill or not.
     `budget_default`: the budget was left unset (vLLM's default for the GPU, which only
-    a max_num_seqs given above it can exceed), so the message says to set it."""
+    a max_num_seqs given above it can exceed), so the message says to set it; `names`:
+    the settings as the command spells them (a scenario's fields, estimate's flags)."""
     if policy not in ("continuous", "chunked_prefill"):
         return  # run-to-completion batches: not vLLM's scheduler, no token budget
+    tokens, seqs = names.max_num_batched_tokens, names.max_num_seqs
     if policy == "continuous" and budget < max_model_len:
         raise InfeasibleError(
-            f"serving.max_num_batched_tokens={budget} is below max_model_len={max_model_len}: "
-            "the continuous policy prefills a prompt in one step, so vLLM refuses this at "
-            "start-up; raise max_num_batched_tokens, lower serving.max_model_len, or use "
-            "chunked_prefill"
+            f"{tokens}={budget} is below max_model_len={max_model_len}: the continuous "
+            "policy prefills a prompt in one step, so vLLM refuses this at start-up; raise "
+            f"{tokens}, lower {names.max_model_len}, or use chunked_prefill"
         )
     if budget < max_num_seqs:
-        way_out = "raise max_num_batched_tokens or lower max_num_seqs"
+        way_out = f"raise {tokens} or lower {seqs}"
         if budget_default:
             way_out = (
-                f"max_num_batched_tokens was left unset and took vLLM's default for this "
-                f"GPU, {budget}: set it to at least {max_num_seqs} or lower max_num_seqs"
+                f"{tokens} was left unset and took vLLM's default for this GPU, {budget}: "
+                f"set it to at least {max_num_seqs} or lower {seqs}"
             )
         raise InfeasibleError(
-            f"serving.max_num_batched_tokens={budget} is below serving.max_num_seqs="
-            f"{max_num_seqs}: vLLM refuses this at start-up (max_num_batched_tokens must "
-            f"be greater than or equal to max_num_seqs); {way_out}"
+            f"{tokens}={budget} is below {seqs}={max_num_seqs}: vLLM refuses this at "
+            "start-up (max_num_batched_tokens must be greater than or equal to "
+            f"max_num_seqs); {way_out}"
         )
 
 
-def check_context(max_model_len: int, arch: ModelArchitecture) -> None:
+def check_context(
+    max_model_len: int, arch: ModelArchitecture, names: SettingNames = RUN_SETTINGS
+) -> None:
     """vLLM's ModelConfig (_get_and_verify_max_len) refuses a max_model_len above the
     model's context (max_position_embeddings, rope scaling included), unless
     VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, which infersim does not model."""
     if max_model_len > arch.max_position_embeddings:
         raise InfeasibleError(
-            f"serving.max_model_len={max_model_len} is above {arch.name}'s context of "
+            f"{names.max_model_len}={max_model_len} is above {arch.name}'s context of "
             f"{arch.max_position_embeddings} tokens (max_position_embeddings): vLLM refuses "
-            f"this at start-up; set serving.max_model_len to at most "
+            f"this at start-up; set {names.max_model_len} to at most "
             f"{arch.max_position_embeddings}"
         )
 
 
 def check_serving_starts(
-    arch: ModelArchitecture, serving: ServingSection, max_model_len: int, *, budget_default: bool
+    arch: ModelArchitecture,
+    serving: ServingSection,
+    max_model_len: int,
+    *,
+    budget_default: bool,
+    names: SettingNames = RUN_SETTINGS,
 ) -> None:
     """What vLLM checks of the serving settings before it sizes memory (check_context,
-    check_token_budget), as `run` and `estimate` both refuse them; `budget_default`: the
-    token budget was left to vLLM's default."""
-    check_context(max_model_len, arch)
+    check_token_budget), as `run` and `estimate` both refuse them, each naming the
+    settings as its user sets them (`names`); `budget_default`: the token budget was
+    left to vLLM's default."""
+    check_context(max_model_len, arch, names)
     check_token_budget(
         serving.policy,
         serving.max_num_batched_tokens,
         max_model_len,
         serving.max_num_seqs,
         budget_default=budget_default,
+        names=names,
     )
 
 
@@ -107,7 +123,7 @@ def mla_block_size(
     MLA a multiple of 128. Elsewhere (Ampere, Ada, RTX Blackwell, ROCm) the block is kept."""
     if not arch.is_mla or gpu.vendor != "nvidia":
         return None
-    major = int(gpu.compute_capability.split(".")[0]) if gpu.compute_capability else None
+    major = gpu.capability_major
     if gpu.architecture.strip().lower() == "hopper" or major == 9:
         fits, size, backend = block_size % 64 == 0, 64, "FlashMLA"
     elif major != 10:

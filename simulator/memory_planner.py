@@ -297,12 +297,20 @@ class SettingNames:
     tp: str = "parallelism.tp"
     pp: str | None = "parallelism.pp"
     kv_dtype: str = "model.kv_dtype"
+    max_num_seqs: str = "serving.max_num_seqs"
+    max_num_batched_tokens: str = "serving.max_num_batched_tokens"
 
 
 RUN_SETTINGS = SettingNames()
 PLAN_SETTINGS = SettingNames(tp="plan.tp", pp="plan.pp")
 ESTIMATE_SETTINGS = SettingNames(
-    "--max-model-len", "--gpu-memory-utilization", "--tp", None, "--kv-dtype"
+    max_model_len="--max-model-len",
+    gpu_memory_utilization="--gpu-memory-utilization",
+    tp="--tp",
+    pp=None,
+    kv_dtype="--kv-dtype",
+    max_num_seqs="--max-num-seqs",
+    max_num_batched_tokens="--max-num-batched-tokens",
 )
 
 

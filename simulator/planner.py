@@ -50,7 +50,14 @@ from simulator.metrics.overload import (
     verdict,
 )
 from simulator.progress import Progress
-from simulator.scenario import BATCH_LIMITS, PlanSection, Scenario, fields_overlap, override_key
+from simulator.scenario import (
+    BATCH_LIMITS,
+    PlanSection,
+    Scenario,
+    fields_overlap,
+    override_key,
+    replica_gpus,
+)
 from simulator.sweep import JobError, run_parallel, warn_named, warning_texts
 
 if TYPE_CHECKING:
@@ -319,7 +326,7 @@ def _row(scenario: Scenario, candidate: Candidate, fleet: Fleet, probe: Probe) -
         "replicas": _size(fleet),
         "prefill_replicas": split.get("prefill"),
         "decode_replicas": split.get("decode"),
-        "gpus": _size(fleet) * candidate.tp * candidate.pp * scenario.parallelism.dp,
+        "gpus": _size(fleet) * replica_gpus(candidate.tp, candidate.pp, scenario.parallelism.dp),
         "usd_per_hour": summary["cost"]["usd_per_hour"],
         "usd_per_million_output_tokens": summary["cost"]["usd_per_million_output_tokens"],
         f"ttft_{pct}_ms": 1000 * summary["latency"]["ttft"][pct],

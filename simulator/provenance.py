@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from simulator.build_id import build_id
+from simulator.scenario import replica_gpus
 
 if TYPE_CHECKING:
     from simulator.scenario import Scenario
@@ -85,7 +86,7 @@ def _layout(pool: Mapping[str, Any]) -> str:
     shape += f" dp={pool['dp']}" if pool.get("dp", 1) > 1 else ""
     shape += " ep" if pool.get("ep") else ""
     shape += "" if pool["pool"] == "default" else f", pool {pool['pool']}"
-    gpus = pool["tp"] * pool["pp"] * pool.get("dp", 1)
+    gpus = replica_gpus(pool["tp"], pool["pp"], pool.get("dp", 1))
     return f"{_plural(pool['replicas'], 'replica')} x {gpus} {pool['gpu']} ({shape})"
 
 

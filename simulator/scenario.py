@@ -134,6 +134,13 @@ class ModelSection(BaseModel):
         return value
 
 
+def replica_gpus(tp: int, pp: int, dp: int = 1) -> int:
+    """The GPUs of one replica: its dp attention data-parallel ranks, each a tp x pp engine
+    (vLLM's world size is tp x pp per DP rank). Placement, the run header and the
+    planner's fleets all count GPUs by this rule."""
+    return tp * pp * dp
+
+
 class ParallelismSection(BaseModel):
     model_config = _STRICT
     tp: int = Field(default=1, ge=1, le=512, description="tensor-parallel degree per replica")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import heapq
 import math
 import os
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -48,7 +49,13 @@ from simulator.progress import Progress
 from simulator.provenance import provenance
 from simulator.results import Results
 from simulator.router import SessionAffinity, make_router
-from simulator.scenario import BATCH_LIMITS, ModelSection, Scenario, ServingSection
+from simulator.scenario import (
+    BATCH_LIMITS,
+    ModelSection,
+    Scenario,
+    ServingSection,
+    replica_gpus,
+)
 from simulator.workload import (
     ClosedLoopSampler,
     PromptHashes,
@@ -156,7 +163,7 @@ def check_placement(scenario: Scenario, arch: ModelArchitecture, node: NodeSpec)
             "stage would hold none (uneven stages are split as vLLM does)"
         )
     if par.nodes is not None:
-        needed = par.replicas * par.tp * par.pp * par.dp
+        needed = par.replicas * replica_gpus(par.tp, par.pp, par.dp)
         have = par.nodes * node.gpus_per_node
         if needed > have:
             dp = f" x dp={par.dp}" if par.dp > 1 else ""
@@ -256,6 +263,38 @@ def build_pools(scenario: Scenario, hashed_prompts: bool = False) -> list[tuple[
         (pool.name, _build_pool(scenario, index, kv_transfer, hashed_prompts))
         for index, pool in enumerate(pools)
     ]
+
+
+@dataclass(frozen=True)
+class BuiltScenario:
+    """A scenario with its replicas built, and the warnings building them raised. A caller
+    that builds a scenario to learn whether it starts (replay: the max_model_len its run
+    must have set; compare: every run before any runs) hands it to simulate(), which runs
+    these replicas instead of building them again and raises, and records, those
+    warnings as its own build would."""
+
+    scenario: Scenario
+    pools: list[tuple[str, ReplicaBuild]]
+    raised: tuple[warnings.WarningMessage, ...]  # the warnings building them raised
+
+
+def build_scenario(scenario: Scenario) -> BuiltScenario:
+    """The replicas simulate() builds for `scenario`, with the warnings kept for the run.
+    The workload is drawn only where its prompts' hashes can change the build (prefix
+    caching on); a build that fails passes on what it raised until then, as simulate
+    does."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", InfersimWarning)
+            caching = scenario.serving.enable_prefix_caching
+            pools = build_pools(
+                scenario, caching and shares_blocks_by_hash(open_loop_requests(scenario))
+            )
+    except Exception:
+        pass_on(caught)
+        raise
+    return BuiltScenario(scenario, pools, tuple(caught))
 
 
 def _build_pool(
@@ -363,7 +402,7 @@ def build_replica(
     max_model_len = scenario.serving.max_model_len or arch.max_position_embeddings
     serving, defaults = scenario.serving.with_vllm_defaults(gpu, max_model_len)
     defaults = (*forced, *defaults)
-    gpus = par.tp * par.pp  # of one dp rank; the replica has dp of them
+    gpus = replica_gpus(par.tp, par.pp)  # of one dp rank; the replica has dp of them
     check_placement(scenario, arch, node)
     routing = scenario.model.moe_routing
     if not arch.is_moe and routing != ModelSection.model_fields["moe_routing"].default:
@@ -508,13 +547,13 @@ def _split(total: int, parts: int) -> list[int]:
 class _Run:
     """The live state of one simulation: environment, replicas, request accounting."""
 
-    def __init__(self, scenario: Scenario, progress: bool) -> None:
+    def __init__(self, scenario: Scenario, progress: bool, built: BuiltScenario | None) -> None:
         self.scenario = scenario
         wl = scenario.workload
         base_dir = scenario.base_dir
         self.closed = wl.arrivals.kind == "closed_loop"
         batch = open_loop_requests(scenario)
-        self.builds = build_pools(scenario, shares_blocks_by_hash(batch))
+        self.builds = self._pools(built, batch)
         self.configuration_warnings = _configuration_warnings(self.builds)
         for text in self.configuration_warnings:  # before the run, which they may stop
             warnings.warn(text, InfersimWarning, stacklevel=3)
@@ -579,6 +618,16 @@ class _Run:
         self.decode_router = (
             make_router(router, decoders, scenario.seed + 1, self.requests) if decoders else None
         )
+
+    def _pools(
+        self, built: BuiltScenario | None, batch: RequestBatch | None
+    ) -> list[tuple[str, ReplicaBuild]]:
+        """The replicas `built` holds, raising the warnings building them raised, or the
+        replicas built now for the workload `batch`."""
+        if built is None:
+            return build_pools(self.scenario, shares_blocks_by_hash(batch))
+        pass_on(list(built.raised))
+        return built.pools
 
     def _replica(
         self,
@@ -1007,35 +1056,48 @@ def _serving_defaults(builds: list[tuple[str, ReplicaBuild]]) -> list[str]:
 
 
 def simulate(
-    scenario: Scenario | str | os.PathLike[str],
+    scenario: Scenario | BuiltScenario | str | os.PathLike[str],
     *,
     progress: bool | None = None,
     summary_warnings: bool = True,
 ) -> Results:
-    """Run one scenario (or the scenario file at a path) to its stop condition and
-    return its results. Every warning goes to the caller's filters once; with
-    `summary_warnings` off, those only the finished run's figures show (KV cache short,
-    batch capped, rejections) stay in its summary alone: for callers that run loads past
-    capacity by design and judge them from the summary (the planner's probes)."""
-    if not isinstance(scenario, Scenario):
+    """Run one scenario (or the scenario file at a path, or a scenario build_scenario
+    built already) to its stop condition and return its results. Every warning goes to
+    the caller's filters once; with `summary_warnings` off, those only the finished run's
+    figures show (KV cache short, batch capped, rejections) stay in its summary alone:
+    for callers that run loads past capacity by design and judge them from the summary
+    (the planner's probes)."""
+    built = scenario if isinstance(scenario, BuiltScenario) else None
+    if built is not None:
+        scenario = built.scenario
+    elif not isinstance(scenario, Scenario):
         scenario = Scenario.from_yaml(os.fspath(scenario))
     show = scenario.output.progress if progress is None else progress
+    with warnings_passed_on_once() as caught:
+        run = _Run(scenario, show, built)
+        started = time.perf_counter()
+        end = run.run()
+        wall = time.perf_counter() - started
+        raised = [msg for kind, msg in _distinct(caught) if issubclass(kind, InfersimWarning)]
+        results = _results(scenario, run, end, wall, raised)
+        for text in results.summary()["warnings"] if summary_warnings else ():
+            if text not in results.context.warnings:  # the ones the run's figures show
+                warnings.warn(text, InfersimWarning, stacklevel=2)
+    return results
+
+
+@contextlib.contextmanager
+def warnings_passed_on_once() -> Iterator[list[warnings.WarningMessage]]:
+    """Record every InfersimWarning raised within (the list it gives), then pass each
+    distinct one on to the caller's filters, also when the block stops with an error:
+    what it raised until then still holds."""
     caught: list[warnings.WarningMessage] = []
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", InfersimWarning)
-            run = _Run(scenario, show)
-            started = time.perf_counter()
-            end = run.run()
-            wall = time.perf_counter() - started
-            raised = [msg for kind, msg in _distinct(caught) if issubclass(kind, InfersimWarning)]
-            results = _results(scenario, run, end, wall, raised)
-            for text in results.summary()["warnings"] if summary_warnings else ():
-                if text not in results.context.warnings:  # the ones the run's figures show
-                    warnings.warn(text, InfersimWarning, stacklevel=2)
-    finally:  # also when the run stops with an error: what it raised until then still holds
+            yield caught
+    finally:
         pass_on(caught)
-    return results
 
 
 def _distinct(

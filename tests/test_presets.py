@@ -213,6 +213,15 @@ def test_a_yaml_number_is_read_as_the_compute_capability(tmp_path):
     assert AcceleratorSpec(**raw).compute_capability == "12.0"
 
 
+def test_the_capability_major_tells_the_gemm_machines_apart():
+    """One parse of the major serves the Blackwell check, gemm_family, the MXFP4 layout
+    and the MLA block size; a preset stating no capability has none."""
+    assert load_gpu("b200").capability_major == 10
+    assert load_gpu("rtx-pro-6000").capability_major == 12
+    assert load_gpu("h100-sxm").compute_capability is None
+    assert load_gpu("h100-sxm").capability_major is None
+
+
 def test_a_blackwell_gpu_with_another_architectures_capability_is_refused(tmp_path):
     """A Blackwell entry saying 9.0 (Hopper's) was priced as sm_100 without a word."""
     raw = _raw(GPU_DIR / "rtx-pro-6000.yaml")

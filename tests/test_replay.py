@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hardware_models.errors import InfersimError
+from hardware_models.errors import InfersimError, InfersimWarning
 from simulator.cli.main import main
 from simulator.replay.bench_json import vllm_client_arrivals
 from simulator.replay.config import catalog_name_for, gpu_preset_for
@@ -657,3 +657,35 @@ def test_the_timeline_sums_every_rank_of_a_multi_rank_run():
     running, waiting, kv = _sampled(steps.sort_values("start"), np.array([0.5, 1.2, 2.0]))
     assert running.tolist() == [5, 7, 9] and waiting.tolist() == [1, 0, 2]
     assert kv.tolist() == [30, 50, 70]
+
+
+def test_a_replay_builds_its_replicas_once_and_warns_once(tmp_path, capsys, monkeypatch):
+    """A run that records no max_model_len is built to learn whether vLLM would start
+    at the model's context; that build is the one simulated (it was built twice, and
+    its warnings shown twice). The figures are those of a scenario simulated afresh."""
+    import simulator.simulation as simulation
+    from simulator.replay import ReplayOptions, read_run
+    from simulator.replay import replay as replay_run
+
+    scenario = tmp_path / "s.yaml"
+    model = {"name": "gpt-oss-20b", "weight_dtype": "bf16"}  # upcast: a warning
+    hardware = {"gpu": "b200", "calibration": "none"}
+    sections = {"workload": {"num_requests": 40}, "model": model, "hardware": hardware}
+    scenario.write_text(json.dumps(scenario_dict(**sections)))
+    bench = tmp_path / "bench.json"
+    args = ["run", str(scenario), "-o", str(tmp_path / "run"), "--quiet", "--no-plots"]
+    assert main([*args, "--bench-json", str(bench)]) == 0
+    capsys.readouterr()
+    assert "max_model_len" not in json.loads(bench.read_text())["infersim_meta"]["engine_kwargs"]
+    builds, build = [], simulation.build_replica
+    monkeypatch.setattr(simulation, "build_replica", lambda *a: builds.append(a) or build(*a))
+    with pytest.warns(InfersimWarning) as shown:
+        result = replay_run(read_run(bench), tmp_path / "out", ReplayOptions())
+    assert len(builds) == 1
+    upcast = [w for w in shown if "checkpoint is stored in fp4" in str(w.message)]
+    assert len(upcast) == 1
+    assert any("checkpoint is stored in fp4" in t for t in result.results.summary()["warnings"])
+    monkeypatch.undo()
+    afresh = simulation.simulate(result.scenario)
+    assert afresh.requests.equals(result.results.requests)
+    assert afresh.steps.equals(result.results.steps)

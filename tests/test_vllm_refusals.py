@@ -222,26 +222,43 @@ def test_estimate_says_plainly_when_vllm_would_not_start(capsys):
 
 
 @pytest.mark.parametrize(
-    ("serving", "why"),
+    ("serving", "why", "way_out"),
     [
         ({"max_model_len": 200000},
-         "serving.max_model_len=200000 is above llama-3.1-8b's context of 131072 tokens"),
+         "{max_model_len}=200000 is above llama-3.1-8b's context of 131072 tokens",
+         "set {max_model_len} to at most 131072"),
         ({"max_num_batched_tokens": 512, "max_num_seqs": 1024},
-         "serving.max_num_batched_tokens=512 is below serving.max_num_seqs=1024"),
+         "{max_num_batched_tokens}=512 is below {max_num_seqs}=1024",
+         "raise {max_num_batched_tokens} or lower {max_num_seqs}"),
+        ({"max_num_seqs": 10000, "max_num_batched_tokens": None},  # vLLM's default budget
+         "{max_num_batched_tokens}=8192 is below {max_num_seqs}=10000",
+         "{max_num_batched_tokens} was left unset and took vLLM's default for this GPU, 8192: "
+         "set it to at least 10000 or lower {max_num_seqs}"),
     ],
 )  # fmt: skip
-def test_estimate_refuses_what_run_refuses_before_planning(capsys, serving, why):
+def test_estimate_refuses_what_run_refuses_before_planning(capsys, serving, why, way_out):
     """`run` refuses these at build time (check_context, check_token_budget); `estimate`
-    with the same settings says vLLM would not start, and plans no KV cache for them."""
-    flags = [f"--{name.replace('_', '-')}={value}" for name, value in serving.items()]
+    with the same settings says vLLM would not start, and plans no KV cache for them.
+    Each names the settings as its user typed them: the scenario's serving fields, or
+    estimate's flags."""
+    given = {name: value for name, value in serving.items() if value is not None}
+    flags = [f"--{name.replace('_', '-')}={value}" for name, value in given.items()]
     main(["estimate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", *flags])
     out = capsys.readouterr().out
-    assert f"vLLM would not start: {why}" in out and "KV capacity" not in out
+    names = ("max_model_len", "max_num_seqs", "max_num_batched_tokens")
+    as_flags = {name: f"--{name.replace('_', '-')}" for name in names}
+    refusal = next(line for line in out.splitlines() if "vLLM would not start" in line)
+    assert f"vLLM would not start: {why.format(**as_flags)}" in refusal
+    assert way_out.format(**as_flags) in refusal and "serving." not in refusal
+    assert "KV capacity" not in out
     scenario = scenario_dict(
         hardware={"gpu": "h100-sxm"}, model={"name": "llama-3.1-8b"}, serving=serving
     )
-    with pytest.raises(InfeasibleError, match=why):
+    with pytest.raises(InfeasibleError) as refused:
         build_replica(Scenario.from_dict(scenario))
+    as_fields = {name: f"serving.{name}" for name in names}
+    assert why.format(**as_fields) in str(refused.value)
+    assert way_out.format(**as_fields) in str(refused.value)
 
 
 def test_a_plan_holding_one_sequence_has_no_refusal_and_none_without_a_max_model_len():

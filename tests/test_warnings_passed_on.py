@@ -140,3 +140,20 @@ def test_a_plan_probe_leaves_its_load_warnings_in_its_summary():
     seen = _recorded(lambda: summary.update(_run(Scenario.from_dict(data))))
     assert len(seen) == 1 and seen[0].startswith("serving.swap_space_gb holds 11 KV blocks")
     assert any(REJECTED in w for w in summary["warnings"])
+
+
+def test_a_scenario_built_beforehand_runs_as_built_and_raises_its_build_warnings():
+    """simulate(build_scenario(s)) runs the replicas built once (replay's and compare's
+    checks), with the warnings building them raised counted as the run's own."""
+    from simulator.simulation import build_scenario
+
+    model = {"name": "gpt-oss-20b", "weight_dtype": "bf16"}  # an upcast checkpoint: a warning
+    data = scenario_dict(model=model, hardware={"gpu": "b200", "calibration": "none"})
+    scenario = Scenario.from_dict({**data, "workload": {**data["workload"], "num_requests": 20}})
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        built = build_scenario(scenario)
+    assert not shown and any("stored in fp4" in str(w.message) for w in built.raised)
+    with pytest.warns(InfersimWarning, match="stored in fp4"):
+        results = simulate(built)
+    assert any("stored in fp4" in text for text in results.summary()["warnings"])

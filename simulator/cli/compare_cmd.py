@@ -15,7 +15,7 @@ from simulator.compare import compare_table, write_comparison
 from simulator.formatting import WIDTH, sig
 from simulator.results import Results
 from simulator.scenario import Scenario
-from simulator.simulation import build_pools, open_loop_requests, shares_blocks_by_hash, simulate
+from simulator.simulation import BuiltScenario, build_scenario, simulate
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -59,22 +59,19 @@ def _compare(args: argparse.Namespace) -> int:
     outdir = args.output or free_results_dir("compare")
     if not args.overwrite and outdir.exists() and any(outdir.iterdir()):
         raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
+    built: dict[str, BuiltScenario] = {}
     for label, (_, scenario) in runs.items():
         try:  # a run that cannot fit stops the comparison before any simulation
             with warnings.catch_warnings():  # the run itself says what it bends
                 warnings.simplefilter("ignore")
-                # the workload is drawn only where its hashes can matter (prefix caching)
-                hashed = scenario.serving.enable_prefix_caching and shares_blocks_by_hash(
-                    open_loop_requests(scenario)
-                )
-                build_pools(scenario, hashed)
+                built[label] = build_scenario(scenario)
         except InfersimError as exc:
             raise InfersimError(f"{label}: {exc}") from None
     results: dict[str, Results] = {}
     written: list[Path] = []
-    for label, (folder, scenario) in runs.items():
+    for label, (folder, _) in runs.items():
         with warnings_named(label):  # no summary is printed: each is a warning line
-            results[label] = simulate(scenario, progress=not args.quiet)
+            results[label] = simulate(built.pop(label), progress=not args.quiet)
         written += results[label].write(
             outdir / folder, plots=False if args.no_plots else None, overwrite=args.overwrite
         )

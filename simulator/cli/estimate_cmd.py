@@ -109,10 +109,13 @@ def _start_refusal(
     arch: ModelArchitecture, serving: ServingSection, max_model_len: int, budget_default: bool
 ) -> str:
     """Why vLLM would refuse these settings before planning memory, as `run` refuses them
-    (ModelConfig's context check, SchedulerConfig.verify_max_model_len); '' when it starts.
+    (ModelConfig's context check, SchedulerConfig.verify_max_model_len) but naming the
+    flags to change; '' when it starts.
     `budget_default`: --max-num-batched-tokens was not given (vLLM's default was taken)."""
     try:
-        check_serving_starts(arch, serving, max_model_len, budget_default=budget_default)
+        check_serving_starts(
+            arch, serving, max_model_len, budget_default=budget_default, names=ESTIMATE_SETTINGS
+        )
     except InfeasibleError as exc:
         return str(exc)
     return ""

@@ -49,7 +49,7 @@ def mxfp4_expert_dims(gpu: AcceleratorSpec | None, hidden: int, width: int) -> E
     """An MXFP4 expert's stored dimensions on `gpu` (unpadded without a GPU)."""
     if gpu is None:
         return ExpertDims(hidden, width)
-    sm100 = (gpu.compute_capability or "").split(".")[0] == "10"
+    sm100 = gpu.capability_major == 10
     width_to, hidden_to = (
         (_SM100_WIDTH, _SM100_HIDDEN) if sm100 else (_MARLIN_WIDTH, _MARLIN_HIDDEN)
     )

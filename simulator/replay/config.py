@@ -18,7 +18,7 @@ from simulator.memory_planner import MaxModelLenRefused
 from simulator.model_catalog import CATALOG_DIR, list_models, load_model
 from simulator.replay.measured import MeasuredRun
 from simulator.scenario import BATCH_LIMITS, Scenario
-from simulator.simulation import build_pools
+from simulator.simulation import BuiltScenario, build_scenario
 from simulator.vllm_defaults import (
     batch_limits,
     parse_version,
@@ -453,12 +453,13 @@ def _check_batch_limits(setting: _Resolver, serving: dict, given: set[str]) -> N
         )
 
 
-def _max_model_len_that_started(scenario: Scenario, notes: list[str]) -> Scenario:
+def _max_model_len_that_started(scenario: Scenario, notes: list[str]) -> BuiltScenario:
     """The scenario at the model's context, or, where vLLM would have refused to start
     with it (the KV cache cannot hold one such sequence), at the largest max_model_len
-    that fits: the run started, so it must have set one at most that long."""
+    that fits: the run started, so it must have set one at most that long. Built, as
+    the check needs and the replay runs it."""
     try:
-        build_pools(scenario)
+        return build_scenario(scenario)
     except MaxModelLenRefused as exc:
         if not exc.longest:
             raise
@@ -467,8 +468,7 @@ def _max_model_len_that_started(scenario: Scenario, notes: list[str]) -> Scenari
             "(one sequence does not fit its KV cache), so the run set a shorter one: "
             f"replayed at the largest that fits, {exc.longest:,}"
         )
-        return scenario.with_overrides([f"serving.max_model_len={exc.longest}"])
-    return scenario
+        return build_scenario(scenario.with_overrides([f"serving.max_model_len={exc.longest}"]))
 
 
 def _engine(setting: _Resolver, pp: int, notes: list[str]) -> dict[str, bool]:
@@ -494,9 +494,11 @@ def write_trace(run: MeasuredRun, trace: Path) -> None:
 
 def replay_scenario(
     run: MeasuredRun, trace: Path, options: ReplayOptions
-) -> tuple[Scenario, list[str]]:
-    """The scenario replaying `run` (its arrivals and lengths written to `trace`), and
-    the lines saying what was taken from where and what was assumed."""
+) -> tuple[BuiltScenario, list[str]]:
+    """The scenario replaying `run` (its arrivals and lengths written to `trace`), built
+    once (the max_model_len check's build is the one simulated, unless --set changes
+    the scenario after it), and the lines saying what was taken from where and what
+    was assumed."""
     notes: list[str] = []
     hardware, gpu_name, gpu_gib = _hardware(run, options, notes)
     model_name = _model(run, options, notes)
@@ -521,9 +523,13 @@ def replay_scenario(
     _check_recorded(run, setting, sections["serving"], given)
     write_trace(run, trace)
     scenario = Scenario.from_dict(sections, source=str(run.source))
+    built = None
     if setting.optional("max_model_len") is None and "serving.max_model_len" not in given:
-        scenario = _max_model_len_that_started(scenario, notes)
+        built = _max_model_len_that_started(scenario, notes)  # of the run's own settings
+        scenario = built.scenario
     notes += setting.disagreements
     notes += [f"assumed {line}" for line in setting.assumptions]
     notes += [f"--set {item} (applied last)" for item in options.overrides]
-    return scenario.with_overrides(list(options.overrides)), notes
+    if built is None or options.overrides:
+        built = build_scenario(scenario.with_overrides(list(options.overrides)))
+    return built, notes

@@ -19,7 +19,7 @@ from simulator.replay.plots import replay_cdfs, timeline_figure
 from simulator.replay.run_folder import read_run_folder
 from simulator.results import Results
 from simulator.scenario import Scenario
-from simulator.simulation import simulate
+from simulator.simulation import simulate, warnings_passed_on_once
 
 REPLAY_FILES = ("replay.json", "trace.csv", "timeline.csv", "latency_cdfs.png", "timeline.png")
 
@@ -98,8 +98,10 @@ def replay(
 ) -> Replay:
     """Simulate `run` (its trace written to outdir/trace.csv) and compare."""
     outdir.mkdir(parents=True, exist_ok=True)
-    scenario, notes = replay_scenario(run, outdir / "trace.csv", options)
-    results = simulate(scenario, progress=progress)
+    with warnings_passed_on_once():  # a build refused at the model's context raised them too
+        built, notes = replay_scenario(run, outdir / "trace.csv", options)
+        results = simulate(built, progress=progress)
+    scenario = built.scenario
     outcomes = results.requests["outcome"].value_counts()
     if outcomes.get("completed", 0) < len(results.requests):
         counts = ", ".join(
