@@ -31,6 +31,11 @@ Definitions (all times in seconds of simulated time, D = ctx.duration_s):
 - kv: each step's used blocks / its replica's total blocks, mean weighted by step
   duration (busy time), and max.
 - cost: price of every GPU for D; per completed request and per million tokens.
+- frontend (only where `frontend.kind` models vLLM's API server, simulator.api_server):
+  the request times, latencies, throughput and D above are the client's, D lasting until
+  it saw the last token; `utilisation` is the API server processes' CPU work / (processes
+  x D); `token_delay_s` how long the engine's tokens waited in them (weighted by token);
+  `ingest_s` from the client sending a request to the engine seeing it.
 - energy: a GPU draws idle + (tdp - idle) x activity, activity of a step = max(achieved
   FLOP/s / peak, achieved DRAM bytes/s / peak) of its replica clipped to [0, 1], and
   idle power whenever no step runs. energy_kwh and the per-token and per-request joules
@@ -559,6 +564,8 @@ def summarize(
         "cost": _cost(ctx, rep, n_completed, input_tokens, output_tokens),
         "energy": _energy(totals, ctx, rep, output_tokens, n_completed),
     }
+    if ctx.frontend is not None:
+        summary["frontend"] = ctx.frontend
     if classes := _per_class(requests, ctx, masks, ok):
         summary["priority_classes"] = classes
     if ctx.provenance:
