@@ -29,6 +29,7 @@ Approximations (each bounded by a figure the summary reports):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -110,23 +111,25 @@ class ClientView:
         self._waits: list[tuple[np.ndarray, np.ndarray]] = []
 
     def _queue(self, replica: int, gaps: np.ndarray, n: int) -> _Replica:
+        """The replica's processes' queue. Tokens are counted per event time as integers
+        before they are priced, so however the engine grouped its gap rows (a multi-step
+        run or step by step) the work at each time is the same float."""
         req, section = self.requests, self.section
         mine = req.replica[:n] == replica
         first = mine & np.isfinite(req.first_token[:n])
-        per_token = section.output_token_us * US
-        times = np.concatenate((self.client_arrival[mine], req.first_token[:n][first], gaps["end"]))
-        work = np.concatenate(
-            (
-                ingest_work(section, req.prompt[:n][mine]),
-                np.full(int(first.sum()), per_token),
-                gaps["weight"] * per_token,
-            )
-        )
+        arrive = self.client_arrival[mine]
+        times = np.concatenate((arrive, req.first_token[:n][first], gaps["end"]))
         if not len(times):
             return _Replica(np.zeros(1), np.zeros(1), 0.0)
         distinct, at = np.unique(times, return_inverse=True)
-        share = np.bincount(at, weights=work) / section.api_server_count
-        return _Replica(distinct, fifo_done(distinct, share), float(work.sum()))
+        ingest = np.bincount(
+            at[: len(arrive)], ingest_work(section, req.prompt[:n][mine]), len(distinct)
+        )
+        token_weights = np.concatenate((np.ones(int(first.sum()), np.int64), gaps["weight"]))
+        tokens = np.bincount(at[len(arrive) :], token_weights, len(distinct))
+        work = ingest + tokens * (section.output_token_us * US)
+        share = work / section.api_server_count
+        return _Replica(distinct, fifo_done(distinct, share), math.fsum(work))
 
     def apply(self) -> None:
         """Client times in the request table (arrival, first and last token, a completed
@@ -199,8 +202,8 @@ def unmodelled_warning(section: FrontendSection, load: float) -> str:
         f"the front end is not modelled (frontend.kind none), but streaming this run's "
         f"output and taking in its requests would keep {processes} vLLM API server "
         f"process{'es' if processes > 1 else ''} per replica {load:.0%} busy "
-        f"({section.output_token_us:g} us a streamed token, {section.request_us:g} us + "
-        f"{section.prompt_token_us:g} us a prompt token a request): client-visible "
+        f"({section.output_token_us:g} us a streamed token, {section.request_us:g} us a "
+        f"request, {section.prompt_token_us:g} us a prompt token): client-visible "
         "throughput would be lower and latency higher than reported; set "
         "frontend.kind=vllm_api_server (and frontend.api_server_count) to model it"
     )

@@ -455,16 +455,17 @@ class FrontendSection(BaseModel):
         ge=0,
         le=1e7,
         description="CPU time an API server process spends taking in one request (HTTP, "
-        "validation, sampling parameters, handing it to the engine core), us; an assumption, "
-        f"not fitted: {_DERIVED} the three points have one workload, so only the total per "
-        "request is fitted and this share is set",
+        "validation, sampling parameters, handing it to the engine core), us; an "
+        "assumption, not fitted: the published runs output_token_us is derived from share "
+        "one workload, so they fix only the total CPU time of a request; this share is "
+        "set, and output_token_us takes the rest",
     )
     prompt_token_us: float = Field(
         default=API_SERVER_PROMPT_TOKEN_US,
         ge=0,
         le=1e5,
         description="CPU time to tokenise one prompt token, us; an assumption (a fast "
-        "tokenizer's order of magnitude), not fitted, as request_us",
+        "tokenizer's order of magnitude), not fitted, for the reason request_us gives",
     )
     output_token_us: float = Field(
         default=API_SERVER_OUTPUT_TOKEN_US,
