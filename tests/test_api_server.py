@@ -145,6 +145,7 @@ def test_warns_when_left_out_and_saturated(make_scenario):
         ),
         ({"frontend": ON, "output": {"step_table": False}}, "set output.step_table: true"),
         ({"frontend": ON, "parallelism": {"dp": 2}}, r"parallelism\.dp > 1"),
+        ({"frontend": ON, "faults": {"events": [{"replica": 0, "at_s": 1}]}}, "faults"),
     ],
 )
 def test_refusals(make_scenario, sections, message):
@@ -174,3 +175,15 @@ def test_bench_export_spreads_client_gaps(make_scenario):
 
     result = bench_result(_throughput(make_scenario))
     assert result[ESTIMATED_ITLS_KEY] == result["completed"] > 0
+
+
+def test_intake_delays_when_the_engine_sees_a_request(make_scenario):
+    """0.1 s to take each request in, all 200 sent at once: the engine sees the last one
+    20 s after it was sent, and its queueing time (from the client's send) says so."""
+    frontend = {**ON, "request_us": 1e5, "prompt_token_us": 0, "output_token_us": 0}
+    results = simulate(make_scenario(workload=OFFLINE, frontend=frontend))
+    ingest = results.summary()["frontend"]["ingest_s"]
+    assert ingest["max"] == approx(20.0) and ingest["mean"] == approx(10.05)
+    scheduled = np.sort(results.requests["first_scheduled"].to_numpy())
+    assert (scheduled >= 0.1 * np.arange(1, 201) - 1e-9).all()
+    assert (results.requests["arrival"] == 0).all()  # the client sent them all at 0
