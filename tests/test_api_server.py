@@ -18,6 +18,8 @@ from simulator.engine.step_log import GAP_COLUMNS
 from simulator.scenario import FrontendSection
 from simulator.simulation import simulate
 
+# saturating the front end is these tests' point; each checks the warning where it matters
+pytestmark = pytest.mark.filterwarnings("ignore:the API server processes")
 ON = {"kind": "vllm_api_server"}
 OFFLINE = {  # every request at once, as benchmark_serving.py's request rate inf
     "arrivals": {"kind": "offline"},
@@ -105,6 +107,7 @@ def test_saturated_front_end_caps_throughput(make_scenario):
     one = _throughput(make_scenario).summary()
     assert one["throughput"]["output_tokens_per_s"] == approx(500, rel=0.03)
     assert one["frontend"]["utilisation"] > 0.97
+    assert any("frontend.api_server_count=1 per replica) were" in w for w in one["warnings"])
     two = _throughput(make_scenario, api_server_count=2).summary()
     assert two["throughput"]["output_tokens_per_s"] == approx(1000, rel=0.05)
     assert two["latency"]["e2e"]["mean"] < one["latency"]["e2e"]["mean"]
@@ -158,6 +161,7 @@ def test_multi_step_matches_step_by_step_with_it_on(make_scenario):
     fast = simulate(make_scenario(frontend=frontend))
     slow = simulate(make_scenario(frontend=frontend, engine={"multi_step": False}))
     assert fast.summary()["frontend"]["token_delay_s"]["mean"] > 0.01
+    assert not any("API server processes" in w for w in fast.summary()["warnings"])
     pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
 
     def gaps(results):
