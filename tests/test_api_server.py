@@ -13,8 +13,10 @@ from pytest import approx
 
 from hardware_models.errors import InfersimError, InfersimWarning
 from simulator.api_server import ClientView, fifo_done, ingested
+from simulator.display import summary_html
 from simulator.engine.requests import Outcome, RequestTable
 from simulator.engine.step_log import GAP_COLUMNS
+from simulator.metrics.terminal import summary_table
 from simulator.scenario import FrontendSection
 from simulator.simulation import simulate
 
@@ -108,6 +110,8 @@ def test_saturated_front_end_caps_throughput(make_scenario):
     assert one["throughput"]["output_tokens_per_s"] == approx(500, rel=0.03)
     assert one["frontend"]["utilisation"] > 0.97
     assert any("frontend.api_server_count=1 per replica) were" in w for w in one["warnings"])
+    assert "front end   vllm_api_server x1 per replica: busy" in summary_table(one)
+    assert "vllm_api_server x1 per replica" in summary_html(one)
     two = _throughput(make_scenario, api_server_count=2).summary()
     assert two["throughput"]["output_tokens_per_s"] == approx(1000, rel=0.05)
     assert two["latency"]["e2e"]["mean"] < one["latency"]["e2e"]["mean"]

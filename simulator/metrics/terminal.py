@@ -9,6 +9,7 @@ from typing import Any
 from simulator.formatting import (
     engine_labels,
     fleet_text,
+    front_end_text,
     ms,
     num,
     pct,
@@ -90,18 +91,6 @@ def _goodput(g: Mapping[str, Any], c: Mapping[str, Any]) -> str:
     )
 
 
-def _front_end(front: Mapping[str, Any]) -> str:
-    """The API server processes (simulator.api_server): how busy, how long tokens and
-    requests waited in them."""
-    delay, ingest = front["token_delay_s"], front["ingest_s"]
-    return (
-        f"{front['kind']} x{front['api_server_count']} per replica: busy "
-        f"{pct(front['utilisation'])}  tokens waited mean {ms(delay['mean'])}, p99 "
-        f"{ms(delay['p99'])}  requests reached the engine after mean {ms(ingest['mean'])} "
-        "(latencies above are the client's)"
-    )
-
-
 def summary_table(summary: Mapping[str, Any]) -> str:
     """A compact aligned text rendering of `summarize`'s dict for terminals and notebooks."""
     c, t = summary["counts"], summary["throughput"]
@@ -135,7 +124,7 @@ def summary_table(summary: Mapping[str, Any]) -> str:
     lines += _latency_table(summary["latency"], ("ttft", "tpot", "itl", "e2e", "queueing"), "  ")
     lines += _line("goodput", _goodput(g, c))
     if (front := summary.get("frontend")) is not None:
-        lines += _line("front end", _front_end(front))
+        lines += _line("front end", front_end_text(front))
     lines += _line(
         "utilisation",
         f"busy {pct(u['gpu_busy_fraction'])}  MFU {pct(u['mfu'])} (busy {pct(u['mfu_busy'])})  "
