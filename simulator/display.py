@@ -11,7 +11,17 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
-from simulator.formatting import fleet_text, ms, num, pct, preemption_text, sig, slo_text, usd
+from simulator.formatting import (
+    fleet_text,
+    front_end_text,
+    ms,
+    num,
+    pct,
+    preemption_text,
+    sig,
+    slo_text,
+    usd,
+)
 from simulator.metrics.summary import PERCENTILES
 from simulator.provenance import header_lines
 
@@ -29,6 +39,7 @@ def _row(cells: list[str], tag: str = "td") -> str:
 def _headline(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
     c, t, g = summary["counts"], summary["throughput"], summary["goodput"]
     u, kv, cost, e = summary["utilisation"], summary["kv"], summary["cost"], summary["energy"]
+    front = summary.get("frontend")
     return [
         ("arrived / completed", f"{c['arrived']:,} / {c['completed']:,}"),
         ("rejected / failed / retried",
@@ -42,6 +53,7 @@ def _headline(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
         (f"goodput ({slo_text(g['slo'])})", f"{sig(g['goodput_requests_per_s'])} req/s"),
         ("arrived / completed within the SLO",
          f"{pct(g.get('fraction_of_arrived'))} / {pct(g['fraction'])}"),
+        *([("front end", front_end_text(front))] if front is not None else []),
         ("busy / MFU / MBU",
          f"{pct(u['gpu_busy_fraction'])} / {pct(u['mfu'])} / {pct(u['mbu'])}"),
         ("KV mean / max", f"{pct(kv['mean_utilisation'])} / {pct(kv['max_utilisation'])}"),

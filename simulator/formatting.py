@@ -88,3 +88,15 @@ def wrapped(text: str, first: str, rest: str | None = None) -> list[str]:
     """`text` after `first`, wrapped to WIDTH columns, continuation lines indented."""
     indent = " " * len(first) if rest is None else rest
     return textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=indent) or [first]
+
+
+def front_end_text(front: Mapping[str, Any]) -> str:
+    """A summary's `frontend` block (simulator.api_server) in a line: how busy the API
+    server processes were, how long tokens and requests waited in them."""
+    delay, ingest = front["token_delay_s"], front["ingest_s"]
+    return (
+        f"{front['kind']} x{front['api_server_count']} per replica: busy "
+        f"{pct(front['utilisation'])}  tokens waited mean {ms(delay['mean'])} ms, p99 "
+        f"{ms(delay['p99'])} ms  requests reached the engine after mean "
+        f"{ms(ingest['mean'])} ms (latencies are the client's)"
+    )

@@ -7,6 +7,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from hardware_models.errors import InfersimError
 from simulator.display import summary_html
 from simulator.metrics import summarize, summary_table, write_run
@@ -59,15 +61,17 @@ class Results:
         context: RunContext,
         requests: RequestTable,
         replicas: Sequence[Replica],
+        logs: Sequence[tuple[np.ndarray | None, np.ndarray]],
     ) -> Results:
-        steps, gaps = zip(*(r.log.close(context.duration_s) for r in replicas), strict=True)
+        """`logs`: each replica's closed step log (its steps, its gaps)."""
+        steps, gaps = zip(*logs, strict=True)
         totals = StepTotals.merge([r.log.totals for r in replicas])
         return cls(
             scenario,
             context,
             request_table(requests, context.priority_names),
             totals,
-            gap_table(gaps),
+            gap_table(gaps, with_end=scenario.frontend.modelled),
             step_table(steps) if scenario.output.step_table else None,
             memory_table,
         )

@@ -422,6 +422,71 @@ class EngineSection(BaseModel):
     )
 
 
+# The API server's CPU costs, derived from three published `vllm serve` runs at request
+# rate inf (benchmarks/README.md, "vLLM's API server"); each vllm_api_server process pays them.
+API_SERVER_REQUEST_US = 500.0
+API_SERVER_PROMPT_TOKEN_US = 1.0
+API_SERVER_OUTPUT_TOKEN_US = 140.0
+_DERIVED = (
+    "derived from three published `vllm serve` + benchmark_serving.py runs at request rate "
+    "inf, 1000 ShareGPT prompts (vLLM PRs #18566: Llama-3.1-8B on an H100, 32.4 req/s; "
+    "#23369: gpt-oss-20b TP2 on Hopper, 29.5 req/s; #23696: gpt-oss-120b TP8 on B200, "
+    '37.6 req/s; benchmarks/README.md, "vLLM\'s API server", gives the derivation and '
+    "the error on each)"
+)
+
+
+class FrontendSection(BaseModel):
+    """vLLM's API server: the processes between the client and the engine core that take
+    requests in (HTTP, tokenise) and stream every token out (detokenise, SSE)."""
+
+    model_config = _STRICT
+    kind: Literal["none", "vllm_api_server"] = Field(
+        default="none",
+        description="none: the client sees what the engine does, when it does it (a run "
+        "whose output rate one API server process could not stream warns); "
+        "vllm_api_server: each replica's requests go through api_server_count `vllm serve` "
+        "API server processes, each a FIFO CPU server: ingest delays when the engine sees "
+        "a request, streaming delays when the client sees each token, and latencies and "
+        "throughput are the client's (open-loop arrivals, one pool role, dp 1, no faults)",
+    )
+    api_server_count: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="vLLM's --api-server-count: API server processes per replica (vLLM's "
+        "default 1), requests spread over them round robin",
+    )
+    request_us: float = Field(
+        default=API_SERVER_REQUEST_US,
+        ge=0,
+        le=1e7,
+        description="CPU time an API server process spends taking in one request (HTTP, "
+        "validation, sampling parameters, handing it to the engine core), us; an "
+        "assumption, not fitted: the published runs output_token_us is derived from share "
+        "one workload, so they fix only the total CPU time of a request; this share is "
+        "set, and output_token_us takes the rest",
+    )
+    prompt_token_us: float = Field(
+        default=API_SERVER_PROMPT_TOKEN_US,
+        ge=0,
+        le=1e5,
+        description="CPU time to tokenise one prompt token, us; an assumption (a fast "
+        "tokenizer's order of magnitude), not fitted, for the reason request_us gives",
+    )
+    output_token_us: float = Field(
+        default=API_SERVER_OUTPUT_TOKEN_US,
+        ge=0,
+        le=1e6,
+        description="CPU time per streamed output token (output processing, detokenising, "
+        f"one SSE chunk of JSON), us; {_DERIVED}",
+    )
+
+    @property
+    def modelled(self) -> bool:
+        return self.kind != "none"
+
+
 class SLOSection(BaseModel):
     model_config = _STRICT
     ttft_ms: float | None = Field(default=None, gt=0, description="time to first token bound")
@@ -513,6 +578,10 @@ class Scenario(BaseModel):
     )
     serving: ServingSection = Field(default_factory=ServingSection)
     engine: EngineSection = Field(default_factory=EngineSection)
+    frontend: FrontendSection = Field(
+        default_factory=FrontendSection,
+        description="vLLM's API server between the client and the engine (off by default)",
+    )
     workload: WorkloadConfig
     slo: SLOSection = Field(default_factory=SLOSection)
     cost: CostSection = Field(default_factory=CostSection)
@@ -578,6 +647,8 @@ class Scenario(BaseModel):
                 f"serving.policy {self.serving.policy!r} runs whole batches (use continuous "
                 "or chunked_prefill)"
             )
+        if self.frontend.modelled and (reason := self._frontend_unsupported()):
+            raise ValueError(f"frontend.kind vllm_api_server: {reason}")
         if self.faults is not None:
             replicas = sum(p.replicas for p in self.pool_list())
             for i, event in enumerate(self.faults.events):
@@ -589,6 +660,34 @@ class Scenario(BaseModel):
                 if event.recover_at_s is not None and event.recover_at_s <= event.at_s:
                     raise ValueError(f"faults.events.{i}: recover_at_s must be after at_s")
         return self
+
+    def _frontend_unsupported(self) -> str:
+        """Why the API server model cannot run this scenario (empty: it can). It is a pass
+        over the finished engine run, so the engine must not depend on when the client
+        sees a token, and it reads each token's time from the kept inter-token gaps."""
+        wl = self.workload
+        if wl.arrivals.kind == "closed_loop" or wl.sessions is not None:
+            return (
+                "closed-loop users and sessions send their next request when the client "
+                "sees the previous one end, which the API server delays after the engine "
+                "has run; not modelled: use open-loop arrivals (poisson, gamma, constant, "
+                "trace, offline)"
+            )
+        if any(p.role != "mixed" for p in self.pools):
+            return "disaggregated pools (prefill/decode roles) are not modelled with it"
+        if self.parallelism.dp > 1:
+            return (
+                "parallelism.dp > 1 (several engine cores behind the API servers) is not "
+                "modelled with it"
+            )
+        if self.faults is not None:
+            return "faults (retried requests restart on another replica) are not modelled with it"
+        if not self.output.step_table:
+            return (
+                "it needs every token's time, which output.step_table: false folds into a "
+                "histogram; set output.step_table: true"
+            )
+        return ""
 
     def pool_list(self) -> list[PoolSection]:
         """The cluster as pools; a plain scenario is one pool named after its GPU."""

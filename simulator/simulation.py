@@ -21,6 +21,7 @@ from hardware_models.dtypes import Dtype, parse_dtype
 from hardware_models.errors import InfeasibleError, InfersimError, InfersimWarning
 from hardware_models.node import NodeSpec
 from hardware_models.presets import list_nodes, load_gpu, load_node
+from simulator.api_server import ClientView, ingested, unmodelled_load, unmodelled_warning
 from simulator.architecture import ModelArchitecture
 from simulator.caveats import (
     check_serving_starts,
@@ -579,8 +580,14 @@ class _Run:
             self.expected = len(batch)
             self.class_names = list(batch.class_names)
             self.requests = RequestTable(len(batch))
+            self.client_arrival = self.engine_arrival = batch.arrival_s
+            if scenario.frontend.modelled:  # the engine sees a request once taken in
+                replicas = sum(pool.replicas for pool in scenario.pool_list())
+                self.engine_arrival = ingested(
+                    scenario.frontend, batch.arrival_s, batch.prompt_tokens, replicas
+                )
             self.requests.add(
-                batch.arrival_s,
+                self.engine_arrival,
                 batch.prompt_tokens,
                 batch.output_tokens,
                 batch.priority,
@@ -1009,7 +1016,18 @@ class _Run:
             unit.settle(self.env.now)
         self.progress.close()
         self._warn_unfired_faults()
+        self._warn_unmodelled_front_end()
         return float(self.env.now)
+
+    def _warn_unmodelled_front_end(self) -> None:
+        """A run that leaves the API server out but streams more than one replica's API
+        server processes could (at frontend's costs) says its client figures are optimistic."""
+        section = self.scenario.frontend
+        if section.modelled:
+            return
+        load = unmodelled_load(section, self.requests, len(self.replicas), self.env.now)
+        if load > 1:
+            warnings.warn(unmodelled_warning(section, load), InfersimWarning, stacklevel=3)
 
 
 def _configuration_warnings(builds: list[tuple[str, ReplicaBuild]]) -> tuple[str, ...]:
@@ -1134,12 +1152,24 @@ def _results(
     raised: list[str],
 ) -> Results:
     """The finished run's results; its summary holds the warnings raised so far, the
-    configuration ones first."""
+    configuration ones first. With the API server modelled, the request table and gaps
+    are the client's and the run lasts until the client has seen every token."""
+    logs = [replica.log.close(end) for replica in run.replicas]
+    frontend = None
+    duration = end
+    if scenario.frontend.modelled:
+        view = ClientView(
+            scenario.frontend, run.requests, run.client_arrival, run.engine_arrival,
+            [gaps for _, gaps in logs],
+        )  # fmt: skip
+        view.apply()
+        duration = max(end, view.last_seen())
+        frontend = view.summary(duration)
     slo = scenario.slo
     ctx = RunContext(
         scenario=scenario.name,
         seed=scenario.seed,
-        duration_s=end,
+        duration_s=duration,
         replicas=tuple(run.infos),
         slo=SLO(
             ttft_s=None if slo.ttft_ms is None else slo.ttft_ms / 1000,
@@ -1152,6 +1182,7 @@ def _results(
         wall_seconds=wall,
         provenance=provenance(_as_run(scenario, run.builds), _serving_defaults(run.builds)),
         warnings=tuple(dict.fromkeys((*run.configuration_warnings, *raised))),
+        frontend=frontend,
     )
     memory = "\n".join(f"[{pool}] {build.memory.table()}" for pool, build in run.builds)
-    return Results.from_run(scenario, memory, ctx, run.requests, run.replicas)
+    return Results.from_run(scenario, memory, ctx, run.requests, run.replicas, logs)

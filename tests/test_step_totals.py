@@ -171,9 +171,9 @@ def test_runs_gaps_binned_from_their_step_ends_as_one_by_one(monkeypatch):
         weight = int(rng.integers(1, 128))
         logs[0].run_gaps(ends, weight)
         for before, after in itertools.pairwise(ends):
-            logs[1].gap(after - before, weight)
-        logs[0].gap(0.5, 3)  # gaps logged one at a time in between
-        logs[1].gap(0.5, 3)
+            logs[1].gap(after, after - before, weight)
+        logs[0].gap(ends[-1], 0.5, 3)  # gaps logged one at a time in between
+        logs[1].gap(ends[-1], 0.5, 3)
         t = ends[-1] + 0.1
     binned, one_by_one = (log.close(t)[1] for log in logs)
     np.testing.assert_array_equal(binned, one_by_one)

@@ -460,7 +460,7 @@ class Replica:
             if math.isnan(req.first_token[rid]):
                 req.first_token[rid] = end
             else:
-                self.log.gap(end - req.last_token[rid])
+                self.log.gap(end, end - req.last_token[rid])
             req.last_token[rid] = end
             req.generated[rid] += 1
             run.remaining[slot] -= 1
@@ -479,7 +479,7 @@ class Replica:
         every_decode = n == run.decode_count
         if every_decode and run.lockstep:
             if n:
-                self.log.gap(end - run.lockstep_time, n)
+                self.log.gap(end, end - run.lockstep_time, n)
             run.advance_lockstep(1, end)
             return
         run.materialize()
@@ -487,20 +487,20 @@ class Replica:
             run.advance(dec, 1)
             req = self.requests
             rids = run.rid[dec]
-            self._log_gaps(end - req.last_token[rids])
+            self._log_gaps(end, end - req.last_token[rids])
             req.last_token[rids] = end
             req.generated[rids] += 1
         if every_decode:
             run.enter_lockstep(end)
 
-    def _log_gaps(self, gaps: np.ndarray) -> None:
+    def _log_gaps(self, end: float, gaps: np.ndarray) -> None:
         """Inter-token gaps of a step's decodes, one weighted sample per run of equal
         values (usually one: every sequence decoded in the step before)."""
         first = gaps[0]
         if len(gaps) > 1 and (gaps == first).all():
-            self.log.gap(first, len(gaps))
+            self.log.gap(end, first, len(gaps))
         else:
-            self.log.gaps(gaps)
+            self.log.gaps(end, gaps)
 
     def _finish(self, slots: list[int], end: float) -> None:
         """Complete the requests in `slots` (ascending, as the order of `on_finish` calls
@@ -758,7 +758,7 @@ class Replica:
             times[:-1], seconds, n, n, self.kv.used, len(self.waiting), flops, dram, bound,
         )  # fmt: skip
         still_generating = (outputs[None, :] - 1 > np.arange(steps)[:, None]).sum(axis=1)
-        self.log.gaps(np.diff(times), still_generating)
+        self.log.gaps(ends, np.diff(times), still_generating)
         finish = np.where(outputs > 1, ends[np.maximum(outputs - 2, 0)], first)
         self._batch_ends = ends  # for settle(): the tokens out when a run stops midway
         moments = np.unique(finish) if self.cfg.multi_step else np.concatenate(([first], ends))

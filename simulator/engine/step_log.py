@@ -33,7 +33,7 @@ STEP_COLUMNS = {
     "bound": "i1",
     "replica": "i4",
 }
-GAP_COLUMNS = {"seconds": "f8", "weight": "i4"}
+GAP_COLUMNS = {"seconds": "f8", "weight": "i4", "end": "f8"}  # end: when the token came
 CHUNK_ROWS = 8192  # rows per fold: step rows are folded in chunks of this many
 
 
@@ -96,9 +96,10 @@ class StepLog:
             replica=self.replica,
         )
 
-    def gap(self, seconds: float, weight: int = 1) -> None:
-        """`weight` tokens that each came `seconds` after their request's previous one."""
-        self.itl.append((seconds, weight))
+    def gap(self, end: float, seconds: float, weight: int = 1) -> None:
+        """`weight` tokens that came at `end`, each `seconds` after its request's previous
+        one (the API server model maps both times to the client's)."""
+        self.itl.append((seconds, weight, end))
 
     def run_gaps(self, ends: list[float], weight: int) -> None:
         """`weight` tokens at each of `ends` but the first (a run's step ends, led by the
@@ -108,15 +109,19 @@ class StepLog:
         at a time: the histogram's counts do not depend on the order of the samples, and
         numpy's differences are the same subtractions."""
         if self._keep or not self._gaps_final:
-            self.itl.append_rows([(after - before, weight) for before, after in pairwise(ends)])
+            self.itl.append_rows(
+                [(after - before, weight, after) for before, after in pairwise(ends)]
+            )
             return
         self._run_ends += ends
         self._run_sizes.append((len(ends), weight))
         if len(self._run_ends) >= CHUNK_ROWS:
             self._bin_run_gaps()
 
-    def gaps(self, seconds: np.ndarray, weight: np.ndarray | int = 1) -> None:
-        self.itl.extend(len(seconds), seconds=seconds, weight=weight)
+    def gaps(
+        self, end: np.ndarray | float, seconds: np.ndarray, weight: np.ndarray | int = 1
+    ) -> None:
+        self.itl.extend(len(seconds), seconds=seconds, weight=weight, end=end)
 
     # ---- failures ---------------------------------------------------------------------------
     def mark(self) -> tuple[int, int]:

@@ -55,6 +55,8 @@ class RunContext:
     # and what its configuration quietly limits (simulator.caveats), for the summary.
     provenance: Mapping[str, Any] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    # The API server front end's figures (simulator.api_server), where it was modelled.
+    frontend: Mapping[str, Any] | None = None
 
     @property
     def gpus(self) -> int:

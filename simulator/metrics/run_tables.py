@@ -48,6 +48,10 @@ def step_table(parts: Sequence[np.ndarray]) -> Table:
     return table
 
 
-def gap_table(parts: Sequence[np.ndarray]) -> Table:
-    """The replicas' inter-token gaps (seconds, weight), one replica after another."""
-    return from_rows(parts[0] if len(parts) == 1 else np.concatenate(parts))
+def gap_table(parts: Sequence[np.ndarray], *, with_end: bool = False) -> Table:
+    """The replicas' inter-token gaps (seconds, weight), one replica after another; with
+    `with_end`, also when each gap's token came (the API server model's client times)."""
+    rows = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    if not with_end and "end" in (rows.dtype.names or ()):
+        rows = rows[["seconds", "weight"]]
+    return from_rows(rows)

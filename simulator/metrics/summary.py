@@ -31,6 +31,12 @@ Definitions (all times in seconds of simulated time, D = ctx.duration_s):
 - kv: each step's used blocks / its replica's total blocks, mean weighted by step
   duration (busy time), and max.
 - cost: price of every GPU for D; per completed request and per million tokens.
+- frontend (only where `frontend.kind` models vLLM's API server, simulator.api_server):
+  the request times, latencies, throughput and D above are the client's, D lasting until
+  it saw the last token; `utilisation` is the API server processes' CPU work / (processes
+  x D); `token_delay_s` how long the engine's tokens waited in them (weighted by token);
+  `ingest_s` from the client sending a request to the engine seeing it. Busy for
+  FRONTEND_BUSY of D or more, the processes capped the throughput, and a warning says so.
 - energy: a GPU draws idle + (tdp - idle) x activity, activity of a step = max(achieved
   FLOP/s / peak, achieved DRAM bytes/s / peak) of its replica clipped to [0, 1], and
   idle power whenever no step runs. energy_kwh and the per-token and per-request joules
@@ -77,6 +83,8 @@ STEADY_MIN_COMPLETIONS = 20
 # arrivals was preempted.
 BUDGET_CAP_SHARE, BUDGET_CAP_KV = 0.25, 0.50
 PREEMPTED_SHARE = 0.05
+# Warn when a modelled front end's processes were busy this share of the run.
+FRONTEND_BUSY = 0.9
 # Warn when more than this share of arrivals was rejected for one reason a setting decides.
 REJECTED_SHARE = 0.01
 _REJECT_ADVICE = {
@@ -457,6 +465,19 @@ def _run_warnings(
     return warnings
 
 
+def _frontend_warnings(frontend: Mapping[str, Any] | None) -> list[str]:
+    """A modelled API server busy enough to have set the client's throughput."""
+    if frontend is None or (frontend["utilisation"] or 0) < FRONTEND_BUSY:
+        return []
+    count = frontend["api_server_count"]
+    return [
+        f"the API server processes (frontend.api_server_count={count} per replica) were "
+        f"{frontend['utilisation']:.0%} busy: they, not the GPUs, capped the client's "
+        f"throughput, and tokens waited {frontend['token_delay_s']['mean']:.3g} s in them on "
+        "average; more processes (frontend.api_server_count) raise the cap"
+    ]
+
+
 def _run(ctx: RunContext, arrived: int) -> dict[str, Any]:
     run: dict[str, Any] = {
         "scenario": ctx.scenario,
@@ -532,6 +553,7 @@ def summarize(
             *ctx.warnings,
             *_rejection_warnings(counts["rejected_by_reason"], len(requests)),
             *_run_warnings(totals, kv, len(requests), run.get("configuration", {})),
+            *_frontend_warnings(ctx.frontend),
         ],
         "counts": counts,
         "overloaded": load.pop("overloaded"),
@@ -559,6 +581,8 @@ def summarize(
         "cost": _cost(ctx, rep, n_completed, input_tokens, output_tokens),
         "energy": _energy(totals, ctx, rep, output_tokens, n_completed),
     }
+    if ctx.frontend is not None:
+        summary["frontend"] = ctx.frontend
     if classes := _per_class(requests, ctx, masks, ok):
         summary["priority_classes"] = classes
     if ctx.provenance:

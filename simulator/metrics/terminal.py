@@ -9,6 +9,7 @@ from typing import Any
 from simulator.formatting import (
     engine_labels,
     fleet_text,
+    front_end_text,
     ms,
     num,
     pct,
@@ -122,6 +123,8 @@ def summary_table(summary: Mapping[str, Any]) -> str:
     lines.append("latency")
     lines += _latency_table(summary["latency"], ("ttft", "tpot", "itl", "e2e", "queueing"), "  ")
     lines += _line("goodput", _goodput(g, c))
+    if (front := summary.get("frontend")) is not None:
+        lines += _line("front end", front_end_text(front))
     lines += _line(
         "utilisation",
         f"busy {pct(u['gpu_busy_fraction'])}  MFU {pct(u['mfu'])} (busy {pct(u['mfu_busy'])})  "
