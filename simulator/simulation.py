@@ -476,6 +476,7 @@ def build_replica(
         max_num_seqs=config.max_num_seqs,
         calibration=calibration.note,
         all_reduce=cost.all_reduce_note(),
+        moe_kernel=cost.moe_kernel_note(),
     )
     return ReplicaBuild(arch, gpu, node, memory, config, cost, info, par.replicas, par.dp, defaults)
 

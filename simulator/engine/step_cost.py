@@ -50,7 +50,7 @@ from simulator.engine.latent_attention import (
     PrefillChunk,
     mla_shape,
 )
-from simulator.engine.moe_layer import ExpertLayout, routed_experts_cost
+from simulator.engine.moe_layer import ExpertLayout, moe_note, routed_experts_cost
 from simulator.engine.mxfp4_layout import is_mxfp4_moe
 from simulator.engine.weight_format import (
     check_block_shards,
@@ -805,6 +805,11 @@ class StepCostModel:
         (seconds, flops, dram_bytes) arrays and the bound (an array, or one value for the
         whole run), as step() prices each."""
         return self.decode_steps(seqs).many(contexts, window_contexts)
+
+    def moe_kernel_note(self) -> str | None:
+        """Which kernel the routed experts run, where vLLM picks it by GPU (MXFP4
+        experts: moe_layer.mxfp4_backend); None otherwise."""
+        return moe_note(self.weight_format, self.gpu) if self.arch.is_moe else None
 
     def all_reduce_note(self) -> str | None:
         """Which backend the layers' all-reduces take, by size and tokens (None: tp = 1);
