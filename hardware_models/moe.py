@@ -7,6 +7,9 @@ into blocks of BLOCK_M rows per expert, [quantise the activations], one grouped 
 for gate and up over every block, the activation (SiLU x up), [quantise], one grouped
 GEMM for down, and the top-k weighted sum. So the layer pays one sequence's fixed cost,
 not one per expert, and it reads the weights of the experts that receive a token only.
+MXFP4 experts (gpt-oss) may run another library's kernels (hardware_models.mxfp4_moe):
+OpenAI's matmul_ogs or FlashInfer's TRT-LLM MoE, the same sequence with the activation
+fused into gate|up's epilogue and the 4-bit weights widened on the CUDA cores.
 
 A grouped GEMM's work follows its tiles: expert e's n_e rows fill ceil(n_e / BLOCK_M)
 row tiles, so the time depends on how the T x top-k choices spread over the experts
