@@ -2,12 +2,14 @@
 and vLLM release: one place, read by the MoE cost (moe.MOE_FORMATS) and told by the run.
 
 vLLM picks an MXFP4 MoE backend by the GPU (vllm/model_executor/layers/quantization/
-mxfp4.py `get_mxfp4_backend` from 0.10.1; model_executor/layers/fused_moe/oracle/mxfp4.py
-`select_mxfp4_moe_backend` once the oracle refactor landed, 0.14+; both read here as
-stored in the search corpus). With no environment override:
+mxfp4.py `get_mxfp4_backend`, and after a later refactor model_executor/layers/fused_moe/
+oracle/mxfp4.py `select_mxfp4_moe_backend`; the revisions stored in the search corpus,
+their releases not pinned). With no environment override:
 
-- datacenter Blackwell (sm_100 family, FlashInfer installed, as vLLM's CUDA wheels have
-  it): FlashInfer's TRT-LLM MoE, MXFP4 weights with bf16 activations
+- datacenter Blackwell (sm_100 family, FlashInfer installed: a default CUDA dependency
+  from PR #26443, merged 2025-10-08; before, the `vllm[flashinfer]` extra and vLLM's
+  Docker image, taken here for every release): FlashInfer's TRT-LLM MoE, MXFP4 weights
+  with bf16 activations
   (SM100_FI_MXFP4_BF16, later FLASHINFER_TRTLLM_MXFP4_BF16). Its kernels
   (`bmm_Bfloat16_MxE2m1Bfloat16_castBfloat16_...`) widen the weights to bf16 and run a
   bf16 MMA: the fp4 tensor cores' rate needs fp4 activations, and the mxf8f6f4 MMA with
