@@ -377,10 +377,9 @@ def marlin_block_m(tokens, topk, local) -> np.ndarray:
 def matmul_ogs_block_m(tokens, topk, num_experts) -> np.ndarray:
     """triton_kernels' BLOCK_M rule on NVIDIA GPUs (matmul_ogs_details/opt_flags.py,
     make_default_opt_flags_nvidia), from the rows per expert (tokens x top-k // experts,
-    at least 1): up to 64, twice
-    them to the next power of two in 16-64 (ragged and likely memory bound: fewer weight
-    re-reads), else them to the next power of two in 16-128; the index of that size in
-    BLOCK_MS per token count."""
+    at least 1): up to 64, twice them to the next power of two in 16-64 (ragged and
+    likely memory bound: fewer weight re-reads), else them to the next power of two in
+    16-128; the index of that size in BLOCK_MS per token count."""
     per_expert = np.maximum(np.floor(np.asarray(tokens, dtype=float) * topk / num_experts), 1.0)
     low = np.clip(2.0 ** np.ceil(np.log2(2.0 * per_expert)), 16, 64)
     high = np.clip(2.0 ** np.ceil(np.log2(per_expert)), 16, 128)
