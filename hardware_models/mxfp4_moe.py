@@ -26,8 +26,9 @@ their releases not pinned). With no environment override:
   sm_90 to sm_10x): Marlin, W4A16 (the L40S table's `vllm_gptossmxfp4moe_marlin_marlinexperts`
   rows, vLLM 0.24, measure it).
 
-VLLM_MXFP4_USE_MARLIN=1 forces Marlin everywhere and VLLM_USE_FLASHINFER_MOE_MXFP4_BF16=1
-FlashInfer's CUTLASS kernels on Hopper; infersim prices the default only.
+VLLM_MXFP4_USE_MARLIN=1 forces Marlin on any NVIDIA GPU (a scenario's
+model.mxfp4_use_marlin); VLLM_USE_FLASHINFER_MOE_MXFP4_BF16=1 (FlashInfer's CUTLASS kernels
+on Hopper) and the MXFP8 opt-in are not modelled.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import NamedTuple
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.block_scaling import BLACKWELL_DATACENTER, HOPPER, gemm_family
+from hardware_models.errors import InfersimError
 
 # The first release whose CUDA wheels bundle triton_kernels (PR #28788).
 TRITON_KERNELS_BUNDLED = (0, 12, 0)
@@ -70,8 +72,19 @@ FLASHINFER_TRTLLM_BF16 = Mxfp4MoeBackend(
 )
 
 
-def mxfp4_moe_backend(gpu: AcceleratorSpec, vllm_version: tuple[int, int, int]) -> Mxfp4MoeBackend:
-    """The backend vLLM `vllm_version` runs MXFP4 MoE experts with on `gpu` by default."""
+def mxfp4_moe_backend(
+    gpu: AcceleratorSpec, vllm_version: tuple[int, int, int], use_marlin: bool = False
+) -> Mxfp4MoeBackend:
+    """The backend vLLM `vllm_version` runs MXFP4 MoE experts with on `gpu`: its default,
+    or Marlin with `use_marlin` (VLLM_MXFP4_USE_MARLIN=1; Marlin is CUDA code, so on
+    another vendor's GPU vLLM finds no backend, and neither does this)."""
+    if use_marlin:
+        if gpu.vendor != "nvidia":
+            raise InfersimError(
+                f"model.mxfp4_use_marlin: {gpu.name} is not an NVIDIA GPU, and Marlin's "
+                "MXFP4 kernels run on NVIDIA sm_80+ only; unset it"
+            )
+        return MARLIN
     family = gemm_family(gpu)
     if family == BLACKWELL_DATACENTER:
         return FLASHINFER_TRTLLM_BF16

@@ -144,7 +144,8 @@ def configuration_warnings(build: ReplicaBuild) -> list[str]:
     """One replica layout's silent limits: tensor parallelism over the inter-node link,
     narrow dtypes the GPU cannot multiply in (dequantized to the activation dtype),
     chunked local attention priced as a sliding window (whatever the KV cache mode), a
-    swap space too small for one sequence (the run may stop at a swap-out)."""
+    swap space too small for one sequence (the run may stop at a swap-out), Marlin asked
+    for MXFP4 experts the model does not have."""
     cost, node, gpu, arch = build.cost, build.node, build.gpu, build.arch
     warnings = []
     if chunked_local_attention(arch):
@@ -173,6 +174,11 @@ def configuration_warnings(build: ReplicaBuild) -> list[str]:
             f"{gpu.name} has no {cost.kv_dtype.value} tensor rate: the "
             f"{cost.kv_dtype.value} KV cache is dequantized and attention runs at the {act} "
             "rate"
+        )
+    if cost.mxfp4_use_marlin and cost.moe_kernel_note() is None:
+        warnings.append(
+            f"model.mxfp4_use_marlin: {arch.name} in {cost.weight_format} has no MXFP4 "
+            "MoE experts, so VLLM_MXFP4_USE_MARLIN changes nothing"
         )
     config = build.config
     longest = -(-config.max_model_len // config.block_size)

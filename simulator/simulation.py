@@ -462,6 +462,7 @@ def build_replica(
         all2all_backend=par.all2all_backend,
         custom_all_reduce=not par.disable_custom_all_reduce,
         symm_mem_all_reduce=par.allreduce_use_symm_mem,
+        mxfp4_use_marlin=scenario.model.mxfp4_use_marlin,
     )
     info = ReplicaInfo(
         gpu=gpu.name,

@@ -8,7 +8,7 @@ import pytest
 import simulator as sim
 from hardware_models.dtypes import Dtype
 from hardware_models.efficiency import MOE_FORMATS
-from hardware_models.errors import InfersimWarning
+from hardware_models.errors import InfersimError, InfersimWarning
 from hardware_models.moe import MoeLayer, MoeShape, matmul_ogs_block_m
 from hardware_models.mxfp4_moe import (
     FLASHINFER_TRTLLM_BF16,
@@ -20,6 +20,7 @@ from hardware_models.presets import load_gpu
 from simulator.engine.moe_layer import ExpertLayout, moe_format, routed_experts_cost
 from simulator.memory_planner import plan_memory
 from simulator.scenario import Scenario
+from simulator.simulation import build_replica
 from simulator.vllm_defaults import EMULATED_VLLM_VERSION
 
 V19, V10 = (0, 19, 0), (0, 10, 1)
@@ -133,3 +134,36 @@ def test_the_run_says_which_kernel_its_mxfp4_experts_run():
     assert "Marlin" in _oss_run("l40s")["run"]["moe_kernel"][0]
     dense = Scenario.from_yaml("scenarios/quickstart.yaml", ["workload.num_requests=5"])
     assert "moe_kernel" not in sim.simulate(dense, progress=False).summary()["run"]
+
+
+def test_vllm_mxfp4_use_marlin_forces_marlin_on_nvidia_and_is_refused_elsewhere():
+    for gpu in ("h100-sxm", "b200", "l40s"):
+        assert mxfp4_moe_backend(load_gpu(gpu), V19, use_marlin=True) == MARLIN
+        assert moe_format("fp4", load_gpu(gpu), use_marlin=True) == "w4a16_mxfp4"
+    with pytest.raises(InfersimError, match=r"model\.mxfp4_use_marlin: mi300x is not an NVIDIA"):
+        mxfp4_moe_backend(load_gpu("mi300x"), V19, use_marlin=True)
+
+
+def test_a_run_with_mxfp4_use_marlin_prices_and_names_marlin():
+    sets = [
+        "model.name=gpt-oss-20b",
+        "model.weight_dtype=fp4",
+        "model.mxfp4_use_marlin=true",
+        "workload.num_requests=5",
+    ]
+    scenario = Scenario.from_yaml("scenarios/quickstart.yaml", sets)
+    build = build_replica(scenario)
+    assert "Marlin" in build.cost.moe_kernel_note()
+    arch, gpu = build.arch, build.gpu
+    marlin = routed_experts_cost(
+        arch, gpu, 8192, ExpertLayout.of(arch, 1, False), weight_dtype="fp4", mxfp4_use_marlin=True
+    )
+    layer = MoeLayer(gpu, MoeShape(2880, 2880, 4, 32, moe_format="w4a16_mxfp4")).cost(8192)
+    assert marlin.seconds == layer.seconds
+
+
+def test_mxfp4_use_marlin_on_a_model_without_mxfp4_experts_says_it_changes_nothing():
+    sets = ["model.mxfp4_use_marlin=true", "workload.num_requests=5"]
+    scenario = Scenario.from_yaml("scenarios/quickstart.yaml", sets)
+    with pytest.warns(InfersimWarning, match="VLLM_MXFP4_USE_MARLIN changes nothing"):
+        sim.simulate(scenario, progress=False)
