@@ -64,8 +64,12 @@ class MoeFormat(NamedTuple):
 # activations before each grouped GEMM (two more kernels). MXFP4 experts (gpt-oss) run
 # the kernel vLLM picks for the GPU (hardware_models.mxfp4_moe): w4a16_mxfp4 on Marlin,
 # w4a16_mxfp4_triton on OpenAI's matmul_ogs (Hopper), w4a16_mxfp4_trtllm on FlashInfer's
-# TRT-LLM MoE with bf16 activations (datacenter Blackwell); four kernels each: routing
-# metadata, gate|up with the SwiGLU, down, the weighted combine.
+# TRT-LLM MoE with bf16 activations (datacenter Blackwell). Past the top-k: matmul_ogs
+# six kernels, triton_kernels' routing in three (routing.py SortTokens: the bitmatrix's
+# row sums `_sum_bitmatrix_rows`, `_combined_routing_memset`, `_combined_routing_compute`),
+# gate|up with the SwiGLU, down, the weighted combine (`_reduce_grouped`: one launch a
+# layer in a published H100 gpt-oss-20b decode profile, benchmarks/README.md "gpt-oss
+# MXFP4 backends"); TRT-LLM four (routing metadata, gate|up, down, the combine).
 MOE_FORMATS: dict[str, MoeFormat] = {
     "bf16": MoeFormat("bf16", 2.0, 2.0, 5, False),
     "fp8": MoeFormat("fp8", 1.0, 1.0, 7, False),
@@ -78,7 +82,7 @@ MOE_FORMATS: dict[str, MoeFormat] = {
         "bf16",
         2.0,
         0.5 + 1.0 / 32,
-        4,
+        6,
         False,
         fused_activation=True,
         upcast=True,
