@@ -387,12 +387,21 @@ def matmul_ogs_block_m(tokens, topk, num_experts) -> np.ndarray:
     return np.searchsorted(np.array(BLOCK_MS), block)
 
 
-# Lane instructions to widen one MXFP4 weight to bf16 before a 16-bit MMA (matmul_ogs on
-# Hopper, FlashInfer's castBfloat16 kernels on Blackwell): the e2m1 pair unpacked into a
-# bf16 pair by bit operations (about three per pair) and the e8m0 scale applied by a bf16
-# pair multiply (one per pair). An estimate from the conversion, not a count of either
-# kernel's SASS; every row tile widens its expert's weights again.
-MXFP4_UPCAST_INSTRUCTIONS = 2.0
+# What widening one MXFP4 weight to bf16 before a 16-bit MMA costs the CUDA cores
+# (matmul_ogs on Hopper, FlashInfer's castBfloat16 kernels on Blackwell), in lane
+# instructions; every row tile widens its expert's weights again. Taken from a published
+# kernel time, not counted: a third-party write-up in the search corpus (TRT-LLM's
+# `bmm_Bfloat16_MxE2m1Bfloat16_castBfloat16` kernels, the family FlashInfer's MoE runs)
+# measures gpt-oss-120b's gate|up grouped GEMM on one B200 at 128 decoding sequences at
+# 711.8 us a layer, 5x its 4-bit bytes' DRAM time; this rate reproduces it under this
+# model's accounting (balanced routing: 125.7 experts of 5760 x 2880, one row tile each).
+# Counted over that kernel's padded operand (5888 x 3072) it is 11.7. The conversion
+# itself (e2m1 bit operations, the e8m0 scale) is a few instructions; the rest is what
+# the write-up names: widened tiles take 4x the on-chip bytes, so the kernel runs
+# smaller tiles and a shorter pipeline. Checked against measurements it was not taken
+# from in benchmarks/README.md, "gpt-oss MXFP4 backends" (the write-up's whole layer,
+# vLLM's matmul_ogs on an H100 and on 8 x H200).
+MXFP4_UPCAST_INSTRUCTIONS = 12.8
 
 
 def upcast_s(gpu: AcceleratorSpec, tiles, n, k) -> np.ndarray:
