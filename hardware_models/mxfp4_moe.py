@@ -45,11 +45,14 @@ TRITON_KERNELS_BUNDLED = (0, 12, 0)
 
 class Mxfp4MoeBackend(NamedTuple):
     """One of vLLM's MXFP4 MoE backends: its name in vLLM, the MoE format that prices it
-    (efficiency.MOE_FORMATS) and the kernel in words."""
+    (efficiency.MOE_FORMATS), the kernel in words, and how far its price is checked
+    where a run should say so (benchmarks/README.md, "gpt-oss MXFP4 backends"; the
+    bounds are what tests/test_mxfp4_published.py holds it to)."""
 
     name: str
     moe_format: str
     kernel: str
+    caveat: str = ""
 
     def describe(self, vllm_version: tuple[int, int, int]) -> str:
         """The line a run states: which kernel, under which vLLM."""
@@ -64,11 +67,18 @@ TRITON = Mxfp4MoeBackend(
     "TRITON",
     "w4a16_mxfp4_triton",
     "OpenAI triton_kernels matmul_ogs, weights widened to bf16 for a bf16 MMA",
+    "its widening rate comes from a B200 kernel of another library (TRT-LLM W4A16) and "
+    "is checked against whole vLLM runs only, no Hopper kernel timing: within 5% of "
+    "vllm#30326's 8 x H200 tp 8 output tok/s at 8 and 128 users, within 10% of "
+    "vllm#27523's H100 batch of 8; prefill-sized batches unchecked",
 )
 FLASHINFER_TRTLLM_BF16 = Mxfp4MoeBackend(
     "FLASHINFER_TRTLLM_MXFP4_BF16",
     "w4a16_mxfp4_trtllm",
     "FlashInfer TRT-LLM MoE, bf16 activations, weights widened to bf16 for a bf16 MMA",
+    "its widening rate comes from one published B200 kernel time (gpt-oss-120b's "
+    "gate|up at 128 sequences, 711.8 us) and the whole layer there is within 3% of the "
+    "same write-up; other batch sizes and any vLLM run on a B200 unchecked",
 )
 
 

@@ -12,7 +12,9 @@ import simulator as sim
 from hardware_models.efficiency import MOE_FORMATS
 from hardware_models.moe import MoeLayer, MoeShape, upcast_s
 from hardware_models.presets import load_gpu
+from simulator.caveats import configuration_warnings
 from simulator.scenario import Scenario
+from simulator.simulation import build_replica
 
 # A third-party write-up (TRT-LLM's castBfloat16 W4A16 MoE, gpt-oss-120b, one B200, 128
 # decoding sequences): gate|up 711.8 us a layer, 38.89 ms a step over 36 layers.
@@ -66,3 +68,22 @@ def test_h100_bench_latency_batch_within_10_percent_of_vllm_27523(marlin, measur
     sets = [f"model.mxfp4_use_marlin={marlin}"]
     e2e = _run("benchmarks/gpt_oss_120b_h100_latency_bs8.yaml", sets)["latency"]["e2e"]["max"]
     assert e2e == pytest.approx(measured_s, rel=0.10)
+
+
+def _caveats(gpu: str, *extra: str) -> list[str]:
+    sets = [f"hardware.gpu={gpu}", "model.name=gpt-oss-20b", "model.weight_dtype=fp4", *extra]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        build = build_replica(Scenario.from_yaml("scenarios/quickstart.yaml", sets))
+    return [w for w in configuration_warnings(build) if "MXFP4 experts on" in w]
+
+
+def test_a_run_says_how_little_checks_its_mxfp4_experts_price():
+    """matmul_ogs (Hopper) and FlashInfer's TRT-LLM MoE (B200) say what their price was
+    checked against; Marlin, validated on the L40S table, says nothing."""
+    (hopper,) = _caveats("h100-sxm")
+    assert "TRITON" in hopper and "vllm#30326" in hopper and "vllm#27523" in hopper
+    (blackwell,) = _caveats("b200")
+    assert "FLASHINFER_TRTLLM_MXFP4_BF16" in blackwell and "711.8 us" in blackwell
+    assert _caveats("l40s") == []
+    assert _caveats("h100-sxm", "model.mxfp4_use_marlin=true") == []
