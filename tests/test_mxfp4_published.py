@@ -4,6 +4,7 @@ B200 kernel time; the rest of that layer and three vLLM runs on Hopper check it.
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
 
 import pytest
@@ -87,3 +88,16 @@ def test_a_run_says_how_little_checks_its_mxfp4_experts_price():
     assert "FLASHINFER_TRTLLM_MXFP4_BF16" in blackwell and "711.8 us" in blackwell
     assert _caveats("l40s") == []
     assert _caveats("h100-sxm", "model.mxfp4_use_marlin=true") == []
+
+
+@pytest.mark.parametrize(("seqs", "context"), [(8, 1536), (128, 1536)])
+def test_the_step_decomposition_adds_up_to_the_engines_price(seqs, context):
+    """benchmarks/decode_step_parts.py's parts sum to StepCostModel.step's price, so the
+    README's part-by-part comparison stays the engine's."""
+    spec = importlib.util.spec_from_file_location("parts", "benchmarks/decode_step_parts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    scenario = f"benchmarks/gpt_oss_120b_h200_tp8_c{seqs}.yaml"
+    rows, step = module.parts(scenario, seqs, context)
+    total = sum(seconds * calls for _, seconds, calls, _ in rows)
+    assert total == pytest.approx(step.seconds, rel=1e-9)
