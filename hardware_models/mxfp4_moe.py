@@ -78,7 +78,8 @@ FLASHINFER_TRTLLM_BF16 = Mxfp4MoeBackend(
     "FlashInfer TRT-LLM MoE, bf16 activations, weights widened to bf16 for a bf16 MMA",
     "its widening rate comes from one published B200 kernel time (gpt-oss-120b's "
     "gate|up at 128 sequences, 711.8 us) and the whole layer there is within 3% of the "
-    "same write-up; other batch sizes and any vLLM run on a B200 unchecked",
+    "same write-up; otherwise checked only against one SGLang run of one user (within "
+    "20% of its output tok/s), no vLLM run on a B200",
 )
 
 

@@ -63,6 +63,23 @@ def test_h200_tp8_output_throughput_within_5_percent_of_vllm_30326(scenario, mea
     assert out == pytest.approx(measured, rel=0.05)
 
 
+def test_b200_one_user_within_20_percent_of_sglang_9004():
+    """gpt-oss-20b, tp 1, one user, 512 in and 1,024 out, bf16-activation MXFP4 MoE:
+    364 output tok/s measured (SGLang, another engine)."""
+    sets = [
+        "hardware.gpu=b200",
+        "model.name=gpt-oss-20b",
+        "parallelism.tp=1",
+        "workload.arrivals.users=1",
+        "workload.prompt_tokens.tokens=512",
+        "workload.output_tokens.tokens=1024",
+        "workload.num_requests=10",
+        "serving.max_model_len=4096",
+    ]
+    out = _run("benchmarks/gpt_oss_120b_h200_tp8_c8.yaml", sets)["throughput"]
+    assert out["output_tokens_per_s"] == pytest.approx(364, rel=0.20)
+
+
 @pytest.mark.parametrize(("marlin", "measured_s"), [("false", 1.58), ("true", 1.17)])
 def test_h100_bench_latency_batch_within_10_percent_of_vllm_27523(marlin, measured_s):
     """The same batch with matmul_ogs (the default) and with Marlin experts."""
