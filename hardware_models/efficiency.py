@@ -35,6 +35,24 @@ class MoeFormat(NamedTuple):
     kernels: int  # kernels in the layer's sequence (without the top-k)
     marlin: bool  # Marlin kernels: vLLM's BLOCK_M rule, no tiles for other ranks' pairs
     wna16: bool = False  # vLLM's WNA16 kernels (fused_experts with int4 weights, not Marlin)
+    # A grouped-GEMM library of its own (OpenAI's triton_kernels matmul_ogs, FlashInfer's
+    # TRT-LLM MoE) rather than vLLM's fused_moe: the gate|up GEMM applies the SwiGLU in its
+    # epilogue (writes the product, no activation pass), and its 4-bit weights are widened
+    # to 16 bits on the CUDA cores, per row tile, before a 16-bit MMA.
+    fused_activation: bool = False
+    upcast: bool = False
+    # matmul_ogs on Hopper: BLOCK_M by its rule on tokens per expert, and the weights the
+    # MMA's 64-row operand (swap_xw), so thin token tiles keep the warpgroup MMA.
+    matmul_ogs: bool = False
+    # Weight columns a thread block computes: 128 in vLLM's fused_moe configurations and
+    # TRT-LLM's MoE tiles (128 weight rows each); matmul_ogs on Hopper 2 x warps x 2 x 8 =
+    # 256 (vLLM swizzles its weights for 8 warps; opt_flags_nvidia.compute_block_n).
+    block_n: int = 128
+
+    @property
+    def vllm_fused_moe(self) -> bool:
+        """vLLM's own Triton fused_moe kernel (not Marlin, WNA16 or another library's)."""
+        return not (self.marlin or self.wna16 or self.fused_activation)
 
 
 # The public tables' moe_dtype: fp8 scales per tensor, fp8_block per 128 x 128 block
@@ -43,7 +61,15 @@ class MoeFormat(NamedTuple):
 # scale per 16 (Marlin's NVFP4 path); int4_wna16 the same weights as int4_wo through
 # vLLM's WNA16 kernels, which `fused_experts` runs for an int4_w4a16 configuration
 # (the H100 table's int4 rows: moe.wna16_stream_s). 8-bit formats quantise the
-# activations before each grouped GEMM (two more kernels).
+# activations before each grouped GEMM (two more kernels). MXFP4 experts (gpt-oss) run
+# the kernel vLLM picks for the GPU (hardware_models.mxfp4_moe): w4a16_mxfp4 on Marlin,
+# w4a16_mxfp4_triton on OpenAI's matmul_ogs (Hopper), w4a16_mxfp4_trtllm on FlashInfer's
+# TRT-LLM MoE with bf16 activations (datacenter Blackwell). Past the top-k: matmul_ogs
+# six kernels, triton_kernels' routing in three (routing.py SortTokens: the bitmatrix's
+# row sums `_sum_bitmatrix_rows`, `_combined_routing_memset`, `_combined_routing_compute`),
+# gate|up with the SwiGLU, down, the weighted combine (`_reduce_grouped`: one launch a
+# layer in a published H100 gpt-oss-20b decode profile, benchmarks/README.md "gpt-oss
+# MXFP4 backends"); TRT-LLM four (routing metadata, gate|up, down, the combine).
 MOE_FORMATS: dict[str, MoeFormat] = {
     "bf16": MoeFormat("bf16", 2.0, 2.0, 5, False),
     "fp8": MoeFormat("fp8", 1.0, 1.0, 7, False),
@@ -52,6 +78,20 @@ MOE_FORMATS: dict[str, MoeFormat] = {
     "int4_wna16": MoeFormat("bf16", 2.0, 0.5 + 2.0 / 128, 5, False, True),
     "w4a16_mxfp4": MoeFormat("bf16", 2.0, 0.5 + 1.0 / 32, 5, True),
     "w4a16_nvfp4": MoeFormat("bf16", 2.0, 0.5 + 1.0 / 16, 5, True),
+    "w4a16_mxfp4_triton": MoeFormat(
+        "bf16",
+        2.0,
+        0.5 + 1.0 / 32,
+        6,
+        False,
+        fused_activation=True,
+        upcast=True,
+        matmul_ogs=True,
+        block_n=256,
+    ),
+    "w4a16_mxfp4_trtllm": MoeFormat(
+        "bf16", 2.0, 0.5 + 1.0 / 32, 4, False, fused_activation=True, upcast=True
+    ),
 }
 _MOE_ALIASES = {"bfloat16": "bf16", "int4": "int4_wo", "mxfp4": "w4a16_mxfp4"}
 

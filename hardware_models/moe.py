@@ -7,6 +7,9 @@ into blocks of BLOCK_M rows per expert, [quantise the activations], one grouped 
 for gate and up over every block, the activation (SiLU x up), [quantise], one grouped
 GEMM for down, and the top-k weighted sum. So the layer pays one sequence's fixed cost,
 not one per expert, and it reads the weights of the experts that receive a token only.
+MXFP4 experts (gpt-oss) may run another library's kernels (hardware_models.mxfp4_moe):
+OpenAI's matmul_ogs or FlashInfer's TRT-LLM MoE, the same sequence with the activation
+fused into gate|up's epilogue and the 4-bit weights widened on the CUDA cores.
 
 A grouped GEMM's work follows its tiles: expert e's n_e rows fill ceil(n_e / BLOCK_M)
 row tiles, so the time depends on how the T x top-k choices spread over the experts
@@ -326,9 +329,12 @@ def tile_share(gpu: AcceleratorSpec, fmt: MoeFormat, block: int) -> float:
     the warpgroup MMA (WGMMA_ROWS). 8-bit tiles on Hopper are left uncapped: Triton
     promotes their operands to 16 bits for the warp MMA, and pricing that made the
     H100's 8-bit fits worse (benchmarks/README.md, "Warp-MMA pass"). Marlin's tiles are
-    its own (1)."""
+    its own (1), and so are matmul_ogs's on Hopper (the weights fill the MMA's rows)."""
     family = gemm_family(gpu)
     thin = family == HOPPER and block % WGMMA_ROWS != 0 and fmt.act_bytes == 2.0
+    # matmul_ogs swaps the operands on Hopper: the widened weights are the MMA's 64-row
+    # side, the tokens its narrow one, so thin token tiles keep the warpgroup MMA.
+    thin = thin and not fmt.matmul_ogs
     if fmt.marlin or not (family in WARP_MMA_FAMILIES or thin):
         return 1.0
     peak = gpu.peak_flops(parse_dtype(fmt.compute_dtype))
@@ -366,6 +372,43 @@ def marlin_block_m(tokens, topk, local) -> np.ndarray:
     for block in reversed(MARLIN_BLOCK_MS):
         chosen = np.where(density / block < 0.9, BLOCK_MS.index(block), chosen)
     return chosen
+
+
+def matmul_ogs_block_m(tokens, topk, num_experts) -> np.ndarray:
+    """triton_kernels' BLOCK_M rule on NVIDIA GPUs (matmul_ogs_details/opt_flags.py,
+    make_default_opt_flags_nvidia), from the rows per expert (tokens x top-k // experts,
+    at least 1): up to 64, twice them to the next power of two in 16-64 (ragged and
+    likely memory bound: fewer weight re-reads), else them to the next power of two in
+    16-128; the index of that size in BLOCK_MS per token count."""
+    per_expert = np.maximum(np.floor(np.asarray(tokens, dtype=float) * topk / num_experts), 1.0)
+    low = np.clip(2.0 ** np.ceil(np.log2(2.0 * per_expert)), 16, 64)
+    high = np.clip(2.0 ** np.ceil(np.log2(per_expert)), 16, 128)
+    block = np.where(per_expert <= 64, low, high)
+    return np.searchsorted(np.array(BLOCK_MS), block)
+
+
+# What widening one MXFP4 weight to bf16 before a 16-bit MMA costs the CUDA cores
+# (matmul_ogs on Hopper, FlashInfer's castBfloat16 kernels on Blackwell), in lane
+# instructions; every row tile widens its expert's weights again. Taken from a published
+# kernel time, not counted: a third-party write-up in the search corpus (TRT-LLM's
+# `bmm_Bfloat16_MxE2m1Bfloat16_castBfloat16` kernels, the family FlashInfer's MoE runs)
+# measures gpt-oss-120b's gate|up grouped GEMM on one B200 at 128 decoding sequences at
+# 711.8 us a layer, 5x its 4-bit bytes' DRAM time; this rate reproduces it under this
+# model's accounting (balanced routing: 125.7 experts of 5760 x 2880, one row tile each).
+# Counted over that kernel's padded operand (5888 x 3072) it is 11.7. The conversion
+# itself (e2m1 bit operations, the e8m0 scale) is a few instructions; the rest is what
+# the write-up names: widened tiles take 4x the on-chip bytes, so the kernel runs
+# smaller tiles and a shorter pipeline. Checked against measurements it was not taken
+# from in benchmarks/README.md, "gpt-oss MXFP4 backends" (the write-up's whole layer,
+# vLLM's matmul_ogs on an H100 and on 8 x H200).
+MXFP4_UPCAST_INSTRUCTIONS = 12.8
+
+
+def upcast_s(gpu: AcceleratorSpec, tiles, n, k) -> np.ndarray:
+    """Seconds the CUDA cores take to widen the 4-bit weights of `tiles` row tiles of an
+    n x k grouped GEMM, spread over the SMs (it runs alongside the asynchronous MMAs, so
+    it binds only where it is the longer)."""
+    return tiles * n * k * MXFP4_UPCAST_INSTRUCTIONS * sm_lane_seconds(gpu) / gpu.sm_count
 
 
 # Marlin's MoE kernel configurations (vLLM csrc/moe/marlin_moe_wna16/ops.cu): one
@@ -602,16 +645,21 @@ def moe_parts(
     r = rows
     count = len(r.tokens)
     all_pairs = r.tokens * r.topk  # every (token, choice) row of the buffers
-    # Triton writes every row of its outputs (other ranks' pairs as zeros); Marlin and
-    # the WNA16 kernels (their blocks aligned with ignore_invalid_experts) skip the
-    # blocks of experts the rank does not hold.
-    written = r.pairs if fmt.marlin or fmt.wna16 else all_pairs
+    # vLLM's Triton fused_moe writes every row of its outputs (other ranks' pairs as
+    # zeros); Marlin, the WNA16 kernels (their blocks aligned with ignore_invalid_experts)
+    # and the other libraries' skip the blocks of experts the rank does not hold.
+    written = all_pairs if fmt.vllm_fused_moe else r.pairs
     if fmt.wna16:
         wna16_cuda, wna16_block = wna16_block_m(r.tokens, r.topk, r.local)
         rates = wna16_rates(gpu, fmt, moe_format)
     gemms = ((2.0 * r.inter, r.hidden), (r.hidden, r.inter))  # gate|up, then down: (n, k)
     flops = sum(2.0 * r.pairs * n * k for n, k in gemms)
-    dram = [r.active * n * k * w_bpe + r.pairs * k * a_bpe + written * n * 2.0 for n, k in gemms]
+    # A fused SwiGLU stores gate|up's product: half its columns.
+    stored = (r.inter if fmt.fused_activation else 2.0 * r.inter, r.hidden)
+    dram = [
+        r.active * n * k * w_bpe + r.pairs * k * a_bpe + written * out * 2.0
+        for (n, k), out in zip(gemms, stored, strict=True)
+    ]
     gemm_bytes = dram[0] + dram[1]
     rows_per_expert = r.pairs / np.maximum(r.active, 1.0)
     c_eff = compute_curve.at(np.maximum(rows_per_expert, 1.0))
@@ -619,16 +667,19 @@ def moe_parts(
     index = np.arange(count)
     totals = np.zeros((len(BLOCK_MS), 3, count))  # per BLOCK_M: the binding terms
     l2_bytes = np.zeros((len(BLOCK_MS), count))
+    block_n = fmt.block_n
     for j, block in enumerate(BLOCK_MS):
         tiles = r.tiles[:, j]
         share = tile_share(gpu, fmt, block)
         for (n, k), moved in zip(gemms, dram, strict=True):
             compute = 2.0 * tiles * block * n * k / (peak * share * c_eff)
+            if fmt.upcast:
+                compute = np.maximum(compute, upcast_s(gpu, tiles, n, k))
             memory = moved / (gpu.memory_bandwidth * m_eff)
-            # Each thread block (a row tile x BLOCK_N columns) streams its expert's
+            # Each thread block (a row tile x block_n columns) streams its expert's
             # weight panel and its rows through L2 into the SM at a capped rate.
             rows = np.minimum(r.pairs / np.maximum(tiles, 1.0), block)
-            panel = (BLOCK_N * w_bpe + rows * a_bpe) * k
+            panel = (block_n * w_bpe + rows * a_bpe) * k
             if fmt.wna16:
                 stream = wna16_stream_s(
                     gpu.sm_count, r.tokens, wna16_cuda, tiles, r.pairs, n, k, fmt, rates
@@ -638,12 +689,14 @@ def moe_parts(
                     gpu.sm_count, block, tiles, n, k, r.tokens * r.topk, fmt, cta_s, cta_s_per_byte
                 )
             else:
-                waves = np.ceil(tiles * np.ceil(n / BLOCK_N) / gpu.sm_count)
+                waves = np.ceil(tiles * np.ceil(n / block_n) / gpu.sm_count)
                 stream = waves * (cta_s + panel * cta_s_per_byte)
-                # Rows of K elements Triton cannot vectorise: the sector-per-element bound.
-                elements = tiles * np.ceil(n / BLOCK_N) * (BLOCK_N + rows) * k
+            if fmt.vllm_fused_moe:
+                # Rows of K elements Triton cannot vectorise: the sector-per-element bound
+                # (the other libraries' weights are padded to 64 columns or more by vLLM).
+                elements = tiles * np.ceil(n / block_n) * (block_n + rows) * k
                 stream = np.maximum(stream, elements * unaligned_sector(k) / l2_rate)
-            l2 = tiles * np.ceil(n / BLOCK_N) * panel
+            l2 = tiles * np.ceil(n / block_n) * panel
             terms = np.stack([compute, memory, stream])
             which = np.argmax(terms, axis=0)
             totals[j, which, index] += terms[which, index]
@@ -653,11 +706,13 @@ def moe_parts(
         chosen = wna16_block
     elif fmt.marlin:
         chosen = marlin_block_m(r.tokens, r.topk, r.local)
+    elif fmt.matmul_ogs:
+        chosen = matmul_ogs_block_m(r.tokens, r.topk, r.num_experts)
     else:
         allowed = np.array([b in TRITON_BLOCK_MS for b in BLOCK_MS])
         chosen = np.argmin(np.where(allowed[:, None], by_block, np.inf), axis=0)
     compute_s, memory_s, stream_s = totals[chosen, :, index].T
-    pass_bytes = _pass_bytes(r, all_pairs, fmt.act_bytes < 2, include_routing)
+    pass_bytes = _pass_bytes(r, all_pairs, fmt, include_routing)
     # With an expert map vLLM zeroes the down GEMM's T x top-k output before it runs
     # (fused_moe and fused_marlin_moe alike): one more pass over every pair's row.
     zeroed = np.where(r.local < r.num_experts, all_pairs * r.hidden * 2.0, 0.0)
@@ -682,13 +737,14 @@ def moe_parts(
     )
 
 
-def _pass_bytes(r: MoeRows, all_pairs, quantizes: bool, include_routing: bool) -> np.ndarray:
+def _pass_bytes(r: MoeRows, all_pairs, fmt: MoeFormat, include_routing: bool) -> np.ndarray:
     """DRAM bytes of the passes around the GEMMs, over every (token, choice) row: the
-    activation (read gate|up, write the product), the weighted combine, the 8-bit
-    formats' quantisation of the hidden states and of the product, the top-k kernel."""
-    out = all_pairs * (2.0 * r.inter * 2.0 + r.inter * 2.0)
-    out = out + all_pairs * r.hidden * 2.0 + r.tokens * r.hidden * 2.0
-    if quantizes:
+    activation (read gate|up, write the product) unless gate|up's epilogue applies it,
+    the weighted combine, the 8-bit formats' quantisation of the hidden states and of the
+    product, the top-k kernel."""
+    activation = 0.0 if fmt.fused_activation else all_pairs * (2.0 * r.inter * 2.0 + r.inter * 2.0)
+    out = activation + all_pairs * r.hidden * 2.0 + r.tokens * r.hidden * 2.0
+    if fmt.act_bytes < 2:
         out = out + (r.tokens * r.hidden + all_pairs * r.inter) * QUANT_PASS_BYTES
     if include_routing:
         out = out + r.tokens * (r.num_experts * LOGIT_BYTES + r.topk * TOPK_PAIR_BYTES)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from hardware_models.dtypes import Dtype, bytes_per_element
 from hardware_models.errors import InfeasibleError
 from simulator.engine.kv_groups import chunked_local_attention
+from simulator.engine.moe_layer import mxfp4_backend
 from simulator.memory_planner import RUN_SETTINGS, SettingNames
 from simulator.vllm_defaults import Default
 
@@ -160,7 +161,9 @@ def configuration_warnings(build: ReplicaBuild) -> list[str]:
     """One replica layout's silent limits: tensor parallelism over the inter-node link,
     narrow dtypes the GPU cannot multiply in (dequantized to the activation dtype),
     chunked local attention priced as a sliding window (whatever the KV cache mode), a
-    swap space too small for one sequence (the run may stop at a swap-out)."""
+    swap space too small for one sequence (the run may stop at a swap-out), Marlin asked
+    for MXFP4 experts the model does not have, MXFP4 experts on a kernel whose price is
+    checked against little published (mxfp4_moe's caveats)."""
     cost, node, gpu, arch = build.cost, build.node, build.gpu, build.arch
     warnings = []
     if chunked_local_attention(arch):
@@ -189,6 +192,14 @@ def configuration_warnings(build: ReplicaBuild) -> list[str]:
             f"{gpu.name} has no {cost.kv_dtype.value} tensor rate: the "
             f"{cost.kv_dtype.value} KV cache is dequantized and attention runs at the {act} "
             "rate"
+        )
+    backend = mxfp4_backend(cost.weight_format, gpu, cost.mxfp4_use_marlin)
+    if arch.is_moe and backend is not None and backend.caveat:
+        warnings.append(f"{arch.name}'s MXFP4 experts on {backend.name}: {backend.caveat}")
+    if cost.mxfp4_use_marlin and cost.moe_kernel_note() is None:
+        warnings.append(
+            f"model.mxfp4_use_marlin: {arch.name} in {cost.weight_format} has no MXFP4 "
+            "MoE experts, so VLLM_MXFP4_USE_MARLIN changes nothing"
         )
     config = build.config
     longest = -(-config.max_model_len // config.block_size)

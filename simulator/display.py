@@ -115,6 +115,7 @@ def summary_html(summary: Mapping[str, Any]) -> str:
         f"<p><b>Calibration:</b> {escape(c)}</p>" for c in summary["run"].get("calibrations", [])
     ]
     parts += [f"<p><b>All-reduce:</b> {escape(a)}</p>" for a in run.get("all_reduce", [])]
+    parts += [f"<p><b>MoE kernel:</b> {escape(m)}</p>" for m in run.get("moe_kernel", [])]
     headline = "".join(_row([escape(k), escape(v)]) for k, v in _headline(summary))
     latency = summary["latency"]
     lat_rows = [_row(["ms", *_LATENCY_COLS, "n"], "th")]

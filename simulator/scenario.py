@@ -101,6 +101,14 @@ class ModelSection(BaseModel):
         "vLLM's other cache types are refused",
     )
     activation_dtype: Literal["fp16", "bf16"] = Field(default="bf16")
+    mxfp4_use_marlin: bool = Field(
+        default=False,
+        description="vLLM's VLLM_MXFP4_USE_MARLIN=1: an MXFP4 MoE checkpoint's experts "
+        "(gpt-oss) run Marlin W4A16 on any NVIDIA GPU instead of the kernel vLLM picks for "
+        "it (OpenAI's matmul_ogs on Hopper, FlashInfer's TRT-LLM MoE on B200; Marlin on "
+        "Ampere and Ada already); the run's moe_kernel line says which. No effect on other "
+        "models (the run says so)",
+    )
     moe_routing: str = Field(
         default="balanced",
         description="how an MoE model's tokens spread over its experts: balanced (each "

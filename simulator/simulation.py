@@ -502,6 +502,7 @@ def build_replica(
         all2all_backend=par.all2all_backend,
         custom_all_reduce=not par.disable_custom_all_reduce,
         symm_mem_all_reduce=par.allreduce_use_symm_mem,
+        mxfp4_use_marlin=scenario.model.mxfp4_use_marlin,
     )
     info = ReplicaInfo(
         gpu=gpu.name,
@@ -516,6 +517,7 @@ def build_replica(
         max_num_seqs=config.max_num_seqs,
         calibration=calibration.note,
         all_reduce=cost.all_reduce_note(),
+        moe_kernel=cost.moe_kernel_note(),
     )
     return ReplicaBuild(arch, gpu, node, memory, config, cost, info, par.replicas, par.dp, defaults)
 

@@ -22,9 +22,11 @@ from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.block_scaling import MXFP4, NVFP4
 from hardware_models.dtypes import Dtype
 from hardware_models.errors import InfersimError
+from hardware_models.mxfp4_moe import Mxfp4MoeBackend, mxfp4_moe_backend
 from hardware_models.op_cost import OpCost
 from simulator.architecture import ModelArchitecture
 from simulator.engine.weight_format import FP8_BLOCK, weight_format
+from simulator.vllm_defaults import EMULATED_VLLM_VERSION
 
 # The fused-MoE kernel that runs each weight format (simulator.engine.weight_format) by
 # its name (hardware_models.efficiency.MOE_FORMATS).
@@ -34,7 +36,7 @@ _MOE_FORMAT = {
     Dtype.FP8.value: "fp8",  # per-tensor scales
     FP8_BLOCK: "fp8_block",  # 128 x 128 block scales (DeepSeek-V3, Qwen3-FP8)
     Dtype.INT4.value: "int4_wo",  # Marlin, 4-bit weights with group scales
-    Dtype.FP4.value: "w4a16_mxfp4",  # gpt-oss's MXFP4 experts
+    Dtype.FP4.value: "w4a16_mxfp4",  # gpt-oss's MXFP4 experts, on Marlin (mxfp4_backend)
     MXFP4.name: "w4a16_mxfp4",
     NVFP4.name: "w4a16_nvfp4",  # Marlin with an fp8 scale per 16 weights
 }
@@ -78,15 +80,38 @@ class ExpertLayout:
         return math.ceil(arch.expert_intermediate_size / self.moe_tp)
 
 
-def moe_format(weight_dtype: str | Dtype) -> str:
-    """The fused-MoE kernel format for experts stored in `weight_dtype` (a weight format)."""
+def mxfp4_backend(
+    weight_dtype: str | Dtype, gpu: AcceleratorSpec, use_marlin: bool = False
+) -> Mxfp4MoeBackend | None:
+    """The kernel the emulated vLLM runs MXFP4 experts with on `gpu` (Marlin where
+    `use_marlin`: VLLM_MXFP4_USE_MARLIN=1); None for experts in another format."""
+    if weight_format(weight_dtype) not in (MXFP4.name, Dtype.FP4.value):
+        return None
+    return mxfp4_moe_backend(gpu, EMULATED_VLLM_VERSION, use_marlin)
+
+
+def moe_note(
+    weight_dtype: str | Dtype, gpu: AcceleratorSpec, use_marlin: bool = False
+) -> str | None:
+    """What a run says of its experts' kernel, where vLLM picks it by GPU (MXFP4)."""
+    backend = mxfp4_backend(weight_dtype, gpu, use_marlin)
+    return None if backend is None else backend.describe(EMULATED_VLLM_VERSION)
+
+
+def moe_format(
+    weight_dtype: str | Dtype, gpu: AcceleratorSpec | None = None, use_marlin: bool = False
+) -> str:
+    """The fused-MoE kernel format for experts stored in `weight_dtype` (a weight format)
+    on `gpu`: MXFP4 experts run the kernel vLLM picks for the GPU, or Marlin with
+    `use_marlin` (the checkpoint's Marlin format where no GPU is named)."""
     fmt = weight_format(weight_dtype)
     if fmt not in _MOE_FORMAT:
         raise InfersimError(
             f"model.weight_dtype: MoE experts in {fmt} have no fused-MoE kernel cost; "
             f"allowed: {', '.join(_MOE_FORMAT)}"
         )
-    return _MOE_FORMAT[fmt]
+    backend = None if gpu is None else mxfp4_backend(fmt, gpu, use_marlin)
+    return _MOE_FORMAT[fmt] if backend is None else backend.moe_format
 
 
 def routed_experts_cost(
@@ -97,10 +122,11 @@ def routed_experts_cost(
     *,
     weight_dtype: str | Dtype,
     routing: str = "balanced",
+    mxfp4_use_marlin: bool = False,
 ) -> OpCost:
     """One MoE layer's routed experts for `tokens` tokens on the most loaded GPU: the
     fused kernel with its top-k routing pass (the router GEMM and the shared experts are
-    dense GEMMs of the layer)."""
+    dense GEMMs of the layer); MXFP4 experts on Marlin where `mxfp4_use_marlin`."""
     from hardware_models.moe import moe_cost  # scipy, for MoE models only
 
     return moe_cost(
@@ -112,6 +138,6 @@ def routed_experts_cost(
         num_experts=arch.num_experts,
         tp=layout.moe_tp,
         ep=layout.ep,
-        moe_format=moe_format(weight_dtype),
+        moe_format=moe_format(weight_dtype, gpu, mxfp4_use_marlin),
         routing=routing,
     )

@@ -12,10 +12,11 @@ From vLLM's `Mxfp4Config.get_quant_method` and `Mxfp4MoEMethod.create_weights`
   supported) needs n % 256 and k % 128, so the width is rounded to 128 and the hidden
   size to 256; FlashInfer's MXFP4 kernels on sm_100 (B200) round both to 256.
 gpt-oss-120b's 2880-wide experts become 2944 x 3072 under Marlin: 9% more expert bytes,
-which is why vLLM 0.10.1 reports 65.97 GiB of weights on an H100 (vllm#23278). vLLM 0.11+
-on Hopper picks the Triton (matmul_ogs) backend when triton_kernels is installed
-(pads the width to 64 only; vllm#33155 reports 64.38 GiB): not modelled, infersim prices
-Hopper's fp4 experts as Marlin.
+which is why vLLM 0.10.1 reports 65.97 GiB of weights on an H100 (vllm#23278). vLLM on
+Hopper runs the Triton (matmul_ogs) backend where triton_kernels is importable (bundled
+from 0.12: hardware_models.mxfp4_moe, which the experts' cost follows), which pads the
+width to 64 only (vllm#33155 reports 64.38 GiB): this layout does not follow it yet and
+pads Hopper's experts as Marlin's.
 """
 
 from __future__ import annotations

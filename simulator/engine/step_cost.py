@@ -50,7 +50,7 @@ from simulator.engine.latent_attention import (
     PrefillChunk,
     mla_shape,
 )
-from simulator.engine.moe_layer import ExpertLayout, routed_experts_cost
+from simulator.engine.moe_layer import ExpertLayout, moe_note, routed_experts_cost
 from simulator.engine.mxfp4_layout import is_mxfp4_moe
 from simulator.engine.weight_format import (
     check_block_shards,
@@ -339,8 +339,10 @@ class StepCostModel:
         all2all_backend: str = "allgather_reducescatter",
         custom_all_reduce: bool = True,
         symm_mem_all_reduce: bool = True,
+        mxfp4_use_marlin: bool = False,
     ) -> None:
         arch.check_tp(tp)
+        self.mxfp4_use_marlin = mxfp4_use_marlin  # VLLM_MXFP4_USE_MARLIN=1
         self.arch, self.gpu, self.node, self.tp, self.pp = arch, gpu, node, tp, pp
         self.dp = dp if arch.is_moe else 1  # dense ranks are independent replicas
         self.experts = ExpertLayout.of(arch, tp, expert_parallel, self.dp)
@@ -670,6 +672,7 @@ class StepCostModel:
             self.experts,
             weight_dtype=self.weight_format,
             routing=self.moe_routing,
+            mxfp4_use_marlin=self.mxfp4_use_marlin,
         )
 
     def _lm_head(self, sampled: int) -> _Part:
@@ -805,6 +808,13 @@ class StepCostModel:
         (seconds, flops, dram_bytes) arrays and the bound (an array, or one value for the
         whole run), as step() prices each."""
         return self.decode_steps(seqs).many(contexts, window_contexts)
+
+    def moe_kernel_note(self) -> str | None:
+        """Which kernel the routed experts run, where vLLM picks it by GPU (MXFP4
+        experts: moe_layer.mxfp4_backend); None otherwise."""
+        if not self.arch.is_moe:
+            return None
+        return moe_note(self.weight_format, self.gpu, self.mxfp4_use_marlin)
 
     def all_reduce_note(self) -> str | None:
         """Which backend the layers' all-reduces take, by size and tokens (None: tp = 1);

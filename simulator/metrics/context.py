@@ -35,6 +35,7 @@ class ReplicaInfo:
     max_num_seqs: float = math.inf  # sequences per step or batch (serving.max_num_seqs)
     calibration: str = "none"  # the profile its GPU runs with, and why (calibration_lookup)
     all_reduce: str | None = None  # which backend its tp all-reduces take (None: tp = 1)
+    moe_kernel: str | None = None  # which kernel its MXFP4 experts run (None: no such)
     # Its rank among its replica's attention data-parallel ranks (vLLM's DP ranks of one
     # engine, each with its own scheduler); None where the replica has one (dp = 1).
     dp_rank: int | None = None

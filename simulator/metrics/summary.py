@@ -493,6 +493,9 @@ def _run(ctx: RunContext, arrived: int) -> dict[str, Any]:
     all_reduce = sorted({f"{r.gpu}: {r.all_reduce}" for r in ctx.replicas if r.all_reduce})
     if all_reduce:  # only tensor-parallel runs have all-reduces to tell of
         run["all_reduce"] = all_reduce
+    moe_kernel = sorted({f"{r.gpu}: {r.moe_kernel}" for r in ctx.replicas if r.moe_kernel})
+    if moe_kernel:  # where vLLM picks the experts' kernel by GPU (MXFP4)
+        run["moe_kernel"] = moe_kernel
     if "scenario" in ctx.provenance:
         run["configuration"] = configuration(
             ctx.provenance["scenario"], ctx.provenance.get("defaults", ())

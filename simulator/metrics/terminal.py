@@ -102,6 +102,8 @@ def summary_table(summary: Mapping[str, Any]) -> str:
         lines += wrapped(calibration, "  calibration ", "    ")
     for all_reduce in summary["run"].get("all_reduce", []):
         lines += wrapped(all_reduce, "  all-reduce  ", "    ")
+    for moe_kernel in summary["run"].get("moe_kernel", []):
+        lines += wrapped(moe_kernel, "  moe kernel  ", "    ")
     for warning in summary.get("warnings", []):
         lines += wrapped(warning, "warning: ", "  ")
     if summary["overloaded"]:
