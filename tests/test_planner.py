@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
-from hardware_models.errors import InfersimError
+from hardware_models.errors import InfersimError, InfersimWarning
 from hardware_models.presets import load_gpu
 from simulator.cli.main import main
 from simulator.planner import Candidate, _at, _check_overrides, plan_capacity
@@ -332,3 +333,51 @@ def test_a_probe_held_at_the_request_cap_says_so_in_the_plan(make_scenario, monk
     assert not ok.empty
     assert ok["note"].str.startswith("verified with 120 requests where a steady-state").all()
     assert set(ok["overload_verdict"]) <= {"stable", "too_short_to_judge"}
+
+
+def test_a_price_per_gpu_type_prices_each_pool_by_its_gpu(make_scenario):
+    """cost.usd_per_gpu_hour as {gpu: price}: each replica at its GPU's price; a GPU the
+    mapping leaves out keeps its preset's."""
+    pools = [
+        {"name": "a", "hardware": {"gpu": "h100-sxm"}, "tp": 1, "replicas": 1},
+        {"name": "b", "hardware": {"gpu": "a100-80gb-sxm"}, "tp": 2, "replicas": 1},
+    ]
+    scenario = make_scenario(
+        pools=pools, hardware=None, cost={"usd_per_gpu_hour": {"H100-SXM": 2.0}},
+        workload={"num_requests": 20},
+    )  # fmt: skip
+    summary = simulate(scenario).summary()
+    a100 = load_gpu("a100-80gb-sxm").price.usd_per_hour
+    assert summary["cost"]["usd_per_hour"] == pytest.approx(2.0 + 2 * a100)
+
+
+@pytest.mark.parametrize(
+    ("price", "error"),
+    [
+        ({"h100": 2.0}, "cost.usd_per_gpu_hour: unknown gpu 'h100'; did you mean 'h100-sxm'?"),
+        ({"h100-sxm": 0}, "cost.usd_per_gpu_hour: h100-sxm: expected a price above 0"),
+        (-1.0, "cost.usd_per_gpu_hour: expected a price above 0 USD per GPU-hour (got -1.0)"),
+    ],
+)
+def test_a_bad_price_is_refused_naming_the_field(price, error):
+    with pytest.raises(InfersimError, match=re.escape(error)):
+        Scenario.from_dict(scenario_dict(cost={"usd_per_gpu_hour": price}))
+
+
+def test_one_price_for_several_gpu_types_warns(make_scenario):
+    """A scalar price makes a plan (or a sweep or comparison) over GPUs rank them on equal
+    prices: it says so; a price per GPU type does not warn."""
+    plan = {"gpus": ["h100-sxm", "h200-sxm"], "tp": [8]}
+    with pytest.warns(InfersimWarning, match=r"usd_per_gpu_hour=2 prices every GPU type alike "
+                      r"\(h100-sxm, h200-sxm\)"):  # fmt: skip
+        make_scenario(slo={"tpot_ms": 50}, plan=plan, cost={"usd_per_gpu_hour": 2.0})
+    with pytest.warns(InfersimWarning, match=r"alike \(a100-80gb-sxm, h100-sxm\)"):
+        make_scenario(variants={"h100": {"hardware.gpu": "h100-sxm"}, "same": {}},
+                      cost={"usd_per_gpu_hour": 2.0})  # fmt: skip
+    with pytest.warns(InfersimWarning, match=r"alike \(a100-80gb-sxm, l4\)"):
+        make_scenario(sweep={"grid": {"hardware.gpu": ["l4", "a100-80gb-sxm"]}},
+                      cost={"usd_per_gpu_hour": 2.0})  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_scenario(plan=plan, cost={"usd_per_gpu_hour": {"h100-sxm": 2.0, "h200-sxm": 2.6}})
+        make_scenario(cost={"usd_per_gpu_hour": 2.0})  # one GPU type
