@@ -435,8 +435,9 @@ class CostSection(BaseModel):
         default=None,
         description="price per GPU-hour in USD, replacing the GPU presets' "
         "(`infersim hardware show`): one price for every GPU type, or a mapping "
-        "{GPU preset: price} (e.g. {h100-sxm: 2.0, h200-sxm: 2.6}; a GPU it does not name "
-        "keeps its preset's price, a GPU from a YAML file its file's price.usd_per_hour)",
+        "{GPU preset: price}, each above 0 (e.g. {h100-sxm: 2.0, h200-sxm: 2.6}; a GPU it "
+        "does not name keeps its preset's price, a GPU from a YAML file its file's "
+        "price.usd_per_hour)",
     )
     pue: float = Field(default=1.2, ge=1, le=3, description="datacentre power usage efficiency")
     usd_per_kwh: float = Field(default=0.10, ge=0, description="electricity price")

@@ -207,8 +207,11 @@ def test_steady_state_throughput_leaves_out_ramp_up_and_drain():
     assert s["requests_per_s"] == pytest.approx(n / 150)
     assert s["steady_window_s"] == [20.0, 99.0]  # the 10th and the 90th completion
     assert s["steady_requests_per_s"] == pytest.approx(1.0)
-    assert s["steady_output_tokens_per_s"] == pytest.approx(5.0)
-    assert s["steady_input_tokens_per_s"] == pytest.approx(100.0)  # 100-token prompts
+    # Tokens made in [20, 99] s: the first tokens (and 100-token prompts) of the 80
+    # requests whose first token came then (finishing at 24..103 s), and 4 more tokens a
+    # second, each request spreading its later 4 over the 4 s before it finishes.
+    assert s["steady_output_tokens_per_s"] == pytest.approx((80 + 4 * 79) / 79)
+    assert s["steady_input_tokens_per_s"] == pytest.approx(80 * 100 / 79)
 
 
 def test_latency_blocks_and_weighted_itl():
@@ -323,9 +326,9 @@ def test_cost_per_million_tokens_of_a_run_too_short_for_a_steady_state():
 
 def test_cost_per_million_tokens_is_the_steady_states_whatever_the_drain():
     """One completion a second with 5 output tokens and 100 prompt tokens on $4/h: a
-    request costs $4/3600 and 1M output tokens $4/3600 x 10^6 / 5 however long the run
-    goes on after its last arrival; only the run's own total (and its per-token figure)
-    grows with the drain."""
+    request costs $4/3600 and 1M output tokens $4/3600 x 10^6 / (the tokens a second made
+    in the steady window) however long the run goes on after its last arrival; only the
+    run's own total (and its per-token figure) grows with the drain."""
     n = 100
     finish = 10.0 + np.arange(n)
     frame = completed(finish - 5, finish - 4, finish, np.full(n, 5))
@@ -336,8 +339,11 @@ def test_cost_per_million_tokens_is_the_steady_states_whatever_the_drain():
         assert cost["basis"] == "steady_state" and cost["note"] == ""
         assert cost["usd_per_hour"] == pytest.approx(4.0)
         assert cost["usd_per_request"] == pytest.approx(4.0 / 3600)
-        assert cost["usd_per_million_output_tokens"] == pytest.approx(4.0 / 3600 * 1e6 / 5)
-        assert cost["usd_per_million_total_tokens"] == pytest.approx(4.0 / 3600 * 1e6 / 105)
+        output, prompt = (80 + 4 * 79) / 79, 80 * 100 / 79  # tokens/s in the steady window
+        assert cost["usd_per_million_output_tokens"] == pytest.approx(4.0 / 3600 * 1e6 / output)
+        assert cost["usd_per_million_total_tokens"] == pytest.approx(
+            4.0 / 3600 * 1e6 / (output + prompt)
+        )
     short, long = costs
     assert long["usd_total"] == pytest.approx(4 * short["usd_total"])
     assert short["run_usd_per_million_output_tokens"] == pytest.approx(4.0 * 150 / 3600 * 2e3)
