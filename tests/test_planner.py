@@ -329,10 +329,69 @@ def test_a_probe_held_at_the_request_cap_says_so_in_the_plan(make_scenario, monk
     monkeypatch.setattr(planner, "MAX_PROBE_REQUESTS", 120)
     monkeypatch.setattr(planner, "STEADY_TURNOVERS", 500)  # asks for far more than the cap
     table = plan_capacity(_plan_scenario(make_scenario, gpus=["a100-80gb-sxm"]), workers=1)
-    ok = table[table["status"] == "ok"]
+    ok = table[table["status"].isin(["ok", "unverified"])]
     assert not ok.empty
     assert ok["note"].str.startswith("verified with 120 requests where a steady-state").all()
     assert set(ok["overload_verdict"]) <= {"stable", "too_short_to_judge"}
+    # a fleet whose probe could not be judged is not `ok`: it is unverified
+    short = ok["overload_verdict"] == "too_short_to_judge"
+    assert (ok.loc[short, "status"] == "unverified").all()
+    assert (ok.loc[~short, "status"] == "ok").all()
+
+
+def test_unverified_fleets_rank_after_verified_ones_and_ties_by_cost_per_token():
+    """A fleet too short to judge ranks after every verified one, however cheap; equal
+    $/hour ranks by $ per 1M output tokens, not by the order the GPUs were given."""
+    from simulator.planner import _ranked
+
+    rows = [
+        ("h100-sxm", "ok", 16.0, 2.6), ("h200-sxm", "ok", 16.0, 2.1),
+        ("l4", "unverified", 4.0, 1.0), ("a100-80gb-sxm", "infeasible", None, None),
+        ("b200", "ok", 20.0, 1.5),
+    ]  # fmt: skip
+    table = pd.DataFrame(
+        [{"gpu": g, "tp": 8, "layout": "colocated", "status": st, "usd_per_hour": usd,
+          "usd_per_million_output_tokens": per_m, "replicas": 1 if usd else None,
+          "ttft_p99_ms": 100.0, "tpot_p99_ms": 20.0} for g, st, usd, per_m in rows]
+    )  # fmt: skip
+    ranked = _ranked(table, "p99")
+    assert ranked["gpu"].tolist() == ["h200-sxm", "h100-sxm", "b200", "l4", "a100-80gb-sxm"]
+    assert ranked["rank"].tolist()[:4] == [1, 2, 3, 4] and pd.isna(ranked["rank"].iloc[4])
+    assert str(ranked["replicas"].dtype) == "Int64"  # counts print as 1, not 1.0
+
+
+def test_an_infeasible_candidate_names_the_slo_it_missed_and_what_it_reached(make_scenario):
+    scenario = _plan_scenario(make_scenario, gpus=["a100-80gb-sxm"]).with_overrides(
+        ["slo.tpot_ms=1"]
+    )
+    row = plan_capacity(scenario, workers=1).iloc[0]
+    assert row["status"] == "infeasible"
+    reason = re.fullmatch(
+        r"one replica misses the SLO even at the lowest probed rate \(([\d.]+) req/s\): "
+        r"TPOT p99 ([\d.]+) ms > 1 ms",
+        row["reason"],
+    )
+    assert reason, row["reason"]
+    assert float(reason[1]) < 6.6 and float(reason[2]) > 1
+
+
+def test_plan_table_marks_a_capped_capacity_and_the_ep_size(make_scenario):
+    """A replica meeting the SLOs at the planned rate itself was probed no higher: its
+    capacity is a lower bound, `capacity_capped`. With expert parallelism the table has
+    the EP size (tp x dp)."""
+    scenario = make_scenario(
+        model={"name": "qwen3-30b-a3b"},
+        parallelism={"enable_expert_parallel": True},
+        slo={"ttft_ms": 5000, "tpot_ms": 200},
+        workload={"arrivals": {"kind": "poisson", "rate_per_s": 1.0}},
+        plan={"gpus": ["h100-sxm"], "tp": [2], "requests_per_probe": 100},
+    )
+    row = plan_capacity(scenario, workers=1).iloc[0]
+    assert row["status"] in ("ok", "unverified"), row["reason"]
+    assert row["ep"] == 2 and row["dp"] == 1
+    assert row["capacity_capped"] and row["replica_capacity_rps"] == pytest.approx(
+        1.2
+    )  # 1 req/s +20%
 
 
 def test_a_price_per_gpu_type_prices_each_pool_by_its_gpu(make_scenario):
