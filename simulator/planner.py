@@ -39,6 +39,8 @@ import math
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
+from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -66,6 +68,7 @@ from simulator.scenario import (
     replica_gpus,
 )
 from simulator.sweep import JobError, run_parallel, warn_named, warning_texts
+from simulator.workload.config import TraceArrivals
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -102,15 +105,60 @@ class Candidate:
         return f"{self.gpu} tp{self.tp}{pp} {self.policy}"
 
 
-def _base_rate(scenario: Scenario) -> float:
+@cache
+def _trace_arrivals(path: Path, columns: str) -> tuple[float, int]:
+    """A trace's mean arrival rate at time_scale 1 (its requests over the span of their
+    arrivals) and its request count; read once a process."""
+    from simulator.workload.config import TraceColumns
+    from simulator.workload.traces import read_trace
+
+    layout = TraceColumns.model_validate_json(columns).layout() if columns != "null" else None
+    times = read_trace(path, arrivals=True, layout=layout).arrived_at
+    assert times is not None
+    span = float(times[-1] - times[0]) if len(times) else 0.0
+    if len(times) < 2 or span <= 0:
+        raise InfersimError(
+            f"plan: {path.name}: its {len(times)} arrivals span no time; a plan scales a "
+            "trace's rate by its arrival times (give poisson, gamma or constant arrivals)"
+        )
+    return (len(times) - 1) / span, len(times)
+
+
+def _trace(scenario: Scenario) -> tuple[float, int] | None:
+    """(rate at time_scale 1, requests) of the scenario's arrival trace; None without."""
     arrivals = scenario.workload.arrivals
+    if not isinstance(arrivals, TraceArrivals):
+        return None
+    columns = arrivals.columns.model_dump_json() if arrivals.columns else "null"
+    return _trace_arrivals(scenario.resolve_path(arrivals.path).resolve(), columns)
+
+
+def _base_rate(scenario: Scenario) -> float:
+    """The workload's own rate: its arrivals' rate_per_s, or a trace's mean rate at its
+    time_scale."""
+    arrivals = scenario.workload.arrivals
+    if (trace := _trace(scenario)) is not None:
+        return trace[0] / arrivals.time_scale
     rate = getattr(arrivals, "rate_per_s", None)
     if rate is None:
         raise InfersimError(
             f"plan: workload.arrivals.kind {arrivals.kind!r} has no rate to scale; use "
-            "poisson, gamma or constant arrivals (lengths may still come from a trace)"
+            "poisson, gamma, constant or trace arrivals (lengths may still come from a trace)"
         )
     return float(rate)
+
+
+def planned_rate(scenario: Scenario) -> float:
+    """The traffic the plan serves, before headroom: plan.target_rate_per_s, else the
+    workload's own rate."""
+    assert scenario.plan is not None
+    return scenario.plan.target_rate_per_s or _base_rate(scenario)
+
+
+def _max_requests(scenario: Scenario) -> int:
+    """The most requests a probe runs: MAX_PROBE_REQUESTS, or a trace's length."""
+    trace = _trace(scenario)
+    return MAX_PROBE_REQUESTS if trace is None else min(MAX_PROBE_REQUESTS, trace[1])
 
 
 def _size(fleet: Fleet) -> int:
@@ -134,7 +182,10 @@ def _at(scenario: Scenario, candidate: Candidate, rate: float, fleet: Fleet, n: 
         ]
     data["serving"] = {**data["serving"], "policy": candidate.policy}
     data["workload"] = {**data["workload"], "num_requests": n, "duration_s": None}
-    data["workload"]["arrivals"] = {**data["workload"]["arrivals"], "rate_per_s": rate}
+    trace = _trace(scenario)
+    # a trace is replayed faster or slower: its mean rate becomes `rate`
+    pace = {"rate_per_s": rate} if trace is None else {"time_scale": trace[0] / rate}
+    data["workload"]["arrivals"] = {**data["workload"]["arrivals"], **pace}
     data["output"] = {"plots": False, "csv": False, "progress": False}
     return Scenario.from_dict(data, source="plan")
 
@@ -232,17 +283,19 @@ def _probe(
     """Simulate the fleet at `rate`. A fleet gets requests_per_probe per replica, up to 8
     replicas' worth, and is run again longer when that is too few for a verdict on a
     steady state (`_requests_needed`), up to LENGTHENINGS times and MAX_PROBE_REQUESTS
-    requests; a probe held short of what it needs says so in its note."""
+    requests (or a trace's length); a probe held short of what it needs says so in its
+    note."""
     plan = scenario.plan
     assert plan is not None
-    n = n or plan.requests_per_probe * min(_size(fleet), 8)
+    most = _max_requests(scenario)
+    n = min(n or plan.requests_per_probe * min(_size(fleet), 8), most)
     summary = _run(_at(scenario, c, rate, fleet, n))
     needed = _requests_needed(summary, rate, n)
     note = ""
     for _ in range(LENGTHENINGS):  # a longer run can show a longer ramp: judge it again
-        if needed <= n or n >= MAX_PROBE_REQUESTS:
+        if needed <= n or n >= most:
             break
-        n = min(needed, MAX_PROBE_REQUESTS)
+        n = min(needed, most)
         summary = _run(_at(scenario, c, rate, fleet, n))
         needed = max(needed, _requests_needed(summary, rate, n))
     if needed > n:
@@ -419,7 +472,7 @@ def evaluate(scenario: Scenario, candidate: Candidate) -> list[dict[str, Any]]:
     disaggregated when planned); an infeasible one has status 'infeasible' and the reason."""
     plan = scenario.plan
     assert plan is not None
-    target = (plan.target_rate_per_s or _base_rate(scenario)) * (1 + plan.headroom)
+    target = planned_rate(scenario) * (1 + plan.headroom)
     par = scenario.parallelism
     # the scenario's dp, every probe's; ep: the experts spread over tp x dp GPUs, else 1
     ep = candidate.tp * par.dp if par.enable_expert_parallel else 1

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -440,3 +442,27 @@ def test_one_price_for_several_gpu_types_warns(make_scenario):
         warnings.simplefilter("error")
         make_scenario(plan=plan, cost={"usd_per_gpu_hour": {"h100-sxm": 2.0, "h200-sxm": 2.6}})
         make_scenario(cost={"usd_per_gpu_hour": 2.0})  # one GPU type
+
+
+def test_a_trace_is_planned_at_its_own_rate_or_replayed_at_the_target(make_scenario, tmp_path):
+    """Trace arrivals: each probe replays the trace with time_scale set so that its mean
+    rate is the probe's; the plan's rate is the trace's own (at its time_scale) unless
+    plan.target_rate_per_s is given; no probe asks for more requests than it has."""
+    from simulator.planner import _max_requests, planned_rate
+
+    path = tmp_path / "trace.csv"
+    times = np.cumsum(np.random.default_rng(1).exponential(0.5, 400))  # ~2 req/s
+    path.write_text("arrived_at\n" + "\n".join(f"{t:.6f}" for t in times) + "\n")
+    arrivals = {"kind": "trace", "path": str(path), "time_scale": 2.0}
+    scenario = _plan_scenario(make_scenario, gpus=["a100-80gb-sxm"]).with_overrides(
+        [f"workload.arrivals={json.dumps(arrivals)}"]
+    )
+    native = 399 / (times[-1] - times[0])
+    assert planned_rate(scenario) == pytest.approx(native / 2)  # slowed down twice
+    assert _max_requests(scenario) == 400
+    probe = _at(scenario, Candidate("h100-sxm", 1, 1, "continuous"), 6.0, 1, 300)
+    assert probe.workload.arrivals.time_scale == pytest.approx(native / 6.0)
+    table = plan_capacity(scenario.with_overrides(["plan.target_rate_per_s=3"]), workers=1)
+    row = table.iloc[0]
+    assert row["status"] in ("ok", "unverified"), row["reason"]
+    assert row["replicas"] >= 1

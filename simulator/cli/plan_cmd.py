@@ -25,7 +25,13 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from simulator.cli.run_cmd import free_results_dir
-    from simulator.planner import FEASIBLE, candidates, pareto_figure, plan_capacity
+    from simulator.planner import (
+        FEASIBLE,
+        candidates,
+        pareto_figure,
+        plan_capacity,
+        planned_rate,
+    )
     from simulator.scenario import Scenario
 
     scenario = Scenario.from_yaml(args.scenario, args.overrides)
@@ -48,7 +54,7 @@ def _run(args: argparse.Namespace) -> int:
              "usd_per_hour", "usd_per_million_output_tokens", f"ttft_{pct}_ms",
              f"tpot_{pct}_ms", "status", "reason", "note"]  # fmt: skip
     print(f"Plan for {scenario.model.name}: "
-          f"{plan.target_rate_per_s or scenario.workload.arrivals.rate_per_s} req/s "
+          f"{sig(planned_rate(scenario))} req/s "
           f"+{plan.headroom:.0%} headroom, SLO at {pct}; $ per 1M output tokens at each "
           "fleet's steady state; unverified: too short to judge overload")  # fmt: skip
     print(table[[c for c in shown if c in table]].to_string(
