@@ -15,8 +15,10 @@ _COLUMNS = (
     ("rejected", ("counts", "rejected"), 1),
     ("failed", ("counts", "failed"), 1),
     ("retried", ("counts", "retried"), 1),
-    ("req/s", ("throughput", "requests_per_s"), 1),
-    ("out tok/s", ("throughput", "output_tokens_per_s"), 1),
+    # Steady state (10%-90% of completions): the whole run's means also count the drain
+    # after the last arrival, as long on a fast fleet as on a slow one.
+    ("steady req/s", ("throughput", "steady_requests_per_s"), 1),
+    ("steady out tok/s", ("throughput", "steady_output_tokens_per_s"), 1),
     ("TTFT p50 ms", ("latency", "ttft", "p50"), 1000),
     ("TTFT p99 ms", ("latency", "ttft", "p99"), 1000),
     ("TPOT p50 ms", ("latency", "tpot", "p50"), 1000),
@@ -30,7 +32,7 @@ _COLUMNS = (
     ("KV max %", ("kv", "max_utilisation"), 100),
     ("prefix hit %", ("prefix_cache", "hit_rate"), 100),
     ("MFU %", ("utilisation", "mfu"), 100),
-    ("$/1M out tok", ("cost", "usd_per_million_output_tokens"), 1),
+    ("$/1M out tok", ("cost", "usd_per_million_output_tokens"), 1),  # on cost.basis
     ("J/out tok", ("energy", "joules_per_output_token"), 1),
 )
 
@@ -53,6 +55,7 @@ def compare_table(results: Mapping[str, Results]) -> pd.DataFrame:
             column: None if (v := _get(summary, path)) is None else v * scale
             for column, path, scale in _COLUMNS
         }
+        rows[name]["cost basis"] = summary["cost"].get("basis")
         rows[name]["overloaded"] = bool(summary.get("overloaded"))
         rows[name]["overload_verdict"] = summary.get("overload_verdict")
     frame = pd.DataFrame.from_dict(rows, orient="index")

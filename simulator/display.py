@@ -22,7 +22,7 @@ from simulator.formatting import (
     slo_text,
     usd,
 )
-from simulator.metrics.summary import PERCENTILES
+from simulator.metrics.summary import PERCENTILES, cost_basis_text
 from simulator.provenance import header_lines
 
 _LATENCY_ROWS = ("ttft", "tpot", "itl", "e2e", "queueing")
@@ -40,6 +40,7 @@ def _headline(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
     c, t, g = summary["counts"], summary["throughput"], summary["goodput"]
     u, kv, cost, e = summary["utilisation"], summary["kv"], summary["cost"], summary["energy"]
     front = summary.get("frontend")
+    basis = cost_basis_text(cost)
     return [
         ("arrived / completed", f"{c['arrived']:,} / {c['completed']:,}"),
         ("rejected / failed / retried",
@@ -59,8 +60,8 @@ def _headline(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("KV mean / max", f"{pct(kv['mean_utilisation'])} / {pct(kv['max_utilisation'])}"),
         ("preemptions", preemption_text(kv)),
         ("cost", f"{usd(cost['usd_per_hour'])}/h, run {usd(cost['usd_total'])}"),
-        ("$ per request", usd(cost["usd_per_request"])),
-        ("$ per 1M output tokens", usd(cost["usd_per_million_output_tokens"])),
+        (f"$ per request ({basis})", usd(cost["usd_per_request"])),
+        (f"$ per 1M output tokens ({basis})", usd(cost["usd_per_million_output_tokens"])),
         ("energy", f"{num(e['energy_kwh'], ',.3f')} kWh, "
                    f"{num(e['joules_per_output_token'], ',.3g')} J/output token"),
     ]  # fmt: skip

@@ -10,11 +10,15 @@ For every candidate (GPU type, tp, pp, batching policy) the planner
 
 Every candidate keeps the scenario's parallelism.dp (data-parallel ranks in a replica,
 as vLLM's --data-parallel-size): a replica has tp x pp x dp GPUs, and the table's `dp`
-column says so.
+column says so; its `ep` column is the expert-parallel size, tp x dp with
+parallelism.enable_expert_parallel (as vLLM's), else 1.
 
 A probe meets the SLOs when every request completed, the run is not overloaded (its
 waiting queue does not grow, simulator.metrics.overload) and each bound holds at the
-percentile. Each probe is long enough for a steady state (see `_probe`).
+percentile. Each probe is run long enough for a steady state where it can be (see
+`_probe`); a fleet whose verifying probe still could not be judged (too_short_to_judge)
+is `unverified`, not `ok`, and ranks after every verified fleet. An infeasible candidate
+says what it missed ('TPOT p99 7.8 ms > 5 ms').
 
 With `plan.disaggregation` it also tries the candidate as a prefill pool and a decode pool
 (Splitwise / DistServe). The two pools load different resources (prompts: compute and
@@ -24,8 +28,9 @@ any more), doubling if not; then the decode pool is bisected down with the prefi
 kept ample, and the prefill pool bisected down with that decode pool. Every size reported
 was simulated as a whole fleet at the target rate and met the SLOs.
 
-Survivors are ranked by $/hour. Candidates run in parallel through the sweep's executor,
-on local processes or a Dask cluster.
+Survivors are ranked by $/hour, equal prices by $ per 1M output tokens (at the steady
+state, simulator.metrics.summary) and then the latencies. Candidates run in parallel
+through the sweep's executor, on local processes or a Dask cluster.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ import math
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
+from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,10 +48,12 @@ import pandas as pd
 
 from hardware_models.errors import InfersimError
 from hardware_models.plot_labels import LEADER, spread_labels
+from simulator.formatting import sig
 from simulator.memory_planner import PLAN_SETTINGS, MaxModelLenRefused
 from simulator.metrics.overload import (
     MIN_IN_SYSTEM_ARRIVALS,
     RAMPS_TO_JUDGE,
+    STABLE,
     TOO_SHORT,
     judged_long_enough,
     verdict,
@@ -59,6 +68,7 @@ from simulator.scenario import (
     replica_gpus,
 )
 from simulator.sweep import JobError, run_parallel, warn_named, warning_texts
+from simulator.workload.config import TraceArrivals
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -68,6 +78,10 @@ BISECTION_STEPS = 7
 VERIFY_ATTEMPTS = 4
 STEADY_TURNOVERS = 5
 MAX_PROBE_REQUESTS = 20_000
+LENGTHENINGS = 2
+# A fleet whose verifying probe is too short to judge overload met the SLOs but may still
+# be overloaded: it is `unverified`, ranked after every verified one.
+FEASIBLE = ("ok", "unverified")
 # Policies that hand a request over step by step (static and dynamic run whole batches).
 DISAGGREGATED_POLICIES = ("continuous", "chunked_prefill")
 # Doubling both pools must improve the tightest SLO margin by this factor to go on: below
@@ -91,15 +105,60 @@ class Candidate:
         return f"{self.gpu} tp{self.tp}{pp} {self.policy}"
 
 
-def _base_rate(scenario: Scenario) -> float:
+@cache
+def _trace_arrivals(path: Path, columns: str) -> tuple[float, int]:
+    """A trace's mean arrival rate at time_scale 1 (its requests over the span of their
+    arrivals) and its request count; read once a process."""
+    from simulator.workload.config import TraceColumns
+    from simulator.workload.traces import read_trace
+
+    layout = TraceColumns.model_validate_json(columns).layout() if columns != "null" else None
+    times = read_trace(path, arrivals=True, layout=layout).arrived_at
+    assert times is not None
+    span = float(times[-1] - times[0]) if len(times) else 0.0
+    if len(times) < 2 or span <= 0:
+        raise InfersimError(
+            f"plan: {path.name}: its {len(times)} arrivals span no time; a plan scales a "
+            "trace's rate by its arrival times (give poisson, gamma or constant arrivals)"
+        )
+    return (len(times) - 1) / span, len(times)
+
+
+def _trace(scenario: Scenario) -> tuple[float, int] | None:
+    """(rate at time_scale 1, requests) of the scenario's arrival trace; None without."""
     arrivals = scenario.workload.arrivals
+    if not isinstance(arrivals, TraceArrivals):
+        return None
+    columns = arrivals.columns.model_dump_json() if arrivals.columns else "null"
+    return _trace_arrivals(scenario.resolve_path(arrivals.path).resolve(), columns)
+
+
+def _base_rate(scenario: Scenario) -> float:
+    """The workload's own rate: its arrivals' rate_per_s, or a trace's mean rate at its
+    time_scale."""
+    arrivals = scenario.workload.arrivals
+    if (trace := _trace(scenario)) is not None:
+        return trace[0] / arrivals.time_scale
     rate = getattr(arrivals, "rate_per_s", None)
     if rate is None:
         raise InfersimError(
             f"plan: workload.arrivals.kind {arrivals.kind!r} has no rate to scale; use "
-            "poisson, gamma or constant arrivals (lengths may still come from a trace)"
+            "poisson, gamma, constant or trace arrivals (lengths may still come from a trace)"
         )
     return float(rate)
+
+
+def planned_rate(scenario: Scenario) -> float:
+    """The traffic the plan serves, before headroom: plan.target_rate_per_s, else the
+    workload's own rate."""
+    assert scenario.plan is not None
+    return scenario.plan.target_rate_per_s or _base_rate(scenario)
+
+
+def _max_requests(scenario: Scenario) -> int:
+    """The most requests a probe runs: MAX_PROBE_REQUESTS, or a trace's length."""
+    trace = _trace(scenario)
+    return MAX_PROBE_REQUESTS if trace is None else min(MAX_PROBE_REQUESTS, trace[1])
 
 
 def _size(fleet: Fleet) -> int:
@@ -123,7 +182,10 @@ def _at(scenario: Scenario, candidate: Candidate, rate: float, fleet: Fleet, n: 
         ]
     data["serving"] = {**data["serving"], "policy": candidate.policy}
     data["workload"] = {**data["workload"], "num_requests": n, "duration_s": None}
-    data["workload"]["arrivals"] = {**data["workload"]["arrivals"], "rate_per_s": rate}
+    trace = _trace(scenario)
+    # a trace is replayed faster or slower: its mean rate becomes `rate`
+    pace = {"rate_per_s": rate} if trace is None else {"time_scale": trace[0] / rate}
+    data["workload"]["arrivals"] = {**data["workload"]["arrivals"], **pace}
     data["output"] = {"plots": False, "csv": False, "progress": False}
     return Scenario.from_dict(data, source="plan")
 
@@ -220,17 +282,22 @@ def _probe(
 ) -> Probe:
     """Simulate the fleet at `rate`. A fleet gets requests_per_probe per replica, up to 8
     replicas' worth, and is run again longer when that is too few for a verdict on a
-    steady state (`_requests_needed`), up to MAX_PROBE_REQUESTS; a probe held at that cap
-    says so in its note."""
+    steady state (`_requests_needed`), up to LENGTHENINGS times and MAX_PROBE_REQUESTS
+    requests (or a trace's length); a probe held short of what it needs says so in its
+    note."""
     plan = scenario.plan
     assert plan is not None
-    n = n or plan.requests_per_probe * min(_size(fleet), 8)
+    most = _max_requests(scenario)
+    n = min(n or plan.requests_per_probe * min(_size(fleet), 8), most)
     summary = _run(_at(scenario, c, rate, fleet, n))
     needed = _requests_needed(summary, rate, n)
     note = ""
-    if needed > n and n < MAX_PROBE_REQUESTS:
-        n = min(needed, MAX_PROBE_REQUESTS)
+    for _ in range(LENGTHENINGS):  # a longer run can show a longer ramp: judge it again
+        if needed <= n or n >= most:
+            break
+        n = min(needed, most)
         summary = _run(_at(scenario, c, rate, fleet, n))
+        needed = max(needed, _requests_needed(summary, rate, n))
     if needed > n:
         note = f"verified with {n:,} requests where a steady-state verdict needs {needed:,}"
     if summary["overload_verdict"] == TOO_SHORT:
@@ -238,30 +305,70 @@ def _probe(
     return Probe(_meets(summary, scenario, plan.percentile), summary, note)
 
 
-def _replica_capacity(scenario: Scenario, c: Candidate, plan: PlanSection, hi: float) -> float:
-    """Highest rate one replica serves within the SLOs (0 if none)."""
+@dataclass(frozen=True)
+class Capacity:
+    """One replica's capacity within the SLOs: `rps` (0 if none); `capped` when it met
+    them at the planned rate itself, the first rate probed, so that `rps` is a lower
+    bound; `missed` is the failing probe at the lowest rate tried when none met them."""
+
+    rps: float
+    capped: bool
+    missed: Probe | None = None
+    missed_rate: float = 0.0
+
+
+def _replica_capacity(scenario: Scenario, c: Candidate, plan: PlanSection, hi: float) -> Capacity:
+    """Highest rate one replica serves within the SLOs, bisected below `hi`."""
     n = plan.requests_per_probe
     lo = 0.0
-    if _probe(scenario, c, hi, 1, n).ok:
-        return hi
+    missed = _probe(scenario, c, hi, 1, n)
+    if missed.ok:
+        return Capacity(hi, capped=True)
+    missed_rate = hi
     for _ in range(BISECTION_STEPS):
         mid = (lo + hi) / 2 if lo else hi / 2 ** (BISECTION_STEPS // 2)
-        if _probe(scenario, c, mid, 1, n).ok:
+        probe = _probe(scenario, c, mid, 1, n)
+        if probe.ok:
             lo = mid
         else:
             hi = mid
+            missed, missed_rate = probe, mid
         if lo and hi / lo < 1.08:
             break
-    return lo
+    return Capacity(lo, capped=False) if lo else Capacity(0.0, False, missed, missed_rate)
+
+
+def _misses(probe: Probe, scenario: Scenario, pct: str) -> str:
+    """What a failing probe missed: the SLOs with what was achieved, unfinished requests,
+    an overload ('TPOT p99 7.8 ms > 5 ms')."""
+    summary, slo, out = probe.summary, scenario.slo, []
+    counts = summary["counts"]
+    if counts["completed"] < counts["arrived"]:
+        out.append(f"{counts['arrived'] - counts['completed']:,} of {counts['arrived']:,} "
+                   "requests did not complete")  # fmt: skip
+    if summary.get("overloaded"):
+        out.append(f"overloaded ({summary['overload_reason']})")
+    bounds = {"ttft": slo.ttft_ms, "tpot": slo.tpot_ms, "e2e": slo.e2e_ms}
+    for metric, margin in _margins(summary, scenario, pct).items():
+        if margin < 1.0:
+            achieved = (summary["latency"][metric] or {}).get(pct)
+            got = "none measured" if not achieved else f"{sig(1000 * achieved)} ms"
+            out.append(f"{metric.upper()} {pct} {got} > {bounds[metric]:g} ms")
+    return "; ".join(out)
 
 
 def _colocated(
-    scenario: Scenario, c: Candidate, plan: PlanSection, target: float, capacity: float
+    scenario: Scenario, c: Candidate, plan: PlanSection, target: float, capacity: Capacity
 ) -> tuple[int, Probe]:
     """The verified fleet of colocated replicas, starting from the capacity estimate."""
-    if capacity <= 0:
-        raise InfersimError("one replica misses the SLO even at the lowest probed rate")
-    replicas = math.ceil(target / capacity)
+    if capacity.missed is not None:
+        raise InfersimError(
+            f"one replica misses the SLO even at the lowest probed rate "
+            f"({sig(capacity.missed_rate)} req/s): "
+            f"{_misses(capacity.missed, scenario, plan.percentile)}"
+        )
+    replicas = math.ceil(target / capacity.rps)
+    probe = None
     for _ in range(VERIFY_ATTEMPTS):
         if replicas > plan.max_replicas:
             raise InfersimError(f"needs more than {plan.max_replicas} replicas")
@@ -269,7 +376,8 @@ def _colocated(
         if probe.ok:
             return replicas, probe
         replicas += max(1, replicas // 10)
-    raise InfersimError("fleet never met the SLO")
+    assert probe is not None
+    raise InfersimError(f"fleet never met the SLO: {_misses(probe, scenario, plan.percentile)}")
 
 
 def _smallest(probe: Callable[[int], Probe], hi: int, passed: Probe) -> tuple[int, Probe]:
@@ -300,7 +408,8 @@ def _disaggregated(
             raise InfersimError(f"needs more than {plan.max_replicas} replicas")
         if tightest and margin < MIN_GAIN * tightest:
             raise InfersimError(
-                f"{2 * ample} replicas miss the SLO and doubling the pools did not help"
+                f"{2 * ample} replicas miss the SLO and doubling the pools did not help: "
+                f"{_misses(probe, scenario, plan.percentile)}"
             )
         ample, tightest = 2 * ample, margin
     decode, probe = _smallest(lambda d: _probe(scenario, c, target, (ample, d)), ample, probe)
@@ -314,15 +423,16 @@ def _layouts(plan: PlanSection, candidate: Candidate) -> list[str]:
 
 
 def _row(scenario: Scenario, candidate: Candidate, fleet: Fleet, probe: Probe) -> dict[str, Any]:
-    """A feasible fleet's row: its size, cost and latency at the planned load, and the
-    verifying probe's verdict and note."""
+    """A feasible fleet's row: its size, cost (per token at the verifying probe's steady
+    state) and latency at the planned load, and the probe's verdict and note; `unverified`
+    when the probe was too short to judge overload."""
     summary = probe.summary
     plan = scenario.plan
     assert plan is not None
     pct = plan.percentile
     split = {} if isinstance(fleet, int) else dict(zip(("prefill", "decode"), fleet, strict=True))
     return {
-        "status": "ok",
+        "status": "ok" if summary["overload_verdict"] == STABLE else "unverified",
         "replicas": _size(fleet),
         "prefill_replicas": split.get("prefill"),
         "decode_replicas": split.get("decode"),
@@ -333,7 +443,7 @@ def _row(scenario: Scenario, candidate: Candidate, fleet: Fleet, probe: Probe) -
         f"tpot_{pct}_ms": 1000 * summary["latency"]["tpot"][pct],
         **{f"{k}_margin": v for k, v in _margins(summary, scenario, pct).items()},
         "overload_verdict": summary["overload_verdict"],
-        "note": probe.note,
+        "note": "; ".join(filter(None, (probe.note, summary["cost"]["note"]))),
         "reason": "",
     }
 
@@ -362,17 +472,24 @@ def evaluate(scenario: Scenario, candidate: Candidate) -> list[dict[str, Any]]:
     disaggregated when planned); an infeasible one has status 'infeasible' and the reason."""
     plan = scenario.plan
     assert plan is not None
-    target = (plan.target_rate_per_s or _base_rate(scenario)) * (1 + plan.headroom)
-    base = {**asdict(candidate), "dp": scenario.parallelism.dp}  # the scenario's, every probe's
+    target = planned_rate(scenario) * (1 + plan.headroom)
+    par = scenario.parallelism
+    # the scenario's dp, every probe's; ep: the experts spread over tp x dp GPUs, else 1
+    ep = candidate.tp * par.dp if par.enable_expert_parallel else 1
+    base = {**asdict(candidate), "dp": par.dp, "ep": ep}
     base |= _batch_limits(scenario, candidate, target)
     rows = []
     start = 1  # where the disaggregated search starts: the colocated size, when known
     try:
         capacity = _replica_capacity(scenario, candidate, plan, target)
-        start = math.ceil(target / capacity) if capacity else 1
+        start = math.ceil(target / capacity.rps) if capacity.rps else 1
         replicas, probe = _colocated(scenario, candidate, plan, target, capacity)
         start = replicas
-        row = {"replica_capacity_rps": capacity, **_row(scenario, candidate, replicas, probe)}
+        row = {
+            "replica_capacity_rps": capacity.rps,
+            "capacity_capped": capacity.capped,
+            **_row(scenario, candidate, replicas, probe),
+        }
     except InfersimError as exc:
         row = {"status": "infeasible", "reason": _reason(exc)}
     rows.append({**base, "layout": "colocated", **row})
@@ -464,13 +581,31 @@ def plan_capacity(
             continue
         warn_named(f"candidate {candidate.name}", result["warnings"])
         rows.extend(result["rows"])
-    table = pd.DataFrame(rows)
+    return _ranked(pd.DataFrame(rows), plan.percentile)
+
+
+def _ranked(table: pd.DataFrame, pct: str) -> pd.DataFrame:
+    """Verified fleets first, then unverified ones, each cheapest first: by $/hour, then
+    by $ per 1M output tokens and the latencies (equal prices are common: one GPU count
+    of one type), then GPU, tp and layout; the infeasible last, unranked."""
     table = table.astype({name: "Int64" for name in BATCH_LIMITS if name in table})
-    if "usd_per_hour" not in table:  # nothing feasible
-        table["usd_per_hour"] = float("nan")
-    feasible = table["usd_per_hour"].where(table["status"] == "ok")
-    table["rank"] = feasible.rank(method="first").astype("Int64")  # none for the infeasible
-    return table.sort_values(["rank", "gpu", "tp", "layout"], na_position="last", ignore_index=True)
+    for name in ("replicas", "prefill_replicas", "decode_replicas", "gpus"):
+        if name in table:
+            table[name] = table[name].astype("Int64")
+    for name in ("usd_per_hour", "usd_per_million_output_tokens", f"tpot_{pct}_ms",
+                 f"ttft_{pct}_ms"):  # fmt: skip
+        if name not in table:  # nothing feasible
+            table[name] = float("nan")
+    order = table["status"].map({status: i for i, status in enumerate(FEASIBLE)})
+    keys = ["usd_per_hour", "usd_per_million_output_tokens", f"tpot_{pct}_ms", f"ttft_{pct}_ms"]
+    table = table.assign(_order=order).sort_values(
+        ["_order", *keys, "gpu", "tp", "layout"], na_position="last", kind="stable"
+    )
+    feasible = table["_order"].notna().to_numpy()
+    table["rank"] = pd.array(
+        [i + 1 if ok else None for i, ok in enumerate(feasible)], dtype="Int64"
+    )
+    return table.drop(columns="_order").reset_index(drop=True)
 
 
 _MARKERS = {"colocated": "o", "disaggregated": "^"}
@@ -510,12 +645,12 @@ def pareto_figure(
     slo_ms: dict[str, float | None] | None = None,
 ) -> Figure:
     """$/hour against the latency percentile per feasible candidate (colour: GPU; marker:
-    colocated or disaggregated), each point labelled with its GPU, tp and replicas; the
-    Pareto front (nothing both cheaper and faster) is joined by a line, and the SLO bound
-    (`slo_ms`, by metric) drawn where one is set."""
+    colocated or disaggregated, hollow when unverified), each point labelled with its GPU,
+    tp and replicas; the Pareto front (nothing both cheaper and faster) is joined by a
+    line, and the SLO bound (`slo_ms`, by metric) drawn where one is set."""
     from matplotlib.figure import Figure
 
-    ok = table[table["status"] == "ok"]
+    ok = table[table["status"].isin(FEASIBLE)]
     fig = Figure(figsize=(11, 4.8), layout="constrained")
     axes = fig.subplots(1, 2)
     placements: list[list[Any]] = []
@@ -525,10 +660,13 @@ def pareto_figure(
         if ok.empty or column not in ok:
             ax.text(0.5, 0.5, "no feasible candidate", ha="center", transform=ax.transAxes)
             continue
-        for (gpu, layout), group in ok.groupby(["gpu", "layout"]):
-            label = gpu if layout == "colocated" else f"{gpu} ({layout})"
+        for (gpu, layout, status), group in ok.groupby(["gpu", "layout", "status"]):
+            kind = ", ".join(k for k in (layout, status) if k not in ("colocated", "ok"))
+            label = f"{gpu} ({kind})" if kind else gpu
+            face = colours[gpu] if status == "ok" else "none"
             ax.scatter(group[column], group["usd_per_hour"], label=label, s=30,
-                       color=colours[gpu], marker=_MARKERS[layout])  # fmt: skip
+                       edgecolors=colours[gpu], facecolors=face,
+                       marker=_MARKERS[layout])  # fmt: skip
         ordered = ok.sort_values([column, "usd_per_hour"])
         texts = [
             ax.annotate("\n".join(labels), (x, y), xytext=(5, 4), textcoords="offset points",

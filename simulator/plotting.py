@@ -194,8 +194,8 @@ def plot_throughput_and_cost(results: Mapping[str, Results]) -> Figure:
     table = compare_table(results)
     names = [str(n) for n in table.index]
     for key, column, title in (
-        ("tokens", "out tok/s", "output tokens/s (run mean)"),
-        ("cost", "$/1M out tok", "$ per 1M output tokens"),
+        ("tokens", "steady out tok/s", "output tokens/s (steady state)"),
+        ("cost", "$/1M out tok", "$ per 1M output tokens (steady state; whole run if none)"),
     ):
         colors = [f"C{i % 10}" for i in range(len(names))]  # as the lines above
         axes[key].barh(names, table[column].astype(float).fillna(0), color=colors)

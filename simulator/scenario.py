@@ -504,11 +504,62 @@ class SLOSection(BaseModel):
 
 class CostSection(BaseModel):
     model_config = _STRICT
-    usd_per_gpu_hour: float | None = Field(
-        default=None, gt=0, description="override the GPU preset's price"
+    usd_per_gpu_hour: float | dict[str, float] | None = Field(
+        default=None,
+        description="price per GPU-hour in USD, replacing the GPU presets' "
+        "(`infersim hardware show`): one price for every GPU type, or a mapping "
+        "{GPU preset: price}, each above 0 (e.g. {h100-sxm: 2.0, h200-sxm: 2.6}; a GPU it "
+        "does not name keeps its preset's price, a GPU from a YAML file its file's "
+        "price.usd_per_hour)",
     )
     pue: float = Field(default=1.2, ge=1, le=3, description="datacentre power usage efficiency")
     usd_per_kwh: float = Field(default=0.10, ge=0, description="electricity price")
+
+    @field_validator("usd_per_gpu_hour")
+    @classmethod
+    def _positive_prices_of_known_gpus(
+        cls, value: float | dict[str, float] | None
+    ) -> float | dict[str, float] | None:
+        from hardware_models.presets import list_gpus
+        from hardware_models.yaml_io import unknown_name_error
+
+        if value is None:
+            return None
+        prices = value if isinstance(value, dict) else {"": value}
+        for name, price in prices.items():
+            if price <= 0:
+                where = f"{name}: " if name else ""
+                raise ValueError(f"{where}expected a price above 0 USD per GPU-hour (got {price})")
+        if not isinstance(value, dict):
+            return value
+        known = list_gpus()
+        for name in value:
+            if name.lower() not in known:
+                raise ValueError(
+                    f"{unknown_name_error('gpu', name, known)} (a GPU from a YAML file "
+                    "takes its price from that file's price.usd_per_hour)"
+                )
+        return {name.lower(): price for name, price in value.items()}
+
+    def price_of(self, gpu: AcceleratorSpec) -> float:
+        """USD per hour of one `gpu`: the scenario's price for it, else the GPU's own."""
+        price = self.usd_per_gpu_hour
+        if isinstance(price, dict):
+            return price.get(gpu.name, gpu.price.usd_per_hour)
+        return price or gpu.price.usd_per_hour
+
+    def one_price_for(self, gpus: set[str]) -> str | None:
+        """The warning when a single price replaces the presets' of several GPU types
+        (a plan, sweep or comparison over GPUs would rank them on equal prices)."""
+        if isinstance(self.usd_per_gpu_hour, dict) or self.usd_per_gpu_hour is None:
+            return None
+        if len(gpus) < 2:
+            return None
+        return (
+            f"cost.usd_per_gpu_hour={self.usd_per_gpu_hour:g} prices every GPU type alike "
+            f"({', '.join(sorted(gpus))}), replacing their presets' different prices; give a "
+            "price per GPU type ({gpu: usd_per_hour, ...}) or leave it unset"
+        )
 
 
 class OutputSection(BaseModel):
@@ -739,7 +790,24 @@ class Scenario(BaseModel):
             raise InfersimError(f"{source}: {describe_errors(exc, cls)}") from None
         scenario._overrides = tuple(overrides)
         scenario.expand(source)  # a bad variant is reported now, not after other runs
+        if one_price := scenario.cost.one_price_for(scenario.gpu_types()):
+            warnings.warn(f"{source}: {one_price}", InfersimWarning, stacklevel=2)
         return scenario
+
+    def gpu_types(self) -> set[str]:
+        """The GPU types (preset names or paths, as given) this scenario's runs use: a
+        plan's candidates, or the cluster's pools with what the variants and a sweep grid
+        put in their place."""
+        if self.plan is not None:
+            return {gpu.lower() for gpu in self.plan.gpus}
+        own = {pool.hardware.gpu for pool in self.pool_list()}
+        gpus = set() if self.variants else set(own)
+        for changes in self.variants.values():
+            given = changes.get("hardware.gpu") if isinstance(changes, dict) else None
+            gpus.update(own if given is None else {str(given)})
+        if self.sweep is not None:
+            gpus.update(str(gpu) for gpu in self.sweep.grid.get("hardware.gpu", ()))
+        return {gpu.lower() for gpu in gpus}
 
     def expand(self, source: str | None = None) -> list[Scenario]:
         """The scenarios to run: this one, or one per variant (named after the variant).

@@ -512,7 +512,7 @@ def build_replica(
         kv_total_blocks=blocks,
         idle_power_w=gpu.power.idle_w,
         tdp_w=gpu.power.tdp_w,
-        usd_per_gpu_hour=scenario.cost.usd_per_gpu_hour or gpu.price.usd_per_hour,
+        usd_per_gpu_hour=scenario.cost.price_of(gpu),
         token_budget=config.max_num_batched_tokens if config.iterative else math.inf,
         max_num_seqs=config.max_num_seqs,
         calibration=calibration.note,

@@ -498,8 +498,9 @@ def sweep_table(points: Sequence[SweepPoint], records: Mapping[str, Mapping]) ->
         for column, path, scale in METRICS:
             value = _get(summary, path)
             row[column] = None if value is None else value * scale
-        tokens, usd = row["output_tokens_per_s"], row["usd_per_hour"]
-        row[PER_USD] = tokens / usd if tokens is not None and usd else None
+        # on cost.basis, as $/1M output tokens: steady state, not the drain's mean
+        per_million = row["usd_per_million_output_tokens"]
+        row[PER_USD] = 1e6 / 3600 / per_million if per_million else None
         row["overloaded"] = _get(summary, ("overloaded",))
         row["overload_verdict"] = _get(summary, ("overload_verdict",))
         row["wall_s"] = record.get("wall_s")

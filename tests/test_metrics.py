@@ -192,7 +192,8 @@ def test_throughput_over_duration():
     assert s["throughput"] == pytest.approx(
         {"requests_per_s": 0.3, "input_tokens_per_s": 30.0, "output_tokens_per_s": 6.0,
          "steady_window_s": None, "steady_requests_per_s": None,
-         "steady_output_tokens_per_s": None}  # too few completions to tell
+         "steady_input_tokens_per_s": None, "steady_output_tokens_per_s": None}
+        # too few completions to tell
     )  # fmt: skip
 
 
@@ -206,7 +207,11 @@ def test_steady_state_throughput_leaves_out_ramp_up_and_drain():
     assert s["requests_per_s"] == pytest.approx(n / 150)
     assert s["steady_window_s"] == [20.0, 99.0]  # the 10th and the 90th completion
     assert s["steady_requests_per_s"] == pytest.approx(1.0)
-    assert s["steady_output_tokens_per_s"] == pytest.approx(5.0)
+    # Tokens made in [20, 99] s: the first tokens (and 100-token prompts) of the 80
+    # requests whose first token came then (finishing at 24..103 s), and 4 more tokens a
+    # second, each request spreading its later 4 over the 4 s before it finishes.
+    assert s["steady_output_tokens_per_s"] == pytest.approx((80 + 4 * 79) / 79)
+    assert s["steady_input_tokens_per_s"] == pytest.approx(80 * 100 / 79)
 
 
 def test_latency_blocks_and_weighted_itl():
@@ -298,19 +303,52 @@ def test_kv_utilisation_is_time_weighted():
     assert kv["requests_preempted"] == 2
 
 
-def test_cost_per_million_tokens():
-    # 2 replicas x 2 GPUs x $2/h = $8/h; half an hour costs $4.
+def test_cost_per_million_tokens_of_a_run_too_short_for_a_steady_state():
+    # 2 replicas x 2 GPUs x $2/h = $8/h; half an hour costs $4. Two completions are too few
+    # for a steady state: per-request and per-token costs are the whole run's, and say so.
     frame = completed([0, 0], [1, 1], [2, 2], [500_000, 500_000], prompt=[500_000, 500_000])
     cost = summarize(frame, NO_STEPS, NO_ITL, context(duration=1800.0, replicas=2))["cost"]
+    note = cost.pop("note")
+    assert note.startswith("fewer than 20 completions for a steady state")
     assert cost == pytest.approx(
         {
             "usd_per_hour": 8.0,
             "usd_total": 4.0,
+            "basis": "whole_run",
             "usd_per_request": 2.0,
             "usd_per_million_output_tokens": 4.0,
             "usd_per_million_total_tokens": 2.0,
+            "run_usd_per_million_output_tokens": 4.0,
         }
     )
+    assert "whole run" in summary_table(summarize(frame, NO_STEPS, NO_ITL, context(1800.0)))
+
+
+def test_cost_per_million_tokens_is_the_steady_states_whatever_the_drain():
+    """One completion a second with 5 output tokens and 100 prompt tokens on $4/h: a
+    request costs $4/3600 and 1M output tokens $4/3600 x 10^6 / (the tokens a second made
+    in the steady window) however long the run goes on after its last arrival; only the
+    run's own total (and its per-token figure) grows with the drain."""
+    n = 100
+    finish = 10.0 + np.arange(n)
+    frame = completed(finish - 5, finish - 4, finish, np.full(n, 5))
+    costs = [
+        summarize(frame, NO_STEPS, NO_ITL, context(duration=d))["cost"] for d in (150.0, 600.0)
+    ]
+    for cost in costs:
+        assert cost["basis"] == "steady_state" and cost["note"] == ""
+        assert cost["usd_per_hour"] == pytest.approx(4.0)
+        assert cost["usd_per_request"] == pytest.approx(4.0 / 3600)
+        output, prompt = (80 + 4 * 79) / 79, 80 * 100 / 79  # tokens/s in the steady window
+        assert cost["usd_per_million_output_tokens"] == pytest.approx(4.0 / 3600 * 1e6 / output)
+        assert cost["usd_per_million_total_tokens"] == pytest.approx(
+            4.0 / 3600 * 1e6 / (output + prompt)
+        )
+    short, long = costs
+    assert long["usd_total"] == pytest.approx(4 * short["usd_total"])
+    assert short["run_usd_per_million_output_tokens"] == pytest.approx(4.0 * 150 / 3600 * 2e3)
+    text = summary_table(summarize(frame, NO_STEPS, NO_ITL, context(duration=150.0)))
+    assert "(steady state)" in text and "drain included" in text
 
 
 def test_energy_of_an_idle_run_is_idle_power_times_duration_times_pue():

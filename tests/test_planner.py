@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
+import warnings
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
-from hardware_models.errors import InfersimError
+from hardware_models.errors import InfersimError, InfersimWarning
 from hardware_models.presets import load_gpu
 from simulator.cli.main import main
 from simulator.planner import Candidate, _at, _check_overrides, plan_capacity
@@ -328,7 +331,138 @@ def test_a_probe_held_at_the_request_cap_says_so_in_the_plan(make_scenario, monk
     monkeypatch.setattr(planner, "MAX_PROBE_REQUESTS", 120)
     monkeypatch.setattr(planner, "STEADY_TURNOVERS", 500)  # asks for far more than the cap
     table = plan_capacity(_plan_scenario(make_scenario, gpus=["a100-80gb-sxm"]), workers=1)
-    ok = table[table["status"] == "ok"]
+    ok = table[table["status"].isin(["ok", "unverified"])]
     assert not ok.empty
     assert ok["note"].str.startswith("verified with 120 requests where a steady-state").all()
     assert set(ok["overload_verdict"]) <= {"stable", "too_short_to_judge"}
+    # a fleet whose probe could not be judged is not `ok`: it is unverified
+    short = ok["overload_verdict"] == "too_short_to_judge"
+    assert (ok.loc[short, "status"] == "unverified").all()
+    assert (ok.loc[~short, "status"] == "ok").all()
+
+
+def test_unverified_fleets_rank_after_verified_ones_and_ties_by_cost_per_token():
+    """A fleet too short to judge ranks after every verified one, however cheap; equal
+    $/hour ranks by $ per 1M output tokens, not by the order the GPUs were given."""
+    from simulator.planner import _ranked
+
+    rows = [
+        ("h100-sxm", "ok", 16.0, 2.6), ("h200-sxm", "ok", 16.0, 2.1),
+        ("l4", "unverified", 4.0, 1.0), ("a100-80gb-sxm", "infeasible", None, None),
+        ("b200", "ok", 20.0, 1.5),
+    ]  # fmt: skip
+    table = pd.DataFrame(
+        [{"gpu": g, "tp": 8, "layout": "colocated", "status": st, "usd_per_hour": usd,
+          "usd_per_million_output_tokens": per_m, "replicas": 1 if usd else None,
+          "ttft_p99_ms": 100.0, "tpot_p99_ms": 20.0} for g, st, usd, per_m in rows]
+    )  # fmt: skip
+    ranked = _ranked(table, "p99")
+    assert ranked["gpu"].tolist() == ["h200-sxm", "h100-sxm", "b200", "l4", "a100-80gb-sxm"]
+    assert ranked["rank"].tolist()[:4] == [1, 2, 3, 4] and pd.isna(ranked["rank"].iloc[4])
+    assert str(ranked["replicas"].dtype) == "Int64"  # counts print as 1, not 1.0
+
+
+def test_an_infeasible_candidate_names_the_slo_it_missed_and_what_it_reached(make_scenario):
+    scenario = _plan_scenario(make_scenario, gpus=["a100-80gb-sxm"]).with_overrides(
+        ["slo.tpot_ms=1"]
+    )
+    row = plan_capacity(scenario, workers=1).iloc[0]
+    assert row["status"] == "infeasible"
+    reason = re.fullmatch(
+        r"one replica misses the SLO even at the lowest probed rate \(([\d.]+) req/s\): "
+        r"TPOT p99 ([\d.]+) ms > 1 ms",
+        row["reason"],
+    )
+    assert reason, row["reason"]
+    assert float(reason[1]) < 6.6 and float(reason[2]) > 1
+
+
+def test_plan_table_marks_a_capped_capacity_and_the_ep_size(make_scenario):
+    """A replica meeting the SLOs at the planned rate itself was probed no higher: its
+    capacity is a lower bound, `capacity_capped`. With expert parallelism the table has
+    the EP size (tp x dp)."""
+    scenario = make_scenario(
+        model={"name": "qwen3-30b-a3b"},
+        parallelism={"enable_expert_parallel": True},
+        slo={"ttft_ms": 5000, "tpot_ms": 200},
+        workload={"arrivals": {"kind": "poisson", "rate_per_s": 1.0}},
+        plan={"gpus": ["h100-sxm"], "tp": [2], "requests_per_probe": 100},
+    )
+    row = plan_capacity(scenario, workers=1).iloc[0]
+    assert row["status"] in ("ok", "unverified"), row["reason"]
+    assert row["ep"] == 2 and row["dp"] == 1
+    assert row["capacity_capped"] and row["replica_capacity_rps"] == pytest.approx(
+        1.2
+    )  # 1 req/s +20%
+
+
+def test_a_price_per_gpu_type_prices_each_pool_by_its_gpu(make_scenario):
+    """cost.usd_per_gpu_hour as {gpu: price}: each replica at its GPU's price; a GPU the
+    mapping leaves out keeps its preset's."""
+    pools = [
+        {"name": "a", "hardware": {"gpu": "h100-sxm"}, "tp": 1, "replicas": 1},
+        {"name": "b", "hardware": {"gpu": "a100-80gb-sxm"}, "tp": 2, "replicas": 1},
+    ]
+    scenario = make_scenario(
+        pools=pools, hardware=None, cost={"usd_per_gpu_hour": {"H100-SXM": 2.0}},
+        workload={"num_requests": 20},
+    )  # fmt: skip
+    summary = simulate(scenario).summary()
+    a100 = load_gpu("a100-80gb-sxm").price.usd_per_hour
+    assert summary["cost"]["usd_per_hour"] == pytest.approx(2.0 + 2 * a100)
+
+
+@pytest.mark.parametrize(
+    ("price", "error"),
+    [
+        ({"h100": 2.0}, "cost.usd_per_gpu_hour: unknown gpu 'h100'; did you mean 'h100-sxm'?"),
+        ({"h100-sxm": 0}, "cost.usd_per_gpu_hour: h100-sxm: expected a price above 0"),
+        (-1.0, "cost.usd_per_gpu_hour: expected a price above 0 USD per GPU-hour (got -1.0)"),
+    ],
+)
+def test_a_bad_price_is_refused_naming_the_field(price, error):
+    with pytest.raises(InfersimError, match=re.escape(error)):
+        Scenario.from_dict(scenario_dict(cost={"usd_per_gpu_hour": price}))
+
+
+def test_one_price_for_several_gpu_types_warns(make_scenario):
+    """A scalar price makes a plan (or a sweep or comparison) over GPUs rank them on equal
+    prices: it says so; a price per GPU type does not warn."""
+    plan = {"gpus": ["h100-sxm", "h200-sxm"], "tp": [8]}
+    with pytest.warns(InfersimWarning, match=r"usd_per_gpu_hour=2 prices every GPU type alike "
+                      r"\(h100-sxm, h200-sxm\)"):  # fmt: skip
+        make_scenario(slo={"tpot_ms": 50}, plan=plan, cost={"usd_per_gpu_hour": 2.0})
+    with pytest.warns(InfersimWarning, match=r"alike \(a100-80gb-sxm, h100-sxm\)"):
+        make_scenario(variants={"h100": {"hardware.gpu": "h100-sxm"}, "same": {}},
+                      cost={"usd_per_gpu_hour": 2.0})  # fmt: skip
+    with pytest.warns(InfersimWarning, match=r"alike \(a100-80gb-sxm, l4\)"):
+        make_scenario(sweep={"grid": {"hardware.gpu": ["l4", "a100-80gb-sxm"]}},
+                      cost={"usd_per_gpu_hour": 2.0})  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_scenario(plan=plan, cost={"usd_per_gpu_hour": {"h100-sxm": 2.0, "h200-sxm": 2.6}})
+        make_scenario(cost={"usd_per_gpu_hour": 2.0})  # one GPU type
+
+
+def test_a_trace_is_planned_at_its_own_rate_or_replayed_at_the_target(make_scenario, tmp_path):
+    """Trace arrivals: each probe replays the trace with time_scale set so that its mean
+    rate is the probe's; the plan's rate is the trace's own (at its time_scale) unless
+    plan.target_rate_per_s is given; no probe asks for more requests than it has."""
+    from simulator.planner import _max_requests, planned_rate
+
+    path = tmp_path / "trace.csv"
+    times = np.cumsum(np.random.default_rng(1).exponential(0.5, 400))  # ~2 req/s
+    path.write_text("arrived_at\n" + "\n".join(f"{t:.6f}" for t in times) + "\n")
+    arrivals = {"kind": "trace", "path": str(path), "time_scale": 2.0}
+    scenario = _plan_scenario(make_scenario, gpus=["a100-80gb-sxm"]).with_overrides(
+        [f"workload.arrivals={json.dumps(arrivals)}"]
+    )
+    native = 399 / (times[-1] - times[0])
+    assert planned_rate(scenario) == pytest.approx(native / 2)  # slowed down twice
+    assert _max_requests(scenario) == 400
+    probe = _at(scenario, Candidate("h100-sxm", 1, 1, "continuous"), 6.0, 1, 300)
+    assert probe.workload.arrivals.time_scale == pytest.approx(native / 6.0)
+    table = plan_capacity(scenario.with_overrides(["plan.target_rate_per_s=3"]), workers=1)
+    row = table.iloc[0]
+    assert row["status"] in ("ok", "unverified"), row["reason"]
+    assert row["replicas"] >= 1

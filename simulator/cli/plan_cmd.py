@@ -25,7 +25,13 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from simulator.cli.run_cmd import free_results_dir
-    from simulator.planner import candidates, pareto_figure, plan_capacity
+    from simulator.planner import (
+        FEASIBLE,
+        candidates,
+        pareto_figure,
+        plan_capacity,
+        planned_rate,
+    )
     from simulator.scenario import Scenario
 
     scenario = Scenario.from_yaml(args.scenario, args.overrides)
@@ -42,13 +48,15 @@ def _run(args: argparse.Namespace) -> int:
     plan = scenario.plan
     pct = plan.percentile
     split = ["prefill_replicas", "decode_replicas"] if plan.disaggregation else []
-    shown = ["rank", "gpu", "tp", "pp", "dp", "policy", "max_num_seqs", "max_num_batched_tokens",
-             "layout", "replicas", *split, "gpus",
+    ep = ["ep"] if scenario.parallelism.enable_expert_parallel else []
+    shown = ["rank", "gpu", "tp", "pp", "dp", *ep, "policy", "max_num_seqs",
+             "max_num_batched_tokens", "layout", "replicas", *split, "gpus",
              "usd_per_hour", "usd_per_million_output_tokens", f"ttft_{pct}_ms",
              f"tpot_{pct}_ms", "status", "reason", "note"]  # fmt: skip
     print(f"Plan for {scenario.model.name}: "
-          f"{plan.target_rate_per_s or scenario.workload.arrivals.rate_per_s} req/s "
-          f"+{plan.headroom:.0%} headroom, SLO at {pct}")  # fmt: skip
+          f"{sig(planned_rate(scenario))} req/s "
+          f"+{plan.headroom:.0%} headroom, SLO at {pct}; $ per 1M output tokens at each "
+          "fleet's steady state; unverified: too short to judge overload")  # fmt: skip
     print(table[[c for c in shown if c in table]].to_string(
         index=False, float_format=sig, na_rep="-", line_width=WIDTH))  # fmt: skip
     outdir.mkdir(parents=True, exist_ok=True)
@@ -60,7 +68,11 @@ def _run(args: argparse.Namespace) -> int:
         slo_ms={"ttft": scenario.slo.ttft_ms, "tpot": scenario.slo.tpot_ms},
     ).savefig(outdir / "pareto.png", dpi=110)
     print(f"\nwrote plan.csv and pareto.png to {outdir}/", file=sys.stderr)
-    if not (table["status"] == "ok").any():
+    if not table["status"].isin(FEASIBLE).any():
         print("infersim: no candidate meets the SLOs (see the reasons above)", file=sys.stderr)
         return 1
+    if not (table["status"] == "ok").any():
+        print("infersim: no candidate was verified: every feasible one's probe was too short "
+              "to judge overload (see the notes); raise plan.requests_per_probe",
+              file=sys.stderr)  # fmt: skip
     return 0

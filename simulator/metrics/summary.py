@@ -9,7 +9,8 @@ Definitions (all times in seconds of simulated time, D = ctx.duration_s):
 - throughput over D: completed requests, prompt tokens of requests whose prefill finished
   (a first token), and generated tokens of every request (in-flight ones included); in
   steady state (`steady_*`): completions from the 10% to the 90% completion over the time
-  between the two, and the output tokens of those completions over the same time.
+  between the two, and the prompt and output tokens made in that window over its length
+  (later tokens spread evenly between a request's first token and its finish).
 - latency blocks {count, mean, p50, p90, p95, p99, max}: TTFT over requests with a first
   token; TPOT and E2E over completed requests (TPOT undefined for one-token outputs);
   queueing over requests that were scheduled; ITL over the gap samples, each weighted by
@@ -30,7 +31,10 @@ Definitions (all times in seconds of simulated time, D = ctx.duration_s):
   bound_share = busy time per limiting resource / all busy time.
 - kv: each step's used blocks / its replica's total blocks, mean weighted by step
   duration (busy time), and max.
-- cost: price of every GPU for D; per completed request and per million tokens.
+- cost: price of every GPU for D (usd_total); per request and per million tokens at the
+  steady-state rates (the fleet's price per second over them), or over D when the run has
+  no steady state (`basis` says which, `note` why); run_usd_per_million_output_tokens is
+  usd_total over every generated token, drain included.
 - frontend (only where `frontend.kind` models vLLM's API server, simulator.api_server):
   the request times, latencies, throughput and D above are the client's, D lasting until
   it saw the last token; `utilisation` is the API server processes' CPU work / (processes
@@ -78,6 +82,14 @@ PERCENTILES = (50, 90, 95, 99)
 QUEUE_FULL_SHARE = 0.01
 STEADY_FROM, STEADY_TO = 0.10, 0.90  # steady-state throughput between these completions
 STEADY_MIN_COMPLETIONS = 20
+# What a cost per request or per token is measured over (`cost.basis`).
+COST_STEADY, COST_RUN = "steady_state", "whole_run"
+STEADY_FIELDS = (
+    "steady_window_s",
+    "steady_requests_per_s",
+    "steady_input_tokens_per_s",
+    "steady_output_tokens_per_s",
+)
 # Warn when steps filled the token budget, not compute-bound, for this share of busy time
 # while requests waited with the KV cache at most this full; and when this share of
 # arrivals was preempted.
@@ -213,23 +225,43 @@ def _in_system_fields(trend: dict[str, Any] | None, judged: str | None) -> dict[
     return {names.get(k, k): values[k] for k in fields} | {"verdict": judged}
 
 
-def _steady_throughput(requests: Table, completed: np.ndarray) -> dict[str, Any]:
-    """Completions per second between the 10% and the 90% completion, and the output
-    tokens of those completions over the same time: no ramp-up, no drain."""
+def _steady_throughput(requests: Table, completed: np.ndarray, end: float) -> dict[str, Any]:
+    """Completions per second between the 10% and the 90% completion, and the prompt and
+    output tokens produced in that time: no ramp-up, no drain."""
     finish = requests["finish"][completed]
     order = np.argsort(finish, kind="stable")
     n = len(order)
     lo, hi = int(np.ceil(STEADY_FROM * n)), int(np.floor(STEADY_TO * n)) - 1
     if n < STEADY_MIN_COMPLETIONS or finish[order[hi]] <= finish[order[lo]]:
-        return {"steady_window_s": None, "steady_requests_per_s": None,
-                "steady_output_tokens_per_s": None}  # fmt: skip
-    span = float(finish[order[hi]] - finish[order[lo]])
-    tokens = requests["generated"][completed][order[lo + 1 : hi + 1]].sum()
+        return dict.fromkeys(STEADY_FIELDS)
+    start, stop = float(finish[order[lo]]), float(finish[order[hi]])
+    span = stop - start
+    prompt, output = _tokens_between(requests, start, stop, end)
     return {
-        "steady_window_s": [float(finish[order[lo]]), float(finish[order[hi]])],
+        "steady_window_s": [start, stop],
         "steady_requests_per_s": (hi - lo) / span,
-        "steady_output_tokens_per_s": float(tokens) / span,
+        "steady_input_tokens_per_s": prompt / span,
+        "steady_output_tokens_per_s": output / span,
     }
+
+
+def _tokens_between(requests: Table, start: float, stop: float, end: float) -> tuple[float, float]:
+    """Prompt and output tokens produced in [start, stop]: a prompt when its first token
+    came, and a request's later tokens spread evenly from its first token to its finish
+    (`end` for one in flight). Counted by time, not by the requests that finished in it:
+    those are the short ones early in a run, the long ones finishing in its drain."""
+    first = requests["first_token"]
+    has = ~np.isnan(first)
+    first, generated = first[has], requests["generated"][has].astype(np.float64)
+    finish = np.nan_to_num(requests["finish"][has], nan=end)
+    at_first = (first >= start) & (first <= stop)
+    prompt = float(requests["prompt"][has][at_first].sum())
+    overlap = np.clip(np.minimum(finish, stop) - np.maximum(first, start), 0.0, None)
+    length = finish - first
+    spread = np.divide(overlap, length, out=np.zeros_like(length), where=length > 0)
+    later = np.maximum(generated - 1, 0.0)
+    output = math.fsum(at_first * np.minimum(generated, 1.0) + later * spread)
+    return prompt, output
 
 
 def _meets_slo(requests: Table, ctx: RunContext, completed: np.ndarray) -> np.ndarray:
@@ -346,17 +378,49 @@ def _energy(
     }
 
 
+def cost_basis_text(cost: Mapping[str, Any]) -> str:
+    """`steady state` or `whole run`: what a summary's per-request and per-token costs were
+    measured over (a summary written before `basis` existed: the whole run)."""
+    return "steady state" if cost.get("basis") == COST_STEADY else "whole run"
+
+
 def _cost(
-    ctx: RunContext, rep: Arrays, completed: int, input_tokens: float, output_tokens: float
+    ctx: RunContext,
+    rep: Arrays,
+    completed: int,
+    output_tokens: float,
+    throughput: Mapping[str, Any],
 ) -> dict[str, Any]:
+    """The run's price, and what a request and a million tokens cost while the fleet is
+    busy at this load: at the steady-state rates, so that neither the ramp-up nor the
+    drain after the last arrival (whose length depends on the run's length, not on the
+    fleet) is billed to the tokens. Without a steady state (too few completions) the
+    whole run's figures stand in, and `note` says so."""
     per_hour = float(np.dot(rep["gpus"], rep["usd_per_gpu_hour"]))
-    total = per_hour * ctx.duration_s / 3600
+    per_second = per_hour / 3600
+    total = per_second * ctx.duration_s
+    requests_per_s = throughput["steady_requests_per_s"]
+    output_per_s = throughput["steady_output_tokens_per_s"]
+    tokens_per_s = (throughput["steady_input_tokens_per_s"] or 0.0) + (output_per_s or 0.0)
+    basis, note = COST_STEADY, ""
+    if requests_per_s is None:
+        basis = COST_RUN
+        note = (
+            f"fewer than {STEADY_MIN_COMPLETIONS} completions for a steady state: per-request "
+            "and per-token costs are the whole run's, ramp-up and drain included"
+        )
+        requests_per_s = _ratio(completed, ctx.duration_s)
+        output_per_s = throughput["output_tokens_per_s"]
+        tokens_per_s = (throughput["input_tokens_per_s"] or 0.0) + (output_per_s or 0.0)
     return {
         "usd_per_hour": per_hour,
         "usd_total": total,
-        "usd_per_request": _ratio(total, completed),
-        "usd_per_million_output_tokens": _ratio(total * 1e6, output_tokens),
-        "usd_per_million_total_tokens": _ratio(total * 1e6, input_tokens + output_tokens),
+        "basis": basis,
+        "note": note,
+        "usd_per_request": _ratio(per_second, requests_per_s or 0.0),
+        "usd_per_million_output_tokens": _ratio(per_second * 1e6, output_per_s or 0.0),
+        "usd_per_million_total_tokens": _ratio(per_second * 1e6, tokens_per_s),
+        "run_usd_per_million_output_tokens": _ratio(total * 1e6, output_tokens),
     }
 
 
@@ -550,6 +614,12 @@ def summarize(
     run = _run(ctx, len(requests))
     kv = _kv(totals, requests)
     counts = _counts(requests, masks)
+    throughput = {
+        "requests_per_s": _ratio(n_completed, d),
+        "input_tokens_per_s": _ratio(input_tokens, d),
+        "output_tokens_per_s": _ratio(output_tokens, d),
+        **_steady_throughput(requests, completed, d),
+    }
     summary = {
         "run": run,
         "warnings": [
@@ -564,12 +634,7 @@ def summarize(
         "overload_reason": load.pop("reason"),
         "overload_note": load.pop("note"),
         "load": load,
-        "throughput": {
-            "requests_per_s": _ratio(n_completed, d),
-            "input_tokens_per_s": _ratio(input_tokens, d),
-            "output_tokens_per_s": _ratio(output_tokens, d),
-            **_steady_throughput(requests, completed),
-        },
+        "throughput": throughput,
         "latency": latency,
         "goodput": {
             "slo": {"ttft_s": ctx.slo.ttft_s, "tpot_s": ctx.slo.tpot_s, "e2e_s": ctx.slo.e2e_s},
@@ -581,7 +646,7 @@ def summarize(
         "utilisation": _utilisation(totals, ctx, rep),
         "kv": kv,
         "prefix_cache": _prefix_cache(requests),
-        "cost": _cost(ctx, rep, n_completed, input_tokens, output_tokens),
+        "cost": _cost(ctx, rep, n_completed, output_tokens, throughput),
         "energy": _energy(totals, ctx, rep, output_tokens, n_completed),
     }
     if ctx.frontend is not None:

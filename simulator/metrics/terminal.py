@@ -20,7 +20,7 @@ from simulator.formatting import (
     wrapped,
 )
 from simulator.metrics.overload import TOO_SHORT
-from simulator.metrics.summary import PERCENTILES
+from simulator.metrics.summary import PERCENTILES, cost_basis_text
 from simulator.provenance import header_lines
 
 MAX_REPLICA_LINES = 8  # beyond this the table shows pools only; summary.json has them all
@@ -68,6 +68,26 @@ def _throughput(t: Mapping[str, Any]) -> list[str]:
             f"{num(t['steady_output_tokens_per_s'], ',.0f')} tok/s  (steady state: 10%-90% "
             "of completions)",
         )
+    return lines
+
+
+def _cost(cost: Mapping[str, Any]) -> list[str]:
+    """The price and the run's total, then per request and per token on their basis:
+    steady state, or the whole run (with why) when the run had none."""
+    basis = cost_basis_text(cost)
+    lines = _line(
+        "cost",
+        f"{usd(cost['usd_per_hour'])}/h  run {usd(cost['usd_total'])} "
+        f"({usd(cost.get('run_usd_per_million_output_tokens'))}/1M output tok, drain included)",
+    )
+    lines += _line(
+        "",
+        f"{usd(cost['usd_per_request'])}/request  "
+        f"{usd(cost['usd_per_million_output_tokens'])}/1M output tok  "
+        f"{usd(cost['usd_per_million_total_tokens'])}/1M tok  ({basis})",
+    )
+    if cost.get("note"):
+        lines += _line("", cost["note"])
     return lines
 
 
@@ -138,13 +158,7 @@ def summary_table(summary: Mapping[str, Any]) -> str:
         f"mean {pct(kv['mean_utilisation'])}  max {pct(kv['max_utilisation'])}  preemptions "
         f"{preemption_text(kv)}" + (f"  prefix hits {pct(hits)} of prompt tokens" if hits else ""),
     )
-    lines += _line(
-        "cost",
-        f"{usd(cost['usd_per_hour'])}/h  run {usd(cost['usd_total'])}  "
-        f"{usd(cost['usd_per_request'])}/request  "
-        f"{usd(cost['usd_per_million_output_tokens'])}/1M output tok  "
-        f"{usd(cost['usd_per_million_total_tokens'])}/1M tok",
-    )
+    lines += _cost(cost)
     lines += _line(
         "energy",
         f"{num(e['energy_kwh'], ',.3f')} kWh (PUE {e['pue']:g})  "
