@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,15 +21,17 @@ from typing import Any
 
 import numpy as np
 
-from hardware_models.errors import InfersimError
+from hardware_models.errors import InfersimError, InfersimWarning
 from simulator.workload.trace_layouts import (
     ARRIVAL_COLUMN,
+    MAPPING_HINT,
     OUTPUT_COLUMN,
     PROMPT_COLUMN,
     TraceLayout,
     _shown,
-    arrival_seconds,
+    datetime_ns,
     detect_layout,
+    seconds_from_earliest,
 )
 
 __all__ = ["ARRIVAL_COLUMN", "MAX_TOKENS", "OUTPUT_COLUMN", "PROMPT_COLUMN", "Trace", "read_trace"]
@@ -115,6 +118,7 @@ def read_trace(
         raise InfersimError(
             f"{_name(path)}: unknown trace format {path.suffix!r}; use .csv or .jsonl"
         )
+    mapped = layout is not None
     layout = layout or detect_layout(path, found, wanted)
     columns = [layout.file_column(c) for c in wanted]
     hashes = layout.hashes if arrivals and layout.hashes in found else None
@@ -122,43 +126,131 @@ def read_trace(
     if suffix in _CSV_SUFFIXES:
         values, lines, found = _parse_csv(path, text, columns)
     else:
-        values, lines, found = _parse_jsonl(path, text, columns, hashes)
+        as_text = {layout.arrival} if arrivals and layout.time_unit == "datetime" else set()
+        values, lines, found = _parse_jsonl(path, text, columns, hashes, as_text)
     missing = [c for c in columns if c not in found]
     if missing:
-        found = [_shown(name) for name in found]
-        if arrivals and missing == [layout.arrival]:
-            raise InfersimError(
-                f"{_name(path)}: no '{layout.arrival}' column: a lengths-only trace can give "
-                "prompt/output lengths but not arrivals"
-            )
-        raise InfersimError(
-            f"{_name(path)}: missing column(s) {', '.join(map(repr, missing))} "
-            f"(found: {', '.join(found) or 'none'})"
-        )
+        raise InfersimError(_missing_columns(path, layout, missing, found, arrivals, mapped))
     line_no = np.asarray(lines, dtype=np.int64)
-    arrived = None
-    if arrivals:
-        cells = arrival_seconds(
-            path, layout.arrival, values[layout.arrival], layout.time_unit, line_no
-        )
-        arrived = _numbers(path, layout.arrival, cells, line_no)
-        shown = values[layout.arrival] if layout.time_unit == "datetime" else None
-        _check_order(path, layout.arrival, arrived, line_no, shown)
     tokens = {}
     for column in token_columns:
         name = layout.file_column(column)
         numbers = _numbers(path, name, values[name], line_no)
         tokens[column] = _whole(path, name, numbers, line_no)
-    block_hashes = values[hashes] if hashes else None
-    return Trace(
+    trace = Trace(
         path=path,
-        arrived_at=arrived,
+        arrived_at=None,
         tokens=tokens,
         layout=layout,
-        block_hashes=block_hashes,
+        block_hashes=values[hashes] if hashes else None,
         lines=line_no,
         hashes_unread=unread,
     )
+    return _with_arrivals(trace, values[layout.arrival]) if arrivals else trace
+
+
+def _with_arrivals(trace: Trace, cells: list[Any]) -> Trace:
+    """`trace` with its arrival cells read as seconds from its earliest request, its rows
+    in arrival order. Either change to the file's own times is said (a warning): rows
+    out of order (logs written as requests complete) are sorted, stably, so rows of equal
+    times keep their file order; times that do not start at 0 (Unix time, a window cut
+    from a longer log) are counted from the earliest, as date-times always are."""
+    layout, path, line_no = trace.layout, trace.path, trace.lines
+    column, unit = layout.arrival, layout.time_unit
+    if unit == "datetime":
+        stamps = datetime_ns(path, column, cells, line_no)
+    else:
+        stamps = _numbers(path, column, cells, line_no)
+    arrived, offset_s = seconds_from_earliest(stamps, unit)
+    order = _arrival_order(path, column, stamps, line_no, cells)
+    first = int(order[0])
+    if offset_s and unit != "datetime":
+        warnings.warn(
+            f"{_name(path)}: replayed from its earliest request ({column} {_cell(cells[first])} "
+            f"{unit}, line {line_no[first]}, is t = 0): every arrival {_duration(offset_s)} "
+            "earlier than the file writes it",
+            InfersimWarning,
+            stacklevel=4,
+        )
+    hashes = trace.block_hashes
+    return replace(
+        trace,
+        arrived_at=arrived[order],
+        tokens={c: v[order] for c, v in trace.tokens.items()},
+        block_hashes=None if hashes is None else [hashes[i] for i in order],
+        lines=line_no[order],
+    )
+
+
+def _arrival_order(
+    path: Path, column: str, stamps: np.ndarray, line_no: np.ndarray, cells: list[Any]
+) -> np.ndarray:
+    """Row indices in arrival order (stable); when the file's rows are not in that order,
+    it is said how many arrive before a row above them, and the first."""
+    late = stamps < np.maximum.accumulate(stamps)
+    if not late.any():
+        return np.arange(len(stamps))
+    i = int(np.argmax(late))
+    before = int(np.argmax(stamps == stamps[:i].max()))
+    warnings.warn(
+        f"{_name(path)}: {int(late.sum()):,} of its {len(stamps):,} rows arrive before a row "
+        f"above them (first: line {line_no[i]}, {column} {_cell(cells[i])}, before line "
+        f"{line_no[before]}'s {_cell(cells[before])}): replayed in order of {column}, rows "
+        "of equal times in file order",
+        InfersimWarning,
+        stacklevel=5,
+    )
+    return np.argsort(stamps, kind="stable")
+
+
+def _cell(value: Any) -> str:
+    """A cell as the file writes it (one line)."""
+    return _shown(str(value))
+
+
+def _duration(seconds: float) -> str:
+    """e.g. 2.5 s; 1,733,011,200.029 s (54.9 years), so a shift is read at a glance."""
+    shown = f"{seconds:,.3f}".rstrip("0").rstrip(".") + " s"
+    for unit, size in (("years", 365.25 * 86400), ("days", 86400), ("hours", 3600)):
+        if seconds >= size:
+            return f"{shown} ({seconds / size:,.1f} {unit})"
+    return shown
+
+
+def _missing_columns(
+    path: Path,
+    layout: TraceLayout,
+    missing: list[str],
+    found: Sequence[str],
+    arrivals: bool,
+    mapped: bool,
+) -> str:
+    """Why the file lacks columns it was read for, with the columns it has and how to
+    name them: a mapping's column mistyped, a layout recognised by some of its columns
+    only, or a lengths-only trace asked for arrivals."""
+    shown = ", ".join(_shown(name) for name in found) or "none"
+    roles = [layout.arrival, layout.prompt, layout.output]
+    missing = sorted(missing, key=lambda c: roles.index(c) if c in roles else len(roles))
+    absent = ", ".join(map(repr, missing))
+    if mapped:
+        return (
+            f"{_name(path)}: no column {absent} (named in arrivals.columns); its columns: {shown}"
+        )
+    lengths = {layout.prompt, layout.output}
+    if arrivals and missing == [layout.arrival] and lengths <= set(found):
+        return (
+            f"{_name(path)}: no '{layout.arrival}' column (found: {shown}): a lengths-only "
+            "trace can give prompt/output lengths but not arrivals; if one of its columns "
+            f"holds arrival times, {MAPPING_HINT}"
+        )
+    matched = [c for c in (layout.arrival, layout.prompt, layout.output) if c in found]
+    assumed = (
+        f" of the {layout.describe()} layout, assumed from its column(s) "
+        f"{', '.join(map(repr, matched))}"
+        if matched
+        else ""
+    )
+    return f"{_name(path)}: missing column(s) {absent}{assumed} (found: {shown}); {MAPPING_HINT}"
 
 
 def _csv_header(path: Path, text: str) -> list[str]:
@@ -176,8 +268,42 @@ def _jsonl_keys(path: Path, text: str) -> list[str]:
     except (ValueError, RecursionError):
         record = None
     if not isinstance(record, dict):
-        _parse_jsonl(path, text, [], None)  # reports the line and what is wrong
-    return list(record) if isinstance(record, dict) else []
+        _parse_jsonl(path, text, [], None, set())  # reports the line and what is wrong
+    return _flat_keys(record) if isinstance(record, dict) else []
+
+
+def _flat_keys(record: dict[str, Any]) -> list[str]:
+    """An object's keys, those of nested objects as dotted paths (usage.prompt_tokens, as
+    OpenAI's logs nest token counts), in file order. A loop, not recursion: JSON nests
+    as deep as the parser allows."""
+    keys: list[str] = []
+    stack = [("", iter(record.items()))]
+    while stack:
+        prefix, items = stack[-1]
+        for key, value in items:
+            if isinstance(value, dict) and value:
+                stack.append((f"{prefix}{key}.", iter(value.items())))
+                break
+            keys.append(f"{prefix}{key}")
+        else:
+            stack.pop()
+    return keys
+
+
+_ABSENT = object()
+
+
+def _field(record: dict[str, Any], name: str) -> Any:
+    """record[name]; for a dotted name that is not a key itself, the value at that path
+    through nested objects; _ABSENT where there is none."""
+    if name in record:
+        return record[name]
+    value: Any = record
+    for part in name.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return _ABSENT
+        value = value[part]
+    return value
 
 
 def _read_text(path: Path) -> str:
@@ -236,11 +362,12 @@ def _parse_csv(
 
 
 def _parse_jsonl(
-    path: Path, text: str, columns: list[str], hashes: str | None
+    path: Path, text: str, columns: list[str], hashes: str | None, as_text: set[str]
 ) -> tuple[dict[str, list[Any]], list[int], list[str]]:
-    """Values of the wanted keys (and of the `hashes` key: lists of integers), with the
-    file line of each object. The keys of the first object stand for the file's columns;
-    a later object missing one is an error."""
+    """Values of the wanted keys (dotted for nested objects), numbers but for those in
+    `as_text` (date-times, checked by their reader), and of the `hashes` key (lists of
+    integers), with the file line of each object. The keys of the first object stand
+    for the file's columns; a later object missing one is an error."""
     values: dict[str, list[Any]] = {c: [] for c in [*columns, *([hashes] if hashes else [])]}
     lines: list[int] = []
     physical = text.split("\n")
@@ -265,13 +392,14 @@ def _parse_jsonl(
             raise InfersimError(
                 f"{_name(path)}: line {number}: expected a JSON object, got {type(record).__name__}"
             )
-        if not lines and any(c not in record for c in columns):
-            return values, lines, list(record)
-        for c in columns:
-            if c not in record:
+        fields = [_field(record, c) for c in columns]
+        if not lines and any(value is _ABSENT for value in fields):
+            return values, lines, _flat_keys(record)
+        for c, value in zip(columns, fields, strict=True):
+            if value is _ABSENT:
                 raise InfersimError(f"{_name(path)}: line {number}: missing field {c!r}")
-            value = record[c]
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            number_wanted = c not in as_text
+            if number_wanted and (isinstance(value, bool) or not isinstance(value, int | float)):
                 raise InfersimError(f"{_name(path)}: line {number}: {c}: not a number ({value!r})")
             values[c].append(value)
         if hashes is not None:
@@ -333,20 +461,3 @@ def _whole(path: Path, column: str, values: np.ndarray, line_no: np.ndarray) -> 
         why = "too large" if values[i] > MAX_TOKENS else "not a whole number"
         raise InfersimError(f"{_name(path)}: line {line_no[i]}: {column}: {values[i]:g} is {why}")
     return values.astype(np.int64)
-
-
-def _check_order(
-    path: Path, column: str, arrived: np.ndarray, line_no: np.ndarray, shown: list | None
-) -> None:
-    """Arrivals never go back; `shown` are the cells as the file writes them (date-times),
-    for the message."""
-    back = np.diff(arrived) < 0
-    if back.any():
-        i = int(np.argmax(back)) + 1
-        now, before = (
-            (shown[i], shown[i - 1]) if shown else (f"{arrived[i]:g}", f"{arrived[i - 1]:g}")
-        )
-        raise InfersimError(
-            f"{_name(path)}: line {line_no[i]}: {column} {now} is earlier than "
-            f"the previous request's {before}; arrival times must not decrease"
-        )
