@@ -195,6 +195,89 @@ def test_a_later_object_missing_a_nested_count_names_its_line(tmp_path):
         generate_requests(workload(path, columns, num_requests=2), 0)
 
 
+# ---- 5. a vLLM bench serve result -------------------------------------------------------
+
+
+def bench_file(tmp_path: Path, **changes) -> Path:
+    """A result as `vllm bench serve --save-result --save-detailed` writes it (the keys
+    `infersim replay` reads), its send times on the client's clock."""
+    data = {
+        "request_rate": 4.0,
+        "burstiness": 1.0,
+        "input_lens": PROMPTS,
+        "output_lens": OUTPUTS,
+        "ttfts": [0.05] * 4,
+        "itls": [[0.02] * (n - 1) for n in OUTPUTS],
+        "errors": [""] * 4,
+        "start_times": [1000.0 + gap for gap in GAPS],
+        **changes,
+    }
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({k: v for k, v in data.items() if v is not None}))
+    return path
+
+
+def test_a_bench_result_with_start_times_is_a_trace(tmp_path):
+    config = workload(bench_file(tmp_path), num_requests=4)
+    with pytest.warns(InfersimWarning, match=r"start_times 1000.0 s, request 0, is t = 0"):
+        batch = generate_requests(config, 0)
+    np.testing.assert_allclose(batch.arrival_s, GAPS, rtol=0, atol=1e-12)
+    assert batch.prompt_tokens.tolist() == PROMPTS and batch.output_tokens.tolist() == OUTPUTS
+
+
+def test_failed_requests_of_a_bench_result_are_left_out_and_said(tmp_path):
+    path = bench_file(tmp_path, errors=["", "Connection reset", "", ""],
+                      output_lens=[152, 0, 151, 9], start_times=GAPS)  # fmt: skip
+    with pytest.warns(InfersimWarning, match="1 of its 4 requests failed"):
+        batch = generate_requests(workload(path, num_requests=3), 0)
+    assert batch.arrival_s.tolist() == [0.0, 0.363, 1.5]
+    assert batch.prompt_tokens.tolist() == [377, 1870, 20]
+
+
+def test_a_bench_result_without_start_times_gives_lengths_not_arrivals(tmp_path):
+    """An older vLLM saves only the rate the send times were drawn from: drawing them
+    again is `infersim replay`'s job (it says so); a trace replay refuses."""
+    path = bench_file(tmp_path, start_times=None)
+    with pytest.raises(InfersimError) as err:
+        generate_requests(workload(path, num_requests=4), 0)
+    message = str(err.value)
+    assert "bench.json: this vLLM bench serve result records no send times (no " \
+        "'start_times'" in message and "`infersim replay`" in message  # fmt: skip
+    lengths = {"kind": "trace", "path": str(path)}
+    config = validate_model(
+        WorkloadConfig,
+        {"arrivals": {"kind": "poisson", "rate_per_s": 2.0}, "prompt_tokens": lengths,
+         "output_tokens": lengths, "num_requests": 50},
+        "scenario.yaml",
+    )  # fmt: skip
+    batch = generate_requests(config, 0)
+    assert set(zip(batch.prompt_tokens, batch.output_tokens, strict=True)) <= set(
+        zip(PROMPTS, OUTPUTS, strict=True)
+    )
+
+
+def test_a_bench_result_saved_without_detail_is_refused(tmp_path):
+    path = bench_file(tmp_path, input_lens=None, output_lens=None, start_times=None)
+    with pytest.raises(InfersimError, match="not a vLLM bench serve result saved with"):
+        read_trace(path, ["num_prefill_tokens"])
+
+
+def test_a_run_written_as_a_bench_result_replays_as_a_trace(tmp_path):
+    """`infersim run --bench-json` (vLLM's format) read back as a trace: the same
+    requests at the same times."""
+    (tmp_path / "s.yaml").write_text(json.dumps(scenario_dict(workload={
+        "num_requests": 12, "arrivals": {"kind": "poisson", "rate_per_s": 4.0}})))  # fmt: skip
+    bench = tmp_path / "b.json"
+    args = ["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out"), "--quiet"]
+    assert main([*args, "--no-plots", "--bench-json", str(bench)]) == 0
+    data = json.loads(bench.read_text())
+    trace = read_trace(bench, ["num_prefill_tokens", "num_decode_tokens"], arrivals=True)
+    starts = np.asarray(data["start_times"])
+    np.testing.assert_allclose(trace.arrived_at, starts - starts.min(), rtol=0, atol=1e-12)
+    assert trace.tokens["num_prefill_tokens"].tolist() == data["input_lens"]
+    assert trace.tokens["num_decode_tokens"].tolist() == data["output_lens"]
+
+
 # ---- 6. what was assumed, and what the file has ---------------------------------------------
 
 

@@ -44,6 +44,8 @@ class TraceLayout:
     time_unit: TimeUnit = "s"
     hashes: str | None = None
     """Column of per-prompt block hashes (a JSON list per row), when the layout has one."""
+    row: str = "line"
+    """What messages call a row: a line of the file, or a request of a vLLM bench result."""
 
     def file_column(self, column: str) -> str:
         """The file's name for one of infersim's column names (other names are the file's)."""

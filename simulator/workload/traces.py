@@ -22,6 +22,9 @@ from typing import Any
 import numpy as np
 
 from hardware_models.errors import InfersimError, InfersimWarning
+from hardware_models.yaml_io import load_json_object
+from simulator.formats import vllm_bench_keys as bench_key
+from simulator.formats.vllm_bench_requests import bench_requests
 from simulator.workload.trace_layouts import (
     ARRIVAL_COLUMN,
     MAPPING_HINT,
@@ -41,6 +44,16 @@ MAX_TOKENS = 2**31 - 1
 
 _CSV_SUFFIXES = (".csv",)
 _JSONL_SUFFIXES = (".jsonl", ".ndjson")
+_BENCH_SUFFIXES = (".json",)
+BENCH_LAYOUT = TraceLayout(
+    "vllm-bench",
+    bench_key.START_TIMES,
+    bench_key.INPUT_LENS,
+    bench_key.OUTPUT_LENS,
+    "s",
+    row="request",
+)
+"""A vLLM bench serve result's per-request lists, as a trace's columns."""
 
 
 @dataclass(frozen=True)
@@ -114,9 +127,17 @@ def read_trace(
         found = _csv_header(path, text)
     elif suffix in _JSONL_SUFFIXES:
         found = _jsonl_keys(path, text)
+    elif suffix in _BENCH_SUFFIXES:
+        if layout is not None:
+            raise InfersimError(
+                f"{_name(path)}: arrivals.columns does not apply to a vLLM bench serve "
+                f"result (its columns are {BENCH_LAYOUT.describe()}); leave it out"
+            )
+        return _bench_trace(path, token_columns, arrivals)
     else:
         raise InfersimError(
-            f"{_name(path)}: unknown trace format {path.suffix!r}; use .csv or .jsonl"
+            f"{_name(path)}: unknown trace format {path.suffix!r}; use .csv, .jsonl, or "
+            ".json (a `vllm bench serve --save-result --save-detailed` result)"
         )
     mapped = layout is not None
     layout = layout or detect_layout(path, found, wanted)
@@ -149,6 +170,52 @@ def read_trace(
     return _with_arrivals(trace, values[layout.arrival]) if arrivals else trace
 
 
+def _bench_trace(path: Path, token_columns: Sequence[str], arrivals: bool) -> Trace:
+    """The requests of a `vllm bench serve --save-result --save-detailed` result, read as
+    `infersim replay` reads them: lengths, and arrivals where the client recorded its
+    send times (`start_times`). A file without them holds no arrival times (only the
+    rate and burstiness they were drawn from), so it gives lengths only. Failed requests
+    (0 output tokens as vLLM writes them, not what the server would have generated) are
+    left out, and said."""
+    sent = bench_requests(load_json_object(path), path)
+    if arrivals and sent.start_times is None:
+        raise InfersimError(
+            f"{_name(path)}: this vLLM bench serve result records no send times (no "
+            f"'{bench_key.START_TIMES}': the vLLM that wrote it saved only the request_rate and "
+            "burstiness they were drawn from), so it cannot give arrivals; `infersim replay` "
+            "draws them as vLLM's client did and compares the latencies, or take only its "
+            "lengths (prompt_tokens/output_tokens: {kind: trace, path: ...}) with another "
+            "arrival process"
+        )
+    columns = {bench_key.INPUT_LENS: sent.prompt, bench_key.OUTPUT_LENS: sent.output}
+    if sent.start_times is not None:
+        columns[bench_key.START_TIMES] = sent.start_times
+    names = {c: BENCH_LAYOUT.file_column(c) for c in token_columns}
+    missing = [name for name in names.values() if name not in columns]
+    if missing:
+        found = list(columns)
+        raise InfersimError(_missing_columns(path, BENCH_LAYOUT, missing, found, arrivals, False))
+    kept = np.flatnonzero(~sent.failed)
+    if not len(kept):
+        raise InfersimError(f"{_name(path)}: every request failed (see '{bench_key.ERRORS}')")
+    if len(kept) < len(sent):
+        warnings.warn(
+            f"{_name(path)}: {len(sent) - len(kept):,} of its {len(sent):,} requests failed "
+            f"(non-empty '{bench_key.ERRORS}') and are left out: their output_lens are 0, not "
+            "what the server would have generated",
+            InfersimWarning,
+            stacklevel=4,
+        )
+    trace = Trace(
+        path=path,
+        arrived_at=None,
+        tokens={c: columns[name][kept] for c, name in names.items()},
+        layout=BENCH_LAYOUT,
+        lines=kept,
+    )
+    return _with_arrivals(trace, sent.start_times[kept].tolist()) if arrivals else trace
+
+
 def _with_arrivals(trace: Trace, cells: list[Any]) -> Trace:
     """`trace` with its arrival cells read as seconds from its earliest request, its rows
     in arrival order. Either change to the file's own times is said (a warning): rows
@@ -162,13 +229,13 @@ def _with_arrivals(trace: Trace, cells: list[Any]) -> Trace:
     else:
         stamps = _numbers(path, column, cells, line_no)
     arrived, offset_s = seconds_from_earliest(stamps, unit)
-    order = _arrival_order(path, column, stamps, line_no, cells)
+    order = _arrival_order(path, layout, stamps, line_no, cells)
     first = int(order[0])
     if offset_s and unit != "datetime":
         warnings.warn(
-            f"{_name(path)}: replayed from its earliest request ({column} {_cell(cells[first])} "
-            f"{unit}, line {line_no[first]}, is t = 0): every arrival {_duration(offset_s)} "
-            "earlier than the file writes it",
+            f"{_name(path)}: replayed from its earliest request ({column} "
+            f"{_cell(cells[first])} {unit}, {layout.row} {line_no[first]}, is t = 0): every "
+            f"arrival {_duration(offset_s)} earlier than the file writes it",
             InfersimWarning,
             stacklevel=4,
         )
@@ -183,10 +250,11 @@ def _with_arrivals(trace: Trace, cells: list[Any]) -> Trace:
 
 
 def _arrival_order(
-    path: Path, column: str, stamps: np.ndarray, line_no: np.ndarray, cells: list[Any]
+    path: Path, layout: TraceLayout, stamps: np.ndarray, line_no: np.ndarray, cells: list[Any]
 ) -> np.ndarray:
     """Row indices in arrival order (stable); when the file's rows are not in that order,
     it is said how many arrive before a row above them, and the first."""
+    column, row = layout.arrival, layout.row
     late = stamps < np.maximum.accumulate(stamps)
     if not late.any():
         return np.arange(len(stamps))
@@ -194,7 +262,7 @@ def _arrival_order(
     before = int(np.argmax(stamps == stamps[:i].max()))
     warnings.warn(
         f"{_name(path)}: {int(late.sum()):,} of its {len(stamps):,} rows arrive before a row "
-        f"above them (first: line {line_no[i]}, {column} {_cell(cells[i])}, before line "
+        f"above them (first: {row} {line_no[i]}, {column} {_cell(cells[i])}, before {row} "
         f"{line_no[before]}'s {_cell(cells[before])}): replayed in order of {column}, rows "
         "of equal times in file order",
         InfersimWarning,
