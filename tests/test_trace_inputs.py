@@ -318,3 +318,18 @@ def test_a_lengths_only_trace_still_says_so_with_its_columns(tmp_path):
     assert "lengths.csv: no 'arrived_at' column (found: num_prefill_tokens, num_decode_tokens)" \
         ": a lengths-only trace can give prompt/output lengths but not arrivals" \
         in str(err.value)  # fmt: skip
+
+
+def test_the_shipped_openai_usage_sample_replays_as_documented():
+    """scenarios/openai-usage-log.yaml: a log written at completion, on the Unix clock,
+    with nested counts (the README quotes its two warnings)."""
+    from simulator.scenario import Scenario
+
+    scenario = Scenario.from_yaml(Path(__file__).parents[1] / "scenarios/openai-usage-log.yaml")
+    with pytest.warns(InfersimWarning) as record:
+        batch = generate_requests(scenario.workload, 0, scenario.base_dir)
+    messages = [str(w.message) for w in record]
+    assert "3 of its 30 rows arrive before a row above them (first: line 14, created " \
+        "1733011215, before line 12's 1733011216)" in messages[0]  # fmt: skip
+    assert "every arrival 1,733,011,200 s (54.9 years) earlier" in messages[1]
+    assert len(batch) == 30 and batch.arrival_s[0] == 0 and np.all(np.diff(batch.arrival_s) >= 0)

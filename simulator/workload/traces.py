@@ -1,11 +1,14 @@
-"""Read request traces (CSV or JSONL) into arrays, rejecting bad rows by file and line.
+"""Read request traces (CSV, JSONL, or a vLLM bench serve result) into arrays, rejecting
+bad rows by file and line.
 
 A CSV trace has a header row (line 1) naming its columns; a JSONL trace has one object per
-line. Which columns hold arrivals (never decreasing) and prompt and output lengths
-(non-negative whole numbers) depends on the file's layout (trace_layouts.py): infersim's
-own is `arrived_at` (seconds from trace start), `num_prefill_tokens`, `num_decode_tokens`.
-A trace without an arrival column (lengths only) can give lengths but not arrivals. Only
-the columns asked for are checked, so extra columns of any type are allowed.
+line (a dotted column name reaches into nested objects). Which columns hold arrivals and
+prompt and output lengths (non-negative whole numbers) depends on the file's layout
+(trace_layouts.py): infersim's own is `arrived_at` (seconds), `num_prefill_tokens`,
+`num_decode_tokens`. Arrivals are counted from the earliest row and the rows replayed in
+arrival order; either change to the file's own times is a warning. A trace without an
+arrival column (lengths only) can give lengths but not arrivals. Only the columns asked
+for are checked, so extra columns of any type are allowed.
 """
 
 from __future__ import annotations
