@@ -227,7 +227,7 @@ def _leaves(data: dict[str, Any], prefix: tuple = ()) -> list[tuple]:
     return found
 
 
-TRACE_ROWS = "0.1,10,10\n0.2,20,5\n0.3,30,7\n"
+TRACE_ROWS = "0,10,10\n0.1,20,5\n0.2,30,7\n"
 WORKLOADS: dict[str, dict[str, Any]] = {
     "poisson": {},
     "gamma": {"arrivals": {"kind": "gamma", "rate_per_s": 4.0, "cv": 2.0}},
