@@ -68,6 +68,14 @@ def test_integer_milliseconds_stay_exact_after_the_shift(tmp_path):
     assert batch.arrival_s.tolist() == [0.0, 0.311]
 
 
+def test_a_small_shift_is_said_in_its_own_digits(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.00025,5,5\n1,6,6\n")
+    with pytest.warns(InfersimWarning, match=r"every arrival 0\.00025 s earlier"):
+        batch = generate_requests(workload(path, num_requests=2), 0)
+    assert batch.arrival_s.tolist() == [0.0, 1 - 0.00025]
+
+
 def test_a_trace_starting_at_zero_is_read_as_written_without_a_word(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,5,5\n0.25,6,6\n")
@@ -182,7 +190,7 @@ def test_dotted_columns_reach_into_nested_jsonl_objects(tmp_path):
     with pytest.raises(InfersimError) as err:
         generate_requests(workload(path, columns, num_requests=4), 0)
     assert str(err.value).endswith(
-        "usage.jsonl: no column 'usage.completion' (named in arrivals.columns); its columns: "
+        "usage.jsonl: no column 'usage.completion' (from arrivals.columns); its columns: "
         "created, usage.prompt_tokens, usage.completion_tokens, usage.total_tokens"
     )
 
@@ -262,6 +270,18 @@ def test_a_bench_result_saved_without_detail_is_refused(tmp_path):
         read_trace(path, ["num_prefill_tokens"])
 
 
+def test_a_bench_result_takes_no_column_mapping_and_names_its_columns(tmp_path):
+    path = bench_file(tmp_path)
+    with pytest.raises(InfersimError, match=r"arrivals\.columns does not apply to a vLLM bench"):
+        generate_requests(workload(path, OPENAI, num_requests=4), 0)
+    with pytest.raises(InfersimError) as err:
+        read_trace(path, ["ttfts"])
+    assert str(err.value).endswith(
+        "bench.json: no column 'ttfts': as a trace, a vLLM bench "
+        "serve result gives input_lens, output_lens, start_times"
+    )
+
+
 def test_a_run_written_as_a_bench_result_replays_as_a_trace(tmp_path):
     """`infersim run --bench-json` (vLLM's format) read back as a trace: the same
     requests at the same times."""
@@ -304,7 +324,7 @@ def test_a_mistyped_arrival_column_lists_the_columns_found(tmp_path):
         generate_requests(workload(path, {**OPENAI, "arrival": "created_at"}, num_requests=1), 0)
     message = str(err.value)
     assert message.endswith(
-        "openai.csv: no column 'created_at' (named in arrivals.columns); its columns: "
+        "openai.csv: no column 'created_at' (from arrivals.columns); its columns: "
         "created, model, prompt_tokens, completion_tokens"
     )
     assert "lengths-only" not in message

@@ -196,8 +196,10 @@ def _bench_trace(path: Path, token_columns: Sequence[str], arrivals: bool) -> Tr
     names = {c: BENCH_LAYOUT.file_column(c) for c in token_columns}
     missing = [name for name in names.values() if name not in columns]
     if missing:
-        found = list(columns)
-        raise InfersimError(_missing_columns(path, BENCH_LAYOUT, missing, found, arrivals, False))
+        raise InfersimError(
+            f"{_name(path)}: no column {', '.join(map(repr, missing))}: as a trace, a vLLM "
+            f"bench serve result gives {', '.join(columns)}"
+        )
     kept = np.flatnonzero(~sent.failed)
     if not len(kept):
         raise InfersimError(f"{_name(path)}: every request failed (see '{bench_key.ERRORS}')")
@@ -280,8 +282,8 @@ def _cell(value: Any) -> str:
 
 
 def _duration(seconds: float) -> str:
-    """e.g. 2.5 s; 1,733,011,200.029 s (54.9 years), so a shift is read at a glance."""
-    shown = f"{seconds:,.3f}".rstrip("0").rstrip(".") + " s"
+    """e.g. 0.00025 s, 2.5 s, 1,733,011,200.029 s (54.9 years): a shift read at a glance."""
+    shown = (f"{seconds:,.3f}".rstrip("0").rstrip(".") if seconds >= 1 else f"{seconds:.3g}") + " s"
     for unit, size in (("years", 365.25 * 86400), ("days", 86400), ("hours", 3600)):
         if seconds >= size:
             return f"{shown} ({seconds / size:,.1f} {unit})"
@@ -304,9 +306,7 @@ def _missing_columns(
     missing = sorted(missing, key=lambda c: roles.index(c) if c in roles else len(roles))
     absent = ", ".join(map(repr, missing))
     if mapped:
-        return (
-            f"{_name(path)}: no column {absent} (named in arrivals.columns); its columns: {shown}"
-        )
+        return f"{_name(path)}: no column {absent} (from arrivals.columns); its columns: {shown}"
     lengths = {layout.prompt, layout.output}
     if arrivals and missing == [layout.arrival] and lengths <= set(found):
         return (
