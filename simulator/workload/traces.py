@@ -306,7 +306,10 @@ def _missing_columns(
     missing = sorted(missing, key=lambda c: roles.index(c) if c in roles else len(roles))
     absent = ", ".join(map(repr, missing))
     if mapped:
-        return f"{_name(path)}: no column {absent} (from arrivals.columns); its columns: {shown}"
+        return (
+            f"{_name(path)}: no column{'s' * (len(missing) > 1)} {absent} (from "
+            f"arrivals.columns); its columns: {shown}"
+        )
     lengths = {layout.prompt, layout.output}
     if arrivals and missing == [layout.arrival] and lengths <= set(found):
         return (
