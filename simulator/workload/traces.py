@@ -61,11 +61,13 @@ BENCH_LAYOUT = TraceLayout(
 
 @dataclass(frozen=True)
 class Trace:
-    """The checked columns of a trace file, one entry per request, in file order."""
+    """The checked columns of a trace file, one entry per request: in arrival order when arrivals
+    were read (rows out of order sorted), else in file order."""
 
     path: Path
     arrived_at: np.ndarray | None
-    """float64 seconds, non-decreasing; None when arrivals were not asked for."""
+    """float64 seconds from the earliest request, in arrival order; None when arrivals
+    were not asked for."""
     tokens: dict[str, np.ndarray] = field(default_factory=dict)
     """int64 token counts (>= 0) by the column name asked for."""
     layout: TraceLayout | None = None
@@ -74,7 +76,8 @@ class Trace:
     """int64 hash of each block of each prompt (Mooncake's hash_ids), when the file has them
     and arrivals were read."""
     lines: np.ndarray | None = None
-    """The file line of each row, for messages."""
+    """The file line of each row (in a vLLM bench result, its request index), for
+    messages; rows replayed in arrival order keep theirs."""
     hashes_unread: bool = False
     """The file has block hashes that were not read (arrivals were not asked for)."""
 
