@@ -152,6 +152,10 @@ def load_json_object(path: Path) -> dict[str, Any]:
         raise InfersimError(
             f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
         ) from None
+    except ValueError as exc:  # an integer of more digits than int() accepts
+        raise InfersimError(f"{path}: invalid JSON: {str(exc).split(';')[0]}") from None
+    except RecursionError:
+        raise InfersimError(f"{path}: invalid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise InfersimError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data

@@ -227,7 +227,7 @@ def _leaves(data: dict[str, Any], prefix: tuple = ()) -> list[tuple]:
     return found
 
 
-TRACE_ROWS = "0.1,10,10\n0.2,20,5\n0.3,30,7\n"
+TRACE_ROWS = "0,10,10\n0.1,20,5\n0.2,30,7\n"
 WORKLOADS: dict[str, dict[str, Any]] = {
     "poisson": {},
     "gamma": {"arrivals": {"kind": "gamma", "rate_per_s": 4.0, "cv": 2.0}},
@@ -556,9 +556,18 @@ TRACE_FILES: list[tuple[str, str, bytes, str]] = [
         "(found: arrived_at, 'a\\nb', num_prefill_tokens)",
     ),
     ("huge field", ".csv", (HEADER + "0," + "1" * 200_000 + ",1\n").encode(), "line 2: bad CSV"),
-    ("decreasing", ".csv", (HEADER + "2,1,1\n1,1,1\n").encode(), "line 3: arrived_at 1 is earlier"),
-    ("1e300 s", ".csv", (HEADER + "1e300,1,1\n").encode(), "the last request would arrive"),
+    ("1e300 s", ".csv", (HEADER + "0,1,1\n1e300,1,1\n").encode(), "the last request would arrive"),
     ("wrong suffix", ".parquet", b"x", "unknown trace format '.parquet'"),
+    ("deep bench json", ".json", b'{"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too"),
+    ("long int bench json", ".json", b'{"input_lens": [' + b"9" * 5000 + b"]}", "invalid JSON"),
+    ("bench json list", ".json", b"[1]", "expected a JSON object, got list"),
+    ("bench json, no detail", ".json", b'{"request_rate": 1}', "saved with --save-result"),
+    (
+        "bench json, no start_times",
+        ".json",
+        b'{"input_lens": [5], "output_lens": [5]}',
+        "records no send times",
+    ),
 ]
 
 
@@ -618,8 +627,10 @@ json_rows = st.lists(
     case=st.one_of(
         csv_rows.map(lambda rows: (".csv", (HEADER + "\n".join(rows)).encode())),
         json_rows.map(lambda rows: (".jsonl", "\n".join(rows).encode())),
-        st.tuples(st.sampled_from([".csv", ".jsonl"]), st.binary(max_size=300)),
-        st.tuples(st.sampled_from([".csv", ".jsonl"]), st.text(max_size=300).map(str.encode)),
+        st.tuples(st.sampled_from([".csv", ".jsonl", ".json"]), st.binary(max_size=300)),
+        st.tuples(
+            st.sampled_from([".csv", ".jsonl", ".json"]), st.text(max_size=300).map(str.encode)
+        ),
     )
 )
 def test_random_trace_files_are_read_or_refused_in_one_line(tmp_path_factory, case):

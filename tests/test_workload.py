@@ -493,7 +493,6 @@ JSON_ROW = '{"arrived_at": 0, "num_prefill_tokens": 1, "num_decode_tokens": 1}\n
         ("nan.csv", HEADER + "0,1,1\nnan,2,2\n", "line 3: arrived_at: nan is not finite"),
         ("inf.csv", HEADER + "0,inf,1\n", "line 2: num_prefill_tokens: inf is not finite"),
         ("frac.csv", HEADER + "0,1.5,1\n", "line 2: num_prefill_tokens: 1.5 is not a whole number"),
-        ("order.csv", HEADER + "0,1,1\n2,1,1\n1,1,1\n", "line 4: arrived_at 1 is earlier"),
         (
             "short.csv",
             HEADER + "0,1,1\n1,2",

@@ -18,24 +18,15 @@ import pandas as pd
 from hardware_models.errors import InfersimError
 from hardware_models.yaml_io import load_json_object
 from simulator.formats import vllm_bench_keys as key
+from simulator.formats.vllm_bench_requests import (
+    BenchRequests,
+    bench_list,
+    bench_number,
+    bench_requests,
+)
 from simulator.replay.measured import MeasuredRun
 
 BENCH_DEFAULT_SEED = 0  # `vllm bench serve --seed` default
-
-
-def _list(data: dict[str, Any], name: str, path: Path, length: int | None) -> list[Any]:
-    values = data.get(name)
-    if not isinstance(values, list):
-        raise InfersimError(f"{path}: {name!r} must be a list, got {type(values).__name__}")
-    if length is not None and len(values) != length:
-        raise InfersimError(f"{path}: {name!r} has {len(values)} entries, input_lens {length}")
-    return values
-
-
-def _number(value: Any, what: str, path: Path) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InfersimError(f"{path}: {what} is {value!r}; expected a finite number")
-    return float(value)
 
 
 def vllm_client_arrivals(count: int, rate: float, burstiness: float, seed: int) -> np.ndarray:
@@ -51,12 +42,9 @@ def vllm_client_arrivals(count: int, rate: float, burstiness: float, seed: int) 
     return times * (count / rate) / times[-1]
 
 
-def _arrivals(data: dict[str, Any], count: int, path: Path) -> tuple[np.ndarray, str]:
-    if isinstance(data.get(key.START_TIMES), list):
-        starts = [_number(v, f"{key.START_TIMES} entry", path) for v in data[key.START_TIMES]]
-        if len(starts) != count:
-            raise InfersimError(f"{path}: {key.START_TIMES!r} has {len(starts)} entries")
-        starts = np.asarray(starts)
+def _arrivals(data: dict[str, Any], requests: BenchRequests, path: Path) -> tuple[np.ndarray, str]:
+    count, starts = len(requests), requests.start_times
+    if starts is not None:
         return starts - starts.min(), "arrivals: the client's recorded send times (start_times)"
     if data.get(key.RAMP_UP_STRATEGY):
         raise InfersimError(
@@ -73,12 +61,12 @@ def _arrivals(data: dict[str, Any], count: int, path: Path) -> tuple[np.ndarray,
     rate = data.get(key.REQUEST_RATE)
     if rate in ("inf", float("inf")):
         return np.zeros(count), "arrivals: all at once (request_rate inf, no start_times)"
-    rate = _number(rate, key.REQUEST_RATE, path)
+    rate = bench_number(rate, key.REQUEST_RATE, path)
     burstiness = data.get(key.BURSTINESS, 1.0)
     if burstiness in ("inf", float("inf")):  # as infersim writes a constant rate
         burstiness = math.inf
     else:
-        burstiness = _number(burstiness, key.BURSTINESS, path)
+        burstiness = bench_number(burstiness, key.BURSTINESS, path)
     if rate <= 0 or burstiness <= 0:
         raise InfersimError(f"{path}: request_rate and burstiness must be > 0")
     seed = data.get(key.SEED)
@@ -111,36 +99,27 @@ def read_bench_json(path: Path) -> MeasuredRun:
             f"{path}: no {', '.join(map(repr, missing))}: not a vLLM bench serve result saved "
             "with --save-result --save-detailed"
         )
-    prompts = _list(data, key.INPUT_LENS, path, None)
-    count = len(prompts)
-    if not count:
-        raise InfersimError(f"{path}: no requests (input_lens is empty)")
-    outputs = _list(data, key.OUTPUT_LENS, path, count)
-    ttfts = _list(data, key.TTFTS, path, count)
-    itls = _list(data, key.ITLS, path, count)
-    errors = _list(data, key.ERRORS, path, count) if key.ERRORS in data else [""] * count
-    latencies = _list(data, key.LATENCIES, path, count) if key.LATENCIES in data else None
-    arrivals, arrival_note = _arrivals(data, count, path)
+    sent = bench_requests(data, path)
+    count = len(sent)
+    ttfts = bench_list(data, key.TTFTS, path, count)
+    itls = bench_list(data, key.ITLS, path, count)
+    latencies = bench_list(data, key.LATENCIES, path, count) if key.LATENCIES in data else None
+    arrivals, arrival_note = _arrivals(data, sent, path)
     rows, gaps = [], []
-    for i in range(count):
-        if errors[i]:
-            continue
+    for i in np.flatnonzero(~sent.failed):
         where = f"request {i}"
-        prompt = _number(prompts[i], f"{where}: input_lens", path)
-        output = _number(outputs[i], f"{where}: output_lens", path)
-        if prompt < 1 or output < 1 or prompt != int(prompt) or output != int(output):
-            raise InfersimError(f"{path}: {where}: lengths must be whole numbers >= 1")
-        ttft = _number(ttfts[i], f"{where}: ttft", path)
+        prompt, output = int(sent.prompt[i]), int(sent.output[i])
+        ttft = bench_number(ttfts[i], f"{where}: ttft", path)
         if not isinstance(itls[i], list):
             raise InfersimError(f"{path}: {where}: itls entry must be a list")
-        request_gaps = [_number(g, f"{where}: itl", path) for g in itls[i]]
+        request_gaps = [bench_number(g, f"{where}: itl", path) for g in itls[i]]
         gaps += request_gaps
         if latencies is not None:
-            e2e = _number(latencies[i], f"{where}: latency", path)
+            e2e = bench_number(latencies[i], f"{where}: latency", path)
         else:
             e2e = ttft + sum(request_gaps)
         tpot = (e2e - ttft) / (output - 1) if output > 1 else math.nan
-        rows.append((arrivals[i], int(prompt), int(output), ttft, tpot, e2e))
+        rows.append((arrivals[i], prompt, output, ttft, tpot, e2e))
     if not rows:
         raise InfersimError(f"{path}: every request failed (see 'errors')")
     requests = pd.DataFrame(rows, columns=["arrival", "prompt", "output", "ttft", "tpot", "e2e"])

@@ -84,9 +84,16 @@ class ClosedLoopArrivals(_Strict):
     think_distribution: ThinkDistribution
 
 
+TRACE_PATH = (
+    "trace file (.csv, .jsonl, or a vllm bench serve --save-detailed result .json), "
+    "relative to the scenario file"
+)
+
+
 class TraceColumns(_Strict):
     """Which columns of a trace file of any other layout are the arrival time and the
-    prompt and output lengths, and the unit of its arrival times."""
+    prompt and output lengths, and the unit of its arrival times. In JSONL a dotted name
+    (usage.prompt_tokens) reaches into nested objects."""
 
     arrival: str = Field(min_length=1, description="column of arrival times")
     prompt: str = Field(
@@ -97,8 +104,9 @@ class TraceColumns(_Strict):
     )
     time_unit: TimeUnit = Field(
         default="s",
-        description="arrival times in s, ms or us from the trace start, or datetime: a date "
-        "and time (ISO 8601, e.g. 2023-11-16 18:15:46.68), counted from the first row's",
+        description="arrival times in s, ms or us, or datetime: a date and time (ISO 8601, "
+        "e.g. 2023-11-16 18:15:46.68); either way counted from the earliest row's (Unix "
+        "time replays from its first request; the run says by how much it shifted)",
     )
 
     def layout(self) -> TraceLayout:
@@ -110,11 +118,14 @@ class TraceArrivals(_Strict):
     from its columns: infersim's (arrived_at in s, num_prefill_tokens, num_decode_tokens),
     BurstGPT's (Timestamp in s, Request tokens, Response tokens), Azure 2023's (TIMESTAMP a
     date and time, ContextTokens, GeneratedTokens) or Mooncake's JSONL (timestamp in ms,
-    input_length, output_length, hash_ids); `columns` names them in any other file. Its
-    length columns give the lengths unless prompt_tokens/output_tokens say otherwise."""
+    input_length, output_length, hash_ids); `columns` names them in any other file. A
+    `vllm bench serve --save-result --save-detailed` result (.json) gives its start_times
+    and input_lens/output_lens. Times count from the earliest row; rows out of order are
+    replayed in arrival order (both said). Its length columns give the lengths unless
+    prompt_tokens/output_tokens say otherwise."""
 
     kind: Literal["trace"] = "trace"
-    path: str = Field(min_length=1, description="trace file, relative to the scenario file")
+    path: str = Field(min_length=1, description=TRACE_PATH)
     time_scale: float = Field(
         default=1.0,
         gt=0,
@@ -217,7 +228,7 @@ class TraceLength(_Strict):
     file's pairing of prompt and output lengths is kept."""
 
     kind: Literal["trace"] = "trace"
-    path: str = Field(min_length=1, description="trace file, relative to the scenario file")
+    path: str = Field(min_length=1, description=TRACE_PATH)
     column: str | None = Field(
         default=None,
         min_length=1,

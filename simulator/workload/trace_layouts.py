@@ -28,7 +28,8 @@ PROMPT_COLUMN = "num_prefill_tokens"
 OUTPUT_COLUMN = "num_decode_tokens"
 
 TimeUnit = Literal["s", "ms", "us", "datetime"]
-_PER_SECOND = {"ms": 1e3, "us": 1e6}
+_PER_SECOND = {"s": 1.0, "ms": 1e3, "us": 1e6, "datetime": 1e9}
+"""Units of each time_unit per second (a date-time is read as nanoseconds since the epoch)."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class TraceLayout:
     time_unit: TimeUnit = "s"
     hashes: str | None = None
     """Column of per-prompt block hashes (a JSON list per row), when the layout has one."""
+    row: str = "line"
+    """What messages call a row: a line of the file, or a request of a vLLM bench result."""
 
     def file_column(self, column: str) -> str:
         """The file's name for one of infersim's column names (other names are the file's)."""
@@ -106,17 +109,9 @@ def detect_layout(path: Path, found: Sequence[str], wanted: Sequence[str]) -> Tr
     return best
 
 
-def arrival_seconds(
-    path: Path, column: str, cells: list, unit: TimeUnit, line_no: np.ndarray
-) -> list:
-    """Arrival cells as numbers of seconds: scaled from the file's unit, or (date-times)
-    seconds after the earliest (the first row's, in a trace in order). Non-numbers are
-    left for the number check to report with their line."""
-    if unit != "datetime":
-        if unit == "s":
-            return cells
-        per_second = _PER_SECOND[unit]
-        return [_in_seconds(cell, per_second) for cell in cells]
+def datetime_ns(path: Path, column: str, cells: list, line_no: np.ndarray) -> np.ndarray:
+    """Date-time cells as int64 nanoseconds since the epoch; the first that is not a date
+    and time is reported with its line."""
     stamps = _datetimes(path, column, cells, line_no)
     bad = stamps.isna().to_numpy()
     if bad.any():
@@ -127,18 +122,30 @@ def arrival_seconds(
         )
     if stamps.dt.tz is not None:
         stamps = stamps.dt.tz_convert(None)
-    nanoseconds = stamps.to_numpy(dtype="datetime64[ns]").astype(np.int64)
-    return list((nanoseconds - nanoseconds.min()) / 1e9)  # the first row, unless out of order
+    return stamps.to_numpy(dtype="datetime64[ns]").astype(np.int64)
+
+
+def seconds_from_earliest(stamps: np.ndarray, unit: TimeUnit) -> tuple[np.ndarray, float]:
+    """Arrival times (in the file's `unit`) as seconds after the earliest, and how far
+    that earliest is from the file's own zero, in seconds. A trace is replayed from its
+    first request: an absolute clock (Unix time, a date) or a window cut out of a longer
+    log would otherwise open the run with idle years or hours that every per-second
+    figure (throughput, utilisation, cost) is divided by. Subtracted in the file's unit,
+    so integer milliseconds stay exact."""
+    earliest = stamps.min()
+    per_second = _PER_SECOND[unit]
+    return (stamps - earliest) / per_second, float(earliest) / per_second
 
 
 def _datetimes(path: Path, column: str, cells: list, line_no: np.ndarray) -> pd.Series:
     """Date-time cells as timestamps (NaT where not one). Rows in different time zones
     (a daylight-saving change) are the instants they name; a row without a zone among
     rows with one names no instant, and is refused. (pandas parses them: imported here,
-    as only a trace with date-time arrivals needs it.)"""
+    as only a trace with date-time arrivals needs it.) A cell that is not text (a JSON
+    number) is not a date and time: pandas would read it as nanoseconds."""
     import pandas as pd
 
-    series = pd.Series(cells, dtype=object)
+    series = pd.Series([c if isinstance(c, str) else None for c in cells], dtype=object)
     try:
         return pd.to_datetime(series, format="ISO8601", errors="coerce")
     except ValueError:  # rows in different zones, or zoned and unzoned rows
@@ -158,18 +165,13 @@ def _zone(cell) -> Literal["named", "none", "bad"]:
     caller reports with its line)."""
     import pandas as pd
 
+    if not isinstance(cell, str):
+        return "bad"
     try:
         stamp = pd.Timestamp(cell)
     except (TypeError, ValueError):
         return "bad"
     return "none" if stamp.tzinfo is None else "named"
-
-
-def _in_seconds(cell, per_second: float):
-    try:
-        return float(cell) / per_second  # divided, so 1523 ms is exactly 1.523 s
-    except (TypeError, ValueError, OverflowError):
-        return cell  # reported by the number check, with its line
 
 
 def _shown(name: str) -> str:

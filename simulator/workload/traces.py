@@ -1,11 +1,14 @@
-"""Read request traces (CSV or JSONL) into arrays, rejecting bad rows by file and line.
+"""Read request traces (CSV, JSONL, or a vLLM bench serve result) into arrays, rejecting
+bad rows by file and line.
 
 A CSV trace has a header row (line 1) naming its columns; a JSONL trace has one object per
-line. Which columns hold arrivals (never decreasing) and prompt and output lengths
-(non-negative whole numbers) depends on the file's layout (trace_layouts.py): infersim's
-own is `arrived_at` (seconds from trace start), `num_prefill_tokens`, `num_decode_tokens`.
-A trace without an arrival column (lengths only) can give lengths but not arrivals. Only
-the columns asked for are checked, so extra columns of any type are allowed.
+line (a dotted column name reaches into nested objects). Which columns hold arrivals and
+prompt and output lengths (non-negative whole numbers) depends on the file's layout
+(trace_layouts.py): infersim's own is `arrived_at` (seconds), `num_prefill_tokens`,
+`num_decode_tokens`. Arrivals are counted from the earliest row and the rows replayed in
+arrival order; either change to the file's own times is a warning. A trace without an
+arrival column (lengths only) can give lengths but not arrivals. Only the columns asked
+for are checked, so extra columns of any type are allowed.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,15 +24,20 @@ from typing import Any
 
 import numpy as np
 
-from hardware_models.errors import InfersimError
+from hardware_models.errors import InfersimError, InfersimWarning
+from hardware_models.yaml_io import load_json_object
+from simulator.formats import vllm_bench_keys as bench_key
+from simulator.formats.vllm_bench_requests import bench_requests
 from simulator.workload.trace_layouts import (
     ARRIVAL_COLUMN,
+    MAPPING_HINT,
     OUTPUT_COLUMN,
     PROMPT_COLUMN,
     TraceLayout,
     _shown,
-    arrival_seconds,
+    datetime_ns,
     detect_layout,
+    seconds_from_earliest,
 )
 
 __all__ = ["ARRIVAL_COLUMN", "MAX_TOKENS", "OUTPUT_COLUMN", "PROMPT_COLUMN", "Trace", "read_trace"]
@@ -38,15 +47,27 @@ MAX_TOKENS = 2**31 - 1
 
 _CSV_SUFFIXES = (".csv",)
 _JSONL_SUFFIXES = (".jsonl", ".ndjson")
+_BENCH_SUFFIXES = (".json",)
+BENCH_LAYOUT = TraceLayout(
+    "vllm-bench",
+    bench_key.START_TIMES,
+    bench_key.INPUT_LENS,
+    bench_key.OUTPUT_LENS,
+    "s",
+    row="request",
+)
+"""A vLLM bench serve result's per-request lists, as a trace's columns."""
 
 
 @dataclass(frozen=True)
 class Trace:
-    """The checked columns of a trace file, one entry per request, in file order."""
+    """The checked columns of a trace file, one entry per request: in arrival order when arrivals
+    were read (rows out of order sorted), else in file order."""
 
     path: Path
     arrived_at: np.ndarray | None
-    """float64 seconds, non-decreasing; None when arrivals were not asked for."""
+    """float64 seconds from the earliest request, in arrival order; None when arrivals
+    were not asked for."""
     tokens: dict[str, np.ndarray] = field(default_factory=dict)
     """int64 token counts (>= 0) by the column name asked for."""
     layout: TraceLayout | None = None
@@ -55,7 +76,8 @@ class Trace:
     """int64 hash of each block of each prompt (Mooncake's hash_ids), when the file has them
     and arrivals were read."""
     lines: np.ndarray | None = None
-    """The file line of each row, for messages."""
+    """The file line of each row (in a vLLM bench result, its request index), for
+    messages; rows replayed in arrival order keep theirs."""
     hashes_unread: bool = False
     """The file has block hashes that were not read (arrivals were not asked for)."""
 
@@ -111,10 +133,19 @@ def read_trace(
         found = _csv_header(path, text)
     elif suffix in _JSONL_SUFFIXES:
         found = _jsonl_keys(path, text)
+    elif suffix in _BENCH_SUFFIXES:
+        if layout is not None:
+            raise InfersimError(
+                f"{_name(path)}: arrivals.columns does not apply to a vLLM bench serve "
+                f"result (its columns are {BENCH_LAYOUT.describe()}); leave it out"
+            )
+        return _bench_trace(path, token_columns, arrivals)
     else:
         raise InfersimError(
-            f"{_name(path)}: unknown trace format {path.suffix!r}; use .csv or .jsonl"
+            f"{_name(path)}: unknown trace format {path.suffix!r}; use .csv, .jsonl, or "
+            ".json (a `vllm bench serve --save-result --save-detailed` result)"
         )
+    mapped = layout is not None
     layout = layout or detect_layout(path, found, wanted)
     columns = [layout.file_column(c) for c in wanted]
     hashes = layout.hashes if arrivals and layout.hashes in found else None
@@ -122,43 +153,181 @@ def read_trace(
     if suffix in _CSV_SUFFIXES:
         values, lines, found = _parse_csv(path, text, columns)
     else:
-        values, lines, found = _parse_jsonl(path, text, columns, hashes)
+        as_text = {layout.arrival} if arrivals and layout.time_unit == "datetime" else set()
+        values, lines, found = _parse_jsonl(path, text, columns, hashes, as_text)
     missing = [c for c in columns if c not in found]
     if missing:
-        found = [_shown(name) for name in found]
-        if arrivals and missing == [layout.arrival]:
-            raise InfersimError(
-                f"{_name(path)}: no '{layout.arrival}' column: a lengths-only trace can give "
-                "prompt/output lengths but not arrivals"
-            )
-        raise InfersimError(
-            f"{_name(path)}: missing column(s) {', '.join(map(repr, missing))} "
-            f"(found: {', '.join(found) or 'none'})"
-        )
+        raise InfersimError(_missing_columns(path, layout, missing, found, arrivals, mapped))
     line_no = np.asarray(lines, dtype=np.int64)
-    arrived = None
-    if arrivals:
-        cells = arrival_seconds(
-            path, layout.arrival, values[layout.arrival], layout.time_unit, line_no
-        )
-        arrived = _numbers(path, layout.arrival, cells, line_no)
-        shown = values[layout.arrival] if layout.time_unit == "datetime" else None
-        _check_order(path, layout.arrival, arrived, line_no, shown)
     tokens = {}
     for column in token_columns:
         name = layout.file_column(column)
         numbers = _numbers(path, name, values[name], line_no)
         tokens[column] = _whole(path, name, numbers, line_no)
-    block_hashes = values[hashes] if hashes else None
-    return Trace(
+    trace = Trace(
         path=path,
-        arrived_at=arrived,
+        arrived_at=None,
         tokens=tokens,
         layout=layout,
-        block_hashes=block_hashes,
+        block_hashes=values[hashes] if hashes else None,
         lines=line_no,
         hashes_unread=unread,
     )
+    return _with_arrivals(trace, values[layout.arrival]) if arrivals else trace
+
+
+def _bench_trace(path: Path, token_columns: Sequence[str], arrivals: bool) -> Trace:
+    """The requests of a `vllm bench serve --save-result --save-detailed` result, read as
+    `infersim replay` reads them: lengths, and arrivals where the client recorded its
+    send times (`start_times`). A file without them holds no arrival times (only the
+    rate and burstiness they were drawn from), so it gives lengths only. Failed requests
+    (0 output tokens as vLLM writes them, not what the server would have generated) are
+    left out, and said."""
+    sent = bench_requests(load_json_object(path), path)
+    if arrivals and sent.start_times is None:
+        raise InfersimError(
+            f"{_name(path)}: this vLLM bench serve result records no send times (no "
+            f"'{bench_key.START_TIMES}': the vLLM that wrote it saved only the request_rate and "
+            "burstiness they were drawn from), so it cannot give arrivals; `infersim replay` "
+            "draws them as vLLM's client did and compares the latencies, or take only its "
+            "lengths (prompt_tokens/output_tokens: {kind: trace, path: ...}) with another "
+            "arrival process"
+        )
+    columns = {bench_key.INPUT_LENS: sent.prompt, bench_key.OUTPUT_LENS: sent.output}
+    if sent.start_times is not None:
+        columns[bench_key.START_TIMES] = sent.start_times
+    names = {c: BENCH_LAYOUT.file_column(c) for c in token_columns}
+    missing = [name for name in names.values() if name not in columns]
+    if missing:
+        raise InfersimError(
+            f"{_name(path)}: no column {', '.join(map(repr, missing))}: as a trace, a vLLM "
+            f"bench serve result gives {', '.join(columns)}"
+        )
+    kept = np.flatnonzero(~sent.failed)
+    if not len(kept):
+        raise InfersimError(f"{_name(path)}: every request failed (see '{bench_key.ERRORS}')")
+    if len(kept) < len(sent):
+        warnings.warn(
+            f"{_name(path)}: {len(sent) - len(kept):,} of its {len(sent):,} requests failed "
+            f"(non-empty '{bench_key.ERRORS}') and are left out: their output_lens are 0, not "
+            "what the server would have generated",
+            InfersimWarning,
+            stacklevel=4,
+        )
+    trace = Trace(
+        path=path,
+        arrived_at=None,
+        tokens={c: columns[name][kept] for c, name in names.items()},
+        layout=BENCH_LAYOUT,
+        lines=kept,
+    )
+    return _with_arrivals(trace, sent.start_times[kept].tolist()) if arrivals else trace
+
+
+def _with_arrivals(trace: Trace, cells: list[Any]) -> Trace:
+    """`trace` with its arrival cells read as seconds from its earliest request, its rows
+    in arrival order. Either change to the file's own times is said (a warning): rows
+    out of order (logs written as requests complete) are sorted, stably, so rows of equal
+    times keep their file order; times that do not start at 0 (Unix time, a window cut
+    from a longer log) are counted from the earliest, as date-times always are."""
+    layout, path, line_no = trace.layout, trace.path, trace.lines
+    column, unit = layout.arrival, layout.time_unit
+    if unit == "datetime":
+        stamps = datetime_ns(path, column, cells, line_no)
+    else:
+        stamps = _numbers(path, column, cells, line_no)
+    arrived, offset_s = seconds_from_earliest(stamps, unit)
+    order = _arrival_order(path, layout, stamps, line_no, cells)
+    first = int(order[0])
+    if offset_s and unit != "datetime":
+        warnings.warn(
+            f"{_name(path)}: replayed from its earliest request ({column} "
+            f"{_cell(cells[first])} {unit}, {layout.row} {line_no[first]}, is t = 0): every "
+            f"arrival {_duration(offset_s)} earlier than the file writes it",
+            InfersimWarning,
+            stacklevel=4,
+        )
+    hashes = trace.block_hashes
+    return replace(
+        trace,
+        arrived_at=arrived[order],
+        tokens={c: v[order] for c, v in trace.tokens.items()},
+        block_hashes=None if hashes is None else [hashes[i] for i in order],
+        lines=line_no[order],
+    )
+
+
+def _arrival_order(
+    path: Path, layout: TraceLayout, stamps: np.ndarray, line_no: np.ndarray, cells: list[Any]
+) -> np.ndarray:
+    """Row indices in arrival order (stable); when the file's rows are not in that order,
+    it is said how many arrive before a row above them, and the first."""
+    column, row = layout.arrival, layout.row
+    late = stamps < np.maximum.accumulate(stamps)
+    if not late.any():
+        return np.arange(len(stamps))
+    i = int(np.argmax(late))
+    before = int(np.argmax(stamps == stamps[:i].max()))
+    warnings.warn(
+        f"{_name(path)}: {int(late.sum()):,} of its {len(stamps):,} rows arrive before a row "
+        f"above them (first: {row} {line_no[i]}, {column} {_cell(cells[i])}, before {row} "
+        f"{line_no[before]}'s {_cell(cells[before])}): replayed in order of {column}, rows "
+        "of equal times in file order",
+        InfersimWarning,
+        stacklevel=5,
+    )
+    return np.argsort(stamps, kind="stable")
+
+
+def _cell(value: Any) -> str:
+    """A cell as the file writes it (one line)."""
+    return _shown(str(value))
+
+
+def _duration(seconds: float) -> str:
+    """e.g. 0.00025 s, 2.5 s, 1,733,011,200.029 s (54.9 years): a shift read at a glance."""
+    shown = (f"{seconds:,.3f}".rstrip("0").rstrip(".") if seconds >= 1 else f"{seconds:.3g}") + " s"
+    for unit, size in (("years", 365.25 * 86400), ("days", 86400), ("hours", 3600)):
+        if seconds >= size:
+            return f"{shown} ({seconds / size:,.1f} {unit})"
+    return shown
+
+
+def _missing_columns(
+    path: Path,
+    layout: TraceLayout,
+    missing: list[str],
+    found: Sequence[str],
+    arrivals: bool,
+    mapped: bool,
+) -> str:
+    """Why the file lacks columns it was read for, with the columns it has and how to
+    name them: a mapping's column mistyped, a layout recognised by some of its columns
+    only, or a lengths-only trace asked for arrivals."""
+    shown = ", ".join(_shown(name) for name in found) or "none"
+    roles = [layout.arrival, layout.prompt, layout.output]
+    missing = sorted(missing, key=lambda c: roles.index(c) if c in roles else len(roles))
+    absent = ", ".join(map(repr, missing))
+    if mapped:
+        return (
+            f"{_name(path)}: no column{'s' * (len(missing) > 1)} {absent} (from "
+            f"arrivals.columns); its columns: {shown}"
+        )
+    lengths = {layout.prompt, layout.output}
+    if arrivals and missing == [layout.arrival] and lengths <= set(found):
+        return (
+            f"{_name(path)}: no '{layout.arrival}' column (found: {shown}): a lengths-only "
+            "trace can give prompt/output lengths but not arrivals; if one of its columns "
+            f"holds arrival times, {MAPPING_HINT}"
+        )
+    matched = [c for c in (layout.arrival, layout.prompt, layout.output) if c in found]
+    assumed = (
+        f" of the {layout.describe()} layout, assumed from its column(s) "
+        f"{', '.join(map(repr, matched))}"
+        if matched
+        else ""
+    )
+    return f"{_name(path)}: missing column(s) {absent}{assumed} (found: {shown}); {MAPPING_HINT}"
 
 
 def _csv_header(path: Path, text: str) -> list[str]:
@@ -176,8 +345,42 @@ def _jsonl_keys(path: Path, text: str) -> list[str]:
     except (ValueError, RecursionError):
         record = None
     if not isinstance(record, dict):
-        _parse_jsonl(path, text, [], None)  # reports the line and what is wrong
-    return list(record) if isinstance(record, dict) else []
+        _parse_jsonl(path, text, [], None, set())  # reports the line and what is wrong
+    return _flat_keys(record) if isinstance(record, dict) else []
+
+
+def _flat_keys(record: dict[str, Any]) -> list[str]:
+    """An object's keys, those of nested objects as dotted paths (usage.prompt_tokens, as
+    OpenAI's logs nest token counts), in file order. A loop, not recursion: JSON nests
+    as deep as the parser allows."""
+    keys: list[str] = []
+    stack = [("", iter(record.items()))]
+    while stack:
+        prefix, items = stack[-1]
+        for key, value in items:
+            if isinstance(value, dict) and value:
+                stack.append((f"{prefix}{key}.", iter(value.items())))
+                break
+            keys.append(f"{prefix}{key}")
+        else:
+            stack.pop()
+    return keys
+
+
+_ABSENT = object()
+
+
+def _field(record: dict[str, Any], name: str) -> Any:
+    """record[name]; for a dotted name that is not a key itself, the value at that path
+    through nested objects; _ABSENT where there is none."""
+    if name in record:
+        return record[name]
+    value: Any = record
+    for part in name.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return _ABSENT
+        value = value[part]
+    return value
 
 
 def _read_text(path: Path) -> str:
@@ -236,11 +439,12 @@ def _parse_csv(
 
 
 def _parse_jsonl(
-    path: Path, text: str, columns: list[str], hashes: str | None
+    path: Path, text: str, columns: list[str], hashes: str | None, as_text: set[str]
 ) -> tuple[dict[str, list[Any]], list[int], list[str]]:
-    """Values of the wanted keys (and of the `hashes` key: lists of integers), with the
-    file line of each object. The keys of the first object stand for the file's columns;
-    a later object missing one is an error."""
+    """Values of the wanted keys (dotted for nested objects), numbers but for those in
+    `as_text` (date-times, checked by their reader), and of the `hashes` key (lists of
+    integers), with the file line of each object. The keys of the first object stand
+    for the file's columns; a later object missing one is an error."""
     values: dict[str, list[Any]] = {c: [] for c in [*columns, *([hashes] if hashes else [])]}
     lines: list[int] = []
     physical = text.split("\n")
@@ -265,13 +469,14 @@ def _parse_jsonl(
             raise InfersimError(
                 f"{_name(path)}: line {number}: expected a JSON object, got {type(record).__name__}"
             )
-        if not lines and any(c not in record for c in columns):
-            return values, lines, list(record)
-        for c in columns:
-            if c not in record:
+        fields = [_field(record, c) for c in columns]
+        if not lines and any(value is _ABSENT for value in fields):
+            return values, lines, _flat_keys(record)
+        for c, value in zip(columns, fields, strict=True):
+            if value is _ABSENT:
                 raise InfersimError(f"{_name(path)}: line {number}: missing field {c!r}")
-            value = record[c]
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            number_wanted = c not in as_text
+            if number_wanted and (isinstance(value, bool) or not isinstance(value, int | float)):
                 raise InfersimError(f"{_name(path)}: line {number}: {c}: not a number ({value!r})")
             values[c].append(value)
         if hashes is not None:
@@ -333,20 +538,3 @@ def _whole(path: Path, column: str, values: np.ndarray, line_no: np.ndarray) -> 
         why = "too large" if values[i] > MAX_TOKENS else "not a whole number"
         raise InfersimError(f"{_name(path)}: line {line_no[i]}: {column}: {values[i]:g} is {why}")
     return values.astype(np.int64)
-
-
-def _check_order(
-    path: Path, column: str, arrived: np.ndarray, line_no: np.ndarray, shown: list | None
-) -> None:
-    """Arrivals never go back; `shown` are the cells as the file writes them (date-times),
-    for the message."""
-    back = np.diff(arrived) < 0
-    if back.any():
-        i = int(np.argmax(back)) + 1
-        now, before = (
-            (shown[i], shown[i - 1]) if shown else (f"{arrived[i]:g}", f"{arrived[i - 1]:g}")
-        )
-        raise InfersimError(
-            f"{_name(path)}: line {line_no[i]}: {column} {now} is earlier than "
-            f"the previous request's {before}; arrival times must not decrease"
-        )
