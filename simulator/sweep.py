@@ -53,6 +53,7 @@ from simulator.scenario import (
     set_path,
 )
 from simulator.simulation import simulate
+from simulator.ways_out import option
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -486,19 +487,22 @@ def _load_done(outdir: Path, points: Iterable[SweepPoint]) -> dict[str, dict[str
             record = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise InfersimError(f"{path}: unreadable point file ({exc}); delete it") from None
+        way_out = f"pass {option('overwrite=True', '--overwrite')} or {_another_outdir()}"
         if (changed := _first_difference(record.get("scenario"), point.fingerprint)) is not None:
             raise InfersimError(
-                f"{path} was written for a different scenario ({changed} differs); "
-                "pass --overwrite or another -o"
+                f"{path} was written for a different scenario ({changed} differs); {way_out}"
             )
         if (written_by := record.get("build")) != build_id():
             raise InfersimError(
                 f"{path} was written by infersim {written_by or 'of an earlier version'}, "
-                f"this is {build_id()}: its numbers may differ from this build's; pass "
-                "--overwrite or another -o"
+                f"this is {build_id()}: its numbers may differ from this build's; {way_out}"
             )
         done[point.id] = record
     return done
+
+
+def _another_outdir() -> str:
+    return f"another {option('outdir', '-o')}"
 
 
 def _prepare(outdir: Path, *, resume: bool, overwrite: bool) -> None:
@@ -506,14 +510,17 @@ def _prepare(outdir: Path, *, resume: bool, overwrite: bool) -> None:
     if resume and overwrite:
         raise InfersimError("resume and overwrite exclude each other")
     if outdir.exists() and not outdir.is_dir():
-        raise InfersimError(f"{outdir} exists and is not a directory; choose another -o")
+        raise InfersimError(f"{outdir} exists and is not a directory; choose {_another_outdir()}")
     points = outdir / "points"
     if outdir.is_dir() and any(outdir.iterdir()):
         if resume and not points.is_dir():
-            raise InfersimError(f"{outdir} holds no sweep points to resume; choose another -o")
-        if not resume and not overwrite:
             raise InfersimError(
-                f"{outdir} already has results; pass --overwrite, --resume or another -o"
+                f"{outdir} holds no sweep points to resume; choose {_another_outdir()}"
+            )
+        if not resume and not overwrite:
+            flags = option("overwrite=True, resume=True", "--overwrite, --resume")
+            raise InfersimError(
+                f"{outdir} already has results; pass {flags} or {_another_outdir()}"
             )
         if overwrite:  # remove only what a sweep writes
             for path in points.glob("*") if points.is_dir() else ():

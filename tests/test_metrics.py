@@ -623,6 +623,20 @@ def test_write_run_writes_files_and_refuses_to_overwrite(tmp_path: Path):
     assert not (out / "requests.csv").exists()  # a stale CSV does not outlive its run
 
 
+def test_writing_a_run_twice_from_python_names_the_python_argument(make_scenario, tmp_path):
+    """The way out fits the caller: `overwrite=True` to Python, `--overwrite` to a shell."""
+    from simulator.simulation import simulate
+
+    result = simulate(make_scenario(workload={"num_requests": 20}))
+    result.write(tmp_path / "run", plots=False)
+    with pytest.raises(InfersimError) as caught:
+        result.write(tmp_path / "run", plots=False)
+    assert str(caught.value).endswith(
+        "already has results; pass overwrite=True or choose another outdir"
+    )
+    result.write(tmp_path / "run", plots=False, overwrite=True)
+
+
 def test_summary_json_is_byte_identical_and_can_drop_wall_time():
     frame, log, itl, ctx = small_run()
     a = summary_json(summarize(frame, log, itl, ctx))

@@ -266,7 +266,7 @@ def test_results_are_never_silently_overwritten(tmp_path):
     (out / "points").mkdir(parents=True)
     stale = out / "points" / "stale.json"
     stale.write_text("{}")
-    with pytest.raises(InfersimError, match="already has results; pass --overwrite, --resume"):
+    with pytest.raises(InfersimError, match="already has results; pass overwrite=True, resume="):
         sweep(scenario, workers=1, outdir=out)
     assert [p.name for p in (out / "points").iterdir()] == ["stale.json"]
     with pytest.raises(InfersimError, match="exclude each other"):
@@ -309,7 +309,9 @@ def test_cli_sweep_writes_table_plots_and_reports_failures(tmp_path, capsys):
     for name in ("sweep.parquet", "sweep.csv", *PLOT_FILES):
         assert (out / name).stat().st_size > 0, name
     assert main(["sweep", str(path), "-o", str(out), "--quiet"]) == 2
-    assert "already has results" in capsys.readouterr().err
+    assert (
+        "already has results; pass --overwrite, --resume or another -o" in capsys.readouterr().err
+    )
     assert main(["sweep", str(path), "-o", str(out), "--quiet", "--resume"]) == 0
 
 
