@@ -68,8 +68,9 @@ def list_models() -> list[str]:
 
 
 def load_model(name_or_path: str | Path) -> ModelArchitecture:
-    """A catalog name (`llama-3.1-8b`), a catalog-format YAML file, or a HF config.json
-    (the file, or the model directory holding it)."""
+    """A catalog name (`llama-3.1-8b`, in any case: `Llama-3.1-8B`, unless a file or folder
+    of that name is there), a catalog-format YAML file, or a HF config.json (the file, or
+    the model directory holding it)."""
     text = str(name_or_path)
     if (CATALOG_DIR / f"{text}.yaml").is_file() and "/" not in text:
         return _load_yaml(CATALOG_DIR / f"{text}.yaml")
@@ -87,6 +88,10 @@ def load_model(name_or_path: str | Path) -> ModelArchitecture:
         )
     if text.endswith(".json") or "/" in text or path.exists():
         return _load_hf_config(path.resolve())
+    # As GPU names: `Qwen3-30B-A3B` is qwen3-30b-a3b, when no other name differs only in case.
+    same = [name for name in list_models() if name.casefold() == text.casefold()]
+    if len(same) == 1:
+        return _load_yaml(CATALOG_DIR / f"{same[0]}.yaml")
     raise unknown_name_error("model", text, list_models())
 
 

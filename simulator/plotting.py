@@ -18,6 +18,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.errors import InfersimError
 from hardware_models.op_cost import OpCost
 from hardware_models.plot_labels import LEADER, spread_labels
 from hardware_models.roofline_plot import plot_roofline
@@ -29,6 +30,13 @@ Runs = pd.DataFrame | Mapping[str, Results] | Sequence[Results]
 COST = "$/1M out tok"
 LATENCY = "TTFT p99 ms"
 KNEE_METRICS = ("TTFT p99 ms", "TPOT p99 ms")
+# The defaults' names in sweep and plan tables (simulator.sweep.METRICS, plan_capacity),
+# which name their columns apart from compare tables (simulator.compare).
+_SWEEP_NAMES = {
+    COST: "usd_per_million_output_tokens",
+    LATENCY: "ttft_p99_ms",
+    "TPOT p99 ms": "tpot_p99_ms",
+}
 
 __all__ = [
     "as_table",
@@ -54,9 +62,27 @@ def as_table(runs: Runs) -> pd.DataFrame:
     return compare_table(named)
 
 
+def _column_of(table: pd.DataFrame, column: str, what: str) -> str:
+    """`column` as `table` names it: a compare table's name (COST, LATENCY, ...) is read
+    under its sweep and plan name when only that is there. A missing column is an error
+    naming `what` asked for it and the columns the table has."""
+    if column in table:
+        return column
+    alias = _SWEEP_NAMES.get(column)
+    if alias in table:
+        return alias
+    also = f" (nor {alias!r})" if alias else ""
+    raise InfersimError(
+        f"{what}: no column {column!r}{also} in the table; it has "
+        + ", ".join(repr(str(c)) for c in table.columns)
+    )
+
+
 def pareto_front(table: pd.DataFrame, cost: str = COST, latency: str = LATENCY) -> pd.Series:
     """True for the rows no other row beats on both columns (lower is better for both):
     the runs worth choosing between. Rows missing either value are never on the front."""
+    cost = _column_of(table, cost, "cost")
+    latency = _column_of(table, latency, "latency")
     x = table[cost].astype(float).to_numpy()
     y = table[latency].astype(float).to_numpy()
     valid = np.isfinite(x) & np.isfinite(y)
@@ -91,8 +117,10 @@ def plot_pareto(
     title: str = "",
 ) -> Figure:
     """Cost against latency, one point per run, the Pareto front drawn as a staircase
-    and labelled; `slo_ms` draws the latency objective. Overloaded runs are ringed."""
+    and labelled; `slo_ms` draws the latency objective. Overloaded runs are ringed. A
+    sweep or plan table works too: the default columns are read under its names."""
     table = as_table(runs)
+    cost, latency = _column_of(table, cost, "cost"), _column_of(table, latency, "latency")
     front = pareto_front(table, cost, latency)
     fig = Figure(figsize=(8, 5.5), layout="constrained")
     ax = fig.subplots()
@@ -101,9 +129,9 @@ def plot_pareto(
     ax.plot(best[cost], best[latency], color="C1", marker="o", drawstyle="steps-post",
             label="Pareto front")  # fmt: skip
     labels = [
-        ax.annotate(str(name), (row[cost], row[latency]), fontsize=8, xytext=(4, 4),
+        ax.annotate(name, (row[cost], row[latency]), fontsize=8, xytext=(4, 4),
                     textcoords="offset points", arrowprops=LEADER)
-        for name, row in best.iterrows()
+        for name, (_, row) in zip(_run_names(best), best.iterrows(), strict=True)
     ]  # fmt: skip
     _mark_overloaded(ax, table, cost, latency, label=True)
     if slo_ms is not None:
@@ -119,6 +147,16 @@ def plot_pareto(
     return fig
 
 
+def _run_names(table: pd.DataFrame) -> list[str]:
+    """A label per row: a sweep point's `name`, a plan candidate's GPU, tp and replicas,
+    else the index (a compare table's run names)."""
+    if "name" in table:
+        return [str(n) for n in table["name"]]
+    if {"gpu", "tp", "replicas"} <= set(table.columns):
+        return [f"{r.gpu} tp{r.tp} x{r.replicas}" for r in table.itertuples()]
+    return [str(n) for n in table.index]
+
+
 def plot_knee(
     table: pd.DataFrame,
     load: str,
@@ -128,7 +166,13 @@ def plot_knee(
 ) -> Figure:
     """Each metric against a swept load column, one line per value of `by`: where the
     curve turns up is the load a configuration can carry. `slo` maps a metric column to
-    its bound (a dashed line); overloaded runs are ringed."""
+    its bound (a dashed line); overloaded runs are ringed. The default metrics are read
+    under a sweep table's names when it has those instead."""
+    load = _column_of(table, load, "load")
+    if by is not None:
+        by = _column_of(table, by, "by")
+    slo = {_column_of(table, m, "slo"): bound for m, bound in (slo or {}).items()}
+    metrics = [_column_of(table, m, "metrics") for m in metrics]
     fig = Figure(figsize=(5.5 * len(metrics), 4.5), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, len(metrics)))
     groups = [(None, table)] if by is None else list(table.groupby(by, sort=False))
@@ -138,7 +182,7 @@ def plot_knee(
             ax.plot(frame[load], frame[metric], marker="o", color=f"C{i % 10}",
                     label=None if by is None else f"{by}={name}")  # fmt: skip
         _mark_overloaded(ax, table, load, metric, label=True)
-        if slo and metric in slo:
+        if metric in slo:
             ax.axhline(slo[metric], color="grey", ls="--", lw=1, label=f"SLO {slo[metric]:g}")
         _log_if_wide(ax, table[metric].astype(float).to_numpy())
         ax.set_xlabel(load)

@@ -111,7 +111,11 @@ def detailed_inference(
     if batch < 1 or seq_len < 1:
         raise InfersimError(f"batch and seq_len must be >= 1, got {batch} and {seq_len}")
     tokens = batch * seq_len
-    weights = stage_weight_bytes(arch, weight_dtype=weight_dtype, activation_dtype=activation_dtype)
+    # The planner's weights on this GPU (MXFP4 experts padded for the kernel run there),
+    # so this section and the serving plan agree.
+    weights = stage_weight_bytes(
+        arch, weight_dtype=weight_dtype, activation_dtype=activation_dtype, gpu=gpu
+    )
     kv = tokens * arch.kv_bytes_per_token(kv_dtype)
     scores = 0.0
     if not flash_attention:

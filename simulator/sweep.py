@@ -25,6 +25,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import time
 import traceback
@@ -52,6 +53,7 @@ from simulator.scenario import (
     set_path,
 )
 from simulator.simulation import simulate
+from simulator.ways_out import option
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -247,6 +249,15 @@ def _outcome(error: JobError, wall_s: float | None = None) -> dict[str, Any]:
 # A local job whose worker process dies (SIGKILL, the OOM killer) is retried on a fresh pool;
 # after this many deaths it fails. Dask's default allowed-failures is the same 3.
 WORKER_RETRIES = 3
+# The exit status of a worker that, while importing the caller's main script, reached
+# run_parallel: the script has no __main__ guard (`_leave_if_bootstrapping`).
+UNGUARDED_MAIN_EXIT = 86
+UNGUARDED_MAIN_TEXT = (
+    "the worker processes could not start: each re-ran this script's code up to its sweep "
+    "or plan call (multiprocessing's forkserver and spawn start a worker by importing the "
+    "main script) and stopped there. Put the script's code under "
+    '`if __name__ == "__main__":`, or pass workers=1 to run in this process'
+)
 
 
 @dataclass(frozen=True)
@@ -284,6 +295,31 @@ def _call(fn: Callable[[Any], Any], index: int, payload: Any) -> Any:
     return fn(payload)
 
 
+def _leave_if_bootstrapping() -> None:
+    """In a worker still importing the caller's main script, a run_parallel call means
+    the script has no `if __name__ == "__main__":` guard; starting a pool here would die on
+    multiprocessing's bootstrapping RuntimeError, which the parent sees only as a broken
+    pool. Exit with a status the parent recognises (UNGUARDED_MAIN_EXIT) instead."""
+    # spawn._main sets this while it re-runs the main script (spawn._check_not_importing_main)
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        sys.stderr.flush()
+        os._exit(UNGUARDED_MAIN_EXIT)
+
+
+def _death_text(exit_codes: Iterable[int | None]) -> str:
+    """How a broken pool's workers died, from their exit statuses (negative: a signal;
+    SIGTERM is the pool ending the survivors)."""
+    codes = sorted({c for c in exit_codes if c} - {-signal.SIGTERM})
+    if not codes:
+        return "killed by a signal, e.g. out of memory"
+    return ", ".join(
+        f"killed by {signal.Signals(-c).name}, e.g. out of memory"
+        if -c in signal.valid_signals()
+        else f"exit status {c}"
+        for c in codes
+    )
+
+
 def _drain(started: Any, into: set[int]) -> None:
     while not started.empty():
         into.add(started.get())
@@ -291,9 +327,11 @@ def _drain(started: Any, into: set[int]) -> None:
 
 def _pool_round(
     fn: Callable[[Any], Any], payloads: Sequence[Any], batch: list[int], width: int
-) -> Generator[tuple[int, Any], None, tuple[list[int], list[int]]]:
+) -> Generator[tuple[int, Any], None, tuple[list[int], list[int], str]]:
     """Run `batch` on a fresh pool of `width` processes, yielding results as they come.
-    Returns what a broken pool left: (not started, started but unfinished)."""
+    Returns what a broken pool left: (not started, started but unfinished, how its workers
+    died). Raises InfersimError when the workers could not start for want of a __main__
+    guard in the caller's script."""
     context = multiprocessing.get_context(_START_METHOD)
     started = context.SimpleQueue()
     pool = ProcessPoolExecutor(
@@ -303,6 +341,7 @@ def _pool_round(
         initargs=(started,),
     )
     futures: dict[Future, int] = {pool.submit(_call, fn, i, payloads[i]): i for i in batch}
+    processes = pool._processes  # the pool's own dict: kept, with exit codes, when it breaks
     unfinished: list[int] = []
     began: set[int] = set()
     try:
@@ -327,11 +366,14 @@ def _pool_round(
         pool.shutdown(cancel_futures=True)
     _drain(started, began)
     started.close()
+    exit_codes = [process.exitcode for process in (processes or {}).values()]
+    if unfinished and UNGUARDED_MAIN_EXIT in exit_codes:
+        raise InfersimError(UNGUARDED_MAIN_TEXT)
     order = {i: n for n, i in enumerate(batch)}
     unfinished.sort(key=order.__getitem__)
     # No start reported (killed before it could say): blame the jobs workers took first.
     suspects = [i for i in unfinished if i in began] or unfinished[:width]
-    return [i for i in unfinished if i not in suspects], suspects
+    return [i for i in unfinished if i not in suspects], suspects, _death_text(exit_codes)
 
 
 def _local(
@@ -340,11 +382,12 @@ def _local(
     """Jobs on local processes. When a worker dies the pool is broken; the jobs that had
     not started go on a fresh pool, and those that had (the culprit and any job sharing
     the pool at the time) are retried one at a time, where a death names its job."""
+    _leave_if_bootstrapping()
     deaths = [0] * len(payloads)
     together, alone = list(range(len(payloads))), []
     while together or alone:
         batch, width = (together, workers) if together else (alone, 1)
-        rest, suspects = yield from _pool_round(fn, payloads, batch, width)
+        rest, suspects, death = yield from _pool_round(fn, payloads, batch, width)
         if batch is together:
             together, alone = rest, alone + suspects
         else:
@@ -353,9 +396,21 @@ def _local(
             deaths[i] += 1
             if deaths[i] > WORKER_RETRIES:
                 alone.remove(i)
-                reason = (f"its worker process died on each of {deaths[i]} tries (killed by "
-                          "a signal, e.g. out of memory); not retried")  # fmt: skip
+                reason = (
+                    f"its worker process died on each of {deaths[i]} tries ({death}); not retried"
+                )
                 yield i, JobError("failed", reason, None)
+
+
+def _in_process(fn: Callable[[Any], Any], payloads: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+    """workers=1: the jobs one after another in this process, no pool to start (and so no
+    main script for a worker to import)."""
+    for index, payload in enumerate(payloads):
+        try:
+            result = fn(payload)
+        except Exception as exc:  # the job's own failure, as a pool's worker reports it
+            result = _job_error("failed", exc)
+        yield index, result
 
 
 def _dask(
@@ -388,13 +443,14 @@ def run_parallel(
     workers: int | None = None,
     client: Client | None = None,
 ) -> Iterator[tuple[int, Any]]:
-    """`fn(payload)` for each payload, on `workers` local processes (default: one per CPU)
-    or on the Dask cluster of `client`; yields (index, result) in finishing order, with a
-    JobError as the result of a job that did not return. `fn` must be a module-level
-    function; sweeps and capacity plans both run here."""
+    """`fn(payload)` for each payload, on `workers` local processes (default: one per CPU;
+    1 runs them in this process) or on the Dask cluster of `client`; yields (index, result)
+    in finishing order, with a JobError as the result of a job that did not return. `fn`
+    must be a module-level function; sweeps and capacity plans both run here."""
     if client is not None:
         return _dask(fn, payloads, client)
-    return _local(fn, payloads, workers or os.cpu_count() or 1)
+    workers = workers or os.cpu_count() or 1
+    return _in_process(fn, payloads) if workers == 1 else _local(fn, payloads, workers)
 
 
 # ---- point files ----------------------------------------------------------------------------
@@ -431,19 +487,22 @@ def _load_done(outdir: Path, points: Iterable[SweepPoint]) -> dict[str, dict[str
             record = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise InfersimError(f"{path}: unreadable point file ({exc}); delete it") from None
+        way_out = f"pass {option('overwrite=True', '--overwrite')} or {_another_outdir()}"
         if (changed := _first_difference(record.get("scenario"), point.fingerprint)) is not None:
             raise InfersimError(
-                f"{path} was written for a different scenario ({changed} differs); "
-                "pass --overwrite or another -o"
+                f"{path} was written for a different scenario ({changed} differs); {way_out}"
             )
         if (written_by := record.get("build")) != build_id():
             raise InfersimError(
                 f"{path} was written by infersim {written_by or 'of an earlier version'}, "
-                f"this is {build_id()}: its numbers may differ from this build's; pass "
-                "--overwrite or another -o"
+                f"this is {build_id()}: its numbers may differ from this build's; {way_out}"
             )
         done[point.id] = record
     return done
+
+
+def _another_outdir() -> str:
+    return f"another {option('outdir', '-o')}"
 
 
 def _prepare(outdir: Path, *, resume: bool, overwrite: bool) -> None:
@@ -451,14 +510,17 @@ def _prepare(outdir: Path, *, resume: bool, overwrite: bool) -> None:
     if resume and overwrite:
         raise InfersimError("resume and overwrite exclude each other")
     if outdir.exists() and not outdir.is_dir():
-        raise InfersimError(f"{outdir} exists and is not a directory; choose another -o")
+        raise InfersimError(f"{outdir} exists and is not a directory; choose {_another_outdir()}")
     points = outdir / "points"
     if outdir.is_dir() and any(outdir.iterdir()):
         if resume and not points.is_dir():
-            raise InfersimError(f"{outdir} holds no sweep points to resume; choose another -o")
-        if not resume and not overwrite:
             raise InfersimError(
-                f"{outdir} already has results; pass --overwrite, --resume or another -o"
+                f"{outdir} holds no sweep points to resume; choose {_another_outdir()}"
+            )
+        if not resume and not overwrite:
+            flags = option("overwrite=True, resume=True", "--overwrite, --resume")
+            raise InfersimError(
+                f"{outdir} already has results; pass {flags} or {_another_outdir()}"
             )
         if overwrite:  # remove only what a sweep writes
             for path in points.glob("*") if points.is_dir() else ():

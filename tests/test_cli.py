@@ -3,11 +3,16 @@
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 
+from hardware_models.gemm import gemm_cost
 from hardware_models.presets import load_gpu
 from simulator.cli.main import main
 from simulator.memory_planner import framework_overhead_bytes
+from simulator.scenario import Scenario
+from simulator.simulation import resolve_gpu
+from tests.conftest import scenario_dict
 
 
 def run(capsys, *argv):
@@ -119,9 +124,31 @@ def test_roofline_single_and_csv(capsys, tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("flags", "setting", "says"),
+    [
+        ((), "auto", "calibration h100-sxm (auto: fitted on this GPU)"),
+        (("--calibration", "none"), "none", "calibration none (datasheet efficiencies)"),
+    ],
+)
+def test_roofline_prices_with_the_calibration_a_run_would(capsys, tmp_path, flags, setting, says):
+    """By default the profile a run's `hardware.calibration: auto` picks, named on the
+    first line; --calibration chooses another, as the scenario field does."""
+    out_csv = tmp_path / "costs.csv"
+    code, out, _ = run(capsys, "roofline", "--gpu", "h100-sxm", "--m", "4096", "--n", "4096",
+                       "--k", "4096", *flags, "--output", str(out_csv))  # fmt: skip
+    assert code == 0 and out.splitlines()[0] == f"NVIDIA H100 SXM5 80GB, {says}"
+    hardware = {"gpu": "h100-sxm", "calibration": setting}
+    gpu = resolve_gpu(Scenario.from_dict(scenario_dict(hardware=hardware)))
+    priced = pd.read_csv(out_csv)["seconds"].item()
+    assert priced == pytest.approx(gemm_cost(gpu, 4096, 4096, 4096, "bf16").seconds, rel=1e-12)
+
+
+@pytest.mark.parametrize(
     ("argv", "needle"),
     [
         (["hardware", "show", "h10"], "did you mean 'h100-sxm'"),
+        (["roofline", "--gpu", "h100-sxm", "--m", "8", "--n", "8", "--k", "8",
+          "--calibration", "bogus"], "--calibration: unknown calibration 'bogus'"),
         (["hardware", "show", "/nonexistent/gpu.yaml"], "no such file"),
         (["estimate", "--model", "lama-2-7b", "--gpu", "h100-sxm"], "did you mean"),
         (["estimate", "--model", "llama-2-7b", "--gpu", "h100-sxm", "--precision", "fp9"], "fp9"),

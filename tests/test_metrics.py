@@ -561,7 +561,6 @@ def test_timeseries_splits_steps_across_bins_exactly():
         duration=[1.0, 0.5],
         batch_size=[4, 8],
         kv_blocks_used=[20, 60],
-        waiting=[3, 0],
         decode_tokens=[4, 8],
         prefill_tokens=[100, 0],
     )
@@ -570,10 +569,38 @@ def test_timeseries_splits_steps_across_bins_exactly():
     np.testing.assert_allclose(ts["busy_fraction"], [0.5, 0.5, 0.5])
     np.testing.assert_allclose(ts["batch_size"], [4, 4, 8])
     np.testing.assert_allclose(ts["kv_utilisation"], [0.2, 0.2, 0.6])
-    np.testing.assert_allclose(ts["waiting"], [1.5, 1.5, 0.0])
     np.testing.assert_allclose(ts["output_tokens_per_s"], [0, 4 + 1, 8])
     np.testing.assert_allclose(ts["prefill_tokens_per_s"], [0, 100, 0])
     assert ts["completions"].tolist() == [0, 0, 1]
+
+
+def test_timeseries_waiting_counts_requests_from_arrival_to_first_scheduling():
+    """Exact from the request table, whatever the steps logged: one request waits
+    0.5-2.0 s, one is rejected at once, one never scheduled waits to the run's end."""
+    frame = requests(
+        3,
+        arrival=[0.5, 1.0, 2.5],
+        first_scheduled=[2.0, np.nan, np.nan],
+        finish=[2.8, 1.0, np.nan],
+        outcome=[Outcome.COMPLETED, Outcome.REJECTED, Outcome.IN_FLIGHT],
+    )
+    log = steps(start=[0.0, 2.0], duration=[2.0, 1.0], waiting=[0, 0])
+    ts = timeseries(frame, log, context(duration=3.0), bin_s=1.0)
+    np.testing.assert_allclose(ts["waiting"], [0.5, 1.0, 0.5])
+
+
+def test_a_run_s_waiting_series_obeys_little_s_law(make_scenario):
+    """Requests that arrive during a step and are admitted at the next never show in a
+    step's `waiting` (the queue after admission); the series still counts them: its time
+    average is the total queueing time over the run's duration."""
+    from simulator.simulation import simulate
+
+    sc = make_scenario(workload={"arrivals": {"kind": "poisson", "rate_per_s": 8.0}})
+    result = simulate(sc)
+    ts, rq = result.timeseries, result.requests
+    mean_waiting = (ts["waiting"] * (ts["t_end"] - ts["t_start"])).sum() / ts["t_end"].iloc[-1]
+    assert rq["queueing"].sum() > 0
+    assert mean_waiting == pytest.approx(rq["queueing"].sum() / ts["t_end"].iloc[-1], rel=1e-9)
 
 
 def test_timeseries_partial_last_bin_and_empty_run():
@@ -632,6 +659,20 @@ def test_write_run_writes_files_and_refuses_to_overwrite(tmp_path: Path):
         write_run(out, s, frame, log, ts, itl)
     paths = write_run(out, s, frame, log, ts, itl, overwrite=True, plots=False)
     assert not (out / "requests.csv").exists()  # a stale CSV does not outlive its run
+
+
+def test_writing_a_run_twice_from_python_names_the_python_argument(make_scenario, tmp_path):
+    """The way out fits the caller: `overwrite=True` to Python, `--overwrite` to a shell."""
+    from simulator.simulation import simulate
+
+    result = simulate(make_scenario(workload={"num_requests": 20}))
+    result.write(tmp_path / "run", plots=False)
+    with pytest.raises(InfersimError) as caught:
+        result.write(tmp_path / "run", plots=False)
+    assert str(caught.value).endswith(
+        "already has results; pass overwrite=True or choose another outdir"
+    )
+    result.write(tmp_path / "run", plots=False, overwrite=True)
 
 
 def test_summary_json_is_byte_identical_and_can_drop_wall_time():

@@ -2,6 +2,9 @@
 
 import json
 
+import pytest
+
+from hardware_models.errors import InfersimError
 from simulator.cli.main import main
 from simulator.model_catalog import list_models
 
@@ -54,3 +57,17 @@ def test_models_show_bad_names_are_one_line(capsys):
     assert "did you mean" in capsys.readouterr().err
     assert main(["models", "show", "Qwen/Qwen3-8B"]) == 2
     assert "local config.json" in capsys.readouterr().err
+
+
+def test_catalog_names_are_case_insensitive_as_gpu_names(tmp_path, monkeypatch):
+    """`Qwen3-30B-A3B` is the catalog's qwen3-30b-a3b (as `H100-SXM` is h100-sxm); a file
+    or folder of that name in the working directory still comes first."""
+    from simulator.model_catalog import load_model
+
+    assert load_model("Qwen3-30B-A3B") is load_model("qwen3-30b-a3b")
+    assert load_model("LLAMA-3.1-8B").name == "llama-3.1-8b"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "Llama-3.1-8B").mkdir()  # a local model folder, its config.json unfinished
+    (tmp_path / "Llama-3.1-8B" / "config.json").write_text("{}")
+    with pytest.raises(InfersimError, match=r"Llama-3\.1-8B/config\.json"):
+        load_model("Llama-3.1-8B")

@@ -1,7 +1,7 @@
 import pytest
 
 from hardware_models.presets import load_gpu
-from simulator.memory_planner import framework_overhead_bytes
+from simulator.memory_planner import framework_overhead_bytes, plan_memory
 from simulator.model_catalog import load_model
 from simulator.sizing import (
     detailed_inference,
@@ -106,3 +106,15 @@ def test_detailed_estimates_budget_as_the_serving_plan(h100):
     training = detailed_training(load_model("llama-3.1-8b"), h100)
     assert training.capacity_per_gpu == h100.cuda_memory_bytes
     assert training.framework_overhead == framework_overhead_bytes(h100, 1)
+
+
+@pytest.mark.parametrize("model", ["gpt-oss-120b", "llama-3.1-8b"])
+@pytest.mark.parametrize("gpu", ["h100-sxm", "b200"])
+def test_detailed_weights_are_the_serving_plans(model, gpu):
+    """One rule for both sections of `infersim estimate`: gpt-oss's MXFP4 experts are
+    padded for the kernel of the GPU (70.75 GB on an H100, not 65.25) in each."""
+    arch, spec = load_model(model), load_gpu(gpu)
+    dtype = "mxfp4" if model.startswith("gpt-oss") else "bf16"
+    inference = detailed_inference(arch, spec, weight_dtype=dtype)
+    plan = plan_memory(arch, spec, weight_dtype=dtype, max_num_seqs=1, max_num_batched_tokens=2048)
+    assert inference.weights == plan.weights

@@ -190,6 +190,56 @@ def test_run_parallel_returns_every_job_once_and_a_raising_one_as_failed():
     assert raised.error == "ValueError: math domain error" and "Traceback" in raised.detail
 
 
+def test_one_worker_runs_the_jobs_in_this_process():
+    """workers=1 starts no process (as plan_capacity's): a job sees this process's id."""
+    import os
+
+    assert dict(run_parallel(_own_pid, [0, 1], workers=1)) == {0: os.getpid(), 1: os.getpid()}
+    raised = dict(run_parallel(math.sqrt, [-1.0], workers=1))[0]
+    assert isinstance(raised, JobError) and raised.error == "ValueError: math domain error"
+
+
+def _own_pid(_: Any) -> int:
+    import os
+
+    return os.getpid()
+
+
+UNGUARDED_SCRIPT = """
+import sys
+from simulator.scenario import Scenario
+from simulator.sweep import sweep
+print("top level ran")
+table = sweep(Scenario.from_yaml(sys.argv[1]), workers=int(sys.argv[2]), progress=False)
+print(table["status"].tolist())
+"""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path, workers):
+    """spawn and forkserver workers import the main script: without the guard they reach
+    sweep() again and cannot start. The sweep says so (not 'killed by a signal' for every
+    point); with one worker nothing is started and the script just runs."""
+    import subprocess
+    import sys
+
+    (tmp_path / "run.py").write_text(UNGUARDED_SCRIPT)
+    scenario = write(tmp_path, tiny({"serving.max_num_seqs": [4, 32]}))
+    done = subprocess.run(
+        [sys.executable, "run.py", str(scenario), str(workers)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    if workers == 1:
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == ["top level ran", "['ok', 'ok']"]
+        return
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("hardware_models.errors.InfersimError: the worker processes could")
+    assert 'if __name__ == "__main__":' in last and "killed by" not in done.stderr
+    assert "RuntimeError" not in done.stderr  # the children's bootstrapping traceback
+
+
 def test_a_lost_point_is_reported_and_resume_reruns_it(tmp_path, monkeypatch):
     """'lost' (what Dask reports past its allowed failures) leaves no point file."""
     from simulator import sweep as module
@@ -217,7 +267,7 @@ def test_results_are_never_silently_overwritten(tmp_path):
     (out / "points").mkdir(parents=True)
     stale = out / "points" / "stale.json"
     stale.write_text("{}")
-    with pytest.raises(InfersimError, match="already has results; pass --overwrite, --resume"):
+    with pytest.raises(InfersimError, match="already has results; pass overwrite=True, resume="):
         sweep(scenario, workers=1, outdir=out)
     assert [p.name for p in (out / "points").iterdir()] == ["stale.json"]
     with pytest.raises(InfersimError, match="exclude each other"):
@@ -260,7 +310,9 @@ def test_cli_sweep_writes_table_plots_and_reports_failures(tmp_path, capsys):
     for name in ("sweep.parquet", "sweep.csv", *PLOT_FILES):
         assert (out / name).stat().st_size > 0, name
     assert main(["sweep", str(path), "-o", str(out), "--quiet"]) == 2
-    assert "already has results" in capsys.readouterr().err
+    assert (
+        "already has results; pass --overwrite, --resume or another -o" in capsys.readouterr().err
+    )
     assert main(["sweep", str(path), "-o", str(out), "--quiet", "--resume"]) == 0
 
 

@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Sequence
 
 from hardware_models.errors import InfersimError, InfersimWarning
+from simulator.ways_out import on_command_line
 
 COMMANDS: dict[str, tuple[str, str]] = {  # name: (module in simulator.cli, one-line help)
     "run": ("run_cmd", "simulate a scenario file"),
@@ -97,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if as_program:  # not when called in-process (tests, notebooks): their garbage stays theirs
         gc.freeze()  # the imports' objects outlive the command: no collection need visit them
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), on_command_line():
             warnings.simplefilter("default", InfersimWarning)
             warnings.showwarning = _show_warning
             return int(args.handler(args) or 0)

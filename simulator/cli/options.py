@@ -36,7 +36,16 @@ def add_hardware_flags(parser: argparse.ArgumentParser) -> None:
     """--gpu, --node, --calibration: the scenario's hardware section from the command line."""
     parser.add_argument("--gpu", help="GPU preset name or YAML path (`infersim hardware list`)")
     parser.add_argument("--node", help="node preset or YAML path (default: the GPU's)")
+    add_calibration_flag(parser)
+
+
+def add_calibration_flag(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+    """--calibration: the efficiency profile that prices operators, as a scenario's
+    `hardware.calibration` names it."""
     parser.add_argument(
         "--calibration",
-        help="calibration profile: a shipped profile's name, a YAML path, or 'none'",
+        default=default,
+        help="calibration profile: 'auto' (the GPU's own or nearest measured chip's), a "
+        "shipped profile's name, a YAML path, or 'none' (datasheet efficiencies)"
+        + (f"; default: {default}" if default else ""),
     )

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from hardware_models.calibration_lookup import AUTO, choose_calibration
 from hardware_models.errors import InfersimError
 from hardware_models.node import NodeSpec
 from hardware_models.op_request import OperatorRequest, parse_request, price_rows
 from hardware_models.presets import list_nodes, load_gpu, load_node
+from simulator.cli.options import add_calibration_flag
 from simulator.formatting import sig
 
 _INT_FLAGS = ("m", "n", "k", "batch", "q_len", "kv_len", "context", "heads", "kv_heads")
@@ -25,6 +27,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--gpu", required=True, help="GPU preset name or YAML path")
     parser.add_argument("--node", help="node preset for collectives (default: the GPU's)")
+    add_calibration_flag(parser, default=AUTO)  # as a run's hardware.calibration
     parser.add_argument("--op", default="gemm", help="gemm, attention_prefill, ...")
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--kv-dtype")
@@ -65,7 +68,12 @@ def _read_csv(path: Path) -> pd.DataFrame:
 
 
 def _run(args: argparse.Namespace) -> int:
-    gpu = load_gpu(args.gpu)
+    spec = load_gpu(args.gpu)
+    try:
+        calibration = choose_calibration(spec, args.calibration)
+    except InfersimError as exc:
+        raise InfersimError(f"--calibration: {exc}") from None
+    gpu = calibration.gpu
     node = load_node(args.node) if args.node else _default_node(gpu.name)
     if args.input:
         rows = _read_csv(args.input)
@@ -78,7 +86,7 @@ def _run(args: argparse.Namespace) -> int:
     shown = table[["op", "seconds", "flops", "dram_bytes", "bound"]].copy()
     shown["us"] = shown.pop("seconds") * 1e6
     shown["tflop_s"] = [c.achieved_flops / 1e12 for c in costs]
-    print(f"{gpu.display_name}")
+    print(f"{gpu.display_name}, calibration {calibration.note}")
     shown.index += 1  # numbered as the plot's labels and the CSV's data rows
     print(shown.to_string(float_format=lambda x: sig(x, 4)))
     if args.output:

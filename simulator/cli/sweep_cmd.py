@@ -50,7 +50,9 @@ def _positive(text: str) -> int:
 def add_executor_flags(parser: argparse.ArgumentParser, what: str, note: str = "") -> None:
     """--workers and --dask-scheduler: where `run_parallel` runs (sweep and plan)."""
     parser.add_argument(
-        "--workers", type=_positive, help=f"local worker processes (default: one per CPU{note})"
+        "--workers",
+        type=_positive,
+        help=f"local worker processes (default: one per CPU{note}; 1 runs in this process)",
     )
     parser.add_argument(
         "--dask-scheduler",

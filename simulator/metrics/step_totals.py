@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 FINE_BINS = 5000  # a multiple of 10, so merging ten bins into one leaves no remainder
 _FIRST_WIDTH = 0.5e-9
 # per-bin sums: decode and prefill tokens of steps ending in the bin, then integrals
-# over the bin of 1 (busy time), batch size, KV fraction and waiting requests
-BIN_ROWS = ("decode_tokens", "prefill_tokens", "busy", "batch", "kv", "waiting")
+# over the bin of 1 (busy time), batch size and KV fraction (the waiting series comes
+# from the request table: simulator.metrics.timeseries)
+BIN_ROWS = ("decode_tokens", "prefill_tokens", "busy", "batch", "kv")
 Rows = Any  # a numpy structured array, or a Table or DataFrame of the step-table columns
 
 
@@ -159,7 +160,6 @@ class StepTotals:
                 np.ones(len(start)),
                 np.asarray(rows["batch_size"], np.float64),
                 kv,
-                np.asarray(rows["waiting"], np.float64),
             ]
         )
         self.bins[2:] += integrals(start, stop, signals, edges, uniform_bin_index)

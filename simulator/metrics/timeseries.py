@@ -10,8 +10,13 @@ Columns per bin [t_start, t_end) (the last bin ends at the run's end):
 - busy_fraction: step time inside the bin / (bin width x replicas).
 - batch_size, kv_utilisation: means over the step time inside the bin (NaN when no
   step runs), i.e. the batch a replica worked on and its used / total KV blocks.
-- waiting: time-weighted mean of the cluster's waiting requests, summed over replicas;
-  an idle replica counts as having an empty queue.
+- waiting: time-weighted mean number of requests waiting in the cluster (arrived, not
+  yet first scheduled), computed exactly from the request table: each request waits from
+  its arrival to its first scheduling (one never scheduled: to its rejection or failure,
+  else to the run's end). A request preempted back to the queue is not counted again
+  (the table keeps only the first scheduling). Not from the steps: a step logs the queue
+  after its admission, which misses every request that arrived during a step and was
+  admitted at the next.
 
 Step quantities come from the run's StepTotals (summed into fine bins as the run goes,
 regrouped exactly here), so the series needs no step table.
@@ -24,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simulator.metrics.bins import count_in_bins
+from simulator.metrics.bins import count_in_bins, integrals
 from simulator.metrics.context import RunContext
 from simulator.metrics.step_totals import StepTotals
 from simulator.metrics.table import Table, as_table
@@ -88,7 +93,7 @@ def timeseries_table(
 
     completed = requests["outcome"].equals("completed")
     first_tokens = count_in_bins(requests["first_token"].astype(np.float64), edges)
-    decode, prefill, busy, batch, kv_time, waiting = totals.binned(edges)
+    decode, prefill, busy, batch, kv_time = totals.binned(edges)
     ran = busy > 0
     arrivals = count_in_bins(requests["arrival"].astype(np.float64), edges)
     completions = count_in_bins(requests["finish"].astype(np.float64)[completed], edges)
@@ -104,6 +109,16 @@ def timeseries_table(
                 "busy_fraction": busy / (span * max(len(ctx.replicas), 1)),
                 "batch_size": np.where(ran, batch / busy, np.nan),
                 "kv_utilisation": np.where(ran, kv_time / busy, np.nan),
-                "waiting": waiting / span,
+                "waiting": waiting_seconds(requests, edges) / span,
             }
         )
+
+
+def waiting_seconds(requests: Table, edges: np.ndarray) -> np.ndarray:
+    """Request-seconds spent waiting in each bin: from arrival to first scheduling, or,
+    never scheduled, to the request's end (rejected, failed) or the run's (edges[-1])."""
+    arrival = requests["arrival"].astype(np.float64)
+    left = requests["first_scheduled"].astype(np.float64)
+    left = np.where(np.isnan(left), requests["finish"], left)
+    left = np.where(np.isnan(left), edges[-1], left)
+    return integrals(arrival, left, np.ones((1, len(arrival))), edges)[0]

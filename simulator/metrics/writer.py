@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from hardware_models.errors import InfersimError
 from simulator.metrics.table import Table
+from simulator.ways_out import option
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -37,12 +38,14 @@ def _owned_files() -> list[str]:
 
 
 def _prepare(outdir: Path, overwrite: bool) -> None:
+    another = f"choose another {option('outdir', '-o')}"
     if outdir.exists() and not outdir.is_dir():
-        raise InfersimError(f"{outdir} exists and is not a directory; choose another -o")
+        raise InfersimError(f"{outdir} exists and is not a directory; {another}")
     if outdir.is_dir() and any(outdir.iterdir()):
         if not overwrite:
             raise InfersimError(
-                f"{outdir} already has results; pass --overwrite or choose another -o"
+                f"{outdir} already has results; pass {option('overwrite=True', '--overwrite')}"
+                f" or {another}"
             )
         # Remove only what a run writes, so no stale CSV or plot outlives its run.
         for name in _owned_files():
