@@ -83,7 +83,8 @@ def main() -> int:
         priority_names=tuple(run.class_names),
         wall_seconds=phases["loop"][0],
     )
-    results = Results.from_run(scenario, "", context, run.requests, run.replicas)
+    logs = [replica.log.close(end) for replica in run.replicas]
+    results = Results.from_run(scenario, "", context, run.requests, run.replicas, logs)
     results.summary_table()
     results.write(args.out, overwrite=True, plots=False)
     lap(phases, "results")

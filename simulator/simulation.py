@@ -550,7 +550,9 @@ def _split(total: int, parts: int) -> list[int]:
 class _Run:
     """The live state of one simulation: environment, replicas, request accounting."""
 
-    def __init__(self, scenario: Scenario, progress: bool, built: BuiltScenario | None) -> None:
+    def __init__(
+        self, scenario: Scenario, progress: bool, built: BuiltScenario | None = None
+    ) -> None:
         self.scenario = scenario
         wl = scenario.workload
         base_dir = scenario.base_dir
