@@ -597,15 +597,17 @@ def _ranked(table: pd.DataFrame, pct: str) -> pd.DataFrame:
         if name not in table:  # nothing feasible
             table[name] = float("nan")
     order = table["status"].map({status: i for i, status in enumerate(FEASIBLE)})
-    keys = ["usd_per_hour", "usd_per_million_output_tokens", f"tpot_{pct}_ms", f"ttft_{pct}_ms"]
-    table = table.assign(_order=order).sort_values(
+    # Prices compared to the cent: 6 x $7.16 and 3 x $14.32 differ in the last bit.
+    cents = table["usd_per_hour"].round(2)
+    keys = ["_cents", "usd_per_million_output_tokens", f"tpot_{pct}_ms", f"ttft_{pct}_ms"]
+    table = table.assign(_order=order, _cents=cents).sort_values(
         ["_order", *keys, "gpu", "tp", "layout"], na_position="last", kind="stable"
     )
     feasible = table["_order"].notna().to_numpy()
     table["rank"] = pd.array(
         [i + 1 if ok else None for i, ok in enumerate(feasible)], dtype="Int64"
     )
-    return table.drop(columns="_order").reset_index(drop=True)
+    return table.drop(columns=["_order", "_cents"]).reset_index(drop=True)
 
 
 _MARKERS = {"colocated": "o", "disaggregated": "^"}

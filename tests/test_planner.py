@@ -362,6 +362,21 @@ def test_unverified_fleets_rank_after_verified_ones_and_ties_by_cost_per_token()
     assert str(ranked["replicas"].dtype) == "Int64"  # counts print as 1, not 1.0
 
 
+def test_prices_equal_to_the_cent_rank_by_cost_per_token():
+    """Summed per GPU, one fleet's $/hour came out 42.959999999999994 and the other's
+    42.96 (`infersim plan scenarios/capacity-plan-llama70b.yaml`): the same price."""
+    from simulator.planner import _ranked
+
+    table = pd.DataFrame(
+        [{"gpu": "a100-80gb-sxm", "tp": tp, "layout": "colocated", "status": "ok",
+          "usd_per_hour": usd, "usd_per_million_output_tokens": per_m, "replicas": n,
+          "ttft_p99_ms": 100.0, "tpot_p99_ms": 20.0}
+         for tp, n, usd, per_m in ((4, 6, 42.959999999999994, 4.12), (8, 3, 42.96, 3.97))]
+    )  # fmt: skip
+    assert table["usd_per_hour"].iloc[0] < table["usd_per_hour"].iloc[1]
+    assert _ranked(table, "p99")["tp"].tolist() == [8, 4]
+
+
 def test_an_infeasible_candidate_names_the_slo_it_missed_and_what_it_reached(make_scenario):
     scenario = _plan_scenario(make_scenario, gpus=["a100-80gb-sxm"]).with_overrides(
         ["slo.tpot_ms=1"]
