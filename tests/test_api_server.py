@@ -195,3 +195,21 @@ def test_intake_delays_when_the_engine_sees_a_request(make_scenario):
     scheduled = np.sort(results.requests["first_scheduled"].to_numpy())
     assert (scheduled >= 0.1 * np.arange(1, 201) - 1e-9).all()
     assert (results.requests["arrival"] == 0).all()  # the client sent them all at 0
+
+
+@capped_batch
+def test_time_series_counts_tokens_when_the_client_sees_them(make_scenario):
+    """The series' output tokens are the client's: each token in the bin it reached the
+    client (the gaps' end, first tokens at first_token), none at the engine's step ends,
+    so no bin streams faster than the processes can (500 tokens/s at 2 ms a token)."""
+    results = _throughput(make_scenario)
+    ts = results.timeseries
+    edges = np.append(ts["t_start"].to_numpy(), ts["t_end"].iloc[-1])
+    gaps, req = results.itl, results.requests
+    tokens = np.histogram(gaps["end"], edges, weights=gaps["weight"])[0]
+    tokens += np.histogram(req["first_token"].dropna(), edges)[0]
+    span = ts["t_end"] - ts["t_start"]
+    assert (ts["output_tokens_per_s"] * span).to_numpy() == approx(tokens)
+    assert (ts["output_tokens_per_s"] * span).sum() == approx(req["generated"].sum())
+    full = ts.iloc[len(ts) // 4 : -len(ts) // 4]  # inside the run, whole steps either side
+    assert full["output_tokens_per_s"].max() < 1.1 * 500 + 64 / span.iloc[0]
