@@ -115,6 +115,7 @@ class ClientView:
         n = requests.size
         self._replicas = [self._queue(r, gaps[r], n) for r in range(len(gaps))]
         self._waits: list[tuple[np.ndarray, np.ndarray]] = []
+        self._applied = False
 
     def _queue(self, replica: int, gaps: np.ndarray, n: int) -> _Replica:
         """The replica's processes' queue. Tokens are counted per event time as integers
@@ -141,6 +142,9 @@ class ClientView:
         """Client times in the request table (arrival, first and last token, a completed
         request's finish) and the gaps (seconds between the client's tokens, at the
         client's time)."""
+        if self._applied:  # a second pass would delay the client's times again
+            raise RuntimeError("ClientView.apply() rewrites the run in place: apply it once")
+        self._applied = True
         req, n = self.requests, self.requests.size
         req.arrival[:n] = self.client_arrival
         for r, queue in enumerate(self._replicas):

@@ -91,6 +91,8 @@ def test_client_view_hand_computed():
     assert req.finish[:2].tolist() == approx([4.4, 4.4])
     assert gaps["seconds"].tolist() == approx([1.2]) and gaps["end"].tolist() == approx([4.4])
     assert view.last_seen() == approx(4.4)
+    with pytest.raises(RuntimeError, match="apply it once"):
+        view.apply()  # the times are the client's already
     summary = view.summary(4.4)
     assert summary["utilisation"] == approx(1.0)  # 2 s ingest + 4 tokens x 0.6 s over 4.4 s
     # tokens waited 2.2 s (the first two) and 2.4 s (the last two)
@@ -309,3 +311,13 @@ def test_time_series_counts_tokens_when_the_client_sees_them(make_scenario):
     assert (ts["output_tokens_per_s"] * span).sum() == approx(req["generated"].sum())
     full = ts.iloc[len(ts) // 4 : -len(ts) // 4]  # inside the run, whole steps either side
     assert full["output_tokens_per_s"].max() < 1.1 * 500 + 64 / span.iloc[0]
+
+
+def test_overload_reason_names_the_api_server(make_scenario):
+    """8 requests/s of ~130 tokens through one process at 2 ms a token (500 tokens/s):
+    the backlog grows in the API server, and the verdict's reason says so."""
+    workload = {"arrivals": {"kind": "poisson", "rate_per_s": 8.0}, "num_requests": 1500}
+    frontend = {**ON, "output_token_us": 2000}
+    summary = simulate(make_scenario(workload=workload, frontend=frontend)).summary()
+    assert summary["overloaded"]
+    assert "part of it is in the API server processes" in summary["overload_reason"]

@@ -533,15 +533,36 @@ def _run_warnings(
     return warnings
 
 
+def _frontend_saturated(frontend: Mapping[str, Any] | None) -> bool:
+    """The busiest replica's API server processes busy for FRONTEND_BUSY of the run, or
+    asked for more than their CPU in a window of it."""
+    if frontend is None:
+        return False
+    return (frontend["utilisation_max"] or 0) >= FRONTEND_BUSY or frontend["load"] > 1
+
+
+def _frontend_backlog(frontend: Mapping[str, Any] | None) -> str:
+    """What an overload verdict's reason adds when the backlog sits (partly) in a
+    modelled API server rather than before the GPUs."""
+    if not _frontend_saturated(frontend):
+        return ""
+    assert frontend is not None
+    return (
+        "; part of it is in the API server processes, not the GPUs: the busiest replica's "
+        f"were {frontend['utilisation_max']:.0%} busy and tokens waited "
+        f"{frontend['token_delay_s']['mean']:.3g} s in them on average (more processes, "
+        "frontend.api_server_count, serve it)"
+    )
+
+
 def _frontend_warnings(frontend: Mapping[str, Any] | None) -> list[str]:
     """A modelled API server busy enough to have set the client's throughput: the busiest
     replica's processes, busy for FRONTEND_BUSY of the run or offered more than they
     could do while its engine streamed (a short saturation a whole run's mean hides)."""
-    if frontend is None:
+    if not _frontend_saturated(frontend):
         return []
-    busiest, load = frontend["utilisation_max"] or 0, frontend["load"]
-    if busiest < FRONTEND_BUSY and load <= 1:
-        return []
+    assert frontend is not None
+    busiest, load = frontend["utilisation_max"], frontend["load"]
     count = frontend["api_server_count"]
     return [
         f"the busiest replica's API server processes (frontend.api_server_count={count} per "
@@ -620,6 +641,8 @@ def summarize(
     ok = _meets_slo(requests, ctx, completed)
     rep = _replica_arrays(ctx)
     load = _load(requests, masks, d)
+    if load["overloaded"]:
+        load["reason"] += _frontend_backlog(ctx.frontend)
     latency = _latency_blocks(requests, completed)
     latency["itl"] = latency_stats(itl["seconds"], itl["weight"])
     run = _run(ctx, len(requests))
