@@ -69,10 +69,9 @@ def test_the_engine_sees_requests_in_the_order_they_were_taken_in(make_scenario)
     assert req["first_scheduled"].to_numpy() == approx(req["prompt"].to_numpy() * 1e-3)
 
 
-def test_client_view_hand_computed():
-    """Two requests sent at 0, first tokens at 1 s, their second (last) tokens at 2 s; one
-    process, 1 s to take in a request, 0.6 s a token. The queue: 2 s of ingest from 0 (done
-    at 2), two first tokens from max(2, 1) (done 3.2), two last ones (done 4.4)."""
+def _two_requests() -> tuple[RequestTable, np.ndarray, FrontendSection]:
+    """Two requests sent at 0 to replica 0, first tokens at 1 s, their second (last)
+    tokens at 2 s; 1 s to take in a request, 0.6 s a token."""
     req = RequestTable(2)
     req.add(np.zeros(2), np.array([10, 10]), np.array([2, 2]), np.zeros(2, np.int16))
     req.replica[:2] = 0
@@ -85,6 +84,14 @@ def test_client_view_hand_computed():
     section = FrontendSection(
         kind="vllm_api_server", request_us=1e6, prompt_token_us=0, output_token_us=6e5
     )
+    return req, gaps, section
+
+
+def test_client_view_hand_computed():
+    """Two requests sent at 0, first tokens at 1 s, their second (last) tokens at 2 s; one
+    process, 1 s to take in a request, 0.6 s a token. The queue: 2 s of ingest from 0 (done
+    at 2), two first tokens from max(2, 1) (done 3.2), two last ones (done 4.4)."""
+    req, gaps, section = _two_requests()
     view = ClientView(section, req, np.zeros(2), np.zeros(2), [gaps])
     view.apply()
     assert req.first_token[:2].tolist() == approx([3.2, 3.2])
@@ -104,18 +111,8 @@ def test_client_view_hand_computed():
 def test_the_busiest_replica_is_judged_not_the_fleet_mean():
     """The same two requests on replica 0 of two, replica 1 idle: the fleet's processes
     were half busy, replica 0's throughout, and the warning says so."""
-    req = RequestTable(2)
-    req.add(np.zeros(2), np.array([10, 10]), np.array([2, 2]), np.zeros(2, np.int16))
-    req.replica[:2] = 0
-    req.first_token[:2] = 1.0
-    req.last_token[:2] = req.finish[:2] = 2.0
-    req.generated[:2] = 2
-    req.outcome[:2] = Outcome.COMPLETED
-    gaps = np.array([(1.0, 2, 2.0)], dtype=list(GAP_COLUMNS.items()))
+    req, gaps, section = _two_requests()
     none = np.zeros(0, dtype=list(GAP_COLUMNS.items()))
-    section = FrontendSection(
-        kind="vllm_api_server", request_us=1e6, prompt_token_us=0, output_token_us=6e5
-    )
     view = ClientView(section, req, np.zeros(2), np.zeros(2), [gaps, none])
     view.apply()
     summary = view.summary(4.4)
