@@ -8,7 +8,9 @@ server"). A process is modelled as a FIFO server: work that arrives while it is 
 waits. Two passes keep the engine loop as it is:
 
 - ingest, before the run (`ingested`): the requests, in arrival order, go round robin
-  over the fleet's processes; the engine sees a request when its process has taken it in.
+  over the fleet's processes, each its own FIFO; the engine sees a request when its
+  process has taken it in, so in the order they were taken in (the run's submission
+  order), and the router routes it then.
 - output, after the run (`ClientView`): every token the engine emitted (first tokens from
   the request table, the rest from the inter-token gaps' end times) is work arriving at
   its replica's processes when its step ends; the client sees it when the processes have
@@ -24,7 +26,13 @@ Approximations (each bounded by a figure the summary reports):
 - ingest and output share a process's CPU: the output pass counts the ingest work too
   (so utilisation, and the cap on throughput, are exact), but the ingest pass does not
   wait behind output work, so a request reaches the engine early by at most the output
-  backlog then (`token_delay_s` in the summary bounds it).
+  backlog then (`token_delay_s` in the summary bounds it);
+- every token costs the same: vLLM merges a lagging request's streamed deltas into one
+  SSE chunk (RequestOutputCollector), which a saturated process would pay once.
+
+Saturation is judged on the busiest replica, over the busiest of WINDOWS windows of its
+serving span (`peak_load`), with the front end modelled and without (`unmodelled_load`,
+per vLLM instance: a replica's dp ranks share its processes).
 """
 
 from __future__ import annotations
