@@ -245,26 +245,28 @@ def unmodelled_load(
     n = requests.size
     routed = np.flatnonzero(requests.replica[:n] >= 0)
     owner = instance[requests.replica[routed]]
+    rows = routed[np.argsort(owner, kind="stable")]  # instance by instance
+    owner = instance[requests.replica[rows]]
     ranks = np.bincount(instance)
     token = section.output_token_us * US
-    arrival, first, last = (requests.arrival[routed], requests.first_token[routed],
-                            requests.last_token[routed])  # fmt: skip
-    generated = requests.generated[routed]
-    streamed = np.isfinite(first)
     busiest = (0.0, 0.0)
     for i in np.unique(owner):
-        mine, out = owner == i, (owner == i) & streamed
-        times = np.concatenate((arrival[mine], first[out], last[out]))
-        rest = (generated[out] - 1) * token
-        decoding = last[out] > first[out]
+        mine = rows[np.searchsorted(owner, i) : np.searchsorted(owner, i, side="right")]
+        arrival, first, last = (requests.arrival[mine], requests.first_token[mine],
+                                requests.last_token[mine])  # fmt: skip
+        out = np.isfinite(first)
+        first, last = first[out], last[out]
+        rest = (requests.generated[mine][out] - 1) * token
+        decoding = last > first
+        times = np.concatenate((arrival, first, last))
         work = np.concatenate((
-            ingest_work(section, requests.prompt[routed][mine]),
-            np.full(int(out.sum()), token),
+            ingest_work(section, requests.prompt[mine]),
+            np.full(len(first), token),
             np.where(decoding, 0.0, rest),  # no time between: all at the last token
         ))  # fmt: skip
-        rate = np.where(decoding, rest / np.where(decoding, last[out] - first[out], 1.0), 0.0)
-        spread = (first[out], last[out], rate)
-        busiest = max(busiest, peak_load(times, work, section.processes(int(ranks[i])), spread))
+        rate = np.where(decoding, rest / np.where(decoding, last - first, 1.0), 0.0)
+        load = peak_load(times, work, section.processes(int(ranks[i])), (first, last, rate))
+        busiest = max(busiest, load)
     return busiest
 
 
