@@ -96,7 +96,8 @@ def front_end_text(front: Mapping[str, Any]) -> str:
     delay, ingest = front["token_delay_s"], front["ingest_s"]
     return (
         f"{front['kind']} x{front['api_server_count']} per replica: busy "
-        f"{pct(front['utilisation'])}  tokens waited mean {ms(delay['mean'])} ms, p99 "
+        f"{pct(front['utilisation'])} (busiest replica {pct(front['utilisation_max'])}, "
+        f"offered load {pct(front['load'])})  tokens waited mean {ms(delay['mean'])} ms, p99 "
         f"{ms(delay['p99'])} ms  requests reached the engine after mean "
         f"{ms(ingest['mean'])} ms (latencies are the client's)"
     )

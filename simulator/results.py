@@ -109,7 +109,8 @@ class Results:
 
     @cached_property
     def timeseries_table(self) -> Table:
-        return timeseries_table(self.request_table, self.totals, self.context)
+        client = self.itl_table if "end" in self.itl_table else None  # the API server on
+        return timeseries_table(self.request_table, self.totals, self.context, tokens=client)
 
     def summary(self) -> dict[str, Any]:
         return self._summary

@@ -8,6 +8,7 @@ field before validation. Paths inside a scenario resolve relative to its file.
 from __future__ import annotations
 
 import difflib
+import re
 import typing
 import warnings
 from collections.abc import Sequence
@@ -458,12 +459,13 @@ class FrontendSection(BaseModel):
         "a request, streaming delays when the client sees each token, and latencies and "
         "throughput are the client's (open-loop arrivals, one pool role, dp 1, no faults)",
     )
-    api_server_count: int = Field(
-        default=1,
+    api_server_count: int | None = Field(
+        default=None,
         ge=1,
         le=1024,
-        description="vLLM's --api-server-count: API server processes per replica (vLLM's "
-        "default 1), requests spread over them round robin",
+        description="vLLM's --api-server-count: API server processes per replica (vLLM "
+        "instance), requests spread over them round robin; unset, vLLM's default: the "
+        "instance's data-parallel size (parallelism.dp), 1 without dp",
     )
     request_us: float = Field(
         default=API_SERVER_REQUEST_US,
@@ -493,6 +495,11 @@ class FrontendSection(BaseModel):
     @property
     def modelled(self) -> bool:
         return self.kind != "none"
+
+    def processes(self, dp: int = 1) -> int:
+        """API server processes of one vLLM instance of `dp` data-parallel ranks: as
+        `vllm serve` (internal load balancing) defaults --api-server-count to dp."""
+        return self.api_server_count or dp
 
 
 class SLOSection(BaseModel):
@@ -707,7 +714,7 @@ class Scenario(BaseModel):
                 "or chunked_prefill)"
             )
         if self.frontend.modelled and (reason := self._frontend_unsupported()):
-            raise ValueError(f"frontend.kind vllm_api_server: {reason}")
+            raise ValueError(reason)
         if self.faults is not None:
             replicas = sum(p.replicas for p in self.pool_list())
             for i, event in enumerate(self.faults.events):
@@ -721,30 +728,42 @@ class Scenario(BaseModel):
         return self
 
     def _frontend_unsupported(self) -> str:
-        """Why the API server model cannot run this scenario (empty: it can). It is a pass
-        over the finished engine run, so the engine must not depend on when the client
-        sees a token, and it reads each token's time from the kept inter-token gaps."""
+        """Why the API server model cannot run this scenario, led by the field to change
+        (empty: it can). It is a pass over the finished engine run, so the engine must not
+        depend on when the client sees a token, and it reads each token's time from the
+        kept inter-token gaps."""
         wl = self.workload
+        off = " or frontend.kind: none"
         if wl.arrivals.kind == "closed_loop" or wl.sessions is not None:
+            field = "workload.sessions" if wl.sessions is not None else "workload.arrivals.kind"
             return (
-                "closed-loop users and sessions send their next request when the client "
-                "sees the previous one end, which the API server delays after the engine "
-                "has run; not modelled: use open-loop arrivals (poisson, gamma, constant, "
-                "trace, offline)"
+                f"{field}: closed-loop users and sessions send their next request when the "
+                "client sees the previous one end, which the API server delays after the "
+                "engine has run; not modelled with frontend.kind: vllm_api_server: use "
+                f"open-loop arrivals (poisson, gamma, constant, trace, offline){off}"
             )
-        if any(p.role != "mixed" for p in self.pools):
-            return "disaggregated pools (prefill/decode roles) are not modelled with it"
+        for i, pool in enumerate(self.pools):
+            if pool.role != "mixed":
+                return (
+                    f"pools.{i}.role: disaggregated pools (prefill/decode roles) are not "
+                    f"modelled with frontend.kind: vllm_api_server; set role: mixed{off}"
+                )
         if self.parallelism.dp > 1:
             return (
-                "parallelism.dp > 1 (several engine cores behind the API servers) is not "
-                "modelled with it"
+                f"parallelism.dp: {self.parallelism.dp} engine cores behind one instance's "
+                "API servers are not modelled with frontend.kind: vllm_api_server; set "
+                f"parallelism.dp: 1{off}"
             )
         if self.faults is not None:
-            return "faults (retried requests restart on another replica) are not modelled with it"
+            return (
+                "faults: retried requests restart on another replica, not modelled with "
+                f"frontend.kind: vllm_api_server; remove faults{off}"
+            )
         if not self.output.step_table:
             return (
-                "it needs every token's time, which output.step_table: false folds into a "
-                "histogram; set output.step_table: true"
+                "output.step_table: false folds every token's time into a histogram, and "
+                "frontend.kind: vllm_api_server needs them; set output.step_table: true"
+                f"{off}"
             )
         return ""
 
@@ -964,12 +983,18 @@ class _Union(list):
         return self[0] if len(self) == 1 else None
 
 
+_LEADING_FIELD = re.compile(r"[a-z_]+(\.[a-z_0-9]+)*: ")
+
+
 def describe_errors(exc: ValidationError, model: type[BaseModel]) -> str:
     lines = []
     for item in exc.errors():
         loc = tuple(item["loc"])
         where = ".".join(repr(p) if "\n" in str(p) else str(p) for p in loc) or "(top level)"
         message = item["msg"].removeprefix("Value error, ")
+        if not loc and _LEADING_FIELD.match(message):  # a whole-scenario check names it
+            lines.append(message)
+            continue
         if item["type"] == "extra_forbidden":
             parent = _model_at(model, loc[:-1])
             known = sorted(parent.model_fields) if parent is not None else []

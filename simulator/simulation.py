@@ -21,7 +21,13 @@ from hardware_models.dtypes import Dtype, parse_dtype
 from hardware_models.errors import InfeasibleError, InfersimError, InfersimWarning
 from hardware_models.node import NodeSpec
 from hardware_models.presets import list_nodes, load_gpu, load_node
-from simulator.api_server import ClientView, ingested, unmodelled_load, unmodelled_warning
+from simulator.api_server import (
+    ClientView,
+    ingested,
+    instances,
+    unmodelled_load,
+    unmodelled_warning,
+)
 from simulator.architecture import ModelArchitecture
 from simulator.caveats import (
     check_serving_starts,
@@ -585,11 +591,13 @@ class _Run:
             self.class_names = list(batch.class_names)
             self.requests = RequestTable(len(batch))
             self.client_arrival = self.engine_arrival = batch.arrival_s
+            self.submission_order = np.arange(len(batch))
             if scenario.frontend.modelled:  # the engine sees a request once taken in
                 replicas = sum(pool.replicas for pool in scenario.pool_list())
                 self.engine_arrival = ingested(
                     scenario.frontend, batch.arrival_s, batch.prompt_tokens, replicas
-                )
+                )  # each process's own FIFO: a later request may overtake on another
+                self.submission_order = np.argsort(self.engine_arrival, kind="stable")
             self.requests.add(
                 self.engine_arrival,
                 batch.prompt_tokens,
@@ -723,16 +731,19 @@ class _Run:
 
     # ---- arrivals ----------------------------------------------------------------------
     def _open_loop(self):
-        env, clock, arrival = self.env, self.clock, self.requests.arrival
+        """Requests in the order the engine sees them (`submission_order`: by arrival, or
+        by when an API server process took each in)."""
+        env, clock, order = self.env, self.clock, self.submission_order
+        arrival = self.requests.arrival[order]
         n = self.requests.size
-        for rid in range(n):
-            t = float(arrival[rid])
+        for k in range(n):
+            t = arrival.item(k)
             clock.next_arrival = t
             if t > env.now:
                 yield env.timeout(t - env.now)
-            clock.next_arrival = float(arrival[rid + 1]) if rid + 1 < n else float("inf")
-            clock.arrivals_done = rid + 1 == n
-            self._route(rid)
+            clock.next_arrival = arrival.item(k + 1) if k + 1 < n else float("inf")
+            clock.arrivals_done = k + 1 == n
+            self._route(order.item(k))
         self._nudge_all()
 
     def _nudge_all(self) -> None:
@@ -753,10 +764,13 @@ class _Run:
         )
 
     def _open_loop_prerouted(self):
-        env, arrival, n = self.env, self.requests.arrival, self.requests.size
+        env, order, n = self.env, self.submission_order, self.requests.size
+        arrival = self.requests.arrival[order]
         entry = self.router.replicas
         index = {id(r): i for i, r in enumerate(entry)}
-        targets = np.fromiter((index[id(self.router.route(rid))] for rid in range(n)), np.int64, n)
+        targets = np.fromiter(
+            (index[id(self.router.route(rid))] for rid in order.tolist()), np.int64, n
+        )
         next_own = np.full(n, np.inf)
         for i, replica in enumerate(entry):
             mine = np.flatnonzero(targets == i)
@@ -764,15 +778,15 @@ class _Run:
             replica.clock = Clock(self.horizon)
             replica.clock.next_arrival = float(arrival[mine[0]]) if len(mine) else np.inf
             replica.clock.arrivals_done = not len(mine)
-        for rid in range(n):
-            t = arrival.item(rid)  # .item(): Python numbers, with no numpy scalar made
+        for k in range(n):
+            t = arrival.item(k)  # .item(): Python numbers, with no numpy scalar made
             if t > env.now:
                 yield env.timeout(t - env.now)
-            replica = entry[targets.item(rid)]
-            after = next_own.item(rid)
+            replica = entry[targets.item(k)]
+            after = next_own.item(k)
             replica.clock.next_arrival = after
             replica.clock.arrivals_done = after == math.inf
-            replica.submit(rid)
+            replica.submit(order.item(k))
 
     def _start_closed_loop(self) -> None:
         self.issued = 0
@@ -1029,9 +1043,13 @@ class _Run:
         section = self.scenario.frontend
         if section.modelled:
             return
-        load = unmodelled_load(section, self.requests, len(self.replicas), self.env.now)
+        instance = instances([info.dp_rank for info in self.infos])
+        load, window = unmodelled_load(section, self.requests, instance)
         if load > 1:
-            warnings.warn(unmodelled_warning(section, load), InfersimWarning, stacklevel=3)
+            dp = self.scenario.parallelism.dp
+            offline = self.scenario.workload.arrivals.kind == "offline"
+            text = unmodelled_warning(section, load, window, dp, offline)
+            warnings.warn(text, InfersimWarning, stacklevel=3)
 
 
 def _configuration_warnings(builds: list[tuple[str, ReplicaBuild]]) -> tuple[str, ...]:

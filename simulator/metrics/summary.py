@@ -38,9 +38,13 @@ Definitions (all times in seconds of simulated time, D = ctx.duration_s):
 - frontend (only where `frontend.kind` models vLLM's API server, simulator.api_server):
   the request times, latencies, throughput and D above are the client's, D lasting until
   it saw the last token; `utilisation` is the API server processes' CPU work / (processes
-  x D); `token_delay_s` how long the engine's tokens waited in them (weighted by token);
+  x D), `utilisation_max` the busiest replica's, `load` the most any replica's engine
+  asked of its processes' CPU in one of 20 equal windows of its serving span (first
+  request sent to last token emitted, the engine's clock), `load_window_s` that window;
+  `token_delay_s` how long the engine's tokens waited in them (weighted by token);
   `ingest_s` from the client sending a request to the engine seeing it. Busy for
-  FRONTEND_BUSY of D or more, the processes capped the throughput, and a warning says so.
+  FRONTEND_BUSY of D or more on the busiest replica, or offered a load above 1, the
+  processes capped the throughput, and a warning says so.
 - energy: a GPU draws idle + (tdp - idle) x activity, activity of a step = max(achieved
   FLOP/s / peak, achieved DRAM bytes/s / peak) of its replica clipped to [0, 1], and
   idle power whenever no step runs. energy_kwh and the per-token and per-request joules
@@ -529,16 +533,44 @@ def _run_warnings(
     return warnings
 
 
+def _frontend_saturated(frontend: Mapping[str, Any] | None) -> bool:
+    """The busiest replica's API server processes busy for FRONTEND_BUSY of the run, or
+    asked for more than their CPU in a window of it."""
+    if frontend is None:
+        return False
+    return (frontend["utilisation_max"] or 0) >= FRONTEND_BUSY or frontend["load"] > 1
+
+
+def _frontend_backlog(frontend: Mapping[str, Any] | None) -> str:
+    """What an overload verdict's reason adds when the backlog sits (partly) in a
+    modelled API server rather than before the GPUs."""
+    if not _frontend_saturated(frontend):
+        return ""
+    assert frontend is not None
+    return (
+        "; part of it is in the API server processes, not the GPUs: the busiest replica's "
+        f"were {frontend['utilisation_max']:.0%} busy and tokens waited "
+        f"{frontend['token_delay_s']['mean']:.3g} s in them on average (more processes, "
+        "frontend.api_server_count, serve it)"
+    )
+
+
 def _frontend_warnings(frontend: Mapping[str, Any] | None) -> list[str]:
-    """A modelled API server busy enough to have set the client's throughput."""
-    if frontend is None or (frontend["utilisation"] or 0) < FRONTEND_BUSY:
+    """A modelled API server busy enough to have set the client's throughput: the busiest
+    replica's processes, busy for FRONTEND_BUSY of the run or offered more than they
+    could do while its engine streamed (a short saturation a whole run's mean hides)."""
+    if not _frontend_saturated(frontend):
         return []
+    assert frontend is not None
+    busiest, load = frontend["utilisation_max"], frontend["load"]
     count = frontend["api_server_count"]
     return [
-        f"the API server processes (frontend.api_server_count={count} per replica) were "
-        f"{frontend['utilisation']:.0%} busy: they, not the GPUs, capped the client's "
-        f"throughput, and tokens waited {frontend['token_delay_s']['mean']:.3g} s in them on "
-        "average; more processes (frontend.api_server_count) raise the cap"
+        f"the busiest replica's API server processes (frontend.api_server_count={count} per "
+        f"replica) were {busiest:.0%} busy over the run, and its engine asked {load:.0%} of "
+        f"their CPU in its busiest {frontend['load_window_s']:.3g} s: they, not the GPUs, "
+        "set when the client saw tokens (and capped its throughput where busy throughout); "
+        f"tokens waited {frontend['token_delay_s']['mean']:.3g} s in them on average; more "
+        "processes (frontend.api_server_count) raise the cap"
     ]
 
 
@@ -609,6 +641,8 @@ def summarize(
     ok = _meets_slo(requests, ctx, completed)
     rep = _replica_arrays(ctx)
     load = _load(requests, masks, d)
+    if load["overloaded"]:
+        load["reason"] += _frontend_backlog(ctx.frontend)
     latency = _latency_blocks(requests, completed)
     latency["itl"] = latency_stats(itl["seconds"], itl["weight"])
     run = _run(ctx, len(requests))

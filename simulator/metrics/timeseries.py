@@ -6,6 +6,9 @@ Columns per bin [t_start, t_end) (the last bin ends at the run's end):
 - output_tokens_per_s: decode tokens of the steps that ended in the bin plus the first
   tokens of requests whose prefill finished in it (at `first_token`). Exact except the
   token sampled when a request preempted by recompute finishes its second prefill.
+  With the API server modelled (`tokens`: the client's inter-token gaps, with the time
+  each token reached the client) every output token is binned at the client's time
+  instead, as the request columns are: what a client streaming the output counts.
 - prefill_tokens_per_s: prefill tokens of the steps that ended in the bin.
 - busy_fraction: step time inside the bin / (bin width x replicas).
 - batch_size, kv_utilisation: means over the step time inside the bin (NaN when no
@@ -19,7 +22,11 @@ Columns per bin [t_start, t_end) (the last bin ends at the run's end):
   admitted at the next.
 
 Step quantities come from the run's StepTotals (summed into fine bins as the run goes,
-regrouped exactly here), so the series needs no step table.
+regrouped exactly here), so the series needs no step table. They stay the engine's
+(its clock) with the API server modelled: prefill_tokens_per_s, busy_fraction,
+batch_size and kv_utilisation say what the GPUs did when; arrivals, completions,
+output_tokens_per_s and waiting are the client's (waiting then includes the time a
+request waits in the API server before the engine sees it).
 """
 
 from __future__ import annotations
@@ -65,10 +72,12 @@ def timeseries(
     steps: StepTotals | Table | pd.DataFrame,
     ctx: RunContext,
     bin_s: float | None = None,
+    tokens: Table | pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Per-bin counts, rates and time-weighted means over [0, duration] as a DataFrame;
-    see module doc. `steps` is the run's step totals, or a step table to total."""
-    return timeseries_table(requests, steps, ctx, bin_s).to_pandas()
+    see module doc. `steps` is the run's step totals, or a step table to total; `tokens`
+    the client's gaps (end, weight) when the API server is modelled."""
+    return timeseries_table(requests, steps, ctx, bin_s, tokens).to_pandas()
 
 
 def timeseries_table(
@@ -76,6 +85,7 @@ def timeseries_table(
     steps: StepTotals | Table | pd.DataFrame,
     ctx: RunContext,
     bin_s: float | None = None,
+    tokens: Table | pd.DataFrame | None = None,
 ) -> Table:
     """`timeseries` as a Table (what a run writes)."""
     duration = ctx.duration_s
@@ -94,6 +104,11 @@ def timeseries_table(
     completed = requests["outcome"].equals("completed")
     first_tokens = count_in_bins(requests["first_token"].astype(np.float64), edges)
     decode, prefill, busy, batch, kv_time = totals.binned(edges)
+    if tokens is not None:  # the client's times, not the engine's step ends
+        tokens = as_table(tokens)
+        decode = count_in_bins(
+            tokens["end"].astype(np.float64), edges, tokens["weight"].astype(np.float64)
+        )
     ran = busy > 0
     arrivals = count_in_bins(requests["arrival"].astype(np.float64), edges)
     completions = count_in_bins(requests["finish"].astype(np.float64)[completed], edges)
