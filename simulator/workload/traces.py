@@ -38,6 +38,7 @@ from simulator.workload.trace_layouts import (
     datetime_ns,
     detect_layout,
     seconds_from_earliest,
+    shift_is_material,
 )
 
 __all__ = ["ARRIVAL_COLUMN", "MAX_TOKENS", "OUTPUT_COLUMN", "PROMPT_COLUMN", "Trace", "read_trace"]
@@ -229,7 +230,8 @@ def _with_arrivals(trace: Trace, cells: list[Any]) -> Trace:
     in arrival order. Either change to the file's own times is said (a warning): rows
     out of order (logs written as requests complete) are sorted, stably, so rows of equal
     times keep their file order; times that do not start at 0 (Unix time, a window cut
-    from a longer log) are counted from the earliest, as date-times always are."""
+    from a longer log) are counted from the earliest, as date-times always are, and said
+    where that shift is material (trace_layouts.shift_is_material)."""
     layout, path, line_no = trace.layout, trace.path, trace.lines
     column, unit = layout.arrival, layout.time_unit
     if unit == "datetime":
@@ -239,11 +241,11 @@ def _with_arrivals(trace: Trace, cells: list[Any]) -> Trace:
     arrived, offset_s = seconds_from_earliest(stamps, unit)
     order = _arrival_order(path, layout, stamps, line_no, cells)
     first = int(order[0])
-    if offset_s and unit != "datetime":
+    if unit != "datetime" and shift_is_material(offset_s, float(arrived.max())):
         warnings.warn(
             f"{_name(path)}: replayed from its earliest request ({column} "
-            f"{_cell(cells[first])} {unit}, {layout.row} {line_no[first]}, is t = 0): every "
-            f"arrival {_duration(offset_s)} earlier than the file writes it",
+            f"{_number(stamps[first])} {unit}, {layout.row} {line_no[first]}, is t = 0): "
+            f"every arrival {_duration(offset_s)} earlier than the file writes it",
             InfersimWarning,
             stacklevel=4,
         )
@@ -282,6 +284,12 @@ def _arrival_order(
 def _cell(value: Any) -> str:
     """A cell as the file writes it (one line)."""
     return _shown(str(value))
+
+
+def _number(value: float) -> str:
+    """A time as the file counts it, for people: 1,733,011,200.029, 0.342795 (not
+    0.34279452741857913)."""
+    return f"{value:,.6f}".rstrip("0").rstrip(".")
 
 
 def _duration(seconds: float) -> str:
