@@ -232,6 +232,58 @@ def test_dotted_columns_reach_into_nested_jsonl_objects(tmp_path):
     )
 
 
+USAGE = {"arrival": "created", "prompt": "usage.prompt_tokens",
+         "output": "usage.completion_tokens"}  # fmt: skip
+
+
+def _usage_log(tmp_path: Path, error_row: dict) -> Path:
+    """The OpenAI usage log of GAPS, PROMPTS and OUTPUTS with `error_row` third."""
+    rows = [{"created": UNIX_START + gap, "usage": {"prompt_tokens": p, "completion_tokens": o}}
+            for gap, p, o in zip(GAPS, PROMPTS, OUTPUTS, strict=True)]  # fmt: skip
+    rows.insert(2, {"created": UNIX_START + 1, **error_row})
+    path = tmp_path / "usage.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.mark.parametrize(
+    "error_row",
+    [{"object": "error", "error": {"message": "rate limited"}}, {"usage": None}],
+)
+def test_rows_without_token_counts_are_left_out_and_counted(tmp_path, error_row):
+    """An error response logged without `usage` (or with `usage: null`) has no lengths to
+    replay: left out, said once, the rest replayed."""
+    path = _usage_log(tmp_path, error_row)
+    with pytest.warns(InfersimWarning) as record:
+        batch = generate_requests(workload(path, USAGE, num_requests=4), 0)
+    assert batch.prompt_tokens.tolist() == PROMPTS and batch.output_tokens.tolist() == OUTPUTS
+    (said,) = [str(w.message) for w in record if "left out" in str(w.message)]
+    assert said.endswith(
+        "usage.jsonl: 1 of its 5 rows have no usage.prompt_tokens or usage.completion_tokens "
+        "(first: line 3; an error response is logged without token counts) and are left out"
+    )
+
+
+@pytest.mark.parametrize(
+    ("usage", "needle"),
+    [
+        ({"prompt_tokens": 5}, "line 3: missing field 'usage.completion_tokens'"),
+        ({"prompt_tokens": 5, "completion_tokens": "7x"}, "line 3: usage.completion_tokens: not"),
+    ],
+)
+def test_a_row_with_some_lengths_or_a_malformed_one_is_still_an_error(tmp_path, usage, needle):
+    path = _usage_log(tmp_path, {"usage": usage})
+    with pytest.raises(InfersimError, match=needle):
+        generate_requests(workload(path, USAGE, num_requests=4), 0)
+
+
+def test_a_log_without_token_counts_in_any_row_names_its_columns(tmp_path):
+    path = tmp_path / "usage.jsonl"
+    path.write_text("".join(json.dumps({"created": UNIX_START + g}) + "\n" for g in GAPS))
+    with pytest.raises(InfersimError, match=r"no columns 'usage\.prompt_tokens', 'usage\.comp"):
+        generate_requests(workload(path, USAGE, num_requests=4), 0)
+
+
 def test_a_later_object_missing_a_nested_count_names_its_line(tmp_path):
     path = tmp_path / "usage.jsonl"
     path.write_text('{"t": 0, "usage": {"p": 1, "o": 1}}\n{"t": 1, "usage": {"p": 1}}\n')

@@ -155,7 +155,9 @@ def read_trace(
         values, lines, found = _parse_csv(path, text, columns)
     else:
         as_text = {layout.arrival} if arrivals and layout.time_unit == "datetime" else set()
-        values, lines, found = _parse_jsonl(path, text, columns, hashes, as_text)
+        read = {layout.file_column(c) for c in token_columns}
+        lengths = tuple(c for c in (layout.prompt, layout.output) if c in read)
+        values, lines, found = _parse_jsonl(path, text, columns, hashes, as_text, lengths)
     missing = [c for c in columns if c not in found]
     if missing:
         raise InfersimError(_missing_columns(path, layout, missing, found, arrivals, mapped))
@@ -447,14 +449,22 @@ def _parse_csv(
 
 
 def _parse_jsonl(
-    path: Path, text: str, columns: list[str], hashes: str | None, as_text: set[str]
+    path: Path,
+    text: str,
+    columns: list[str],
+    hashes: str | None,
+    as_text: set[str],
+    lengths: Sequence[str] = (),
 ) -> tuple[dict[str, list[Any]], list[int], list[str]]:
     """Values of the wanted keys (dotted for nested objects), numbers but for those in
     `as_text` (date-times, checked by their reader), and of the `hashes` key (lists of
     integers), with the file line of each object. The keys of the first object stand
-    for the file's columns; a later object missing one is an error."""
+    for the file's columns; a later object missing one is an error, but for one with
+    none of the `lengths` (an error response an OpenAI log writes without `usage`): left
+    out, and said once with how many."""
     values: dict[str, list[Any]] = {c: [] for c in [*columns, *([hashes] if hashes else [])]}
     lines: list[int] = []
+    unused: list[tuple[int, dict[str, Any]]] = []  # (line, object) of rows without lengths
     physical = text.split("\n")
     last = max(i for i, line in enumerate(physical, start=1) if line.strip())
     for number, line in enumerate(physical, start=1):
@@ -478,6 +488,9 @@ def _parse_jsonl(
                 f"{_name(path)}: line {number}: expected a JSON object, got {type(record).__name__}"
             )
         fields = [_field(record, c) for c in columns]
+        if lengths and all(_field(record, c) in (_ABSENT, None) for c in lengths):
+            unused.append((number, record))
+            continue
         if not lines and any(value is _ABSENT for value in fields):
             return values, lines, _flat_keys(record)
         for c, value in zip(columns, fields, strict=True):
@@ -490,6 +503,16 @@ def _parse_jsonl(
         if hashes is not None:
             values[hashes].append(_hash_list(path, number, hashes, record.get(hashes)))
         lines.append(number)
+    if unused and not lines:  # no row has them: the file lacks the columns
+        return values, lines, _flat_keys(unused[0][1])
+    if unused:
+        warnings.warn(
+            f"{_name(path)}: {len(unused):,} of its {len(unused) + len(lines):,} rows have "
+            f"no {' or '.join(lengths)} (first: line {unused[0][0]}; an error response "
+            "is logged without token counts) and are left out",
+            InfersimWarning,
+            stacklevel=5,
+        )
     return values, lines, columns
 
 
