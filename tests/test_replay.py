@@ -293,6 +293,8 @@ def test_bench_json_with_poisson_arrivals(tmp_path, capsys):
     assert code == 0, err
     assert "drawn Poisson at the recorded 4 requests/s with seed 0" in out
     assert "1 failed requests" in out
+    # measured through vLLM's API server; replayed without it unless --set says so
+    assert "replayed with the engine alone unless --set frontend.kind=vllm_api_server" in out
     result = written(tmp_path / "out")
     assert result["requests"] == 19 and result["simulated_completed"] == 19
     rows = {(r["metric"], r["stat"]): r for r in result["latency"]}
