@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+from hardware_models.block_scaling import NVFP4
 from hardware_models.dtypes import Dtype, bytes_per_element
 from hardware_models.errors import InfeasibleError
 from simulator.engine.kv_groups import chunked_local_attention
@@ -163,7 +164,8 @@ def configuration_warnings(build: ReplicaBuild) -> list[str]:
     chunked local attention priced as a sliding window (whatever the KV cache mode), a
     swap space too small for one sequence (the run may stop at a swap-out), Marlin asked
     for MXFP4 experts the model does not have, MXFP4 experts on a kernel whose price is
-    checked against little published (mxfp4_moe's caveats)."""
+    checked against little published (mxfp4_moe's caveats), NVFP4 experts priced as
+    Marlin where vLLM multiplies them in fp4."""
     cost, node, gpu, arch = build.cost, build.node, build.gpu, build.arch
     warnings = []
     if chunked_local_attention(arch):
@@ -181,7 +183,12 @@ def configuration_warnings(build: ReplicaBuild) -> list[str]:
             f"{link.kind} link ({link.bandwidth_gbps:g} GB/s per GPU), not the node's own"
         )
     act = cost.act_dtype.value
-    if _dtype_without_tensor_rate(build, cost.weight_dtype):
+    backend = mxfp4_backend(cost.weight_format, gpu, cost.mxfp4_use_marlin)
+    mxfp4_experts = arch.is_moe and backend is not None
+    # MXFP4 experts: the run's moe_kernel line says how they are multiplied (widened to
+    # bf16 on every backend, B200's included), so the GPU's lack of an fp4 rate is no
+    # second message; the rest of such a model is 16-bit (mxfp4_layout).
+    if _dtype_without_tensor_rate(build, cost.weight_dtype) and not mxfp4_experts:
         warnings.append(
             f"{gpu.name} has no {cost.weight_dtype.value} tensor rate: "
             f"{cost.weight_dtype.value} weights are dequantized and multiplied at the {act} "
@@ -193,9 +200,14 @@ def configuration_warnings(build: ReplicaBuild) -> list[str]:
             f"{cost.kv_dtype.value} KV cache is dequantized and attention runs at the {act} "
             "rate"
         )
-    backend = mxfp4_backend(cost.weight_format, gpu, cost.mxfp4_use_marlin)
-    if arch.is_moe and backend is not None and backend.caveat:
+    if mxfp4_experts and backend.caveat:
         warnings.append(f"{arch.name}'s MXFP4 experts on {backend.name}: {backend.caveat}")
+    if arch.is_moe and cost.weight_format == NVFP4.name and gpu.supports(Dtype.FP4):
+        warnings.append(
+            f"{arch.name}: its nvfp4 experts are priced as the Marlin W4A16 kernel (weights "
+            f"dequantised, bf16 math); on {gpu.name}, which multiplies fp4 natively, vLLM "
+            "runs NVFP4 MoE kernels with fp4 activations, so the MoE layers are priced slower"
+        )
     if cost.mxfp4_use_marlin and cost.moe_kernel_note() is None:
         warnings.append(
             f"model.mxfp4_use_marlin: {arch.name} in {cost.weight_format} has no MXFP4 "

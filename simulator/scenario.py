@@ -8,6 +8,7 @@ field before validation. Paths inside a scenario resolve relative to its file.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import typing
 import warnings
@@ -141,6 +142,11 @@ class ModelSection(BaseModel):
         except InfersimError as exc:
             raise ValueError(str(exc)) from None
         return value
+
+
+def _is_number(value: Any) -> bool:
+    """A finite int or float, as YAML writes a number (not a bool, not quoted text)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def replica_gpus(tp: int, pp: int, dp: int = 1) -> int:
@@ -522,6 +528,21 @@ class CostSection(BaseModel):
     pue: float = Field(default=1.2, ge=1, le=3, description="datacentre power usage efficiency")
     usd_per_kwh: float = Field(default=0.10, ge=0, description="electricity price")
 
+    @field_validator("usd_per_gpu_hour", mode="before")
+    @classmethod
+    def _a_price_or_prices(cls, value: Any) -> Any:
+        """One line naming what is wrong and what is allowed, not pydantic's attempt at
+        each member of the union (`.float: ...; .dict[str,float].h100-sxm: ...`)."""
+        allowed = "expected a number, or a mapping GPU name -> number > 0 (e.g. {h100-sxm: 2.0})"
+        if value is None or _is_number(value):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"not a price: {allowed}")
+        for name, price in value.items():
+            if not isinstance(name, str) or not _is_number(price):
+                raise ValueError(f"{name}: not a price ({price!r}): {allowed}")
+        return value
+
     @field_validator("usd_per_gpu_hour")
     @classmethod
     def _positive_prices_of_known_gpus(
@@ -532,13 +553,15 @@ class CostSection(BaseModel):
 
         if value is None:
             return None
-        prices = value if isinstance(value, dict) else {"": value}
-        for name, price in prices.items():
-            if price <= 0:
-                where = f"{name}: " if name else ""
-                raise ValueError(f"{where}expected a price above 0 USD per GPU-hour (got {price})")
         if not isinstance(value, dict):
+            if value <= 0:  # the error line adds (got value)
+                raise ValueError("expected a price above 0 USD per GPU-hour")
             return value
+        for name, price in value.items():
+            if price <= 0:
+                raise ValueError(
+                    f"{name}: expected a price above 0 USD per GPU-hour (got {price:g})"
+                )
         known = list_gpus()
         for name in value:
             if name.lower() not in known:

@@ -17,7 +17,6 @@ import simpy
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.calibration_lookup import CalibrationChoice, choose_calibration
-from hardware_models.dtypes import Dtype, parse_dtype
 from hardware_models.errors import InfeasibleError, InfersimError, InfersimWarning
 from hardware_models.node import NodeSpec
 from hardware_models.presets import list_nodes, load_gpu, load_node
@@ -421,14 +420,6 @@ def build_replica(
         arch, serving, max_model_len, budget_default=scenario.serving.max_num_batched_tokens is None
     )
     weight_dtype = resolve_weight_dtype(scenario.model.weight_dtype, arch)
-    if arch.is_moe and parse_dtype(weight_dtype) == Dtype.FP4 and gpu.supports(Dtype.FP4):
-        warnings.warn(
-            f"{arch.name}: its {weight_dtype} experts are priced as the Marlin W4A16 kernel "
-            f"(weights dequantised, bf16 math); on {gpu.name}, which multiplies fp4 natively, vLLM "
-            "runs native NVFP4/MXFP4 MoE kernels, so the MoE layers are priced slower",
-            InfersimWarning,
-            stacklevel=2,
-        )
     memory = plan_memory(
         arch,
         gpu,

@@ -74,8 +74,10 @@ METRICS: tuple[tuple[str, tuple[str, ...], float], ...] = (
     ("completed", ("counts", "completed"), 1),
     ("failed", ("counts", "failed"), 1),
     ("rejected", ("counts", "rejected"), 1),
-    ("requests_per_s", ("throughput", "requests_per_s"), 1),
+    ("requests_per_s", ("throughput", "requests_per_s"), 1),  # over the whole run
     ("output_tokens_per_s", ("throughput", "output_tokens_per_s"), 1),
+    ("steady_requests_per_s", ("throughput", "steady_requests_per_s"), 1),
+    ("steady_output_tokens_per_s", ("throughput", "steady_output_tokens_per_s"), 1),
     *(
         (f"{name}_{p}_ms", ("latency", name, p), 1000)
         for name in _LATENCIES
@@ -560,9 +562,11 @@ def sweep_table(points: Sequence[SweepPoint], records: Mapping[str, Mapping]) ->
         for column, path, scale in METRICS:
             value = _get(summary, path)
             row[column] = None if value is None else value * scale
-        # on cost.basis, as $/1M output tokens: steady state, not the drain's mean
-        per_million = row["usd_per_million_output_tokens"]
-        row[PER_USD] = 1e6 / 3600 / per_million if per_million else None
+        # at the steady state, as the printed throughput and $/1M output tokens: not the
+        # whole run's mean, which counts the drain (None without a steady state)
+        steady, per_hour = row["steady_output_tokens_per_s"], row["usd_per_hour"]
+        row[PER_USD] = steady / per_hour if steady is not None and per_hour else None
+        row["cost_basis"] = _get(summary, ("cost", "basis"))
         row["overloaded"] = _get(summary, ("overloaded",))
         row["overload_verdict"] = _get(summary, ("overload_verdict",))
         row["wall_s"] = record.get("wall_s")
@@ -658,16 +662,16 @@ def latency_figure(
 
 
 def throughput_figure(table: pd.DataFrame, axes: Sequence[str]) -> Figure:
-    """Output tokens/s and output tokens/s per $/h against load, per configuration."""
+    """Steady-state output tokens/s, and per $/h, against load, per configuration."""
     x, groups = _configurations(table, axes)
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(12, 5), layout="constrained")
     tokens, per_usd = fig.subplots(1, 2)
-    _draw(tokens, x, groups, "output_tokens_per_s")
-    tokens.set_title("output tokens/s")
+    _draw(tokens, x, groups, "steady_output_tokens_per_s")
+    tokens.set_title("output tokens/s (steady state)")
     _draw(per_usd, x, groups, PER_USD)
-    per_usd.set_title("output tokens/s per $/h")
+    per_usd.set_title("output tokens/s per $/h (steady state)")
     return fig
 
 

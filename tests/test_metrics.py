@@ -206,12 +206,37 @@ def test_steady_state_throughput_leaves_out_ramp_up_and_drain():
     s = summarize(frame, NO_STEPS, NO_ITL, context(duration=150.0))["throughput"]
     assert s["requests_per_s"] == pytest.approx(n / 150)
     assert s["steady_window_s"] == [20.0, 99.0]  # the 10th and the 90th completion
-    assert s["steady_requests_per_s"] == pytest.approx(1.0)
-    # Tokens made in [20, 99] s: the first tokens (and 100-token prompts) of the 80
-    # requests whose first token came then (finishing at 24..103 s), and 4 more tokens a
-    # second, each request spreading its later 4 over the 4 s before it finishes.
-    assert s["steady_output_tokens_per_s"] == pytest.approx((80 + 4 * 79) / 79)
-    assert s["steady_input_tokens_per_s"] == pytest.approx(80 * 100 / 79)
+    # Tokens made in [20, 99] s: the first tokens of the 80 requests whose first token
+    # came then (finishing at 24..103 s), and 4 more tokens a second, each request
+    # spreading its later 4 over the 4 s before it finishes; the requests that serves are
+    # of 5 tokens each, with their 100-token prompts.
+    output = (80 + 4 * 79) / 79
+    assert s["steady_output_tokens_per_s"] == pytest.approx(output)
+    assert s["steady_requests_per_s"] == pytest.approx(output / 5)
+    assert s["steady_input_tokens_per_s"] == pytest.approx(output / 5 * 100)
+
+
+def test_an_offline_batch_counts_its_prompts_and_its_long_requests_in_the_steady_state():
+    """An offline batch: every prompt prefilled at t = 0-1 s, before the window; the short
+    requests (10 output tokens, half of them) finish early, the long ones (90) late. The
+    window's completions are mostly short ones, so counting them overstates the request
+    rate; the steady rates follow the tokens made, in the requests' own proportions, and a
+    request costs its mean output tokens at the steady price of one."""
+    n = 100
+    output = np.where(np.arange(n) % 2 == 0, 10, 90)
+    first = np.linspace(0.0, 1.0, n)
+    frame = completed(np.zeros(n), first, first + output / 10, output, prompt=np.full(n, 200))
+    summary = summarize(frame, NO_STEPS, NO_ITL, context(duration=10.0))
+    t, cost = summary["throughput"], summary["cost"]
+    assert t["steady_input_tokens_per_s"] == pytest.approx(t["steady_requests_per_s"] * 200)
+    assert t["steady_requests_per_s"] == pytest.approx(t["steady_output_tokens_per_s"] / 50)
+    mean_output = 50
+    assert cost["usd_per_request"] == pytest.approx(
+        cost["usd_per_million_output_tokens"] * mean_output / 1e6
+    )
+    assert cost["usd_per_million_total_tokens"] == pytest.approx(
+        cost["usd_per_million_output_tokens"] * 50 / 250
+    )
 
 
 def test_latency_blocks_and_weighted_itl():
@@ -325,10 +350,10 @@ def test_cost_per_million_tokens_of_a_run_too_short_for_a_steady_state():
 
 
 def test_cost_per_million_tokens_is_the_steady_states_whatever_the_drain():
-    """One completion a second with 5 output tokens and 100 prompt tokens on $4/h: a
-    request costs $4/3600 and 1M output tokens $4/3600 x 10^6 / (the tokens a second made
-    in the steady window) however long the run goes on after its last arrival; only the
-    run's own total (and its per-token figure) grows with the drain."""
+    """One completion a second with 5 output tokens and 100 prompt tokens on $4/h: 1M
+    output tokens cost $4/3600 x 10^6 / (the tokens a second made in the steady window),
+    and a request 5 of them, however long the run goes on after its last arrival; only
+    the run's own total (and its per-token figure) grows with the drain."""
     n = 100
     finish = 10.0 + np.arange(n)
     frame = completed(finish - 5, finish - 4, finish, np.full(n, 5))
@@ -338,11 +363,11 @@ def test_cost_per_million_tokens_is_the_steady_states_whatever_the_drain():
     for cost in costs:
         assert cost["basis"] == "steady_state" and cost["note"] == ""
         assert cost["usd_per_hour"] == pytest.approx(4.0)
-        assert cost["usd_per_request"] == pytest.approx(4.0 / 3600)
-        output, prompt = (80 + 4 * 79) / 79, 80 * 100 / 79  # tokens/s in the steady window
+        output = (80 + 4 * 79) / 79  # tokens/s in the steady window
+        assert cost["usd_per_request"] == pytest.approx(4.0 / 3600 * 5 / output)
         assert cost["usd_per_million_output_tokens"] == pytest.approx(4.0 / 3600 * 1e6 / output)
         assert cost["usd_per_million_total_tokens"] == pytest.approx(
-            4.0 / 3600 * 1e6 / (output + prompt)
+            4.0 / 3600 * 1e6 / (output * 105 / 5)
         )
     short, long = costs
     assert long["usd_total"] == pytest.approx(4 * short["usd_total"])

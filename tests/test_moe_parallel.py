@@ -256,10 +256,17 @@ def test_warnings_raised_in_a_run_stand_in_its_summary():
     assert any("attend to a 4096-token window" in w for w in results.summary()["warnings"])
 
 
-def test_fp4_experts_on_a_chip_with_native_fp4_say_they_are_priced_as_marlin():
-    """gpt-oss's MXFP4 experts run as Marlin W4A16 in the model everywhere; on Blackwell,
-    where vLLM runs native fp4 MoE kernels, the run says so."""
-    data = scenario_dict(model={"name": "gpt-oss-20b"}, hardware={"gpu": "b200"})
+def test_nvfp4_experts_on_a_chip_with_native_fp4_say_they_are_priced_as_marlin():
+    """NVFP4 experts run as Marlin W4A16 in the model everywhere; on Blackwell, where
+    vLLM runs NVFP4 MoE kernels with fp4 activations, the run says so. gpt-oss's MXFP4
+    experts are priced as the kernel vLLM picks (test_mxfp4_moe_backend) and say nothing
+    of it."""
+    data = scenario_dict(
+        model={"name": "qwen3-30b-a3b", "weight_dtype": "nvfp4"}, hardware={"gpu": "b200"}
+    )
     data["workload"] = {**data["workload"], "num_requests": 5}
-    with pytest.warns(InfersimWarning, match="priced as the Marlin W4A16 kernel"):
+    with pytest.warns(InfersimWarning, match="nvfp4 experts are priced as the Marlin W4A16"):
         simulate(Scenario.from_dict(data), progress=False)
+    oss = scenario_dict(model={"name": "gpt-oss-20b"}, hardware={"gpu": "b200"})
+    oss["workload"] = {**oss["workload"], "num_requests": 5}
+    assert not any("Marlin" in w for w in simulate(Scenario.from_dict(oss)).summary()["warnings"])

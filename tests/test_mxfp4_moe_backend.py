@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 import simulator as sim
@@ -126,17 +128,36 @@ def test_the_memory_plan_keeps_mxfp4_bytes_on_every_backend():
     assert plans["b200"].expert_weights == pytest.approx(a100.expert_weights * 3072 / 2944)
 
 
-def _oss_run(gpu: str) -> dict:
+def _oss_run(gpu: str, *more: str) -> dict:
     sets = [
         f"hardware.gpu={gpu}",
         "model.name=gpt-oss-20b",
         "model.weight_dtype=fp4",  # its checkpoint's (quickstart.yaml sets bf16)
         "workload.num_requests=20",
         "workload.arrivals.rate_per_s=4",
+        *more,
     ]
     scenario = Scenario.from_yaml("scenarios/quickstart.yaml", sets)
-    with pytest.warns(InfersimWarning, match="no fp4 tensor rate"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InfersimWarning)  # read from the summary
         return sim.simulate(scenario, progress=False).summary()
+
+
+@pytest.mark.parametrize(
+    ("gpu", "more", "expected"),
+    [
+        ("h100-sxm", (), [TRITON]),  # no fp4 rate: the kernel line says bf16, once
+        ("l40s", (), []),  # Marlin: the kernel line says it all
+        ("b200", (), [FLASHINFER_TRTLLM_BF16]),  # no "priced as Marlin" claim
+        ("b200", ("model.mxfp4_use_marlin=true",), []),  # Marlin is what vLLM runs then
+    ],
+)
+def test_mxfp4_experts_get_one_warning_per_fact_and_only_true_ones(gpu, more, expected):
+    summary = _oss_run(gpu, *more)
+    caveats = [f"gpt-oss-20b's MXFP4 experts on {b.name}: {b.caveat}" for b in expected]
+    assert summary["warnings"] == caveats
+    marlin = "Marlin" in summary["run"]["moe_kernel"][0]
+    assert marlin == (gpu == "l40s" or bool(more))
 
 
 def test_the_run_says_which_kernel_its_mxfp4_experts_run():

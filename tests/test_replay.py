@@ -293,6 +293,8 @@ def test_bench_json_with_poisson_arrivals(tmp_path, capsys):
     assert code == 0, err
     assert "drawn Poisson at the recorded 4 requests/s with seed 0" in out
     assert "1 failed requests" in out
+    # measured through vLLM's API server; replayed without it unless --set says so
+    assert "replayed with the engine alone unless --set frontend.kind=vllm_api_server" in out
     result = written(tmp_path / "out")
     assert result["requests"] == 19 and result["simulated_completed"] == 19
     rows = {(r["metric"], r["stat"]): r for r in result["latency"]}
@@ -568,10 +570,13 @@ def test_model_from_a_config_json(tmp_path, capsys):
     assert by_path == written(tmp_path / "c")["latency"]  # the same shapes, the same replay
 
 
-def _simulated_bench_json(tmp_path: Path, capsys, **serving: Any) -> Path:
+def _simulated_bench_json(
+    tmp_path: Path, capsys, frontend: dict | None = None, **serving: Any
+) -> Path:
     """`infersim run --bench-json` of the shared test scenario at 60 requests."""
     scenario = tmp_path / "s.yaml"
     sections = {"workload": {"num_requests": 60}, "serving": serving}
+    sections |= {"frontend": frontend} if frontend else {}
     scenario.write_text(json.dumps(scenario_dict(**sections)))
     bench = tmp_path / "bench.json"
     args = ["run", str(scenario), "-o", str(tmp_path / "run"), "--quiet", "--no-plots"]
@@ -641,6 +646,31 @@ def test_a_simulated_bench_json_with_vllm_default_batch_limits_replays_alone(tmp
     assert all(
         r["error_pct"] == pytest.approx(0, abs=1e-9) for r in rows if r["error_pct"] is not None
     )
+
+
+def test_a_simulated_bench_json_through_the_api_server_replays_through_it(tmp_path, capsys):
+    """A run through the modelled API server records its front end in infersim_meta, and
+    the replay runs through it too: its own latencies back, not the engine alone's (TPOT
+    -54% before). Its ITLs are written spread evenly (the front end's token times are not
+    kept), which the replay says, so only the ITL percentiles may differ."""
+    frontend = {"kind": "vllm_api_server", "api_server_count": 2}
+    bench = _simulated_bench_json(tmp_path, capsys, frontend=frontend)
+    meta = json.loads(bench.read_text())["infersim_meta"]
+    assert meta["frontend"]["kind"] == "vllm_api_server"
+    assert meta["frontend"]["api_server_count"] == 2
+    code, out, err = replay(capsys, str(bench), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    assert "front end: vllm_api_server (the simulated run's own, infersim_meta)" in out
+    assert "through its model of vLLM's API server, replayed through it too" in out
+    assert "ITL: 60 of the file's requests have their gaps spread evenly" in out
+    rows = written(tmp_path / "out")["latency"]
+    exact = [r for r in rows if r["metric"] != "itl" or r["stat"] == "mean"]
+    assert all(r["error_pct"] == pytest.approx(0, abs=1e-9) for r in exact), exact
+
+
+def test_a_simulated_bench_json_without_a_front_end_records_none(tmp_path, capsys):
+    bench = _simulated_bench_json(tmp_path, capsys)
+    assert "frontend" not in json.loads(bench.read_text())["infersim_meta"]
 
 
 def test_the_timeline_sums_every_rank_of_a_multi_rank_run():

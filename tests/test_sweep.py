@@ -15,6 +15,7 @@ import yaml
 
 from hardware_models.errors import InfersimError
 from simulator.cli.main import main
+from simulator.cli.sweep_cmd import _format_table
 from simulator.scenario import Scenario
 from simulator.sweep import PLOT_FILES, JobError, expand_grid, run_parallel, run_point, sweep
 from tests.conftest import scenario_dict
@@ -128,7 +129,12 @@ def test_process_pool_gives_the_in_process_summaries(tmp_path):
     assert row["completed"] == 30 and row["ttft_p99_ms"] > 0 and row["usd_per_hour"] > 0
     # steady state, as $/1M output tokens: the whole run's mean would count the drain
     steady = files[points[-1].id]["summary"]["throughput"]["steady_output_tokens_per_s"]
+    assert row["steady_output_tokens_per_s"] == steady != row["output_tokens_per_s"]
     assert row["output_tokens_per_s_per_usd_hour"] == pytest.approx(steady / row["usd_per_hour"])
+    assert row["output_tokens_per_s_per_usd_hour"] == pytest.approx(
+        1e6 / 3600 / row["usd_per_million_output_tokens"]
+    )
+    assert row["cost_basis"] == "steady_state"
     assert pd.read_parquet(tmp_path / "out" / "sweep.parquet").equals(table)
 
 
@@ -399,3 +405,15 @@ def test_the_sweep_table_prints_a_point_too_short_to_judge_as_such(tmp_path, cap
     table = pd.read_parquet(tmp_path / "sweep.parquet")
     assert table["overload_verdict"].tolist() == ["too_short_to_judge"]
     assert table["overloaded"].tolist() == [False]
+
+
+def test_the_printed_table_puts_throughput_and_its_cost_on_one_basis(tmp_path):
+    """The terminal's throughput is the steady state's, as its tok/s per $/h and $/1M out
+    tok are: never the whole run's mean (which counts the drain) beside a steady cost."""
+    table = sweep(Scenario.from_dict(tiny()), workers=1, outdir=tmp_path / "out")
+    header = _format_table(table).splitlines()[0]
+    assert "steady out tok/s" in header and " out tok/s" not in header.replace("steady out", "")
+    row = table.iloc[-1]
+    assert row["output_tokens_per_s_per_usd_hour"] == pytest.approx(
+        row["steady_output_tokens_per_s"] / row["usd_per_hour"]
+    )

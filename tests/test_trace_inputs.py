@@ -12,8 +12,11 @@ import pytest
 from hardware_models.errors import InfersimError, InfersimWarning
 from hardware_models.yaml_io import validate_model
 from simulator.cli.main import main
+from simulator.scenario import Scenario
 from simulator.workload import WorkloadConfig, generate_requests, read_trace
 from tests.conftest import scenario_dict
+
+ROOT = Path(__file__).resolve().parents[1]
 
 UNIX_START = 1_733_011_200  # 2024-12-01 00:00:00 UTC
 GAPS = [0.0, 0.311, 0.363, 1.5]
@@ -68,12 +71,46 @@ def test_integer_milliseconds_stay_exact_after_the_shift(tmp_path):
     assert batch.arrival_s.tolist() == [0.0, 0.311]
 
 
-def test_a_small_shift_is_said_in_its_own_digits(tmp_path):
+def test_a_small_material_shift_is_said_in_its_own_digits(tmp_path):
     path = tmp_path / "t.csv"
-    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.00025,5,5\n1,6,6\n")
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.00025,5,5\n0.001,6,6\n")
     with pytest.warns(InfersimWarning, match=r"every arrival 0\.00025 s earlier"):
         batch = generate_requests(workload(path, num_requests=2), 0)
-    assert batch.arrival_s.tolist() == [0.0, 1 - 0.00025]
+    assert batch.arrival_s.tolist() == [0.0, 0.001 - 0.00025]
+
+
+@pytest.mark.parametrize(
+    ("first", "said"),
+    [
+        (0.34279452741857913, False),  # one gap after 0, as infersim's own bench JSON
+        (1.0, False),  # 1 s idle of 11 s: 9%
+        (1.2, True),  # 1.2 s of 11.2 s: 11%, more than SHIFT_SAID_SHARE
+    ],
+)
+def test_a_shift_is_said_only_where_it_is_material(tmp_path, first, said):
+    """A trace starting one inter-arrival gap after 0 (a Poisson trace) is replayed from its
+    first request without a word; a shift leaving more than a tenth of the run idle is
+    said, its numbers written for people."""
+    path = tmp_path / "t.csv"
+    rows = "".join(f"{first + t},5,5\n" for t in (0, 5, 10))
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + rows)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        batch = generate_requests(workload(path, num_requests=3), 0)
+    assert batch.arrival_s.tolist() == pytest.approx([0.0, 5.0, 10.0])
+    shifts = [str(w.message) for w in record if "earlier than the file writes" in str(w.message)]
+    assert len(shifts) == said
+    if said:
+        assert "(arrived_at 1.2 s, line 2, is t = 0): every arrival 1.2 s earlier" in shifts[0]
+
+
+def test_the_shipped_mooncake_sample_replays_without_a_shift_warning():
+    """Its first request at 340 ms, of 7.75 s of requests: said before, for nothing."""
+    scenario = Scenario.from_yaml(ROOT / "scenarios" / "mooncake-prefix-cache.yaml")
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        generate_requests(scenario.workload, scenario.seed, ROOT / "scenarios")
+    assert not [w for w in record if "earlier than the file writes" in str(w.message)]
 
 
 def test_a_trace_starting_at_zero_is_read_as_written_without_a_word(tmp_path):
@@ -195,6 +232,58 @@ def test_dotted_columns_reach_into_nested_jsonl_objects(tmp_path):
     )
 
 
+USAGE = {"arrival": "created", "prompt": "usage.prompt_tokens",
+         "output": "usage.completion_tokens"}  # fmt: skip
+
+
+def _usage_log(tmp_path: Path, error_row: dict) -> Path:
+    """The OpenAI usage log of GAPS, PROMPTS and OUTPUTS with `error_row` third."""
+    rows = [{"created": UNIX_START + gap, "usage": {"prompt_tokens": p, "completion_tokens": o}}
+            for gap, p, o in zip(GAPS, PROMPTS, OUTPUTS, strict=True)]  # fmt: skip
+    rows.insert(2, {"created": UNIX_START + 1, **error_row})
+    path = tmp_path / "usage.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.mark.parametrize(
+    "error_row",
+    [{"object": "error", "error": {"message": "rate limited"}}, {"usage": None}],
+)
+def test_rows_without_token_counts_are_left_out_and_counted(tmp_path, error_row):
+    """An error response logged without `usage` (or with `usage: null`) has no lengths to
+    replay: left out, said once, the rest replayed."""
+    path = _usage_log(tmp_path, error_row)
+    with pytest.warns(InfersimWarning) as record:
+        batch = generate_requests(workload(path, USAGE, num_requests=4), 0)
+    assert batch.prompt_tokens.tolist() == PROMPTS and batch.output_tokens.tolist() == OUTPUTS
+    (said,) = [str(w.message) for w in record if "left out" in str(w.message)]
+    assert said.endswith(
+        "usage.jsonl: 1 of its 5 rows have no usage.prompt_tokens or usage.completion_tokens "
+        "(first: line 3; an error response is logged without token counts) and are left out"
+    )
+
+
+@pytest.mark.parametrize(
+    ("usage", "needle"),
+    [
+        ({"prompt_tokens": 5}, "line 3: missing field 'usage.completion_tokens'"),
+        ({"prompt_tokens": 5, "completion_tokens": "7x"}, "line 3: usage.completion_tokens: not"),
+    ],
+)
+def test_a_row_with_some_lengths_or_a_malformed_one_is_still_an_error(tmp_path, usage, needle):
+    path = _usage_log(tmp_path, {"usage": usage})
+    with pytest.raises(InfersimError, match=needle):
+        generate_requests(workload(path, USAGE, num_requests=4), 0)
+
+
+def test_a_log_without_token_counts_in_any_row_names_its_columns(tmp_path):
+    path = tmp_path / "usage.jsonl"
+    path.write_text("".join(json.dumps({"created": UNIX_START + g}) + "\n" for g in GAPS))
+    with pytest.raises(InfersimError, match=r"no columns 'usage\.prompt_tokens', 'usage\.comp"):
+        generate_requests(workload(path, USAGE, num_requests=4), 0)
+
+
 def test_a_later_object_missing_a_nested_count_names_its_line(tmp_path):
     path = tmp_path / "usage.jsonl"
     path.write_text('{"t": 0, "usage": {"p": 1, "o": 1}}\n{"t": 1, "usage": {"p": 1}}\n')
@@ -227,7 +316,7 @@ def bench_file(tmp_path: Path, **changes) -> Path:
 
 def test_a_bench_result_with_start_times_is_a_trace(tmp_path):
     config = workload(bench_file(tmp_path), num_requests=4)
-    with pytest.warns(InfersimWarning, match=r"start_times 1000.0 s, request 0, is t = 0"):
+    with pytest.warns(InfersimWarning, match=r"start_times 1,000 s, request 0, is t = 0"):
         batch = generate_requests(config, 0)
     np.testing.assert_allclose(batch.arrival_s, GAPS, rtol=0, atol=1e-12)
     assert batch.prompt_tokens.tolist() == PROMPTS and batch.output_tokens.tolist() == OUTPUTS

@@ -27,7 +27,7 @@ _SHOWN = {
     "status": "status",
     "max_num_seqs": "seqs",  # the batch limits it ran with: unset, vLLM's for its GPU
     "max_num_batched_tokens": "tok/step",
-    "output_tokens_per_s": "out tok/s",
+    "steady_output_tokens_per_s": "steady out tok/s",  # one basis with the two costs
     "ttft_p99_ms": "TTFT p99 ms",
     "tpot_p99_ms": "TPOT p99 ms",
     "goodput_fraction_of_arrived": "SLO met/arrived",
@@ -35,7 +35,8 @@ _SHOWN = {
     "failed": "failed",
     "rejected": "rejected",
     "usd_per_million_output_tokens": "$/1M out tok",
-    PER_USD: "tok/s per $/h",
+    PER_USD: "steady tok/s per $/h",
+    "cost_basis": "cost basis",  # whole_run where a point had no steady state
     "overload_verdict": "overload",
 }
 

@@ -201,6 +201,8 @@ def engine_meta(results: Results) -> dict[str, Any] | None:
         # whose defaults the replay gives the settings left out (max_model_len, ...)
         "vllm_version": ".".join(map(str, EMULATED_VLLM_VERSION)),
     }
+    if scenario.frontend.modelled:  # the client's latencies went through it: replay with it
+        meta["frontend"] = scenario.frontend.model_dump()
     with contextlib.suppress(InfersimError):  # a GPU from a YAML file: replay asks for --gpu
         meta["hardware"] = {"device_name": load_gpu(results.context.replicas[0].gpu).display_name}
     return meta

@@ -8,9 +8,10 @@ Definitions (all times in seconds of simulated time, D = ctx.duration_s):
   and re-queued request stays `running`) and `queued` otherwise.
 - throughput over D: completed requests, prompt tokens of requests whose prefill finished
   (a first token), and generated tokens of every request (in-flight ones included); in
-  steady state (`steady_*`): completions from the 10% to the 90% completion over the time
-  between the two, and the prompt and output tokens made in that window over its length
-  (later tokens spread evenly between a request's first token and its finish).
+  steady state (`steady_*`): the output tokens made between the 10% and the 90% completion
+  over that time (later tokens spread evenly between a request's first token and its
+  finish), and the requests and prompt tokens that rate serves at the completed requests'
+  mean output and prompt lengths.
 - latency blocks {count, mean, p50, p90, p95, p99, max}: TTFT over requests with a first
   token; TPOT and E2E over completed requests (TPOT undefined for one-token outputs);
   queueing over requests that were scheduled; ITL over the gap samples, each weighted by
@@ -230,8 +231,11 @@ def _in_system_fields(trend: dict[str, Any] | None, judged: str | None) -> dict[
 
 
 def _steady_throughput(requests: Table, completed: np.ndarray, end: float) -> dict[str, Any]:
-    """Completions per second between the 10% and the 90% completion, and the prompt and
-    output tokens produced in that time: no ramp-up, no drain."""
+    """The output tokens produced per second between the 10% and the 90% completion (no
+    ramp-up, no drain), and the requests and prompt tokens that rate serves: requests of
+    the completed ones' mean output length, with their mean prompt. Measured by time, not
+    by the requests that finished or were prefilled in the window: those are the short
+    ones early in a run, and an offline batch prefills before the window."""
     finish = requests["finish"][completed]
     order = np.argsort(finish, kind="stable")
     n = len(order)
@@ -239,33 +243,30 @@ def _steady_throughput(requests: Table, completed: np.ndarray, end: float) -> di
     if n < STEADY_MIN_COMPLETIONS or finish[order[hi]] <= finish[order[lo]]:
         return dict.fromkeys(STEADY_FIELDS)
     start, stop = float(finish[order[lo]]), float(finish[order[hi]])
-    span = stop - start
-    prompt, output = _tokens_between(requests, start, stop, end)
+    output_per_s = _output_between(requests, start, stop, end) / (stop - start)
+    requests_per_s = output_per_s / float(np.mean(requests["generated"][completed]))
     return {
         "steady_window_s": [start, stop],
-        "steady_requests_per_s": (hi - lo) / span,
-        "steady_input_tokens_per_s": prompt / span,
-        "steady_output_tokens_per_s": output / span,
+        "steady_requests_per_s": requests_per_s,
+        "steady_input_tokens_per_s": requests_per_s * float(np.mean(requests["prompt"][completed])),
+        "steady_output_tokens_per_s": output_per_s,
     }
 
 
-def _tokens_between(requests: Table, start: float, stop: float, end: float) -> tuple[float, float]:
-    """Prompt and output tokens produced in [start, stop]: a prompt when its first token
-    came, and a request's later tokens spread evenly from its first token to its finish
-    (`end` for one in flight). Counted by time, not by the requests that finished in it:
-    those are the short ones early in a run, the long ones finishing in its drain."""
+def _output_between(requests: Table, start: float, stop: float, end: float) -> float:
+    """Output tokens produced in [start, stop]: a request's first token when it came, and
+    its later tokens spread evenly from its first token to its finish (`end` for one in
+    flight)."""
     first = requests["first_token"]
     has = ~np.isnan(first)
     first, generated = first[has], requests["generated"][has].astype(np.float64)
     finish = np.nan_to_num(requests["finish"][has], nan=end)
     at_first = (first >= start) & (first <= stop)
-    prompt = float(requests["prompt"][has][at_first].sum())
     overlap = np.clip(np.minimum(finish, stop) - np.maximum(first, start), 0.0, None)
     length = finish - first
     spread = np.divide(overlap, length, out=np.zeros_like(length), where=length > 0)
     later = np.maximum(generated - 1, 0.0)
-    output = math.fsum(at_first * np.minimum(generated, 1.0) + later * spread)
-    return prompt, output
+    return math.fsum(at_first * np.minimum(generated, 1.0) + later * spread)
 
 
 def _meets_slo(requests: Table, ctx: RunContext, completed: np.ndarray) -> np.ndarray:

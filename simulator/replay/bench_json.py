@@ -18,6 +18,7 @@ import pandas as pd
 from hardware_models.errors import InfersimError
 from hardware_models.yaml_io import load_json_object
 from simulator.formats import vllm_bench_keys as key
+from simulator.formats.vllm_bench import ESTIMATED_ITLS_KEY
 from simulator.formats.vllm_bench_requests import (
     BenchRequests,
     bench_list,
@@ -125,21 +126,41 @@ def read_bench_json(path: Path) -> MeasuredRun:
     requests = pd.DataFrame(rows, columns=["arrival", "prompt", "output", "ttft", "tpot", "e2e"])
     requests["arrival"] -= requests["arrival"].min()
     simulated = data.get(key.BACKEND) == key.INFERSIM_BACKEND
+    meta = data.get(key.INFERSIM_META) or {}
+    if not isinstance(meta, dict):
+        raise InfersimError(f"{path}: {key.INFERSIM_META!r} must be an object, got {meta!r}")
+    if not simulated:
+        seen = (
+            "latencies as the client measured them, through vLLM's API server (HTTP, "
+            "tokenisation, streaming): replayed with the engine alone unless --set "
+            "frontend.kind=vllm_api_server models the API server"
+        )
+    elif meta.get("frontend"):
+        seen = (
+            "latencies as infersim simulated them (written by `infersim run --bench-json`) "
+            "through its model of vLLM's API server, replayed through it too"
+        )
+    else:
+        seen = (
+            "latencies as infersim simulated them (written by `infersim run --bench-json`): "
+            "the engine alone, no HTTP, tokenisation or streaming, on both sides"
+        )
     notes = [
         arrival_note,
-        "latencies as infersim simulated them (written by `infersim run --bench-json`): "
-        "the engine alone, no HTTP, tokenisation or streaming, on both sides"
-        if simulated
-        else "latencies as the client measured them: HTTP, tokenisation and streaming "
-        "included, which infersim (the engine alone) does not model",
+        seen,
         "prefix reuse: the file records lengths, not prompts, so the replayed prompts share "
         "no prefix; any prefix-cache hits the server had are not rebuilt",
     ]
     if len(rows) < count:
         notes.append(f"{count - len(rows)} failed requests (non-empty 'errors') left out")
-    meta = data.get(key.INFERSIM_META) or {}
-    if not isinstance(meta, dict):
-        raise InfersimError(f"{path}: {key.INFERSIM_META!r} must be an object, got {meta!r}")
+    estimated = data.get(ESTIMATED_ITLS_KEY) or 0
+    if estimated:
+        notes.append(
+            f"ITL: {estimated:,} of the file's requests have their gaps spread evenly over "
+            "their decode time, as infersim writes a request it has no token times for (a "
+            "front-end run, a request that skipped steps): the ITL percentiles compare "
+            "those with the replay's exact gaps, its mean and TPOT are exact"
+        )
     if meta:
         notes.append(
             f"engine settings: the simulated run's own ({key.INFERSIM_META}, written by "

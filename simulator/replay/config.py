@@ -481,6 +481,20 @@ def _engine(setting: _Resolver, pp: int, notes: list[str]) -> dict[str, bool]:
     }
 
 
+def _frontend(run: MeasuredRun, notes: list[str]) -> dict[str, Any] | None:
+    """The API server front end a simulated run's latencies went through (infersim_meta's
+    `frontend`, as `infersim run --bench-json` records it), so that replaying infersim's
+    own file reproduces it; None otherwise: the engine alone, unless --set
+    frontend.kind=vllm_api_server models the API server a real client measured through."""
+    frontend = run.meta.get("frontend")
+    if frontend is None:
+        return None
+    if not isinstance(frontend, dict):
+        raise InfersimError(f"{run.source}: infersim_meta.frontend must be an object")
+    notes.append(f"front end: {frontend.get('kind')} (the simulated run's own, infersim_meta)")
+    return frontend
+
+
 def write_trace(run: MeasuredRun, trace: Path) -> None:
     """The run's arrivals and lengths as an infersim trace, in arrival order."""
     pd.DataFrame(
@@ -519,6 +533,8 @@ def replay_scenario(
         },
         "output": {"plots": False, "progress": False},
     }
+    if frontend := _frontend(run, notes):
+        sections["frontend"] = frontend
     given = {item.split("=", 1)[0].strip() for item in options.overrides}
     _check_recorded(run, setting, sections["serving"], given)
     write_trace(run, trace)

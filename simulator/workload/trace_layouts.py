@@ -125,6 +125,22 @@ def datetime_ns(path: Path, column: str, cells: list, line_no: np.ndarray) -> np
     return stamps.to_numpy(dtype="datetime64[ns]").astype(np.int64)
 
 
+# Counting a trace from its earliest request is said when, replayed as written, the run
+# would have idled before its first request for more than this share of the time to its
+# last arrival.
+SHIFT_SAID_SHARE = 0.1
+
+
+def shift_is_material(offset_s: float, span_s: float) -> bool:
+    """Whether moving a trace to start at its first request (by `offset_s`, its arrivals
+    spanning `span_s` after it) changes the run enough to say: an absolute clock (Unix
+    time: decades), a window cut from a longer log (an offset of hours before minutes of
+    requests). A first arrival one gap after 0, as any arrival process draws it (the
+    mooncake sample: 0.34 s before 7.75 s of requests; infersim's own bench JSON), is
+    not."""
+    return offset_s > SHIFT_SAID_SHARE * (offset_s + span_s)
+
+
 def seconds_from_earliest(stamps: np.ndarray, unit: TimeUnit) -> tuple[np.ndarray, float]:
     """Arrival times (in the file's `unit`) as seconds after the earliest, and how far
     that earliest is from the file's own zero, in seconds. A trace is replayed from its

@@ -38,6 +38,7 @@ from simulator.workload.trace_layouts import (
     datetime_ns,
     detect_layout,
     seconds_from_earliest,
+    shift_is_material,
 )
 
 __all__ = ["ARRIVAL_COLUMN", "MAX_TOKENS", "OUTPUT_COLUMN", "PROMPT_COLUMN", "Trace", "read_trace"]
@@ -154,7 +155,9 @@ def read_trace(
         values, lines, found = _parse_csv(path, text, columns)
     else:
         as_text = {layout.arrival} if arrivals and layout.time_unit == "datetime" else set()
-        values, lines, found = _parse_jsonl(path, text, columns, hashes, as_text)
+        read = {layout.file_column(c) for c in token_columns}
+        lengths = tuple(c for c in (layout.prompt, layout.output) if c in read)
+        values, lines, found = _parse_jsonl(path, text, columns, hashes, as_text, lengths)
     missing = [c for c in columns if c not in found]
     if missing:
         raise InfersimError(_missing_columns(path, layout, missing, found, arrivals, mapped))
@@ -229,7 +232,8 @@ def _with_arrivals(trace: Trace, cells: list[Any]) -> Trace:
     in arrival order. Either change to the file's own times is said (a warning): rows
     out of order (logs written as requests complete) are sorted, stably, so rows of equal
     times keep their file order; times that do not start at 0 (Unix time, a window cut
-    from a longer log) are counted from the earliest, as date-times always are."""
+    from a longer log) are counted from the earliest, as date-times always are, and said
+    where that shift is material (trace_layouts.shift_is_material)."""
     layout, path, line_no = trace.layout, trace.path, trace.lines
     column, unit = layout.arrival, layout.time_unit
     if unit == "datetime":
@@ -239,11 +243,11 @@ def _with_arrivals(trace: Trace, cells: list[Any]) -> Trace:
     arrived, offset_s = seconds_from_earliest(stamps, unit)
     order = _arrival_order(path, layout, stamps, line_no, cells)
     first = int(order[0])
-    if offset_s and unit != "datetime":
+    if unit != "datetime" and shift_is_material(offset_s, float(arrived.max())):
         warnings.warn(
             f"{_name(path)}: replayed from its earliest request ({column} "
-            f"{_cell(cells[first])} {unit}, {layout.row} {line_no[first]}, is t = 0): every "
-            f"arrival {_duration(offset_s)} earlier than the file writes it",
+            f"{_number(stamps[first])} {unit}, {layout.row} {line_no[first]}, is t = 0): "
+            f"every arrival {_duration(offset_s)} earlier than the file writes it",
             InfersimWarning,
             stacklevel=4,
         )
@@ -282,6 +286,12 @@ def _arrival_order(
 def _cell(value: Any) -> str:
     """A cell as the file writes it (one line)."""
     return _shown(str(value))
+
+
+def _number(value: float) -> str:
+    """A time as the file counts it, for people: 1,733,011,200.029, 0.342795 (not
+    0.34279452741857913)."""
+    return f"{value:,.6f}".rstrip("0").rstrip(".")
 
 
 def _duration(seconds: float) -> str:
@@ -439,14 +449,22 @@ def _parse_csv(
 
 
 def _parse_jsonl(
-    path: Path, text: str, columns: list[str], hashes: str | None, as_text: set[str]
+    path: Path,
+    text: str,
+    columns: list[str],
+    hashes: str | None,
+    as_text: set[str],
+    lengths: Sequence[str] = (),
 ) -> tuple[dict[str, list[Any]], list[int], list[str]]:
     """Values of the wanted keys (dotted for nested objects), numbers but for those in
     `as_text` (date-times, checked by their reader), and of the `hashes` key (lists of
     integers), with the file line of each object. The keys of the first object stand
-    for the file's columns; a later object missing one is an error."""
+    for the file's columns; a later object missing one is an error, but for one with
+    none of the `lengths` (an error response an OpenAI log writes without `usage`): left
+    out, and said once with how many."""
     values: dict[str, list[Any]] = {c: [] for c in [*columns, *([hashes] if hashes else [])]}
     lines: list[int] = []
+    unused: list[tuple[int, dict[str, Any]]] = []  # (line, object) of rows without lengths
     physical = text.split("\n")
     last = max(i for i, line in enumerate(physical, start=1) if line.strip())
     for number, line in enumerate(physical, start=1):
@@ -470,6 +488,9 @@ def _parse_jsonl(
                 f"{_name(path)}: line {number}: expected a JSON object, got {type(record).__name__}"
             )
         fields = [_field(record, c) for c in columns]
+        if lengths and all(_field(record, c) in (_ABSENT, None) for c in lengths):
+            unused.append((number, record))
+            continue
         if not lines and any(value is _ABSENT for value in fields):
             return values, lines, _flat_keys(record)
         for c, value in zip(columns, fields, strict=True):
@@ -482,6 +503,16 @@ def _parse_jsonl(
         if hashes is not None:
             values[hashes].append(_hash_list(path, number, hashes, record.get(hashes)))
         lines.append(number)
+    if unused and not lines:  # no row has them: the file lacks the columns
+        return values, lines, _flat_keys(unused[0][1])
+    if unused:
+        warnings.warn(
+            f"{_name(path)}: {len(unused):,} of its {len(unused) + len(lines):,} rows have "
+            f"no {' or '.join(lengths)} (first: line {unused[0][0]}; an error response "
+            "is logged without token counts) and are left out",
+            InfersimWarning,
+            stacklevel=5,
+        )
     return values, lines, columns
 
 
