@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from hardware_models.errors import InfersimError
+from hardware_models.errors import InfersimError, InfersimWarning
 from hardware_models.plot_labels import LEADER, spread_labels
 from simulator.formatting import sig
 from simulator.memory_planner import PLAN_SETTINGS, MaxModelLenRefused
@@ -105,27 +105,62 @@ class Candidate:
         return f"{self.gpu} tp{self.tp}{pp} {self.policy}"
 
 
+# A probe replays a trace's first rows; where their rate and the whole trace's differ by
+# more than this factor, the probes do not see the trace's pattern (a quiet start, a
+# burst later) and the plan warns.
+WINDOW_RATE_FACTOR = 1.5
+
+
+@dataclass(frozen=True)
+class TraceTimes:
+    """A trace's arrival times (seconds from its earliest, sorted) and file name."""
+
+    name: str
+    times: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    def rate(self, n: int | None = None) -> float:
+        """Arrival rate at time_scale 1 of the first n rows (the whole trace by default):
+        what a probe of n requests replays (workload.num_requests takes the first rows)."""
+        times = self.times[: n or len(self.times)]
+        span = float(times[-1] - times[0]) if len(times) else 0.0
+        if len(times) < 2 or span <= 0:
+            raise InfersimError(
+                f"plan: {self.name}: its first {len(times):,} arrivals span no time; a plan "
+                "scales a trace's rate by its arrival times (give poisson, gamma or "
+                "constant arrivals)"
+            )
+        return (len(times) - 1) / span
+
+    def least_representative(self, shortest: int) -> tuple[int, float]:
+        """Of the windows a probe may replay (the first n rows, n from `shortest` to the
+        whole trace), the one whose rate is furthest from the whole trace's: (n, rate)."""
+        n = np.arange(max(shortest, 2), len(self.times) + 1)
+        with np.errstate(divide="ignore"):
+            rates = (n - 1) / (self.times[n - 1] - self.times[0])
+        apart = np.maximum(rates / self.rate(), self.rate() / rates)
+        worst = int(np.argmax(apart))
+        return int(n[worst]), float(rates[worst])
+
+
 @cache
-def _trace_arrivals(path: Path, columns: str) -> tuple[float, int]:
-    """A trace's mean arrival rate at time_scale 1 (its requests over the span of their
-    arrivals) and its request count; read once a process."""
+def _trace_arrivals(path: Path, columns: str) -> TraceTimes:
+    """A trace's arrival times; read once a process."""
     from simulator.workload.config import TraceColumns
     from simulator.workload.traces import read_trace
 
     layout = TraceColumns.model_validate_json(columns).layout() if columns != "null" else None
     times = read_trace(path, arrivals=True, layout=layout).arrived_at
     assert times is not None
-    span = float(times[-1] - times[0]) if len(times) else 0.0
-    if len(times) < 2 or span <= 0:
-        raise InfersimError(
-            f"plan: {path.name}: its {len(times)} arrivals span no time; a plan scales a "
-            "trace's rate by its arrival times (give poisson, gamma or constant arrivals)"
-        )
-    return (len(times) - 1) / span, len(times)
+    trace = TraceTimes(path.name, times)
+    trace.rate()  # a trace whose arrivals span no time cannot be scaled: say so now
+    return trace
 
 
-def _trace(scenario: Scenario) -> tuple[float, int] | None:
-    """(rate at time_scale 1, requests) of the scenario's arrival trace; None without."""
+def _trace(scenario: Scenario) -> TraceTimes | None:
+    """The scenario's arrival trace; None without."""
     arrivals = scenario.workload.arrivals
     if not isinstance(arrivals, TraceArrivals):
         return None
@@ -138,7 +173,7 @@ def _base_rate(scenario: Scenario) -> float:
     time_scale."""
     arrivals = scenario.workload.arrivals
     if (trace := _trace(scenario)) is not None:
-        return trace[0] / arrivals.time_scale
+        return trace.rate() / arrivals.time_scale
     rate = getattr(arrivals, "rate_per_s", None)
     if rate is None:
         raise InfersimError(
@@ -158,7 +193,39 @@ def planned_rate(scenario: Scenario) -> float:
 def _max_requests(scenario: Scenario) -> int:
     """The most requests a probe runs: MAX_PROBE_REQUESTS, or a trace's length."""
     trace = _trace(scenario)
-    return MAX_PROBE_REQUESTS if trace is None else min(MAX_PROBE_REQUESTS, trace[1])
+    return MAX_PROBE_REQUESTS if trace is None else min(MAX_PROBE_REQUESTS, len(trace))
+
+
+def _check_trace_window(scenario: Scenario) -> None:
+    """Warn where the probes' trace windows misstate the trace: a probe replays its first
+    rows scaled to the rate it names, so a window whose rate is WINDOW_RATE_FACTOR or more
+    from the whole trace's (a quiet start before a burst) shows a pattern the trace does
+    not have; and a trace shorter than plan.requests_per_probe caps every probe."""
+    trace, plan = _trace(scenario), scenario.plan
+    if trace is None or plan is None:
+        return
+    whole, shortest = trace.rate(), min(plan.requests_per_probe, len(trace))
+    if len(trace) < plan.requests_per_probe:
+        warnings.warn(
+            f"plan: {trace.name} has {len(trace):,} requests, fewer than "
+            f"plan.requests_per_probe ({plan.requests_per_probe:,}): every probe replays at "
+            "most the whole trace, and a fleet it is too short to judge stays unverified",
+            InfersimWarning,
+            stacklevel=3,
+        )
+    n, rate = trace.least_representative(shortest)
+    apart = max(rate / whole, whole / rate)
+    if apart >= WINDOW_RATE_FACTOR:
+        warnings.warn(
+            f"plan: {trace.name}: a probe replays its first rows, scaled to the rate the probe "
+            f"names; its first {n:,} arrive at {sig(rate)} req/s, the whole trace's "
+            f"{len(trace):,} at {sig(whole)} req/s ({apart:.1f}x apart, over "
+            f"{WINDOW_RATE_FACTOR:g}x): the probes do not see the trace's pattern (its quiet "
+            f"spells and bursts), so check the plan with `infersim run` of the whole trace "
+            f"on the fleet, or give plan.requests_per_probe {len(trace):,} to replay it all",
+            InfersimWarning,
+            stacklevel=3,
+        )
 
 
 def _size(fleet: Fleet) -> int:
@@ -183,8 +250,9 @@ def _at(scenario: Scenario, candidate: Candidate, rate: float, fleet: Fleet, n: 
     data["serving"] = {**data["serving"], "policy": candidate.policy}
     data["workload"] = {**data["workload"], "num_requests": n, "duration_s": None}
     trace = _trace(scenario)
-    # a trace is replayed faster or slower: its mean rate becomes `rate`
-    pace = {"rate_per_s": rate} if trace is None else {"time_scale": trace[0] / rate}
+    # a trace is replayed faster or slower: the mean rate of the n rows replayed becomes
+    # `rate` (the whole trace's mean would offer a quiet start at a fraction of it)
+    pace = {"rate_per_s": rate} if trace is None else {"time_scale": trace.rate(n) / rate}
     data["workload"]["arrivals"] = {**data["workload"]["arrivals"], **pace}
     data["output"] = {"plots": False, "csv": False, "progress": False}
     return Scenario.from_dict(data, source="plan")
@@ -454,7 +522,8 @@ def _batch_limits(scenario: Scenario, candidate: Candidate, rate: float) -> dict
     from simulator.simulation import batch_limits_of
 
     try:
-        return batch_limits_of(_at(scenario, candidate, rate, 1, 1))
+        n = min(scenario.plan.requests_per_probe, _max_requests(scenario))
+        return batch_limits_of(_at(scenario, candidate, rate, 1, n))
     except InfersimError:  # the candidate's own row says why it cannot run
         return dict.fromkeys(BATCH_LIMITS)
 
@@ -553,6 +622,7 @@ def plan_capacity(
         raise InfersimError(f"workers: expected at least 1 (got {workers})")
     _base_rate(scenario)
     _check_overrides(scenario)
+    _check_trace_window(scenario)
     plan, todo = scenario.plan, candidates(scenario.plan)
     if workers == 1:
         finished: Iterable[tuple[int, Any]] = (

@@ -476,8 +476,57 @@ def test_a_trace_is_planned_at_its_own_rate_or_replayed_at_the_target(make_scena
     assert planned_rate(scenario) == pytest.approx(native / 2)  # slowed down twice
     assert _max_requests(scenario) == 400
     probe = _at(scenario, Candidate("h100-sxm", 1, 1, "continuous"), 6.0, 1, 300)
-    assert probe.workload.arrivals.time_scale == pytest.approx(native / 6.0)
+    first_300 = 299 / (times[299] - times[0])  # the rows the probe replays
+    assert probe.workload.arrivals.time_scale == pytest.approx(first_300 / 6.0)
     table = plan_capacity(scenario.with_overrides(["plan.target_rate_per_s=3"]), workers=1)
     row = table.iloc[0]
     assert row["status"] in ("ok", "unverified"), row["reason"]
     assert row["replicas"] >= 1
+
+
+def _bursty_trace(path: Path, quiet: int = 300, burst: int = 900) -> Path:
+    """`quiet` requests at 1 req/s, then `burst` at 25 req/s."""
+    times = np.concatenate([np.arange(quiet) * 1.0, quiet + np.arange(burst) / 25.0])
+    path.write_text("arrived_at\n" + "\n".join(f"{t:.6f}" for t in times) + "\n")
+    return path
+
+
+def test_a_probe_of_a_trace_offers_the_rate_it_names(make_scenario, tmp_path):
+    """A probe replays the trace's first n rows: it is scaled by their rate, not by the
+    whole trace's (a quiet start would be offered at a fraction of the rate named), and
+    the simulated arrivals run at the rate named."""
+    path = _bursty_trace(tmp_path / "bursty.csv")
+    arrivals = {"kind": "trace", "path": str(path)}
+    scenario = _plan_scenario(make_scenario, gpus=["a100-80gb-sxm"]).with_overrides(
+        [f"workload.arrivals={json.dumps(arrivals)}"]
+    )
+    probe = _at(scenario, Candidate("a100-80gb-sxm", 1, 1, "chunked_prefill"), 5.0, 1, 200)
+    assert probe.workload.arrivals.time_scale == pytest.approx(1 / 5.0)
+    offered = simulate(probe).summary()["load"]["offered_requests_per_s"]
+    assert offered == pytest.approx(5.0, rel=0.1)
+
+
+def test_a_plan_warns_where_the_trace_windows_probed_misstate_the_trace(make_scenario, tmp_path):
+    """A window replayed at a rate 1.5x or more from the whole trace's (a quiet start
+    before a burst), and a trace shorter than a probe, are said once, before the search."""
+    from simulator.planner import _check_trace_window
+
+    path = _bursty_trace(tmp_path / "bursty.csv")
+    arrivals = {"kind": "trace", "path": str(path)}
+    scenario = _plan_scenario(make_scenario, gpus=["a100-80gb-sxm"]).with_overrides(
+        [f"workload.arrivals={json.dumps(arrivals)}", "plan.requests_per_probe=200"]
+    )
+    with pytest.warns(
+        InfersimWarning, match=r"its first 200 arrive at 1.00 req/s.*1,200 at 3.57"
+    ) as w:
+        _check_trace_window(scenario)
+    assert len(w) == 1
+    steady = tmp_path / "steady.csv"
+    steady.write_text("arrived_at\n" + "\n".join(f"{t / 4:.6f}" for t in range(300)) + "\n")
+    even = scenario.with_overrides([f"workload.arrivals.path={steady}"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _check_trace_window(even)
+    short = even.with_overrides(["plan.requests_per_probe=500"])
+    with pytest.warns(InfersimWarning, match=r"300 requests, fewer than plan.requests_per_probe"):
+        _check_trace_window(short)
