@@ -55,9 +55,11 @@ from simulator.metrics.overload import (
     RAMPS_TO_JUDGE,
     STABLE,
     TOO_SHORT,
+    WARMUP_SHARE,
     judged_long_enough,
     verdict,
 )
+from simulator.metrics.summary import FRONTEND_BUSY
 from simulator.progress import Progress
 from simulator.scenario import (
     BATCH_LIMITS,
@@ -109,6 +111,8 @@ class Candidate:
 # more than this factor, the probes do not see the trace's pattern (a quiet start, a
 # burst later) and the plan warns.
 WINDOW_RATE_FACTOR = 1.5
+# A probe's note where the trace's length, not the planner, held it short.
+WHOLE_TRACE = "(the whole trace)"
 
 
 @dataclass(frozen=True)
@@ -294,11 +298,29 @@ def _margins(summary: dict[str, Any], scenario: Scenario, pct: str) -> dict[str,
     return out
 
 
+def _frontend_busy(summary: dict[str, Any]) -> float | None:
+    """The API server processes' busy share where they were saturated (FRONTEND_BUSY or
+    more: they, not the GPUs, capped the throughput), else None."""
+    busy = (summary.get("frontend") or {}).get("utilisation") or 0.0
+    return busy if busy >= FRONTEND_BUSY else None
+
+
 def _meets(summary: dict[str, Any], scenario: Scenario, pct: str) -> bool:
+    """Every request completed, no overload (a saturated front end is one: its queue of
+    tokens grows though the GPUs keep up) and every SLO bound holds at the percentile."""
     counts = summary["counts"]
     if counts["completed"] < counts["arrived"] or summary.get("overloaded"):
         return False
+    if _frontend_busy(summary) is not None:
+        return False
     return all(m >= 1.0 for m in _margins(summary, scenario, pct).values())
+
+
+def _ramp_over(summary: dict[str, Any]) -> bool:
+    """Whether the run watched the requests in the system past their ramp (over
+    RAMPS_TO_JUDGE ramps' time): a `stable` verdict before that saw no steady state."""
+    system = (summary.get("load") or {}).get("in_system")
+    return bool(system and system["ramp_over"])
 
 
 def _run(scenario: Scenario) -> dict[str, Any]:
@@ -319,6 +341,22 @@ class Probe:
     summary: dict[str, Any]
     note: str = ""
 
+    @property
+    def verified(self) -> bool:
+        """Met the SLOs and judged stable past its ramp: a probe too short to judge may
+        have met them only because its queue had not yet grown."""
+        return self.ok and self.summary["overload_verdict"] == STABLE and _ramp_over(self.summary)
+
+
+def _past_the_ramp(ramp_end_s: float, rate: float, n: int) -> int:
+    """Requests for a run of T s to watch the requests in the system over RAMPS_TO_JUDGE
+    ramps after theirs. The ramp ends a time in system tau after the first WARMUP_SHARE
+    of arrivals, so it lengthens with the run: T - (W T + tau) >= R (W T + tau) needs
+    T >= (1 + R) tau / (1 - (1 + R) W) (overload.in_system_trend)."""
+    tau = max(ramp_end_s - WARMUP_SHARE * n / rate, 0.0)
+    runs = 1 + RAMPS_TO_JUDGE
+    return math.ceil(1.1 * rate * runs * tau / (1 - runs * WARMUP_SHARE))
+
 
 def _requests_needed(summary: dict[str, Any], rate: float, n: int) -> int:
     """Requests a steady-state verdict needs: STEADY_TURNOVERS turnovers of what the fleet
@@ -327,9 +365,11 @@ def _requests_needed(summary: dict[str, Any], rate: float, n: int) -> int:
     detectable (the detectable share falls as 1 / sqrt(arrivals))."""
     time_in_system = summary["latency"]["e2e"]["p50"] or 0.0
     needed = math.ceil(STEADY_TURNOVERS * rate * time_in_system)
+    load, system = summary["load"], summary["load"]["in_system"]
+    if system and not system["ramp_over"]:
+        needed = max(needed, _past_the_ramp(system["ramp_end_s"], rate, n))
     if summary["overload_verdict"] != TOO_SHORT:
         return needed
-    load, system = summary["load"], summary["load"]["in_system"]
     within_noise = [load] if load["unserved_share"] and verdict(load) == TOO_SHORT else []
     if system["verdict"] == TOO_SHORT and judged_long_enough(system):
         within_noise.append(system)
@@ -367,43 +407,83 @@ def _probe(
         summary = _run(_at(scenario, c, rate, fleet, n))
         needed = max(needed, _requests_needed(summary, rate, n))
     if needed > n:
-        note = f"verified with {n:,} requests where a steady-state verdict needs {needed:,}"
+        whole = f" {WHOLE_TRACE}" if _trace(scenario) is not None and n >= most else ""
+        note = f"verified with {n:,} requests{whole} where a steady-state verdict needs {needed:,}"
     if summary["overload_verdict"] == TOO_SHORT:
         note = "; ".join(filter(None, (note, summary["overload_note"])))
+    elif summary["overload_verdict"] == STABLE and not _ramp_over(summary):
+        ramp = summary["load"]["in_system"]["ramp_end_s"]
+        short = (
+            f"too short to judge overload: the requests in the system were still filling up "
+            f"(to {ramp:,.0f} s) and a verdict needs {RAMPS_TO_JUDGE} times that long of "
+            "arrivals after it"
+        )
+        note = "; ".join(filter(None, (note, short)))
     return Probe(_meets(summary, scenario, plan.percentile), summary, note)
 
 
 @dataclass(frozen=True)
 class Capacity:
-    """One replica's capacity within the SLOs: `rps` (0 if none); `capped` when it met
-    them at the planned rate itself, the first rate probed, so that `rps` is a lower
-    bound; `missed` is the failing probe at the lowest rate tried when none met them."""
+    """One replica's capacity within the SLOs: `rps`, the highest rate verified (0 if
+    none); `capped` when that was the planned rate itself, the first rate probed, so
+    that `rps` is a lower bound; `unjudged`, the lowest rate above it that met the SLOs
+    in a probe too short to judge overload (0 if none): the capacity may be up to there,
+    a lower bound too, or, with no rate verified, unknown. `missed` is the failing probe
+    at the lowest rate tried when none met them."""
 
     rps: float
     capped: bool
+    unjudged: float = 0.0
     missed: Probe | None = None
     missed_rate: float = 0.0
 
+    @property
+    def sizing_rps(self) -> float:
+        """What the fleet is sized from: the verified capacity, else the unjudged rate."""
+        return self.rps or self.unjudged
+
+    def note(self) -> str:
+        """What the row says where the capacity is a lower bound or unknown."""
+        if not self.unjudged:
+            return ""
+        if not self.rps:
+            return (
+                f"replica capacity unknown: probes up to {sig(self.unjudged)} req/s met the "
+                "SLOs but were too short to judge overload; sized from that rate"
+            )
+        return (
+            f"replica capacity at least {sig(self.rps)} req/s: a probe at "
+            f"{sig(self.unjudged)} req/s met the SLOs but was too short to judge overload"
+        )
+
 
 def _replica_capacity(scenario: Scenario, c: Candidate, plan: PlanSection, hi: float) -> Capacity:
-    """Highest rate one replica serves within the SLOs, bisected below `hi`."""
+    """Highest rate one replica serves within the SLOs, bisected below `hi`; a probe too
+    short to judge overload is no pass (its queue may not have grown yet), so the
+    bisection goes below it and the capacity says it is a lower bound."""
     n = plan.requests_per_probe
-    lo = 0.0
+    lo, unjudged = 0.0, 0.0
     missed = _probe(scenario, c, hi, 1, n)
-    if missed.ok:
+    if missed.verified:
         return Capacity(hi, capped=True)
     missed_rate = hi
+    if missed.ok:
+        unjudged = hi
     for _ in range(BISECTION_STEPS):
         mid = (lo + hi) / 2 if lo else hi / 2 ** (BISECTION_STEPS // 2)
         probe = _probe(scenario, c, mid, 1, n)
-        if probe.ok:
+        if probe.verified:
             lo = mid
+        elif probe.ok:
+            hi = unjudged = mid
         else:
             hi = mid
             missed, missed_rate = probe, mid
         if lo and hi / lo < 1.08:
             break
-    return Capacity(lo, capped=False) if lo else Capacity(0.0, False, missed, missed_rate)
+    if lo or unjudged:
+        return Capacity(lo, capped=False, unjudged=unjudged)
+    return Capacity(0.0, False, missed=missed, missed_rate=missed_rate)
 
 
 def _misses(probe: Probe, scenario: Scenario, pct: str) -> str:
@@ -416,6 +496,8 @@ def _misses(probe: Probe, scenario: Scenario, pct: str) -> str:
                    "requests did not complete")  # fmt: skip
     if summary.get("overloaded"):
         out.append(f"overloaded ({summary['overload_reason']})")
+    if (busy := _frontend_busy(summary)) is not None:
+        out.append(f"API server processes {busy:.0%} busy (frontend.api_server_count)")
     bounds = {"ttft": slo.ttft_ms, "tpot": slo.tpot_ms, "e2e": slo.e2e_ms}
     for metric, margin in _margins(summary, scenario, pct).items():
         if margin < 1.0:
@@ -435,7 +517,7 @@ def _colocated(
             f"({sig(capacity.missed_rate)} req/s): "
             f"{_misses(capacity.missed, scenario, plan.percentile)}"
         )
-    replicas = math.ceil(target / capacity.rps)
+    replicas = math.ceil(target / capacity.sizing_rps)
     probe = None
     for _ in range(VERIFY_ATTEMPTS):
         if replicas > plan.max_replicas:
@@ -500,7 +582,7 @@ def _row(scenario: Scenario, candidate: Candidate, fleet: Fleet, probe: Probe) -
     pct = plan.percentile
     split = {} if isinstance(fleet, int) else dict(zip(("prefill", "decode"), fleet, strict=True))
     return {
-        "status": "ok" if summary["overload_verdict"] == STABLE else "unverified",
+        "status": "ok" if probe.verified else "unverified",
         "replicas": _size(fleet),
         "prefill_replicas": split.get("prefill"),
         "decode_replicas": split.get("decode"),
@@ -551,14 +633,15 @@ def evaluate(scenario: Scenario, candidate: Candidate) -> list[dict[str, Any]]:
     start = 1  # where the disaggregated search starts: the colocated size, when known
     try:
         capacity = _replica_capacity(scenario, candidate, plan, target)
-        start = math.ceil(target / capacity.rps) if capacity.rps else 1
+        start = math.ceil(target / capacity.sizing_rps) if capacity.sizing_rps else 1
         replicas, probe = _colocated(scenario, candidate, plan, target, capacity)
         start = replicas
         row = {
-            "replica_capacity_rps": capacity.rps,
+            "replica_capacity_rps": capacity.rps or float("nan"),
             "capacity_capped": capacity.capped,
             **_row(scenario, candidate, replicas, probe),
         }
+        row["note"] = "; ".join(filter(None, (capacity.note(), row["note"])))
     except InfersimError as exc:
         row = {"status": "infeasible", "reason": _reason(exc)}
     rows.append({**base, "layout": "colocated", **row})

@@ -321,8 +321,14 @@ def test_a_probe_ended_within_its_ramp_is_run_past_it():
     ramp = {"verdict": "too_short_to_judge", "ramp_over": False, "ramp_end_s": 30.0,
             "arrivals": 1_200}  # fmt: skip
     summary = _summary("too_short_to_judge", 0.0, 0.1, 2.0, in_system=ramp)
-    assert _requests_needed(summary, 10.0, 300) == 300 + 1_000
-    assert _requests_needed(summary, 50.0, 300) == 4 * 1_500
+    # the ramp ends tau after the first 10% of arrivals (30 s at 10 req/s: tau = 27 s) and
+    # lengthens with the run: T >= 4 tau / (1 - 4 x 10%) = 180 s, 1,800 requests, +10%
+    assert _requests_needed(summary, 10.0, 300) == 1_980
+    # at 50 req/s 300 requests take 6 s (tau = 29.4 s): 196 s, 9,800 requests, +10%
+    assert _requests_needed(summary, 50.0, 300) == pytest.approx(10_780, abs=1)
+    # a run judged stable within its ramp saw no steady state either: run past it
+    stable = _summary("stable", 0.0, 0.1, 2.0, in_system={**ramp, "verdict": "stable"})
+    assert _requests_needed(stable, 10.0, 300) == 1_980
 
 
 def test_a_probe_held_at_the_request_cap_says_so_in_the_plan(make_scenario, monkeypatch):
@@ -333,12 +339,12 @@ def test_a_probe_held_at_the_request_cap_says_so_in_the_plan(make_scenario, monk
     table = plan_capacity(_plan_scenario(make_scenario, gpus=["a100-80gb-sxm"]), workers=1)
     ok = table[table["status"].isin(["ok", "unverified"])]
     assert not ok.empty
-    assert ok["note"].str.startswith("verified with 120 requests where a steady-state").all()
+    assert ok["note"].str.contains("verified with 120 requests where a steady-state").all()
     assert set(ok["overload_verdict"]) <= {"stable", "too_short_to_judge"}
     # a fleet whose probe could not be judged is not `ok`: it is unverified
     short = ok["overload_verdict"] == "too_short_to_judge"
     assert (ok.loc[short, "status"] == "unverified").all()
-    assert (ok.loc[~short, "status"] == "ok").all()
+    assert (ok.loc[ok["status"] == "ok", "overload_verdict"] == "stable").all()
 
 
 def test_unverified_fleets_rank_after_verified_ones_and_ties_by_cost_per_token():
@@ -530,3 +536,76 @@ def test_a_plan_warns_where_the_trace_windows_probed_misstate_the_trace(make_sce
     short = even.with_overrides(["plan.requests_per_probe=500"])
     with pytest.warns(InfersimWarning, match=r"300 requests, fewer than plan.requests_per_probe"):
         _check_trace_window(short)
+
+
+def _fake_probe(verified_to: float, unjudged_to: float):
+    """A replica that meets the SLOs, judged stable, up to `verified_to` req/s, meets them
+    in probes too short to judge up to `unjudged_to`, and misses them above."""
+    from simulator.planner import Probe
+
+    def probe(scenario, c, rate, fleet, n=None):
+        judged = "stable" if rate <= verified_to else "too_short_to_judge"
+        summary = {"overload_verdict": judged, "load": {"in_system": {"ramp_over": True}}}
+        return Probe(rate <= unjudged_to, summary)
+
+    return probe
+
+
+def test_the_capacity_bisection_counts_no_probe_too_short_to_judge_as_a_pass(
+    make_scenario, monkeypatch
+):
+    """A probe that met the SLOs before its queue could show a rise is no pass: the
+    capacity is the highest rate judged stable, said to be a lower bound, or unknown."""
+    from simulator import planner
+
+    scenario = _plan_scenario(make_scenario, gpus=["a100-80gb-sxm"])
+    c = Candidate("a100-80gb-sxm", 1, 1, "chunked_prefill")
+    monkeypatch.setattr(planner, "_probe", _fake_probe(verified_to=4.0, unjudged_to=8.0))
+    capacity = planner._replica_capacity(scenario, c, scenario.plan, 16.0)
+    assert 4.0 / 1.08 <= capacity.rps <= 4.0 and 4.0 < capacity.unjudged <= 8.0
+    assert not capacity.capped and capacity.sizing_rps == capacity.rps
+    assert capacity.note().startswith(f"replica capacity at least {capacity.rps:.3g} req/s")
+    monkeypatch.setattr(planner, "_probe", _fake_probe(verified_to=0.0, unjudged_to=8.0))
+    unknown = planner._replica_capacity(scenario, c, scenario.plan, 16.0)
+    assert unknown.rps == 0 and unknown.missed is None and unknown.sizing_rps > 0
+    assert unknown.note().startswith("replica capacity unknown")
+    # met and judged at the planned rate itself: capped there, nothing to say
+    monkeypatch.setattr(planner, "_probe", _fake_probe(verified_to=20.0, unjudged_to=20.0))
+    capped = planner._replica_capacity(scenario, c, scenario.plan, 16.0)
+    assert (capped.rps, capped.capped, capped.note()) == (16.0, True, "")
+
+
+def test_a_saturated_front_end_fails_a_probe(make_scenario):
+    """API server processes busy 90% of the time or more capped the throughput (their
+    token queue grows while the GPUs keep up): a probe there misses, and says why."""
+    from simulator.planner import Probe, _meets, _misses
+
+    scenario = _plan_scenario(make_scenario)
+    summary = {"counts": {"arrived": 100, "completed": 100}, "overloaded": False,
+               "latency": {"ttft": {"p99": 0.5}, "tpot": {"p99": 0.02}, "e2e": {}},
+               "frontend": {"utilisation": 0.5}}  # fmt: skip
+    assert _meets(summary, scenario, "p99")
+    busy = {**summary, "frontend": {"utilisation": 0.97}}
+    assert not _meets(busy, scenario, "p99")
+    assert _misses(Probe(False, busy), scenario, "p99") == (
+        "API server processes 97% busy (frontend.api_server_count)"
+    )
+
+
+def test_plan_cli_asks_for_a_longer_trace_where_the_trace_held_the_probes(tmp_path, capsys):
+    """Probes are capped at a trace's length: raising plan.requests_per_probe cannot
+    lengthen them, so the advice is a longer trace."""
+    path = _bursty_trace(tmp_path / "short.csv", quiet=0, burst=120)
+    data = scenario_dict(
+        slo={"ttft_ms": 1500, "tpot_ms": 60},
+        workload={"arrivals": {"kind": "trace", "path": str(path)}},
+        plan={"gpus": ["a100-80gb-sxm"], "tp": [1], "requests_per_probe": 100,
+              "target_rate_per_s": 20},
+    )  # fmt: skip
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(data))
+    argv = ["plan", str(tmp_path / "plan.yaml"), "-o", str(tmp_path / "out"), "--workers", "1"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "(the whole trace)" in captured.out
+    assert "no candidate was verified" in captured.err
+    assert "replay a longer trace" in captured.err

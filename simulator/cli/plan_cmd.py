@@ -27,6 +27,7 @@ def _run(args: argparse.Namespace) -> int:
     from simulator.cli.run_cmd import free_results_dir
     from simulator.planner import (
         FEASIBLE,
+        WHOLE_TRACE,
         candidates,
         pareto_figure,
         plan_capacity,
@@ -72,7 +73,8 @@ def _run(args: argparse.Namespace) -> int:
         print("infersim: no candidate meets the SLOs (see the reasons above)", file=sys.stderr)
         return 1
     if not (table["status"] == "ok").any():
+        whole = table["note"].fillna("").str.contains(WHOLE_TRACE, regex=False).any()
+        longer = "replay a longer trace" if whole else "raise plan.requests_per_probe"
         print("infersim: no candidate was verified: every feasible one's probe was too short "
-              "to judge overload (see the notes); raise plan.requests_per_probe",
-              file=sys.stderr)  # fmt: skip
+              f"to judge overload (see the notes); {longer}", file=sys.stderr)  # fmt: skip
     return 0
