@@ -28,8 +28,10 @@ any more), doubling if not; then the decode pool is bisected down with the prefi
 kept ample, and the prefill pool bisected down with that decode pool. Every size reported
 was simulated as a whole fleet at the target rate and met the SLOs.
 
-Survivors are ranked by $/hour, equal prices by $ per 1M output tokens (at the steady
-state, simulator.metrics.summary) and then the latencies. Candidates run in parallel
+Survivors are ranked by $/hour, equal prices by $ per 1M output tokens and then the
+latencies. The latencies are the verifying probe's, at target x (1 + headroom), the load
+the fleet was verified at; the price per token is at the planned rate (target), what the
+planned traffic pays: the fleet's $/hour over that rate's output tokens. Candidates run in parallel
 through the sweep's executor, on local processes or a Dask cluster.
 """
 
@@ -572,10 +574,24 @@ def _layouts(plan: PlanSection, candidate: Candidate) -> list[str]:
     return ["colocated", "disaggregated"] if disaggregated else ["colocated"]
 
 
+def _token_price(summary: dict[str, Any], rate: float) -> float | None:
+    """$ per 1M output tokens of the probe's fleet serving `rate` req/s: its $/hour over
+    rate x the output tokens of a request (the probe's mean). A fleet that meets the SLOs
+    at a probe's higher rate serves `rate` in full, so this is what the planned traffic
+    pays per token; the probe's own figure, at target x (1 + headroom), would understate it
+    by that headroom."""
+    throughput = summary["throughput"]
+    if not throughput["requests_per_s"]:
+        return None
+    tokens_per_request = throughput["output_tokens_per_s"] / throughput["requests_per_s"]
+    return summary["cost"]["usd_per_hour"] / 3600 * 1e6 / (rate * tokens_per_request)
+
+
 def _row(scenario: Scenario, candidate: Candidate, fleet: Fleet, probe: Probe) -> dict[str, Any]:
-    """A feasible fleet's row: its size, cost (per token at the verifying probe's steady
-    state) and latency at the planned load, and the probe's verdict and note; `unverified`
-    when the probe was too short to judge overload."""
+    """A feasible fleet's row: its size, cost per output token at the planned rate
+    (`_token_price`), latency at the verified load (target x (1 + headroom)), and the
+    probe's verdict and note; `unverified` when the probe was too short to judge
+    overload."""
     summary = probe.summary
     plan = scenario.plan
     assert plan is not None
@@ -588,12 +604,12 @@ def _row(scenario: Scenario, candidate: Candidate, fleet: Fleet, probe: Probe) -
         "decode_replicas": split.get("decode"),
         "gpus": _size(fleet) * replica_gpus(candidate.tp, candidate.pp, scenario.parallelism.dp),
         "usd_per_hour": summary["cost"]["usd_per_hour"],
-        "usd_per_million_output_tokens": summary["cost"]["usd_per_million_output_tokens"],
+        "usd_per_million_output_tokens": _token_price(summary, planned_rate(scenario)),
         f"ttft_{pct}_ms": 1000 * summary["latency"]["ttft"][pct],
         f"tpot_{pct}_ms": 1000 * summary["latency"]["tpot"][pct],
         **{f"{k}_margin": v for k, v in _margins(summary, scenario, pct).items()},
         "overload_verdict": summary["overload_verdict"],
-        "note": "; ".join(filter(None, (probe.note, summary["cost"]["note"]))),
+        "note": probe.note,
         "reason": "",
     }
 

@@ -609,3 +609,22 @@ def test_plan_cli_asks_for_a_longer_trace_where_the_trace_held_the_probes(tmp_pa
     assert "(the whole trace)" in captured.out
     assert "no candidate was verified" in captured.err
     assert "replay a longer trace" in captured.err
+
+
+def test_a_fleet_is_priced_per_token_at_the_planned_rate_not_the_verified_one(make_scenario):
+    """Latencies are the verifying probe's, at target x (1 + headroom); the price per
+    token is what the planned traffic pays: a run of the fleet at the planned rate."""
+    scenario = _plan_scenario(make_scenario, gpus=["a100-80gb-sxm"], headroom=0.5)
+    row = plan_capacity(scenario, workers=1).iloc[0]
+    assert row["status"] in ("ok", "unverified"), row["reason"]
+    check = scenario.with_overrides(
+        [f"hardware.gpu={row['gpu']}", f"parallelism.replicas={int(row['replicas'])}",
+         "parallelism.router=least_outstanding", f"serving.policy={row['policy']}",
+         "workload.num_requests=600"]
+    )  # fmt: skip
+    at_planned = simulate(check, progress=False).summary()["cost"]
+    assert row["usd_per_hour"] == pytest.approx(at_planned["usd_per_hour"])
+    # the probe at 9 req/s would give 1 / 1.5 of it
+    assert row["usd_per_million_output_tokens"] == pytest.approx(
+        at_planned["usd_per_million_output_tokens"], rel=0.1
+    )

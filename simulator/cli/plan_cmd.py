@@ -54,10 +54,11 @@ def _run(args: argparse.Namespace) -> int:
              "max_num_batched_tokens", "layout", "replicas", *split, "gpus",
              "usd_per_hour", "usd_per_million_output_tokens", f"ttft_{pct}_ms",
              f"tpot_{pct}_ms", "status", "reason", "note"]  # fmt: skip
-    print(f"Plan for {scenario.model.name}: "
-          f"{sig(planned_rate(scenario))} req/s "
-          f"+{plan.headroom:.0%} headroom, SLO at {pct}; $ per 1M output tokens at each "
-          "fleet's steady state; unverified: too short to judge overload")  # fmt: skip
+    rate = planned_rate(scenario)
+    print(f"Plan for {scenario.model.name}: {sig(rate)} req/s, verified at "
+          f"{sig(rate * (1 + plan.headroom))} req/s (+{plan.headroom:.0%} headroom), SLO at "
+          f"{pct}; latencies at the verified rate, $ per 1M output tokens at the planned "
+          f"{sig(rate)} req/s")  # fmt: skip
     print(table[[c for c in shown if c in table]].to_string(
         index=False, float_format=sig, na_rep="-", line_width=WIDTH))  # fmt: skip
     outdir.mkdir(parents=True, exist_ok=True)
