@@ -71,7 +71,7 @@ from simulator.scenario import (
     override_key,
     replica_gpus,
 )
-from simulator.sweep import JobError, run_parallel, warn_named, warning_texts
+from simulator.sweep import JobError, run_parallel, warning_texts
 from simulator.workload.config import TraceArrivals
 
 if TYPE_CHECKING:
@@ -719,9 +719,14 @@ def plan_capacity(
         raise InfersimError("workers: give a worker count or a Dask client, not both")
     if workers is not None and workers < 1:
         raise InfersimError(f"workers: expected at least 1 (got {workers})")
-    _base_rate(scenario)
-    _check_overrides(scenario)
-    _check_trace_window(scenario)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _base_rate(scenario)
+        _check_overrides(scenario)
+        _check_trace_window(scenario)
+    said = warning_texts(caught)  # the plan's own, said once: not again per candidate
+    for text in said:
+        warnings.warn(text, InfersimWarning, stacklevel=2)
     plan, todo = scenario.plan, candidates(scenario.plan)
     if workers == 1:
         finished: Iterable[tuple[int, Any]] = (
@@ -738,7 +743,8 @@ def plan_capacity(
         results.append(item)
         bar.update(done)
     bar.close()
-    rows = []
+    rows: list[dict[str, Any]] = []
+    raised: dict[str, list[str]] = {}
     for index, result in sorted(results):
         candidate = todo[index]
         if isinstance(result, JobError):  # its worker died on every try, or Dask lost it
@@ -748,9 +754,24 @@ def plan_capacity(
                 for layout in _layouts(plan, candidate)
             )  # fmt: skip
             continue
-        warn_named(f"candidate {candidate.name}", result["warnings"])
+        for text in result["warnings"]:
+            if text not in said:  # the plan's own (reading its trace): said above
+                raised.setdefault(text, []).append(candidate.name)
         rows.extend(result["rows"])
+    _warn_once(raised, len(todo))
     return _ranked(pd.DataFrame(rows), plan.percentile)
+
+
+def _warn_once(raised: dict[str, list[str]], candidates: int) -> None:
+    """Each distinct warning of the candidates' probes once, naming the candidates that
+    raised it (`every candidate` where all did): the same caveat on every candidate
+    would otherwise fill the screen."""
+    for text, names in raised.items():
+        if len(names) == candidates > 1:
+            who = "every candidate"
+        else:
+            who = f"candidate{'s' if len(names) > 1 else ''} {', '.join(names)}"
+        warnings.warn(f"{who}: {text}", InfersimWarning, stacklevel=3)
 
 
 def _ranked(table: pd.DataFrame, pct: str) -> pd.DataFrame:
