@@ -274,14 +274,24 @@ _SEARCHED = {
     "parallelism.replicas": "the search sizes the fleet (up to plan.max_replicas)",
     "parallelism.router": "probes route least_outstanding",
     "serving.policy": "give policies as plan.policies",
-    "workload.num_requests": "give plan.requests_per_probe",
-    "workload.duration_s": "probes run plan.requests_per_probe requests",
 }
+# The workload's stop condition: what `infersim run` of the scenario runs; each probe sets
+# its own length (plan.requests_per_probe, more where a verdict needs), so a --set of it,
+# like the file's, is accepted and said to leave the probes alone.
+STOP_FIELDS = ("workload.num_requests", "workload.duration_s")
+PROBE_LENGTH = (
+    "each probe runs plan.requests_per_probe requests (more where a verdict needs them), "
+    "whatever the workload's stop condition (num_requests, duration_s), which is what "
+    "`infersim run` of this scenario runs"
+)
 
 
 def _check_overrides(scenario: Scenario) -> None:
-    """A --set of a field the search decides would be silently replaced: refuse it."""
+    """A --set of a field the search decides would be silently replaced: refuse it; one of
+    the stop condition is accepted, as the file's is, and said not to size the probes."""
     for item in scenario.overrides:
+        if any(fields_overlap(override_key(item), field) for field in STOP_FIELDS):
+            warnings.warn(f"plan: --set {item}: {PROBE_LENGTH}", InfersimWarning, stacklevel=3)
         for field, instead in _SEARCHED.items():
             if fields_overlap(override_key(item), field):
                 raise InfersimError(

@@ -93,7 +93,7 @@ def test_plan_needs_a_plan_section_slo_and_a_rate(make_scenario):
         ("parallelism.tp=2", "sets parallelism.tp from the search; give degrees as plan.tp"),
         ("serving.policy=static", "give policies as plan.policies"),
         ("hardware.gpu=h100-sxm", "give GPUs as plan.gpus"),
-        ("workload.num_requests=10", "give plan.requests_per_probe"),
+        ("parallelism.replicas=3", "the search sizes the fleet"),
     ],
 )
 def test_plan_refuses_a_set_its_search_would_replace(make_scenario, item, needle):
@@ -662,3 +662,23 @@ def test_plan_cli_prints_reasons_and_notes_as_footnotes_and_each_warning_once(tm
     with pytest.raises(SystemExit):
         main(["plan", "--help"])
     assert " ".join(capsys.readouterr().out.split()).count("runs in this process") == 1
+
+
+def test_plan_takes_the_stop_condition_from_the_file_or_a_set_alike(tmp_path, capsys):
+    """The scenario needs a stop condition (`infersim run` of it runs that); the probes run
+    their own lengths. A --set of it is accepted as the file's is, and said to leave the
+    probes alone; without either, the error says both ways to give it."""
+    data = scenario_dict(
+        slo={"ttft_ms": 1500, "tpot_ms": 60},
+        plan={"gpus": ["a100-80gb-sxm"], "tp": [1], "requests_per_probe": 100},
+    )  # fmt: skip
+    del data["workload"]["num_requests"]
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(data))
+    argv = ["plan", str(tmp_path / "plan.yaml"), "-o", str(tmp_path / "out"), "--workers", "1"]
+    assert main([*argv, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "give a stop condition" in err and "--set workload.num_requests=N" in err
+    assert main([*argv, "--quiet", "--set", "workload.num_requests=50"]) == 0
+    err = capsys.readouterr().err
+    assert "plan: --set workload.num_requests=50: each probe runs plan.requests_per_probe" in err

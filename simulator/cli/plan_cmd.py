@@ -31,6 +31,7 @@ def _run(args: argparse.Namespace) -> int:
     from simulator.cli.run_cmd import free_results_dir
     from simulator.planner import (
         FEASIBLE,
+        PROBE_LENGTH,
         WHOLE_TRACE,
         candidates,
         pareto_figure,
@@ -38,8 +39,16 @@ def _run(args: argparse.Namespace) -> int:
         planned_rate,
     )
     from simulator.scenario import Scenario
+    from simulator.workload.config import NO_STOP_CONDITION
 
-    scenario = Scenario.from_yaml(args.scenario, args.overrides)
+    try:
+        scenario = Scenario.from_yaml(args.scenario, args.overrides)
+    except InfersimError as exc:  # a plan needs one only as the scenario does: say which works
+        if NO_STOP_CONDITION not in str(exc):
+            raise
+        raise InfersimError(
+            f"{exc}; in the file or as --set workload.num_requests=N: {PROBE_LENGTH}"
+        ) from None
     outdir = args.output or free_results_dir(f"plan-{scenario.name}")
     if outdir.exists() and any(outdir.iterdir()) and not args.overwrite:
         raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
