@@ -84,7 +84,7 @@ def _run(args: argparse.Namespace) -> int:
     ).savefig(outdir / "pareto.png", dpi=110)
     print(f"\nwrote plan.csv and pareto.png to {outdir}/", file=sys.stderr)
     if not table["status"].isin(FEASIBLE).any():
-        print("infersim: no candidate meets the SLOs (see the reasons above)", file=sys.stderr)
+        print("infersim: no candidate meets the SLOs (see the footnotes above)", file=sys.stderr)
         return 1
     if not (table["status"] == "ok").any():
         whole = table["note"].fillna("").str.contains(WHOLE_TRACE, regex=False).any()
