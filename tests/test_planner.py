@@ -635,7 +635,9 @@ def test_plan_cli_prints_reasons_and_notes_as_footnotes_and_each_warning_once(tm
     (reading its trace) is not repeated per candidate; --help says once what 1 worker
     does."""
     trace = tmp_path / "trace.csv"
-    trace.write_text("arrived_at\n" + "\n".join(f"{5 + t / 6:.6f}" for t in range(400)) + "\n")
+    trace.write_text(
+        "arrived_at\n" + "\n".join(f"{1_700_000_000 + t / 6:.3f}" for t in range(400)) + "\n"
+    )
     data = scenario_dict(
         slo={"ttft_ms": 1500, "tpot_ms": 60},
         workload={"arrivals": {"kind": "trace", "path": str(trace)}},
