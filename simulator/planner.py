@@ -28,8 +28,10 @@ any more), doubling if not; then the decode pool is bisected down with the prefi
 kept ample, and the prefill pool bisected down with that decode pool. Every size reported
 was simulated as a whole fleet at the target rate and met the SLOs.
 
-Survivors are ranked by $/hour, equal prices by $ per 1M output tokens (at the steady
-state, simulator.metrics.summary) and then the latencies. Candidates run in parallel
+Survivors are ranked by $/hour, equal prices by $ per 1M output tokens and then the
+latencies. The latencies are the verifying probe's, at target x (1 + headroom), the load
+the fleet was verified at; the price per token is at the planned rate (target), what the
+planned traffic pays: the fleet's $/hour over that rate's output tokens. Candidates run in parallel
 through the sweep's executor, on local processes or a Dask cluster.
 """
 
@@ -46,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from hardware_models.errors import InfersimError
+from hardware_models.errors import InfersimError, InfersimWarning
 from hardware_models.plot_labels import LEADER, spread_labels
 from simulator.formatting import sig
 from simulator.memory_planner import PLAN_SETTINGS, MaxModelLenRefused
@@ -55,9 +57,11 @@ from simulator.metrics.overload import (
     RAMPS_TO_JUDGE,
     STABLE,
     TOO_SHORT,
+    WARMUP_SHARE,
     judged_long_enough,
     verdict,
 )
+from simulator.metrics.summary import FRONTEND_BUSY
 from simulator.progress import Progress
 from simulator.scenario import (
     BATCH_LIMITS,
@@ -67,7 +71,7 @@ from simulator.scenario import (
     override_key,
     replica_gpus,
 )
-from simulator.sweep import JobError, run_parallel, warn_named, warning_texts
+from simulator.sweep import JobError, run_parallel, warning_texts
 from simulator.workload.config import TraceArrivals
 
 if TYPE_CHECKING:
@@ -105,27 +109,64 @@ class Candidate:
         return f"{self.gpu} tp{self.tp}{pp} {self.policy}"
 
 
+# A probe replays a trace's first rows; where their rate and the whole trace's differ by
+# more than this factor, the probes do not see the trace's pattern (a quiet start, a
+# burst later) and the plan warns.
+WINDOW_RATE_FACTOR = 1.5
+# A probe's note where the trace's length, not the planner, held it short.
+WHOLE_TRACE = "(the whole trace)"
+
+
+@dataclass(frozen=True)
+class TraceTimes:
+    """A trace's arrival times (seconds from its earliest, sorted) and file name."""
+
+    name: str
+    times: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    def rate(self, n: int | None = None) -> float:
+        """Arrival rate at time_scale 1 of the first n rows (the whole trace by default):
+        what a probe of n requests replays (workload.num_requests takes the first rows)."""
+        times = self.times[: n or len(self.times)]
+        span = float(times[-1] - times[0]) if len(times) else 0.0
+        if len(times) < 2 or span <= 0:
+            raise InfersimError(
+                f"plan: {self.name}: its first {len(times):,} arrivals span no time; a plan "
+                "scales a trace's rate by its arrival times (give poisson, gamma or "
+                "constant arrivals)"
+            )
+        return (len(times) - 1) / span
+
+    def least_representative(self, shortest: int) -> tuple[int, float]:
+        """Of the windows a probe may replay (the first n rows, n from `shortest` to the
+        whole trace), the one whose rate is furthest from the whole trace's: (n, rate)."""
+        n = np.arange(max(shortest, 2), len(self.times) + 1)
+        with np.errstate(divide="ignore"):
+            rates = (n - 1) / (self.times[n - 1] - self.times[0])
+        apart = np.maximum(rates / self.rate(), self.rate() / rates)
+        worst = int(np.argmax(apart))
+        return int(n[worst]), float(rates[worst])
+
+
 @cache
-def _trace_arrivals(path: Path, columns: str) -> tuple[float, int]:
-    """A trace's mean arrival rate at time_scale 1 (its requests over the span of their
-    arrivals) and its request count; read once a process."""
+def _trace_arrivals(path: Path, columns: str) -> TraceTimes:
+    """A trace's arrival times; read once a process."""
     from simulator.workload.config import TraceColumns
     from simulator.workload.traces import read_trace
 
     layout = TraceColumns.model_validate_json(columns).layout() if columns != "null" else None
     times = read_trace(path, arrivals=True, layout=layout).arrived_at
     assert times is not None
-    span = float(times[-1] - times[0]) if len(times) else 0.0
-    if len(times) < 2 or span <= 0:
-        raise InfersimError(
-            f"plan: {path.name}: its {len(times)} arrivals span no time; a plan scales a "
-            "trace's rate by its arrival times (give poisson, gamma or constant arrivals)"
-        )
-    return (len(times) - 1) / span, len(times)
+    trace = TraceTimes(path.name, times)
+    trace.rate()  # a trace whose arrivals span no time cannot be scaled: say so now
+    return trace
 
 
-def _trace(scenario: Scenario) -> tuple[float, int] | None:
-    """(rate at time_scale 1, requests) of the scenario's arrival trace; None without."""
+def _trace(scenario: Scenario) -> TraceTimes | None:
+    """The scenario's arrival trace; None without."""
     arrivals = scenario.workload.arrivals
     if not isinstance(arrivals, TraceArrivals):
         return None
@@ -138,7 +179,7 @@ def _base_rate(scenario: Scenario) -> float:
     time_scale."""
     arrivals = scenario.workload.arrivals
     if (trace := _trace(scenario)) is not None:
-        return trace[0] / arrivals.time_scale
+        return trace.rate() / arrivals.time_scale
     rate = getattr(arrivals, "rate_per_s", None)
     if rate is None:
         raise InfersimError(
@@ -158,7 +199,39 @@ def planned_rate(scenario: Scenario) -> float:
 def _max_requests(scenario: Scenario) -> int:
     """The most requests a probe runs: MAX_PROBE_REQUESTS, or a trace's length."""
     trace = _trace(scenario)
-    return MAX_PROBE_REQUESTS if trace is None else min(MAX_PROBE_REQUESTS, trace[1])
+    return MAX_PROBE_REQUESTS if trace is None else min(MAX_PROBE_REQUESTS, len(trace))
+
+
+def _check_trace_window(scenario: Scenario) -> None:
+    """Warn where the probes' trace windows misstate the trace: a probe replays its first
+    rows scaled to the rate it names, so a window whose rate is WINDOW_RATE_FACTOR or more
+    from the whole trace's (a quiet start before a burst) shows a pattern the trace does
+    not have; and a trace shorter than plan.requests_per_probe caps every probe."""
+    trace, plan = _trace(scenario), scenario.plan
+    if trace is None or plan is None:
+        return
+    whole, shortest = trace.rate(), min(plan.requests_per_probe, len(trace))
+    if len(trace) < plan.requests_per_probe:
+        warnings.warn(
+            f"plan: {trace.name} has {len(trace):,} requests, fewer than "
+            f"plan.requests_per_probe ({plan.requests_per_probe:,}): every probe replays at "
+            "most the whole trace, and a fleet it is too short to judge stays unverified",
+            InfersimWarning,
+            stacklevel=3,
+        )
+    n, rate = trace.least_representative(shortest)
+    apart = max(rate / whole, whole / rate)
+    if apart >= WINDOW_RATE_FACTOR:
+        warnings.warn(
+            f"plan: {trace.name}: a probe replays its first rows, scaled to the rate the probe "
+            f"names; its first {n:,} arrive at {sig(rate)} req/s, the whole trace's "
+            f"{len(trace):,} at {sig(whole)} req/s ({apart:.1f}x apart, over "
+            f"{WINDOW_RATE_FACTOR:g}x): the probes do not see the trace's pattern (its quiet "
+            f"spells and bursts), so check the plan with `infersim run` of the whole trace "
+            f"on the fleet, or give plan.requests_per_probe {len(trace):,} to replay it all",
+            InfersimWarning,
+            stacklevel=3,
+        )
 
 
 def _size(fleet: Fleet) -> int:
@@ -183,8 +256,9 @@ def _at(scenario: Scenario, candidate: Candidate, rate: float, fleet: Fleet, n: 
     data["serving"] = {**data["serving"], "policy": candidate.policy}
     data["workload"] = {**data["workload"], "num_requests": n, "duration_s": None}
     trace = _trace(scenario)
-    # a trace is replayed faster or slower: its mean rate becomes `rate`
-    pace = {"rate_per_s": rate} if trace is None else {"time_scale": trace[0] / rate}
+    # a trace is replayed faster or slower: the mean rate of the n rows replayed becomes
+    # `rate` (the whole trace's mean would offer a quiet start at a fraction of it)
+    pace = {"rate_per_s": rate} if trace is None else {"time_scale": trace.rate(n) / rate}
     data["workload"]["arrivals"] = {**data["workload"]["arrivals"], **pace}
     data["output"] = {"plots": False, "csv": False, "progress": False}
     return Scenario.from_dict(data, source="plan")
@@ -200,14 +274,24 @@ _SEARCHED = {
     "parallelism.replicas": "the search sizes the fleet (up to plan.max_replicas)",
     "parallelism.router": "probes route least_outstanding",
     "serving.policy": "give policies as plan.policies",
-    "workload.num_requests": "give plan.requests_per_probe",
-    "workload.duration_s": "probes run plan.requests_per_probe requests",
 }
+# The workload's stop condition: what `infersim run` of the scenario runs; each probe sets
+# its own length (plan.requests_per_probe, more where a verdict needs), so a --set of it,
+# like the file's, is accepted and said to leave the probes alone.
+STOP_FIELDS = ("workload.num_requests", "workload.duration_s")
+PROBE_LENGTH = (
+    "each probe runs plan.requests_per_probe requests (more where a verdict needs them), "
+    "whatever the workload's stop condition (num_requests, duration_s), which is what "
+    "`infersim run` of this scenario runs"
+)
 
 
 def _check_overrides(scenario: Scenario) -> None:
-    """A --set of a field the search decides would be silently replaced: refuse it."""
+    """A --set of a field the search decides would be silently replaced: refuse it; one of
+    the stop condition is accepted, as the file's is, and said not to size the probes."""
     for item in scenario.overrides:
+        if any(fields_overlap(override_key(item), field) for field in STOP_FIELDS):
+            warnings.warn(f"plan: --set {item}: {PROBE_LENGTH}", InfersimWarning, stacklevel=3)
         for field, instead in _SEARCHED.items():
             if fields_overlap(override_key(item), field):
                 raise InfersimError(
@@ -226,11 +310,29 @@ def _margins(summary: dict[str, Any], scenario: Scenario, pct: str) -> dict[str,
     return out
 
 
+def _frontend_busy(summary: dict[str, Any]) -> float | None:
+    """The API server processes' busy share where they were saturated (FRONTEND_BUSY or
+    more: they, not the GPUs, capped the throughput), else None."""
+    busy = (summary.get("frontend") or {}).get("utilisation") or 0.0
+    return busy if busy >= FRONTEND_BUSY else None
+
+
 def _meets(summary: dict[str, Any], scenario: Scenario, pct: str) -> bool:
+    """Every request completed, no overload (a saturated front end is one: its queue of
+    tokens grows though the GPUs keep up) and every SLO bound holds at the percentile."""
     counts = summary["counts"]
     if counts["completed"] < counts["arrived"] or summary.get("overloaded"):
         return False
+    if _frontend_busy(summary) is not None:
+        return False
     return all(m >= 1.0 for m in _margins(summary, scenario, pct).values())
+
+
+def _ramp_over(summary: dict[str, Any]) -> bool:
+    """Whether the run watched the requests in the system past their ramp (over
+    RAMPS_TO_JUDGE ramps' time): a `stable` verdict before that saw no steady state."""
+    system = (summary.get("load") or {}).get("in_system")
+    return bool(system and system["ramp_over"])
 
 
 def _run(scenario: Scenario) -> dict[str, Any]:
@@ -251,6 +353,22 @@ class Probe:
     summary: dict[str, Any]
     note: str = ""
 
+    @property
+    def verified(self) -> bool:
+        """Met the SLOs and judged stable past its ramp: a probe too short to judge may
+        have met them only because its queue had not yet grown."""
+        return self.ok and self.summary["overload_verdict"] == STABLE and _ramp_over(self.summary)
+
+
+def _past_the_ramp(ramp_end_s: float, rate: float, n: int) -> int:
+    """Requests for a run of T s to watch the requests in the system over RAMPS_TO_JUDGE
+    ramps after theirs. The ramp ends a time in system tau after the first WARMUP_SHARE
+    of arrivals, so it lengthens with the run: T - (W T + tau) >= R (W T + tau) needs
+    T >= (1 + R) tau / (1 - (1 + R) W) (overload.in_system_trend)."""
+    tau = max(ramp_end_s - WARMUP_SHARE * n / rate, 0.0)
+    runs = 1 + RAMPS_TO_JUDGE
+    return math.ceil(1.1 * rate * runs * tau / (1 - runs * WARMUP_SHARE))
+
 
 def _requests_needed(summary: dict[str, Any], rate: float, n: int) -> int:
     """Requests a steady-state verdict needs: STEADY_TURNOVERS turnovers of what the fleet
@@ -259,9 +377,11 @@ def _requests_needed(summary: dict[str, Any], rate: float, n: int) -> int:
     detectable (the detectable share falls as 1 / sqrt(arrivals))."""
     time_in_system = summary["latency"]["e2e"]["p50"] or 0.0
     needed = math.ceil(STEADY_TURNOVERS * rate * time_in_system)
+    load, system = summary["load"], summary["load"]["in_system"]
+    if system and not system["ramp_over"]:
+        needed = max(needed, _past_the_ramp(system["ramp_end_s"], rate, n))
     if summary["overload_verdict"] != TOO_SHORT:
         return needed
-    load, system = summary["load"], summary["load"]["in_system"]
     within_noise = [load] if load["unserved_share"] and verdict(load) == TOO_SHORT else []
     if system["verdict"] == TOO_SHORT and judged_long_enough(system):
         within_noise.append(system)
@@ -299,43 +419,83 @@ def _probe(
         summary = _run(_at(scenario, c, rate, fleet, n))
         needed = max(needed, _requests_needed(summary, rate, n))
     if needed > n:
-        note = f"verified with {n:,} requests where a steady-state verdict needs {needed:,}"
+        whole = f" {WHOLE_TRACE}" if _trace(scenario) is not None and n >= most else ""
+        note = f"verified with {n:,} requests{whole} where a steady-state verdict needs {needed:,}"
     if summary["overload_verdict"] == TOO_SHORT:
         note = "; ".join(filter(None, (note, summary["overload_note"])))
+    elif summary["overload_verdict"] == STABLE and not _ramp_over(summary):
+        ramp = summary["load"]["in_system"]["ramp_end_s"]
+        short = (
+            f"too short to judge overload: the requests in the system were still filling up "
+            f"(to {ramp:,.0f} s) and a verdict needs {RAMPS_TO_JUDGE} times that long of "
+            "arrivals after it"
+        )
+        note = "; ".join(filter(None, (note, short)))
     return Probe(_meets(summary, scenario, plan.percentile), summary, note)
 
 
 @dataclass(frozen=True)
 class Capacity:
-    """One replica's capacity within the SLOs: `rps` (0 if none); `capped` when it met
-    them at the planned rate itself, the first rate probed, so that `rps` is a lower
-    bound; `missed` is the failing probe at the lowest rate tried when none met them."""
+    """One replica's capacity within the SLOs: `rps`, the highest rate verified (0 if
+    none); `capped` when that was the planned rate itself, the first rate probed, so
+    that `rps` is a lower bound; `unjudged`, the lowest rate above it that met the SLOs
+    in a probe too short to judge overload (0 if none): the capacity may be up to there,
+    a lower bound too, or, with no rate verified, unknown. `missed` is the failing probe
+    at the lowest rate tried when none met them."""
 
     rps: float
     capped: bool
+    unjudged: float = 0.0
     missed: Probe | None = None
     missed_rate: float = 0.0
 
+    @property
+    def sizing_rps(self) -> float:
+        """What the fleet is sized from: the verified capacity, else the unjudged rate."""
+        return self.rps or self.unjudged
+
+    def note(self) -> str:
+        """What the row says where the capacity is a lower bound or unknown."""
+        if not self.unjudged:
+            return ""
+        if not self.rps:
+            return (
+                f"replica capacity unknown: probes up to {sig(self.unjudged)} req/s met the "
+                "SLOs but were too short to judge overload; sized from that rate"
+            )
+        return (
+            f"replica capacity at least {sig(self.rps)} req/s: a probe at "
+            f"{sig(self.unjudged)} req/s met the SLOs but was too short to judge overload"
+        )
+
 
 def _replica_capacity(scenario: Scenario, c: Candidate, plan: PlanSection, hi: float) -> Capacity:
-    """Highest rate one replica serves within the SLOs, bisected below `hi`."""
+    """Highest rate one replica serves within the SLOs, bisected below `hi`; a probe too
+    short to judge overload is no pass (its queue may not have grown yet), so the
+    bisection goes below it and the capacity says it is a lower bound."""
     n = plan.requests_per_probe
-    lo = 0.0
+    lo, unjudged = 0.0, 0.0
     missed = _probe(scenario, c, hi, 1, n)
-    if missed.ok:
+    if missed.verified:
         return Capacity(hi, capped=True)
     missed_rate = hi
+    if missed.ok:
+        unjudged = hi
     for _ in range(BISECTION_STEPS):
         mid = (lo + hi) / 2 if lo else hi / 2 ** (BISECTION_STEPS // 2)
         probe = _probe(scenario, c, mid, 1, n)
-        if probe.ok:
+        if probe.verified:
             lo = mid
+        elif probe.ok:
+            hi = unjudged = mid
         else:
             hi = mid
             missed, missed_rate = probe, mid
         if lo and hi / lo < 1.08:
             break
-    return Capacity(lo, capped=False) if lo else Capacity(0.0, False, missed, missed_rate)
+    if lo or unjudged:
+        return Capacity(lo, capped=False, unjudged=unjudged)
+    return Capacity(0.0, False, missed=missed, missed_rate=missed_rate)
 
 
 def _misses(probe: Probe, scenario: Scenario, pct: str) -> str:
@@ -348,6 +508,8 @@ def _misses(probe: Probe, scenario: Scenario, pct: str) -> str:
                    "requests did not complete")  # fmt: skip
     if summary.get("overloaded"):
         out.append(f"overloaded ({summary['overload_reason']})")
+    if (busy := _frontend_busy(summary)) is not None:
+        out.append(f"API server processes {busy:.0%} busy (frontend.api_server_count)")
     bounds = {"ttft": slo.ttft_ms, "tpot": slo.tpot_ms, "e2e": slo.e2e_ms}
     for metric, margin in _margins(summary, scenario, pct).items():
         if margin < 1.0:
@@ -367,7 +529,7 @@ def _colocated(
             f"({sig(capacity.missed_rate)} req/s): "
             f"{_misses(capacity.missed, scenario, plan.percentile)}"
         )
-    replicas = math.ceil(target / capacity.rps)
+    replicas = math.ceil(target / capacity.sizing_rps)
     probe = None
     for _ in range(VERIFY_ATTEMPTS):
         if replicas > plan.max_replicas:
@@ -422,28 +584,42 @@ def _layouts(plan: PlanSection, candidate: Candidate) -> list[str]:
     return ["colocated", "disaggregated"] if disaggregated else ["colocated"]
 
 
+def _token_price(summary: dict[str, Any], rate: float) -> float | None:
+    """$ per 1M output tokens of the probe's fleet serving `rate` req/s: its $/hour over
+    rate x the output tokens of a request (the probe's mean). A fleet that meets the SLOs
+    at a probe's higher rate serves `rate` in full, so this is what the planned traffic
+    pays per token; the probe's own figure, at target x (1 + headroom), would understate it
+    by that headroom."""
+    throughput = summary["throughput"]
+    if not throughput["requests_per_s"]:
+        return None
+    tokens_per_request = throughput["output_tokens_per_s"] / throughput["requests_per_s"]
+    return summary["cost"]["usd_per_hour"] / 3600 * 1e6 / (rate * tokens_per_request)
+
+
 def _row(scenario: Scenario, candidate: Candidate, fleet: Fleet, probe: Probe) -> dict[str, Any]:
-    """A feasible fleet's row: its size, cost (per token at the verifying probe's steady
-    state) and latency at the planned load, and the probe's verdict and note; `unverified`
-    when the probe was too short to judge overload."""
+    """A feasible fleet's row: its size, cost per output token at the planned rate
+    (`_token_price`), latency at the verified load (target x (1 + headroom)), and the
+    probe's verdict and note; `unverified` when the probe was too short to judge
+    overload."""
     summary = probe.summary
     plan = scenario.plan
     assert plan is not None
     pct = plan.percentile
     split = {} if isinstance(fleet, int) else dict(zip(("prefill", "decode"), fleet, strict=True))
     return {
-        "status": "ok" if summary["overload_verdict"] == STABLE else "unverified",
+        "status": "ok" if probe.verified else "unverified",
         "replicas": _size(fleet),
         "prefill_replicas": split.get("prefill"),
         "decode_replicas": split.get("decode"),
         "gpus": _size(fleet) * replica_gpus(candidate.tp, candidate.pp, scenario.parallelism.dp),
         "usd_per_hour": summary["cost"]["usd_per_hour"],
-        "usd_per_million_output_tokens": summary["cost"]["usd_per_million_output_tokens"],
+        "usd_per_million_output_tokens": _token_price(summary, planned_rate(scenario)),
         f"ttft_{pct}_ms": 1000 * summary["latency"]["ttft"][pct],
         f"tpot_{pct}_ms": 1000 * summary["latency"]["tpot"][pct],
         **{f"{k}_margin": v for k, v in _margins(summary, scenario, pct).items()},
         "overload_verdict": summary["overload_verdict"],
-        "note": "; ".join(filter(None, (probe.note, summary["cost"]["note"]))),
+        "note": probe.note,
         "reason": "",
     }
 
@@ -454,7 +630,8 @@ def _batch_limits(scenario: Scenario, candidate: Candidate, rate: float) -> dict
     from simulator.simulation import batch_limits_of
 
     try:
-        return batch_limits_of(_at(scenario, candidate, rate, 1, 1))
+        n = min(scenario.plan.requests_per_probe, _max_requests(scenario))
+        return batch_limits_of(_at(scenario, candidate, rate, 1, n))
     except InfersimError:  # the candidate's own row says why it cannot run
         return dict.fromkeys(BATCH_LIMITS)
 
@@ -482,14 +659,15 @@ def evaluate(scenario: Scenario, candidate: Candidate) -> list[dict[str, Any]]:
     start = 1  # where the disaggregated search starts: the colocated size, when known
     try:
         capacity = _replica_capacity(scenario, candidate, plan, target)
-        start = math.ceil(target / capacity.rps) if capacity.rps else 1
+        start = math.ceil(target / capacity.sizing_rps) if capacity.sizing_rps else 1
         replicas, probe = _colocated(scenario, candidate, plan, target, capacity)
         start = replicas
         row = {
-            "replica_capacity_rps": capacity.rps,
+            "replica_capacity_rps": capacity.rps or float("nan"),
             "capacity_capped": capacity.capped,
             **_row(scenario, candidate, replicas, probe),
         }
+        row["note"] = "; ".join(filter(None, (capacity.note(), row["note"])))
     except InfersimError as exc:
         row = {"status": "infeasible", "reason": _reason(exc)}
     rows.append({**base, "layout": "colocated", **row})
@@ -551,8 +729,14 @@ def plan_capacity(
         raise InfersimError("workers: give a worker count or a Dask client, not both")
     if workers is not None and workers < 1:
         raise InfersimError(f"workers: expected at least 1 (got {workers})")
-    _base_rate(scenario)
-    _check_overrides(scenario)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _base_rate(scenario)
+        _check_overrides(scenario)
+        _check_trace_window(scenario)
+    said = warning_texts(caught)  # the plan's own, said once: not again per candidate
+    for text in said:
+        warnings.warn(text, InfersimWarning, stacklevel=2)
     plan, todo = scenario.plan, candidates(scenario.plan)
     if workers == 1:
         finished: Iterable[tuple[int, Any]] = (
@@ -569,7 +753,8 @@ def plan_capacity(
         results.append(item)
         bar.update(done)
     bar.close()
-    rows = []
+    rows: list[dict[str, Any]] = []
+    raised: dict[str, list[str]] = {}
     for index, result in sorted(results):
         candidate = todo[index]
         if isinstance(result, JobError):  # its worker died on every try, or Dask lost it
@@ -579,9 +764,24 @@ def plan_capacity(
                 for layout in _layouts(plan, candidate)
             )  # fmt: skip
             continue
-        warn_named(f"candidate {candidate.name}", result["warnings"])
+        for text in result["warnings"]:
+            if text not in said:  # the plan's own (reading its trace): said above
+                raised.setdefault(text, []).append(candidate.name)
         rows.extend(result["rows"])
+    _warn_once(raised, len(todo))
     return _ranked(pd.DataFrame(rows), plan.percentile)
+
+
+def _warn_once(raised: dict[str, list[str]], candidates: int) -> None:
+    """Each distinct warning of the candidates' probes once, naming the candidates that
+    raised it (`every candidate` where all did): the same caveat on every candidate
+    would otherwise fill the screen."""
+    for text, names in raised.items():
+        if len(names) == candidates > 1:
+            who = "every candidate"
+        else:
+            who = f"candidate{'s' if len(names) > 1 else ''} {', '.join(names)}"
+        warnings.warn(f"{who}: {text}", InfersimWarning, stacklevel=3)
 
 
 def _ranked(table: pd.DataFrame, pct: str) -> pd.DataFrame:

@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hardware_models.errors import InfersimError
 from simulator.cli.options import add_overrides
 from simulator.cli.sweep_cmd import add_executor_flags, connect
-from simulator.formatting import WIDTH, sig
+from simulator.formatting import WIDTH, sig, wrapped
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -17,7 +21,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", type=Path, help="scenario YAML with a `plan:` section")
     parser.add_argument("-o", "--output", type=Path, help="folder for plan.csv and plots")
     add_overrides(parser)
-    add_executor_flags(parser, "candidates", "; 1 runs them in this process")
+    add_executor_flags(parser, "candidates")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing plan")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(handler=_run)
@@ -27,14 +31,24 @@ def _run(args: argparse.Namespace) -> int:
     from simulator.cli.run_cmd import free_results_dir
     from simulator.planner import (
         FEASIBLE,
+        PROBE_LENGTH,
+        WHOLE_TRACE,
         candidates,
         pareto_figure,
         plan_capacity,
         planned_rate,
     )
     from simulator.scenario import Scenario
+    from simulator.workload.config import NO_STOP_CONDITION
 
-    scenario = Scenario.from_yaml(args.scenario, args.overrides)
+    try:
+        scenario = Scenario.from_yaml(args.scenario, args.overrides)
+    except InfersimError as exc:  # a plan needs one only as the scenario does: say which works
+        if NO_STOP_CONDITION not in str(exc):
+            raise
+        raise InfersimError(
+            f"{exc}; in the file or as --set workload.num_requests=N: {PROBE_LENGTH}"
+        ) from None
     outdir = args.output or free_results_dir(f"plan-{scenario.name}")
     if outdir.exists() and any(outdir.iterdir()) and not args.overwrite:
         raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
@@ -52,13 +66,14 @@ def _run(args: argparse.Namespace) -> int:
     shown = ["rank", "gpu", "tp", "pp", "dp", *ep, "policy", "max_num_seqs",
              "max_num_batched_tokens", "layout", "replicas", *split, "gpus",
              "usd_per_hour", "usd_per_million_output_tokens", f"ttft_{pct}_ms",
-             f"tpot_{pct}_ms", "status", "reason", "note"]  # fmt: skip
-    print(f"Plan for {scenario.model.name}: "
-          f"{sig(planned_rate(scenario))} req/s "
-          f"+{plan.headroom:.0%} headroom, SLO at {pct}; $ per 1M output tokens at each "
-          "fleet's steady state; unverified: too short to judge overload")  # fmt: skip
-    print(table[[c for c in shown if c in table]].to_string(
-        index=False, float_format=sig, na_rep="-", line_width=WIDTH))  # fmt: skip
+             f"tpot_{pct}_ms", "status", "see"]  # fmt: skip
+    rate = planned_rate(scenario)
+    head = (f"Plan for {scenario.model.name}: {sig(rate)} req/s, verified at "
+            f"{sig(rate * (1 + plan.headroom))} req/s (+{plan.headroom:.0%} headroom), SLO at "
+            f"{pct}; latencies at the verified rate, $ per 1M output tokens at the planned "
+            f"{sig(rate)} req/s")  # fmt: skip
+    print("\n".join(wrapped(head, "", "  ")))
+    _print_table(table, shown)
     outdir.mkdir(parents=True, exist_ok=True)
     table.to_csv(outdir / "plan.csv", index=False)
     pareto_figure(
@@ -69,10 +84,53 @@ def _run(args: argparse.Namespace) -> int:
     ).savefig(outdir / "pareto.png", dpi=110)
     print(f"\nwrote plan.csv and pareto.png to {outdir}/", file=sys.stderr)
     if not table["status"].isin(FEASIBLE).any():
-        print("infersim: no candidate meets the SLOs (see the reasons above)", file=sys.stderr)
+        print("infersim: no candidate meets the SLOs (see the footnotes above)", file=sys.stderr)
         return 1
     if not (table["status"] == "ok").any():
+        whole = table["note"].fillna("").str.contains(WHOLE_TRACE, regex=False).any()
+        longer = "replay a longer trace" if whole else "raise plan.requests_per_probe"
         print("infersim: no candidate was verified: every feasible one's probe was too short "
-              "to judge overload (see the notes); raise plan.requests_per_probe",
-              file=sys.stderr)  # fmt: skip
+              f"to judge overload (see the footnotes); {longer}", file=sys.stderr)  # fmt: skip
     return 0
+
+
+def _footnotes(table: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """Each row's reason and note as a numbered footnote under the table (they run to
+    hundreds of characters, which would push the rows apart): the `see` column's marks
+    and the footnotes' lines, wrapped."""
+    marks, lines = [], []
+    for _, row in table.iterrows():
+        text = "; ".join(str(row[c]) for c in ("reason", "note") if not _blank(row.get(c)))
+        if not text:
+            marks.append("")
+            continue
+        mark = f"[{sum(map(bool, marks)) + 1}]"
+        marks.append(mark)
+        rank = "" if _blank(row.get("rank")) else f"rank {row['rank']} "
+        pp = f" pp{row['pp']}" if row["pp"] > 1 else ""
+        head = f"{mark} {rank}{row['gpu']} tp{row['tp']}{pp} {row['layout']} ({row['status']}): "
+        lines += wrapped(text, head, " " * (len(mark) + 1))
+    return marks, lines
+
+
+def _blank(value: object) -> bool:
+    import pandas as pd
+
+    return value is None or bool(pd.isna(value)) or value == ""
+
+
+def _print_table(table: pd.DataFrame, shown: list[str]) -> None:
+    """The plan table, '-' for what a row lacks (an infeasible row's counts), reasons and
+    notes as footnotes, and what `unverified` means where a row is."""
+    marks, lines = _footnotes(table)
+    view = table.assign(see=marks)
+    view = view[[c for c in shown if c in view]]
+    for name in view:
+        if str(view[name].dtype) == "Int64":
+            view[name] = view[name].astype(object).where(view[name].notna(), "-")
+    print(view.to_string(index=False, float_format=sig, na_rep="-", line_width=WIDTH))
+    if (table["status"] == "unverified").any():
+        print("unverified: met the SLOs, but its probe was too short to judge overload")
+    if lines:
+        print()
+        print("\n".join(lines))

@@ -351,6 +351,9 @@ def _default_classes() -> list[PriorityClass]:
     return [PriorityClass(name="default")]
 
 
+NO_STOP_CONDITION = "give a stop condition: num_requests and/or duration_s (whichever comes first)"
+
+
 class WorkloadConfig(_Strict):
     """The requests a simulation serves: when they arrive, how long they are, their class,
     and when to stop sending them (num_requests and/or duration_s, whichever comes first;
@@ -422,9 +425,7 @@ class WorkloadConfig(_Strict):
     @model_validator(mode="after")
     def _check(self) -> WorkloadConfig:
         if self.num_requests is None and self.duration_s is None and self.arrivals.kind != "trace":
-            raise ValueError(  # a trace has its own end: its last row
-                "give a stop condition: num_requests and/or duration_s (whichever comes first)"
-            )
+            raise ValueError(NO_STOP_CONDITION)  # a trace has its own end: its last row
         if self.arrivals.kind != "trace":
             for role in ("prompt_tokens", "output_tokens"):
                 if getattr(self, role) is None:
