@@ -54,6 +54,7 @@ from simulator.formatting import sig
 from simulator.memory_planner import PLAN_SETTINGS, MaxModelLenRefused
 from simulator.metrics.overload import (
     MIN_IN_SYSTEM_ARRIVALS,
+    OVERLOADED,
     RAMPS_TO_JUDGE,
     STABLE,
     TOO_SHORT,
@@ -202,15 +203,33 @@ def _max_requests(scenario: Scenario) -> int:
     return MAX_PROBE_REQUESTS if trace is None else min(MAX_PROBE_REQUESTS, len(trace))
 
 
+def _misstated_by(scenario: Scenario) -> tuple[int, float, float] | None:
+    """Where a probe's trace window misstates the trace: a probe replays its first rows
+    scaled to the rate it names, so a window whose rate is WINDOW_RATE_FACTOR or more from
+    the whole trace's (a quiet start before a burst) shows a pattern the trace does not
+    have. (rows, their rate, the whole trace's), or None."""
+    trace, plan = _trace(scenario), scenario.plan
+    if trace is None or plan is None:
+        return None
+    n, rate = trace.least_representative(min(plan.requests_per_probe, len(trace)))
+    whole = trace.rate()
+    return (n, rate, whole) if max(rate / whole, whole / rate) >= WINDOW_RATE_FACTOR else None
+
+
+def _least_probe(scenario: Scenario) -> int:
+    """The fewest requests a probe replays: the whole trace (up to MAX_PROBE_REQUESTS)
+    where its first rows misstate it, so a bursty trace is judged by its bursts."""
+    trace = _trace(scenario)
+    return _max_requests(scenario) if trace is not None and _misstated_by(scenario) else 0
+
+
 def _check_trace_window(scenario: Scenario) -> None:
-    """Warn where the probes' trace windows misstate the trace: a probe replays its first
-    rows scaled to the rate it names, so a window whose rate is WINDOW_RATE_FACTOR or more
-    from the whole trace's (a quiet start before a burst) shows a pattern the trace does
-    not have; and a trace shorter than plan.requests_per_probe caps every probe."""
+    """Say where the probes' trace windows misstate the trace (each probe then replays the
+    whole trace, up to MAX_PROBE_REQUESTS), and where a trace shorter than
+    plan.requests_per_probe caps every probe."""
     trace, plan = _trace(scenario), scenario.plan
     if trace is None or plan is None:
         return
-    whole, shortest = trace.rate(), min(plan.requests_per_probe, len(trace))
     if len(trace) < plan.requests_per_probe:
         warnings.warn(
             f"plan: {trace.name} has {len(trace):,} requests, fewer than "
@@ -219,16 +238,23 @@ def _check_trace_window(scenario: Scenario) -> None:
             InfersimWarning,
             stacklevel=3,
         )
-    n, rate = trace.least_representative(shortest)
-    apart = max(rate / whole, whole / rate)
-    if apart >= WINDOW_RATE_FACTOR:
+    misstated = _misstated_by(scenario)
+    if misstated is not None:
+        n, rate, whole = misstated
+        most = _max_requests(scenario)
+        replayed = (
+            f"every probe replays the whole trace ({most:,} requests)"
+            if most >= len(trace)
+            else f"every probe replays its first {most:,} requests (MAX_PROBE_REQUESTS), "
+            "which may still miss its pattern: check the plan with `infersim run` of the "
+            "whole trace on the fleet"
+        )
         warnings.warn(
-            f"plan: {trace.name}: a probe replays its first rows, scaled to the rate the probe "
-            f"names; its first {n:,} arrive at {sig(rate)} req/s, the whole trace's "
-            f"{len(trace):,} at {sig(whole)} req/s ({apart:.1f}x apart, over "
-            f"{WINDOW_RATE_FACTOR:g}x): the probes do not see the trace's pattern (its quiet "
-            f"spells and bursts), so check the plan with `infersim run` of the whole trace "
-            f"on the fleet, or give plan.requests_per_probe {len(trace):,} to replay it all",
+            f"plan: {trace.name}: its first {n:,} requests arrive at {sig(rate)} req/s, the "
+            f"whole trace's {len(trace):,} at {sig(whole)} req/s "
+            f"({max(rate / whole, whole / rate):.1f}x apart, over {WINDOW_RATE_FACTOR:g}x): "
+            f"a probe of its first rows would not see its quiet spells and bursts, so "
+            f"{replayed}",
             InfersimWarning,
             stacklevel=3,
         )
@@ -352,11 +378,17 @@ class Probe:
     ok: bool
     summary: dict[str, Any]
     note: str = ""
+    whole_trace: bool = False
 
     @property
     def verified(self) -> bool:
         """Met the SLOs and judged stable past its ramp: a probe too short to judge may
-        have met them only because its queue had not yet grown."""
+        have met them only because its queue had not yet grown. A probe that replayed a
+        whole trace is the workload itself, not a window of a steady state: meeting the
+        SLOs over all of it, not overloaded, is the verdict (only where the trace's first
+        rows misstate it, `_least_probe`: a short steady trace still needs a longer one)."""
+        if self.whole_trace:
+            return self.ok and self.summary["overload_verdict"] != OVERLOADED
         return self.ok and self.summary["overload_verdict"] == STABLE and _ramp_over(self.summary)
 
 
@@ -408,7 +440,7 @@ def _probe(
     plan = scenario.plan
     assert plan is not None
     most = _max_requests(scenario)
-    n = min(n or plan.requests_per_probe * min(_size(fleet), 8), most)
+    n = min(max(n or plan.requests_per_probe * min(_size(fleet), 8), _least_probe(scenario)), most)
     summary = _run(_at(scenario, c, rate, fleet, n))
     needed = _requests_needed(summary, rate, n)
     note = ""
@@ -418,8 +450,12 @@ def _probe(
         n = min(needed, most)
         summary = _run(_at(scenario, c, rate, fleet, n))
         needed = max(needed, _requests_needed(summary, rate, n))
+    trace = _trace(scenario)
+    # a trace whose windows misstate it is replayed whole and judged as the workload it is
+    if trace is not None and n >= len(trace) and _misstated_by(scenario) is not None:
+        return Probe(_meets(summary, scenario, plan.percentile), summary, "", whole_trace=True)
     if needed > n:
-        whole = f" {WHOLE_TRACE}" if _trace(scenario) is not None and n >= most else ""
+        whole = f" {WHOLE_TRACE}" if trace is not None and n >= most else ""
         note = f"verified with {n:,} requests{whole} where a steady-state verdict needs {needed:,}"
     if summary["overload_verdict"] == TOO_SHORT:
         note = "; ".join(filter(None, (note, summary["overload_note"])))

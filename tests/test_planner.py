@@ -525,8 +525,9 @@ def test_a_probe_of_a_trace_offers_the_rate_it_names(make_scenario, tmp_path):
 
 def test_a_plan_warns_where_the_trace_windows_probed_misstate_the_trace(make_scenario, tmp_path):
     """A window replayed at a rate 1.5x or more from the whole trace's (a quiet start
-    before a burst), and a trace shorter than a probe, are said once, before the search."""
-    from simulator.planner import _check_trace_window
+    before a burst) makes every probe replay the whole trace, said once before the search;
+    a trace shorter than a probe is said too."""
+    from simulator.planner import _check_trace_window, _least_probe
 
     path = _bursty_trace(tmp_path / "bursty.csv")
     arrivals = {"kind": "trace", "path": str(path)}
@@ -534,19 +535,39 @@ def test_a_plan_warns_where_the_trace_windows_probed_misstate_the_trace(make_sce
         [f"workload.arrivals={json.dumps(arrivals)}", "plan.requests_per_probe=200"]
     )
     with pytest.warns(
-        InfersimWarning, match=r"its first 200 arrive at 1.00 req/s.*1,200 at 3.57"
+        InfersimWarning,
+        match=r"its first 200 requests arrive at 1.00 req/s.*1,200 at 3.57.*"
+        r"every probe replays the whole trace \(1,200 requests\)",
     ) as w:
         _check_trace_window(scenario)
     assert len(w) == 1
+    assert _least_probe(scenario) == 1200
     steady = tmp_path / "steady.csv"
     steady.write_text("arrived_at\n" + "\n".join(f"{t / 4:.6f}" for t in range(300)) + "\n")
     even = scenario.with_overrides([f"workload.arrivals.path={steady}"])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _check_trace_window(even)
+    assert _least_probe(even) == 0
     short = even.with_overrides(["plan.requests_per_probe=500"])
     with pytest.warns(InfersimWarning, match=r"300 requests, fewer than plan.requests_per_probe"):
         _check_trace_window(short)
+
+
+def test_a_probe_of_the_whole_trace_is_judged_by_the_trace_not_a_steady_state():
+    """A bursty trace replayed whole is the workload: meeting the SLOs over all of it,
+    not overloaded, verifies it, though its queue never settles into a steady state."""
+    from simulator.planner import Probe
+
+    unsettled = {
+        "overload_verdict": "too_short_to_judge",
+        "load": {"in_system": {"ramp_over": False}},
+    }
+    assert Probe(True, unsettled, whole_trace=True).verified
+    assert not Probe(True, unsettled).verified
+    overloaded = {**unsettled, "overload_verdict": "overloaded"}
+    assert not Probe(True, overloaded, whole_trace=True).verified
+    assert not Probe(False, unsettled, whole_trace=True).verified
 
 
 def _fake_probe(verified_to: float, unjudged_to: float):
