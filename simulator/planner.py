@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
@@ -774,15 +774,11 @@ def plan_capacity(
     for text in said:
         warnings.warn(text, InfersimWarning, stacklevel=2)
     plan, todo = scenario.plan, candidates(scenario.plan)
-    if workers == 1:
-        finished: Iterable[tuple[int, Any]] = (
-            (i, _evaluated(scenario, c)) for i, c in enumerate(todo)
-        )
-    else:
-        data = scenario.model_dump(mode="json")
-        data["base_dir"] = scenario.base_dir
-        payloads = [(data, c) for c in todo]
-        finished = run_parallel(_evaluate_packed, payloads, workers=workers, client=client)
+    data = scenario.model_dump(mode="json")
+    data["base_dir"] = scenario.base_dir
+    payloads = [(data, c) for c in todo]
+    # workers=1 runs in this process (run_parallel), the same path as the pool's
+    finished = run_parallel(_evaluate_packed, payloads, workers=workers, client=client)
     bar = Progress(len(todo), enabled=progress, label=f"plan {scenario.name}", unit="candidate")
     results = []
     for done, item in enumerate(finished, start=1):
