@@ -7,55 +7,47 @@ from pathlib import Path
 
 import pandas as pd
 
+from simulator.metrics.headline import headline_row, labelled
 from simulator.results import Results
 
-# (column, path into the summary, scale) — latencies in ms.
-_COLUMNS = (
-    ("completed", ("counts", "completed"), 1),
-    ("rejected", ("counts", "rejected"), 1),
-    ("failed", ("counts", "failed"), 1),
-    ("retried", ("counts", "retried"), 1),
-    # Steady state (10%-90% of completions): the whole run's means also count the drain
-    # after the last arrival, as long on a fast fleet as on a slow one.
-    ("steady req/s", ("throughput", "steady_requests_per_s"), 1),
-    ("steady out tok/s", ("throughput", "steady_output_tokens_per_s"), 1),
-    ("TTFT p50 ms", ("latency", "ttft", "p50"), 1000),
-    ("TTFT p99 ms", ("latency", "ttft", "p99"), 1000),
-    ("TPOT p50 ms", ("latency", "tpot", "p50"), 1000),
-    ("TPOT p99 ms", ("latency", "tpot", "p99"), 1000),
-    ("ITL p99 ms", ("latency", "itl", "p99"), 1000),
-    ("E2E p99 ms", ("latency", "e2e", "p99"), 1000),
-    ("goodput req/s", ("goodput", "goodput_requests_per_s"), 1),
-    ("SLO met %", ("goodput", "fraction"), 100),  # of completed requests
-    ("SLO met % arrived", ("goodput", "fraction_of_arrived"), 100),  # failed ones count as misses
-    ("preemptions", ("kv", "preemptions"), 1),
-    ("KV max %", ("kv", "max_utilisation"), 100),
-    ("prefix hit %", ("prefix_cache", "hit_rate"), 100),
-    ("MFU %", ("utilisation", "mfu"), 100),
-    ("$/1M out tok", ("cost", "usd_per_million_output_tokens"), 1),  # on cost.basis
-    ("J/out tok", ("energy", "joules_per_output_token"), 1),
+__all__ = ["COLUMNS", "compare_table", "labelled", "write_comparison"]
+
+# The headline columns a comparison shows (simulator.metrics.headline names each once,
+# for sweep and plan tables too): steady-state throughput, goodput and cost side by side.
+COLUMNS = (
+    "completed",
+    "rejected",
+    "failed",
+    "retried",
+    "steady_requests_per_s",
+    "steady_output_tokens_per_s",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "tpot_p50_ms",
+    "tpot_p99_ms",
+    "itl_p99_ms",
+    "e2e_p99_ms",
+    "steady_goodput_requests_per_s",
+    "run_goodput_requests_per_s",
+    "goodput_fraction",
+    "goodput_fraction_of_arrived",
+    "preemptions",
+    "kv_max_utilisation",
+    "prefix_hit_rate",
+    "mfu",
+    "usd_per_million_output_tokens",  # on cost_basis
+    "joules_per_output_token",
 )
 
 
-def _get(summary: Mapping, path: tuple[str, ...]) -> float | None:
-    node = summary
-    for key in path:
-        if not isinstance(node, Mapping) or node.get(key) is None:
-            return None
-        node = node[key]
-    return node
-
-
 def compare_table(results: Mapping[str, Results]) -> pd.DataFrame:
-    """One row per run, one column per headline metric."""
+    """One row per run, one column per headline metric (`COLUMNS`, named and scaled as
+    sweep and plan tables name them; `labelled(table)` gives the printed headers)."""
     rows = {}
     for name, result in results.items():
         summary = result.summary()
-        rows[name] = {
-            column: None if (v := _get(summary, path)) is None else v * scale
-            for column, path, scale in _COLUMNS
-        }
-        rows[name]["cost basis"] = summary["cost"].get("basis")
+        rows[name] = headline_row(summary, COLUMNS)
+        rows[name]["cost_basis"] = summary["cost"].get("basis")
         rows[name]["overloaded"] = bool(summary.get("overloaded"))
         rows[name]["overload_verdict"] = summary.get("overload_verdict")
     frame = pd.DataFrame.from_dict(rows, orient="index")
@@ -76,9 +68,7 @@ def write_comparison(
     from simulator.plotting import plot_latency_cdfs, plot_throughput_and_cost
 
     figures = {
-        "comparison_latency_cdfs.png": plot_latency_cdfs(
-            results, title=f"latency of {', '.join(map(str, results))}"
-        ),
+        "comparison_latency_cdfs.png": plot_latency_cdfs(results),
         "comparison_throughput_cost.png": plot_throughput_and_cost(results),
     }
     paths = [table_path]

@@ -653,6 +653,8 @@ def _row(scenario: Scenario, candidate: Candidate, fleet: Fleet, probe: Probe) -
         "usd_per_million_output_tokens": _token_price(summary, planned_rate(scenario)),
         f"ttft_{pct}_ms": 1000 * summary["latency"]["ttft"][pct],
         f"tpot_{pct}_ms": 1000 * summary["latency"]["tpot"][pct],
+        # the probe's, on the steady basis of compare and sweep tables
+        "steady_goodput_requests_per_s": summary["goodput"]["steady_goodput_requests_per_s"],
         **{f"{k}_margin": v for k, v in _margins(summary, scenario, pct).items()},
         "overload_verdict": summary["overload_verdict"],
         "note": probe.note,

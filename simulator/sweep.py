@@ -43,6 +43,8 @@ from tqdm import tqdm
 
 from hardware_models.errors import InfersimError, InfersimWarning
 from simulator.build_id import build_id
+from simulator.metrics.headline import COUNTS, HEADLINE, PER_USD, headline_row
+from simulator.metrics.headline import get as _get
 from simulator.scenario import (
     BATCH_LIMITS,
     Scenario,
@@ -68,36 +70,12 @@ _NOT_RESULTS = ("name", "description", "output", "base_dir")
 # fork is unsafe once threads run (a Dask client, a notebook kernel); forkserver is what
 # Python 3.14 picks on Linux, spawn is the default elsewhere.
 _START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-_LATENCIES = ("ttft", "tpot", "itl", "e2e")
-# (column, path into the summary, scale): latencies in ms.
-METRICS: tuple[tuple[str, tuple[str, ...], float], ...] = (
-    ("completed", ("counts", "completed"), 1),
-    ("failed", ("counts", "failed"), 1),
-    ("rejected", ("counts", "rejected"), 1),
-    ("requests_per_s", ("throughput", "requests_per_s"), 1),  # over the whole run
-    ("output_tokens_per_s", ("throughput", "output_tokens_per_s"), 1),
-    ("steady_requests_per_s", ("throughput", "steady_requests_per_s"), 1),
-    ("steady_output_tokens_per_s", ("throughput", "steady_output_tokens_per_s"), 1),
-    *(
-        (f"{name}_{p}_ms", ("latency", name, p), 1000)
-        for name in _LATENCIES
-        for p in ("p50", "p90", "p99")
-    ),
-    ("goodput_fraction", ("goodput", "fraction"), 1),  # of completed requests
-    ("goodput_fraction_of_arrived", ("goodput", "fraction_of_arrived"), 1),
-    ("preemptions", ("kv", "preemptions"), 1),
-    ("kv_max_utilisation", ("kv", "max_utilisation"), 1),
-    ("mfu", ("utilisation", "mfu"), 1),
-    ("mbu", ("utilisation", "mbu"), 1),
-    ("usd_per_hour", ("cost", "usd_per_hour"), 1),
-    ("usd_per_million_output_tokens", ("cost", "usd_per_million_output_tokens"), 1),
-    ("joules_per_output_token", ("energy", "joules_per_output_token"), 1),
-)
-_COUNTS = ("completed", "failed", "rejected", "preemptions")
+# The headline columns, named and scaled as compare and plan tables name them.
+METRICS = HEADLINE
+_COUNTS = COUNTS
 # The batch limits each point ran with, from its summary's provenance: unset, they are
 # vLLM's defaults for the point's GPU, so a sweep over GPUs runs each with its own.
 _RAN_WITH = ("provenance", "scenario", "serving")
-PER_USD = "output_tokens_per_s_per_usd_hour"
 
 
 @dataclass(frozen=True)
@@ -533,15 +511,6 @@ def _prepare(outdir: Path, *, resume: bool, overwrite: bool) -> None:
 
 
 # ---- the table ------------------------------------------------------------------------------
-def _get(summary: Mapping[str, Any] | None, path: tuple[str, ...]) -> Any:
-    node: Any = summary
-    for key in path:
-        if not isinstance(node, Mapping) or node.get(key) is None:
-            return None
-        node = node[key]
-    return node
-
-
 def _cell(value: Any) -> Any:
     """Grid values as table cells: scalars as they are, lists and mappings as JSON."""
     return value if value is None or isinstance(value, str | int | float | bool) else _text(value)
@@ -559,9 +528,7 @@ def sweep_table(points: Sequence[SweepPoint], records: Mapping[str, Mapping]) ->
         row |= {key: _cell(value) for key, value in point.values.items()}
         row |= {"status": record["status"], "error": record["error"]}
         row |= {name: _get(summary, (*_RAN_WITH, name)) for name in BATCH_LIMITS}
-        for column, path, scale in METRICS:
-            value = _get(summary, path)
-            row[column] = None if value is None else value * scale
+        row |= headline_row(summary, tuple(c for c, _, _ in METRICS))
         # at the steady state, as the printed throughput and $/1M output tokens: not the
         # whole run's mean, which counts the drain (None without a steady state)
         steady, per_hour = row["steady_output_tokens_per_s"], row["usd_per_hour"]

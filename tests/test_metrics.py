@@ -289,6 +289,29 @@ def test_goodput_counts_requests_meeting_every_bound():
     assert no_slo["requests_meeting_slo"] == 4
 
 
+def test_steady_goodput_is_on_the_steady_throughputs_basis():
+    """The 100 requests above (ramp 10 s, drain 40 s): all meeting the SLO, goodput in
+    steady state is the steady request rate, where over the whole run it is n / 150 (the
+    review's 12.71 beside 16.15 steady req/s with every request meeting it). Misses
+    inside the steady window count; misses in the ramp or the drain do not."""
+    n = 100
+    finish = 10.0 + np.arange(n)
+    e2e = np.full(n, 5.0)
+    e2e[[0, 1, 95, 99]] = 9.0  # finish at 10, 11, 105, 109 s: outside [20, 99] s
+    e2e[[30, 40]] = 9.0  # finish at 40 and 50 s: inside
+    frame = completed(finish - e2e, finish - e2e + 1, finish, np.full(n, 5))
+    ctx = context(duration=150.0, slo=SLO(e2e_s=6.0))
+    s = summarize(frame, NO_STEPS, NO_ITL, ctx)
+    steady = s["throughput"]["steady_requests_per_s"]
+    g = s["goodput"]
+    assert g["goodput_requests_per_s"] == pytest.approx(94 / 150)  # whole run, as before
+    assert g["steady_goodput_requests_per_s"] == pytest.approx(steady * 78 / 80)
+    everyone = summarize(frame, NO_STEPS, NO_ITL, context(duration=150.0))
+    assert everyone["goodput"]["steady_goodput_requests_per_s"] == pytest.approx(steady)
+    few = summarize(frame.iloc[:10], NO_STEPS, NO_ITL, ctx)  # no steady state
+    assert few["goodput"]["steady_goodput_requests_per_s"] is None
+
+
 def test_mfu_mbu_busy_and_bound_share():
     ctx = context(duration=10.0, replicas=2)
     log = steps(

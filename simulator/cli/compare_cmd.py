@@ -11,7 +11,7 @@ from pathlib import Path
 from hardware_models.errors import InfersimError
 from simulator.cli.options import add_output_flags, add_overrides, add_results_dir
 from simulator.cli.run_cmd import folder_name, free_results_dir, warnings_named
-from simulator.compare import compare_table, write_comparison
+from simulator.compare import compare_table, labelled, write_comparison
 from simulator.formatting import WIDTH, sig
 from simulator.results import Results
 from simulator.scenario import Scenario
@@ -75,7 +75,7 @@ def _compare(args: argparse.Namespace) -> int:
         written += results[label].write(
             outdir / folder, plots=False if args.no_plots else None, overwrite=args.overwrite
         )
-    print(compare_table(results).to_string(float_format=sig, line_width=WIDTH))
+    print(labelled(compare_table(results)).to_string(float_format=sig, line_width=WIDTH))
     written += write_comparison(results, outdir, plots=not args.no_plots)
     print(f"\nwrote {len(written)} files to {outdir}/", file=sys.stderr)
     return 0

@@ -120,10 +120,10 @@ def _run(args: argparse.Namespace) -> int:
         )
         written += write_exports(result, args, run.name if len(runs) > 1 else None)
     if len(runs) > 1:
-        from simulator.compare import compare_table, write_comparison  # pandas: only here
+        from simulator.compare import compare_table, labelled, write_comparison  # pandas: only here
 
         print()
-        print(compare_table(results).to_string(float_format=sig, line_width=WIDTH))
+        print(labelled(compare_table(results)).to_string(float_format=sig, line_width=WIDTH))
         written += write_comparison(results, outdir, plots=not args.no_plots)
     print(f"\nwrote {len(written)} files to {outdir}/", file=sys.stderr)
     return 0

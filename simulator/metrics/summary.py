@@ -18,7 +18,11 @@ Definitions (all times in seconds of simulated time, D = ctx.duration_s):
   the number of tokens that saw it. Percentiles interpolate linearly between order
   statistics, exactly as `numpy.percentile` on the samples repeated `weight` times.
 - goodput: completed requests for which every bound the SLO gives holds (a one-token
-  output meets any TPOT bound).
+  output meets any TPOT bound); per second over D (`goodput_requests_per_s`, the whole
+  run, as `requests_per_s`) and in steady state (`steady_goodput_requests_per_s`: the
+  steady request rate x the share of the requests finishing in the steady window that
+  met the SLO, so on the basis of `steady_requests_per_s` and the costs, and never above
+  it).
 - overload: the cluster is `overloaded` when its waiting queue, or the requests in the
   system (waiting and running) after their ramp, grew over the arrivals (a significant
   and material trend beyond the arrivals' noise, simulator.metrics.overload), or when more
@@ -280,6 +284,21 @@ def _meets_slo(requests: Table, ctx: RunContext, completed: np.ndarray) -> np.nd
     if slo.e2e_s is not None:
         ok &= requests["e2e"] <= slo.e2e_s
     return ok
+
+
+def _steady_goodput(
+    requests: Table, completed: np.ndarray, ok: np.ndarray, throughput: Mapping[str, Any]
+) -> float | None:
+    """Requests meeting the SLO per second in steady state: `steady_requests_per_s` x the
+    share of the requests finishing in the steady window that met it. Neither the ramp
+    (light load, everything meets it) nor the drain weighs in, and the rate is the one
+    the steady throughput and costs are on; None where the run has no steady state."""
+    window, rate = throughput["steady_window_s"], throughput["steady_requests_per_s"]
+    if window is None or rate is None:
+        return None
+    finish = requests["finish"]
+    inside = completed & (finish >= window[0]) & (finish <= window[1])
+    return rate * float(ok[inside].mean())
 
 
 def _latency_blocks(requests: Table, completed: np.ndarray) -> dict[str, Any]:
@@ -677,6 +696,7 @@ def summarize(
             "fraction": _ratio(ok.sum(), n_completed),
             "fraction_of_arrived": _ratio(ok.sum(), len(requests)),
             "goodput_requests_per_s": _ratio(ok.sum(), d),
+            "steady_goodput_requests_per_s": _steady_goodput(requests, completed, ok, throughput),
         },
         "utilisation": _utilisation(totals, ctx, rep),
         "kv": kv,
