@@ -23,20 +23,16 @@ from hardware_models.op_cost import OpCost
 from hardware_models.plot_labels import LEADER, spread_labels
 from hardware_models.roofline_plot import plot_roofline
 from simulator.compare import compare_table
+from simulator.metrics.headline import LABELS, other_name, readable
 from simulator.metrics.plots import LOG_SPAN, latency_cdfs
 from simulator.results import Results
 
 Runs = pd.DataFrame | Mapping[str, Results] | Sequence[Results]
-COST = "$/1M out tok"
-LATENCY = "TTFT p99 ms"
-KNEE_METRICS = ("TTFT p99 ms", "TPOT p99 ms")
-# The defaults' names in sweep and plan tables (simulator.sweep.METRICS, plan_capacity),
-# which name their columns apart from compare tables (simulator.compare).
-_SWEEP_NAMES = {
-    COST: "usd_per_million_output_tokens",
-    LATENCY: "ttft_p99_ms",
-    "TPOT p99 ms": "tpot_p99_ms",
-}
+COST = "usd_per_million_output_tokens"
+LATENCY = "ttft_p99_ms"
+KNEE_METRICS = ("ttft_p99_ms", "tpot_p99_ms")
+MAX_LABELS = 30  # label every point of a Pareto plot up to this many, else the front's
+STABLE, OVERLOADED = "stable", "overloaded"
 
 __all__ = [
     "as_table",
@@ -62,34 +58,97 @@ def as_table(runs: Runs) -> pd.DataFrame:
     return compare_table(named)
 
 
-def _column_of(table: pd.DataFrame, column: str, what: str) -> str:
-    """`column` as `table` names it: a compare table's name (COST, LATENCY, ...) is read
-    under its sweep and plan name when only that is there. A missing column is an error
-    naming `what` asked for it and the columns the table has."""
-    if column in table:
-        return column
-    alias = _SWEEP_NAMES.get(column)
-    if alias in table:
-        return alias
-    also = f" (nor {alias!r})" if alias else ""
-    raise InfersimError(
-        f"{what}: no column {column!r}{also} in the table; it has "
-        + ", ".join(repr(str(c)) for c in table.columns)
-    )
+def _with_columns(table: pd.DataFrame, *asked: tuple[str, str]) -> pd.DataFrame:
+    """`table` holding every column `asked` ((what asked for it, column) pairs) under the name
+    asked: a column's printed header (`TTFT p99 ms`, `KV max %`) is read from the column
+    it labels and back, in the asked name's unit (simulator.metrics.headline). A missing
+    column is an error naming what asked for it and the columns the table has."""
+    added = {}
+    for what, column in asked:
+        if column in table or column in added:
+            continue
+        values = readable(table, column)
+        if values is None:
+            alias = other_name(column)
+            also = f" (nor {alias!r})" if alias else ""
+            raise InfersimError(
+                f"{what}: no column {column!r}{also} in the table; it has "
+                + ", ".join(repr(str(c)) for c in table.columns)
+            )
+        added[column] = values
+    return table.assign(**added) if added else table
 
 
-def pareto_front(table: pd.DataFrame, cost: str = COST, latency: str = LATENCY) -> pd.Series:
+def _not_empty(table: pd.DataFrame | Mapping, what: str) -> None:
+    if len(table) == 0:
+        raise InfersimError(f"{what}: nothing to plot (no runs given)")
+
+
+def _axis_label(column: str) -> str:
+    """The printed header of a column where it has the column's unit (`$/1M out tok`
+    for usd_per_million_output_tokens; not `KV max %` for a fraction), else the name."""
+    label, scale = LABELS.get(column, (column, 1))
+    return label if scale == 1 else column
+
+
+def judgement(table: pd.DataFrame) -> pd.Series:
+    """Per row: `stable`, `overloaded`, or `unjudged` (too short to tell, or not judged
+    at all) from the table's `overload_verdict` and `overloaded`; `stable` for every row
+    of a table with neither column, which cannot say."""
+    out = pd.Series(STABLE, index=table.index, name="judgement")
+    if "overload_verdict" in table:
+        out[table["overload_verdict"].astype(object).ne(STABLE).to_numpy()] = "unjudged"
+        out[table["overload_verdict"].astype(object).eq(OVERLOADED).to_numpy()] = OVERLOADED
+    if "overloaded" in table:
+        out[table["overloaded"].to_numpy(dtype=bool, na_value=False)] = OVERLOADED
+    return out
+
+
+def _misses(table: pd.DataFrame, slo: Mapping[str, float]) -> np.ndarray:
+    """True for the rows over any bound of `slo` (column -> bound; higher is worse)."""
+    over = np.zeros(len(table), dtype=bool)
+    for column, bound in slo.items():
+        over |= table[column].astype(float).to_numpy() > bound
+    return over
+
+
+def _cost_latency(
+    table: pd.DataFrame, cost: str, latency: str, slo: Mapping[str, float]
+) -> pd.DataFrame:
+    """`table` with the columns a Pareto plot reads, under the names asked."""
+    return _with_columns(table, ("cost", cost), ("latency", latency), *(("slo", c) for c in slo))
+
+
+def pareto_front(
+    table: pd.DataFrame,
+    cost: str = COST,
+    latency: str = LATENCY,
+    slo: Mapping[str, float] | None = None,
+) -> pd.Series:
     """True for the rows no other row beats on both columns (lower is better for both):
-    the runs worth choosing between. Rows missing either value are never on the front."""
-    cost = _column_of(table, cost, "cost")
-    latency = _column_of(table, latency, "latency")
+    the runs worth choosing between. Only runs judged stable compete: an overloaded run's
+    latency says how long it ran, and one too short to judge may be, so neither is on
+    the front nor pushes a run off it; nor is a run over a bound of `slo` (column ->
+    bound), nor one missing either value."""
+    slo = dict(slo or {})
+    table = _cost_latency(table, cost, latency, slo)
     x = table[cost].astype(float).to_numpy()
     y = table[latency].astype(float).to_numpy()
-    valid = np.isfinite(x) & np.isfinite(y)
+    eligible = np.isfinite(x) & np.isfinite(y) & (judgement(table) == STABLE).to_numpy()
+    eligible &= ~_misses(table, slo)
     no_worse = (x[None, :] <= x[:, None]) & (y[None, :] <= y[:, None])
     better = (x[None, :] < x[:, None]) | (y[None, :] < y[:, None])
-    dominated = (no_worse & better & valid[None, :]).any(axis=1)
-    return pd.Series(valid & ~dominated, index=table.index, name="pareto")
+    dominated = (no_worse & better & eligible[None, :]).any(axis=1)
+    return pd.Series(eligible & ~dominated, index=table.index, name="pareto")
+
+
+def _bound(slo: Mapping[str, float], metric: str) -> float | None:
+    """`metric`'s bound in `slo`, given under its name or its other one (`TTFT p99 ms`
+    for ttft_p99_ms), in `metric`'s unit."""
+    for name, bound in slo.items():
+        if (value := readable(pd.DataFrame({name: [bound]}), metric)) is not None:
+            return float(value.iloc[0])
+    return None
 
 
 def _log_if_wide(ax: Axes, values: np.ndarray) -> None:
@@ -98,15 +157,22 @@ def _log_if_wide(ax: Axes, values: np.ndarray) -> None:
         ax.set_yscale("log")
 
 
-def _mark_overloaded(ax: Axes, table: pd.DataFrame, x: str, y: str, label: bool) -> None:
-    """Ring the runs that could not keep up: their latencies grow with the run length."""
-    if "overloaded" not in table:
-        return
-    over = table[table["overloaded"].to_numpy(dtype=bool, na_value=False)]
-    ax.scatter(
-        over[x], over[y], s=110, facecolors="none", edgecolors="red", zorder=4,
-        label="overloaded" if label and len(over) else None,
-    )  # fmt: skip
+# judgement -> how its points are ringed, and the legend's words for it
+_RINGS = {
+    OVERLOADED: ({"edgecolors": "red", "marker": "o"}, "overloaded"),
+    "unjudged": ({"edgecolors": "darkorange", "marker": "s", "linestyles": "--"},
+                 "not judged (too short to tell)"),
+}  # fmt: skip
+
+
+def _mark_judgement(ax: Axes, table: pd.DataFrame, x: str, y: str) -> None:
+    """Ring the runs that could not keep up (their latencies grow with the run length)
+    and, differently, those too short to tell whether they kept up."""
+    judged = judgement(table)
+    for kind, (style, words) in _RINGS.items():
+        rows = table[(judged == kind).to_numpy()]
+        if len(rows):
+            ax.scatter(rows[x], rows[y], s=120, facecolors="none", zorder=4, label=words, **style)
 
 
 def plot_pareto(
@@ -115,34 +181,45 @@ def plot_pareto(
     latency: str = LATENCY,
     slo_ms: float | None = None,
     title: str = "",
+    slo: Mapping[str, float] | None = None,
 ) -> Figure:
-    """Cost against latency, one point per run, the Pareto front drawn as a staircase
-    and labelled; `slo_ms` draws the latency objective. Overloaded runs are ringed. A
-    sweep or plan table works too: the default columns are read under its names."""
+    """Cost against latency, one point per run, each labelled (the front's alone past
+    MAX_LABELS points), the Pareto front of the stable runs that meet the SLO drawn as a
+    staircase. `slo_ms` draws the latency objective; `slo` maps more columns to bounds
+    (`{"tpot_p99_ms": 100}`). Overloaded runs are ringed red, runs too short to judge
+    orange, runs over a bound crossed: none of them is on the front. A sweep or plan
+    table works too, and a column's printed header reads its column (`TTFT p99 ms`)."""
     table = as_table(runs)
-    cost, latency = _column_of(table, cost, "cost"), _column_of(table, latency, "latency")
-    front = pareto_front(table, cost, latency)
+    _not_empty(table, "plot_pareto")
+    bounds = dict(slo or {}) | ({latency: slo_ms} if slo_ms is not None else {})
+    front = pareto_front(table, cost, latency, bounds)
+    table = _cost_latency(table, cost, latency, bounds)
     fig = Figure(figsize=(8, 5.5), layout="constrained")
     ax = fig.subplots()
     ax.scatter(table[cost], table[latency], color="C0", alpha=0.5, label="run")
     best = table[front].sort_values(cost)
     ax.plot(best[cost], best[latency], color="C1", marker="o", drawstyle="steps-post",
-            label="Pareto front")  # fmt: skip
+            label="Pareto front (stable, within the SLO)")  # fmt: skip
+    shown = table if len(table) <= MAX_LABELS else best
     labels = [
         ax.annotate(name, (row[cost], row[latency]), fontsize=8, xytext=(4, 4),
                     textcoords="offset points", arrowprops=LEADER)
-        for name, (_, row) in zip(_run_names(best), best.iterrows(), strict=True)
+        for name, (_, row) in zip(_run_names(shown), shown.iterrows(), strict=True)
+        if np.isfinite(float(row[cost])) and np.isfinite(float(row[latency]))
     ]  # fmt: skip
-    _mark_overloaded(ax, table, cost, latency, label=True)
+    _mark_judgement(ax, table, cost, latency)
+    if (missed := _misses(table, bounds)).any():
+        ax.scatter(table[cost][missed], table[latency][missed], marker="x", s=60,
+                   color="black", zorder=5, label="misses the SLO")  # fmt: skip
     if slo_ms is not None:
         ax.axhline(slo_ms, color="grey", ls="--", lw=1, label=f"SLO {slo_ms:g} ms")
     _log_if_wide(ax, table[latency].astype(float).to_numpy())
-    ax.set_xlabel(cost)
-    ax.set_ylabel(latency)
+    ax.set_xlabel(_axis_label(cost))
+    ax.set_ylabel(_axis_label(latency))
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    if title:
-        fig.suptitle(title)
+    fig.suptitle(title or f"{_axis_label(latency)} against {_axis_label(cost)}, "
+                 f"{len(table)} runs ({len(best)} on the front)")  # fmt: skip
     spread_labels(fig, labels)
     return fig
 
@@ -163,16 +240,18 @@ def plot_knee(
     metrics: Sequence[str] = KNEE_METRICS,
     by: str | None = None,
     slo: Mapping[str, float] | None = None,
+    title: str = "",
 ) -> Figure:
     """Each metric against a swept load column, one line per value of `by`: where the
     curve turns up is the load a configuration can carry. `slo` maps a metric column to
-    its bound (a dashed line); overloaded runs are ringed. The default metrics are read
-    under a sweep table's names when it has those instead."""
-    load = _column_of(table, load, "load")
-    if by is not None:
-        by = _column_of(table, by, "by")
-    slo = {_column_of(table, m, "slo"): bound for m, bound in (slo or {}).items()}
-    metrics = [_column_of(table, m, "metrics") for m in metrics]
+    its bound (a dashed line); overloaded runs are ringed red, runs too short to judge
+    orange (simulator.metrics.overload: their latencies may still be climbing). A
+    column's printed header reads its column (`TTFT p99 ms` for ttft_p99_ms)."""
+    _not_empty(table, "plot_knee")
+    table = _with_columns(
+        table, ("load", load), *([("by", by)] if by is not None else []),
+        *(("slo", m) for m in slo or {}), *(("metrics", m) for m in metrics),
+    )  # fmt: skip
     fig = Figure(figsize=(5.5 * len(metrics), 4.5), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, len(metrics)))
     groups = [(None, table)] if by is None else list(table.groupby(by, sort=False))
@@ -181,26 +260,30 @@ def plot_knee(
             frame = frame.sort_values(load)
             ax.plot(frame[load], frame[metric], marker="o", color=f"C{i % 10}",
                     label=None if by is None else f"{by}={name}")  # fmt: skip
-        _mark_overloaded(ax, table, load, metric, label=True)
-        if metric in slo:
-            ax.axhline(slo[metric], color="grey", ls="--", lw=1, label=f"SLO {slo[metric]:g}")
+        _mark_judgement(ax, table, load, metric)
+        if (bound := _bound(slo or {}, metric)) is not None:
+            ax.axhline(bound, color="grey", ls="--", lw=1, label=f"SLO {bound:g}")
         _log_if_wide(ax, table[metric].astype(float).to_numpy())
-        ax.set_xlabel(load)
-        ax.set_ylabel(metric)
+        ax.set_xlabel(_axis_label(load))
+        ax.set_ylabel(_axis_label(metric))
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small")
+    fig.suptitle(title or f"{', '.join(map(_axis_label, metrics))} against "
+                 f"{_axis_label(load)}" + (f" by {by}" if by else ""))  # fmt: skip
     return fig
 
 
 def plot_latency_cdfs(runs: Mapping[str, Results], title: str = "") -> Figure:
     """TTFT, TPOT, ITL and E2E CDFs of several runs overlaid, one line per name, with the
-    SLO bounds when every run has the same."""
+    SLO bounds when every run has the same; titled with the runs' names unless `title`
+    says otherwise."""
+    _not_empty(runs, "plot_latency_cdfs")
     slos = [r.summary()["goodput"]["slo"] for r in runs.values()]
     return latency_cdfs(
         {name: r.requests for name, r in runs.items()},
         {name: r.itl for name, r in runs.items()},
-        title=title,
+        title=title or f"latency of {', '.join(map(str, runs))}",
         slo_s=slos[0] if slos and all(s == slos[0] for s in slos) else None,
     )
 
@@ -225,7 +308,9 @@ def plot_rooflines(
 def plot_throughput_and_cost(results: Mapping[str, Results]) -> Figure:
     """Output tokens/s over simulated time overlaid, then each run's mean output tokens/s
     and $ per 1M output tokens as bars."""
+    _not_empty(results, "plot_throughput_and_cost")
     fig = Figure(figsize=(11, 8), layout="constrained")
+    fig.suptitle(f"throughput and cost of {', '.join(map(str, results))}")
     axes = fig.subplot_mosaic([["time", "time"], ["tokens", "cost"]])
     for name, result in results.items():
         ts = result.timeseries
@@ -238,8 +323,8 @@ def plot_throughput_and_cost(results: Mapping[str, Results]) -> Figure:
     table = compare_table(results)
     names = [str(n) for n in table.index]
     for key, column, title in (
-        ("tokens", "steady out tok/s", "output tokens/s (steady state)"),
-        ("cost", "$/1M out tok", "$ per 1M output tokens (steady state; whole run if none)"),
+        ("tokens", "steady_output_tokens_per_s", "output tokens/s (steady state)"),
+        ("cost", COST, "$ per 1M output tokens (steady state; whole run if none)"),
     ):
         colors = [f"C{i % 10}" for i in range(len(names))]  # as the lines above
         axes[key].barh(names, table[column].astype(float).fillna(0), color=colors)

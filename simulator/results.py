@@ -123,20 +123,22 @@ class Results:
         return summary_table(self.summary())
 
     # ---- plots ---------------------------------------------------------------------------
+    # Titled with the scenario and hardware (metrics.plots.run_title), as the files are.
     def plot_latency_cdfs(self):
-        from simulator.metrics.plots import latency_cdfs
+        from simulator.metrics.plots import latency_cdfs, run_title
 
-        return latency_cdfs(self.requests, self.itl)
+        slo = self.summary()["goodput"]["slo"]
+        return latency_cdfs(self.requests, self.itl, title=run_title(self.summary()), slo_s=slo)
 
     def plot_throughput_and_queue(self):
-        from simulator.metrics.plots import throughput_and_queue
+        from simulator.metrics.plots import run_title, throughput_and_queue
 
-        return throughput_and_queue(self.timeseries)
+        return throughput_and_queue(self.timeseries, run_title(self.summary()))
 
     def plot_kv_and_batch(self):
-        from simulator.metrics.plots import kv_and_batch
+        from simulator.metrics.plots import kv_and_batch, run_title
 
-        return kv_and_batch(self.timeseries)
+        return kv_and_batch(self.timeseries, run_title(self.summary()))
 
     # ---- files ---------------------------------------------------------------------------
     def write(

@@ -156,7 +156,8 @@ def throughput_and_queue(ts: pd.DataFrame, title: str = "") -> Figure:
 
 
 def kv_and_batch(ts: pd.DataFrame, title: str = "") -> Figure:
-    """KV cache utilisation, running batch size and busy fraction, per time bin."""
+    """KV cache utilisation, running batch size and busy fraction (the time a step of
+    any batch size ran), per time bin."""
     fig = Figure(figsize=(11, 8), layout="constrained")
     if title:
         fig.suptitle(title)
@@ -167,7 +168,8 @@ def kv_and_batch(ts: pd.DataFrame, title: str = "") -> Figure:
     _bins(batch, ts, ts["batch_size"], color="C0")
     batch.set_ylabel("batch size")
     _bins(busy, ts, 100 * ts["busy_fraction"], color="C1")
-    busy.set_ylabel("busy (%)")
+    # a step running, of any batch size: 100% at light load too (not saturation)
+    busy.set_ylabel("time running a step (%)")
     busy.set_ylim(0, 105)
     busy.set_xlabel("simulated time (s)")
     return fig
