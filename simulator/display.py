@@ -12,8 +12,10 @@ from html import escape
 from typing import Any
 
 from simulator.formatting import (
+    busy_text,
     fleet_text,
     front_end_text,
+    goodput_rate_text,
     ms,
     num,
     pct,
@@ -51,12 +53,12 @@ def _headline(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("steady-state throughput", f"{sig(t.get('steady_requests_per_s'))} req/s"),
         ("tokens/s in / out",
          f"{num(t['input_tokens_per_s'], ',.0f')} / {num(t['output_tokens_per_s'], ',.0f')}"),
-        (f"goodput ({slo_text(g['slo'])})", f"{sig(g['goodput_requests_per_s'])} req/s"),
+        (f"goodput ({slo_text(g['slo'])})", goodput_rate_text(g)),
         ("arrived / completed within the SLO",
          f"{pct(g.get('fraction_of_arrived'))} / {pct(g['fraction'])}"),
         *([("front end", front_end_text(front))] if front is not None else []),
-        ("busy / MFU / MBU",
-         f"{pct(u['gpu_busy_fraction'])} / {pct(u['mfu'])} / {pct(u['mbu'])}"),
+        ("MFU / MBU", f"{pct(u['mfu'])} / {pct(u['mbu'])}"),
+        ("busy", busy_text(u["gpu_busy_fraction"]).removeprefix("busy ")),
         ("KV mean / max", f"{pct(kv['mean_utilisation'])} / {pct(kv['max_utilisation'])}"),
         ("preemptions", preemption_text(kv)),
         ("cost", f"{usd(cost['usd_per_hour'])}/h, run {usd(cost['usd_total'])}"),

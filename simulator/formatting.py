@@ -101,3 +101,20 @@ def front_end_text(front: Mapping[str, Any]) -> str:
         f"{ms(delay['p99'])} ms  requests reached the engine after mean "
         f"{ms(ingest['mean'])} ms (latencies are the client's)"
     )
+
+
+def busy_text(fraction: float | None) -> str:
+    """The busy fraction with what it means: the share of the run a step was running,
+    whatever its batch size, so near 100% at light load too (decode steps follow each
+    other while any request is in flight). Headroom is in MFU, MBU, the KV cache and the
+    latencies against the SLO, which is why summaries put those first."""
+    return f"busy {pct(fraction)} (time a step ran, at any batch size: not saturation)"
+
+
+def goodput_rate_text(goodput: Mapping[str, Any]) -> str:
+    """Goodput in req/s on the steady basis of the steady throughput and the costs, then
+    over the whole run (ramp and drain included); the whole run's alone where the run
+    had no steady state."""
+    run = f"{sig(goodput['goodput_requests_per_s'])} req/s"
+    steady = goodput.get("steady_goodput_requests_per_s")
+    return run + " (whole run)" if steady is None else f"{sig(steady)} req/s ({run} whole run)"

@@ -7,9 +7,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from simulator.formatting import (
+    busy_text,
     engine_labels,
     fleet_text,
     front_end_text,
+    goodput_rate_text,
     ms,
     num,
     pct,
@@ -104,7 +106,7 @@ def _goodput(g: Mapping[str, Any], c: Mapping[str, Any]) -> str:
         if c[key]
     )
     return (
-        f"{sig(g['goodput_requests_per_s'])} req/s meet {slo_text(g['slo'])}: "
+        f"{goodput_rate_text(g)} meet {slo_text(g['slo'])}: "
         f"{g['requests_meeting_slo']:,} of {c['arrived']:,} arrived "
         f"({pct(g.get('fraction_of_arrived'))}), {pct(g['fraction'])} of {c['completed']:,} "
         "completed" + (f"; {rest}" if rest else "")
@@ -149,9 +151,10 @@ def summary_table(summary: Mapping[str, Any]) -> str:
         lines += _line("front end", front_end_text(front))
     lines += _line(
         "utilisation",
-        f"busy {pct(u['gpu_busy_fraction'])}  MFU {pct(u['mfu'])} (busy {pct(u['mfu_busy'])})  "
-        f"MBU {pct(u['mbu'])} (busy {pct(u['mbu_busy'])})",
+        f"MFU {pct(u['mfu'])} ({pct(u['mfu_busy'])} while busy)  "
+        f"MBU {pct(u['mbu'])} ({pct(u['mbu_busy'])} while busy)",
     )
+    lines += _line("", busy_text(u["gpu_busy_fraction"]))
     lines += _line("", f"bound by {bound or '-'} (share of busy time)")
     lines += _line(
         "kv cache",
