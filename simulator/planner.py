@@ -751,13 +751,14 @@ def plan_capacity(
     *,
     workers: int | None = None,
     client: Client | None = None,
-    progress: bool = False,
+    progress: bool = True,
 ) -> pd.DataFrame:
     """The ranked plan table: feasible candidates cheapest first, then the rest.
 
     Candidates run on `workers` local processes (default: one per CPU; 1 runs them in this
     process) or on the Dask cluster of `client`, as sweep points do. `progress` shows a bar
-    of finished candidates on a terminal: a plan runs many probes and takes minutes.
+    of finished candidates, as a sweep does: on a terminal or in a notebook, nowhere else
+    (simulator.progress); a plan runs many probes and takes minutes.
     """
     if scenario.plan is None:
         raise InfersimError(f"{scenario.name}: no `plan:` section to search")

@@ -45,6 +45,7 @@ from hardware_models.errors import InfersimError, InfersimWarning
 from simulator.build_id import build_id
 from simulator.metrics.headline import COUNTS, HEADLINE, PER_USD, headline_row
 from simulator.metrics.headline import get as _get
+from simulator.progress import bar_options
 from simulator.scenario import (
     BATCH_LIMITS,
     Scenario,
@@ -670,8 +671,8 @@ def sweep(
     Points run on `workers` local processes (default: one per CPU), or on the Dask cluster
     of `client`, whose workers must have infersim installed and see the files the scenario
     names. With `outdir`, each point is written as it finishes, then sweep.parquet and the
-    plots; `resume` reuses the point files already there. The progress bar shows only on a
-    terminal.
+    plots; `resume` reuses the point files already there. The progress bar shows on a
+    terminal and in a notebook (simulator.progress), nowhere else.
     """
     if client is not None and workers is not None:
         raise InfersimError("workers: give a worker count or a Dask client, not both")
@@ -691,9 +692,9 @@ def sweep(
     pending = [p for p in points if p.id not in records]
     job = functools.partial(run_point, overrides=scenario.overrides)
     results = run_parallel(job, [p.data for p in pending], workers=workers, client=client)
-    show = progress and sys.stderr.isatty()
+    options = bar_options(progress) or {"disable": True}
     with tqdm(total=len(points), initial=len(records), desc=scenario.name, unit="point",
-              disable=not show, leave=False) as bar:  # fmt: skip
+              **options) as bar:  # fmt: skip
         for index, result in results:
             point = pending[index]
             outcome = _outcome(result) if isinstance(result, JobError) else result
