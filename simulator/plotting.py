@@ -36,6 +36,7 @@ STABLE, OVERLOADED = "stable", "overloaded"
 
 __all__ = [
     "as_table",
+    "judgement",
     "pareto_front",
     "plot_knee",
     "plot_latency_cdfs",
