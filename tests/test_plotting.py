@@ -144,3 +144,15 @@ def test_a_missing_column_names_what_the_table_has(call, message):
     with pytest.raises(InfersimError) as caught:
         call(sweep_like())
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_a_runs_own_figures_name_the_run(make_scenario):
+    from simulator.simulation import simulate
+
+    results = simulate(make_scenario(workload={"num_requests": 20}))
+    titles = {
+        fig.get_suptitle()
+        for fig in (results.plot_latency_cdfs(), results.plot_throughput_and_queue(),
+                    results.plot_kv_and_batch())
+    }  # fmt: skip
+    assert titles == {"test: llama-2-7b on 1 x a100-80gb-sxm tp=1"}
