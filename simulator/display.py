@@ -57,9 +57,10 @@ def _headline(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("arrived / completed within the SLO",
          f"{pct(g.get('fraction_of_arrived'))} / {pct(g['fraction'])}"),
         *([("front end", front_end_text(front))] if front is not None else []),
+        # what a planner reads as headroom first; busy after, with what it means
         ("MFU / MBU", f"{pct(u['mfu'])} / {pct(u['mbu'])}"),
-        ("busy", busy_text(u["gpu_busy_fraction"]).removeprefix("busy ")),
         ("KV mean / max", f"{pct(kv['mean_utilisation'])} / {pct(kv['max_utilisation'])}"),
+        ("busy", busy_text(u["gpu_busy_fraction"]).removeprefix("busy ")),
         ("preemptions", preemption_text(kv)),
         ("cost", f"{usd(cost['usd_per_hour'])}/h, run {usd(cost['usd_total'])}"),
         (f"$ per request ({basis})", usd(cost["usd_per_request"])),
