@@ -108,9 +108,9 @@ def test_runs_missing_the_slo_are_crossed_and_left_off_the_front():
 
 
 def test_labels_of_a_crowded_pareto_plot_do_not_overlap():
-    n = 12  # a sweep's points close together
+    n = 12  # a sweep's points close together, every other one off the front
     table = pd.DataFrame({"usd_per_million_output_tokens": 1 + 0.01 * np.arange(n),
-                          "ttft_p99_ms": 100 - 0.1 * np.arange(n),
+                          "ttft_p99_ms": 100 - 0.1 * np.arange(n) + 5 * (np.arange(n) % 2),
                           "name": [f"rate={i} seqs=64" for i in range(n)]})  # fmt: skip
     fig = plot_pareto(table)
     renderer = fig.canvas.get_renderer()
