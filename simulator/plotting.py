@@ -195,6 +195,9 @@ def plot_pareto(
     bounds = dict(slo or {}) | ({latency: slo_ms} if slo_ms is not None else {})
     front = pareto_front(table, cost, latency, bounds)
     table = _cost_latency(table, cost, latency, bounds)
+    # a run without both values (a plan's infeasible candidate) has no point
+    plotted = (table[cost].astype(float).notna() & table[latency].astype(float).notna()).to_numpy()
+    table, front = table[plotted], front[plotted]
     fig = Figure(figsize=(8, 5.5), layout="constrained")
     ax = fig.subplots()
     ax.scatter(table[cost], table[latency], color="C0", alpha=0.5, label="run")
@@ -206,7 +209,6 @@ def plot_pareto(
         ax.annotate(name, (row[cost], row[latency]), fontsize=8, xytext=(4, 4),
                     textcoords="offset points", arrowprops=LEADER)
         for name, (_, row) in zip(_run_names(shown), shown.iterrows(), strict=True)
-        if np.isfinite(float(row[cost])) and np.isfinite(float(row[latency]))
     ]  # fmt: skip
     _mark_judgement(ax, table, cost, latency)
     if (missed := _misses(table, bounds)).any():
@@ -231,7 +233,8 @@ def _run_names(table: pd.DataFrame) -> list[str]:
     if "name" in table:
         return [str(n) for n in table["name"]]
     if {"gpu", "tp", "replicas"} <= set(table.columns):
-        return [f"{r.gpu} tp{r.tp} x{r.replicas}" for r in table.itertuples()]
+        # counts read back from plan.csv are floats where a row (infeasible) has none
+        return [f"{r.gpu} tp{int(r.tp)} x{int(r.replicas)}" for r in table.itertuples()]
     return [str(n) for n in table.index]
 
 

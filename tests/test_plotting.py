@@ -34,18 +34,21 @@ def sweep_like() -> pd.DataFrame:
 
 
 def plan_like() -> pd.DataFrame:
-    """What `infersim plan` writes to plan.csv, read back."""
+    """What `infersim plan` writes to plan.csv, read back: four fleets and an infeasible
+    candidate, which has no figures."""
     return pd.DataFrame(
-        {"gpu": ["h100-sxm", "h200-sxm", "a100-80gb-sxm", "l40s"], "tp": [4, 2, 8, 1],
-         "replicas": [2, 3, 1, 4], "usd_per_million_output_tokens": COST,
-         "ttft_p99_ms": TTFT, "tpot_p99_ms": [20.0] * 4}
+        {"gpu": ["h100-sxm", "h200-sxm", "a100-80gb-sxm", "l40s", "l4"], "tp": [4, 2, 8, 1, 1],
+         "replicas": [2, 3, 1, 4, None], "usd_per_million_output_tokens": [*COST, None],
+         "ttft_p99_ms": [*TTFT, None], "tpot_p99_ms": [20.0] * 4 + [None]}
     )  # fmt: skip
 
 
 @pytest.mark.parametrize("table", [sweep_like(), plan_like()], ids=["sweep", "plan"])
 def test_pareto_reads_sweep_and_plan_tables_by_their_own_names(table):
-    assert pareto_front(table).tolist() == [True, True, True, False]
-    ax = plot_pareto(table, slo_ms=500).axes[0]
+    assert pareto_front(table).tolist()[:4] == [True, True, True, False]
+    fig = plot_pareto(table, slo_ms=500)
+    assert fig.get_suptitle().endswith(", 4 runs (3 on the front)")  # no point, no run
+    ax = fig.axes[0]
     assert ax.get_xlabel() == "$/1M out tok"  # the column's printed header, same unit
     labels = {t.get_text() for t in ax.texts}
     assert labels == ({f"point {i}" for i in range(4)} if "name" in table else  # every point
