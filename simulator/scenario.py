@@ -596,7 +596,9 @@ class OutputSection(BaseModel):
     model_config = _STRICT
     plots: bool = Field(default=True, description="write PNG plots next to the tables")
     csv: bool = Field(default=False, description="also write CSV copies of the tables")
-    progress: bool = Field(default=True, description="show a progress bar on a terminal")
+    progress: bool = Field(
+        default=True, description="show a progress bar on a terminal or in a Jupyter notebook"
+    )
     step_table: bool = Field(
         default=True,
         description="keep one row per engine step (steps.parquet, Results.steps); the "
