@@ -14,30 +14,32 @@ from hardware_models.errors import InfersimError
 from simulator.cli.options import add_output_flags, add_overrides
 from simulator.cli.run_cmd import folder_name, free_results_dir
 from simulator.formatting import WIDTH, sig
+from simulator.metrics.headline import labelled
 from simulator.scenario import Scenario
 from simulator.sweep import PER_USD, sweep
 
 if TYPE_CHECKING:
     from distributed import Client
 
-# Columns printed at the end (all of them are in sweep.parquet), with short headers; the
-# overload verdict rather than `overloaded`, so a point too short to judge is not read as
-# stable.
+# Columns printed at the end (all of them are in sweep.parquet), under the headers every
+# printed table uses (simulator.metrics.headline.LABELS: shares in %), short ones for the
+# rest; the overload verdict rather than `overloaded`, so a point too short to judge is
+# not read as stable.
 _SHOWN = {
     "status": "status",
     "max_num_seqs": "seqs",  # the batch limits it ran with: unset, vLLM's for its GPU
     "max_num_batched_tokens": "tok/step",
-    "steady_output_tokens_per_s": "steady out tok/s",  # one basis with the two costs
-    "ttft_p99_ms": "TTFT p99 ms",
-    "tpot_p99_ms": "TPOT p99 ms",
-    "goodput_fraction_of_arrived": "SLO met/arrived",
-    "goodput_fraction": "SLO met/done",
+    "steady_output_tokens_per_s": None,  # one basis with the two costs
+    "ttft_p99_ms": None,
+    "tpot_p99_ms": None,
+    "goodput_fraction_of_arrived": None,
+    "goodput_fraction": None,
     "failed": "failed",
     "rejected": "rejected",
-    "usd_per_million_output_tokens": "$/1M out tok",
-    PER_USD: "steady tok/s per $/h",
-    "cost_basis": "cost basis",  # whole_run where a point had no steady state
-    "overload_verdict": "overload",
+    "usd_per_million_output_tokens": None,
+    PER_USD: None,
+    "cost_basis": None,  # whole_run where a point had no steady state
+    "overload_verdict": None,
 }
 
 
@@ -106,7 +108,8 @@ def _connect(address: str) -> Client:
 
 
 def _format_table(table: pd.DataFrame) -> str:
-    shown = table.set_index("name")[list(_SHOWN)].rename(columns=_SHOWN)
+    short = {column: header for column, header in _SHOWN.items() if header}
+    shown = labelled(table.set_index("name")[list(_SHOWN)]).rename(columns=short)
     shown.index.name = None
     return shown.to_string(float_format=lambda x: sig(x, 4), na_rep="-", line_width=WIDTH)
 
