@@ -33,7 +33,7 @@ _COLUMNS = (
     ("prefix hit %", ("prefix_cache", "hit_rate"), 100),
     ("MFU %", ("utilisation", "mfu"), 100),
     ("$/1M out tok", ("cost", "usd_per_million_output_tokens"), 1),  # on cost.basis
-    ("J/out tok", ("energy", "joules_per_output_token"), 1),
+    ("J/out tok", ("energy", "joules_per_output_token"), 1),  # GPUs', on cost.basis too
 )
 
 
@@ -55,7 +55,7 @@ def compare_table(results: Mapping[str, Results]) -> pd.DataFrame:
             column: None if (v := _get(summary, path)) is None else v * scale
             for column, path, scale in _COLUMNS
         }
-        rows[name]["cost basis"] = summary["cost"].get("basis")
+        rows[name]["basis"] = summary["cost"].get("basis")  # of $/1M and J/out tok
         rows[name]["overloaded"] = bool(summary.get("overloaded"))
         rows[name]["overload_verdict"] = summary.get("overload_verdict")
     frame = pd.DataFrame.from_dict(rows, orient="index")

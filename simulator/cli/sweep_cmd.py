@@ -36,7 +36,8 @@ _SHOWN = {
     "rejected": "rejected",
     "usd_per_million_output_tokens": "$/1M out tok",
     PER_USD: "steady tok/s per $/h",
-    "cost_basis": "cost basis",  # whole_run where a point had no steady state
+    "joules_per_output_token": "GPU J/out tok",
+    "cost_basis": "basis",  # of $/1M and J/out tok: whole_run where a point had no steady state
     "overload_verdict": "overload",
 }
 

@@ -46,10 +46,14 @@ Definitions (all times in seconds of simulated time, D = ctx.duration_s):
   `ingest_s` from the client sending a request to the engine seeing it. Busy for
   FRONTEND_BUSY of D or more on the busiest replica, or offered a load above 1, the
   processes capped the throughput, and a warning says so.
-- energy: a GPU draws idle + (tdp - idle) x activity, activity of a step = max(achieved
-  FLOP/s / peak, achieved DRAM bytes/s / peak) of its replica clipped to [0, 1], and
-  idle power whenever no step runs. energy_kwh and the per-token and per-request joules
-  are at the facility (x PUE); average_power_w is per GPU, before PUE.
+- energy (hardware_models.power): while a step runs each of its GPUs draws idle + busy +
+  tensor_w x (step FLOP/s / peak) + memory_w x (step DRAM bytes/s / peak), at most its
+  TDP (power_capped_share: the busy time the limit bound), and idle power whenever no
+  step runs. Per output token and request on cost's basis: the steady window's GPU energy
+  per second over its token and request rates (`basis`, `note`); run_joules_per_output_
+  token over the whole run. GPU figures (gpu_energy_kwh, average_power_w, steady_power_w,
+  joules_per_*) are before PUE, as ML.ENERGY, Zeus and MLPerf Power report them;
+  energy_kwh, usd_energy and facility_joules_per_output_token are x PUE.
 """
 
 from __future__ import annotations
@@ -317,8 +321,7 @@ def _per_class(
 
 
 def _replica_arrays(ctx: RunContext) -> Arrays:
-    fields = ("gpus", "peak_flops", "peak_bandwidth", "kv_total_blocks")
-    fields += ("idle_power_w", "tdp_w", "usd_per_gpu_hour")
+    fields = ("gpus", "peak_flops", "peak_bandwidth", "kv_total_blocks", "usd_per_gpu_hour")
     return {f: np.array([getattr(r, f) for r in ctx.replicas], np.float64) for f in fields}
 
 
@@ -365,21 +368,50 @@ def _prefix_cache(requests: Table) -> dict[str, Any]:
 
 
 def _energy(
-    totals: StepTotals, ctx: RunContext, rep: Arrays, output_tokens: float, completed: int
+    totals: StepTotals, ctx: RunContext, output_tokens: float, throughput: Mapping[str, Any]
 ) -> dict[str, Any]:
+    """GPU energy from the power model (hardware_models.power), and what a token and a
+    request cost in it while the fleet is busy at this load: the steady window's energy
+    over its tokens and requests, on the same basis as `_cost` (the whole run's where
+    there is no steady state). The headline figures are the GPUs' alone, as ML.ENERGY,
+    Zeus and MLPerf Power report them; `facility_` ones and energy_kwh include PUE."""
     d = ctx.duration_s
-    gpu_joules = rep["idle_power_w"] * d + (rep["tdp_w"] - rep["idle_power_w"]) * totals.active
-    it_joules = float(np.dot(rep["gpus"], gpu_joules))
-    facility = it_joules * ctx.pue
-    kwh = facility / 3.6e6
+    idle_w = ctx.idle_power_w  # the fleet's, W
+    gpu_joules = idle_w * d + float(totals.joules.sum())
+    kwh = gpu_joules / 3.6e6
+    window = throughput["steady_window_s"]
+    basis, note = COST_STEADY, ""
+    if window is None:
+        basis = COST_RUN
+        note = (
+            f"fewer than {STEADY_MIN_COMPLETIONS} completions for a steady state: per-request "
+            "and per-token energy are the whole run's, ramp-up and drain included"
+        )
+        fleet_w = _ratio(gpu_joules, d) or 0.0
+        requests_per_s = throughput["requests_per_s"]
+        output_per_s = throughput["output_tokens_per_s"]
+    else:
+        start, stop = window
+        fleet_w = idle_w + totals.joules_between(start, stop) / (stop - start)
+        requests_per_s = throughput["steady_requests_per_s"]
+        output_per_s = throughput["steady_output_tokens_per_s"]
+    per_token = _ratio(fleet_w, output_per_s or 0.0)
+    defaults = sorted({r.power.note for r in ctx.replicas if r.power.note})
     return {
-        "model": "idle + (tdp - idle) x activity",
+        "model": "idle + busy + tensor FLOP/s x J/FLOP + DRAM bit/s x J/bit, capped at TDP",
+        "basis": basis,
+        "note": "; ".join([note, *defaults]).strip("; "),
         "pue": ctx.pue,
-        "energy_kwh": kwh,
-        "average_power_w": _ratio(it_joules, ctx.gpus * d),
-        "joules_per_output_token": _ratio(facility, output_tokens),
-        "joules_per_request": _ratio(facility, completed),
-        "usd_energy": kwh * ctx.usd_per_kwh,
+        "gpu_energy_kwh": kwh,
+        "energy_kwh": kwh * ctx.pue,
+        "average_power_w": _ratio(gpu_joules, ctx.gpus * d),
+        "steady_power_w": _ratio(fleet_w, ctx.gpus) if basis == COST_STEADY else None,
+        "power_capped_share": _ratio(totals.capped.sum(), totals.busy.sum()),
+        "joules_per_output_token": per_token,
+        "facility_joules_per_output_token": None if per_token is None else per_token * ctx.pue,
+        "joules_per_request": _ratio(fleet_w, requests_per_s or 0.0),
+        "run_joules_per_output_token": _ratio(gpu_joules, output_tokens),
+        "usd_energy": kwh * ctx.pue * ctx.usd_per_kwh,
     }
 
 
@@ -682,7 +714,7 @@ def summarize(
         "kv": kv,
         "prefix_cache": _prefix_cache(requests),
         "cost": _cost(ctx, rep, n_completed, output_tokens, throughput),
-        "energy": _energy(totals, ctx, rep, output_tokens, n_completed),
+        "energy": _energy(totals, ctx, output_tokens, throughput),
     }
     if ctx.frontend is not None:
         summary["frontend"] = ctx.frontend
