@@ -1190,6 +1190,7 @@ def _results(
             e2e_s=None if slo.e2e_ms is None else slo.e2e_ms / 1000,
         ),
         pue=scenario.cost.pue,
+        host_w_per_gpu=scenario.cost.host_w_per_gpu,
         usd_per_kwh=scenario.cost.usd_per_kwh,
         priority_names=tuple(run.class_names),
         wall_seconds=wall,

@@ -390,6 +390,20 @@ def test_energy_of_an_idle_run_is_idle_power_times_duration_and_pue_only_at_the_
     assert e["joules_per_output_token"] is None
 
 
+def test_host_power_is_it_load_in_the_facility_figures_not_the_gpu_ones():
+    """Host CPUs, memory and NICs are IT load beside the GPUs (PUE then covers cooling and
+    conversion): cost.host_w_per_gpu adds to energy_kwh, usd_energy and the facility J
+    per token, never to the GPU figures ML.ENERGY-style measurements compare with."""
+    frame = completed([0, 0], [1, 1], [2, 2], [1000, 1000])
+    ctx = context(duration=3600.0, pue=1.5, host_w_per_gpu=50.0)
+    e = summarize(frame, NO_STEPS, NO_ITL, ctx)["energy"]
+    gpu_kwh, host_kwh = 2 * 100.0 / 1000, 2 * 50.0 / 1000
+    assert (e["gpu_energy_kwh"], e["host_energy_kwh"]) == pytest.approx((gpu_kwh, host_kwh))
+    assert e["energy_kwh"] == pytest.approx((gpu_kwh + host_kwh) * 1.5)
+    assert e["joules_per_output_token"] == pytest.approx(2 * 100 * 3600 / 2000)
+    assert e["facility_joules_per_output_token"] == pytest.approx(1.5 * 2 * 150 * 3600 / 2000)
+
+
 def test_power_is_idle_plus_busy_plus_tensor_and_dram_parts_capped_at_tdp():
     """A step at full DRAM bandwidth and no FLOPs (a batch-1 decode) draws idle + busy +
     the DRAM part, far below TDP (the old activity model put it at TDP); a mixed step pays

@@ -50,6 +50,7 @@ class RunContext:
     replicas: tuple[ReplicaInfo, ...]
     slo: SLO = field(default_factory=SLO)
     pue: float = 1.2
+    host_w_per_gpu: float = 0.0  # servers around the GPUs, W a GPU: IT load beside them
     usd_per_kwh: float = 0.10
     priority_names: tuple[str, ...] = ("default",)
     wall_seconds: float = 0.0

@@ -367,51 +367,59 @@ def _prefix_cache(requests: Table) -> dict[str, Any]:
     }
 
 
-def _energy(
-    totals: StepTotals, ctx: RunContext, output_tokens: float, throughput: Mapping[str, Any]
-) -> dict[str, Any]:
-    """GPU energy from the power model (hardware_models.power), and what a token and a
-    request cost in it while the fleet is busy at this load: the steady window's energy
-    over its tokens and requests, on the same basis as `_cost` (the whole run's where
-    there is no steady state). The headline figures are the GPUs' alone, as ML.ENERGY,
-    Zeus and MLPerf Power report them; `facility_` ones and energy_kwh include PUE."""
-    d = ctx.duration_s
-    idle_w = ctx.idle_power_w  # the fleet's, W
-    gpu_joules = idle_w * d + float(totals.joules.sum())
-    kwh = gpu_joules / 3.6e6
+def _fleet_power(
+    totals: StepTotals, ctx: RunContext, gpu_joules: float, throughput: Mapping[str, Any]
+) -> tuple[str, str, float, float | None, float | None]:
+    """(basis, note, the fleet's GPU power W, requests/s, output tokens/s) that energy per
+    request and per token divide: the steady window's, as `_cost` takes them, or the
+    whole run's (and why) when the run has no steady state."""
     window = throughput["steady_window_s"]
-    basis, note = COST_STEADY, ""
     if window is None:
-        basis = COST_RUN
         note = (
             f"fewer than {STEADY_MIN_COMPLETIONS} completions for a steady state: per-request "
             "and per-token energy are the whole run's, ramp-up and drain included"
         )
-        fleet_w = _ratio(gpu_joules, d) or 0.0
-        requests_per_s = throughput["requests_per_s"]
+        power = _ratio(gpu_joules, ctx.duration_s) or 0.0
         output_per_s = throughput["output_tokens_per_s"]
-    else:
-        start, stop = window
-        fleet_w = idle_w + totals.joules_between(start, stop) / (stop - start)
-        requests_per_s = throughput["steady_requests_per_s"]
-        output_per_s = throughput["steady_output_tokens_per_s"]
-    per_token = _ratio(fleet_w, output_per_s or 0.0)
+        return COST_RUN, note, power, throughput["requests_per_s"], output_per_s
+    start, stop = window
+    power = ctx.idle_power_w + totals.joules_between(start, stop) / (stop - start)
+    requests_per_s = throughput["steady_requests_per_s"]
+    return COST_STEADY, "", power, requests_per_s, throughput["steady_output_tokens_per_s"]
+
+
+def _energy(
+    totals: StepTotals, ctx: RunContext, output_tokens: float, throughput: Mapping[str, Any]
+) -> dict[str, Any]:
+    """GPU energy from the power model (hardware_models.power), and what a token and a
+    request cost in it while the fleet is busy at this load, on `_cost`'s basis. The
+    headline figures are the GPUs' alone, as ML.ENERGY, Zeus and MLPerf Power report
+    them; energy_kwh and the `facility_` figure add the hosts (cost.host_w_per_gpu) and
+    multiply by PUE."""
+    d = ctx.duration_s
+    gpu_joules = ctx.idle_power_w * d + float(totals.joules.sum())
+    basis, note, power, requests_per_s, output_per_s = _fleet_power(
+        totals, ctx, gpu_joules, throughput
+    )
+    host_w = ctx.host_w_per_gpu * ctx.gpus
+    facility_kwh = (gpu_joules + host_w * d) * ctx.pue / 3.6e6
     defaults = sorted({r.power.note for r in ctx.replicas if r.power.note})
     return {
         "model": "idle + busy + tensor FLOP/s x J/FLOP + DRAM bit/s x J/bit, capped at TDP",
         "basis": basis,
-        "note": "; ".join([note, *defaults]).strip("; "),
+        "note": "; ".join(filter(None, [note, *defaults])),
         "pue": ctx.pue,
-        "gpu_energy_kwh": kwh,
-        "energy_kwh": kwh * ctx.pue,
+        "gpu_energy_kwh": gpu_joules / 3.6e6,
+        "host_energy_kwh": host_w * d / 3.6e6,
+        "energy_kwh": facility_kwh,
         "average_power_w": _ratio(gpu_joules, ctx.gpus * d),
-        "steady_power_w": _ratio(fleet_w, ctx.gpus) if basis == COST_STEADY else None,
+        "steady_power_w": _ratio(power, ctx.gpus) if basis == COST_STEADY else None,
         "power_capped_share": _ratio(totals.capped.sum(), totals.busy.sum()),
-        "joules_per_output_token": per_token,
-        "facility_joules_per_output_token": None if per_token is None else per_token * ctx.pue,
-        "joules_per_request": _ratio(fleet_w, requests_per_s or 0.0),
+        "joules_per_output_token": _ratio(power, output_per_s or 0.0),
+        "facility_joules_per_output_token": _ratio((power + host_w) * ctx.pue, output_per_s or 0.0),
+        "joules_per_request": _ratio(power, requests_per_s or 0.0),
         "run_joules_per_output_token": _ratio(gpu_joules, output_tokens),
-        "usd_energy": kwh * ctx.pue * ctx.usd_per_kwh,
+        "usd_energy": facility_kwh * ctx.usd_per_kwh,
     }
 
 

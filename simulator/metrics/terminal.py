@@ -95,11 +95,13 @@ def _energy(e: Mapping[str, Any]) -> list[str]:
     """The GPUs' energy and power first (what ML.ENERGY and MLPerf Power measure), the
     facility's (x PUE) named as such; then per token and request on the cost's basis."""
     basis = cost_basis_text(e)
+    hosts = e.get("host_energy_kwh")
+    with_hosts = f" with hosts' {num(hosts, ',.3f')} kWh" if hosts else ""
     lines = _line(
         "energy",
         f"GPUs {num(e.get('gpu_energy_kwh'), ',.3f')} kWh, {num(e['average_power_w'], ',.0f')} "
-        f"W/GPU (whole run)  facility {num(e['energy_kwh'], ',.3f')} kWh at PUE {e['pue']:g}, "
-        f"{usd(e['usd_energy'])}",
+        f"W/GPU (whole run)  facility {num(e['energy_kwh'], ',.3f')} kWh at PUE {e['pue']:g}"
+        f"{with_hosts}, {usd(e['usd_energy'])}",
     )
     lines += _line(
         "",
