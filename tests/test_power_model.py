@@ -100,11 +100,17 @@ def test_power_against_published_measurements(make_scenario):
     assert simulate(prefill).summary()["energy"]["average_power_w"] > 0.85 * 700
 
 
-def test_the_time_series_power_integrates_to_the_runs_gpu_energy(make_scenario):
+def test_the_time_series_power_and_the_replicas_energy_add_up_to_the_runs(make_scenario):
     result = simulate(make_scenario(parallelism={"replicas": 2}))
     ts = result.timeseries
     joules = float((ts["power_w"] * (ts["t_end"] - ts["t_start"])).sum())
-    energy = result.summary()["energy"]
+    summary = result.summary()
+    energy = summary["energy"]
     assert joules == pytest.approx(energy["gpu_energy_kwh"] * 3.6e6, rel=1e-9)
+    replicas = summary["per_replica"]
+    total = sum(r["gpu_energy_kwh"] for r in replicas)
+    assert total == pytest.approx(energy["gpu_energy_kwh"], rel=1e-12)
+    mean_w = sum(r["average_power_w"] for r in replicas) / 2
+    assert mean_w == pytest.approx(energy["average_power_w"], rel=1e-12)
     idle = 2 * load_gpu("a100-80gb-sxm").power.idle_w
     assert ts["power_w"].min() >= idle and ts["power_w"].max() <= 2 * 400

@@ -27,8 +27,10 @@ Definitions (all times in seconds of simulated time, D = ctx.duration_s):
   bursts or from the system filling up) or None (not judged: fewer than 50 arrivals, or
   all at once). docs/METRICS.md has the reasoning.
 - utilisation: busy fraction = step time of a replica / D, averaged over replicas; MFU =
-  sum of step FLOPs / (sum of replica peak FLOP/s x D); MBU the same with DRAM bytes and
-  peak bandwidth; the `_busy` variants divide by each replica's busy time instead of D;
+  sum of step FLOPs / (sum of replica peak FLOP/s x D): hardware FLOPs (padding and
+  recomputed prompts count) over the whole run, not model FLOPs; MBU the same with every
+  DRAM byte of every step (prefill too, so not Databricks' decode-only MBU) and peak
+  bandwidth; the `_busy` variants divide by each replica's busy time instead of D;
   bound_share = busy time per limiting resource / all busy time.
 - kv: each step's used blocks / its replica's total blocks, mean weighted by step
   duration (busy time), and max.
@@ -367,6 +369,14 @@ def _prefix_cache(requests: Table) -> dict[str, Any]:
     }
 
 
+def _no_steady_state(what: str) -> str:
+    """The note of a run whose per-request and per-token `what` are over D."""
+    return (
+        f"fewer than {STEADY_MIN_COMPLETIONS} completions for a steady state: per-request "
+        f"and per-token {what} are the whole run's, ramp-up and drain included"
+    )
+
+
 def _fleet_power(
     totals: StepTotals, ctx: RunContext, gpu_joules: float, throughput: Mapping[str, Any]
 ) -> tuple[str, str, float, float | None, float | None]:
@@ -375,10 +385,7 @@ def _fleet_power(
     whole run's (and why) when the run has no steady state."""
     window = throughput["steady_window_s"]
     if window is None:
-        note = (
-            f"fewer than {STEADY_MIN_COMPLETIONS} completions for a steady state: per-request "
-            "and per-token energy are the whole run's, ramp-up and drain included"
-        )
+        note = _no_steady_state("energy")
         power = _ratio(gpu_joules, ctx.duration_s) or 0.0
         output_per_s = throughput["output_tokens_per_s"]
         return COST_RUN, note, power, throughput["requests_per_s"], output_per_s
@@ -450,10 +457,7 @@ def _cost(
     basis, note = COST_STEADY, ""
     if requests_per_s is None:
         basis = COST_RUN
-        note = (
-            f"fewer than {STEADY_MIN_COMPLETIONS} completions for a steady state: per-request "
-            "and per-token costs are the whole run's, ramp-up and drain included"
-        )
+        note = _no_steady_state("costs")
         requests_per_s = _ratio(completed, ctx.duration_s)
         output_per_s = throughput["output_tokens_per_s"]
         tokens_per_s = (throughput["input_tokens_per_s"] or 0.0) + (output_per_s or 0.0)
@@ -480,6 +484,9 @@ def _per_replica(
     done = np.bincount(replica[completed & mine], minlength=n)[:n]
     tokens = np.bincount(replica[mine], weights=requests["generated"][mine], minlength=n)[:n]
     busy = totals.busy
+    joules = [
+        info.gpus * info.power.idle_w * d + totals.joules[i] for i, info in enumerate(ctx.replicas)
+    ]
     return [
         {
             "replica": i,  # the engine's index, as in the request and step tables
@@ -491,6 +498,8 @@ def _per_replica(
             "requests_per_s": _ratio(done[i], d),
             "output_tokens_per_s": _ratio(tokens[i], d),
             "busy_fraction": _ratio(busy[i], d),
+            "gpu_energy_kwh": joules[i] / 3.6e6,  # its GPUs', before PUE, as energy's
+            "average_power_w": _ratio(joules[i], info.gpus * d),  # per GPU
         }
         for i, info in enumerate(ctx.replicas)
     ]
@@ -504,16 +513,20 @@ def _per_pool(replicas: list[dict[str, Any]], ctx: RunContext) -> dict[str, Any]
         pool = pools.setdefault(
             block["pool"],
             {"gpu": block["gpu"], "replicas": 0, "gpus": 0, "completed": 0,
-             "requests_per_s": 0.0, "output_tokens_per_s": 0.0, "busy_fraction": 0.0},
+             "requests_per_s": 0.0, "output_tokens_per_s": 0.0, "busy_fraction": 0.0,
+             "gpu_energy_kwh": 0.0},
         )  # fmt: skip
         pool["replicas"] += not block.get("dp_rank")  # a dp group counts once
         engines[block["pool"]] = engines.get(block["pool"], 0) + 1
         pool["gpus"] += block["gpus"]
         pool["completed"] += block["completed"]
-        for key in ("requests_per_s", "output_tokens_per_s", "busy_fraction"):
+        for key in ("requests_per_s", "output_tokens_per_s", "busy_fraction", "gpu_energy_kwh"):
             pool[key] += block[key] or 0.0
     for name, pool in pools.items():
         pool["busy_fraction"] /= engines[name]
+        pool["average_power_w"] = _ratio(
+            pool["gpu_energy_kwh"] * 3.6e6, pool["gpus"] * ctx.duration_s
+        )
     return pools if len(pools) > 1 else {}
 
 

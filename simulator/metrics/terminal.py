@@ -196,6 +196,7 @@ def summary_table(summary: Mapping[str, Any]) -> str:
             f"pool {name:<10} {p['replicas']} x {p['gpus'] // p['replicas']} x {p['gpu']}  "
             f"completed {p['completed']:,}  {sig(p['requests_per_s'])} req/s  "
             f"{num(p['output_tokens_per_s'], ',.0f')} tok/s  busy {pct(p['busy_fraction'])}"
+            f"  {num(p.get('average_power_w'), ',.0f')} W/GPU"
         )
     replicas = summary.get("per_replica", [])
     shown = replicas if len(replicas) <= MAX_REPLICA_LINES else []
@@ -206,5 +207,6 @@ def summary_table(summary: Mapping[str, Any]) -> str:
             f"{label:<{width}} {r['gpus']} x {r['gpu']}  completed {r['completed']:,}  "
             f"{sig(r['requests_per_s'])} req/s  "
             f"{num(r['output_tokens_per_s'], ',.0f')} tok/s  busy {pct(r['busy_fraction'])}"
+            f"  {num(r.get('average_power_w'), ',.0f')} W/GPU"
         )
     return "\n".join(lines)
