@@ -85,6 +85,11 @@ class StepTotals:
         shape = (n, len(POWER_COLUMNS))
         self.power = np.zeros(shape) if power is None else np.asarray(power, np.float64)
         self.power = self.power.reshape(shape)
+        # Per replica, the rows `_draw` reads: busy W, J per FLOP, J per DRAM byte, headroom W
+        busy, tensor, memory, headroom = self.power.T
+        self._draw_terms = np.stack(
+            [busy, tensor / self.peak_flops, memory / self.peak_bandwidth, headroom]
+        )
         # Each replica's token budget and sequence cap per step (inf: not tracked), for the
         # warnings that one of them, not memory, capped the batch.
         self.token_budget = _per_replica(token_budget, n)
@@ -189,13 +194,10 @@ class StepTotals:
         """Each step's draw above idle, W (its replica's GPUs together), and whether the
         board limit capped it: busy + tensor x FLOP-rate share + memory x bandwidth
         share, at most the headroom (hardware_models.power)."""
-        busy, tensor, memory, headroom = self.power[rep].T
+        # one replica (every engine's own totals): its scalars, no gather per step
+        busy, per_flop, per_byte, headroom = self._draw_terms[:, 0 if len(self.busy) == 1 else rep]
         seconds = np.where(dur > 0, dur, np.inf)  # an empty step draws nothing extra
-        uncapped = (
-            busy
-            + tensor * flops / (self.peak_flops[rep] * seconds)
-            + memory * dram / (self.peak_bandwidth[rep] * seconds)
-        )
+        uncapped = busy + (per_flop * flops + per_byte * dram) / seconds
         return np.minimum(uncapped, headroom), uncapped > headroom
 
     def _cover(self, t: float) -> None:
