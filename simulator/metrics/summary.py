@@ -55,7 +55,9 @@ Definitions (all times in seconds of simulated time, D = ctx.duration_s):
   per second over its token and request rates (`basis`, `note`); run_joules_per_output_
   token over the whole run. GPU figures (gpu_energy_kwh, average_power_w, steady_power_w,
   joules_per_*) are before PUE, as ML.ENERGY, Zeus and MLPerf Power report them;
-  energy_kwh, usd_energy and facility_joules_per_output_token are x PUE.
+  energy_kwh, usd_energy and facility_joules_per_output_token add the hosts'
+  (cost.host_w_per_gpu x GPUs, IT load) and multiply by PUE. per_replica and per_pool
+  give each one's gpu_energy_kwh and average_power_w.
 """
 
 from __future__ import annotations
