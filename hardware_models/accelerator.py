@@ -110,11 +110,34 @@ class PowerSpec(BaseModel):
     model_config = _STRICT
     tdp_w: float = Field(gt=0, description="board power limit, W")
     idle_w: float = Field(ge=0, description="power when idle with a model loaded, W")
+    busy_w: float | None = Field(
+        default=None,
+        ge=0,
+        description="power above idle_w while any kernel runs, whatever it computes (clocks "
+        "at boost, SMs powered), W. None: idle_w again (hardware_models.power.BUSY_FROM_IDLE)",
+    )
+    tensor_pj_per_flop: float | None = Field(
+        default=None,
+        gt=0,
+        description="energy per dense 16-bit tensor FLOP, pJ (a lower precision's FLOP costs "
+        "this x 16-bit peak / its peak). None: tdp_w / the 16-bit dense peak",
+    )
+    dram_pj_per_bit: float | None = Field(
+        default=None,
+        gt=0,
+        description="device-memory energy per bit read or written, pJ. None: the memory "
+        "kind's default (hardware_models.power.DRAM_PJ_PER_BIT), and the run notes it",
+    )
 
     @model_validator(mode="after")
     def _idle_below_tdp(self) -> PowerSpec:
         if self.idle_w >= self.tdp_w:
             raise ValueError(f"idle_w ({self.idle_w}) must be below tdp_w ({self.tdp_w})")
+        if self.busy_w is not None and self.idle_w + self.busy_w > self.tdp_w:
+            raise ValueError(
+                f"idle_w + busy_w ({self.idle_w + self.busy_w:g}) must be at most tdp_w "
+                f"({self.tdp_w:g})"
+            )
         return self
 
 

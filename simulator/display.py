@@ -65,8 +65,10 @@ def _headline(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("cost", f"{usd(cost['usd_per_hour'])}/h, run {usd(cost['usd_total'])}"),
         (f"$ per request ({basis})", usd(cost["usd_per_request"])),
         (f"$ per 1M output tokens ({basis})", usd(cost["usd_per_million_output_tokens"])),
-        ("energy", f"{num(e['energy_kwh'], ',.3f')} kWh, "
-                   f"{num(e['joules_per_output_token'], ',.3g')} J/output token"),
+        ("energy: GPUs / facility (PUE)", f"{num(e.get('gpu_energy_kwh'), ',.3f')} / "
+                   f"{num(e['energy_kwh'], ',.3f')} kWh"),
+        (f"GPU J per output token ({cost_basis_text(e)})",
+         num(e["joules_per_output_token"], ",.3g")),
     ]  # fmt: skip
 
 

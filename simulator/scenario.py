@@ -525,7 +525,22 @@ class CostSection(BaseModel):
         "does not name keeps its preset's price, a GPU from a YAML file its file's "
         "price.usd_per_hour)",
     )
-    pue: float = Field(default=1.2, ge=1, le=3, description="datacentre power usage efficiency")
+    pue: float = Field(
+        default=1.2,
+        ge=1,
+        le=3,
+        description="datacentre power usage efficiency: facility energy / IT energy (cooling "
+        "and power conversion; host CPUs and NICs are IT load: host_w_per_gpu)",
+    )
+    host_w_per_gpu: float = Field(
+        default=0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="power of the servers around the GPUs (CPUs, host memory, NICs, fans) "
+        "per GPU, W, drawn the whole run: IT load, added to the facility energy (x PUE) and "
+        "not to the GPU figures. Default 0: GPUs only. A DGX H100 is rated 10.2 kW at most "
+        "with 8 x 700 W GPUs: up to 575 W a GPU",
+    )
     usd_per_kwh: float = Field(default=0.10, ge=0, description="electricity price")
 
     @field_validator("usd_per_gpu_hour", mode="before")

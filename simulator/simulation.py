@@ -19,6 +19,7 @@ from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.calibration_lookup import CalibrationChoice, choose_calibration
 from hardware_models.errors import InfeasibleError, InfersimError, InfersimWarning
 from hardware_models.node import NodeSpec
+from hardware_models.power import power_model
 from hardware_models.presets import list_nodes, load_gpu, load_node
 from simulator.api_server import (
     ClientView,
@@ -507,8 +508,7 @@ def build_replica(
         peak_flops=cost.peak_flops,
         peak_bandwidth=cost.peak_bandwidth,
         kv_total_blocks=blocks,
-        idle_power_w=gpu.power.idle_w,
-        tdp_w=gpu.power.tdp_w,
+        power=power_model(gpu),
         usd_per_gpu_hour=scenario.cost.price_of(gpu),
         token_budget=config.max_num_batched_tokens if config.iterative else math.inf,
         max_num_seqs=config.max_num_seqs,
@@ -1190,6 +1190,7 @@ def _results(
             e2e_s=None if slo.e2e_ms is None else slo.e2e_ms / 1000,
         ),
         pue=scenario.cost.pue,
+        host_w_per_gpu=scenario.cost.host_w_per_gpu,
         usd_per_kwh=scenario.cost.usd_per_kwh,
         priority_names=tuple(run.class_names),
         wall_seconds=wall,

@@ -85,6 +85,12 @@ def test_heterogeneous_pools_share_one_router(make_scenario):
     assert set(summary["per_pool"]) == {"fast", "slow"}
     assert summary["per_pool"]["slow"]["replicas"] == 2
     assert summary["run"]["gpu_types"] == ["a100-80gb-sxm", "h100-sxm"]
+    # each pool's GPU energy is its own, within its GPUs' idle and limit
+    pools = summary["per_pool"]
+    kwh = sum(pool["gpu_energy_kwh"] for pool in pools.values())
+    assert kwh == pytest.approx(summary["energy"]["gpu_energy_kwh"], rel=1e-12)
+    assert 75 < pools["fast"]["average_power_w"] < 700
+    assert 55 < pools["slow"]["average_power_w"] < 400
     per_replica = results.requests.groupby("replica").size()
     assert per_replica[0] > per_replica[1]  # the H100 takes more under least-outstanding
     assert (results.requests["outcome"] == "completed").all()

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hardware_models.errors import InfersimError
+from hardware_models.power import PowerModel
 from simulator.display import summary_html
 from simulator.engine.requests import Outcome, RejectReason, RequestTable
 from simulator.engine.step_cost import StepBound
@@ -34,6 +35,9 @@ from simulator.metrics.run_tables import request_table
 ROOT = Path(__file__).resolve().parents[1]
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# Per GPU: 100 W idle, 50 W more while a step runs, 700 W more at the full tensor rate and
+# 200 W at full DRAM bandwidth, capped at 700 W.
+POWER = PowerModel(idle_w=100.0, busy_w=50.0, tensor_w=700.0, memory_w=200.0, tdp_w=700.0)
 
 
 def replica(**fields) -> ReplicaInfo:
@@ -43,8 +47,7 @@ def replica(**fields) -> ReplicaInfo:
         "peak_flops": 1e15,
         "peak_bandwidth": 1e12,
         "kv_total_blocks": 100,
-        "idle_power_w": 100.0,
-        "tdp_w": 700.0,
+        "power": POWER,
         "usd_per_gpu_hour": 2.0,
     }
     return ReplicaInfo(**(base | fields))
@@ -418,28 +421,85 @@ def test_cost_per_million_tokens_is_the_steady_states_whatever_the_drain():
     assert "(steady state)" in text and "drain included" in text
 
 
-def test_energy_of_an_idle_run_is_idle_power_times_duration_times_pue():
+def test_energy_of_an_idle_run_is_idle_power_times_duration_and_pue_only_at_the_facility():
     ctx = context(duration=3600.0, pue=1.5, usd_per_kwh=0.2)
     e = summarize(requests(0), NO_STEPS, NO_ITL, ctx)["energy"]
-    kwh = 2 * 100.0 * 3600 * 1.5 / 3.6e6
-    assert e["energy_kwh"] == pytest.approx(kwh)
+    gpu_kwh = 2 * 100.0 * 3600 / 3.6e6
+    assert e["gpu_energy_kwh"] == pytest.approx(gpu_kwh)
+    assert e["energy_kwh"] == pytest.approx(gpu_kwh * 1.5)  # the facility's
     assert e["average_power_w"] == pytest.approx(100.0)
-    assert e["usd_energy"] == pytest.approx(kwh * 0.2)
+    assert e["usd_energy"] == pytest.approx(gpu_kwh * 1.5 * 0.2)
     assert e["joules_per_output_token"] is None
 
 
-def test_energy_lies_between_idle_and_tdp():
-    ctx = context(duration=10.0)
-    # Step 0 runs at peak DRAM bandwidth (activity 1), step 1 at a quarter of peak compute.
-    log = steps(start=[0.0, 4.0], duration=[4.0, 4.0], flops=[0.0, 1e15], dram_bytes=[4e12, 0.0])
-    e = summarize(completed([0], [1], [9], [1000]), log, NO_ITL, ctx)["energy"]
-    expected = 100 + 600 * (4 * 1.0 + 4 * 0.25) / 10
-    assert 100 < e["average_power_w"] < 700
-    assert e["average_power_w"] == pytest.approx(expected)
-    assert e["joules_per_output_token"] == pytest.approx(2 * expected * 10 * 1.2 / 1000)
-    saturated = steps(start=[0.0], duration=[10.0], flops=[1e17])
-    full = summarize(requests(0), saturated, NO_ITL, ctx)["energy"]
-    assert full["average_power_w"] == pytest.approx(700.0)
+def test_host_power_is_it_load_in_the_facility_figures_not_the_gpu_ones():
+    """Host CPUs, memory and NICs are IT load beside the GPUs (PUE then covers cooling and
+    conversion): cost.host_w_per_gpu adds to energy_kwh, usd_energy and the facility J
+    per token, never to the GPU figures ML.ENERGY-style measurements compare with."""
+    frame = completed([0, 0], [1, 1], [2, 2], [1000, 1000])
+    ctx = context(duration=3600.0, pue=1.5, host_w_per_gpu=50.0)
+    e = summarize(frame, NO_STEPS, NO_ITL, ctx)["energy"]
+    gpu_kwh, host_kwh = 2 * 100.0 / 1000, 2 * 50.0 / 1000
+    assert (e["gpu_energy_kwh"], e["host_energy_kwh"]) == pytest.approx((gpu_kwh, host_kwh))
+    assert e["energy_kwh"] == pytest.approx((gpu_kwh + host_kwh) * 1.5)
+    assert e["joules_per_output_token"] == pytest.approx(2 * 100 * 3600 / 2000)
+    assert e["facility_joules_per_output_token"] == pytest.approx(1.5 * 2 * 150 * 3600 / 2000)
+
+
+def test_power_is_idle_plus_busy_plus_tensor_and_dram_parts_capped_at_tdp():
+    """A step at full DRAM bandwidth and no FLOPs (a batch-1 decode) draws idle + busy +
+    the DRAM part, far below TDP (the old activity model put it at TDP); a mixed step pays
+    both parts (their sum, not the larger); a step at full tensor rate holds the cap."""
+    ctx = context(duration=12.0)
+    log = steps(
+        start=[0.0, 4.0, 8.0],
+        duration=[4.0, 4.0, 4.0],
+        flops=[0.0, 1e15, 4e15],  # the replica's peak is 1e15 FLOP/s
+        dram_bytes=[4e12, 2e12, 0.0],  # and 1e12 B/s
+    )
+    e = summarize(completed([0], [1], [11], [1000]), log, NO_ITL, ctx)["energy"]
+    memory_bound = 100 + 50 + 200
+    mixed = 100 + 50 + 700 * 0.25 + 200 * 0.5
+    capped = 700
+    assert e["average_power_w"] == pytest.approx((memory_bound + mixed + capped) / 3)
+    assert e["power_capped_share"] == pytest.approx(1 / 3)
+    assert POWER.draw_w(0.0, 1.0) == memory_bound and POWER.draw_w(0.25, 0.5) == mixed
+    assert POWER.draw_w(1.0, 0.0) == capped
+
+
+def test_energy_per_token_and_request_are_the_steady_states_whatever_the_drain():
+    """J per token and per request are the steady window's GPU power over its token and
+    request rates, as the costs are: an overloaded or truncated run's drain, or the
+    requests it leaves unfinished, do not inflate them; the whole run's stay under run_."""
+    n = 100
+    finish = 10.0 + np.arange(n)
+    frame = completed(finish - 5, finish - 4, finish, np.full(n, 5))
+    # one 1 s step a second at the replica's full DRAM bandwidth
+    log = steps(start=finish - 5, duration=np.ones(n), dram_bytes=np.full(n, 1e12))
+    energies = [
+        summarize(frame, log, NO_ITL, context(duration=d, pue=1.5))["energy"]
+        for d in (150.0, 600.0)
+    ]
+    output = (80 + 4 * 79) / 79  # tokens/s in the steady window (the cost test's)
+    fleet_w = 2 * (100 + 50 + 200)  # both GPUs, busy every second of the window
+    for e in energies:
+        assert e["basis"] == "steady_state"
+        assert e["steady_power_w"] == pytest.approx(fleet_w / 2)
+        assert e["joules_per_output_token"] == pytest.approx(fleet_w / output)
+        assert e["facility_joules_per_output_token"] == pytest.approx(1.5 * fleet_w / output)
+        assert e["joules_per_request"] == pytest.approx(fleet_w / (output / 5))
+    short, long = energies
+    assert long["run_joules_per_output_token"] > 2 * short["run_joules_per_output_token"]
+    assert "steady state" in summary_table(summarize(frame, log, NO_ITL, context(150.0)))
+
+
+def test_energy_per_token_of_a_run_too_short_for_a_steady_state_is_the_whole_runs():
+    frame = completed([0, 0], [1, 1], [2, 2], [1000, 1000])
+    e = summarize(frame, NO_STEPS, NO_ITL, context(duration=10.0))["energy"]
+    assert e["basis"] == "whole_run" and e["note"].startswith("fewer than 20 completions")
+    assert e["joules_per_output_token"] == pytest.approx(2 * 100 * 10 / 2000)
+    assert e["joules_per_request"] == pytest.approx(2 * 100 * 10 / 2)
+    assert e["steady_power_w"] is None
 
 
 def overload_frame(service_fraction: float) -> pd.DataFrame:

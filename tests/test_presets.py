@@ -350,6 +350,10 @@ def _set_nested(outer, key, value):
             _set_nested("memory", "bandwidth_gbps", 0), "memory.bandwidth_gbps", id="zero-bandwidth"
         ),
         pytest.param(_set_nested("power", "idle_w", 900), "idle_w", id="idle-above-tdp"),
+        pytest.param(_set_nested("power", "busy_w", 690), "busy_w", id="busy-above-tdp"),
+        pytest.param(
+            _set_nested("power", "dram_pj_per_bit", 0), "dram_pj_per_bit", id="zero-dram-energy"
+        ),
         pytest.param(
             _set_nested("datasheet_tflops", "fp4", 5000), "fp4", id="datasheet-dtype-without-rate"
         ),

@@ -164,6 +164,8 @@ FIELD_CASES: list[tuple[str, Any, str]] = [
     ("serving.watermark", math.nan, "serving.watermark"),
     ("serving.gpu_memory_utilization", math.inf, "serving.gpu_memory_utilization"),
     ("cost.pue", -math.inf, "cost.pue"),
+    ("cost.host_w_per_gpu", -50, "cost.host_w_per_gpu: Input should be greater than or equal"),
+    ("cost.host_w_per_gpu", math.inf, "cost.host_w_per_gpu: Input should be a finite number"),
     # huge numbers
     ("workload.num_requests", 10**30, "workload.num_requests: Input should be less than"),
     ("workload.prompt_tokens.high", 10**30, "workload.prompt_tokens.uniform.high"),

@@ -70,8 +70,8 @@ def test_totals_without_a_table_match_the_table(make_scenario, monkeypatch, case
 
     # The online totals equal totals of the finished table, and so does the time series.
     table = StepTotals.from_table(kept.steps, kept.context)
-    for name in ("steps", "busy", "flops", "dram_bytes", "active", "kv_time", "budget_full",
-                 "seqs_full"):  # fmt: skip
+    for name in ("steps", "busy", "flops", "dram_bytes", "joules", "capped", "kv_time",
+                 "budget_full", "seqs_full"):  # fmt: skip
         np.testing.assert_allclose(getattr(folded.totals, name), getattr(table, name), rtol=1e-12)
     np.testing.assert_allclose(folded.totals.bound_time, table.bound_time, rtol=1e-12)
     from_table = timeseries(kept.requests, kept.steps, kept.context)

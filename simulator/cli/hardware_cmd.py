@@ -11,6 +11,7 @@ from hardware_models.calibration.profile_file import read_profile
 from hardware_models.calibration_lookup import nearest_profile
 from hardware_models.dtypes import Dtype
 from hardware_models.node import LinkSpec
+from hardware_models.power import power_model
 from hardware_models.presets import (
     calibration_path,
     list_calibrations,
@@ -154,6 +155,12 @@ def _show(args: argparse.Namespace) -> int:
         f"({gpu.pcie.unidirectional_gbps:.1f} GB/s per direction)"
     )
     print(f"  power {gpu.power.idle_w:g}-{gpu.power.tdp_w:g} W; ${gpu.price.usd_per_hour}/h")
+    power = power_model(gpu)
+    print(
+        f"    power model: idle {power.idle_w:g} W + busy {power.busy_w:g} W + tensor "
+        f"{power.tensor_w:.0f} W at peak + DRAM {power.memory_w:.0f} W at full bandwidth, "
+        f"capped at {power.tdp_w:g} W" + (f" ({power.note})" if power.note else "")
+    )
     print(f"    ({gpu.price.source}, {gpu.price.date})")
     rows = []
     for dtype in [*gpu.tensor_flops_per_core_per_clock, Dtype.FP32]:

@@ -38,6 +38,7 @@ _SHOWN = {
     "rejected": "rejected",
     "usd_per_million_output_tokens": None,
     PER_USD: None,
+    "joules_per_output_token": None,
     "cost_basis": None,  # whole_run where a point had no steady state
     "overload_verdict": None,
 }

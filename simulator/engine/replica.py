@@ -27,6 +27,7 @@ import numpy as np
 import simpy
 
 from hardware_models.attention import causal_pairs
+from hardware_models.power import power_model
 from simulator.engine.kv_cache import BlockManager, HybridBlockManager
 from simulator.engine.kv_groups import KvCacheGroups
 from simulator.engine.prefix_hashes import BlockKeys, HashedBlockManager
@@ -44,7 +45,7 @@ from simulator.engine.step_cost import (
 )
 from simulator.engine.step_log import StepLog
 from simulator.engine.waiting import WaitingQueue
-from simulator.metrics.step_totals import StepTotals
+from simulator.metrics.step_totals import StepTotals, power_row
 
 Policy = Literal["static", "dynamic", "continuous", "chunked_prefill"]
 MAX_RUN_STEPS = 4096  # longest run of decode steps applied as one event
@@ -148,6 +149,7 @@ class Replica:
                 [config.total_blocks],
                 [config.max_num_batched_tokens if config.iterative else math.inf],
                 [config.max_num_seqs],
+                [power_row(power_model(cost.gpu), cost.tp * cost.pp)],
             ),
             lambda: env.now,
             keep_rows=config.step_table,

@@ -41,25 +41,33 @@ def integrals(
 
     A step inside one bin adds value x duration to it; a step that crosses edges adds its
     partial first and last bins, and value x width to every bin in between through a
-    running sum of +value at the first such bin and -value after the last.
+    running sum of +value at the first such bin and -value after the last. Every row is
+    counted by one bincount (row k's bins offset by k x bins), in the order a bincount
+    per row would add them.
     """
     n = len(edges) - 1
+    values = np.asarray(values, np.float64)
     start = np.clip(start, edges[0], edges[-1])
     end = np.clip(end, edges[0], edges[-1])
     first, last = index(start, edges), index(end, edges)
     inside, cross = first == last, first != last
     seconds = (end - start)[inside]
-    head = edges[first[cross] + 1] - start[cross]
-    tail = end[cross] - edges[last[cross]]
-    span = np.diff(edges)
-    out = np.empty((len(values), n))
-    for row, v in zip(out, values, strict=True):
-        row[:] = np.bincount(first[inside], v[inside] * seconds, minlength=n)
-        if len(head):
-            vc = v[cross]
-            row += np.bincount(first[cross], vc * head, minlength=n)
-            row += np.bincount(last[cross], vc * tail, minlength=n)
-            between = np.bincount(first[cross] + 1, vc, minlength=n + 1)
-            between -= np.bincount(last[cross], vc, minlength=n + 1)
-            row += np.cumsum(between)[:n] * span
+    out = _row_bincount(first[inside], values[:, inside] * seconds, n)
+    if cross.any():
+        head = edges[first[cross] + 1] - start[cross]
+        tail = end[cross] - edges[last[cross]]
+        vc = values[:, cross]
+        out += _row_bincount(first[cross], vc * head, n)
+        out += _row_bincount(last[cross], vc * tail, n)
+        between = _row_bincount(first[cross] + 1, vc, n + 1)
+        between -= _row_bincount(last[cross], vc, n + 1)
+        out += np.cumsum(between, axis=1)[:, :n] * np.diff(edges)
     return out
+
+
+def _row_bincount(index: np.ndarray, weights: np.ndarray, bins: int) -> np.ndarray:
+    """np.bincount(index, weights[k], minlength=bins) for every row k, as one call."""
+    rows = len(weights)
+    flat = (np.arange(rows)[:, None] * bins + index).ravel()
+    counts = np.bincount(flat, weights.ravel(), rows * bins)  # no rows: integer zeros
+    return counts.astype(np.float64, copy=False).reshape(rows, bins)

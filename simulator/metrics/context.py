@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hardware_models.power import PowerModel
+
 
 @dataclass(frozen=True, slots=True)
 class SLO:
@@ -27,8 +29,7 @@ class ReplicaInfo:
     peak_flops: float  # all GPUs of the replica, compute dtype, dense
     peak_bandwidth: float  # bytes/s, all GPUs of the replica
     kv_total_blocks: int
-    idle_power_w: float  # per GPU
-    tdp_w: float  # per GPU
+    power: PowerModel  # what each of its GPUs draws (hardware_models.power)
     usd_per_gpu_hour: float
     pool: str = "default"
     token_budget: float = math.inf  # tokens per step; inf where the policy has none
@@ -49,6 +50,7 @@ class RunContext:
     replicas: tuple[ReplicaInfo, ...]
     slo: SLO = field(default_factory=SLO)
     pue: float = 1.2
+    host_w_per_gpu: float = 0.0  # servers around the GPUs, W a GPU: IT load beside them
     usd_per_kwh: float = 0.10
     priority_names: tuple[str, ...] = ("default",)
     wall_seconds: float = 0.0
@@ -62,3 +64,8 @@ class RunContext:
     @property
     def gpus(self) -> int:
         return sum(r.gpus for r in self.replicas)
+
+    @property
+    def idle_power_w(self) -> float:
+        """What every GPU of the run draws together with no step running, W."""
+        return math.fsum(r.gpus * r.power.idle_w for r in self.replicas)

@@ -69,9 +69,9 @@ LABELS: dict[str, tuple[str, float]] = {
     "mbu": ("MBU %", 100),
     "usd_per_hour": ("$/h", 1),
     "usd_per_million_output_tokens": ("$/1M out tok", 1),
-    "joules_per_output_token": ("J/out tok", 1),
+    "joules_per_output_token": ("GPU J/out tok", 1),
     PER_USD: ("steady tok/s per $/h", 1),
-    "cost_basis": ("cost basis", 1),
+    "cost_basis": ("basis", 1),  # of $/1M and J/out tok: whole_run without a steady state
     "overload_verdict": ("overload", 1),
 }
 _BY_LABEL = {label: (column, scale) for column, (label, scale) in LABELS.items()}

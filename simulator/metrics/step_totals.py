@@ -2,8 +2,8 @@
 
 A cluster serving a million requests runs tens of millions of engine steps; a table of
 them takes gigabytes. The summary needs only per-replica sums (busy time, FLOPs, DRAM
-bytes, activity and KV occupancy weighted by time, time per limiting resource) and the
-time series only per-bin sums, so steps are folded in chunks as the run goes and the
+bytes, energy above idle, KV occupancy weighted by time, time per limiting resource) and
+the time series only per-bin sums, so steps are folded in chunks as the run goes and the
 table is kept only when a user asks for it (`output.step_table`).
 
 Time bins: sums are kept in at most FINE_BINS bins of width 0.5 x 10^m s, m the
@@ -26,14 +26,19 @@ from simulator.metrics.table import Labels, Table, as_table
 if TYPE_CHECKING:
     import pandas as pd
 
+    from hardware_models.power import PowerModel
     from simulator.metrics.context import RunContext
 
 FINE_BINS = 5000  # a multiple of 10, so merging ten bins into one leaves no remainder
 _FIRST_WIDTH = 0.5e-9
 # per-bin sums: decode and prefill tokens of steps ending in the bin, then integrals
-# over the bin of 1 (busy time), batch size and KV fraction (the waiting series comes
-# from the request table: simulator.metrics.timeseries)
-BIN_ROWS = ("decode_tokens", "prefill_tokens", "busy", "batch", "kv")
+# over the bin of 1 (busy time), batch size, KV fraction and power above idle (joules;
+# the waiting series comes from the request table: simulator.metrics.timeseries)
+BIN_ROWS = ("decode_tokens", "prefill_tokens", "busy", "batch", "kv", "joules")
+# Columns of StepTotals.power: a replica's draw above idle, W, all its GPUs together:
+# while any step runs, at its full tensor rate, at its full DRAM bandwidth, and the most
+# it may add (its board power limits less idle), hardware_models.power.
+POWER_COLUMNS = ("busy", "tensor", "memory", "headroom")
 Rows = Any  # a numpy structured array, or a Table or DataFrame of the step-table columns
 
 
@@ -57,17 +62,34 @@ def _per_replica(values: Sequence[float] | None, n: int) -> np.ndarray:
     return np.full(n, np.inf) if values is None else np.asarray(values, np.float64)
 
 
+def power_row(model: PowerModel, gpus: int) -> tuple[float, ...]:
+    """One replica's row of StepTotals.power: a GPU's coefficients x its GPUs."""
+    per_gpu = (model.busy_w, model.tensor_w, model.memory_w, model.headroom_w)
+    return tuple(w * gpus for w in per_gpu)
+
+
 class StepTotals:
     """Per-replica sums over steps and cluster-wide per-bin sums over time."""
 
     def __init__(self, peak_flops: Sequence[float], peak_bandwidth: Sequence[float],
                  kv_total_blocks: Sequence[float],
                  token_budget: Sequence[float] | None = None,
-                 max_num_seqs: Sequence[float] | None = None) -> None:  # fmt: skip
+                 max_num_seqs: Sequence[float] | None = None,
+                 power: Sequence[Sequence[float]] | None = None) -> None:  # fmt: skip
+        """`power`: each replica's POWER_COLUMNS row (power_row); None: no draw above idle
+        (a totals object that only counts work)."""
         self.peak_flops = np.asarray(peak_flops, np.float64)
         self.peak_bandwidth = np.asarray(peak_bandwidth, np.float64)
         self.kv_total_blocks = np.asarray(kv_total_blocks, np.float64)
         n = len(self.peak_flops)
+        shape = (n, len(POWER_COLUMNS))
+        self.power = np.zeros(shape) if power is None else np.asarray(power, np.float64)
+        self.power = self.power.reshape(shape)
+        # Per replica, the rows `_draw` reads: busy W, J per FLOP, J per DRAM byte, headroom W
+        busy, tensor, memory, headroom = self.power.T
+        self._draw_terms = np.stack(
+            [busy, tensor / self.peak_flops, memory / self.peak_bandwidth, headroom]
+        )
         # Each replica's token budget and sequence cap per step (inf: not tracked), for the
         # warnings that one of them, not memory, capped the batch.
         self.token_budget = _per_replica(token_budget, n)
@@ -76,7 +98,8 @@ class StepTotals:
         self.busy = np.zeros(n)  # seconds of steps
         self.flops = np.zeros(n)
         self.dram_bytes = np.zeros(n)
-        self.active = np.zeros(n)  # seconds x activity (fraction of peak), for energy
+        self.joules = np.zeros(n)  # energy above idle, all the replica's GPUs
+        self.capped = np.zeros(n)  # seconds of steps whose draw the board limit capped
         self.kv_time = np.zeros(n)  # seconds x used / total KV blocks
         self.kv_max = 0.0
         # Steps that filled the token budget (seqs: max_num_seqs) while requests waited,
@@ -96,6 +119,7 @@ class StepTotals:
             [r.kv_total_blocks for r in reps],
             [r.token_budget for r in reps],
             [r.max_num_seqs for r in reps],
+            [power_row(r.power, r.gpus) for r in reps],
         )
 
     @classmethod
@@ -126,15 +150,14 @@ class StepTotals:
         total = self.kv_total_blocks[rep]
         used = np.asarray(rows["kv_blocks_used"], np.float64)
         kv = np.divide(used, total, out=np.zeros(len(used)), where=total > 0)
-        at_peak = np.maximum(flops / self.peak_flops[rep], dram / self.peak_bandwidth[rep])
-        ratio = np.divide(at_peak, dur, out=np.zeros(len(dur)), where=dur > 0)
-        activity = np.clip(np.nan_to_num(ratio), 0.0, 1.0)
+        watts, capped = self._draw(rep, flops, dram, dur)
 
         self.steps += np.bincount(rep, minlength=n)
         self.busy += np.bincount(rep, dur, n)
         self.flops += np.bincount(rep, flops, n)
         self.dram_bytes += np.bincount(rep, dram, n)
-        self.active += np.bincount(rep, activity * dur, n)
+        self.joules += np.bincount(rep, watts * dur, n)
+        self.capped += np.bincount(rep, np.where(capped, dur, 0.0), n)
         self.kv_time += np.bincount(rep, kv * dur, n)
         self.kv_max = max(self.kv_max, float(kv.max()))
         tokens = np.asarray(rows["prefill_tokens"], np.float64) + rows["decode_tokens"]
@@ -160,9 +183,22 @@ class StepTotals:
                 np.ones(len(start)),
                 np.asarray(rows["batch_size"], np.float64),
                 kv,
+                watts,
             ]
         )
         self.bins[2:] += integrals(start, stop, signals, edges, uniform_bin_index)
+
+    def _draw(
+        self, rep: np.ndarray, flops: np.ndarray, dram: np.ndarray, dur: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each step's draw above idle, W (its replica's GPUs together), and whether the
+        board limit capped it: busy + tensor x FLOP-rate share + memory x bandwidth
+        share, at most the headroom (hardware_models.power)."""
+        # one replica (every engine's own totals): its scalars, no gather per step
+        busy, per_flop, per_byte, headroom = self._draw_terms[:, 0 if len(self.busy) == 1 else rep]
+        seconds = np.where(dur > 0, dur, np.inf)  # an empty step draws nothing extra
+        uncapped = busy + (per_flop * flops + per_byte * dram) / seconds
+        return np.minimum(uncapped, headroom), uncapped > headroom
 
     def _cover(self, t: float) -> None:
         """Widen the bins (ten into one) until they reach past time t."""
@@ -185,9 +221,10 @@ class StepTotals:
             np.concatenate([p.kv_total_blocks for p in parts]),
             np.concatenate([p.token_budget for p in parts]),
             np.concatenate([p.max_num_seqs for p in parts]),
+            np.concatenate([p.power for p in parts]),
         )
-        for name in ("steps", "busy", "flops", "dram_bytes", "active", "kv_time", "budget_full",
-                     "seqs_full"):  # fmt: skip
+        for name in ("steps", "busy", "flops", "dram_bytes", "joules", "capped", "kv_time",
+                     "budget_full", "seqs_full"):  # fmt: skip
             setattr(merged, name, np.concatenate([getattr(p, name) for p in parts]))
         merged.kv_max = max((p.kv_max for p in parts), default=0.0)
         merged.bound_time = np.sum([p.bound_time for p in parts], axis=0)
@@ -214,6 +251,13 @@ class StepTotals:
         for row, fine in zip(out, self.bins, strict=True):
             row += np.bincount(groups, fine, len(edges) - 1)
         return out
+
+    def joules_between(self, start: float, stop: float) -> float:
+        """Energy above idle drawn in [start, stop], all replicas: the fine bins' sums,
+        the two partial bins pro rata."""
+        cumulative = np.concatenate([[0.0], np.cumsum(self.bins[BIN_ROWS.index("joules")])])
+        edges = np.arange(FINE_BINS + 1) * self.bin_width
+        return float(np.interp(stop, edges, cumulative) - np.interp(start, edges, cumulative))
 
     def __repr__(self) -> str:
         return (

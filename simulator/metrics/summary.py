@@ -31,8 +31,10 @@ Definitions (all times in seconds of simulated time, D = ctx.duration_s):
   bursts or from the system filling up) or None (not judged: fewer than 50 arrivals, or
   all at once). docs/METRICS.md has the reasoning.
 - utilisation: busy fraction = step time of a replica / D, averaged over replicas; MFU =
-  sum of step FLOPs / (sum of replica peak FLOP/s x D); MBU the same with DRAM bytes and
-  peak bandwidth; the `_busy` variants divide by each replica's busy time instead of D;
+  sum of step FLOPs / (sum of replica peak FLOP/s x D): hardware FLOPs (padding and
+  recomputed prompts count) over the whole run, not model FLOPs; MBU the same with every
+  DRAM byte of every step (prefill too, so not Databricks' decode-only MBU) and peak
+  bandwidth; the `_busy` variants divide by each replica's busy time instead of D;
   bound_share = busy time per limiting resource / all busy time.
 - kv: each step's used blocks / its replica's total blocks, mean weighted by step
   duration (busy time), and max.
@@ -50,10 +52,16 @@ Definitions (all times in seconds of simulated time, D = ctx.duration_s):
   `ingest_s` from the client sending a request to the engine seeing it. Busy for
   FRONTEND_BUSY of D or more on the busiest replica, or offered a load above 1, the
   processes capped the throughput, and a warning says so.
-- energy: a GPU draws idle + (tdp - idle) x activity, activity of a step = max(achieved
-  FLOP/s / peak, achieved DRAM bytes/s / peak) of its replica clipped to [0, 1], and
-  idle power whenever no step runs. energy_kwh and the per-token and per-request joules
-  are at the facility (x PUE); average_power_w is per GPU, before PUE.
+- energy (hardware_models.power): while a step runs each of its GPUs draws idle + busy +
+  tensor_w x (step FLOP/s / peak) + memory_w x (step DRAM bytes/s / peak), at most its
+  TDP (power_capped_share: the busy time the limit bound), and idle power whenever no
+  step runs. Per output token and request on cost's basis: the steady window's GPU energy
+  per second over its token and request rates (`basis`, `note`); run_joules_per_output_
+  token over the whole run. GPU figures (gpu_energy_kwh, average_power_w, steady_power_w,
+  joules_per_*) are before PUE, as ML.ENERGY, Zeus and MLPerf Power report them;
+  energy_kwh, usd_energy and facility_joules_per_output_token add the hosts'
+  (cost.host_w_per_gpu x GPUs, IT load) and multiply by PUE. per_replica and per_pool
+  give each one's gpu_energy_kwh and average_power_w.
 """
 
 from __future__ import annotations
@@ -336,8 +344,7 @@ def _per_class(
 
 
 def _replica_arrays(ctx: RunContext) -> Arrays:
-    fields = ("gpus", "peak_flops", "peak_bandwidth", "kv_total_blocks")
-    fields += ("idle_power_w", "tdp_w", "usd_per_gpu_hour")
+    fields = ("gpus", "peak_flops", "peak_bandwidth", "kv_total_blocks", "usd_per_gpu_hour")
     return {f: np.array([getattr(r, f) for r in ctx.replicas], np.float64) for f in fields}
 
 
@@ -383,22 +390,64 @@ def _prefix_cache(requests: Table) -> dict[str, Any]:
     }
 
 
+def _no_steady_state(what: str) -> str:
+    """The note of a run whose per-request and per-token `what` are over D."""
+    return (
+        f"fewer than {STEADY_MIN_COMPLETIONS} completions for a steady state: per-request "
+        f"and per-token {what} are the whole run's, ramp-up and drain included"
+    )
+
+
+def _fleet_power(
+    totals: StepTotals, ctx: RunContext, gpu_joules: float, throughput: Mapping[str, Any]
+) -> tuple[str, str, float, float | None, float | None]:
+    """(basis, note, the fleet's GPU power W, requests/s, output tokens/s) that energy per
+    request and per token divide: the steady window's, as `_cost` takes them, or the
+    whole run's (and why) when the run has no steady state."""
+    window = throughput["steady_window_s"]
+    if window is None:
+        note = _no_steady_state("energy")
+        power = _ratio(gpu_joules, ctx.duration_s) or 0.0
+        output_per_s = throughput["output_tokens_per_s"]
+        return COST_RUN, note, power, throughput["requests_per_s"], output_per_s
+    start, stop = window
+    power = ctx.idle_power_w + totals.joules_between(start, stop) / (stop - start)
+    requests_per_s = throughput["steady_requests_per_s"]
+    return COST_STEADY, "", power, requests_per_s, throughput["steady_output_tokens_per_s"]
+
+
 def _energy(
-    totals: StepTotals, ctx: RunContext, rep: Arrays, output_tokens: float, completed: int
+    totals: StepTotals, ctx: RunContext, output_tokens: float, throughput: Mapping[str, Any]
 ) -> dict[str, Any]:
+    """GPU energy from the power model (hardware_models.power), and what a token and a
+    request cost in it while the fleet is busy at this load, on `_cost`'s basis. The
+    headline figures are the GPUs' alone, as ML.ENERGY, Zeus and MLPerf Power report
+    them; energy_kwh and the `facility_` figure add the hosts (cost.host_w_per_gpu) and
+    multiply by PUE."""
     d = ctx.duration_s
-    gpu_joules = rep["idle_power_w"] * d + (rep["tdp_w"] - rep["idle_power_w"]) * totals.active
-    it_joules = float(np.dot(rep["gpus"], gpu_joules))
-    facility = it_joules * ctx.pue
-    kwh = facility / 3.6e6
+    gpu_joules = ctx.idle_power_w * d + float(totals.joules.sum())
+    basis, note, power, requests_per_s, output_per_s = _fleet_power(
+        totals, ctx, gpu_joules, throughput
+    )
+    host_w = ctx.host_w_per_gpu * ctx.gpus
+    facility_kwh = (gpu_joules + host_w * d) * ctx.pue / 3.6e6
+    defaults = sorted({r.power.note for r in ctx.replicas if r.power.note})
     return {
-        "model": "idle + (tdp - idle) x activity",
+        "model": "idle + busy + tensor FLOP/s x J/FLOP + DRAM bit/s x J/bit, capped at TDP",
+        "basis": basis,
+        "note": "; ".join(filter(None, [note, *defaults])),
         "pue": ctx.pue,
-        "energy_kwh": kwh,
-        "average_power_w": _ratio(it_joules, ctx.gpus * d),
-        "joules_per_output_token": _ratio(facility, output_tokens),
-        "joules_per_request": _ratio(facility, completed),
-        "usd_energy": kwh * ctx.usd_per_kwh,
+        "gpu_energy_kwh": gpu_joules / 3.6e6,
+        "host_energy_kwh": host_w * d / 3.6e6,
+        "energy_kwh": facility_kwh,
+        "average_power_w": _ratio(gpu_joules, ctx.gpus * d),
+        "steady_power_w": _ratio(power, ctx.gpus) if basis == COST_STEADY else None,
+        "power_capped_share": _ratio(totals.capped.sum(), totals.busy.sum()),
+        "joules_per_output_token": _ratio(power, output_per_s or 0.0),
+        "facility_joules_per_output_token": _ratio((power + host_w) * ctx.pue, output_per_s or 0.0),
+        "joules_per_request": _ratio(power, requests_per_s or 0.0),
+        "run_joules_per_output_token": _ratio(gpu_joules, output_tokens),
+        "usd_energy": facility_kwh * ctx.usd_per_kwh,
     }
 
 
@@ -429,10 +478,7 @@ def _cost(
     basis, note = COST_STEADY, ""
     if requests_per_s is None:
         basis = COST_RUN
-        note = (
-            f"fewer than {STEADY_MIN_COMPLETIONS} completions for a steady state: per-request "
-            "and per-token costs are the whole run's, ramp-up and drain included"
-        )
+        note = _no_steady_state("costs")
         requests_per_s = _ratio(completed, ctx.duration_s)
         output_per_s = throughput["output_tokens_per_s"]
         tokens_per_s = (throughput["input_tokens_per_s"] or 0.0) + (output_per_s or 0.0)
@@ -459,6 +505,9 @@ def _per_replica(
     done = np.bincount(replica[completed & mine], minlength=n)[:n]
     tokens = np.bincount(replica[mine], weights=requests["generated"][mine], minlength=n)[:n]
     busy = totals.busy
+    joules = [
+        info.gpus * info.power.idle_w * d + totals.joules[i] for i, info in enumerate(ctx.replicas)
+    ]
     return [
         {
             "replica": i,  # the engine's index, as in the request and step tables
@@ -470,6 +519,8 @@ def _per_replica(
             "requests_per_s": _ratio(done[i], d),
             "output_tokens_per_s": _ratio(tokens[i], d),
             "busy_fraction": _ratio(busy[i], d),
+            "gpu_energy_kwh": joules[i] / 3.6e6,  # its GPUs', before PUE, as energy's
+            "average_power_w": _ratio(joules[i], info.gpus * d),  # per GPU
         }
         for i, info in enumerate(ctx.replicas)
     ]
@@ -483,16 +534,20 @@ def _per_pool(replicas: list[dict[str, Any]], ctx: RunContext) -> dict[str, Any]
         pool = pools.setdefault(
             block["pool"],
             {"gpu": block["gpu"], "replicas": 0, "gpus": 0, "completed": 0,
-             "requests_per_s": 0.0, "output_tokens_per_s": 0.0, "busy_fraction": 0.0},
+             "requests_per_s": 0.0, "output_tokens_per_s": 0.0, "busy_fraction": 0.0,
+             "gpu_energy_kwh": 0.0},
         )  # fmt: skip
         pool["replicas"] += not block.get("dp_rank")  # a dp group counts once
         engines[block["pool"]] = engines.get(block["pool"], 0) + 1
         pool["gpus"] += block["gpus"]
         pool["completed"] += block["completed"]
-        for key in ("requests_per_s", "output_tokens_per_s", "busy_fraction"):
+        for key in ("requests_per_s", "output_tokens_per_s", "busy_fraction", "gpu_energy_kwh"):
             pool[key] += block[key] or 0.0
     for name, pool in pools.items():
         pool["busy_fraction"] /= engines[name]
+        pool["average_power_w"] = _ratio(
+            pool["gpu_energy_kwh"] * 3.6e6, pool["gpus"] * ctx.duration_s
+        )
     return pools if len(pools) > 1 else {}
 
 
@@ -702,7 +757,7 @@ def summarize(
         "kv": kv,
         "prefix_cache": _prefix_cache(requests),
         "cost": _cost(ctx, rep, n_completed, output_tokens, throughput),
-        "energy": _energy(totals, ctx, rep, output_tokens, n_completed),
+        "energy": _energy(totals, ctx, output_tokens, throughput),
     }
     if ctx.frontend is not None:
         summary["frontend"] = ctx.frontend

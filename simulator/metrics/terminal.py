@@ -93,6 +93,30 @@ def _cost(cost: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _energy(e: Mapping[str, Any]) -> list[str]:
+    """The GPUs' energy and power first (what ML.ENERGY and MLPerf Power measure), the
+    facility's (x PUE) named as such; then per token and request on the cost's basis."""
+    basis = cost_basis_text(e)
+    hosts = e.get("host_energy_kwh")
+    with_hosts = f" with hosts' {num(hosts, ',.3f')} kWh" if hosts else ""
+    lines = _line(
+        "energy",
+        f"GPUs {num(e.get('gpu_energy_kwh'), ',.3f')} kWh, {num(e['average_power_w'], ',.0f')} "
+        f"W/GPU (whole run)  facility {num(e['energy_kwh'], ',.3f')} kWh at PUE {e['pue']:g}"
+        f"{with_hosts}, {usd(e['usd_energy'])}",
+    )
+    lines += _line(
+        "",
+        f"GPUs {sig(e['joules_per_output_token'])} J/output tok  "
+        f"{sig(e.get('joules_per_request'))} J/request  "
+        f"{num(e.get('steady_power_w'), ',.0f')} W/GPU  ({basis}; facility "
+        f"{sig(e.get('facility_joules_per_output_token'))} J/output tok)",
+    )
+    if e.get("note"):
+        lines += _line("", e["note"])
+    return lines
+
+
 def _goodput(g: Mapping[str, Any], c: Mapping[str, Any]) -> str:
     """Against the arrived requests first, so a failed, rejected or unfinished one counts
     as a miss; then against the completed ones, which is what latency percentiles see."""
@@ -162,12 +186,7 @@ def summary_table(summary: Mapping[str, Any]) -> str:
         f"{preemption_text(kv)}" + (f"  prefix hits {pct(hits)} of prompt tokens" if hits else ""),
     )
     lines += _cost(cost)
-    lines += _line(
-        "energy",
-        f"{num(e['energy_kwh'], ',.3f')} kWh (PUE {e['pue']:g})  "
-        f"{num(e['average_power_w'], ',.0f')} W/GPU  "
-        f"{sig(e['joules_per_output_token'])} J/output tok  {usd(e['usd_energy'])}",
-    )
+    lines += _energy(e)
     for name, block in summary.get("priority_classes", {}).items():
         lines.append(
             f"class {name}: arrived {block['arrived']:,}  completed {block['completed']:,}  "
@@ -180,6 +199,7 @@ def summary_table(summary: Mapping[str, Any]) -> str:
             f"pool {name:<10} {p['replicas']} x {p['gpus'] // p['replicas']} x {p['gpu']}  "
             f"completed {p['completed']:,}  {sig(p['requests_per_s'])} req/s  "
             f"{num(p['output_tokens_per_s'], ',.0f')} tok/s  busy {pct(p['busy_fraction'])}"
+            f"  {num(p.get('average_power_w'), ',.0f')} W/GPU"
         )
     replicas = summary.get("per_replica", [])
     shown = replicas if len(replicas) <= MAX_REPLICA_LINES else []
@@ -190,5 +210,6 @@ def summary_table(summary: Mapping[str, Any]) -> str:
             f"{label:<{width}} {r['gpus']} x {r['gpu']}  completed {r['completed']:,}  "
             f"{sig(r['requests_per_s'])} req/s  "
             f"{num(r['output_tokens_per_s'], ',.0f')} tok/s  busy {pct(r['busy_fraction'])}"
+            f"  {num(r.get('average_power_w'), ',.0f')} W/GPU"
         )
     return "\n".join(lines)

@@ -13,6 +13,8 @@ Columns per bin [t_start, t_end) (the last bin ends at the run's end):
 - busy_fraction: step time inside the bin / (bin width x replicas).
 - batch_size, kv_utilisation: means over the step time inside the bin (NaN when no
   step runs), i.e. the batch a replica worked on and its used / total KV blocks.
+- power_w: mean power of every GPU of the cluster together, W, before PUE: idle power,
+  and the energy above it of the steps inside the bin (hardware_models.power).
 - waiting: time-weighted mean number of requests waiting in the cluster (arrived, not
   yet first scheduled), computed exactly from the request table: each request waits from
   its arrival to its first scheduling (one never scheduled: to its rejection or failure,
@@ -57,6 +59,7 @@ COLUMNS = (
     "batch_size",
     "kv_utilisation",
     "waiting",
+    "power_w",
 )
 
 
@@ -103,7 +106,7 @@ def timeseries_table(
 
     completed = requests["outcome"].equals("completed")
     first_tokens = count_in_bins(requests["first_token"].astype(np.float64), edges)
-    decode, prefill, busy, batch, kv_time = totals.binned(edges)
+    decode, prefill, busy, batch, kv_time, joules = totals.binned(edges)
     if tokens is not None:  # the client's times, not the engine's step ends
         tokens = as_table(tokens)
         decode = count_in_bins(
@@ -125,6 +128,7 @@ def timeseries_table(
                 "batch_size": np.where(ran, batch / busy, np.nan),
                 "kv_utilisation": np.where(ran, kv_time / busy, np.nan),
                 "waiting": waiting_seconds(requests, edges) / span,
+                "power_w": ctx.idle_power_w + joules / span,
             }
         )
 

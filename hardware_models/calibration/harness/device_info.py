@@ -141,7 +141,8 @@ def cpu_spec(threads: int) -> dict:
         "l2": {"size_mb": 32, "bandwidth_gbps": 4 * gbps},
         "memory": {"kind": "DDR", "capacity_gb": _memory_gb(), "bandwidth_gbps": gbps},
         "pcie": {"generation": 4, "lanes": 16},
-        "power": {"tdp_w": 100, "idle_w": 20},
+        # DDR has no default energy per bit (hardware_models.power): a nominal DDR4-class one
+        "power": {"tdp_w": 100, "idle_w": 20, "dram_pj_per_bit": 15.0},
         "price": {"usd_per_hour": 0.05, "source": nominal, "date": "2026-01"},
         "datasheet_tflops": {"bf16": round(bf16_peak, 4), "fp32_cuda": round(peak, 4)},
         "sources": {"all": nominal},
