@@ -471,7 +471,7 @@ def build_replica(
         max_waiting=serving.max_waiting,
         sliding_window=arch.sliding_window if arch.num_sliding_layers else None,
         kv_groups=memory.kv_groups,
-        priority_preemption=serving.priority_preemption,
+        scheduling=serving.scheduling_policy,
         reserve_full_sequence=serving.reserve_full_sequence,
         multi_step=engine.multi_step,
         prefix_caching=serving.enable_prefix_caching,

@@ -146,7 +146,8 @@ def test_llama4_chunked_attention_priced_as_a_window_is_said_in_either_kv_mode(a
 def test_swap_preemption_without_room_for_one_sequence_is_said():
     """vLLM v0 aborts at a swap-out that finds too little swap space, so a swap space
     smaller than one max_model_len sequence is said up front, even on a run that ends."""
-    swap = {"preemption": "swap", "max_model_len": 4096}
+    swap = {"preemption": "swap", "max_model_len": 4096, "policy": "continuous",
+            "max_num_batched_tokens": 4096}  # fmt: skip (swap is vLLM v0's)
     (warning,) = _warnings(serving={**swap, "swap_space_gb": 0}, workload=FEW)
     assert warning == (
         "serving.swap_space_gb holds 0 KV blocks of host swap space, fewer than one "

@@ -68,7 +68,7 @@ class ReplicaConfig:
     max_waiting: int | None = None
     sliding_window: int | None = None  # of the model's sliding-window layers, if any
     kv_groups: KvCacheGroups | None = None  # the hybrid KV cache manager's groups, if on
-    priority_preemption: bool = True
+    scheduling: Literal["fcfs", "priority"] = "fcfs"  # vLLM's --scheduling-policy
     reserve_full_sequence: bool = True
     multi_step: bool = True
     role: Literal["mixed", "prefill", "decode"] = "mixed"
@@ -180,7 +180,7 @@ class Replica:
                     max_num_seqs=config.max_num_seqs,
                     max_num_batched_tokens=config.max_num_batched_tokens,
                     preemption=config.preemption,
-                    priority_preemption=config.priority_preemption,
+                    scheduling=config.scheduling,
                     reserve_full_sequence=config.reserve_full_sequence,
                     swap_blocks=config.swap_blocks,
                     prefix_caching=config.prefix_caching,
