@@ -20,6 +20,7 @@ from simulator.vllm_defaults import Default
 
 if TYPE_CHECKING:
     from hardware_models.accelerator import AcceleratorSpec
+    from hardware_models.node import NodeSpec
     from simulator.architecture import ModelArchitecture
     from simulator.scenario import ServingSection
     from simulator.simulation import ReplicaBuild
@@ -99,6 +100,60 @@ def check_serving_starts(
         budget_default=budget_default,
         names=names,
     )
+
+
+SWAP_REFUSED_SHARE = 0.7  # vLLM CacheConfig.verify_with_parallel_config raises above it
+SWAP_WARNED_SHARE = 0.4  # and warns above it
+
+
+def swap_space_share(swap_space_gb: float, tp: int, node: NodeSpec) -> float:
+    """Share of the node's host memory the swap space takes, as vLLM's
+    CacheConfig.verify_with_parallel_config counts it: swap_space for each of the tp
+    GPUs, on one node (vLLM's own FIXME: it assumes the tp group shares a node)."""
+    return swap_space_gb * tp / node.host_memory_gb
+
+
+def _swap_space_message(swap_space_gb: float, tp: int, node: NodeSpec) -> str:
+    return (
+        f"serving.swap_space_gb={swap_space_gb:g} for each of tp={tp} GPUs takes "
+        f"{swap_space_gb * tp:g} GB of the {node.host_memory_gb:g} GB of host memory of a "
+        f"{node.name} node ({swap_space_share(swap_space_gb, tp, node):.0%})"
+    )
+
+
+def check_swap_space(swap_space_gb: float, tp: int, node: NodeSpec) -> str | None:
+    """As vLLM's CacheConfig.verify_with_parallel_config, whatever the preemption: refuse
+    a swap space above 70% of the node's CPU memory ('Too large swap space'); above 40%,
+    the warning to give ('Possibly too large swap space'), else None."""
+    share = swap_space_share(swap_space_gb, tp, node)
+    if share > SWAP_REFUSED_SHARE:
+        raise InfeasibleError(
+            f"{_swap_space_message(swap_space_gb, tp, node)}: vLLM refuses more than "
+            f"{SWAP_REFUSED_SHARE:.0%} at start-up ('Too large swap space'); lower "
+            "serving.swap_space_gb"
+        )
+    if share > SWAP_WARNED_SHARE:
+        return (
+            f"{_swap_space_message(swap_space_gb, tp, node)}: vLLM warns above "
+            f"{SWAP_WARNED_SHARE:.0%} ('Possibly too large swap space')"
+        )
+    return None
+
+
+def check_num_gpu_blocks(num_gpu_blocks: int | None, fitting: int, derived: int) -> None:
+    """serving.num_gpu_blocks above what the GPU's memory holds beside the weights,
+    activations and overhead (`fitting`, at gpu_memory_utilization 1): vLLM takes the
+    override as given (may_override_num_blocks) and runs out of GPU memory allocating
+    the KV cache at start-up. `derived`: the blocks the memory planner gives."""
+    if num_gpu_blocks is not None and num_gpu_blocks > fitting:
+        raise InfeasibleError(
+            f"serving.num_gpu_blocks={num_gpu_blocks:,} is more KV blocks than the GPU "
+            f"holds beside the weights, activations and overhead ({fitting:,} at "
+            "gpu_memory_utilization 1; the memory plan gives "
+            f"{derived:,}): vLLM takes the override (may_override_num_blocks) and runs out "
+            "of GPU memory allocating the KV cache at start-up; set at most "
+            f"{fitting:,}, or leave it unset"
+        )
 
 
 class ForcedBlockSize(NamedTuple):

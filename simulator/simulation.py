@@ -29,7 +29,9 @@ from simulator.api_server import (
 )
 from simulator.architecture import ModelArchitecture
 from simulator.caveats import (
+    check_num_gpu_blocks,
     check_serving_starts,
+    check_swap_space,
     configuration_warnings,
     mla_block_size,
     overhead_override_warning,
@@ -446,7 +448,14 @@ def build_replica(
             stacklevel=2,
         )
     block_bytes = serving.block_size * memory.kv_bytes_per_token
-    blocks = serving.num_gpu_blocks or int(memory.kv_capacity_bytes // block_bytes)
+    derived = int(memory.kv_capacity_bytes // block_bytes)
+    spare = memory.capacity - memory.usable  # what gpu_memory_utilization held back
+    check_num_gpu_blocks(
+        serving.num_gpu_blocks, int((memory.kv_capacity_bytes + spare) // block_bytes), derived
+    )
+    blocks = serving.num_gpu_blocks or derived
+    if swap_warning := check_swap_space(serving.swap_space_gb, par.tp, node):
+        warnings.warn(swap_warning, InfersimWarning, stacklevel=2)
     if blocks < 1:
         rows = "; ".join(f"{item} {gb:.2f} GB" for item, gb in memory.breakdown())
         raise InfeasibleError(
