@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
+
 from hardware_models.block_scaling import NVFP4
 from hardware_models.dtypes import Dtype, bytes_per_element
 from hardware_models.errors import InfeasibleError
@@ -154,6 +156,60 @@ def check_num_gpu_blocks(num_gpu_blocks: int | None, fitting: int, derived: int)
             "of GPU memory allocating the KV cache at start-up; set at most "
             f"{fitting:,}, or leave it unset"
         )
+
+
+_BATCHERS = ("static", "dynamic")  # infersim's run-to-completion batchers, not vLLM's
+IGNORED_SETTINGS: dict[str, tuple[tuple[str, ...], str]] = {
+    # setting: (the policies that ignore it, why)
+    "max_num_batched_tokens": (_BATCHERS, "its batches have no token budget (max_num_seqs "
+                               "and the KV cache bound them)"),
+    "watermark": (_BATCHERS, "a batch starts while its padded KV cache fits, no watermark"),
+    "preemption": (_BATCHERS, "a batch runs to completion, nothing is preempted"),
+    "swap_space_gb": (_BATCHERS, "a batch runs to completion, nothing is swapped"),
+    "reserve_full_sequence": (_BATCHERS, "a batch reserves its whole padded KV cache"),
+    "enable_prefix_caching": (_BATCHERS, "a batch prefills every prompt whole"),
+    "max_queue_delay_ms": (("static", "continuous", "chunked_prefill"),
+                           "only the dynamic policy waits for a batch to form"),
+}  # fmt: skip
+
+
+def ignored_settings(serving: ServingSection) -> list[str]:
+    """A line for each serving setting given a value other than its default that the
+    policy never reads: a sweep over it would give a flat line, silently."""
+    lines = []
+    for name, (policies, why) in IGNORED_SETTINGS.items():
+        value = getattr(serving, name)
+        if serving.policy in policies and value != type(serving).model_fields[name].default:
+            lines.append(
+                f"serving.{name}={value} is ignored by serving.policy {serving.policy}: {why}"
+            )
+    return lines
+
+
+STATIC_FILL_SHARE = 0.1  # of the mean TTFT: waits for a full static batch worth a warning
+
+
+def static_fill_warning(
+    max_num_seqs: int, idle_s: float, wait_s: float, replicas: int, end: float, ttft: np.ndarray
+) -> str | None:
+    """What a static batcher's wait for max_num_seqs requests cost, told when it added
+    STATIC_FILL_SHARE or more to the mean TTFT (a run's figure, said after it): the
+    GPUs idled `idle_s` (summed over `replicas`, of a run `end` s long) while requests
+    waited `wait_s` in all for their batch to fill; `ttft` of the requests that got a
+    token. None: the batches filled fast enough."""
+    started = ttft[~np.isnan(ttft)]
+    if not len(started) or not idle_s:
+        return None
+    added, mean = wait_s / len(started), float(started.mean())
+    if added < STATIC_FILL_SHARE * mean:
+        return None
+    return (
+        f"serving.policy static waits for a full batch of max_num_seqs={max_num_seqs}: the "
+        f"GPUs sat idle {idle_s / (replicas * end):.0%} of the run with requests waiting, "
+        f"which adds {added * 1e3:,.0f} ms to the mean TTFT of {mean * 1e3:,.0f} ms; the "
+        "dynamic policy bounds the wait (max_queue_delay_ms, as Triton's dynamic batcher), "
+        "continuous batching has none"
+    )
 
 
 class ForcedBlockSize(NamedTuple):

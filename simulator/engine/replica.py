@@ -157,6 +157,10 @@ class Replica:
         self._recovery: simpy.Event | None = None
         self.down = False
         self.t = 0.0  # the replica's own clock; SimPy's may lag it (see _catch_up)
+        # Static batches: seconds the GPU sat idle while requests waited for a full batch,
+        # and those seconds times the requests waiting (their summed wait for the fill).
+        self.batch_fill_idle_s = 0.0
+        self.batch_fill_wait_s = 0.0
         self._reset()
         if not driven:
             self.process = env.process(self._lifecycle(self.scheduler is not None))
@@ -694,8 +698,10 @@ class Replica:
             return True, None
         if self.cfg.policy == "static":
             return False, None
-        oldest, _ = self.waiting.peek()
-        delay = self.requests.arrival[oldest] + self.cfg.max_queue_delay_s - self.env.now
+        # From the longest-waiting request, whatever its class: Triton's max_queue_delay
+        # is the longest any request is delayed for a batch to form.
+        oldest = self.waiting.oldest_arrival(self.requests.arrival)
+        delay = oldest + self.cfg.max_queue_delay_s - self.env.now
         # A nanosecond of slack: now + (deadline - now) can land an ulp short of deadline.
         return delay <= 1e-9, delay
 
@@ -705,7 +711,11 @@ class Replica:
             self._mark = self.log.mark()
             ready, delay = self._batch_ready()
             if not ready:
+                waiting, since = len(self.waiting), self.env.now
                 yield self._sleep(delay)
+                if waiting and self.cfg.policy == "static":  # idle until the batch is full
+                    self.batch_fill_idle_s += self.env.now - since
+                    self.batch_fill_wait_s += waiting * (self.env.now - since)
                 continue
             self._batch = self._take_batch()
             self._batch_ends = None  # no decode step of this batch has run yet
