@@ -266,8 +266,10 @@ class ServingSection(BaseModel):
     model_config = _STRICT
     policy: Policy = Field(
         default="chunked_prefill",
-        description="static: fixed batches run to completion; dynamic: batch on size or "
-        "max_queue_delay_ms, run to completion; continuous: iteration-level, prefill first; "
+        description="static: a batch starts at max_num_seqs waiting requests (or the last "
+        "arrival) and runs to completion; dynamic: a batch starts at max_num_seqs or once "
+        "the oldest has waited max_queue_delay_ms (Triton's dynamic batcher), runs to "
+        "completion; continuous: iteration-level, prefill first (vLLM v0); "
         "chunked_prefill: iteration-level, decodes first, prefill chunks fill the budget",
     )
     max_num_seqs: int | None = Field(
@@ -311,7 +313,8 @@ class ServingSection(BaseModel):
         "block_size tokens; with vLLM's hybrid KV cache manager (a model with "
         "sliding-window layers) a block holds one group's layers, not all of them, as "
         "vLLM's --num-gpu-blocks-override counts them (gpt-oss: half the memory of a block of "
-        "every layer)",
+        "every layer). At most what the GPU's memory holds beside the weights: vLLM runs "
+        "out of memory allocating more at start-up",
     )
     watermark: float | None = Field(
         default=None,
@@ -336,7 +339,11 @@ class ServingSection(BaseModel):
         "(vLLM v0) may a waiting request preempt running ones to get in",
     )
     swap_space_gb: float = Field(
-        default=4.0, ge=0, le=1e5, description="host memory per GPU for swapped KV blocks, GB"
+        default=4.0,
+        ge=0,
+        le=1e5,
+        description="host memory per GPU for swapped KV blocks, GB; as vLLM, refused where "
+        "it times tp exceeds 70% of the node's host memory, warned about above 40%",
     )
     max_model_len: int | None = Field(
         default=None,
