@@ -126,3 +126,8 @@ def test_preempted_requests_rejoin_the_priority_queue_by_arrival():
     waiting.push_by_arrival(2, 0, arrival)  # between 1 and 3, as vLLM's heap orders it
     waiting.push_front(0, 0)  # FCFS: at the front
     assert waiting.drain() == [0, 1, 2, 3]
+    same_time = np.zeros(4)  # offline arrivals: ties go by request id (Request.__lt__)
+    waiting.push(1, 0)
+    waiting.push(3, 0)
+    waiting.push_by_arrival(2, 0, same_time)
+    assert waiting.drain() == [1, 2, 3]

@@ -36,12 +36,14 @@ class WaitingQueue:
         self._size += 1
 
     def push_by_arrival(self, rid: int, level: int, arrival: np.ndarray) -> None:
-        """A preempted request back in its class in arrival order, after any that arrived
-        at the same time: vLLM's priority queue is a heap on (priority, arrival_time)
-        (PriorityRequestQueue.prepend_request adds it like a new one)."""
+        """A preempted request back in its class in (arrival, id) order: vLLM's priority
+        queue is a heap of requests ordered by priority, arrival_time, then request id
+        (Request.__lt__; PriorityRequestQueue.prepend_request adds it like a new one)."""
         queue = self._queue(level)
-        at = arrival[rid]
-        index = next((i for i, other in enumerate(queue) if arrival[other] > at), len(queue))
+        key = (arrival[rid], rid)
+        index = next(
+            (i for i, other in enumerate(queue) if (arrival[other], other) > key), len(queue)
+        )
         queue.insert(index, rid)
         self._size += 1
 
