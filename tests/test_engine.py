@@ -182,8 +182,11 @@ def test_same_seed_same_results_other_seed_differs(make_scenario):
 def test_kv_pressure_preempts_and_still_completes(make_scenario, preemption):
     results = simulate(
         make_scenario(
-            serving={"num_gpu_blocks": 200, "max_num_seqs": 64,
-                     **(V0_SWAP if preemption == "swap" else {})},  # fmt: skip
+            serving={
+                "num_gpu_blocks": 200,
+                "max_num_seqs": 64,
+                **(V0_SWAP if preemption == "swap" else {}),
+            },
             workload={"arrivals": {"kind": "poisson", "rate_per_s": 30.0}},
         )
     )
@@ -431,8 +434,14 @@ def test_priority_preemption_only_when_it_makes_room(make_scenario, tmp_path):
             {"name": "batch", "weight": 1, "priority": 5},
         ],
     }
-    serving = {"num_gpu_blocks": 100, "max_num_batched_tokens": 2048, "watermark": 0.2,
-               "policy": "continuous", "max_model_len": 2048, "scheduling_policy": "priority"}
+    serving = {
+        "num_gpu_blocks": 100,
+        "max_num_batched_tokens": 2048,
+        "watermark": 0.2,
+        "policy": "continuous",
+        "max_model_len": 2048,
+        "scheduling_policy": "priority",
+    }
     results = simulate(make_scenario(seed=4, serving=serving, workload=workload))
     req = results.requests.sort_values("arrival")
     assert req["priority"].tolist() == [5, 0]  # the seed draws these classes
