@@ -148,13 +148,18 @@ def check_num_gpu_blocks(num_gpu_blocks: int | None, fitting: int, derived: int)
     override as given (may_override_num_blocks) and runs out of GPU memory allocating
     the KV cache at start-up. `derived`: the blocks the memory planner gives."""
     if num_gpu_blocks is not None and num_gpu_blocks > fitting:
+        fitting = max(fitting, 0)
+        way_out = (
+            f"set at most {fitting:,}, or leave it unset"
+            if fitting
+            else "the rest fills it alone: raise parallelism.tp or narrow model.weight_dtype"
+        )
         raise InfeasibleError(
             f"serving.num_gpu_blocks={num_gpu_blocks:,} is more KV blocks than the GPU "
             f"holds beside the weights, activations and overhead ({fitting:,} at "
-            "gpu_memory_utilization 1; the memory plan gives "
-            f"{derived:,}): vLLM takes the override (may_override_num_blocks) and runs out "
-            "of GPU memory allocating the KV cache at start-up; set at most "
-            f"{fitting:,}, or leave it unset"
+            f"gpu_memory_utilization 1; the memory plan gives {max(derived, 0):,}): vLLM "
+            "takes the override (may_override_num_blocks) and runs out of GPU memory "
+            f"allocating the KV cache at start-up; {way_out}"
         )
 
 
