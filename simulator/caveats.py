@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
+
 from hardware_models.block_scaling import NVFP4
 from hardware_models.dtypes import Dtype, bytes_per_element
 from hardware_models.errors import InfeasibleError
@@ -20,6 +22,7 @@ from simulator.vllm_defaults import Default
 
 if TYPE_CHECKING:
     from hardware_models.accelerator import AcceleratorSpec
+    from hardware_models.node import NodeSpec
     from simulator.architecture import ModelArchitecture
     from simulator.scenario import ServingSection
     from simulator.simulation import ReplicaBuild
@@ -98,6 +101,119 @@ def check_serving_starts(
         serving.max_num_seqs,
         budget_default=budget_default,
         names=names,
+    )
+
+
+SWAP_REFUSED_SHARE = 0.7  # vLLM CacheConfig.verify_with_parallel_config raises above it
+SWAP_WARNED_SHARE = 0.4  # and warns above it
+
+
+def swap_space_share(swap_space_gb: float, tp: int, node: NodeSpec) -> float:
+    """Share of the node's host memory the swap space takes, as vLLM's
+    CacheConfig.verify_with_parallel_config counts it: swap_space for each of the tp
+    GPUs, on one node (vLLM's own FIXME: it assumes the tp group shares a node)."""
+    return swap_space_gb * tp / node.host_memory_gb
+
+
+def _swap_space_message(swap_space_gb: float, tp: int, node: NodeSpec) -> str:
+    return (
+        f"serving.swap_space_gb={swap_space_gb:g} for each of tp={tp} GPUs takes "
+        f"{swap_space_gb * tp:g} GB of the {node.host_memory_gb:g} GB of host memory of a "
+        f"{node.name} node ({swap_space_share(swap_space_gb, tp, node):.0%})"
+    )
+
+
+def check_swap_space(swap_space_gb: float, tp: int, node: NodeSpec) -> str | None:
+    """As vLLM's CacheConfig.verify_with_parallel_config, whatever the preemption: refuse
+    a swap space above 70% of the node's CPU memory ('Too large swap space'); above 40%,
+    the warning to give ('Possibly too large swap space'), else None."""
+    share = swap_space_share(swap_space_gb, tp, node)
+    if share > SWAP_REFUSED_SHARE:
+        raise InfeasibleError(
+            f"{_swap_space_message(swap_space_gb, tp, node)}: vLLM refuses more than "
+            f"{SWAP_REFUSED_SHARE:.0%} at start-up ('Too large swap space'); lower "
+            "serving.swap_space_gb"
+        )
+    if share > SWAP_WARNED_SHARE:
+        return (
+            f"{_swap_space_message(swap_space_gb, tp, node)}: vLLM warns above "
+            f"{SWAP_WARNED_SHARE:.0%} ('Possibly too large swap space')"
+        )
+    return None
+
+
+def check_num_gpu_blocks(num_gpu_blocks: int | None, fitting: int, derived: int) -> None:
+    """serving.num_gpu_blocks above what the GPU's memory holds beside the weights,
+    activations and overhead (`fitting`, at gpu_memory_utilization 1): vLLM takes the
+    override as given (may_override_num_blocks) and runs out of GPU memory allocating
+    the KV cache at start-up. `derived`: the blocks the memory planner gives."""
+    if num_gpu_blocks is not None and num_gpu_blocks > fitting:
+        fitting = max(fitting, 0)
+        way_out = (
+            f"set at most {fitting:,}, or leave it unset"
+            if fitting
+            else "the rest fills it alone: raise parallelism.tp or narrow model.weight_dtype"
+        )
+        raise InfeasibleError(
+            f"serving.num_gpu_blocks={num_gpu_blocks:,} is more KV blocks than the GPU "
+            f"holds beside the weights, activations and overhead ({fitting:,} at "
+            f"gpu_memory_utilization 1; the memory plan gives {max(derived, 0):,}): vLLM "
+            "takes the override (may_override_num_blocks) and runs out of GPU memory "
+            f"allocating the KV cache at start-up; {way_out}"
+        )
+
+
+_BATCHERS = ("static", "dynamic")  # infersim's run-to-completion batchers, not vLLM's
+IGNORED_SETTINGS: dict[str, tuple[tuple[str, ...], str]] = {
+    # setting: (the policies that ignore it, why)
+    "max_num_batched_tokens": (_BATCHERS, "its batches have no token budget (max_num_seqs "
+                               "and the KV cache bound them)"),
+    "watermark": (_BATCHERS, "a batch starts while its padded KV cache fits, no watermark"),
+    "preemption": (_BATCHERS, "a batch runs to completion, nothing is preempted"),
+    "swap_space_gb": (_BATCHERS, "a batch runs to completion, nothing is swapped"),
+    "reserve_full_sequence": (_BATCHERS, "a batch reserves its whole padded KV cache"),
+    "enable_prefix_caching": (_BATCHERS, "a batch prefills every prompt whole"),
+    "max_queue_delay_ms": (("static", "continuous", "chunked_prefill"),
+                           "only the dynamic policy waits for a batch to form"),
+}  # fmt: skip
+
+
+def ignored_settings(serving: ServingSection) -> list[str]:
+    """A line for each serving setting given a value other than its default that the
+    policy never reads: a sweep over it would give a flat line, silently."""
+    lines = []
+    for name, (policies, why) in IGNORED_SETTINGS.items():
+        value = getattr(serving, name)
+        if serving.policy in policies and value != type(serving).model_fields[name].default:
+            lines.append(
+                f"serving.{name}={value} is ignored by serving.policy {serving.policy}: {why}"
+            )
+    return lines
+
+
+STATIC_FILL_SHARE = 0.1  # of the mean TTFT: waits for a full static batch worth a warning
+
+
+def static_fill_warning(
+    max_num_seqs: int, idle_s: float, wait_s: float, replicas: int, end: float, ttft: np.ndarray
+) -> str | None:
+    """What a static batcher's wait for max_num_seqs requests cost, told when it added
+    STATIC_FILL_SHARE or more to the mean TTFT (a run's figure, said after it): the
+    GPUs idled `idle_s` (summed over `replicas`, of a run `end` s long) while requests
+    waited `wait_s` in all for their batch to fill; `ttft` of the requests that got a
+    token. None: the batches filled fast enough."""
+    started = ttft[~np.isnan(ttft)]
+    if not len(started) or not idle_s:
+        return None
+    added, mean = wait_s / len(started), float(started.mean())
+    if added < STATIC_FILL_SHARE * mean:
+        return None
+    return (
+        f"serving.policy static waits for a full batch of max_num_seqs={max_num_seqs}: the "
+        f"GPUs sat idle {idle_s / (replicas * end):.0%} of the run with requests waiting, "
+        f"which adds {added * 1e3:,.0f} ms to the mean TTFT of {mean * 1e3:,.0f} ms; the "
+        "dynamic policy bounds the wait (max_queue_delay_ms, as Triton's dynamic batcher), "
+        "continuous batching has none"
     )
 
 

@@ -72,6 +72,12 @@ def configuration(scenario: Mapping[str, Any], defaults: Sequence[str] = ()) -> 
         "max_queue_delay_ms": serving["max_queue_delay_ms"],
         "load": _load(scenario["workload"]),
         "defaults": list(defaults),
+        # Only where it is not vLLM's default, so that FCFS runs' summaries stay as they were.
+        **(
+            {"scheduling_policy": "priority"}
+            if serving.get("scheduling_policy") == "priority"
+            else {}
+        ),
     }
 
 

@@ -266,8 +266,10 @@ class ServingSection(BaseModel):
     model_config = _STRICT
     policy: Policy = Field(
         default="chunked_prefill",
-        description="static: fixed batches run to completion; dynamic: batch on size or "
-        "max_queue_delay_ms, run to completion; continuous: iteration-level, prefill first; "
+        description="static: a batch starts at max_num_seqs waiting requests (or the last "
+        "arrival) and runs to completion; dynamic: a batch starts at max_num_seqs or once "
+        "the oldest has waited max_queue_delay_ms (Triton's dynamic batcher), runs to "
+        "completion; continuous: iteration-level, prefill first (vLLM v0); "
         "chunked_prefill: iteration-level, decodes first, prefill chunks fill the budget",
     )
     max_num_seqs: int | None = Field(
@@ -311,7 +313,8 @@ class ServingSection(BaseModel):
         "block_size tokens; with vLLM's hybrid KV cache manager (a model with "
         "sliding-window layers) a block holds one group's layers, not all of them, as "
         "vLLM's --num-gpu-blocks-override counts them (gpt-oss: half the memory of a block of "
-        "every layer)",
+        "every layer). At most what the GPU's memory holds beside the weights: vLLM runs "
+        "out of memory allocating more at start-up",
     )
     watermark: float | None = Field(
         default=None,
@@ -322,10 +325,25 @@ class ServingSection(BaseModel):
         "(vLLM v1) and 0.01 for continuous (vLLM v0's block manager)",
     )
     preemption: Literal["recompute", "swap"] = Field(
-        default="recompute", description="what happens to a preempted request's KV cache"
+        default="recompute",
+        description="what happens to a preempted request's KV cache: recomputed, or "
+        "swapped to host memory and back (vLLM v0's, so the continuous policy only: vLLM "
+        "v1, chunked_prefill, preempts by recompute alone)",
+    )
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        default="fcfs",
+        description="vLLM's --scheduling-policy. fcfs: arrival order, and a workload "
+        "class of non-zero priority is refused, as vLLM refuses such a request; priority: "
+        "by workload class priority then arrival, and the cache's preemption victim is "
+        "the least important, latest arrival (vLLM v1). Only under the continuous policy "
+        "(vLLM v0) may a waiting request preempt running ones to get in",
     )
     swap_space_gb: float = Field(
-        default=4.0, ge=0, le=1e5, description="host memory per GPU for swapped KV blocks, GB"
+        default=4.0,
+        ge=0,
+        le=1e5,
+        description="host memory per GPU for swapped KV blocks, GB; as vLLM, refused where "
+        "it times tp exceeds 70% of the node's host memory, warned about above 40%",
     )
     max_model_len: int | None = Field(
         default=None,
@@ -339,9 +357,6 @@ class ServingSection(BaseModel):
         description="keep a recompute-preempted request's full KV blocks cached while "
         "free (LRU), so its recompute skips what was not evicted (vLLM v1's default); "
         "likewise a session's previous turn, and prompt blocks a trace's hash_ids share",
-    )
-    priority_preemption: bool = Field(
-        default=True, description="a waiting request may preempt less important running ones"
     )
     reserve_full_sequence: bool = Field(
         default=True,
@@ -365,6 +380,28 @@ class ServingSection(BaseModel):
         "chunked local attention layers keep only their current chunk's blocks; vLLM "
         "turns its hybrid KV cache manager off for them by default",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_priority_preemption(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "priority_preemption" in data:
+            raise ValueError(
+                "priority_preemption was removed: no vLLM has such a switch. Set "
+                "scheduling_policy: priority (vLLM's --scheduling-policy); a waiting "
+                "request then preempts running ones under the continuous policy (vLLM v0's "
+                "priority preemption) and never under chunked_prefill (vLLM v1)"
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _swap_needs_v0(self) -> ServingSection:
+        if self.preemption == "swap" and self.policy == "chunked_prefill":
+            raise ValueError(
+                "preemption: swap is vLLM v0's; chunked_prefill models vLLM v1, which "
+                "preempts by recompute only (Scheduler._preempt_request frees the blocks): "
+                "use preemption: recompute, or policy: continuous (vLLM v0) to swap"
+            )
+        return self
 
     @property
     def kv_watermark(self) -> float:
@@ -753,6 +790,16 @@ class Scenario(BaseModel):
                 f"serving.policy {self.serving.policy!r} runs whole batches (use continuous "
                 "or chunked_prefill)"
             )
+        if self.serving.scheduling_policy == "fcfs":
+            for c in self.workload.priorities:
+                if c.priority != 0:
+                    raise ValueError(
+                        f"workload.priorities: class {c.name!r} has priority {c.priority}, "
+                        "but serving.scheduling_policy is fcfs (vLLM's default), and vLLM "
+                        f"refuses such a request ('Got priority {c.priority} but Priority "
+                        "scheduling is not enabled.', add_request): set "
+                        "serving.scheduling_policy: priority, or priority 0"
+                    )
         if self.frontend.modelled and (reason := self._frontend_unsupported()):
             raise ValueError(reason)
         if self.faults is not None:

@@ -30,10 +30,14 @@ from simulator.api_server import (
 )
 from simulator.architecture import ModelArchitecture
 from simulator.caveats import (
+    check_num_gpu_blocks,
     check_serving_starts,
+    check_swap_space,
     configuration_warnings,
+    ignored_settings,
     mla_block_size,
     overhead_override_warning,
+    static_fill_warning,
 )
 from simulator.engine.dp_group import DpGroup
 from simulator.engine.kv_groups import KvCacheGroups, chunked_local_attention, kv_cache_groups
@@ -447,7 +451,16 @@ def build_replica(
             stacklevel=2,
         )
     block_bytes = serving.block_size * memory.kv_bytes_per_token
-    blocks = serving.num_gpu_blocks or int(memory.kv_capacity_bytes // block_bytes)
+    derived = int(memory.kv_capacity_bytes // block_bytes)
+    spare = memory.capacity - memory.usable  # what gpu_memory_utilization held back
+    check_num_gpu_blocks(
+        serving.num_gpu_blocks, int((memory.kv_capacity_bytes + spare) // block_bytes), derived
+    )
+    blocks = serving.num_gpu_blocks or derived
+    if swap_warning := check_swap_space(serving.swap_space_gb, par.tp, node):
+        warnings.warn(swap_warning, InfersimWarning, stacklevel=2)
+    for ignored in ignored_settings(scenario.serving):
+        warnings.warn(ignored, InfersimWarning, stacklevel=2)
     if blocks < 1:
         rows = "; ".join(f"{item} {gb:.2f} GB" for item, gb in memory.breakdown())
         raise InfeasibleError(
@@ -472,7 +485,7 @@ def build_replica(
         max_waiting=serving.max_waiting,
         sliding_window=arch.sliding_window if arch.num_sliding_layers else None,
         kv_groups=memory.kv_groups,
-        priority_preemption=serving.priority_preemption,
+        scheduling=serving.scheduling_policy,
         reserve_full_sequence=serving.reserve_full_sequence,
         multi_step=engine.multi_step,
         prefix_caching=serving.enable_prefix_caching,
@@ -1109,12 +1122,27 @@ def simulate(
         started = time.perf_counter()
         end = run.run()
         wall = time.perf_counter() - started
+        if scenario.serving.policy == "static" and (fill := _static_fill(run, end)):
+            warnings.warn(fill, InfersimWarning, stacklevel=2)
         raised = [msg for kind, msg in _distinct(caught) if issubclass(kind, InfersimWarning)]
         results = _results(scenario, run, end, wall, raised)
         for text in results.summary()["warnings"] if summary_warnings else ():
             if text not in results.context.warnings:  # the ones the run's figures show
                 warnings.warn(text, InfersimWarning, stacklevel=2)
     return results
+
+
+def _static_fill(run: _Run, end: float) -> str | None:
+    """The static batches' wait for a full batch, where it inflated TTFT (caveats)."""
+    req = run.requests
+    return static_fill_warning(
+        run.builds[0][1].config.max_num_seqs,
+        sum(replica.batch_fill_idle_s for replica in run.replicas),
+        sum(replica.batch_fill_wait_s for replica in run.replicas),
+        len(run.replicas),
+        end,
+        req.first_token[: req.size] - req.arrival[: req.size],
+    )
 
 
 @contextlib.contextmanager

@@ -146,7 +146,12 @@ def test_llama4_chunked_attention_priced_as_a_window_is_said_in_either_kv_mode(a
 def test_swap_preemption_without_room_for_one_sequence_is_said():
     """vLLM v0 aborts at a swap-out that finds too little swap space, so a swap space
     smaller than one max_model_len sequence is said up front, even on a run that ends."""
-    swap = {"preemption": "swap", "max_model_len": 4096}
+    swap = {
+        "preemption": "swap",
+        "max_model_len": 4096,
+        "policy": "continuous",
+        "max_num_batched_tokens": 4096,
+    }  # swap is vLLM v0's
     (warning,) = _warnings(serving={**swap, "swap_space_gb": 0}, workload=FEW)
     assert warning == (
         "serving.swap_space_gb holds 0 KV blocks of host swap space, fewer than one "
@@ -155,3 +160,35 @@ def test_swap_preemption_without_room_for_one_sequence_is_said():
     )
     assert _warnings(serving=swap, workload=FEW) == []  # 4 GB: 476 blocks of 8 MiB
     assert _warnings(serving={"swap_space_gb": 0}, workload=FEW) == []  # recompute: unused
+
+
+def test_num_gpu_blocks_beyond_the_gpus_memory_is_refused_as_vllm_runs_out_of_it():
+    """vLLM takes --num-gpu-blocks-override as given and runs out of memory allocating
+    it; up to what the memory left at gpu_memory_utilization 1 holds, it runs."""
+    with pytest.raises(
+        InfeasibleError,
+        match=r"serving.num_gpu_blocks=10,000,000 is more KV "
+        r"blocks than the GPU holds .*\(([\d,]+) at gpu_memory_utilization 1",
+    ):
+        simulate(Scenario.from_dict(scenario_dict(serving={"num_gpu_blocks": 10_000_000})))
+    assert _warnings(serving={"num_gpu_blocks": 4000}, workload=FEW) == []
+
+
+@pytest.mark.parametrize(
+    ("gb", "tp", "outcome"),
+    [(800, 1, "ran"), (120, 8, "warned"), (180, 8, "refused"), (1500, 1, "refused")],
+)
+def test_swap_space_against_the_nodes_host_memory_as_vllm(gb, tp, outcome):
+    """vLLM's CacheConfig.verify_with_parallel_config: swap_space x tp above 70% of the
+    node's CPU memory (dgx-h100: 2,048 GB) is refused, above 40% warned about."""
+    sections = {"hardware": {"gpu": "h100-sxm", "node": "dgx-h100"}, "workload": FEW,
+                "serving": {"swap_space_gb": gb}, "parallelism": {"tp": tp}}  # fmt: skip
+    if outcome == "refused":
+        with pytest.raises(InfeasibleError, match="vLLM refuses more than 70% at start-up"):
+            _warnings(**sections)
+        return
+    swap = [w for w in _warnings(**sections) if "swap_space_gb" in w]
+    assert swap == ([] if outcome == "ran" else [
+        f"serving.swap_space_gb={gb} for each of tp={tp} GPUs takes {gb * tp} GB of the 2048 GB "
+        f"of host memory of a dgx-h100 node ({gb * tp / 2048:.0%}): vLLM warns above 40% "
+        "('Possibly too large swap space')"])  # fmt: skip

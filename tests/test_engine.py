@@ -126,10 +126,14 @@ def test_router_sees_the_same_state_in_runs(make_scenario):
     _assert_same_run(fast, slow)
 
 
+# Swap preemption is vLLM v0's: the continuous policy, whose budget covers max_model_len.
+V0_SWAP = {"policy": "continuous", "max_num_batched_tokens": 4096, "preemption": "swap"}
+
+
 def test_swapped_in_requests_alone_keep_the_replica_busy(make_scenario):
     """When a step's only work is swapping requests back in, they decode in it: the
     replica used to fall asleep with them running and never wake (a stalled run)."""
-    tight = {"num_gpu_blocks": 100, "preemption": "swap", "max_num_seqs": 16}
+    tight = {**V0_SWAP, "num_gpu_blocks": 100, "max_num_seqs": 16}
     results = simulate(make_scenario(serving=tight, workload={"num_requests": 120}))
     assert results.requests["preemptions"].sum() > 0
     assert (results.requests["outcome"] == "completed").all()
@@ -139,7 +143,7 @@ def test_swapped_in_requests_alone_keep_the_replica_busy(make_scenario):
 def test_swaps_are_counted_apart_from_recomputes(make_scenario):
     """Under swap preemption a decoding request is swapped out; one whose prefill is
     unfinished is recomputed. The summary counts the swaps, per request and in all."""
-    tight = {"num_gpu_blocks": 100, "preemption": "swap", "max_num_seqs": 16}
+    tight = {**V0_SWAP, "num_gpu_blocks": 100, "max_num_seqs": 16}
     results = simulate(make_scenario(serving=tight, workload={"num_requests": 120}))
     req, kv = results.requests, results.summary()["kv"]
     assert (req["swaps"] <= req["preemptions"]).all()
@@ -153,7 +157,7 @@ def test_swaps_are_counted_apart_from_recomputes(make_scenario):
 def test_a_swap_out_without_swap_space_stops_the_run_as_vllm_v0_aborts(make_scenario):
     """vLLM v0's Scheduler._swap_out raises when block_manager.can_swap_out is false: no
     silent recompute instead. The error names the time, the blocks and the swap space."""
-    tight = {"num_gpu_blocks": 100, "preemption": "swap", "max_num_seqs": 16}
+    tight = {**V0_SWAP, "num_gpu_blocks": 100, "max_num_seqs": 16}
     for gb in (0.0, 0.4):  # none at all; room for the first swap, not for a later one
         scenario = make_scenario(serving={**tight, "swap_space_gb": gb},
                                  workload={"num_requests": 120})  # fmt: skip
@@ -178,7 +182,11 @@ def test_same_seed_same_results_other_seed_differs(make_scenario):
 def test_kv_pressure_preempts_and_still_completes(make_scenario, preemption):
     results = simulate(
         make_scenario(
-            serving={"num_gpu_blocks": 200, "preemption": preemption, "max_num_seqs": 64},
+            serving={
+                "num_gpu_blocks": 200,
+                "max_num_seqs": 64,
+                **(V0_SWAP if preemption == "swap" else {}),
+            },
             workload={"arrivals": {"kind": "poisson", "rate_per_s": 30.0}},
         )
     )
@@ -312,7 +320,8 @@ def test_priority_class_gets_lower_ttft_under_load(make_scenario):
             {"name": "batch", "weight": 3, "priority": 1},
         ],
     }
-    results = simulate(make_scenario(workload=workload, serving={"max_num_seqs": 16}))
+    serving = {"max_num_seqs": 16, "scheduling_policy": "priority"}
+    results = simulate(make_scenario(workload=workload, serving=serving))
     done = results.requests[results.requests["outcome"] == "completed"]
     ttft = done.groupby("priority_class")["ttft"].mean()
     assert ttft["interactive"] < 0.5 * ttft["batch"]
@@ -393,7 +402,6 @@ def test_a_request_submitted_while_the_replica_catches_up_wakes_it(make_scenario
             "max_num_seqs": 1,
             "max_num_batched_tokens": 1,
             "num_gpu_blocks": 7,
-            "priority_preemption": False,
         },
         "workload": {
             "arrivals": {"kind": "closed_loop", "users": 1, "think_time_s": 0.0},
@@ -409,6 +417,7 @@ def test_a_request_submitted_while_the_replica_catches_up_wakes_it(make_scenario
 
 
 def test_priority_preemption_only_when_it_makes_room(make_scenario, tmp_path):
+    # vLLM v0's priority preemption (continuous, scheduling_policy priority).
     # 100 blocks with a 20-block watermark. A batch-class request (320 + 100 tokens) runs;
     # an interactive one of 1,400 + 10 tokens (88 blocks) arrives: beside anything it
     # cannot be admitted (88 > 100 - 20), alone it can. Preempting the batch request must
@@ -425,7 +434,14 @@ def test_priority_preemption_only_when_it_makes_room(make_scenario, tmp_path):
             {"name": "batch", "weight": 1, "priority": 5},
         ],
     }
-    serving = {"num_gpu_blocks": 100, "max_num_batched_tokens": 256, "watermark": 0.2}
+    serving = {
+        "num_gpu_blocks": 100,
+        "max_num_batched_tokens": 2048,
+        "watermark": 0.2,
+        "policy": "continuous",
+        "max_model_len": 2048,
+        "scheduling_policy": "priority",
+    }
     results = simulate(make_scenario(seed=4, serving=serving, workload=workload))
     req = results.requests.sort_values("arrival")
     assert req["priority"].tolist() == [5, 0]  # the seed draws these classes
@@ -433,10 +449,7 @@ def test_priority_preemption_only_when_it_makes_room(make_scenario, tmp_path):
     assert req["preemptions"].tolist() == [1, 0]
 
 
-@pytest.mark.parametrize("policy", ["continuous", "chunked_prefill"])
-def test_a_request_swapped_in_is_not_swapped_out_by_the_same_step(
-    make_scenario, monkeypatch, policy
-):
+def test_a_request_swapped_in_is_not_swapped_out_by_the_same_step(make_scenario, monkeypatch):
     # Swapping a request back in also keeps free the block its next token opens (and,
     # prefill-first, those of the running decodes): without it the step could preempt it
     # straight back out, paying the PCIe copy twice for nothing.
@@ -457,11 +470,9 @@ def test_a_request_swapped_in_is_not_swapped_out_by_the_same_step(
     results = simulate(
         make_scenario(
             serving={
-                "policy": policy,
+                **V0_SWAP,
                 "num_gpu_blocks": 2000,
-                "preemption": "swap",
                 "max_num_seqs": 256,
-                "max_num_batched_tokens": 4096 if policy == "continuous" else 512,
                 "watermark": 0.0,
                 "swap_space_gb": 16,
             },

@@ -129,12 +129,12 @@ CLASSES = [{"name": "chat", "priority": 0}, {"name": "batch", "priority": 1, "we
 
 @pytest.mark.parametrize(
     ("policy", "classes"),
-    [("chunked_prefill", None), ("continuous", None), ("chunked_prefill", CLASSES)],
+    [("chunked_prefill", None), ("continuous", None), ("continuous", CLASSES)],
 )
 def test_exact_under_kv_pressure_and_same_stepping(policy, classes):
-    """A cache far too small: preemptions (by a more important class too), recomputes and
-    evictions; every request completes within the cache, and stepping one by one
-    agrees to the last bit."""
+    """A cache far too small: preemptions (by a more important class too, vLLM v0's
+    priority preemption), recomputes and evictions; every request completes within the
+    cache, and stepping one by one agrees to the last bit."""
     serving = {
         "policy": policy,
         "num_gpu_blocks": 900,
@@ -142,6 +142,8 @@ def test_exact_under_kv_pressure_and_same_stepping(policy, classes):
         "max_model_len": 8192,
     }  # fmt: skip (vLLM refuses a prefill-first budget below it)
     workload = {"priorities": classes} if classes else {}
+    if classes:
+        serving["scheduling_policy"] = "priority"
     fast = run(SAMPLE, 48, serving=serving, workload=workload)
     slow = run(SAMPLE, 48, serving=serving, workload=workload, engine={"multi_step": False})
     assert (fast.requests["outcome"] == "completed").all()
@@ -173,7 +175,7 @@ def run_priority_rows(tmp_path, caching: bool = True, step_by_step: bool = False
     trace = mooncake(tmp_path / "prio.jsonl", PRIORITY_ROWS)
     result = run(
         trace, 3, caching, seed=6, engine={"multi_step": not step_by_step},
-        serving={"max_num_batched_tokens": 8192, **serving},
+        serving={"max_num_batched_tokens": 8192, "scheduling_policy": "priority", **serving},
         workload={"priorities": TWO_CLASSES},
     )  # fmt: skip
     assert result.requests["priority"].tolist() == [1, 1, 0]
@@ -199,10 +201,12 @@ def test_preempting_the_last_holder_of_a_shared_prefix(tmp_path, policy, blocks)
 def test_priority_preemption_frees_shared_blocks_of_its_victims(tmp_path):
     """Victims that are the only holders of their prompt blocks free them: the
     high-priority request gets in as soon as it would without prefix caching (it used
-    to wait ~6 s for a low-priority request to finish)."""
+    to wait ~6 s for a low-priority request to finish). Prefill-first (vLLM v0): vLLM
+    v1 never preempts for a waiting request."""
     waits = []
+    v0 = {"policy": "continuous", "max_num_batched_tokens": 10240, "max_model_len": 10240}
     for caching in (True, False):
-        result = run_priority_rows(tmp_path, caching, num_gpu_blocks=650)
+        result = run_priority_rows(tmp_path, caching, num_gpu_blocks=650, **v0)
         hi = result.requests.iloc[2]
         waits.append(hi["first_scheduled"] - hi["arrival"])
         assert result.requests["preemptions"].iloc[:2].sum() > 0

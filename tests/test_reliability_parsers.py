@@ -247,8 +247,8 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         "prompt_tokens": {"kind": "fixed", "tokens": 100},
         "output_tokens": {"kind": "fixed", "tokens": 10},
         "priorities": [{"name": "a", "weight": 1.0, "priority": 0},
-                       {"name": "b", "weight": 2.0, "priority": 3}],
-    },
+                       {"name": "b", "weight": 2.0, "priority": 0}],
+    },  # 0: the default scheduling (fcfs) refuses other priorities, as vLLM
     "trace lengths": {
         "prompt_tokens": {"kind": "trace", "path": "t.csv"},
         "output_tokens": {"kind": "trace", "path": "t.csv", "column": "num_decode_tokens"},

@@ -255,7 +255,7 @@ def scenarios(draw: st.DrawFn, max_requests: int = MAX_REQUESTS) -> dict[str, An
         "preemption": draw(st.sampled_from(["recompute", "swap"])),
         "watermark": draw(st.sampled_from([None, 0.0, 0.01, 0.2])),
         "max_queue_delay_ms": draw(st.sampled_from([0.0, 10.0, 500.0])),
-        "priority_preemption": draw(st.booleans()),
+        "scheduling_policy": draw(st.sampled_from(["fcfs", "priority"])),
         "enable_prefix_caching": draw(st.booleans()),
         "reserve_full_sequence": draw(st.booleans()),
         # vLLM V1's hybrid KV cache manager (models with sliding-window layers)
@@ -313,8 +313,8 @@ def scenarios(draw: st.DrawFn, max_requests: int = MAX_REQUESTS) -> dict[str, An
             "think_distribution": draw(st.sampled_from(["exponential", "constant"])),
         }
         workload["num_requests"] = num_requests  # duration alone: turns multiply starts
-    if draw(st.booleans()):
-        workload["priorities"] = [
+    if serving["scheduling_policy"] == "priority" or draw(st.integers(0, 9)) == 0:
+        workload["priorities"] = [  # refused under fcfs, as vLLM refuses the request
             {"name": "interactive", "weight": 1, "priority": 0},
             {"name": "batch", "weight": 3, "priority": 5},
         ]
@@ -441,7 +441,7 @@ def test_a_preempted_decode_does_not_empty_the_step_of_a_tiny_budget(policy):
     data = {
         "name": "prop", "seed": 0, "hardware": {"gpu": "l4"}, "model": {"name": "llama-2-7b"},
         "serving": {"policy": policy, "max_num_seqs": 2, "max_num_batched_tokens": 2,
-                    "block_size": 16, "watermark": 0.0, "priority_preemption": False,
+                    "block_size": 16, "watermark": 0.0, "scheduling_policy": "priority",
                     "num_gpu_blocks": 2},
         "workload": {
             "arrivals": {"kind": "poisson", "rate_per_s": 1.0},

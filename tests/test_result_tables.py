@@ -30,7 +30,7 @@ def results():
     }
     scenario = scenario_dict(
         parallelism={"replicas": 2, "router": "round_robin"},
-        serving={"max_model_len": 900},
+        serving={"max_model_len": 900, "scheduling_policy": "priority"},
         workload=workload,
         faults={"events": [{"replica": 1, "at_s": 6.0}], "on_failure": "fail"},
     )

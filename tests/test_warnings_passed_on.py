@@ -17,14 +17,15 @@ from simulator.simulation import simulate
 from tests.conftest import scenario_dict
 
 # Llama-2-13B pipelined over two A100s with 0.5 GB of swap space: each of the two batches in
-# flight gets 38 of its 76 blocks, a swap-out needs more, and the run stops at t=27 s.
+# flight gets 38 of its 76 blocks, a swap-out needs more, and the run stops at t=56 s. Swap is
+# vLLM v0's: the prefill-first policy, whose budget covers the 4,096-token context.
 SWAP_STOP = {
     "name": "swapstop",
     "seed": 11,
     "hardware": {"gpu": "a100-80gb-sxm"},
     "model": {"name": "llama-2-13b"},
     "parallelism": {"pp": 2},
-    "serving": {"policy": "chunked_prefill", "max_num_seqs": 128, "max_num_batched_tokens": 1024,
+    "serving": {"policy": "continuous", "max_num_seqs": 128, "max_num_batched_tokens": 4096,
                 "preemption": "swap", "swap_space_gb": 0.5, "num_gpu_blocks": 1500},
     "workload": {
         "arrivals": {"kind": "poisson", "rate_per_s": 1.5},
@@ -39,6 +40,7 @@ SWAP_WARNING = (
     "serving.swap_space_gb holds 38 KV blocks of host swap space per pipelined batch (2 share "
     "it), fewer than one 4,096-token sequence needs (256)"
 )
+V0_SWAP = {"policy": "continuous", "max_num_batched_tokens": 4096, "preemption": "swap"}
 SPLIT_WARNING = "serving.max_num_seqs=128 is split as [64, 64]"
 # 14 of 30 requests are longer than 600 tokens: a warning only the summary computes.
 REJECTING = {"serving": {"max_model_len": 600}, "workload": {"num_requests": 30}}
@@ -76,7 +78,7 @@ def test_run_prints_the_warnings_then_the_error_when_it_stops(tmp_path, capsys):
 
 
 def test_the_swap_warning_counts_the_whole_swap_space_without_pipelining():
-    data = scenario_dict(serving={"preemption": "swap", "swap_space_gb": 0.5},
+    data = scenario_dict(serving={**V0_SWAP, "swap_space_gb": 0.5},
                          workload={"num_requests": 10})  # fmt: skip
     (warning,) = _recorded(lambda: simulate(Scenario.from_dict(data)))
     assert warning.startswith("serving.swap_space_gb holds 59 KV blocks of host swap space, ")
@@ -135,7 +137,7 @@ def test_a_plan_probe_leaves_its_load_warnings_in_its_summary():
     from simulator.planner import _run
 
     data = scenario_dict(**REJECTING)
-    data["serving"] |= {"preemption": "swap", "swap_space_gb": 0.1}
+    data["serving"] |= {**V0_SWAP, "swap_space_gb": 0.1}
     summary: dict = {}
     seen = _recorded(lambda: summary.update(_run(Scenario.from_dict(data))))
     assert len(seen) == 1 and seen[0].startswith("serving.swap_space_gb holds 11 KV blocks")

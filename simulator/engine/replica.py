@@ -69,7 +69,7 @@ class ReplicaConfig:
     max_waiting: int | None = None
     sliding_window: int | None = None  # of the model's sliding-window layers, if any
     kv_groups: KvCacheGroups | None = None  # the hybrid KV cache manager's groups, if on
-    priority_preemption: bool = True
+    scheduling: Literal["fcfs", "priority"] = "fcfs"  # vLLM's --scheduling-policy
     reserve_full_sequence: bool = True
     multi_step: bool = True
     role: Literal["mixed", "prefill", "decode"] = "mixed"
@@ -159,6 +159,10 @@ class Replica:
         self._recovery: simpy.Event | None = None
         self.down = False
         self.t = 0.0  # the replica's own clock; SimPy's may lag it (see _catch_up)
+        # Static batches: seconds the GPU sat idle while requests waited for a full batch,
+        # and those seconds times the requests waiting (their summed wait for the fill).
+        self.batch_fill_idle_s = 0.0
+        self.batch_fill_wait_s = 0.0
         self._reset()
         if not driven:
             self.process = env.process(self._lifecycle(self.scheduler is not None))
@@ -182,7 +186,7 @@ class Replica:
                     max_num_seqs=config.max_num_seqs,
                     max_num_batched_tokens=config.max_num_batched_tokens,
                     preemption=config.preemption,
-                    priority_preemption=config.priority_preemption,
+                    scheduling=config.scheduling,
                     reserve_full_sequence=config.reserve_full_sequence,
                     swap_blocks=config.swap_blocks,
                     prefix_caching=config.prefix_caching,
@@ -696,8 +700,10 @@ class Replica:
             return True, None
         if self.cfg.policy == "static":
             return False, None
-        oldest, _ = self.waiting.peek()
-        delay = self.requests.arrival[oldest] + self.cfg.max_queue_delay_s - self.env.now
+        # From the longest-waiting request, whatever its class: Triton's max_queue_delay
+        # is the longest any request is delayed for a batch to form.
+        oldest = self.waiting.oldest_arrival(self.requests.arrival)
+        delay = oldest + self.cfg.max_queue_delay_s - self.env.now
         # A nanosecond of slack: now + (deadline - now) can land an ulp short of deadline.
         return delay <= 1e-9, delay
 
@@ -707,7 +713,11 @@ class Replica:
             self._mark = self.log.mark()
             ready, delay = self._batch_ready()
             if not ready:
+                waiting, since = len(self.waiting), self.env.now
                 yield self._sleep(delay)
+                if waiting and self.cfg.policy == "static":  # idle until the batch is full
+                    self.batch_fill_idle_s += self.env.now - since
+                    self.batch_fill_wait_s += waiting * (self.env.now - since)
                 continue
             self._batch = self._take_batch()
             self._batch_ends = None  # no decode step of this batch has run yet

@@ -176,14 +176,20 @@ class RunningSet:
         dec = self.decoding()
         return dec[self.remaining[dec] - self._epoch <= 0].tolist()
 
-    def victim(self) -> int:
-        """Slot to preempt: the least important, most recently admitted request."""
+    def victim(self, by_arrival: bool = False) -> int:
+        """Slot to preempt, as vLLM's Scheduler.schedule picks it: under FCFS the most
+        recently admitted request (running.pop(), the tail of its running list); under
+        priority scheduling (`by_arrival`) max(running, key=(priority, arrival_time)),
+        the first admitted of equals as max() returns the first. -1: none runs."""
         slots = np.flatnonzero(self.active)
         if len(slots) == 0:
             return -1
-        # Highest priority number first, then latest admission.
-        key = self.priority[slots] * (1 << 40) + self.order[slots]
-        return int(slots[np.argmax(key)])
+        order = self.order[slots]
+        if by_arrival:
+            arrival = self.requests.arrival[self.rid[slots]]
+            return int(slots[np.lexsort((-order, arrival, self.priority[slots]))[-1]])
+        # Highest priority number first (all 0 under FCFS, which refuses others).
+        return int(slots[np.argmax(self.priority[slots] * (1 << 40) + order)])
 
     # ---- decode steps ----------------------------------------------------------------
     def next_block_need(self, slots: np.ndarray) -> int:

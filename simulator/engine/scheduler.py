@@ -6,13 +6,20 @@ a plain StepPlan within a token budget, prefill and decode unified.
 - `chunked_prefill`: decodes first, then prefill chunks (partial ones first, then new
   admissions) fill what is left of the token budget (Sarathi-Serve / vLLM v1).
 
-Both admit by priority class then arrival, keep a KV watermark free for running requests
-(by default none for chunked prefill, as vLLM v1, and 1% for continuous, as vLLM v0),
-and preempt the least important, most recently admitted request when the cache runs out
-(by recompute, or by swapping its blocks to host memory), even when that is the request
-asking for blocks; a step that preempted admits nothing new, and a request is admitted
-only while the blocks for its whole sequence are free (vLLM 0.19). A waiting request of
-a more important class may preempt a less important running one to get in.
+Both admit in arrival order (FCFS, vLLM's default --scheduling-policy) or, under
+`priority` scheduling, by priority class then arrival; keep a KV watermark free for
+running requests (by default none for chunked prefill, as vLLM v1, and 1% for
+continuous, as vLLM v0); and preempt when the cache runs out, even the request asking
+for blocks: the most recently admitted under FCFS, max(running, key=(priority,
+arrival)) under priority scheduling (vLLM v1's Scheduler.schedule). A preempted request
+is recomputed (vLLM v1 has no other way) or, under `continuous` (vLLM v0), may be
+swapped to host memory. A step that preempted admits nothing new, and a request is
+admitted only while the blocks for its whole sequence are free (vLLM 0.19).
+
+Only `continuous` under priority scheduling lets a waiting request preempt running
+ones that come after it in (priority, arrival) order, as vLLM v0's
+Scheduler._schedule_priority_preemption did in a step that scheduled no prefill; vLLM
+v1 never does (its waiting loop stops at the first request without blocks).
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ class IterationPolicy:
     max_num_seqs: int
     max_num_batched_tokens: int
     preemption: Literal["recompute", "swap"] = "recompute"
-    priority_preemption: bool = True
+    scheduling: Literal["fcfs", "priority"] = "fcfs"  # vLLM's --scheduling-policy
     reserve_full_sequence: bool = True  # admission needs the whole sequence's blocks free
     swap_blocks: int = 0  # host blocks available for swapping
     prefix_caching: bool = False  # recomputes and a session's next turn reuse cached blocks
@@ -85,6 +92,9 @@ class IterationScheduler:
         # Requests whose KV cache arrived from a prefill replica: tokens already cached.
         self.arrived_with_kv: dict[int, int] = {}
         self.now = 0.0
+        self.by_priority = policy.scheduling == "priority"
+        # vLLM v0's priority preemption: prefill-first (continuous) and priority only.
+        self.waiting_preempts = self.by_priority and not policy.chunked_prefill
 
     # ---- preemption ----------------------------------------------------------------
     def _preempt(self, slot: int, plan: StepPlan) -> None:
@@ -112,7 +122,10 @@ class IterationScheduler:
             plan.swap_blocks += blocks
         elif self.policy.prefix_caching and self.hashed is None:
             self.kv.keep_cached(request_key(rid), computed // self.kv.block_size)
-        self.waiting.push_front(rid, level)
+        if self.by_priority:
+            self.waiting.push_by_arrival(rid, level, req.arrival)
+        else:
+            self.waiting.push_front(rid, level)
         run.remove(slot)
 
     def _out_of_swap_space(self, rid: int, blocks: int) -> None:
@@ -126,10 +139,10 @@ class IterationScheduler:
 
     def _make_room(self, blocks: int, plan: StepPlan, requester: int) -> bool:
         """Preempt victims until `blocks` are free for `requester`; False when the
-        requester itself was the victim (the most recently admitted of the least
-        important class is preempted whoever asks, as vLLM v1 pops its running list)."""
+        requester itself was the victim (RunningSet.victim is preempted whoever asks,
+        as vLLM v1 takes it from its running list)."""
         while self.kv.free < blocks:
-            victim = self.running.victim()
+            victim = self.running.victim(self.by_priority)
             self._drop_from_plan(victim, plan)
             self._preempt(victim, plan)
             if victim == requester:
@@ -215,7 +228,7 @@ class IterationScheduler:
         run, kv = self.running, self.kv
         need = run.next_block_need(plan.decode_slots)
         while need > kv.free:
-            victim = run.victim()
+            victim = run.victim(self.by_priority)
             if victim < 0:
                 break
             self._drop_from_plan(victim, plan)
@@ -229,7 +242,7 @@ class IterationScheduler:
             run.take_next_blocks(plan.decode_slots)
 
     def _admit(self, plan: StepPlan, budget: int) -> None:
-        """Admit waiting requests (priority, then FCFS) while budget, slots and KV allow.
+        """Admit waiting requests (in the queue's order) while budget, slots and KV allow.
 
         Three kinds wait: new (or recomputing) requests, which prefill a chunk now;
         swapped-out ones, whose blocks come back over PCIe; and ones whose KV cache was
@@ -276,8 +289,12 @@ class IterationScheduler:
             first = blocks - shared + ahead  # what it needs to run alone
             fits = kv.can_admit(need + lookahead) or (alone and first <= kv.free)
             if not fits:
+                # As vLLM v0, a step that admitted nothing may preempt for the head (v0
+                # admits it a step later; here at once, so the replica never idles).
+                if not self.waiting_preempts or plan.prefill_slots:
+                    break
                 held = self.hashed.held_hits(rid, hit // kv.block_size) if shared else []
-                if not self._preempt_for(level, need + lookahead, first, plan, held):
+                if not self._preempt_for(rid, level, need + lookahead, first, plan, held):
                     break
                 continue  # look again: its victims may have held blocks it counted shared
             lookahead += ahead
@@ -363,16 +380,18 @@ class IterationScheduler:
         return freed, sum(key in unheld for key in held)
 
     def _preempt_for(
-        self, level: int, need: int, blocks: int, plan: StepPlan, held: list[Key]
+        self, rid: int, level: int, need: int, blocks: int, plan: StepPlan, held: list[Key]
     ) -> bool:
-        """Make room for a waiting request of priority `level` (`need` blocks to be
+        """Make room for waiting request `rid` of priority `level` (`need` blocks to be
         admitted beside others, `blocks` to run alone, counting its hits in `held` as
-        shared) by preempting strictly less important running requests; False,
-        preempting nobody, when even all of them would not make room."""
-        if not self.policy.priority_preemption:
-            return False
+        shared) by preempting running requests after it in (priority, arrival) order,
+        the last first, as vLLM v0's Scheduler._schedule_priority_preemption; unlike
+        it, nobody is preempted (False) when even all of them would not make room."""
         run, kv = self.running, self.kv
-        lower = np.flatnonzero(run.active & (run.priority > level))
+        slots = np.flatnonzero(run.active)
+        priority, arrival = run.priority[slots], self.requests.arrival[run.rid[slots]]
+        at = self.requests.arrival[rid]
+        lower = slots[(priority > level) | ((priority == level) & (arrival > at))]
         freed, lost = self._releasable(lower, held)
         freed += kv.free
         alone = len(lower) == run.count
@@ -382,6 +401,6 @@ class IterationScheduler:
             lost = self.hashed.unheld(held) if held else 0
             if kv.can_admit(need + lost) or (run.count == 0 and blocks + lost <= kv.free):
                 return True
-            victim = run.victim()
+            victim = run.victim(by_arrival=True)
             self._drop_from_plan(victim, plan)
             self._preempt(victim, plan)

@@ -602,10 +602,30 @@ def _run_warnings(
         warnings.append(
             f"the KV cache is short for this load: {preempted:,} requests "
             f"({preempted / arrived:.0%}) were preempted {kv['preemptions']:,} times to free "
-            "blocks and redo their work; give the KV cache more memory "
-            "(gpu_memory_utilization, tp, kv_dtype) or admit fewer (max_num_seqs)"
+            f"blocks{_preempted_for(configuration)}, {_redone(kv)}; give the KV cache more "
+            "memory (gpu_memory_utilization, tp, kv_dtype) or admit fewer (max_num_seqs)"
         )
     return warnings
+
+
+def _preempted_for(configuration: Mapping[str, Any]) -> str:
+    """Whom the preemptions freed blocks for: running requests, and under vLLM v0's
+    priority scheduling (continuous) also waiting ones ahead in (priority, arrival)."""
+    v0_priority = configuration.get("scheduling_policy") == "priority"
+    if v0_priority and configuration.get("policy") == "continuous":
+        return (
+            " for running requests or for waiting ones ahead of them (vLLM v0's priority "
+            "preemption)"
+        )
+    return " for running requests"
+
+
+def _redone(kv: Mapping[str, Any]) -> str:
+    """What the preempted requests paid: recompute, or a swap out and back in."""
+    swaps, recomputes = kv["swaps"], kv["preemptions"] - kv["swaps"]
+    if not swaps:
+        return "which recompute their work"
+    return f"{swaps:,} swapped to host memory and back, {recomputes:,} recomputed"
 
 
 def _frontend_saturated(frontend: Mapping[str, Any] | None) -> bool:

@@ -343,7 +343,11 @@ class PriorityClass(_Strict):
     name: str = Field(min_length=1, description="label used in results")
     weight: float = Field(default=1.0, gt=0, description="relative share of requests")
     priority: int = Field(
-        default=0, ge=-128, le=127, description="lower is more important (-128..127)"
+        default=0,
+        ge=-128,
+        le=127,
+        description="lower is more important (-128..127); other than 0 only with "
+        "serving.scheduling_policy: priority, as vLLM",
     )
 
 
