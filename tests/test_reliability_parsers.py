@@ -642,6 +642,17 @@ def test_random_trace_files_are_read_or_refused_in_one_line(tmp_path_factory, ca
     event(_read(path))
 
 
+def test_a_trace_whose_every_row_names_its_lengths_as_null_is_refused(tmp_path):
+    """Rows that name every column but give no value (a log of failed requests) leave nothing
+    to replay: refused in one line, not a zero-request run or numpy's error on an empty
+    reduction (found by the fuzz test above)."""
+    path = tmp_path / "t.jsonl"
+    row = {"arrived_at": None, PROMPT_COLUMN: None, OUTPUT_COLUMN: None}
+    path.write_text(json.dumps(row) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(InfersimError, match="none of its 2 rows has a value"):
+        read_trace(path, [PROMPT_COLUMN, OUTPUT_COLUMN], arrivals=True)
+
+
 def test_a_valid_fuzzed_trace_runs(tmp_path):
     """The reader's lenient corners (Python number syntax, -0, spaces) still simulate; a
     0-token row is kept as a 1-token request when asked (by default it is left out)."""

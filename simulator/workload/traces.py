@@ -240,6 +240,8 @@ def _with_arrivals(trace: Trace, cells: list[Any]) -> Trace:
         stamps = datetime_ns(path, column, cells, line_no)
     else:
         stamps = _numbers(path, column, cells, line_no)
+    if not len(stamps):
+        raise InfersimError(f"{_name(path)}: no rows to replay")
     arrived, offset_s = seconds_from_earliest(stamps, unit)
     order = _arrival_order(path, layout, stamps, line_no, cells)
     first = int(order[0])
@@ -503,8 +505,14 @@ def _parse_jsonl(
         if hashes is not None:
             values[hashes].append(_hash_list(path, number, hashes, record.get(hashes)))
         lines.append(number)
-    if unused and not lines:  # no row has them: the file lacks the columns
-        return values, lines, _flat_keys(unused[0][1])
+    if unused and not lines:  # no row has them: the file lacks the columns, or every
+        keys = _flat_keys(unused[0][1])  # row names them without a value
+        if any(c in keys for c in lengths):
+            raise InfersimError(
+                f"{_name(path)}: none of its {len(unused):,} rows has a value for "
+                f"{' or '.join(lengths)} (first: line {unused[0][0]}): nothing to replay"
+            )
+        return values, lines, keys
     if unused:
         warnings.warn(
             f"{_name(path)}: {len(unused):,} of its {len(unused) + len(lines):,} rows have "
