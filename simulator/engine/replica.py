@@ -461,6 +461,7 @@ class Replica:
                 req.first_token[rid] = end
             else:
                 self.log.gap(end, end - req.last_token[rid])
+                self.log.resampled.append(end)
             req.last_token[rid] = end
             req.generated[rid] += 1
             run.remaining[slot] -= 1
