@@ -323,8 +323,8 @@ class Replica:
         assert self.scheduler is not None
         plan = self.scheduler.schedule(self.t)
         if plan.empty and self.running.decode_count:
-            # Only admissions that decode from the next step on (their KV cache arrived
-            # from a prefill replica): that next step is now.
+            # Only admissions that decode from the next step on (swapped back in): that
+            # next step is now.
             plan = self.scheduler.schedule(self.t)
         return None if plan.empty else plan
 
