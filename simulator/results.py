@@ -44,7 +44,11 @@ class Results:
         itl: Table,
         steps: Table | None = None,
         memory_table: str = "",
+        resampled: np.ndarray | None = None,
     ) -> None:
+        """`resampled`: when each token came that a prefill sampled for a request that had
+        had tokens before (recomputed after a preemption, or retried), for the time
+        series' output tokens."""
         self.scenario = scenario
         self.context = context
         self.request_table = requests
@@ -52,6 +56,7 @@ class Results:
         self.itl_table = itl
         self.step_table = steps
         self.memory_table = memory_table
+        self.resampled = np.empty(0) if resampled is None else resampled
 
     @classmethod
     def from_run(
@@ -74,6 +79,7 @@ class Results:
             gap_table(gaps, with_end=scenario.frontend.modelled),
             step_table(steps) if scenario.output.step_table else None,
             memory_table,
+            np.array([end for r in replicas for end in r.log.resampled], np.float64),
         )
 
     # ---- the tables as DataFrames ---------------------------------------------------------
@@ -110,7 +116,9 @@ class Results:
     @cached_property
     def timeseries_table(self) -> Table:
         client = self.itl_table if "end" in self.itl_table else None  # the API server on
-        return timeseries_table(self.request_table, self.totals, self.context, tokens=client)
+        return timeseries_table(
+            self.request_table, self.totals, self.context, tokens=client, resampled=self.resampled
+        )
 
     def summary(self) -> dict[str, Any]:
         return self._summary

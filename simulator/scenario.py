@@ -225,8 +225,9 @@ class PoolSection(BaseModel):
     role: Literal["mixed", "prefill", "decode"] = Field(
         default="mixed",
         description="mixed serves whole requests; prefill and decode pools split them "
-        "(Splitwise / DistServe): a prefill replica computes the prompt and first token, "
-        "then the KV cache moves over the network to a decode replica",
+        "(Splitwise / DistServe, vLLM's P/D proxy): a prefill replica computes the prompt, "
+        "its KV cache crosses the network (links shared by concurrent transfers), then a "
+        "decode replica samples the first token and decodes (docs/METRICS.md)",
     )
 
 

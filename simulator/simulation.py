@@ -18,7 +18,7 @@ import simpy
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.calibration_lookup import CalibrationChoice, choose_calibration
 from hardware_models.errors import InfeasibleError, InfersimError, InfersimWarning
-from hardware_models.node import NodeSpec
+from hardware_models.node import LinkSpec, NodeSpec
 from hardware_models.power import power_model
 from hardware_models.presets import list_nodes, load_gpu, load_node
 from simulator.api_server import (
@@ -46,6 +46,7 @@ from simulator.engine.prefix_hashes import BlockKeys
 from simulator.engine.replica import Clock, Replica, ReplicaConfig, empty_kv_cache
 from simulator.engine.requests import Outcome, RejectReason, RequestTable
 from simulator.engine.step_cost import EngineOverheads, StepCostModel
+from simulator.kv_links import KvLinks
 from simulator.memory_planner import (
     MaxModelLenRefused,
     MemoryPlan,
@@ -552,6 +553,23 @@ class _SessionState:
     starts_done: bool = False  # no session starts any more (all started, or count reached)
 
 
+def _kv_link(build: ReplicaBuild) -> LinkSpec:
+    """The link a disaggregated replica's GPUs send or receive KV caches over."""
+    link = build.node.inter_node_link or build.node.intra_node_link
+    if link is None:
+        raise InfeasibleError(
+            f"disaggregated serving moves KV caches between replicas, but node "
+            f"{build.node.name} has no link to send them over"
+        )
+    return link
+
+
+def _kv_tokens_per_s(build: ReplicaBuild) -> float:
+    """How many tokens' KV cache a replica's link moves a second: each GPU moves its own
+    shard over its own link, and a replica of dp ranks has dp times the GPUs."""
+    return _kv_link(build).bytes_per_second / build.memory.kv_bytes_per_token * build.dp
+
+
 def _split(total: int, parts: int) -> list[int]:
     """`total` in `parts` as even as integers go, the larger first."""
     return [total // parts + (i < total % parts) for i in range(parts)]
@@ -617,23 +635,30 @@ class _Run:
         self.infos: list[ReplicaInfo] = []
         roles = {pool.name: pool.role for pool in scenario.pool_list()}
         # A replica may run ahead of SimPy's clock only when it can foresee its inputs:
-        # not a decode replica (handoffs come whenever prefills end), and not in a closed
+        # not in a disaggregated pool (handoffs come whenever prefills end, and a prefill
+        # replica's blocks go free whenever their transfer ends), and not in a closed
         # loop or sessions over several replicas (another's completion sends a request
         # at any time).
         feedback = self.closed or self.session_sampler is not None
         blind = feedback and sum(b.replicas * b.dp for _, b in self.builds) > 1
+        self.kv_links = KvLinks(self.env)
+        self.kv_link_in: dict[Replica | DpGroup | PipelineGroup, int] = {}  # decode units'
         for pool, build in self.builds:
             role = roles[pool]
             config = replace(
                 build.config,
                 role=role,
-                multi_step=build.config.multi_step and not blind and role != "decode",
+                multi_step=build.config.multi_step and not blind and role == "mixed",
             )
-            handoff = self._handoff_from(build) if role == "prefill" else None
             keys = self._prefix_keys(config)
             for _ in range(build.replicas):
-                self.units.append(self._replica(build, config, replace(build.info, pool=pool),
-                                                handoff, keys))  # fmt: skip
+                link = self.kv_links.add(_kv_tokens_per_s(build)) if role != "mixed" else -1
+                unit_index = len(self.units)  # of the replica built next
+                handoff = self._handoff_from(build, link, unit_index) if role == "prefill" else None
+                unit = self._replica(build, config, replace(build.info, pool=pool), handoff, keys)
+                self.units.append(unit)
+                if role == "decode":
+                    self.kv_link_in[unit] = link
         entry = [r for r in self.units if r.cfg.role in ("mixed", "prefill")]
         router = scenario.parallelism.router
         self.router = make_router(router, entry, scenario.seed, self.requests)
@@ -924,43 +949,67 @@ class _Run:
         return state.starts_done and not state.live and self.terminal >= self.issued
 
     # ---- disaggregated serving -------------------------------------------------------
-    def _handoff_from(self, build: ReplicaBuild):
-        """A prefill replica's hand-off: the prompt's KV cache crosses the network (each
-        GPU sends its tensor-parallel shard over its own link), then a decode replica
-        takes the request."""
-        link = build.node.inter_node_link or build.node.intra_node_link
-        if link is None:
-            raise InfeasibleError(
-                f"disaggregated serving moves KV caches between replicas, but node "
-                f"{build.node.name} has no link to send them over"
-            )
-        per_token = build.memory.kv_bytes_per_token
+    def _handoff_from(
+        self, build: ReplicaBuild, link: int, unit_index: int
+    ) -> Callable[[int, Callable[[], None]], None]:
+        """The hand-off of prefill replica `self.units[unit_index]`, whose link is `link`
+        (kv_links.py): the decode replica is chosen
+        now, as vLLM's P/D proxy sends the request on when the prefill answers
+        (benchmarks/disagg_benchmarks/disagg_prefill_proxy_server.py); the prompt's KV
+        cache then crosses the sender's and the receiver's links, shared with their other
+        transfers (kv_links.py), the sender's blocks going free once it has."""
+        latency = _kv_link(build).latency_us * 1e-6
 
-        def handoff(rid: int) -> None:
-            seconds = link.latency_us * 1e-6 + (
-                int(self.requests.prompt[rid]) * per_token / link.bytes_per_second
-            )
-            self.env.process(self._deliver(rid, seconds))
+        def handoff(rid: int, release: Callable[[], None]) -> None:
+            source = self.units[unit_index]
+            target = self._healthy(rid, self.decode_router)
+            if target is None:
+                release()
+                source.nudge()
+                return
+            tokens = int(self.requests.prompt[rid])
+            target.incoming += 1
+            sent = self.kv_links.send(tokens, link, self.kv_link_in[target], latency)
+            sent.callbacks.append(lambda _: self._deliver(rid, tokens, source, target, release))
 
         return handoff
 
-    def _deliver(self, rid: int, seconds: float):
-        yield self.env.timeout(seconds)
-        self._route(rid, self.decode_router, kv_tokens=int(self.requests.prompt[rid]))
+    def _deliver(
+        self,
+        rid: int,
+        tokens: int,
+        source: Replica | DpGroup | PipelineGroup,
+        target: Replica | DpGroup | PipelineGroup,
+        release: Callable[[], None],
+    ) -> None:
+        """The KV cache has crossed: the prefill replica frees its blocks (and may admit
+        what waited for them), the decode replica takes the request."""
+        release()
+        source.nudge()
+        target.incoming -= 1
+        if target.down:  # failed meanwhile: another decode replica takes it
+            self._route(rid, self.decode_router, kv_tokens=tokens)
+        else:
+            target.submit(rid, tokens)
 
-    def _route(self, rid: int, router=None, kv_tokens: int = 0) -> None:
-        """Send a request to a healthy replica chosen by the router (or fail it)."""
-        router = router or self.router
+    def _healthy(self, rid: int, router) -> Replica | DpGroup | PipelineGroup | None:
+        """A healthy replica chosen by the router, or None (the request has then failed)."""
         replica = router.route(rid)
         if replica.down:
             healthy = [r for r in router.replicas if not r.down]
             if not healthy:
                 self.requests.fail(rid, RejectReason.NO_HEALTHY_REPLICA, self.env.now)
                 self._on_finish(rid)
-                return
+                return None
             # State-blind routers (round robin, random) may land on a dead replica.
             replica = min(healthy, key=lambda r: r.outstanding)
-        replica.submit(rid, kv_tokens)
+        return replica
+
+    def _route(self, rid: int, router=None, kv_tokens: int = 0) -> None:
+        """Send a request to a healthy replica chosen by the router (or fail it)."""
+        replica = self._healthy(rid, router or self.router)
+        if replica is not None:
+            replica.submit(rid, kv_tokens)
 
     # ---- faults --------------------------------------------------------------------------
     def _start_faults(self) -> None:

@@ -880,3 +880,28 @@ def test_notebook_html_names_what_ran_and_its_warnings(make_scenario):
     )
     assert "<b>Warning:</b> the KV cache is short for this load" in html
     assert "steady-state throughput" in html and "e+0" not in html
+
+
+def test_the_series_counts_every_output_token_with_recompute_preemptions(make_scenario):
+    """A request preempted by recompute samples its next token when its second prefill
+    ends: an output token (the summary's) that is neither a step's decode nor a first
+    token, which the series used to miss, one per preemption."""
+    from simulator.simulation import simulate
+
+    sc = make_scenario(
+        serving={"policy": "chunked_prefill", "num_gpu_blocks": 400, "max_num_seqs": 256},
+        workload={
+            "arrivals": {"kind": "poisson", "rate_per_s": 80.0},
+            "prompt_tokens": {"kind": "fixed", "tokens": 200},
+            "output_tokens": {"kind": "fixed", "tokens": 400},
+            "num_requests": 100,
+        },
+    )
+    result = simulate(sc)
+    ts, rq = result.timeseries, result.requests
+    assert rq["preemptions"].sum() > 0 and (rq["outcome"] == "completed").all()
+    made = (ts["output_tokens_per_s"] * (ts["t_end"] - ts["t_start"])).sum()
+    assert made == pytest.approx(rq["generated"].sum(), rel=1e-12)
+    duration = ts["t_end"].iloc[-1]
+    summary = result.summary()["throughput"]["output_tokens_per_s"]
+    assert made / duration == pytest.approx(summary, rel=1e-9)

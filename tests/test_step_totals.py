@@ -74,7 +74,7 @@ def test_totals_without_a_table_match_the_table(make_scenario, monkeypatch, case
                  "budget_full", "seqs_full"):  # fmt: skip
         np.testing.assert_allclose(getattr(folded.totals, name), getattr(table, name), rtol=1e-12)
     np.testing.assert_allclose(folded.totals.bound_time, table.bound_time, rtol=1e-12)
-    from_table = timeseries(kept.requests, kept.steps, kept.context)
+    from_table = timeseries(kept.requests, kept.steps, kept.context, resampled=kept.resampled)
     pd.testing.assert_frame_equal(from_table, folded.timeseries, rtol=1e-9)
 
 

@@ -39,6 +39,7 @@ class EngineGroup(ABC):
         self.kv = PooledBlocks(self.members)
         self.t = 0.0
         self.down = False
+        self.incoming = 0  # requests whose KV cache is on its way here (a decode replica)
         self._wakeup: simpy.Event | None = None
         self._recovery: simpy.Event | None = None
 
@@ -59,7 +60,7 @@ class EngineGroup(ABC):
     def outstanding(self) -> int:
         if self.down:
             return sys.maxsize
-        return sum(member.outstanding for member in self.members)
+        return sum(member.outstanding for member in self.members) + self.incoming
 
     def _load(self, member: Replica) -> int:
         """How loaded a member looks to the group's balancer (lowest is chosen)."""

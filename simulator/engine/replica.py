@@ -126,7 +126,7 @@ class Replica:
         requests: RequestTable,
         clock: Clock,
         on_finish: Callable[[int], None],
-        on_handoff: Callable[[int], None] | None = None,
+        on_handoff: Callable[[int, Callable[[], None]], None] | None = None,
         prefix_keys: BlockKeys | None = None,
         driven: bool = False,
         kv_source: Callable[[], BlockManager] | None = None,
@@ -140,7 +140,10 @@ class Replica:
         self.prefix_keys = prefix_keys
         self._kv_source = kv_source or functools.partial(empty_kv_cache, config, prefix_keys)
         self.requests, self.clock, self.on_finish = requests, clock, on_finish
-        self.on_handoff = on_handoff  # a prefill replica passes requests on through it
+        # A prefill replica passes requests on through it: (request, the call that frees
+        # the prompt's blocks once sent).
+        self.on_handoff = on_handoff
+        self.incoming = 0  # requests whose KV cache is on its way here (a decode replica)
         self.log = StepLog(
             index,
             StepTotals(
@@ -289,7 +292,7 @@ class Replica:
         """Requests held; a down replica reports itself full so routers pass it by."""
         if self.down:
             return sys.maxsize
-        return len(self.waiting) + self.running.count
+        return len(self.waiting) + self.running.count + self.incoming
 
     # ---- iteration-level policies ----------------------------------------------------
     def _iteration_loop(self):
@@ -326,8 +329,8 @@ class Replica:
         assert self.scheduler is not None
         plan = self.scheduler.schedule(self.t)
         if plan.empty and self.running.decode_count:
-            # Only admissions that decode from the next step on (their KV cache arrived
-            # from a prefill replica): that next step is now.
+            # Only admissions that decode from the next step on (swapped back in): that
+            # next step is now.
             plan = self.scheduler.schedule(self.t)
         return None if plan.empty else plan
 
@@ -463,17 +466,17 @@ class Replica:
             if not run.prefill(slot, chunk):
                 continue
             rid = int(run.rid[slot])
+            if self.on_handoff is not None:  # decoded on a decode replica, which also
+                self._hand_off(slot, rid)  # samples the first token the client sees
+                continue
             if math.isnan(req.first_token[rid]):
                 req.first_token[rid] = end
             else:
                 self.log.gap(end, end - req.last_token[rid])
+                self.log.resampled.append(end)
             req.last_token[rid] = end
             req.generated[rid] += 1
             run.remaining[slot] -= 1
-            if self.on_handoff is not None and run.remaining[slot] > 0:
-                self._free(slot)
-                self.on_handoff(rid)  # its decoding happens on a decode replica
-                continue
             run.start_decoding(slot)
         if completes:
             self._finish(run.finished(), end)
@@ -523,6 +526,20 @@ class Replica:
         """Release a slot that is done here (the scheduler keeps a session's prefix)."""
         assert self.scheduler is not None  # slots exist only under iteration-level policies
         self.scheduler.free(slot)
+
+    def _hand_off(self, slot: int, rid: int) -> None:
+        """Pass a prefilled request on to be decoded elsewhere. The token this step
+        sampled goes nowhere (vLLM's P/D proxy sends the prefill with max_tokens=1 and
+        drops its answer); the prompt's blocks stay held until the transfer has read
+        them, then go free (or cached) in the KV cache they were taken from."""
+        assert self.scheduler is not None and self.on_handoff is not None
+        release_blocks, kv = self.scheduler.detach(slot), self.kv
+
+        def release() -> None:
+            if self.kv is kv:  # else a failure has emptied the cache meanwhile
+                release_blocks()
+
+        self.on_handoff(rid, release)
 
     # ---- runs of decode steps --------------------------------------------------------
     def _decode_next(self) -> np.ndarray | None:

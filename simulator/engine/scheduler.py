@@ -25,6 +25,7 @@ v1 never does (its waiting loop stops at the first request without blocks).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -245,9 +246,9 @@ class IterationScheduler:
         """Admit waiting requests (in the queue's order) while budget, slots and KV allow.
 
         Three kinds wait: new (or recomputing) requests, which prefill a chunk now;
-        swapped-out ones, whose blocks come back over PCIe; and ones whose KV cache was
-        sent by a prefill replica (disaggregated serving). The last two decode from the
-        next step on.
+        swapped-out ones, whose blocks come back over PCIe and which decode from the next
+        step on; and ones whose KV cache was sent by a prefill replica (disaggregated
+        serving), which compute their last prompt token now and sample their first.
         """
         run, kv, req = self.running, self.kv, self.requests
         chunked = self.policy.chunked_prefill
@@ -267,9 +268,7 @@ class IterationScheduler:
                 ahead = max(0, kv.blocks_for(swapped.computed + 1) - blocks)
                 need = blocks + ahead
             elif cached is not None:
-                blocks = kv.blocks_for(cached)
-                ahead = kv.blocks_for(cached + 1) - blocks
-                need = blocks + ahead
+                need = blocks = kv.blocks_for(cached)
             else:
                 target = req.prompt.item(rid) + req.generated.item(rid)
                 # Cached prefix: whole blocks, and never the last token (it is recomputed
@@ -312,10 +311,13 @@ class IterationScheduler:
                 run.blocks[slot] = blocks
                 continue
             left = req.output.item(rid) - req.generated.item(rid)
-            if cached is not None:
-                del self.arrived_with_kv[rid]
-                slot = run.admit(rid, cached, left, level, cached)
+            if cached is not None:  # its last prompt token is computed again to sample
+                del self.arrived_with_kv[rid]  # from (vLLM's _update_waiting_for_remote_kv)
+                slot = run.admit(rid, cached, left, level, cached - 1)
                 run.blocks[slot] = blocks
+                plan.prefill_slots.append(slot)
+                plan.prefill_chunks.append(1)
+                budget -= 1
                 continue
             slot = run.admit(rid, target, left, level, hit)
             run.blocks[slot] = blocks
@@ -348,24 +350,34 @@ class IterationScheduler:
         return min(blocks * size, (target - 1) // size * size), key, 0
 
     def free(self, slot: int) -> None:
-        """`slot` is done here (finished, or handed to a decode replica): release its
-        blocks. With prefix caching its full ones stay cached, the most recently freed,
-        as vLLM v1 queues them at the tail of its free queue: a session's next turn,
-        whose prompt starts with everything this one computed, reuses them, and blocks
-        freed earlier (a preempted request's) are evicted before them."""
+        """`slot` is done here (finished): release its blocks now (see `detach`)."""
+        self.detach(slot)()
+
+    def detach(self, slot: int) -> Callable[[], None]:
+        """Take `slot` out of the running set, its blocks still held; the call returned
+        releases them. A prefill replica calls it when it hands a request on, as vLLM's
+        NixlConnector.request_finished delays freeing the prompt's blocks until the decode
+        side has read them. With prefix caching the full blocks stay cached once
+        released, the most recently freed, as vLLM v1 queues them at the tail of its free
+        queue: a session's next turn, whose prompt starts with everything this one
+        computed, reuses them, and blocks freed earlier (a preempted request's) are
+        evicted before them."""
         run, kv = self.running, self.kv
-        if self.hashed is not None:
-            rid = int(run.rid[slot])
-            self.hashed.leave(rid, run.blocks_of(slot), run.computed_of(slot), finished=True)
-            run.remove(slot)
-            return
-        kv.release(run.blocks_of(slot))
-        if self.policy.prefix_caching:
-            rid = int(run.rid[slot])
-            session = int(self.requests.session[rid])
-            key = session_key(session) if session >= 0 else request_key(rid)
-            kv.keep_cached(key, run.computed_of(slot) // kv.block_size)
+        rid, blocks, computed = int(run.rid[slot]), run.blocks_of(slot), run.computed_of(slot)
         run.remove(slot)
+        hashed = self.hashed
+        if hashed is not None:
+            return lambda: hashed.leave(rid, blocks, computed, finished=True)
+        if not self.policy.prefix_caching:
+            return lambda: kv.release(blocks)
+        session = int(self.requests.session[rid])
+        key = session_key(session) if session >= 0 else request_key(rid)
+
+        def release() -> None:
+            kv.release(blocks)
+            kv.keep_cached(key, computed // kv.block_size)
+
+        return release
 
     def _releasable(self, slots: np.ndarray, held: list[Key]) -> tuple[int, int]:
         """Blocks that preempting every one of `slots` frees, and how many of `held` (a

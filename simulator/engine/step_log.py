@@ -68,6 +68,10 @@ class StepLog:
         self._run_ends: list[float] = []
         self._run_sizes: list[tuple[int, int]] = []
         self._gap_mark = 0  # gaps before the latest mark can no longer be taken back
+        # When each token came that a prefill sampled for a request that had had tokens
+        # before (recomputed after a preemption, or retried): an output token that no
+        # step's decode count and no first token holds, for the time series.
+        self.resampled: list[float] = []
 
     # ---- logging (the engine's hot path) --------------------------------------------------
     def step(self, start, duration, batch, decodes, prefill, kv_used, waiting, flops, dram, bound):

@@ -3,9 +3,11 @@
 Columns per bin [t_start, t_end) (the last bin ends at the run's end):
 
 - arrivals, completions: request counts (their sums are the run's totals).
-- output_tokens_per_s: decode tokens of the steps that ended in the bin plus the first
-  tokens of requests whose prefill finished in it (at `first_token`). Exact except the
-  token sampled when a request preempted by recompute finishes its second prefill.
+- output_tokens_per_s: every output token, binned when its step ended: decode tokens
+  of the steps, first tokens of requests (at `first_token`), and the token a prefill
+  samples for a request that had tokens before (recomputed after a preemption by
+  recompute, or retried after a failure: `resampled`), which is neither. Its sum over
+  the run is the summary's output tokens (METRICS.md) when no request was retried.
   With the API server modelled (`tokens`: the client's inter-token gaps, with the time
   each token reached the client) every output token is binned at the client's time
   instead, as the request columns are: what a client streaming the output counts.
@@ -76,11 +78,14 @@ def timeseries(
     ctx: RunContext,
     bin_s: float | None = None,
     tokens: Table | pd.DataFrame | None = None,
+    resampled: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """Per-bin counts, rates and time-weighted means over [0, duration] as a DataFrame;
     see module doc. `steps` is the run's step totals, or a step table to total; `tokens`
-    the client's gaps (end, weight) when the API server is modelled."""
-    return timeseries_table(requests, steps, ctx, bin_s, tokens).to_pandas()
+    the client's gaps (end, weight) when the API server is modelled; `resampled` the
+    times of the tokens prefills sampled for requests that had tokens before
+    (`Results.resampled`; without them those tokens are missing)."""
+    return timeseries_table(requests, steps, ctx, bin_s, tokens, resampled).to_pandas()
 
 
 def timeseries_table(
@@ -89,6 +94,7 @@ def timeseries_table(
     ctx: RunContext,
     bin_s: float | None = None,
     tokens: Table | pd.DataFrame | None = None,
+    resampled: np.ndarray | None = None,
 ) -> Table:
     """`timeseries` as a Table (what a run writes)."""
     duration = ctx.duration_s
@@ -111,7 +117,9 @@ def timeseries_table(
         tokens = as_table(tokens)
         decode = count_in_bins(
             tokens["end"].astype(np.float64), edges, tokens["weight"].astype(np.float64)
-        )
+        )  # which include the resampled tokens' gaps
+    elif resampled is not None and len(resampled):
+        decode = decode + count_in_bins(np.asarray(resampled, np.float64), edges)
     ran = busy > 0
     arrivals = count_in_bins(requests["arrival"].astype(np.float64), edges)
     completions = count_in_bins(requests["finish"].astype(np.float64)[completed], edges)
