@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
@@ -113,14 +114,17 @@ class Results:
         return timeseries_table(self.request_table, self.totals, self.context, tokens=client)
 
     def summary(self) -> dict[str, Any]:
-        return self._summary
+        """The run's summary (the content of summary.json), as a copy of its own: what the
+        caller changes in it (a latency scaled to ms) stays out of the run's tables, files
+        and comparisons, which read the run's copy."""
+        return copy.deepcopy(self._summary)
 
     @cached_property
     def _summary(self) -> dict[str, Any]:
         return summarize(self.request_table, self.totals, self.itl_table, self.context)
 
     def summary_table(self) -> str:
-        return summary_table(self.summary())
+        return summary_table(self._summary)
 
     # ---- plots ---------------------------------------------------------------------------
     def plot_latency_cdfs(self):
@@ -146,7 +150,7 @@ class Results:
         out = self.scenario.output
         return write_run(
             Path(outdir),
-            self.summary(),
+            self._summary,
             self.request_table,
             self.step_table,
             self.timeseries_table,
@@ -161,4 +165,4 @@ class Results:
         return self.summary_table()
 
     def _repr_html_(self) -> str:
-        return summary_html(self.summary())
+        return summary_html(self._summary)

@@ -67,3 +67,22 @@ def test_an_unchanged_file_is_parsed_once(tmp_path):
     shutil.copy(PRESET_DIR / "gpus" / "l4.yaml", gpu)
     assert load_gpu(gpu) is load_gpu(gpu)
     assert load_gpu("h100-sxm") is load_gpu("H100-SXM")
+
+
+# ---- a summary handed out is the caller's own -----------------------------------------------
+def test_changing_a_handed_out_summary_leaves_the_run_as_it_was(tmp_path):
+    data = scenario_dict(workload={"num_requests": 30})
+    results = sim.simulate(sim.Scenario.from_dict(data))
+    p99 = results.summary()["latency"]["ttft"]["p99"]
+    table, shown = results.summary_table(), sim.compare_table({"run": results})
+
+    handed = results.summary()
+    handed["latency"]["ttft"]["p99"] *= 1000
+    handed["warnings"].append("mine")
+
+    assert results.summary()["latency"]["ttft"]["p99"] == p99
+    assert results.summary_table() == table
+    assert sim.compare_table({"run": results}).equals(shown)
+    results.write(tmp_path)
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["latency"]["ttft"]["p99"] == p99 and "mine" not in written["warnings"]
