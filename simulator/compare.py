@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pandas as pd
 
+from simulator.inputs import named_runs
 from simulator.results import Results
 
 # (column, path into the summary, scale) — latencies in ms.
@@ -46,8 +47,10 @@ def _get(summary: Mapping, path: tuple[str, ...]) -> float | None:
     return node
 
 
-def compare_table(results: Mapping[str, Results]) -> pd.DataFrame:
-    """One row per run, one column per headline metric."""
+def compare_table(results: Mapping[str, Results] | Iterable[Results] | Results) -> pd.DataFrame:
+    """One row per run, one column per headline metric: `results` is a dict of name ->
+    Results, or a list of Results (or one) named after their scenarios."""
+    results = named_runs(results, "compare_table")
     rows = {}
     for name, result in results.items():
         summary = result.summary()
