@@ -4,12 +4,12 @@ or by a user's YAML path."""
 from __future__ import annotations
 
 import warnings
-from functools import cache
 from pathlib import Path
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.efficiency import EfficiencyProfile
 from hardware_models.errors import InfersimWarning
+from hardware_models.file_memo import per_file_version
 from hardware_models.node import HOST_READ_US, NodeSpec
 from hardware_models.yaml_io import load_yaml_mapping, unknown_name_error, validate_model
 
@@ -53,15 +53,15 @@ def _read(path: Path) -> dict:
     return load_yaml_mapping(path, shipped=path.resolve().is_relative_to(PRESET_DIR.resolve()))
 
 
-@cache
+@per_file_version
 def _load_gpu_path(path: Path) -> AcceleratorSpec:
     return validate_model(AcceleratorSpec, _read(path), str(path))
 
 
-@cache
+@per_file_version
 def _load_node_path(path: Path) -> NodeSpec:
-    """A node file, validated; read once, so a file written before fabric.host_read_us
-    warns once (see _warn_host_read_unset)."""
+    """A node file, validated; read once per version of the file, so a file written
+    before fabric.host_read_us warns once (see _warn_host_read_unset)."""
     node = validate_model(NodeSpec, _read(path), str(path))
     _warn_host_read_unset(node, path)
     return node

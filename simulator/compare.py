@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pandas as pd
 
+from simulator.inputs import named_runs
 from simulator.metrics.headline import headline_row, labelled
 from simulator.results import Results
 
@@ -40,9 +41,12 @@ COLUMNS = (
 )
 
 
-def compare_table(results: Mapping[str, Results]) -> pd.DataFrame:
+def compare_table(results: Mapping[str, Results] | Iterable[Results] | Results) -> pd.DataFrame:
     """One row per run, one column per headline metric (`COLUMNS`, named and scaled as
-    sweep and plan tables name them; `labelled(table)` gives the printed headers)."""
+    sweep and plan tables name them; `labelled(table)` gives the printed headers):
+    `results` is a dict of name -> Results, or a list of Results (or one) named after
+    their scenarios."""
+    results = named_runs(results, "compare_table")
     rows = {}
     for name, result in results.items():
         summary = result.summary()

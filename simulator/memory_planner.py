@@ -8,6 +8,7 @@ KV cache gets whatever weights, the profiled activation peak and non-torch overh
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -25,6 +26,7 @@ from simulator.engine.weight_format import (
     check_weight_support,
     weight_format,
 )
+from simulator.inputs import gpu_of, model_of, positive_int
 from simulator.vllm_defaults import EMULATED_VLLM_VERSION, batch_limits
 
 GB = 1e9
@@ -467,8 +469,8 @@ class MaxModelLenRefused(InfeasibleError):
 
 
 def plan_memory(
-    arch: ModelArchitecture,
-    gpu: AcceleratorSpec,
+    arch: ModelArchitecture | str | os.PathLike[str],
+    gpu: AcceleratorSpec | str | os.PathLike[str],
     *,
     weight_dtype: str | Dtype = Dtype.BF16,
     kv_dtype: str | Dtype = Dtype.BF16,
@@ -499,7 +501,21 @@ def plan_memory(
     (framework_overhead_bytes); `max_num_seqs` sizes the sampler's share of the
     profiled peak, `vllm_version` its bytes a logit (sampler_bytes_per_logit). Unset
     batch limits are `vllm serve`'s defaults for this GPU in `vllm_version`
-    (vllm_defaults.batch_limits), as a scenario's are, so the plan is the one `run` makes."""
+    (vllm_defaults.batch_limits), as a scenario's are, so the plan is the one `run` makes.
+    `arch` and `gpu` may be given as load_model and load_gpu take them (names, files)."""
+    arch, gpu = model_of(arch, "plan_memory: arch"), gpu_of(gpu, "plan_memory: gpu")
+    tp, pp, dp, block_size = (
+        positive_int(value, f"plan_memory: {name}")
+        for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("block_size", block_size))
+    )
+    max_num_seqs, max_num_batched_tokens, max_model_len = (
+        None if value is None else positive_int(value, f"plan_memory: {name}")
+        for name, value in (
+            ("max_num_seqs", max_num_seqs),
+            ("max_num_batched_tokens", max_num_batched_tokens),
+            ("max_model_len", max_model_len),
+        )
+    )
     if max_num_seqs is None or max_num_batched_tokens is None:
         max_num_seqs, max_num_batched_tokens = _batch_defaults(
             gpu,

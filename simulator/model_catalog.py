@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import re
 import warnings
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 from hardware_models.errors import InfersimError, InfersimWarning
+from hardware_models.file_memo import per_file_version
 from hardware_models.yaml_io import (
     load_json_object,
     load_yaml_mapping,
@@ -95,13 +95,13 @@ def load_model(name_or_path: str | Path) -> ModelArchitecture:
     raise unknown_name_error("model", text, list_models())
 
 
-@cache
+@per_file_version
 def _load_yaml(path: Path) -> ModelArchitecture:
     shipped = path.resolve().is_relative_to(CATALOG_DIR.resolve())  # read with libyaml
     return validate_model(ModelArchitecture, load_yaml_mapping(path, shipped=shipped), str(path))
 
 
-@cache
+@per_file_version
 def _load_hf_config(path: Path) -> ModelArchitecture:
     if not path.is_file():
         raise InfersimError(f"{path}: no such file")

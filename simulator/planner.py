@@ -365,9 +365,9 @@ def _run(scenario: Scenario) -> dict[str, Any]:
     """A probe's summary. What its load bent (KV cache short, batch capped, rejections)
     stays in the summary: the planner probes overloaded rates by design and its verdict
     says so. The rest is passed on."""
-    from simulator.simulation import simulate
+    from simulator.simulation import run_simulation
 
-    return simulate(scenario, progress=False, summary_warnings=False).summary()
+    return run_simulation(scenario, progress=False, summary_warnings=False).summary()
 
 
 @dataclass(frozen=True)

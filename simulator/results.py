@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
@@ -121,14 +122,17 @@ class Results:
         )
 
     def summary(self) -> dict[str, Any]:
-        return self._summary
+        """The run's summary (the content of summary.json), as a copy of its own: what the
+        caller changes in it (a latency scaled to ms) stays out of the run's tables, files
+        and comparisons, which read the run's copy."""
+        return copy.deepcopy(self._summary)
 
     @cached_property
     def _summary(self) -> dict[str, Any]:
         return summarize(self.request_table, self.totals, self.itl_table, self.context)
 
     def summary_table(self) -> str:
-        return summary_table(self.summary())
+        return summary_table(self._summary)
 
     # ---- plots ---------------------------------------------------------------------------
     # Titled with the scenario and hardware (metrics.plots.run_title), as the files are.
@@ -156,7 +160,7 @@ class Results:
         out = self.scenario.output
         return write_run(
             Path(outdir),
-            self.summary(),
+            self._summary,
             self.request_table,
             self.step_table,
             self.timeseries_table,
@@ -171,4 +175,4 @@ class Results:
         return self.summary_table()
 
     def _repr_html_(self) -> str:
-        return summary_html(self.summary())
+        return summary_html(self._summary)

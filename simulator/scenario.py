@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 import typing
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -29,10 +31,15 @@ from pydantic import (
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.errors import InfersimError, InfersimWarning
 from hardware_models.yaml_io import load_yaml_mapping, parse_yaml
+from simulator.inputs import shown
 from simulator.router import RouterName
 from simulator.vllm_defaults import EMULATED_VLLM_VERSION, Default, batch_limits
+from simulator.ways_out import option
 from simulator.workload.config import WorkloadConfig
 
+# What with_overrides and from_yaml take: `key.path=value`, a list of those, or a mapping
+# {key.path: value} (override_items).
+Overrides = str | Sequence[str] | Mapping[str, Any]
 # No NaN or infinity anywhere in a scenario: every number must be a real quantity.
 _STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 # The KV cache types vLLM has (CacheConfig.cache_dtype: auto, i.e. the model's bf16 or
@@ -877,13 +884,15 @@ class Scenario(BaseModel):
 
     # ---- construction ----------------------------------------------------------------
     @classmethod
-    def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> Scenario:
-        """Load, apply `key.path=value` overrides, validate; errors name file and field."""
+    def from_yaml(cls, path: str | Path, overrides: Overrides | None = None) -> Scenario:
+        """Load, apply overrides (see `override_items`), validate; errors name file and
+        field."""
+        items = override_items(overrides)
         path = Path(path)
         data = load_yaml_mapping(path)
-        apply_overrides(data, overrides or [])
+        apply_overrides(data, items)
         data.setdefault("base_dir", str(path.parent.resolve()))
-        return cls.from_dict(data, source=str(path), overrides=overrides or ())
+        return cls.from_dict(data, source=str(path), overrides=items)
 
     @classmethod
     def from_dict(
@@ -896,10 +905,35 @@ class Scenario(BaseModel):
         except ValidationError as exc:
             raise InfersimError(f"{source}: {describe_errors(exc, cls)}") from None
         scenario._overrides = tuple(overrides)
-        scenario.expand(source)  # a bad variant is reported now, not after other runs
+        for run in scenario.expand(source):  # a bad variant is reported now, not after others
+            run._check_preset_names(source)
         if one_price := scenario.cost.one_price_for(scenario.gpu_types()):
             warnings.warn(f"{source}: {one_price}", InfersimWarning, stacklevel=2)
         return scenario
+
+    def _check_preset_names(self, source: str) -> None:
+        """A GPU, node or model given by name (not a file) must be one infersim has: said
+        when the scenario is built, with the name it may have meant, not when a run (or
+        each point of a sweep) starts. The presets are read as the run reads them."""
+        from hardware_models.presets import load_gpu, load_node
+        from simulator.model_catalog import load_model
+
+        named: list[tuple[str, Any, str | None]] = [("model.name", load_model, self.model.name)]
+        for where, pool in self._hardware_sections():
+            named += [(f"{where}.gpu", load_gpu, pool.gpu), (f"{where}.node", load_node, pool.node)]
+        for field, load, value in named:
+            if value is None or value.endswith((".yaml", ".yml", ".json")) or "/" in value:
+                continue  # a file, read from base_dir when the run starts
+            try:
+                load(value)
+            except InfersimError as exc:
+                raise InfersimError(f"{source}: {field}: {exc}") from None
+
+    def _hardware_sections(self) -> list[tuple[str, HardwareSection]]:
+        """Each hardware section with the path that names it in an error."""
+        if self.hardware is not None:
+            return [("hardware", self.hardware)]
+        return [(f"pools.{i}.hardware", pool.hardware) for i, pool in enumerate(self.pools)]
 
     def gpu_types(self) -> set[str]:
         """The GPU types (preset names or paths, as given) this scenario's runs use: a
@@ -950,12 +984,13 @@ class Scenario(BaseModel):
         candidate = Path(path)
         return candidate if candidate.is_absolute() else Path(self.base_dir) / candidate
 
-    def with_overrides(self, overrides: list[str]) -> Scenario:
-        """A copy with `key.path=value` overrides applied (the CLI's --set)."""
+    def with_overrides(self, overrides: Overrides) -> Scenario:
+        """A copy with overrides applied (the CLI's --set; see `override_items`)."""
+        items = override_items(overrides)
         data = self.model_dump(mode="json")
         data["base_dir"] = self.base_dir
-        apply_overrides(data, overrides)
-        return Scenario.from_dict(data, self.name, (*self._overrides, *overrides))
+        apply_overrides(data, items)
+        return Scenario.from_dict(data, self.name, (*self._overrides, *items))
 
 
 # ---- overrides ----------------------------------------------------------------------------
@@ -1007,22 +1042,73 @@ def _warn_overridden(variant: str, changes: dict[str, Any], overrides: list[str]
     for item in overrides:
         key = override_key(item)
         for field in (k for k in changes if fields_overlap(k, key)):
+            winner = option("overrides win", "the command line wins")
             warnings.warn(
-                f"--set {item} overrides variants.{variant}.{field}={changes[field]!r} "
-                "(the command line wins over the scenario file, variants included)",
+                f"{_given(item)} overrides variants.{variant}.{field}={changes[field]!r} "
+                f"({winner} over the scenario file, variants included)",
                 InfersimWarning,
                 stacklevel=2,  # expand's line: the check on loading and the run warn once
             )
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> None:
-    """`serving.max_num_seqs=64`: values are parsed as YAML (numbers, booleans, lists)."""
+def _given(item: str) -> str:
+    """An override as its caller gave it: `--set ITEM` on the command line, else
+    `override ITEM` (an item of `overrides=`)."""
+    return f"{option('override', '--set')} {item}"
+
+
+def override_items(overrides: Overrides | None) -> tuple[str, ...]:
+    """Overrides as `key.path=value` strings, from one such string, a list of them, or a
+    mapping {key.path: value} (each value written as YAML, so that it reads back as
+    given: `{"name": "16"}` names the scenario "16")."""
+    if overrides is None:
+        return ()
+    if isinstance(overrides, str):
+        return (overrides,)
+    if isinstance(overrides, Mapping) and all(isinstance(k, str) for k in overrides):
+        return tuple(f"{key}={_yaml_text(key, value)}" for key, value in overrides.items())
+    if isinstance(overrides, Sequence) and all(isinstance(i, str) for i in overrides):
+        return tuple(overrides)
+    raise InfersimError(
+        "overrides: expected 'key.path=value', a list of such strings or a dict "
+        f"{{'key.path': value}}, got {shown(overrides)}"
+    )
+
+
+def _yaml_text(key: str, value: Any) -> str:
+    """A mapping override's value as the one-line YAML an override string holds."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    try:
+        text = yaml.safe_dump(value, default_flow_style=True, width=math.inf)
+    except yaml.YAMLError:
+        raise InfersimError(
+            f"overrides[{key!r}]: a value written as YAML is expected (a number, string, "
+            f"boolean, list or dict), got {type(value).__name__}"
+        ) from None
+    return text.removesuffix("\n...\n").rstrip("\n")
+
+
+def _is_text_field(dotted: str) -> bool:
+    """Whether `dotted` names a scenario field that holds text alone (a name, a path)."""
+    *section, field = dotted.split(".")
+    info = getattr(_model_at(Scenario, tuple(section)), "model_fields", {}).get(field)
+    if info is None:
+        return False
+    return set(typing.get_args(info.annotation) or {info.annotation}) - {type(None)} == {str}
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> None:
+    """`serving.max_num_seqs=64`: values are parsed as YAML (numbers, booleans, lists),
+    except that a string field takes the text as written (`name=16` names it "16")."""
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
-            raise InfersimError(f"--set {item!r}: expected key.path=value")
-        value = parse_yaml(raw, f"--set {key.strip()}")
-        set_path(data, key, value, f"--set {item!r}")
+            raise InfersimError(f"{_given(repr(item))}: expected key.path=value")
+        value = parse_yaml(raw, _given(key.strip()))
+        if isinstance(value, int | float) and _is_text_field(key.strip()):
+            value = raw.strip()
+        set_path(data, key, value, _given(repr(item)))
 
 
 # ---- readable validation errors -------------------------------------------------------------

@@ -7,14 +7,17 @@ import functools
 import heapq
 import math
 import os
+import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import simpy
 
+import hardware_models
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.calibration_lookup import CalibrationChoice, choose_calibration
 from hardware_models.errors import InfeasibleError, InfersimError, InfersimWarning
@@ -46,6 +49,7 @@ from simulator.engine.prefix_hashes import BlockKeys
 from simulator.engine.replica import Clock, Replica, ReplicaConfig, empty_kv_cache
 from simulator.engine.requests import Outcome, RejectReason, RequestTable
 from simulator.engine.step_cost import EngineOverheads, StepCostModel
+from simulator.inputs import shown
 from simulator.kv_links import KvLinks
 from simulator.memory_planner import (
     MaxModelLenRefused,
@@ -1148,23 +1152,90 @@ def _serving_defaults(builds: list[tuple[str, ReplicaBuild]]) -> list[str]:
     ]
 
 
+# infersim's own code: simulate passes a warning on at the first line outside it.
+_PACKAGE_DIRS = tuple(
+    os.path.dirname(path) + os.sep for path in (hardware_models.__file__, __file__)
+)
+
+
 def simulate(
-    scenario: Scenario | BuiltScenario | str | os.PathLike[str],
+    scenario: Scenario | BuiltScenario | Mapping[str, Any] | str | os.PathLike[str],
     *,
     progress: bool | None = None,
     summary_warnings: bool = True,
 ) -> Results:
-    """Run one scenario (or the scenario file at a path, or a scenario build_scenario
-    built already) to its stop condition and return its results. Every warning goes to
-    the caller's filters once; with `summary_warnings` off, those only the finished run's
+    """Run one scenario (a Scenario, a dict of its fields, the scenario file at a path,
+    or a scenario build_scenario built already) to its stop condition and return its
+    results, as `run_simulation` does. Each InfersimWarning is raised once, as
+    `scenario NAME: ...` and at the caller's line: a notebook that runs many scenarios
+    one by one gets each warning with the run it belongs to (simulate cannot tell one run
+    from the fiftieth of a loop, so it always names it)."""
+    for argument, value, allowed in (
+        ("progress", progress, (bool, type(None))),
+        ("summary_warnings", summary_warnings, (bool,)),
+    ):
+        if not isinstance(value, allowed):
+            also = ", False or None" if type(None) in allowed else " or False"
+            raise InfersimError(f"simulate: {argument}: expected True{also}, got {shown(value)}")
+    name: str | None = None
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", InfersimWarning)  # each once, by _pass_on_named
+            loaded = _scenario_of(scenario)
+            name = (loaded.scenario if isinstance(loaded, BuiltScenario) else loaded).name
+            return run_simulation(loaded, progress=progress, summary_warnings=summary_warnings)
+    finally:  # also when the run stops with an error: what it raised until then holds
+        _pass_on_named(caught, name)
+
+
+def _scenario_of(given: Any) -> Scenario | BuiltScenario:
+    """What simulate was given, as a Scenario (or the BuiltScenario itself)."""
+    if isinstance(given, Scenario | BuiltScenario):
+        return given
+    if isinstance(given, Mapping):
+        return Scenario.from_dict(dict(given))
+    if isinstance(given, str | os.PathLike):
+        return Scenario.from_yaml(os.fspath(given))
+    raise InfersimError(
+        "simulate: scenario: expected a Scenario, a dict of its fields or a scenario file's "
+        f"path, got {shown(given)}"
+    )
+
+
+def _pass_on_named(caught: list[warnings.WarningMessage], name: str | None) -> None:
+    """Each distinct recorded warning to the caller's filters once: an InfersimWarning
+    named by its scenario and raised at the first line outside infersim (the caller's
+    cell or script, whatever depth of infersim raised it), others where they were raised."""
+    level = 1
+    frame = sys._getframe(0)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIRS):
+        frame, level = frame.f_back, level + 1
+    for shown_warning in _distinct(caught).values():
+        if issubclass(shown_warning.category, InfersimWarning):
+            text = str(shown_warning.message)
+            named = text if name is None else f"scenario {name}: {text}"
+            warnings.warn(named, shown_warning.category, stacklevel=level)
+        else:
+            pass_on([shown_warning])
+
+
+def run_simulation(
+    scenario: Scenario | BuiltScenario,
+    *,
+    progress: bool | None = None,
+    summary_warnings: bool = True,
+) -> Results:
+    """Run one scenario (or a scenario build_scenario built already) to its stop
+    condition and return its results. Every warning goes to the caller's filters once,
+    unnamed: for callers that name their runs themselves (sweep, plan, the command line);
+    analysts call `simulate`. With `summary_warnings` off, those only the finished run's
     figures show (KV cache short, batch capped, rejections) stay in its summary alone:
     for callers that run loads past capacity by design and judge them from the summary
     (the planner's probes)."""
     built = scenario if isinstance(scenario, BuiltScenario) else None
     if built is not None:
         scenario = built.scenario
-    elif not isinstance(scenario, Scenario):
-        scenario = Scenario.from_yaml(os.fspath(scenario))
     show = scenario.output.progress if progress is None else progress
     with warnings_passed_on_once() as caught:
         run = _Run(scenario, show, built)

@@ -81,6 +81,10 @@ class InferenceEstimate:
             ("total", self.total / GB),
         ]
 
+    def __repr__(self) -> str:
+        rows = [*self.breakdown(), ("usable per GPU", self.usable_per_gpu / GB)]
+        return _shown_in_gb(self, rows, f"gpus={self.gpus}, tp={self.tp}")
+
 
 def detailed_inference(
     arch: ModelArchitecture,
@@ -234,6 +238,21 @@ class TrainingEstimate:
             ("framework overhead", self.framework_overhead / GB),
             ("per GPU", self.per_gpu / GB),
         ]
+
+    def __repr__(self) -> str:
+        rows = [*self.breakdown(), ("capacity per GPU", self.capacity_per_gpu / GB)]
+        counts = (
+            f"dp={self.dp}, zero_stage={self.zero_stage}, fits={self.fits}, "
+            f"effective_batch={self.effective_batch}, min_dp_zero3={self.min_dp_zero3}"
+        )
+        return _shown_in_gb(self, rows, counts)
+
+
+def _shown_in_gb(estimate: object, rows: list[tuple[str, float]], counts: str) -> str:
+    """An estimate's repr with its units: the byte fields in GB (1e9 bytes, as the
+    breakdowns give them), then its counts; the fields keep bytes."""
+    sizes = ", ".join(f"{name} {gb:.2f} GB" for name, gb in rows)
+    return f"{type(estimate).__name__}({sizes}; {counts})"
 
 
 def detailed_training(

@@ -55,7 +55,7 @@ from simulator.scenario import (
     override_key,
     set_path,
 )
-from simulator.simulation import simulate
+from simulator.simulation import run_simulation
 from simulator.ways_out import option
 
 if TYPE_CHECKING:
@@ -182,7 +182,7 @@ def run_point(data: dict[str, Any], overrides: tuple[str, ...] = ()) -> dict[str
         warnings.simplefilter("always")
         try:
             scenario = Scenario.from_dict(data, source="sweep point", overrides=overrides)
-            summary = simulate(scenario, progress=False).summary()
+            summary = run_simulation(scenario, progress=False).summary()
         except Exception as exc:
             return {**_failure("failed", exc, time.perf_counter() - started),
                     "warnings": warning_texts(caught)}  # fmt: skip

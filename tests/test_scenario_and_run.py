@@ -12,6 +12,7 @@ import yaml
 from hardware_models.errors import InfersimError, InfersimWarning
 from simulator.cli.main import main
 from simulator.scenario import Scenario
+from simulator.ways_out import on_command_line
 from tests.conftest import scenario_dict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,13 +54,17 @@ def test_set_wins_over_variants_and_says_which_it_overrode(tmp_path):
         runs = Scenario.from_yaml(path, sets).expand()
     messages = {str(w.message) for w in caught if issubclass(w.category, InfersimWarning)}
     assert messages == {
-        "--set serving.max_num_seqs=8 overrides variants.a.serving.max_num_seqs=16 "
-        "(the command line wins over the scenario file, variants included)"
+        "override serving.max_num_seqs=8 overrides variants.a.serving.max_num_seqs=16 "
+        "(overrides win over the scenario file, variants included)"
     }  # said on loading and on expanding again: the CLI shows an identical warning once
+    with on_command_line(), pytest.warns(InfersimWarning) as caught:
+        Scenario.from_yaml(path, sets)
+    assert str(caught[0].message).startswith("--set serving.max_num_seqs=8 overrides ")
+    assert "(the command line wins over" in str(caught[0].message)
     assert [(r.name, r.serving.max_num_seqs, r.seed) for r in runs] == [("a", 8, 3), ("b", 8, 5)]
     assert runs[1].serving.policy == "static" and runs[0].overrides == tuple(sets)
     # a whole section set on the command line beats a variant's field inside it
-    with pytest.warns(InfersimWarning, match="--set serving=.* overrides variants.a.serving"):
+    with pytest.warns(InfersimWarning, match="override serving=.* overrides variants.a.serving"):
         runs = Scenario.from_yaml(path, ["serving={max_num_seqs: 2}"]).expand()
     assert [r.serving.max_num_seqs for r in runs] == [2, 2]
     assert runs[1].serving.policy == "chunked_prefill"  # the section replaced, as --set does

@@ -5,6 +5,7 @@ sweep point it belongs to."""
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import pytest
@@ -81,7 +82,7 @@ def test_the_swap_warning_counts_the_whole_swap_space_without_pipelining():
     data = scenario_dict(serving={**V0_SWAP, "swap_space_gb": 0.5},
                          workload={"num_requests": 10})  # fmt: skip
     (warning,) = _recorded(lambda: simulate(Scenario.from_dict(data)))
-    assert warning.startswith("serving.swap_space_gb holds 59 KV blocks of host swap space, ")
+    assert warning.startswith("scenario test: serving.swap_space_gb holds 59 KV blocks of host ")
 
 
 def test_a_warning_only_the_summary_computes_is_an_infersim_warning_once():
@@ -89,7 +90,7 @@ def test_a_warning_only_the_summary_computes_is_an_infersim_warning_once():
     results: list = []
     seen = _recorded(lambda: results.append(simulate(Scenario.from_dict(data))))
     assert len(seen) == 1 and REJECTED in seen[0]
-    assert seen == results[0].summary()["warnings"]
+    assert seen == [f"scenario test: {text}" for text in results[0].summary()["warnings"]]
 
 
 def test_run_shows_a_summary_warning_once_in_its_summary(tmp_path, capsys):
@@ -159,3 +160,31 @@ def test_a_scenario_built_beforehand_runs_as_built_and_raises_its_build_warnings
     with pytest.warns(InfersimWarning, match="stored in fp4"):
         results = simulate(built)
     assert any("stored in fp4" in text for text in results.summary()["warnings"])
+
+
+def test_simulate_names_the_scenario_and_points_at_the_callers_line():
+    """A notebook runs many scenarios: each warning says which, and is raised at the
+    caller's line (here), not inside infersim, whatever depth raised it."""
+    data = scenario_dict(**REJECTING)
+    configured = scenario_dict(serving={**V0_SWAP, "swap_space_gb": 0.5},
+                               workload={"num_requests": 10}, name="swapping")  # fmt: skip
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        line = inspect.currentframe().f_lineno + 1
+        simulate({**data, "name": "short-context"})
+        simulate(configured)
+    said = [w for w in seen if issubclass(w.category, InfersimWarning)]
+    assert [str(w.message).split(" requests")[0].split(" holds")[0] for w in said] == [
+        "scenario short-context: 14 of 30",
+        "scenario swapping: serving.swap_space_gb",
+    ]
+    assert {w.filename for w in said} == {__file__}
+    assert said[0].lineno == line and said[1].lineno == line + 1
+
+
+def test_sweep_and_plan_name_their_runs_their_own_way():
+    """The runs a sweep or a plan makes are named by point or candidate alone."""
+    from simulator.sweep import run_point
+
+    record = run_point(scenario_dict(**REJECTING))
+    assert record["warnings"][0].startswith("14 of 30 requests")

@@ -15,7 +15,7 @@ from simulator.compare import compare_table, labelled, write_comparison
 from simulator.formatting import WIDTH, sig
 from simulator.results import Results
 from simulator.scenario import Scenario
-from simulator.simulation import BuiltScenario, build_scenario, simulate
+from simulator.simulation import BuiltScenario, build_scenario, run_simulation
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -71,7 +71,7 @@ def _compare(args: argparse.Namespace) -> int:
     written: list[Path] = []
     for label, (folder, _) in runs.items():
         with warnings_named(label):  # no summary is printed: each is a warning line
-            results[label] = simulate(built.pop(label), progress=not args.quiet)
+            results[label] = run_simulation(built.pop(label), progress=not args.quiet)
         written += results[label].write(
             outdir / folder, plots=False if args.no_plots else None, overwrite=args.overwrite
         )

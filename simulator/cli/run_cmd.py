@@ -14,7 +14,7 @@ from simulator.cli.options import add_output_flags, add_overrides, add_results_d
 from simulator.cli.run_exports import add_export_flags, check_exports, write_exports
 from simulator.formatting import WIDTH, sig
 from simulator.scenario import Scenario
-from simulator.simulation import pass_on, simulate
+from simulator.simulation import pass_on, run_simulation
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -61,7 +61,7 @@ def simulate_warning_once(scenario: Scenario, *, progress: bool) -> Results:
     in_summary: set[str] = set()  # none when the run stops with an error: all are shown
     try:
         with warnings.catch_warnings(record=True) as caught:  # the caller's filters stay
-            result = simulate(scenario, progress=progress)
+            result = run_simulation(scenario, progress=progress)
         in_summary = set(result.summary()["warnings"])
         return result
     finally:

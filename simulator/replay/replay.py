@@ -19,7 +19,7 @@ from simulator.replay.plots import replay_cdfs, timeline_figure
 from simulator.replay.run_folder import read_run_folder
 from simulator.results import Results
 from simulator.scenario import Scenario
-from simulator.simulation import simulate, warnings_passed_on_once
+from simulator.simulation import run_simulation, warnings_passed_on_once
 
 REPLAY_FILES = ("replay.json", "trace.csv", "timeline.csv", "latency_cdfs.png", "timeline.png")
 
@@ -100,7 +100,7 @@ def replay(
     outdir.mkdir(parents=True, exist_ok=True)
     with warnings_passed_on_once():  # a build refused at the model's context raised them too
         built, notes = replay_scenario(run, outdir / "trace.csv", options)
-        results = simulate(built, progress=progress)
+        results = run_simulation(built, progress=progress)
     scenario = built.scenario
     outcomes = results.requests["outcome"].value_counts()
     if outcomes.get("completed", 0) < len(results.requests):
