@@ -23,6 +23,7 @@ from hardware_models.op_cost import OpCost
 from hardware_models.plot_labels import LEADER, spread_labels
 from hardware_models.roofline_plot import plot_roofline
 from simulator.compare import compare_table
+from simulator.inputs import named_runs
 from simulator.metrics.headline import LABELS, other_name, readable
 from simulator.metrics.plots import LOG_SPAN, latency_cdfs
 from simulator.results import Results
@@ -46,17 +47,12 @@ __all__ = [
 ]
 
 
-def as_table(runs: Runs) -> pd.DataFrame:
+def as_table(runs: Runs, where: str = "as_table") -> pd.DataFrame:
     """A compare table (`compare_table`'s columns) from a table, a name -> Results
     mapping, or a list of Results named after their scenarios (names must differ)."""
     if isinstance(runs, pd.DataFrame):
         return runs
-    if isinstance(runs, Mapping):
-        return compare_table(runs)
-    named = {r.scenario.name: r for r in runs}
-    if len(named) != len(runs):
-        raise ValueError("runs share scenario names; pass a mapping of name -> Results")
-    return compare_table(named)
+    return compare_table(named_runs(runs, where))
 
 
 def _with_columns(table: pd.DataFrame, *asked: tuple[str, str]) -> pd.DataFrame:
@@ -80,8 +76,8 @@ def _with_columns(table: pd.DataFrame, *asked: tuple[str, str]) -> pd.DataFrame:
     return table.assign(**added) if added else table
 
 
-def _not_empty(table: pd.DataFrame | Mapping, what: str) -> None:
-    if len(table) == 0:
+def _not_empty(table: pd.DataFrame | Mapping | Sequence | Results, what: str) -> None:
+    if not isinstance(table, Results) and len(table) == 0:
         raise InfersimError(f"{what}: nothing to plot (no runs given)")
 
 
@@ -190,7 +186,7 @@ def plot_pareto(
     (`{"tpot_p99_ms": 100}`). Overloaded runs are ringed red, runs too short to judge
     orange, runs over a bound crossed: none of them is on the front. A sweep or plan
     table works too, and a column's printed header reads its column (`TTFT p99 ms`)."""
-    table = as_table(runs)
+    table = as_table(runs, "plot_pareto")
     _not_empty(table, "plot_pareto")
     bounds = dict(slo or {}) | ({latency: slo_ms} if slo_ms is not None else {})
     front = pareto_front(table, cost, latency, bounds)
@@ -278,11 +274,12 @@ def plot_knee(
     return fig
 
 
-def plot_latency_cdfs(runs: Mapping[str, Results], title: str = "") -> Figure:
+def plot_latency_cdfs(runs: Mapping[str, Results] | Sequence[Results], title: str = "") -> Figure:
     """TTFT, TPOT, ITL and E2E CDFs of several runs overlaid, one line per name, with the
     SLO bounds when every run has the same; titled with the runs' names unless `title`
-    says otherwise."""
+    says otherwise. A list of Results is named after their scenarios."""
     _not_empty(runs, "plot_latency_cdfs")
+    runs = named_runs(runs, "plot_latency_cdfs")
     slos = [r.summary()["goodput"]["slo"] for r in runs.values()]
     return latency_cdfs(
         {name: r.requests for name, r in runs.items()},
@@ -309,10 +306,11 @@ def plot_rooflines(
     return fig
 
 
-def plot_throughput_and_cost(results: Mapping[str, Results]) -> Figure:
+def plot_throughput_and_cost(results: Mapping[str, Results] | Sequence[Results]) -> Figure:
     """Output tokens/s over simulated time overlaid, then each run's mean output tokens/s
-    and $ per 1M output tokens as bars."""
+    and $ per 1M output tokens as bars (a list of Results named after their scenarios)."""
     _not_empty(results, "plot_throughput_and_cost")
+    results = named_runs(results, "plot_throughput_and_cost")
     fig = Figure(figsize=(11, 8), layout="constrained")
     fig.suptitle(f"throughput and cost of {', '.join(map(str, results))}")
     axes = fig.subplot_mosaic([["time", "time"], ["tokens", "cost"]])

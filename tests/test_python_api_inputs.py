@@ -250,3 +250,18 @@ def test_a_sizing_estimate_shows_its_units():
     trained = repr(detailed_training(load_model("llama-3.1-8b"), load_gpu("h100-sxm")))
     assert trained.startswith("TrainingEstimate(weights 16.06 GB, gradients 16.06 GB, ")
     assert "capacity per GPU 85.06 GB; dp=1, zero_stage=0, fits=False" in trained
+
+
+def test_the_plots_take_a_list_of_runs_as_compare_table_does(two_runs):
+    """The plot helpers read runs the way compare_table does: a list (or one Results)
+    named after their scenarios, and anything else one line naming the plot."""
+    from simulator.plotting import plot_latency_cdfs, plot_pareto, plot_throughput_and_cost
+
+    for plot in (plot_latency_cdfs, plot_throughput_and_cost):
+        assert plot(two_runs).get_suptitle().endswith("a, b")
+    assert "a" in plot_latency_cdfs(two_runs[0]).get_suptitle()
+    plot_pareto(two_runs)
+    with pytest.raises(InfersimError, match=r"^plot_pareto: runs share scenario names"):
+        plot_pareto([two_runs[0], two_runs[0]])
+    with pytest.raises(InfersimError, match=r"^plot_throughput_and_cost: expected a dict"):
+        plot_throughput_and_cost("x")
