@@ -3,10 +3,21 @@ GPU or time unit disagrees with what they are priced against, and malformed tabl
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
 import pytest
 
 from hardware_models.calibration.harness.device_info import preset_for
+from hardware_models.calibration.harness.runner import METADATA
+from hardware_models.calibration.measured_tables import COLUMNS
+from hardware_models.calibration.sources import load_measurements, resolve_spec
+from hardware_models.calibration.workflow import usable_rows
 from hardware_models.device_names import preset_for_device
+from hardware_models.errors import InfersimError
+from hardware_models.gemm import gemm_cost
 from hardware_models.presets import list_gpus, load_gpu
 
 
@@ -47,3 +58,154 @@ def test_every_shipped_preset_is_found_by_its_name_and_display_name(name: str) -
     assert preset_for_device(name) == name
     assert preset_for_device(name.upper()) == name
     assert preset_for_device(load_gpu(name).display_name) == name
+
+
+# ------------------------------------------------------------- the GPU the rows name
+
+
+def gemm_table(gpu: str = "l40s", device: str = "NVIDIA L40S", unit: float = 1e3) -> pd.DataFrame:
+    """An aiconfigurator-layout GEMM table whose latency (ms, times `unit` / 1e3) is 1.3x
+    the uncalibrated model's on `gpu`: what a plausible kernel takes."""
+    spec = load_gpu(gpu)
+    rows = [
+        {
+            "framework": "VLLM",
+            "version": "0.24.0",
+            "device": device,
+            "op_name": "gemm",
+            "kernel_source": "vllm_default",
+            "gemm_dtype": "bfloat16",
+            "m": m,
+            "n": n,
+            "k": k,
+            "latency": 1.3 * gemm_cost(spec, m, n, k, "bf16").seconds * unit,
+        }
+        for m in (1, 16, 128, 1024, 4096)
+        for n in (1024, 4096, 8192)
+        for k in (1024, 4096)
+    ]
+    return pd.DataFrame(rows)
+
+
+def table_folder(tmp_path: Path, frame: pd.DataFrame, name: str = "mine") -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    frame.to_parquet(folder / "gemm_perf.parquet")
+    return folder
+
+
+def test_tables_whose_device_column_names_another_gpu_are_refused_unless_forced(
+    tmp_path: Path,
+) -> None:
+    folder = table_folder(tmp_path, gemm_table())
+    measurements = load_measurements(measured=folder, gpu="h100-sxm")
+    with pytest.raises(InfersimError, match=r"'NVIDIA L40S' \(preset l40s\), not --gpu h100-sxm"):
+        resolve_spec(measurements, "h100-sxm")
+    assert resolve_spec(measurements, "h100-sxm", force_gpu=True).name == "h100-sxm"
+    assert resolve_spec(load_measurements(measured=folder, gpu="l40s"), "l40s").name == "l40s"
+
+
+def test_a_harness_folder_names_its_device_and_an_unknown_one_asks_for_a_yaml(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / METADATA).write_text(json.dumps({"device": "cuda", "device_name": "NVIDIA L40"}))
+    rows = load_measurements(measured=table_folder(tmp_path, gemm_table()), gpu="l40s").table
+    rows[list(COLUMNS)].to_parquet(folder / "gemm.parquet")
+    measurements = load_measurements(folder)
+    with pytest.raises(InfersimError, match=r"'NVIDIA L40' is no preset's GPU: describe"):
+        resolve_spec(measurements, None)
+    (folder / METADATA).write_text(json.dumps({"device": "cuda", "device_name": "NVIDIA L40S"}))
+    assert resolve_spec(load_measurements(folder), None).name == "l40s"
+    with pytest.raises(InfersimError, match=r"--force-gpu"):
+        resolve_spec(load_measurements(folder), "l4")
+
+
+def test_a_csv_gpu_column_may_spell_a_device_name_and_is_compared_with_gpu(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "gemm.csv"
+    path.write_text("m,n,k,dtype,measured_s,gpu\n4096,4096,4096,bf16,0.0009,NVIDIA L40S\n")
+    measurements = load_measurements(path)
+    assert resolve_spec(measurements, None).name == "l40s"
+    with pytest.raises(InfersimError, match=r"column gpu says .* not --gpu h100-sxm"):
+        resolve_spec(measurements, "h100-sxm")
+
+
+# ------------------------------------------------------------------- unit slips
+
+
+@pytest.mark.parametrize(
+    ("unit", "message"),
+    [
+        (
+            1e6,
+            r"median [\d.]+e\+03x .* latency \(ms\) really in that unit, not in a unit 1000x finer",
+        ),
+        (1.0, r"median 1/[\d.]+(e\+0[23])? .* not in one 1000x coarser"),
+    ],
+)
+def test_an_aiconfigurator_table_in_another_time_unit_is_refused(
+    tmp_path: Path, unit: float, message: str
+) -> None:
+    folder = table_folder(tmp_path, gemm_table(unit=unit))
+    measurements = load_measurements(measured=folder, gpu="l40s")
+    with pytest.raises(InfersimError, match=message):
+        usable_rows(measurements, load_gpu("l40s"))
+    sound = load_measurements(measured=table_folder(tmp_path, gemm_table(), "ok"), gpu="l40s")
+    assert len(usable_rows(sound, load_gpu("l40s")).rows) == len(gemm_table())
+
+
+def test_another_gpus_table_forced_onto_a_slower_chip_is_refused_as_impossible(
+    tmp_path: Path,
+) -> None:
+    # B200 timings as an L4's: most rows faster than the L4 can run at all.
+    folder = table_folder(tmp_path, gemm_table("b200", "NVIDIA B200"))
+    measurements = load_measurements(measured=folder, gpu="l4")
+    spec = resolve_spec(measurements, "l4", force_gpu=True)
+    with pytest.raises(InfersimError, match=r"gemm rows \(\d+%\) ran faster than the l4 allows"):
+        usable_rows(measurements, spec)
+
+
+# -------------------------------------------------------------- malformed tables
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda f: f.drop(columns="latency"), r"missing column 'latency' \(a gemm_perf"),
+        (lambda f: f.assign(latency=np.nan), r"row 0, column latency: must be a finite number > 0"),
+        (lambda f: f.assign(latency=-1.0), r"column latency: must be a finite number > 0, got -1"),
+        (lambda f: f.assign(m=0), r"column m: must be a finite number > 0, got 0"),
+        (
+            lambda f: f.assign(gemm_dtype="bogus"),
+            r"column gemm_dtype: unknown dtype 'bogus'; allowed",
+        ),
+    ],
+)
+def test_a_malformed_table_is_refused_naming_file_and_column(
+    tmp_path: Path, change, message: str
+) -> None:
+    folder = table_folder(tmp_path, change(gemm_table()))
+    with pytest.raises(InfersimError, match=r"gemm_perf.parquet: .*" + message):
+        load_measurements(measured=folder, gpu="l40s")
+
+
+def test_an_attention_table_without_its_kv_cache_dtype_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "attn"
+    folder.mkdir()
+    pd.DataFrame(
+        {
+            "batch_size": [1],
+            "isl": [128],
+            "num_heads": [32],
+            "num_key_value_heads": [8],
+            "head_dim": [128],
+            "attn_dtype": ["bfloat16"],
+            "step": [0],
+            "latency": [0.05],
+        }
+    ).to_parquet(folder / "context_attention_perf.parquet")
+    with pytest.raises(InfersimError, match=r"missing column 'kv_cache_dtype'"):
+        load_measurements(measured=folder, gpu="l40s")

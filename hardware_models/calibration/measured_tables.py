@@ -78,6 +78,7 @@ from hardware_models.calibration.moe_mla_tables import (
     READERS,
     predict_moe_mla,
 )
+from hardware_models.calibration.raw_tables import read_raw
 from hardware_models.collectives import collective_cost
 from hardware_models.dtypes import bytes_per_element, parse_dtype
 from hardware_models.efficiency import BLOCK_SCALED_SPELLINGS
@@ -228,7 +229,7 @@ def long_rows(gpu: str, op_class: pd.Series | str, n: int, source: Path) -> pd.D
 
 
 def read_gemm(path: Path, gpu: str) -> pd.DataFrame:
-    raw = pd.read_parquet(path)
+    raw = read_raw(path, ("m", "n", "k", "latency"), dtypes=("gemm_dtype",))
     out = long_rows(gpu, "gemm", len(raw), path)
     for col in ("m", "n", "k"):
         out[col] = raw[col].to_numpy(dtype=float)
@@ -247,6 +248,12 @@ def read_gemm(path: Path, gpu: str) -> pd.DataFrame:
     return out
 
 
+# The attention tables' columns (prefill and decode): sizes and latency > 0, two dtypes.
+_ATTENTION_SIZES = ("batch_size", "num_heads", "num_key_value_heads", "head_dim", "latency")
+_ATTENTION_DTYPES = ("attn_dtype", "kv_cache_dtype")
+_WINDOW = ("window_size",)  # the A100 tables have none: no sliding window
+
+
 def _attention_common(raw: pd.DataFrame, out: pd.DataFrame) -> None:
     out["batch"] = raw["batch_size"].to_numpy(dtype=float)
     out["num_heads"] = raw["num_heads"].to_numpy(dtype=float)
@@ -263,7 +270,7 @@ def _attention_common(raw: pd.DataFrame, out: pd.DataFrame) -> None:
 
 
 def read_context_attention(path: Path, gpu: str) -> pd.DataFrame:
-    raw = pd.read_parquet(path)
+    raw = read_raw(path, (*_ATTENTION_SIZES, "isl"), (), _ATTENTION_DTYPES, optional=_WINDOW)
     out = long_rows(gpu, "attention_prefill", len(raw), path)
     _attention_common(raw, out)
     isl = raw["isl"].to_numpy(dtype=float)
@@ -275,7 +282,7 @@ def read_context_attention(path: Path, gpu: str) -> pd.DataFrame:
 
 
 def read_generation_attention(path: Path, gpu: str) -> pd.DataFrame:
-    raw = pd.read_parquet(path)
+    raw = read_raw(path, (*_ATTENTION_SIZES, "isl"), ("step",), _ATTENTION_DTYPES, optional=_WINDOW)
     out = long_rows(gpu, "attention_decode", len(raw), path)
     _attention_common(raw, out)
     out["q_len"] = 1.0
@@ -285,7 +292,8 @@ def read_generation_attention(path: Path, gpu: str) -> pd.DataFrame:
 
 
 def read_nccl(path: Path, gpu: str) -> pd.DataFrame:
-    raw = pd.read_parquet(path)
+    positive = ("num_gpus", "message_size", "latency")
+    raw = read_raw(path, positive, dtypes=("nccl_dtype",), text=("op_name",))
     unknown = sorted(set(raw["op_name"]) - set(_NCCL_OPS))
     if unknown:
         raise InfersimError(f"{path}: unknown collective op_name {unknown}")
@@ -390,6 +398,21 @@ def gpu_folders(root: Path, gpu: str | None = None) -> dict[Path, str]:
             "measured on: point --measured at one GPU's folder and pass --gpu PRESET_OR_YAML"
         )
     return {p: str(gpu_of_folder(p)) for p in folders}
+
+
+def table_devices(root: Path) -> list[tuple[Path, str]]:
+    """(table file, device name) for every distinct name in the `device` column of the
+    tables directly in `root` (aiconfigurator's torch device name, e.g. NVIDIA L40S);
+    nothing for a folder of GPU folders, whose names say their GPUs."""
+    import pyarrow.parquet as pq  # pandas' Parquet engine: loaded only when tables are read
+
+    found = []
+    for table in TABLES:
+        path = root / table.filename
+        if path.is_file() and "device" in pq.read_schema(path).names:
+            devices = pd.read_parquet(path, columns=["device"])["device"]
+            found += [(path, str(name)) for name in sorted(set(devices.dropna()))]
+    return found
 
 
 def load_measured(

@@ -28,6 +28,7 @@ from hardware_models.calibration.profile_file import (
 from hardware_models.calibration.screen import Screened, screen
 from hardware_models.calibration.sources import Measurements, rows_for
 from hardware_models.calibration.split import holdout_mask
+from hardware_models.calibration.unit_check import table_problem
 from hardware_models.calibration.validate import (
     node_link,
     plot_before_after,
@@ -125,7 +126,8 @@ def usable_rows(
 ) -> UsableRows:
     """The rows measured on `spec` less those that cannot be priced on it (a GEMM dtype it
     lacks, collectives with no link) and those the plausibility screen rejects; a
-    hand-made table's first impossible row is refused outright (a unit slip)."""
+    hand-made table's first impossible row is refused outright (a unit slip), and any
+    table whose rows as a whole are not this chip's in its time unit (unit_check)."""
     rows = rows_for(measurements, spec)
     problem = implausible_row(rows, spec) if measurements.hand_made else None
     if problem is not None:
@@ -137,6 +139,9 @@ def usable_rows(
     marks = pd.Series(np.where(priceable, 0.0, np.nan), index=rows.index)
     unpriced = unpriced_rows(rows, marks, spec, link_problem)
     screened = screen(rows[priceable], spec, link)
+    problem = table_problem(rows[priceable], screened, spec, link, measurements.time_column)
+    if problem is not None:
+        raise InfersimError(f"{measurements.source}: {problem}")
     note = unknown_loop_note(screened.kept, spec)
     return UsableRows(screened.kept, link, screened, unpriced, () if note is None else (note,))
 

@@ -76,6 +76,11 @@ def _inputs(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--gpu", help="accelerator preset or YAML (default: from the input)")
     parser.add_argument(
+        "--force-gpu",
+        action="store_true",
+        help="price the rows on --gpu even where the measurements name another GPU",
+    )
+    parser.add_argument(
         "--node",
         help="node preset or YAML whose GPU-to-GPU link the collectives ran over "
         "(default: the node preset built from the GPU)",
@@ -105,7 +110,7 @@ def _fit(args: argparse.Namespace) -> int:
     measurements = load_measurements(
         args.folder, args.measured, args.from_shared, args.gpu, args.shared_data
     )
-    spec = resolve_spec(measurements, args.gpu)
+    spec = resolve_spec(measurements, args.gpu, force_gpu=args.force_gpu)
     log(f"{len(measurements.table)} rows from {measurements.source}; fitting against {spec.name}")
     profile = fit_measurements(
         measurements,
@@ -137,7 +142,9 @@ def _validate(args: argparse.Namespace) -> int:
     measurements = load_measurements(
         args.folder, args.measured, args.from_shared, args.gpu, args.shared_data
     )
-    spec = resolve_spec(measurements, args.gpu, fallback=profile.metadata.gpu)
+    spec = resolve_spec(
+        measurements, args.gpu, fallback=profile.metadata.gpu, force_gpu=args.force_gpu
+    )
     result = validate_measurements(measurements, spec, profile, args.node)
     # A shipped profile's report goes to the working folder, not into the package.
     beside = path.parent if path == args.profile else Path()
