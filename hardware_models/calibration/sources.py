@@ -26,7 +26,6 @@ from hardware_models.device_names import DESCRIBE_YOUR_CHIP, preset_for_device
 from hardware_models.errors import InfersimError
 from hardware_models.presets import list_gpus, load_gpu
 
-
 AICONFIGURATOR_TIME = "latency (ms)"
 HARNESS_TIME = "measured_s (seconds)"
 
