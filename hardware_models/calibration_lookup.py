@@ -6,7 +6,9 @@ H200 shares the H100's die and its HBM), since
 kernels, tile shapes and memory behaviour follow the die, while the sizes (SMs, clocks,
 bandwidth) come from the GPU's own spec. With no such chip, or `none`, the datasheet
 efficiencies of the preset stay. A profile named or given by path applies to any GPU;
-on another than its own it is a transfer and the note says so.
+on another than its own it is a transfer and the note says so. What a profile did not
+fit (an op class, a dtype, a GPU count) comes from the profile `auto` gives the chip, and
+the note names it (profile_fallback); a transfer is applied as the profile has it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from hardware_models.presets import (
     load_gpu,
     with_calibration,
 )
+from hardware_models.profile_fallback import CLASS_FIELDS, covered_classes, fill_from
 from hardware_models.yaml_io import load_yaml_mapping
 
 AUTO = "auto"
@@ -97,9 +100,10 @@ def choose_calibration(gpu: AcceleratorSpec, setting: str | Path = AUTO) -> Cali
                 gpu, None, f"none (auto: no measured {family} chip; datasheet efficiencies)"
             )
         text = name
-    fitted_on = _fitted_on(text) if text in list_calibrations() else None
-    if fitted_on is None and Path(text).is_file():
-        fitted_on = (load_yaml_mapping(text).get("metadata") or {}).get("gpu")
+    metadata = _metadata(text) if text in list_calibrations() else {}
+    if not metadata and Path(text).is_file():
+        metadata = load_yaml_mapping(text).get("metadata") or {}
+    fitted_on = metadata.get("gpu")
     calibrated = with_calibration(gpu, text)
     how = "auto: " if str(setting) == AUTO else ""
     if fitted_on == gpu.name:
@@ -108,4 +112,29 @@ def choose_calibration(gpu: AcceleratorSpec, setting: str | Path = AUTO) -> Cali
         where = "an efficiency profile that names no GPU"
     else:
         where = f"transfer: fitted on {fitted_on}, applied to {gpu.name}"
-    return CalibrationChoice(calibrated, text, f"{text} ({how}{where})")
+    if fitted_on != gpu.name:  # a transfer is priced as the profile has it
+        return CalibrationChoice(calibrated, text, f"{text} ({how}{where})")
+    calibrated, taken = _partial_filled(calibrated, text, metadata)
+    return CalibrationChoice(calibrated, text, f"{text} ({how}{where}{taken})")
+
+
+def _partial_filled(
+    gpu: AcceleratorSpec, profile: str, metadata: dict
+) -> tuple[AcceleratorSpec, str]:
+    """`gpu` (with `profile` applied) with what the profile did not fit taken from the
+    profile `auto` gives the chip (profile_fallback), and a note naming those parts; the
+    datasheet's where auto has none."""
+    rows_used = metadata.get("rows_used")
+    auto = nearest_profile(gpu)
+    if not rows_used or auto == profile:
+        return gpu, ""
+    covered = covered_classes(rows_used)
+    if auto is None:
+        missing = sorted(set(CLASS_FIELDS) - covered)
+        return gpu, f"; datasheet efficiencies for {', '.join(missing)}" if missing else ""
+    auto_profile = with_calibration(gpu, auto).efficiency
+    auto_covered = covered_classes(_metadata(auto).get("rows_used") or {})
+    filled, taken = fill_from(gpu.efficiency, covered, auto_profile, auto_covered)
+    if not taken:
+        return gpu, ""
+    return gpu.with_efficiency(filled), f"; {', '.join(taken)} from {auto} (auto)"

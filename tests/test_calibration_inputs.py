@@ -9,16 +9,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from hardware_models.calibration.harness.device_info import preset_for
 from hardware_models.calibration.harness.runner import METADATA
 from hardware_models.calibration.measured_tables import COLUMNS
 from hardware_models.calibration.sources import load_measurements, resolve_spec
 from hardware_models.calibration.workflow import usable_rows
+from hardware_models.calibration_lookup import choose_calibration
 from hardware_models.device_names import preset_for_device
+from hardware_models.efficiency import EfficiencyProfile
 from hardware_models.errors import InfersimError
 from hardware_models.gemm import gemm_cost
-from hardware_models.presets import list_gpus, load_gpu
+from hardware_models.presets import calibration_path, list_gpus, load_gpu
 
 
 @pytest.mark.parametrize(
@@ -209,3 +212,39 @@ def test_an_attention_table_without_its_kv_cache_dtype_is_refused(tmp_path: Path
     ).to_parquet(folder / "context_attention_perf.parquet")
     with pytest.raises(InfersimError, match=r"missing column 'kv_cache_dtype'"):
         load_measurements(measured=folder, gpu="l40s")
+
+
+# ------------------------------------------------------------------ partial profiles
+
+
+def test_what_a_partial_profile_did_not_fit_comes_from_auto_and_the_note_says_so(
+    tmp_path: Path,
+) -> None:
+    """A bf16 GEMM-only profile: its bf16 GEMM terms stay, while attention, MoE, the
+    links and the fp8 GEMMs are the shipped l40s profile's (auto), not the datasheet's."""
+    data = yaml.safe_load(calibration_path("l40s").read_text())
+    defaults = EfficiencyProfile()
+    efficiency = data["efficiency"]
+    for field in EfficiencyProfile.model_fields:
+        if not field.startswith("gemm_") and field in efficiency:
+            efficiency[field] = defaults.model_dump(mode="json")[field]
+        elif field.endswith("_by_dtype") and efficiency.get(field):
+            efficiency[field] = {k: v for k, v in efficiency[field].items() if k == "bf16"}
+    efficiency["gemm_floor_us_by_dtype"]["bf16"] = 7.5
+    data["metadata"]["rows_used"] = {"gemm": 500}
+    path = tmp_path / "gemm_only.yaml"
+    path.write_text(yaml.safe_dump(data))
+
+    gpu = load_gpu("l40s")
+    partial, shipped = choose_calibration(gpu, path), choose_calibration(gpu, "l40s")
+    assert "fitted on this GPU; gemm fp8, fp8_block, attention_prefill" in partial.note
+    assert "from l40s (auto)" in partial.note
+    mine, auto = partial.gpu.efficiency, shipped.gpu.efficiency
+    assert mine.gemm_floor_us_by_dtype["bf16"] == 7.5
+    assert mine.gemm_floor_us_by_dtype["fp8"] == auto.gemm_floor_us_by_dtype["fp8"]
+    assert mine.attention_prefill_compute == auto.attention_prefill_compute
+    assert mine.decode_by_kv_dtype == auto.decode_by_kv_dtype
+    assert mine.collective_by_gpus == auto.collective_by_gpus
+    assert gemm_cost(partial.gpu, 16, 4096, 4096, "fp8").seconds == pytest.approx(
+        gemm_cost(shipped.gpu, 16, 4096, 4096, "fp8").seconds
+    )

@@ -65,7 +65,10 @@ def test_a_gemm_csv_becomes_gemm_rows_of_the_long_table(tmp_path: Path) -> None:
         ("m,n,k,dtype,tflops\n", "no rows"),
         ("m,n,k,dtype,tflops\n4096,4096,4096,bf16,1650\n", "a unit slip"),
         ("m,n,k,dtype,measured_s\n4096,4096,4096,bf16,850\n", "is measured_s in seconds"),
-        ("gpu,m,n,k,dtype,tflops\nh100-sxm,1,2,3,bf16,3\n", "measured on ['h100-sxm']"),
+        (
+            "gpu,m,n,k,dtype,tflops\nh100-sxm,1,2,3,bf16,3\n",
+            "measured on h100-sxm, not --gpu rtx-4090",
+        ),
     ],
 )
 def test_a_bad_gemm_csv_is_refused_naming_line_and_column(
