@@ -17,11 +17,13 @@ from hardware_models.calibration.measured_tables import COLUMNS
 from hardware_models.calibration.sources import load_measurements, resolve_spec
 from hardware_models.calibration.workflow import usable_rows
 from hardware_models.calibration_lookup import choose_calibration
+from hardware_models.collectives import collective_cost
 from hardware_models.device_names import preset_for_device
 from hardware_models.efficiency import EfficiencyProfile
 from hardware_models.errors import InfersimError
 from hardware_models.gemm import gemm_cost
-from hardware_models.presets import calibration_path, list_gpus, load_gpu
+from hardware_models.op_request import OperatorRequest
+from hardware_models.presets import calibration_path, list_gpus, load_gpu, load_node
 
 
 @pytest.mark.parametrize(
@@ -248,3 +250,17 @@ def test_what_a_partial_profile_did_not_fit_comes_from_auto_and_the_note_says_so
     assert gemm_cost(partial.gpu, 16, 4096, 4096, "fp8").seconds == pytest.approx(
         gemm_cost(shipped.gpu, 16, 4096, 4096, "fp8").seconds
     )
+
+
+def test_roofline_prices_a_collective_over_the_profiles_fitted_link_as_the_engine_does() -> None:
+    gpu = choose_calibration(load_gpu("l40s"), "l40s").gpu
+    node = load_node("l40s-8x-pcie")
+    request = OperatorRequest(op="all_reduce", gpus=8, bytes=2**26)
+    fitted = gpu.efficiency.link_for(8, node.intra_node_link)
+    assert fitted != node.intra_node_link  # the shipped profile fits 8 GPUs over PCIe
+    assert (
+        request.price(gpu, node).seconds == collective_cost("all_reduce", 2**26, 8, fitted).seconds
+    )
+    datasheet = load_gpu("l40s")
+    plain = collective_cost("all_reduce", 2**26, 8, node.intra_node_link).seconds
+    assert request.price(datasheet, node).seconds == plain
