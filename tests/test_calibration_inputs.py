@@ -16,14 +16,20 @@ from hardware_models.calibration.harness.runner import METADATA
 from hardware_models.calibration.measured_tables import COLUMNS
 from hardware_models.calibration.sources import load_measurements, resolve_spec
 from hardware_models.calibration.workflow import usable_rows
-from hardware_models.calibration_lookup import choose_calibration
+from hardware_models.calibration_lookup import choose_calibration, nearest_profile
 from hardware_models.collectives import collective_cost
 from hardware_models.device_names import preset_for_device
 from hardware_models.efficiency import EfficiencyProfile
 from hardware_models.errors import InfersimError
 from hardware_models.gemm import gemm_cost
 from hardware_models.op_request import OperatorRequest
-from hardware_models.presets import calibration_path, list_gpus, load_gpu, load_node
+from hardware_models.presets import (
+    PRESET_DIR,
+    calibration_path,
+    list_gpus,
+    load_gpu,
+    load_node,
+)
 
 
 @pytest.mark.parametrize(
@@ -264,3 +270,54 @@ def test_roofline_prices_a_collective_over_the_profiles_fitted_link_as_the_engin
     datasheet = load_gpu("l40s")
     plain = collective_cost("all_reduce", 2**26, 8, node.intra_node_link).seconds
     assert request.price(datasheet, node).seconds == plain
+
+
+# --------------------------------------------------------------- custom GPU YAML
+
+
+def _l40s_with(tmp_path: Path, **changes: object) -> Path:
+    """The l40s preset as a user's file, with dotted fields changed."""
+    data = yaml.safe_load((PRESET_DIR / "gpus" / "l40s.yaml").read_text())
+    for field, value in changes.items():
+        head, _, tail = field.partition("__")
+        if tail:
+            data[head][tail] = value
+        else:
+            data[head] = value
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"boost_clock_mhz": 2.52}, r"boost_clock_mhz 2.52 is outside .* typed in GHz"),
+        ({"memory__bandwidth_gbps": 0.864}, r"memory.bandwidth_gbps 0.864 .* typed in TB/s"),
+        ({"l2__bandwidth_gbps": 5e9}, r"l2.bandwidth_gbps 5e\+09 .* typed in MB/s"),
+        (
+            {
+                "datasheet_tflops": {
+                    "bf16": 91.6,
+                    "fp16": 362.05,
+                    "fp8": 733,
+                    "int8": 733,
+                    "fp32_cuda": 91.6,
+                }
+            },
+            r"datasheet_tflops.bf16 91.6 vs 36\d.\d derived .*: \+300%, beyond 10%",
+        ),
+        ({"architecture": "Ada Lovelace"}, r"architecture 'Ada Lovelace' is not one of .*Ada"),
+    ],
+)
+def test_a_custom_gpu_yaml_with_a_slipped_unit_or_unknown_architecture_is_refused(
+    tmp_path: Path, changes: dict, message: str
+) -> None:
+    with pytest.raises(InfersimError, match=message):
+        load_gpu(_l40s_with(tmp_path, **changes))
+
+
+def test_the_architecture_is_read_in_any_case_and_finds_its_auto_profile(tmp_path: Path) -> None:
+    chip = load_gpu(_l40s_with(tmp_path, name="my-ada", architecture=" ada"))
+    assert chip.architecture == "Ada"
+    assert nearest_profile(chip) == "l40s"
