@@ -11,7 +11,9 @@ import pandas as pd
 import pytest
 import yaml
 
+from hardware_models.calibration.harness.benches import Bench
 from hardware_models.calibration.harness.device_info import preset_for
+from hardware_models.calibration.harness.plan import plan_for
 from hardware_models.calibration.harness.runner import METADATA
 from hardware_models.calibration.measured_tables import COLUMNS
 from hardware_models.calibration.sources import load_measurements, resolve_spec
@@ -30,6 +32,7 @@ from hardware_models.presets import (
     load_gpu,
     load_node,
 )
+from simulator.cli.main import main
 
 
 @pytest.mark.parametrize(
@@ -321,3 +324,40 @@ def test_the_architecture_is_read_in_any_case_and_finds_its_auto_profile(tmp_pat
     chip = load_gpu(_l40s_with(tmp_path, name="my-ada", architecture=" ada"))
     assert chip.architecture == "Ada"
     assert nearest_profile(chip) == "l40s"
+
+
+# ----------------------------------------------------------------------- harness
+
+
+def test_one_gemm_dtype_failing_keeps_the_others_rows_and_is_recorded(monkeypatch) -> None:
+    """As on a GPU whose fp8 kernel is missing or runs out of memory at the largest shape:
+    the rows timed before the failure and every other dtype's stay."""
+    bench = Bench(None, "cpu", plan_for("cpu", quick=True), "cpu-local")
+    calls: list[tuple] = []
+
+    def gemm_fn(m: int, n: int, k: int, dtype: str):
+        if dtype == "bfloat16" and len([c for c in calls if c[3] == dtype]) == 2:
+            raise RuntimeError("out of memory")
+        calls.append((m, n, k, dtype))
+        return lambda: None
+
+    monkeypatch.setattr(bench, "_gemm_fn", gemm_fn)
+    monkeypatch.setattr(bench, "time", lambda fn: 1e-3)
+    rows = bench.gemm(lambda line: None)
+    timed = pd.Series([r["source_dtype"] for r in rows]).value_counts()
+    assert timed["float32"] == len([c for c in calls if c[3] == "float32"]) > 2
+    assert timed["bfloat16"] == 2
+    assert bench.errors == {"gemm bfloat16": "RuntimeError: out of memory"}
+
+
+def test_fit_says_what_the_harness_run_could_not_time(tmp_path: Path, capsys) -> None:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    meta = {"device": "cuda", "device_name": "NVIDIA L40S"}
+    meta["errors"] = {"gemm float8_e4m3fn": "RuntimeError: no fp8"}
+    (folder / METADATA).write_text(json.dumps(meta))
+    rows = load_measurements(measured=table_folder(tmp_path, gemm_table()), gpu="l40s").table
+    rows[list(COLUMNS)].to_parquet(folder / "gemm.parquet")
+    assert main(["calibrate", "fit", str(folder), "-o", str(tmp_path / "p.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "warning: the run could not time gemm float8_e4m3fn (RuntimeError: no fp8)" in out

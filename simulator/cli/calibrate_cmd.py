@@ -101,7 +101,11 @@ def _run(args: argparse.Namespace) -> int:
 
 def _fit(args: argparse.Namespace) -> int:
     from hardware_models.calibration.profile_file import write_profile
-    from hardware_models.calibration.sources import load_measurements, resolve_spec
+    from hardware_models.calibration.sources import (
+        harness_metadata,
+        load_measurements,
+        resolve_spec,
+    )
     from hardware_models.calibration.workflow import fit_measurements
 
     if not 0.0 <= args.holdout < 1.0:
@@ -112,6 +116,8 @@ def _fit(args: argparse.Namespace) -> int:
     )
     spec = resolve_spec(measurements, args.gpu, force_gpu=args.force_gpu)
     log(f"{len(measurements.table)} rows from {measurements.source}; fitting against {spec.name}")
+    for part, error in harness_metadata(measurements.folder).get("errors", {}).items():
+        log(f"warning: the run could not time {part} ({error}): the profile has no fit for it")
     profile = fit_measurements(
         measurements,
         spec,

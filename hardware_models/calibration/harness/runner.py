@@ -74,7 +74,7 @@ def run_harness(
             table[NUMERIC_COLUMNS] = table[NUMERIC_COLUMNS].astype(float)
             table.to_parquet(out / f"{name}.parquet")
     meta["rows"] = counts
-    meta["errors"] = errors
+    meta["errors"] = errors | bench.errors
     _write_metadata(out, meta)
     if device == "cpu":
         spec = cpu_spec(torch.get_num_threads())
