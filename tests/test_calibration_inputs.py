@@ -361,3 +361,21 @@ def test_fit_says_what_the_harness_run_could_not_time(tmp_path: Path, capsys) ->
     assert main(["calibrate", "fit", str(folder), "-o", str(tmp_path / "p.yaml")]) == 0
     out = capsys.readouterr().out
     assert "warning: the run could not time gemm float8_e4m3fn (RuntimeError: no fp8)" in out
+
+
+# ---------------------------------------------------------------------- validate
+
+
+def test_validate_says_worse_than_uncalibrated_on_the_profiles_own_gpu(
+    tmp_path: Path, capsys
+) -> None:
+    data = yaml.safe_load(calibration_path("l40s").read_text())
+    data["efficiency"]["gemm_floor_us_by_dtype"]["bf16"] = 500.0  # every GEMM >= 0.5 ms
+    profile = tmp_path / "bad.yaml"
+    profile.write_text(yaml.safe_dump(data))
+    folder = table_folder(tmp_path, gemm_table())
+    argv = ["calibrate", "validate", "--measured", str(folder), "--gpu", "l40s"]
+    assert main([*argv, "--profile", str(profile), "-o", str(tmp_path / "report")]) == 0
+    out = capsys.readouterr().out
+    assert "WORSE than uncalibrated: gemm" in out
+    assert "use the shipped profile (auto) or refit on more shapes" in out

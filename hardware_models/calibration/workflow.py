@@ -154,6 +154,7 @@ class Validation:
     after: pd.Series
     tables: dict[str, pd.DataFrame]
     usable: UsableRows
+    transfer: bool  # the profile was fitted on another GPU
 
 
 EXAMPLE_COLUMNS = [
@@ -200,7 +201,7 @@ def validate_measurements(
     tables = validation_tables(rows, before, after, transfer)
     tables["left_out"] = left_out_table(usable)
     tables["implausible_examples"] = usable.screened.examples()[EXAMPLE_COLUMNS]
-    return Validation(rows, which, before, after, tables, usable)
+    return Validation(rows, which, before, after, tables, usable, transfer)
 
 
 def write_report(validation: Validation, out_dir: str | Path, title: str) -> list[Path]:

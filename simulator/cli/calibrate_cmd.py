@@ -166,11 +166,15 @@ def _validate(args: argparse.Namespace) -> int:
         verdict = "met" if row.met else f"MISSED by {100 * (row.mape - row.target):.1f} points"
         limit = f"MAPE <= {100 * row.target:.0f}%:"
         print(f"  target {row.op_class:<18} {limit} {100 * row.mape:5.1f}%  {verdict}")
-    worse = result.tables.get("worse_than_uncalibrated", pd.DataFrame())
-    for row in worse.itertuples(index=False):
+    advice = (
+        "this transfer should not be used for it"
+        if result.transfer
+        else "use the shipped profile (auto) or refit on more shapes for it"
+    )
+    for row in result.tables["worse_than_uncalibrated"].itertuples(index=False):
         print(
             f"  WORSE than uncalibrated: {row.op_class} {100 * row.mape_uncalibrated:.1f}% -> "
-            f"{100 * row.mape_calibrated:.1f}% (this transfer should not be used for it)"
+            f"{100 * row.mape_calibrated:.1f}% ({advice})"
         )
     log(f"wrote {len(paths)} files to {out}")
     return 0
