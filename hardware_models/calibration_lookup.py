@@ -86,6 +86,33 @@ def nearest_profile(gpu: AcceleratorSpec) -> str | None:
     return min(kin)[1] if kin else None
 
 
+# How far beyond the sizes a profile was fitted on an operator may be before roofline
+# says its price is an extrapolation.
+SIZE_RANGE_SLACK = 4.0
+
+
+def profile_metadata(name_or_path: str | Path) -> dict:
+    """A profile's metadata (shipped name or path; empty for a bare efficiency profile)."""
+    text = str(name_or_path)
+    if text in list_calibrations():
+        return _metadata(text)
+    return load_yaml_mapping(text).get("metadata") or {}
+
+
+def outside_fitted_sizes(metadata: dict, op_class: str, size: float) -> str | None:
+    """Why `size` of `op_class` is far outside the sizes the profile's fit saw, or None
+    (no range recorded: a profile fitted before ranges were, or a class it did not fit)."""
+    bounds = (metadata.get("size_ranges") or {}).get(op_class)
+    if not bounds or size <= 0:
+        return None
+    low, high = bounds
+    if low / SIZE_RANGE_SLACK <= size <= high * SIZE_RANGE_SLACK:
+        return None
+    return (
+        f"{op_class} of size {size:.3g} outside the {low:.3g}-{high:.3g} the profile was fitted on"
+    )
+
+
 def choose_calibration(gpu: AcceleratorSpec, setting: str | Path = AUTO) -> CalibrationChoice:
     """`gpu` with the profile `setting` names: auto (see the module), none, a shipped
     profile's name or a profile file's path."""
@@ -100,9 +127,7 @@ def choose_calibration(gpu: AcceleratorSpec, setting: str | Path = AUTO) -> Cali
                 gpu, None, f"none (auto: no measured {family} chip; datasheet efficiencies)"
             )
         text = name
-    metadata = _metadata(text) if text in list_calibrations() else {}
-    if not metadata and Path(text).is_file():
-        metadata = load_yaml_mapping(text).get("metadata") or {}
+    metadata = profile_metadata(text) if text in list_calibrations() or Path(text).is_file() else {}
     fitted_on = metadata.get("gpu")
     calibrated = with_calibration(gpu, text)
     how = "auto: " if str(setting) == AUTO else ""

@@ -16,8 +16,9 @@ from hardware_models.calibration.harness.device_info import preset_for
 from hardware_models.calibration.harness.plan import plan_for
 from hardware_models.calibration.harness.runner import METADATA
 from hardware_models.calibration.measured_tables import COLUMNS
+from hardware_models.calibration.profile_file import read_profile, write_profile
 from hardware_models.calibration.sources import load_measurements, resolve_spec
-from hardware_models.calibration.workflow import usable_rows
+from hardware_models.calibration.workflow import fit_measurements, usable_rows
 from hardware_models.calibration_lookup import choose_calibration, nearest_profile
 from hardware_models.collectives import collective_cost
 from hardware_models.device_names import preset_for_device
@@ -379,3 +380,27 @@ def test_validate_says_worse_than_uncalibrated_on_the_profiles_own_gpu(
     out = capsys.readouterr().out
     assert "WORSE than uncalibrated: gemm" in out
     assert "use the shipped profile (auto) or refit on more shapes" in out
+
+
+# ------------------------------------------------------------- fitted size ranges
+
+
+def test_a_fit_on_large_gemms_only_warns_and_roofline_flags_small_ones(
+    tmp_path: Path, capsys
+) -> None:
+    table = gemm_table()
+    folder = table_folder(tmp_path, table[table["m"] >= 1024])
+    lines: list[str] = []
+    measurements = load_measurements(measured=folder, gpu="l40s")
+    profile = fit_measurements(measurements, load_gpu("l40s"), holdout=0.0, progress=lines.append)
+    assert any("warning: no GEMM row with m <= 64 (smallest m 1024)" in line for line in lines)
+    low, high = profile.metadata.size_ranges["gemm"]
+    assert (low, high) == (2.0 * 1024 * 1024 * 1024, 2.0 * 4096 * 8192 * 4096)
+    path = write_profile(profile, tmp_path / "big.yaml")
+    assert read_profile(path).metadata.size_ranges == profile.metadata.size_ranges
+
+    roofline = ["roofline", "--gpu", "l40s", "--calibration", str(path), "--n", "2048"]
+    assert main([*roofline, "--m", "16", "--k", "2048"]) == 0
+    assert "warning: row 1 priced by extrapolation (gemm of size" in capsys.readouterr().out
+    assert main([*roofline, "--m", "2048", "--k", "2048"]) == 0
+    assert "extrapolation" not in capsys.readouterr().out

@@ -82,6 +82,10 @@ def fit_measurements(
         }
         efficiency = efficiency.model_copy(update={"collective_by_gpus": collective})
     used = fit_rows.groupby("op_class").size()
+    sizes = fit_rows.groupby("op_class")["size"].agg(["min", "max"])
+    if progress is not None:
+        for line in unconstrained_terms(fit_rows, curves_only):
+            progress(line)
     return CalibrationProfile(
         metadata=ProfileMetadata(
             source=measurements.source,
@@ -90,10 +94,30 @@ def fit_measurements(
             holdout=holdout,
             seed=seed,
             curves_only=curves_only,
+            size_ranges={str(k): (float(r["min"]), float(r["max"])) for k, r in sizes.iterrows()},
         ),
         efficiency=efficiency,
         links=links,
     )
+
+
+# A GEMM with at most this many rows is bound by the kernel's floor and its per-wave
+# latency, not by its FLOPs or bytes: a fit without one cannot tell those terms apart.
+SMALL_GEMM_ROWS = 64
+
+
+def unconstrained_terms(fit_rows: pd.DataFrame, curves_only: bool) -> list[str]:
+    """Warnings for fitted terms the rows cannot constrain: a GEMM floor and per-wave
+    latency fitted without small GEMMs (a table of large shapes only) price every small
+    one by extrapolation (a fit on m, n, k >= 4096 priced 16x2048x2048 at 8x its time)."""
+    gemm = fit_rows[fit_rows["op_class"] == "gemm"]
+    if curves_only or gemm.empty or gemm["m"].min() <= SMALL_GEMM_ROWS:
+        return []
+    return [
+        f"warning: no GEMM row with m <= {SMALL_GEMM_ROWS} (smallest m {gemm['m'].min():.0f}): "
+        "the GEMM floor and per-wave latency are extrapolated to small GEMMs; add small "
+        "shapes, or fit with --curves-only to keep the preset's"
+    ]
 
 
 @dataclass(frozen=True)
