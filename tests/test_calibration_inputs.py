@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from hardware_models.calibration.benchmark_loops import gemm_loop_bytes
 from hardware_models.calibration.harness.benches import Bench
 from hardware_models.calibration.harness.device_info import preset_for
 from hardware_models.calibration.harness.plan import plan_for
@@ -404,3 +405,29 @@ def test_a_fit_on_large_gemms_only_warns_and_roofline_flags_small_ones(
     assert "warning: row 1 priced by extrapolation (gemm of size" in capsys.readouterr().out
     assert main([*roofline, "--m", "2048", "--k", "2048"]) == 0
     assert "extrapolation" not in capsys.readouterr().out
+
+
+# ------------------------------------------------- aiconfigurator's download layout
+
+
+def test_tables_in_aiconfigurators_nested_layout_and_as_text_are_read_alike(
+    tmp_path: Path,
+) -> None:
+    frame = gemm_table()
+    flat = load_measurements(measured=table_folder(tmp_path, frame), gpu="l40s").table
+    nested = tmp_path / "dl" / "l40s" / "vllm" / "0.24.0"
+    nested.mkdir(parents=True)
+    frame.to_csv(nested / "gemm_perf.txt", index=False)
+    measurements = load_measurements(measured=tmp_path / "dl" / "l40s", gpu="l40s")
+    assert measurements.devices[0][1] == "NVIDIA L40S"
+    table = measurements.table
+    pd.testing.assert_frame_equal(
+        table.drop(columns="source"), flat.drop(columns="source"), check_dtype=False
+    )
+    # Still read as aiconfigurator's benchmark loop (warm L2), not as rows of unknown origin.
+    assert np.isfinite(gemm_loop_bytes(table, "bf16")).all()
+    again = tmp_path / "dl" / "l40s" / "vllm" / "0.25.0"
+    again.mkdir()
+    frame.to_parquet(again / "gemm_perf.parquet")
+    with pytest.raises(InfersimError, match=r"gemm_perf is there 2 times .* point --measured"):
+        load_measurements(measured=tmp_path / "dl" / "l40s", gpu="l40s")

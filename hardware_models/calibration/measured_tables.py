@@ -65,6 +65,7 @@ from hardware_models.attention import (
 )
 from hardware_models.calibration.benchmark_loops import (
     AICONFIGURATOR_GEMM_FILE,
+    TEXT_SUFFIXES,
     eager_seconds,
     gemm_loop_bytes,
     timed_eagerly,
@@ -339,9 +340,33 @@ TABLES: list[MeasuredTable] = [
 ]
 
 
+def table_files(folder: Path) -> dict[str, Path]:
+    """One GPU's table files by TABLES filename: in `folder` itself, or, as aiconfigurator
+    lays them out (`<gpu>/<backend>/<version>/`, NCCL apart from the engine's), in its
+    subfolders two levels down; each as Parquet or as `.txt`/`.csv` text. A table found
+    in two places (two versions of one backend) is refused: which one is meant?"""
+    if not folder.is_dir():
+        return {}
+    found: dict[str, Path] = {}
+    for table in TABLES:
+        stem = Path(table.filename).stem
+        names = [table.filename, *(stem + suffix for suffix in TEXT_SUFFIXES)]
+        here = [folder / name for name in names if (folder / name).is_file()]
+        places = here or sorted(p for name in names for p in folder.glob(f"*/*/{name}"))
+        if len(places) > 1:
+            shown = ", ".join(str(p.relative_to(folder)) for p in places)
+            raise InfersimError(
+                f"{folder}: {stem} is there {len(places)} times ({shown}); point --measured "
+                "at the folder of the version you mean"
+            )
+        if places:
+            found[table.filename] = places[0]
+    return found
+
+
 def is_table_folder(path: Path) -> bool:
     """True when `path` holds at least one table of the aiconfigurator layout."""
-    return path.is_dir() and any((path / t.filename).is_file() for t in TABLES)
+    return bool(table_files(path))
 
 
 def gpu_of_folder(path: Path) -> str | None:
@@ -362,9 +387,10 @@ def read_table_folder(
     if bad:
         raise InfersimError(f"unknown op class {sorted(bad)}; allowed: {', '.join(OP_CLASSES)}")
     frames = []
+    files = table_files(folder)
     for table in TABLES:
-        path = folder / table.filename
-        if table.op_classes & wanted and path.is_file():
+        path = files.get(table.filename)
+        if table.op_classes & wanted and path is not None:
             frame = table.read(path, gpu)
             frames.append(frame[frame["op_class"].isin(wanted)])
     if not frames:
@@ -389,7 +415,8 @@ def gpu_folders(root: Path, gpu: str | None = None) -> dict[Path, str]:
     if not folders:
         raise InfersimError(
             f"no measurement tables found under {root} (expected a folder, or subfolders, "
-            f"with any of {', '.join(t.filename for t in TABLES)})"
+            f"with any of {', '.join(t.filename for t in TABLES)}, or their .txt text, "
+            "directly or in <backend>/<version>/ subfolders)"
         )
     unnamed = [p.name for p in folders if gpu_of_folder(p) is None]
     if unnamed:
@@ -401,16 +428,23 @@ def gpu_folders(root: Path, gpu: str | None = None) -> dict[Path, str]:
 
 
 def table_devices(root: Path) -> list[tuple[Path, str]]:
-    """(table file, device name) for every distinct name in the `device` column of the
-    tables directly in `root` (aiconfigurator's torch device name, e.g. NVIDIA L40S);
+    """(table file, device name) for every distinct name in the `device` column of one
+    GPU's tables (table_files; aiconfigurator's torch device name, e.g. NVIDIA L40S);
     nothing for a folder of GPU folders, whose names say their GPUs."""
     import pyarrow.parquet as pq  # pandas' Parquet engine: loaded only when tables are read
 
     found = []
-    for table in TABLES:
-        path = root / table.filename
-        if path.is_file() and "device" in pq.read_schema(path).names:
+    for path in table_files(root).values():
+        if path.suffix in TEXT_SUFFIXES:
+            header = pd.read_csv(path, nrows=0).columns
+            devices = (
+                pd.read_csv(path, usecols=["device"])["device"] if "device" in header else None
+            )
+        elif "device" in pq.read_schema(path).names:
             devices = pd.read_parquet(path, columns=["device"])["device"]
+        else:
+            devices = None
+        if devices is not None:
             found += [(path, str(name)) for name in sorted(set(devices.dropna()))]
     return found
 

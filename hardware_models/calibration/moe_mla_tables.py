@@ -140,7 +140,7 @@ def read_moe(path: Path, gpu: str) -> pd.DataFrame:
 def read_mla(path: Path, gpu: str) -> pd.DataFrame:
     """An MLA table (MLA_FILES): batch, q_len, kv_len, num_heads, kv_dtype; gemm_dtype and
     module = 1 for the H100 module tables; size = the attention's FLOPs."""
-    op_class, module = MLA_FILES[path.name]
+    op_class, module = MLA_FILES[path.with_suffix(".parquet").name]  # or its .txt
     dtypes = ("mla_dtype", "kv_cache_dtype")
     raw = read_raw(path, ("batch_size", "isl", "num_heads", "latency"), ("step",), dtypes)
     out = _frame(gpu, op_class, len(raw), path)

@@ -1,4 +1,5 @@
-"""Read one table file of the aiconfigurator layout, checked before any column is used:
+"""Read one table file of the aiconfigurator layout (Parquet, or the same columns as
+comma-separated text: aiconfigurator's `.txt` tables), checked before any column is used:
 a malformed table (a column missing, a latency that is empty, zero or negative, a dtype
 no kernel has) is refused in one line naming the file, the column and what is allowed,
 never a KeyError or a fit that fails deep inside on a NaN."""
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from hardware_models.calibration.benchmark_loops import TEXT_SUFFIXES
 from hardware_models.dtypes import parse_dtype
 from hardware_models.errors import InfersimError
 
@@ -27,10 +29,13 @@ def read_raw(
     ones is there, those in `positive` are finite and > 0 (latency in ms, sizes), those
     in `non_negative` (step) and `optional` (window_size, where present) finite and
     >= 0, and `dtypes` name known dtypes."""
+    text_table = path.suffix in TEXT_SUFFIXES
     try:
-        raw = pd.read_parquet(path)
-    except (OSError, ValueError) as exc:
-        raise InfersimError(f"{path}: not a readable Parquet table ({exc})") from None
+        raw = pd.read_csv(path) if text_table else pd.read_parquet(path)
+    except (OSError, ValueError, pd.errors.ParserError) as exc:
+        kind = "CSV text" if text_table else "Parquet"
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InfersimError(f"{path}: not a readable {kind} table ({first})") from None
     required = [*positive, *non_negative, *dtypes, *text]
     missing = [c for c in required if c not in raw.columns]
     if missing:
