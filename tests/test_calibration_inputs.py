@@ -431,3 +431,20 @@ def test_tables_in_aiconfigurators_nested_layout_and_as_text_are_read_alike(
     frame.to_parquet(again / "gemm_perf.parquet")
     with pytest.raises(InfersimError, match=r"gemm_perf is there 2 times .* point --measured"):
         load_measurements(measured=tmp_path / "dl" / "l40s", gpu="l40s")
+
+
+# ------------------------------------------------------------------ GEMM CSV
+
+
+def test_a_gemm_csv_may_spell_its_columns_in_capitals_and_time_in_ms_or_us(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "gemm.csv"
+    path.write_text("M,N,K,dtype,latency_ms\n4096,4096,4096,bf16,0.9\n")
+    assert load_measurements(path).table["measured_s"].iloc[0] == pytest.approx(0.9e-3)
+    path.write_text("m,n,k,dtype,latency_us\n4096,4096,4096,bf16,900\n")
+    assert load_measurements(path).table["measured_s"].iloc[0] == pytest.approx(0.9e-3)
+    other = tmp_path / "gemm.json"
+    other.write_text("{}")
+    with pytest.raises(InfersimError, match=r"gemm.json: a GEMM table must be a .csv file"):
+        load_measurements(other)

@@ -64,7 +64,8 @@ def test_a_gemm_csv_becomes_gemm_rows_of_the_long_table(tmp_path: Path) -> None:
         ("gpu,m,n,k,dtype,tflops\n,1,2,3,bf16,3\n", "line 2, column gpu: empty"),
         ("m,n,k,dtype,tflops\n", "no rows"),
         ("m,n,k,dtype,tflops\n4096,4096,4096,bf16,1650\n", "a unit slip"),
-        ("m,n,k,dtype,measured_s\n4096,4096,4096,bf16,850\n", "is measured_s in seconds"),
+        ("m,n,k,dtype,measured_s\n4096,4096,4096,bf16,850\n", "line 2: 4096x4096x4096"),
+        ("m,n,k,dtype,measured_s\n4096,4096,4096,bf16,850\n", "measured_s in seconds"),
         (
             "gpu,m,n,k,dtype,tflops\nh100-sxm,1,2,3,bf16,3\n",
             "measured on h100-sxm, not --gpu rtx-4090",

@@ -82,6 +82,11 @@ def load_measurements(
         path = Path(folder)
         if path.suffix.lower() == ".csv":
             return _csv_measurements(path)
+        if path.is_file():
+            raise InfersimError(
+                f"{path}: a GEMM table must be a .csv file (m, n, k, dtype and a time "
+                "column); a `calibrate run` input is its folder"
+            )
         if not path.is_dir():
             raise InfersimError(f"{path}: no such calibration folder or GEMM CSV")
         devices = _harness_devices(path)
