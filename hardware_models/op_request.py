@@ -87,7 +87,12 @@ class OperatorRequest(BaseModel):
     def _required_fields(self) -> OperatorRequest:
         missing = [f for f in REQUIRED[self.op] if getattr(self, f) is None]
         if missing:
-            raise ValueError(f"op {self.op} needs {', '.join(missing)}")
+            hint = (
+                " (the tokens already cached per sequence: context, not kv_len)"
+                if "context" in missing and self.kv_len is not None
+                else ""
+            )
+            raise ValueError(f"op {self.op} needs {', '.join(missing)}{hint}")
         if self.op != "gemm" and self.dtype not in tuple(Dtype):
             raise ValueError(
                 f"dtype {self.dtype} is a block-scaled GEMM format; op {self.op} "

@@ -448,3 +448,11 @@ def test_a_gemm_csv_may_spell_its_columns_in_capitals_and_time_in_ms_or_us(
     other.write_text("{}")
     with pytest.raises(InfersimError, match=r"gemm.json: a GEMM table must be a .csv file"):
         load_measurements(other)
+
+
+def test_roofline_decode_attention_asks_for_context_not_kv_len(capsys) -> None:
+    argv = ["roofline", "--gpu", "l40s", "--op", "attention_decode", "--batch", "1"]
+    assert main([*argv, "--kv-len", "4096", "--heads", "32", "--head-dim", "128"]) == 2
+    assert "needs context (the tokens already cached per sequence: context, not kv_len)" in (
+        capsys.readouterr().err
+    )

@@ -216,10 +216,14 @@ def validate_measurements(
         which = f"held-out ({meta.holdout:.0%} of shapes, seed {meta.seed})"
     else:
         which = f"all (transfer: profile fitted on {meta.gpu})"
+    if rows.empty and not transfer and meta.holdout == 0:
+        raise InfersimError(
+            "no rows to validate on: the profile was fitted with --holdout 0 on every shape "
+            "of this table; validate on another table, or refit with --holdout 0.5"
+        )
     if rows.empty:
         left_out = "; ".join(usable.lines())
-        why = left_out or "is --holdout 0 in the profile?"
-        raise InfersimError(f"no rows to validate on ({why})")
+        raise InfersimError(f"no rows to validate on ({left_out or 'none measured'})")
     before = predict_all(rows, spec, node=node)
     after = predict_all(rows, spec, profile, node=node)
     tables = validation_tables(rows, before, after, transfer)
