@@ -113,6 +113,31 @@ def outside_fitted_sizes(metadata: dict, op_class: str, size: float) -> str | No
     )
 
 
+def gemms_outside_fitted_sizes(
+    metadata: dict, shapes: list[tuple[int, int]], max_tokens: int
+) -> str | None:
+    """Why the GEMMs a run prices, (n, k) `shapes` at 1 to `max_tokens` rows, reach far
+    beyond the sizes the profile's GEMM fit saw (SIZE_RANGE_SLACK), or None."""
+    products = [2.0 * n * k for n, k in shapes]
+    if not products:
+        return None
+    low, high = min(products), max_tokens * max(products)
+    far = [
+        why
+        for why in (
+            outside_fitted_sizes(metadata, "gemm", low),
+            outside_fitted_sizes(metadata, "gemm", high),
+        )
+        if why
+    ]
+    if not far:
+        return None
+    return (
+        f"its GEMMs here run {low:.3g}-{high:.3g} FLOPs, and the {'; the '.join(far)}: those "
+        f"beyond {SIZE_RANGE_SLACK:g}x are priced by extrapolation"
+    )
+
+
 def choose_calibration(gpu: AcceleratorSpec, setting: str | Path = AUTO) -> CalibrationChoice:
     """`gpu` with the profile `setting` names: auto (see the module), none, a shipped
     profile's name or a profile file's path."""

@@ -16,7 +16,12 @@ import numpy as np
 import simpy
 
 from hardware_models.accelerator import AcceleratorSpec
-from hardware_models.calibration_lookup import CalibrationChoice, choose_calibration
+from hardware_models.calibration_lookup import (
+    CalibrationChoice,
+    choose_calibration,
+    gemms_outside_fitted_sizes,
+    profile_metadata,
+)
 from hardware_models.errors import InfeasibleError, InfersimError, InfersimWarning
 from hardware_models.node import NodeSpec
 from hardware_models.presets import list_nodes, load_gpu, load_node
@@ -352,6 +357,19 @@ def _warn_links_fitted_elsewhere(gpu: AcceleratorSpec, node: NodeSpec, profile: 
         )
 
 
+def _warn_outside_fitted_sizes(
+    calibration: CalibrationChoice, arch: ModelArchitecture, tp: int, max_tokens: int
+) -> None:
+    """A profile fitted on a narrow range of GEMM sizes extrapolates outside it (its
+    metadata.size_ranges): the run says so when its GEMMs reach far beyond."""
+    if calibration.profile is None:
+        return
+    shapes = [(n, k) for _name, _m, n, k, _layers in arch.gemms(1, tp)]
+    why = gemms_outside_fitted_sizes(profile_metadata(calibration.profile), shapes, max_tokens)
+    if why is not None:
+        warnings.warn(f"calibration {calibration.profile}: {why}", InfersimWarning, stacklevel=2)
+
+
 def _load_arch(scenario: Scenario) -> ModelArchitecture:
     return _named_field("model.name", load_model, _maybe_path(scenario, scenario.model.name))
 
@@ -501,6 +519,7 @@ def build_replica(
         symm_mem_all_reduce=par.allreduce_use_symm_mem,
         mxfp4_use_marlin=scenario.model.mxfp4_use_marlin,
     )
+    _warn_outside_fitted_sizes(calibration, arch, par.tp, serving.max_num_batched_tokens)
     info = ReplicaInfo(
         gpu=gpu.name,
         gpus=gpus,

@@ -4,6 +4,7 @@ GPU or time unit disagrees with what they are priced against, and malformed tabl
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ from hardware_models.calibration_lookup import choose_calibration, nearest_profi
 from hardware_models.collectives import collective_cost
 from hardware_models.device_names import preset_for_device
 from hardware_models.efficiency import EfficiencyProfile
-from hardware_models.errors import InfersimError
+from hardware_models.errors import InfersimError, InfersimWarning
 from hardware_models.gemm import gemm_cost
 from hardware_models.op_request import OperatorRequest
 from hardware_models.presets import (
@@ -456,3 +457,22 @@ def test_roofline_decode_attention_asks_for_context_not_kv_len(capsys) -> None:
     assert "needs context (the tokens already cached per sequence: context, not kv_len)" in (
         capsys.readouterr().err
     )
+
+
+def test_a_run_warns_when_its_gemms_reach_beyond_the_sizes_the_profile_was_fitted_on(
+    tmp_path: Path, make_scenario
+) -> None:
+    from simulator.simulation import build_replica
+
+    data = yaml.safe_load(calibration_path("l40s").read_text())
+    data["metadata"]["size_ranges"] = {"gemm": [1e11, 1e13]}  # large GEMMs only
+    path = tmp_path / "large_only.yaml"
+    path.write_text(yaml.safe_dump(data))
+    scenario = make_scenario(hardware={"gpu": "l40s", "calibration": str(path)})
+    with pytest.warns(InfersimWarning, match=r"large_only.yaml: its GEMMs here run .* by extrap"):
+        build_replica(scenario)
+    data["metadata"]["size_ranges"] = {"gemm": [1e6, 1e14]}
+    path.write_text(yaml.safe_dump(data))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InfersimWarning)
+        build_replica(make_scenario(hardware={"gpu": "l40s", "calibration": str(path)}))
