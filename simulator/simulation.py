@@ -11,6 +11,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 import simpy
@@ -108,7 +109,14 @@ def resolve_calibration(scenario: Scenario) -> CalibrationChoice:
     which one that is (for the summary and the terminal)."""
     hw = scenario.hardware
     gpu = _named_field("hardware.gpu", load_gpu, _maybe_path(scenario, hw.gpu))
-    value = _maybe_path(scenario, hw.calibration or "none")
+    given = hw.calibration or "none"
+    value = _maybe_path(scenario, given)
+    if value != given and not Path(value).exists() and Path(given).is_file():
+        raise InfersimError(
+            f"hardware.calibration: {value}: no such file (a relative path resolves against "
+            f"the scenario's folder; {given} is in the working folder: give its absolute "
+            f"path, {Path(given).resolve()})"
+        )
     return _named_field("hardware.calibration", lambda v: choose_calibration(gpu, v), value)
 
 

@@ -476,3 +476,16 @@ def test_a_run_warns_when_its_gemms_reach_beyond_the_sizes_the_profile_was_fitte
     with warnings.catch_warnings():
         warnings.simplefilter("error", InfersimWarning)
         build_replica(make_scenario(hardware={"gpu": "l40s", "calibration": str(path)}))
+
+
+def test_a_relative_profile_found_only_in_the_working_folder_asks_for_its_absolute_path(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.yaml").write_text(calibration_path("l40s").read_text())
+    scenario = str(Path(__file__).resolve().parents[1] / "scenarios" / "quickstart.yaml")
+    argv = ["run", scenario, "--set", "hardware.calibration=mine.yaml", "-o", "out"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "a relative path resolves against the scenario's folder" in err
+    assert str(tmp_path / "mine.yaml") in err
