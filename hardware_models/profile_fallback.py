@@ -7,23 +7,27 @@ measure, while the run line says "fitted on this GPU". So the parts it did not f
 taken from the `auto` profile: whole op classes it has no rows for (their own fields, by
 prefix), and within a class it fitted, the dtypes and GPU counts of auto's per-dtype or
 per-group-size entries it lacks (an fp8 curve beside a bf16-only fit; a link fit over 8
-GPUs beside one over 2). Fields shared by every class (launch overheads, the kernel
-floor, cache bandwidths) stay the profile's: its fit set them from its own rows.
+GPUs beside one over 2). The fields no fit sets (launch overheads, the L2 bandwidth, the
+attention floor) are the preset defaults in every profile, the shipped ones included.
 """
 
 from __future__ import annotations
 
 from hardware_models.efficiency import EfficiencyProfile
 
-# Op class -> the prefixes of the EfficiencyProfile fields only that class reads.
+# Op class (of metadata.rows_used) -> the prefixes (or whole names) of the
+# EfficiencyProfile fields its fit sets: the GEMM fit also sets the generic kernel floor
+# (fit.generic_from_dtypes), MLA decode the 8-bit cache's extra time, device copies the
+# memory bandwidth.
 CLASS_FIELDS: dict[str, tuple[str, ...]] = {
-    "gemm": ("gemm_",),
+    "gemm": ("gemm_", "kernel_floor_us"),
     "attention_prefill": ("attention_prefill_", "prefill_"),
     "attention_decode": ("attention_decode_", "decode_"),
     "moe": ("moe_",),
     "mla_prefill": ("mla_prefill_",),
-    "mla_decode": ("mla_decode_",),
+    "mla_decode": ("mla_decode_", "mla_fp8_kv_us"),
     "collectives": ("collective_",),
+    "memory_copy": ("memory_bandwidth",),
 }
 COLLECTIVE_ROWS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all"})
 

@@ -489,3 +489,24 @@ def test_a_relative_profile_found_only_in_the_working_folder_asks_for_its_absolu
     err = capsys.readouterr().err
     assert "a relative path resolves against the scenario's folder" in err
     assert str(tmp_path / "mine.yaml") in err
+
+
+def test_a_links_only_profile_prices_everything_else_as_auto(tmp_path: Path) -> None:
+    """NCCL timed on two GPUs only: the kernels (the GEMM floor included) and the other
+    GPU counts' links are the shipped profile's, the 2-GPU link the profile's own."""
+    shipped = choose_calibration(load_gpu("l40s"), "l40s").gpu.efficiency
+    mine = shipped.collective_by_gpus[2].model_copy(update={"latency_us": 9.0})
+    efficiency = EfficiencyProfile(collective_by_gpus={2: mine})
+    data = yaml.safe_load(calibration_path("l40s").read_text())
+    data["efficiency"] = efficiency.model_dump(mode="json")
+    data["metadata"]["rows_used"] = {"all_reduce": 40}
+    path = tmp_path / "nccl2.yaml"
+    path.write_text(yaml.safe_dump(data))
+    used = choose_calibration(load_gpu("l40s"), path)
+    assert used.gpu.efficiency.collective_by_gpus == {**shipped.collective_by_gpus, 2: mine}
+    assert used.gpu.efficiency.model_copy(update={"collective_by_gpus": {}}) == (
+        shipped.model_copy(update={"collective_by_gpus": {}})
+    )
+    assert "gemm, attention_prefill, attention_decode, moe, collectives over 4, 8 GPUs" in (
+        used.note
+    )
