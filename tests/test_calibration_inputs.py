@@ -19,7 +19,8 @@ from hardware_models.calibration.harness.plan import plan_for
 from hardware_models.calibration.harness.runner import METADATA
 from hardware_models.calibration.measured_tables import COLUMNS
 from hardware_models.calibration.profile_file import read_profile, write_profile
-from hardware_models.calibration.sources import load_measurements, resolve_spec
+from hardware_models.calibration.sources import Measurements, load_measurements, resolve_spec
+from hardware_models.calibration.validate import predict_all
 from hardware_models.calibration.workflow import fit_measurements, usable_rows
 from hardware_models.calibration_lookup import choose_calibration, nearest_profile
 from hardware_models.collectives import collective_cost
@@ -510,3 +511,21 @@ def test_a_links_only_profile_prices_everything_else_as_auto(tmp_path: Path) -> 
     assert "gemm, attention_prefill, attention_decode, moe, collectives over 4, 8 GPUs" in (
         used.note
     )
+
+
+def test_the_unit_check_prices_a_harness_runs_copies_too(tmp_path: Path) -> None:
+    """A `calibrate run` table holds device copies, which only predict_all prices."""
+    gemms = load_measurements(measured=table_folder(tmp_path, gemm_table()), gpu="l40s").table
+    copies = gemms.iloc[:4].assign(op_class="memory_copy", dtype="int8", m=np.nan, n=np.nan)
+    copies = copies.assign(k=np.nan, nbytes=[2.0**20, 2.0**24, 2.0**26, 2.0**28])
+    copies = copies.assign(size=copies["nbytes"], source="harness:copy")
+    spec = load_gpu("l40s")
+    copies = copies.assign(measured_s=1.2 * predict_all(copies, spec))
+    rows = pd.concat([gemms, copies], ignore_index=True)
+    usable = usable_rows(Measurements(rows, "run", None), spec)
+    assert (usable.rows["op_class"] == "memory_copy").sum() == 4
+    slipped = rows.assign(
+        measured_s=rows["measured_s"] * np.where(rows.index >= len(gemms), 1e3, 1)
+    )
+    with pytest.raises(InfersimError, match=r"the memory_copy rows take a median"):
+        usable_rows(Measurements(slipped, "run", None), spec)

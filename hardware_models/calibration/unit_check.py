@@ -13,13 +13,14 @@ class (MLA modules on the A100: 6-18x), while the same tables priced on another 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
 from hardware_models.accelerator import AcceleratorSpec
-from hardware_models.calibration.measured_tables import COLLECTIVE_CLASSES, predict
 from hardware_models.calibration.screen import HOST_BOUND, Screened
-from hardware_models.node import LinkSpec
+from hardware_models.calibration.validate import predict_all
 
 # A class with more of its rows faster than the chip allows was not measured on it (its
 # own tables: none; another chip's: 21-52%).
@@ -34,12 +35,13 @@ def table_problem(
     rows: pd.DataFrame,
     screened: Screened,
     spec: AcceleratorSpec,
-    link: LinkSpec | None,
+    node: str | Path | None,
     time_column: str,
 ) -> str | None:
-    """Why `rows` (priceable on `spec`; `screened` their screen) cannot be this chip's
-    measurements in the unit `time_column` says, in one line, or None."""
-    ratio = median_ratios(rows, spec, link)
+    """Why `rows` (priceable on `spec`, collectives over `node`'s link; `screened` their
+    screen) cannot be this chip's measurements in the unit `time_column` says, in one
+    line, or None."""
+    ratio = median_ratios(rows, spec, node)
     for op_class, value in ratio.items():
         if not 1 / MAX_MEDIAN_RATIO <= value <= MAX_MEDIAN_RATIO:
             slip = (
@@ -66,19 +68,14 @@ def table_problem(
     return None
 
 
-def median_ratios(rows: pd.DataFrame, spec: AcceleratorSpec, link: LinkSpec | None) -> pd.Series:
+def median_ratios(rows: pd.DataFrame, spec: AcceleratorSpec, node: str | Path | None) -> pd.Series:
     """Per op class, the median of measured / uncalibrated seconds over a seeded sample
-    of at most SAMPLE_ROWS of its rows."""
+    of at most SAMPLE_ROWS of its rows (classes no row of which can be priced: none)."""
     sample = pd.concat(
-        [
-            group.sample(min(len(group), SAMPLE_ROWS), random_state=0)
-            for op_class, group in rows.groupby("op_class")
-            if link is not None or op_class not in COLLECTIVE_CLASSES
-        ]
+        [g.sample(min(len(g), SAMPLE_ROWS), random_state=0) for _c, g in rows.groupby("op_class")]
         or [rows.iloc[:0]]
     )
-    predicted = predict(sample, lambda _name: spec, lambda _name: link)
-    ratio = sample["measured_s"] / predicted
+    ratio = sample["measured_s"] / predict_all(sample, spec, node=node)
     return ratio[np.isfinite(ratio)].groupby(sample["op_class"]).median()
 
 

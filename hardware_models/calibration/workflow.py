@@ -163,7 +163,7 @@ def usable_rows(
     marks = pd.Series(np.where(priceable, 0.0, np.nan), index=rows.index)
     unpriced = unpriced_rows(rows, marks, spec, link_problem)
     screened = screen(rows[priceable], spec, link)
-    problem = table_problem(rows[priceable], screened, spec, link, measurements.time_column)
+    problem = table_problem(rows[priceable], screened, spec, node, measurements.time_column)
     if problem is not None:
         raise InfersimError(f"{measurements.source}: {problem}")
     note = unknown_loop_note(screened.kept, spec)
