@@ -54,14 +54,15 @@ def _inputs(parser: argparse.ArgumentParser) -> None:
         "folder",
         nargs="?",
         type=Path,
-        help="a `calibrate run` folder, or a CSV of GEMM timings (m, n, k, dtype, measured_s "
-        "or tflops; optional gpu, source)",
+        help="a `calibrate run` folder, or a CSV of GEMM timings (m, n, k, dtype, and "
+        "measured_s, latency_ms, latency_us or tflops; optional gpu, source)",
     )
     parser.add_argument(
         "--measured",
         type=Path,
-        help="a folder of tables in the aiconfigurator layout (any name; its GPU is --gpu), "
-        "or a measured/ folder of such folders named after their GPUs",
+        help="a folder of tables in the aiconfigurator layout (any name; its GPU is --gpu; "
+        "Parquet or .txt, directly or in <backend>/<version>/ subfolders), or a measured/ "
+        "folder of such folders named after their GPUs",
     )
     parser.add_argument(
         "--from-shared", metavar="GPU", help="public tables by GPU: h100-sxm, a100-80gb-sxm, l40s"
