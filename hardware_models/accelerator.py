@@ -16,6 +16,35 @@ from hardware_models.errors import InfersimError
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
+# The architecture names the pricing knows (block_scaling.gemm_family, custom all-reduce,
+# `auto` calibration), any case; `Other` for a chip of none of them (priced like Hopper:
+# overlapped stores, no shared-memory cap on small tiles).
+ARCHITECTURES = (
+    "Volta",
+    "Turing",
+    "Ampere",
+    "Ada",
+    "Hopper",
+    "Blackwell",
+    "CDNA2",
+    "CDNA3",
+    "CDNA4",
+    "cpu",
+    "Other",
+)
+# A derived peak further than this from the datasheet's is a wrong figure (the shipped
+# presets agree within 2%; a custom chip's datasheet may round or quote another clock).
+DATASHEET_TOLERANCE = 0.10
+# Plausible ranges of the figures a unit slip moves by 1000x: (field, low, high, unit,
+# the unit a value below `low` was likely typed in, the one above `high`).
+_RANGES = (
+    ("boost_clock_mhz", 100.0, 10_000.0, "MHz", "GHz", "kHz"),
+    ("tensor_clock_mhz", 100.0, 10_000.0, "MHz", "GHz", "kHz"),
+    ("memory.bandwidth_gbps", 5.0, 200_000.0, "GB/s", "TB/s", "MB/s"),
+    ("l2.bandwidth_gbps", 5.0, 1_000_000.0, "GB/s", "TB/s", "MB/s"),
+    ("memory.capacity_gb", 0.5, 100_000.0, "GB", "TB", "MB"),
+)
+
 # PCIe usable bandwidth per lane per direction in GB/s (after line encoding).
 PCIE_GBPS_PER_LANE = {3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 
@@ -177,6 +206,22 @@ class AcceleratorSpec(BaseModel):
     )
     sm_count: int = Field(gt=0, description="streaming multiprocessors (NVIDIA) or CUs (AMD)")
 
+    @field_validator("architecture", mode="before")
+    @classmethod
+    def _known_architecture(cls, value: object) -> object:
+        """One of ARCHITECTURES in any case, spelled as there: `ada` and `Ada` must price
+        alike and find the same `auto` profile."""
+        if not isinstance(value, str):
+            return value
+        known = {name.lower(): name for name in ARCHITECTURES}
+        found = known.get(value.strip().lower())
+        if found is None:
+            raise ValueError(
+                f"architecture {value!r} is not one of {', '.join(ARCHITECTURES)} (any case; "
+                "Other for a chip of none of them)"
+            )
+        return found
+
     @field_validator("compute_capability", mode="before")
     @classmethod
     def _capability_as_text(cls, value: object) -> object:
@@ -242,7 +287,44 @@ class AcceleratorSpec(BaseModel):
                 raise ValueError(f"tensor_flops_per_core_per_clock.{dtype.value} must be > 0")
         if self.architecture.strip().lower() == "blackwell":
             self._check_blackwell_capability()
+        self._check_units()
+        self._check_derived_peaks()
         return self
+
+    def _check_units(self) -> None:
+        """A figure 1000x outside what any chip has is typed in another unit."""
+        for field, low, high, unit, below, above in _RANGES:
+            head, _, tail = field.partition(".")
+            value = getattr(getattr(self, head), tail) if tail else getattr(self, head)
+            if value is None or low <= value <= high:
+                continue
+            likely = below if value < low else above
+            raise ValueError(
+                f"{field} {value:g} is outside {low:g}-{high:g} {unit}: was it typed in "
+                f"{likely}? (the unit is in the field name: {unit})"
+            )
+
+    def _check_derived_peaks(self) -> None:
+        """Each datasheet peak against the one derived from the structure: apart by more
+        than DATASHEET_TOLERANCE, a rate, clock or count (or the figure) is wrong."""
+        for key, quoted in self.datasheet_tflops.items():
+            dtype = Dtype.FP32 if key == "fp32_cuda" else Dtype(key)
+            derived = self.peak_flops(dtype) / 1e12
+            off = derived / quoted - 1 if quoted > 0 else float("inf")
+            if abs(off) <= DATASHEET_TOLERANCE:
+                continue
+            rate = (
+                "fp32_flops_per_sm_per_clock"
+                if key == "fp32_cuda"
+                else f"tensor_flops_per_core_per_clock.{key}"
+            )
+            unit = " (TFLOPS expected, not GFLOPS)" if off < -0.99 else ""
+            raise ValueError(
+                f"datasheet_tflops.{key} {quoted:g}{unit} vs {derived:.4g} derived from "
+                f"sm_count x tensor_cores_per_sm x {rate} x the clock: {off:+.0%}, "
+                f"beyond {DATASHEET_TOLERANCE:.0%}; one of them is wrong (set tensor_clock_mhz "
+                "when the vendor quotes its peaks at another clock)"
+            )
 
     def _check_blackwell_capability(self) -> None:
         """Blackwell is two GEMM machines told apart by the major (gemm_family): a

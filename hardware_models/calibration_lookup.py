@@ -6,7 +6,9 @@ H200 shares the H100's die and its HBM), since
 kernels, tile shapes and memory behaviour follow the die, while the sizes (SMs, clocks,
 bandwidth) come from the GPU's own spec. With no such chip, or `none`, the datasheet
 efficiencies of the preset stay. A profile named or given by path applies to any GPU;
-on another than its own it is a transfer and the note says so.
+on another than its own it is a transfer and the note says so. What a profile did not
+fit (an op class, a dtype, a GPU count) comes from the profile `auto` gives the chip, and
+the note names it (profile_fallback); a transfer is applied as the profile has it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from hardware_models.presets import (
     load_gpu,
     with_calibration,
 )
+from hardware_models.profile_fallback import CLASS_FIELDS, covered_classes, fill_from
 from hardware_models.yaml_io import load_yaml_mapping
 
 AUTO = "auto"
@@ -83,6 +86,58 @@ def nearest_profile(gpu: AcceleratorSpec) -> str | None:
     return min(kin)[1] if kin else None
 
 
+# How far beyond the sizes a profile was fitted on an operator may be before roofline
+# says its price is an extrapolation.
+SIZE_RANGE_SLACK = 4.0
+
+
+def profile_metadata(name_or_path: str | Path) -> dict:
+    """A profile's metadata (shipped name or path; empty for a bare efficiency profile)."""
+    text = str(name_or_path)
+    if text in list_calibrations():
+        return _metadata(text)
+    return load_yaml_mapping(text).get("metadata") or {}
+
+
+def outside_fitted_sizes(metadata: dict, op_class: str, size: float) -> str | None:
+    """Why `size` of `op_class` is far outside the sizes the profile's fit saw, or None
+    (no range recorded: a profile fitted before ranges were, or a class it did not fit)."""
+    bounds = (metadata.get("size_ranges") or {}).get(op_class)
+    if not bounds or size <= 0:
+        return None
+    low, high = bounds
+    if low / SIZE_RANGE_SLACK <= size <= high * SIZE_RANGE_SLACK:
+        return None
+    return (
+        f"{op_class} of size {size:.3g} outside the {low:.3g}-{high:.3g} the profile was fitted on"
+    )
+
+
+def gemms_outside_fitted_sizes(
+    metadata: dict, shapes: list[tuple[int, int]], max_tokens: int
+) -> str | None:
+    """Why the GEMMs a run prices, (n, k) `shapes` at 1 to `max_tokens` rows, reach far
+    beyond the sizes the profile's GEMM fit saw (SIZE_RANGE_SLACK), or None."""
+    products = [2.0 * n * k for n, k in shapes]
+    if not products:
+        return None
+    low, high = min(products), max_tokens * max(products)
+    far = [
+        why
+        for why in (
+            outside_fitted_sizes(metadata, "gemm", low),
+            outside_fitted_sizes(metadata, "gemm", high),
+        )
+        if why
+    ]
+    if not far:
+        return None
+    return (
+        f"its GEMMs here run {low:.3g}-{high:.3g} FLOPs, and the {'; the '.join(far)}: those "
+        f"beyond {SIZE_RANGE_SLACK:g}x are priced by extrapolation"
+    )
+
+
 def choose_calibration(gpu: AcceleratorSpec, setting: str | Path = AUTO) -> CalibrationChoice:
     """`gpu` with the profile `setting` names: auto (see the module), none, a shipped
     profile's name or a profile file's path."""
@@ -97,9 +152,8 @@ def choose_calibration(gpu: AcceleratorSpec, setting: str | Path = AUTO) -> Cali
                 gpu, None, f"none (auto: no measured {family} chip; datasheet efficiencies)"
             )
         text = name
-    fitted_on = _fitted_on(text) if text in list_calibrations() else None
-    if fitted_on is None and Path(text).is_file():
-        fitted_on = (load_yaml_mapping(text).get("metadata") or {}).get("gpu")
+    metadata = profile_metadata(text) if text in list_calibrations() or Path(text).is_file() else {}
+    fitted_on = metadata.get("gpu")
     calibrated = with_calibration(gpu, text)
     how = "auto: " if str(setting) == AUTO else ""
     if fitted_on == gpu.name:
@@ -108,4 +162,29 @@ def choose_calibration(gpu: AcceleratorSpec, setting: str | Path = AUTO) -> Cali
         where = "an efficiency profile that names no GPU"
     else:
         where = f"transfer: fitted on {fitted_on}, applied to {gpu.name}"
-    return CalibrationChoice(calibrated, text, f"{text} ({how}{where})")
+    if fitted_on != gpu.name:  # a transfer is priced as the profile has it
+        return CalibrationChoice(calibrated, text, f"{text} ({how}{where})")
+    calibrated, taken = _partial_filled(calibrated, text, metadata)
+    return CalibrationChoice(calibrated, text, f"{text} ({how}{where}{taken})")
+
+
+def _partial_filled(
+    gpu: AcceleratorSpec, profile: str, metadata: dict
+) -> tuple[AcceleratorSpec, str]:
+    """`gpu` (with `profile` applied) with what the profile did not fit taken from the
+    profile `auto` gives the chip (profile_fallback), and a note naming those parts; the
+    datasheet's where auto has none."""
+    rows_used = metadata.get("rows_used")
+    auto = nearest_profile(gpu)
+    if not rows_used or auto == profile:
+        return gpu, ""
+    covered = covered_classes(rows_used)
+    if auto is None:
+        missing = sorted(set(CLASS_FIELDS) - covered)
+        return gpu, f"; datasheet efficiencies for {', '.join(missing)}" if missing else ""
+    auto_profile = with_calibration(gpu, auto).efficiency
+    auto_covered = covered_classes(_metadata(auto).get("rows_used") or {})
+    filled, taken = fill_from(gpu.efficiency, covered, auto_profile, auto_covered)
+    if not taken:
+        return gpu, ""
+    return gpu.with_efficiency(filled), f"; {', '.join(taken)} from {auto} (auto)"

@@ -87,7 +87,12 @@ class OperatorRequest(BaseModel):
     def _required_fields(self) -> OperatorRequest:
         missing = [f for f in REQUIRED[self.op] if getattr(self, f) is None]
         if missing:
-            raise ValueError(f"op {self.op} needs {', '.join(missing)}")
+            hint = (
+                " (the tokens already cached per sequence: context, not kv_len)"
+                if "context" in missing and self.kv_len is not None
+                else ""
+            )
+            raise ValueError(f"op {self.op} needs {', '.join(missing)}{hint}")
         if self.op != "gemm" and self.dtype not in tuple(Dtype):
             raise ValueError(
                 f"dtype {self.dtype} is a block-scaled GEMM format; op {self.op} "
@@ -130,13 +135,17 @@ class OperatorRequest(BaseModel):
             )
         if self.op == "embedding":
             return embedding_cost(gpu, self.tokens, self.hidden, self.dtype)
-        return self._price_collective(node)
+        return self._price_collective(gpu, node)
 
-    def _price_collective(self, node: NodeSpec | None) -> OpCost:
+    def _price_collective(self, gpu: AcceleratorSpec, node: NodeSpec | None) -> OpCost:
         if node is None:
             raise InfersimError(f"op {self.op} needs a node (--node) to know the link")
         inside = self.gpus <= node.gpus_per_node
         link = node.intra_node_link if inside else node.inter_node_link
+        if inside and link is not None:
+            # A profile's links were fitted inside one node, per group size: the engine's
+            # StepCost._link applies them the same way.
+            link = gpu.efficiency.link_for(self.gpus, link)
         if link is None:
             raise InfersimError(
                 f"node {node.name} has no link for {self.gpus} GPUs "

@@ -12,6 +12,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,12 @@ import simpy
 
 import hardware_models
 from hardware_models.accelerator import AcceleratorSpec
-from hardware_models.calibration_lookup import CalibrationChoice, choose_calibration
+from hardware_models.calibration_lookup import (
+    CalibrationChoice,
+    choose_calibration,
+    gemms_outside_fitted_sizes,
+    profile_metadata,
+)
 from hardware_models.errors import InfeasibleError, InfersimError, InfersimWarning
 from hardware_models.node import LinkSpec, NodeSpec
 from hardware_models.power import power_model
@@ -113,7 +119,14 @@ def resolve_calibration(scenario: Scenario) -> CalibrationChoice:
     which one that is (for the summary and the terminal)."""
     hw = scenario.hardware
     gpu = _named_field("hardware.gpu", load_gpu, _maybe_path(scenario, hw.gpu))
-    value = _maybe_path(scenario, hw.calibration or "none")
+    given = hw.calibration or "none"
+    value = _maybe_path(scenario, given)
+    if value != given and not Path(value).exists() and Path(given).is_file():
+        raise InfersimError(
+            f"hardware.calibration: {value}: no such file (a relative path resolves against "
+            f"the scenario's folder; {given} is in the working folder: give its absolute "
+            f"path, {Path(given).resolve()})"
+        )
     return _named_field("hardware.calibration", lambda v: choose_calibration(gpu, v), value)
 
 
@@ -362,6 +375,19 @@ def _warn_links_fitted_elsewhere(gpu: AcceleratorSpec, node: NodeSpec, profile: 
         )
 
 
+def _warn_outside_fitted_sizes(
+    calibration: CalibrationChoice, arch: ModelArchitecture, tp: int, max_tokens: int
+) -> None:
+    """A profile fitted on a narrow range of GEMM sizes extrapolates outside it (its
+    metadata.size_ranges): the run says so when its GEMMs reach far beyond."""
+    if calibration.profile is None:
+        return
+    shapes = [(n, k) for _name, _m, n, k, _layers in arch.gemms(1, tp)]
+    why = gemms_outside_fitted_sizes(profile_metadata(calibration.profile), shapes, max_tokens)
+    if why is not None:
+        warnings.warn(f"calibration {calibration.profile}: {why}", InfersimWarning, stacklevel=2)
+
+
 def _load_arch(scenario: Scenario) -> ModelArchitecture:
     return _named_field("model.name", load_model, _maybe_path(scenario, scenario.model.name))
 
@@ -520,6 +546,7 @@ def build_replica(
         symm_mem_all_reduce=par.allreduce_use_symm_mem,
         mxfp4_use_marlin=scenario.model.mxfp4_use_marlin,
     )
+    _warn_outside_fitted_sizes(calibration, arch, par.tp, serving.max_num_batched_tokens)
     info = ReplicaInfo(
         gpu=gpu.name,
         gpus=gpus,

@@ -25,6 +25,7 @@ from hardware_models.efficiency import EfficiencyCurve, EfficiencyProfile
 from hardware_models.errors import InfersimError
 from hardware_models.gemm import gemm_cost
 from hardware_models.presets import load_gpu
+from hardware_models.profile_fallback import class_fields
 from simulator.cli.main import main
 
 MEASURED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "measured"
@@ -221,7 +222,17 @@ def test_a_scenario_takes_the_fitted_efficiency(tmp_path: Path, make_scenario) -
     profile = fit_measurements(Measurements(table, "synthetic", None), gpu, holdout=0.3)
     path = write_profile(profile, tmp_path / "profile.yaml")
     scenario = make_scenario(hardware={"gpu": "h100-sxm", "calibration": str(path)})
-    assert resolve_gpu(scenario).efficiency == profile.efficiency
+    used, fitted = resolve_gpu(scenario).efficiency, profile.efficiency
+    # What the fit set is used as it is; what it did not (prefill, MoE, MLA, other
+    # dtypes) comes from the profile auto gives the chip (profile_fallback).
+    for field in (*class_fields("gemm"), *class_fields("attention_decode"), "kernel_floor_us"):
+        mine, theirs = getattr(fitted, field), getattr(used, field)
+        if isinstance(mine, dict):
+            assert {k: theirs[k] for k in mine} == mine, field
+        else:
+            assert theirs == mine, field
+    auto = load_gpu("h100-sxm", calibration="h100-sxm").efficiency
+    assert used.attention_prefill_compute == auto.attention_prefill_compute
 
 
 def test_a_scenario_prices_tensor_parallel_all_reduce_over_the_fitted_link(

@@ -24,6 +24,7 @@ from hardware_models.gemm import output_dtype, warm_l2_bytes
 
 # The aiconfigurator table file GEMM rows come from (measured_tables.read_gemm).
 AICONFIGURATOR_GEMM_FILE = "gemm_perf.parquet"
+TEXT_SUFFIXES = (".txt", ".csv")  # aiconfigurator's tables as comma-separated text
 # aiconfigurator's vLLM collector (collector/vllm/collect_gemm.py) builds this many
 # linear layers of one shape, each with weights of its own, runs them in turn on one
 # activation tensor and reports the time per layer: six for bf16 and per-tensor fp8
@@ -51,6 +52,9 @@ def _table_file(source: str) -> tuple[str, str, str]:
     and kernels; the last two are empty for a row of any other origin."""
     name, _, rest = Path(source).name.partition(":")
     collector, _, kernel_source = rest.rpartition(":")
+    # aiconfigurator ships its tables as Parquet or as CSV text: one table either way.
+    if Path(name).suffix in TEXT_SUFFIXES:
+        name = Path(name).with_suffix(".parquet").name
     return name, collector, kernel_source
 
 

@@ -2,10 +2,11 @@
 
 Published GEMM figures usually come as throughput on one shape, not as a Parquet table
 from a harness, so a calibration can start from a plain CSV: one row per measurement,
-columns `m, n, k, dtype` and exactly one of `measured_s` (seconds per GEMM) or `tflops`
-(2 m n k / seconds / 1e12); `gpu` (a preset name) and `source` (where the figure comes
-from) are optional, other columns are kept out of the fit. Rows typed by hand invite unit
-slips, which `implausible_row` catches once the GPU is known.
+columns `m, n, k, dtype` (any case) and exactly one of `measured_s` (seconds per GEMM),
+`latency_ms`, `latency_us` or `tflops` (2 m n k / seconds / 1e12); `gpu` (a preset or a
+device name) and `source` (where the figure comes from) are optional, other columns are
+kept out of the fit. Rows typed by hand invite unit slips, which `implausible_row`
+catches once the GPU is known, naming the row's line.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from hardware_models.errors import InfersimError
 from hardware_models.gemm import gemm_cost
 
 SHAPE = ("m", "n", "k")
-TIMES = ("measured_s", "tflops")
+# Time columns -> seconds per unit (tflops: a rate, turned into seconds from the shape).
+SECONDS_PER = {"measured_s": 1.0, "latency_ms": 1e-3, "latency_us": 1e-6}
+TIMES = (*SECONDS_PER, "tflops")
 # Beyond these a row is a slip, not a kernel: faster than the tensor peak by half again
 # (GeForce boost reaches ~1.15x its rated clock), or 100x slower than the uncalibrated
 # model (the public H100 and A100 tables stay within 32x).
@@ -41,7 +44,7 @@ def read_gemm_csv(path: str | Path) -> pd.DataFrame:
         text = path.read_text(encoding="utf-8", errors="replace")
     except (OSError, ValueError) as exc:
         raise InfersimError(f"{path}: not a readable CSV ({exc})") from None
-    raw.columns = [str(c).strip() for c in raw.columns]
+    raw.columns = [str(c).strip().lower() for c in raw.columns]  # M, N, K as m, n, k
     # Index each row by its line in the file (pandas skips blank lines) for the errors.
     lines = [i for i, line in enumerate(text.splitlines(), 1) if line.strip()]
     fits = len(lines) > len(raw)
@@ -50,13 +53,13 @@ def read_gemm_csv(path: str | Path) -> pd.DataFrame:
     if missing:
         raise InfersimError(
             f"{path}: missing column {missing[0]!r} (a GEMM table needs m, n, k, dtype and "
-            "measured_s or tflops)"
+            f"one of {', '.join(TIMES)})"
         )
     times = [c for c in TIMES if c in raw.columns]
     if len(times) != 1:
         raise InfersimError(
-            f"{path}: give exactly one of the columns measured_s (seconds) or tflops, "
-            f"found {times or 'neither'}"
+            f"{path}: give exactly one of the columns measured_s (seconds), latency_ms, "
+            f"latency_us or tflops, found {times or 'none'}"
         )
     if raw.empty:
         raise InfersimError(f"{path}: no rows")
@@ -73,11 +76,15 @@ def read_gemm_csv(path: str | Path) -> pd.DataFrame:
     value = _numbers(path, raw, times[0], whole=False)
     out["dtype"] = [_dtype(path, line, v) for line, v in zip(raw.index, raw["dtype"], strict=True)]
     out["size"] = 2.0 * out["m"] * out["n"] * out["k"]
-    out["measured_s"] = value if times[0] == "measured_s" else out["size"] / (value * 1e12)
+    if times[0] == "tflops":
+        out["measured_s"] = out["size"] / (value * 1e12)
+    else:
+        out["measured_s"] = value * SECONDS_PER[times[0]]
     out["gpu"] = gpu.to_numpy()
     out["source"] = _text(raw, "source", str(path)).to_numpy()
     out["source_dtype"] = raw["dtype"].str.strip().str.lower().to_numpy()
-    return out[list(COLUMNS)]
+    # Indexed by the rows' lines in the file, so that a refused row is named by its line.
+    return out[list(COLUMNS)].set_axis(raw.index)
 
 
 def _numbers(path: Path, raw: pd.DataFrame, column: str, whole: bool) -> np.ndarray:
@@ -115,15 +122,15 @@ def implausible_row(rows: pd.DataFrame, spec: AcceleratorSpec) -> str | None:
     """A description of the first GEMM row no kernel on `spec` could have produced (a unit
     or a GPU mixed up), or None. Checked on hand-made tables only: pricing every row of a
     harness or aiconfigurator table would cost the fit seconds for slips they cannot make."""
-    for row in rows[rows["op_class"] == "gemm"].itertuples(index=False):
+    for row in rows[rows["op_class"] == "gemm"].itertuples():
         m, n, k = int(row.m), int(row.n), int(row.k)
         dtype = row.source_dtype if row.source_dtype == "fp8_block" else row.dtype
         try:
             predicted = gemm_cost(spec, m, n, k, dtype).seconds
         except InfersimError as exc:
-            return f"{m}x{n}x{k} {dtype} ({row.source}): {exc}"
+            return f"line {row.Index}: {m}x{n}x{k} {dtype} ({row.source}): {exc}"
         share = row.size / row.measured_s / spec.peak_flops(parse_dtype(row.dtype))
-        shape = f"{m}x{n}x{k} {dtype} in {row.measured_s:.3g} s ({row.source})"
+        shape = f"line {row.Index}: {m}x{n}x{k} {dtype} in {row.measured_s:.3g} s ({row.source})"
         if share > MAX_SHARE_OF_PEAK:
             return (
                 f"{shape} would run at {share:.0%} of the {spec.name}'s {row.dtype} tensor "
@@ -132,6 +139,7 @@ def implausible_row(rows: pd.DataFrame, spec: AcceleratorSpec) -> str | None:
         if row.measured_s > MAX_SLOWDOWN * predicted:
             return (
                 f"{shape} is {row.measured_s / predicted:.0f}x the uncalibrated "
-                f"{spec.name} time: is measured_s in seconds (not ms or us)?"
+                f"{spec.name} time: is the time column in its unit (measured_s in seconds, "
+                "not ms or us)?"
             )
     return None

@@ -65,6 +65,7 @@ from hardware_models.attention import (
 )
 from hardware_models.calibration.benchmark_loops import (
     AICONFIGURATOR_GEMM_FILE,
+    TEXT_SUFFIXES,
     eager_seconds,
     gemm_loop_bytes,
     timed_eagerly,
@@ -78,6 +79,7 @@ from hardware_models.calibration.moe_mla_tables import (
     READERS,
     predict_moe_mla,
 )
+from hardware_models.calibration.raw_tables import read_raw
 from hardware_models.collectives import collective_cost
 from hardware_models.dtypes import bytes_per_element, parse_dtype
 from hardware_models.efficiency import BLOCK_SCALED_SPELLINGS
@@ -228,7 +230,7 @@ def long_rows(gpu: str, op_class: pd.Series | str, n: int, source: Path) -> pd.D
 
 
 def read_gemm(path: Path, gpu: str) -> pd.DataFrame:
-    raw = pd.read_parquet(path)
+    raw = read_raw(path, ("m", "n", "k", "latency"), dtypes=("gemm_dtype",))
     out = long_rows(gpu, "gemm", len(raw), path)
     for col in ("m", "n", "k"):
         out[col] = raw[col].to_numpy(dtype=float)
@@ -247,6 +249,12 @@ def read_gemm(path: Path, gpu: str) -> pd.DataFrame:
     return out
 
 
+# The attention tables' columns (prefill and decode): sizes and latency > 0, two dtypes.
+_ATTENTION_SIZES = ("batch_size", "num_heads", "num_key_value_heads", "head_dim", "latency")
+_ATTENTION_DTYPES = ("attn_dtype", "kv_cache_dtype")
+_WINDOW = ("window_size",)  # the A100 tables have none: no sliding window
+
+
 def _attention_common(raw: pd.DataFrame, out: pd.DataFrame) -> None:
     out["batch"] = raw["batch_size"].to_numpy(dtype=float)
     out["num_heads"] = raw["num_heads"].to_numpy(dtype=float)
@@ -263,7 +271,7 @@ def _attention_common(raw: pd.DataFrame, out: pd.DataFrame) -> None:
 
 
 def read_context_attention(path: Path, gpu: str) -> pd.DataFrame:
-    raw = pd.read_parquet(path)
+    raw = read_raw(path, (*_ATTENTION_SIZES, "isl"), (), _ATTENTION_DTYPES, optional=_WINDOW)
     out = long_rows(gpu, "attention_prefill", len(raw), path)
     _attention_common(raw, out)
     isl = raw["isl"].to_numpy(dtype=float)
@@ -275,7 +283,7 @@ def read_context_attention(path: Path, gpu: str) -> pd.DataFrame:
 
 
 def read_generation_attention(path: Path, gpu: str) -> pd.DataFrame:
-    raw = pd.read_parquet(path)
+    raw = read_raw(path, (*_ATTENTION_SIZES, "isl"), ("step",), _ATTENTION_DTYPES, optional=_WINDOW)
     out = long_rows(gpu, "attention_decode", len(raw), path)
     _attention_common(raw, out)
     out["q_len"] = 1.0
@@ -285,7 +293,8 @@ def read_generation_attention(path: Path, gpu: str) -> pd.DataFrame:
 
 
 def read_nccl(path: Path, gpu: str) -> pd.DataFrame:
-    raw = pd.read_parquet(path)
+    positive = ("num_gpus", "message_size", "latency")
+    raw = read_raw(path, positive, dtypes=("nccl_dtype",), text=("op_name",))
     unknown = sorted(set(raw["op_name"]) - set(_NCCL_OPS))
     if unknown:
         raise InfersimError(f"{path}: unknown collective op_name {unknown}")
@@ -331,9 +340,33 @@ TABLES: list[MeasuredTable] = [
 ]
 
 
+def table_files(folder: Path) -> dict[str, Path]:
+    """One GPU's table files by TABLES filename: in `folder` itself, or, as aiconfigurator
+    lays them out (`<gpu>/<backend>/<version>/`, NCCL apart from the engine's), in its
+    subfolders two levels down; each as Parquet or as `.txt`/`.csv` text. A table found
+    in two places (two versions of one backend) is refused: which one is meant?"""
+    if not folder.is_dir():
+        return {}
+    found: dict[str, Path] = {}
+    for table in TABLES:
+        stem = Path(table.filename).stem
+        names = [table.filename, *(stem + suffix for suffix in TEXT_SUFFIXES)]
+        here = [folder / name for name in names if (folder / name).is_file()]
+        places = here or sorted(p for name in names for p in folder.glob(f"*/*/{name}"))
+        if len(places) > 1:
+            shown = ", ".join(str(p.relative_to(folder)) for p in places)
+            raise InfersimError(
+                f"{folder}: {stem} is there {len(places)} times ({shown}); point --measured "
+                "at the folder of the version you mean"
+            )
+        if places:
+            found[table.filename] = places[0]
+    return found
+
+
 def is_table_folder(path: Path) -> bool:
     """True when `path` holds at least one table of the aiconfigurator layout."""
-    return path.is_dir() and any((path / t.filename).is_file() for t in TABLES)
+    return bool(table_files(path))
 
 
 def gpu_of_folder(path: Path) -> str | None:
@@ -354,9 +387,10 @@ def read_table_folder(
     if bad:
         raise InfersimError(f"unknown op class {sorted(bad)}; allowed: {', '.join(OP_CLASSES)}")
     frames = []
+    files = table_files(folder)
     for table in TABLES:
-        path = folder / table.filename
-        if table.op_classes & wanted and path.is_file():
+        path = files.get(table.filename)
+        if table.op_classes & wanted and path is not None:
             frame = table.read(path, gpu)
             frames.append(frame[frame["op_class"].isin(wanted)])
     if not frames:
@@ -381,7 +415,8 @@ def gpu_folders(root: Path, gpu: str | None = None) -> dict[Path, str]:
     if not folders:
         raise InfersimError(
             f"no measurement tables found under {root} (expected a folder, or subfolders, "
-            f"with any of {', '.join(t.filename for t in TABLES)})"
+            f"with any of {', '.join(t.filename for t in TABLES)}, or their .txt text, "
+            "directly or in <backend>/<version>/ subfolders)"
         )
     unnamed = [p.name for p in folders if gpu_of_folder(p) is None]
     if unnamed:
@@ -390,6 +425,28 @@ def gpu_folders(root: Path, gpu: str | None = None) -> dict[Path, str]:
             "measured on: point --measured at one GPU's folder and pass --gpu PRESET_OR_YAML"
         )
     return {p: str(gpu_of_folder(p)) for p in folders}
+
+
+def table_devices(root: Path) -> list[tuple[Path, str]]:
+    """(table file, device name) for every distinct name in the `device` column of one
+    GPU's tables (table_files; aiconfigurator's torch device name, e.g. NVIDIA L40S);
+    nothing for a folder of GPU folders, whose names say their GPUs."""
+    import pyarrow.parquet as pq  # pandas' Parquet engine: loaded only when tables are read
+
+    found = []
+    for path in table_files(root).values():
+        if path.suffix in TEXT_SUFFIXES:
+            header = pd.read_csv(path, nrows=0).columns
+            devices = (
+                pd.read_csv(path, usecols=["device"])["device"] if "device" in header else None
+            )
+        elif "device" in pq.read_schema(path).names:
+            devices = pd.read_parquet(path, columns=["device"])["device"]
+        else:
+            devices = None
+        if devices is not None:
+            found += [(path, str(name)) for name in sorted(set(devices.dropna()))]
+    return found
 
 
 def load_measured(

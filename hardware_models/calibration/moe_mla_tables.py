@@ -48,6 +48,7 @@ import pandas as pd
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.attention import causal_pairs_many
+from hardware_models.calibration.raw_tables import read_raw
 from hardware_models.dtypes import parse_dtype
 from hardware_models.efficiency import EfficiencyProfile, moe_format_key
 from hardware_models.errors import InfersimError
@@ -103,11 +104,15 @@ def _frame(gpu: str, op_class: str, n: int, source: Path) -> pd.DataFrame:
 WNA16_SOURCES = frozenset({"vllm_marlin_int4_moe"})
 
 
+_MOE_TEXT = ("distribution", "moe_dtype")
+
+
 def read_moe(path: Path, gpu: str) -> pd.DataFrame:
     """`moe_perf`: m = num_tokens, n = hidden_size, k = inter_size (the expert's whole
     width), dtype = the weight format (bf16, fp8, fp8_block, int4_wo, w4a16_mxfp4),
     routing = round_robin for the table's balanced rows, else power_law_<alpha>."""
-    raw = pd.read_parquet(path)
+    sizes = ("num_tokens", "hidden_size", "inter_size", "topk", "num_experts")
+    raw = read_raw(path, (*sizes, "moe_tp_size", "moe_ep_size", "latency"), text=_MOE_TEXT)
     out = _frame(gpu, MOE_CLASS, len(raw), path)
     out["m"] = raw["num_tokens"].to_numpy(dtype=float)
     out["n"] = raw["hidden_size"].to_numpy(dtype=float)
@@ -135,8 +140,9 @@ def read_moe(path: Path, gpu: str) -> pd.DataFrame:
 def read_mla(path: Path, gpu: str) -> pd.DataFrame:
     """An MLA table (MLA_FILES): batch, q_len, kv_len, num_heads, kv_dtype; gemm_dtype and
     module = 1 for the H100 module tables; size = the attention's FLOPs."""
-    op_class, module = MLA_FILES[path.name]
-    raw = pd.read_parquet(path)
+    op_class, module = MLA_FILES[path.with_suffix(".parquet").name]  # or its .txt
+    dtypes = ("mla_dtype", "kv_cache_dtype")
+    raw = read_raw(path, ("batch_size", "isl", "num_heads", "latency"), ("step",), dtypes)
     out = _frame(gpu, op_class, len(raw), path)
     out["batch"] = raw["batch_size"].to_numpy(dtype=float)
     isl, step = raw["isl"].to_numpy(dtype=float), raw["step"].to_numpy(dtype=float)

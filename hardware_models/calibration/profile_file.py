@@ -49,6 +49,11 @@ class ProfileMetadata(BaseModel):
         description="only the efficiency curves were fitted; fixed costs, kernel choices "
         "and links are the preset's",
     )
+    size_ranges: dict[str, tuple[float, float]] = Field(
+        default_factory=dict,
+        description="per op class, the smallest and largest `size` the fit saw (FLOPs; "
+        "bytes for collectives): `roofline` warns when it prices an operator far outside",
+    )
 
 
 class CalibrationProfile(BaseModel):

@@ -20,9 +20,14 @@ from hardware_models.calibration.measured_tables import (
     load_measured,
     read_table_folder,
     resolve_measured_dir,
+    table_devices,
 )
+from hardware_models.device_names import DESCRIBE_YOUR_CHIP, preset_for_device
 from hardware_models.errors import InfersimError
 from hardware_models.presets import list_gpus, load_gpu
+
+AICONFIGURATOR_TIME = "latency (ms)"
+HARNESS_TIME = "measured_s (seconds)"
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,9 @@ class Measurements:
     source: str  # a description for reports and the profile's metadata
     folder: Path | None  # a harness folder, when that is what was read
     hand_made: bool = False  # typed rows (a CSV): checked for unit slips once priced
+    # What the measurements say they ran on: (where it is written, the device name).
+    devices: tuple[tuple[str, str], ...] = ()
+    time_column: str = HARNESS_TIME  # the input's time column and its unit, for errors
 
 
 def read_harness_dir(path: Path) -> pd.DataFrame:
@@ -73,15 +81,28 @@ def load_measurements(
     if folder is not None:
         path = Path(folder)
         if path.suffix.lower() == ".csv":
-            return Measurements(read_gemm_csv(path), f"GEMM table {path.name}", None, True)
+            return _csv_measurements(path)
+        if path.is_file():
+            raise InfersimError(
+                f"{path}: a GEMM table must be a .csv file (m, n, k, dtype and a time "
+                "column); a `calibrate run` input is its folder"
+            )
         if not path.is_dir():
             raise InfersimError(f"{path}: no such calibration folder or GEMM CSV")
-        return Measurements(read_harness_dir(path), f"harness run {path.name}", path)
+        devices = _harness_devices(path)
+        return Measurements(
+            read_harness_dir(path), f"harness run {path.name}", path, False, devices
+        )
     if measured is not None:
-        path = Path(measured)
+        path = resolve_measured_dir(Path(measured), "--measured")
         label = load_gpu(gpu).name if gpu is not None else None
-        table = load_measured(resolve_measured_dir(path, "--measured"), gpu=label)
-        return Measurements(table, f"measured tables {path.name}", None)
+        table = load_measured(path, gpu=label)
+        devices = tuple(
+            (f"{file.name} column device", name) for file, name in table_devices(path)
+        ) or tuple((f"{path}'s folder names", name) for name in sorted(set(table["gpu"])))
+        return Measurements(
+            table, f"measured tables {path.name}", None, False, devices, AICONFIGURATOR_TIME
+        )
     if shared_data is not None and (Path(shared_data) / "measured").is_dir():
         shared_data = Path(shared_data) / "measured"
     root = resolve_measured_dir(shared_data, "--shared-data")
@@ -91,7 +112,29 @@ def load_measurements(
             f"--from-shared {from_shared!r}: {root} has public tables for {sorted(known)}"
         )
     table = read_table_folder(known[from_shared], from_shared)
-    return Measurements(table, f"aiconfigurator measured tables for {from_shared}", None)
+    source = f"aiconfigurator measured tables for {from_shared}"
+    devices = (("--from-shared", from_shared),)
+    return Measurements(table, source, None, False, devices, AICONFIGURATOR_TIME)
+
+
+def _csv_measurements(path: Path) -> Measurements:
+    """A GEMM CSV whose gpu column may spell its GPU as a device name (NVIDIA L40S) or a
+    preset in any case: the rows are labelled with the preset where one matches."""
+    table = read_gemm_csv(path)
+    labels = sorted(set(table["gpu"]) - {""})
+    presets = {label: preset_for_device(label) or label for label in labels}
+    table["gpu"] = table["gpu"].map(lambda label: presets.get(label, label))
+    devices = tuple((f"{path.name} column gpu", label) for label in labels)
+    return Measurements(table, f"GEMM table {path.name}", None, True, devices)
+
+
+def _harness_devices(folder: Path) -> tuple[tuple[str, str], ...]:
+    """The device a `calibrate run` folder names: its device.yaml's chip, else the device
+    name in metadata.json."""
+    if (folder / DEVICE_SPEC).is_file():
+        return ((DEVICE_SPEC, load_gpu(folder / DEVICE_SPEC).name),)
+    name = harness_metadata(folder).get("device_name")
+    return ((f"{METADATA} device_name", str(name)),) if name else ()
 
 
 def harness_metadata(folder: Path | None) -> dict:
@@ -104,27 +147,32 @@ def harness_metadata(folder: Path | None) -> dict:
 
 
 def resolve_spec(
-    measurements: Measurements, gpu: str | None, fallback: str | None = None
+    measurements: Measurements,
+    gpu: str | None,
+    fallback: str | None = None,
+    force_gpu: bool = False,
 ) -> AcceleratorSpec:
-    """--gpu when given; else the harness folder's device.yaml or matched preset; else the
-    table's only GPU; else `fallback` (the GPU a profile was fitted on) if the table has it."""
+    """--gpu when given (refused where the measurements name another chip, unless
+    `force_gpu`); else the harness folder's device.yaml or the preset its device name is;
+    else the table's only GPU; else `fallback` (the GPU a profile was fitted on) if the
+    table has it."""
     names = set(measurements.table["gpu"]) - {""}
     if gpu is not None:
         spec = load_gpu(gpu)
-        # Rows labelled with other presets (never the harness's device names) priced on
-        # this one would fit one chip's kernels to another's spec.
-        known = names <= set(list_gpus())
-        if measurements.folder is None and names and spec.name not in names and known:
-            raise InfersimError(
-                f"{measurements.source}: --gpu {gpu}: the rows were measured on "
-                f"{sorted(names)}, not {spec.name}; "
-                "to apply a profile to another GPU, fit on its own rows and validate there"
-            )
+        if not force_gpu:
+            _check_same_gpu(measurements, spec, gpu)
         return spec
     folder = measurements.folder
     if folder is not None and (folder / DEVICE_SPEC).is_file():
         return load_gpu(folder / DEVICE_SPEC)
-    preset = harness_metadata(folder).get("preset")
+    preset = None
+    if folder is not None and measurements.devices:
+        where, device = measurements.devices[0]
+        preset = preset_for_device(device)
+        if preset is None:
+            raise InfersimError(
+                f"{folder}: {where} {device!r} is no preset's GPU: {DESCRIBE_YOUR_CHIP}"
+            )
     if not names:
         raise InfersimError(
             "the rows name no GPU: add a gpu column (a preset name) or pass --gpu PRESET_OR_YAML"
@@ -139,6 +187,24 @@ def resolve_spec(
             "PRESET_OR_YAML"
         )
     return load_gpu(preset)
+
+
+def _check_same_gpu(measurements: Measurements, spec: AcceleratorSpec, gpu: str) -> None:
+    """Refuse pricing measurements on a chip other than the one they name: one chip's
+    kernels fitted to another's spec give a profile that is wrong everywhere (names no
+    preset matches, e.g. a custom chip's, are not compared)."""
+    claims = [(where, device, preset_for_device(device)) for where, device in measurements.devices]
+    claimed = {preset for _where, _device, preset in claims if preset is not None}
+    if not claimed or spec.name in claimed:
+        return
+    where, device, preset = next(c for c in claims if c[2] is not None)
+    named = device if device == preset else f"{device!r} (preset {preset})"
+    raise InfersimError(
+        f"{measurements.source}: {where} says the rows were measured on {named}, not "
+        f"--gpu {gpu} ({spec.name}): pass --gpu {preset}, or add --force-gpu to price "
+        f"them on {spec.name} anyway (to apply a profile to another GPU, fit on its own "
+        "rows and validate there)"
+    )
 
 
 def rows_for(measurements: Measurements, spec: AcceleratorSpec) -> pd.DataFrame:

@@ -150,14 +150,14 @@ def validation_tables(
             mape = float(calibrated.loc[op, "mape"])
             rows.append({"op_class": op, "target": target, "mape": mape, "met": mape <= target})
     tables["targets"] = pd.DataFrame(rows, columns=["op_class", "target", "mape", "met"])
-    if transfer:
-        tables["worse_than_uncalibrated"] = worse_classes(by_class)
+    tables["worse_than_uncalibrated"] = worse_classes(by_class)
     return tables
 
 
 def worse_classes(by_class: pd.DataFrame) -> pd.DataFrame:
-    """The op classes a profile prices worse than the datasheet efficiencies (MAPE up): a
-    transfer must say so. Columns op_class, mape_uncalibrated, mape_calibrated."""
+    """The op classes a profile prices worse than the datasheet efficiencies (MAPE up):
+    a transfer, or a fit on rows that cannot constrain it (a CSV of few shapes), must say
+    so. Columns op_class, mape_uncalibrated, mape_calibrated."""
     wide = by_class.pivot(index="op_class", columns="stage", values="mape")
     worse = wide[wide["calibrated"] > wide["uncalibrated"]]
     return pd.DataFrame(

@@ -28,6 +28,7 @@ from hardware_models.calibration.profile_file import (
 from hardware_models.calibration.screen import Screened, screen
 from hardware_models.calibration.sources import Measurements, rows_for
 from hardware_models.calibration.split import holdout_mask
+from hardware_models.calibration.unit_check import table_problem
 from hardware_models.calibration.validate import (
     node_link,
     plot_before_after,
@@ -81,6 +82,10 @@ def fit_measurements(
         }
         efficiency = efficiency.model_copy(update={"collective_by_gpus": collective})
     used = fit_rows.groupby("op_class").size()
+    sizes = fit_rows.groupby("op_class")["size"].agg(["min", "max"])
+    if progress is not None:
+        for line in unconstrained_terms(fit_rows, curves_only):
+            progress(line)
     return CalibrationProfile(
         metadata=ProfileMetadata(
             source=measurements.source,
@@ -89,10 +94,30 @@ def fit_measurements(
             holdout=holdout,
             seed=seed,
             curves_only=curves_only,
+            size_ranges={str(k): (float(r["min"]), float(r["max"])) for k, r in sizes.iterrows()},
         ),
         efficiency=efficiency,
         links=links,
     )
+
+
+# A GEMM with at most this many rows is bound by the kernel's floor and its per-wave
+# latency, not by its FLOPs or bytes: a fit without one cannot tell those terms apart.
+SMALL_GEMM_ROWS = 64
+
+
+def unconstrained_terms(fit_rows: pd.DataFrame, curves_only: bool) -> list[str]:
+    """Warnings for fitted terms the rows cannot constrain: a GEMM floor and per-wave
+    latency fitted without small GEMMs (a table of large shapes only) price every small
+    one by extrapolation (a fit on m, n, k >= 4096 priced 16x2048x2048 at 8x its time)."""
+    gemm = fit_rows[fit_rows["op_class"] == "gemm"]
+    if curves_only or gemm.empty or gemm["m"].min() <= SMALL_GEMM_ROWS:
+        return []
+    return [
+        f"warning: no GEMM row with m <= {SMALL_GEMM_ROWS} (smallest m {gemm['m'].min():.0f}): "
+        "the GEMM floor and per-wave latency are extrapolated to small GEMMs; add small "
+        "shapes, or fit with --curves-only to keep the preset's"
+    ]
 
 
 @dataclass(frozen=True)
@@ -125,7 +150,8 @@ def usable_rows(
 ) -> UsableRows:
     """The rows measured on `spec` less those that cannot be priced on it (a GEMM dtype it
     lacks, collectives with no link) and those the plausibility screen rejects; a
-    hand-made table's first impossible row is refused outright (a unit slip)."""
+    hand-made table's first impossible row is refused outright (a unit slip), and any
+    table whose rows as a whole are not this chip's in its time unit (unit_check)."""
     rows = rows_for(measurements, spec)
     problem = implausible_row(rows, spec) if measurements.hand_made else None
     if problem is not None:
@@ -137,6 +163,9 @@ def usable_rows(
     marks = pd.Series(np.where(priceable, 0.0, np.nan), index=rows.index)
     unpriced = unpriced_rows(rows, marks, spec, link_problem)
     screened = screen(rows[priceable], spec, link)
+    problem = table_problem(rows[priceable], screened, spec, node, measurements.time_column)
+    if problem is not None:
+        raise InfersimError(f"{measurements.source}: {problem}")
     note = unknown_loop_note(screened.kept, spec)
     return UsableRows(screened.kept, link, screened, unpriced, () if note is None else (note,))
 
@@ -149,6 +178,7 @@ class Validation:
     after: pd.Series
     tables: dict[str, pd.DataFrame]
     usable: UsableRows
+    transfer: bool  # the profile was fitted on another GPU
 
 
 EXAMPLE_COLUMNS = [
@@ -186,16 +216,20 @@ def validate_measurements(
         which = f"held-out ({meta.holdout:.0%} of shapes, seed {meta.seed})"
     else:
         which = f"all (transfer: profile fitted on {meta.gpu})"
+    if rows.empty and not transfer and meta.holdout == 0:
+        raise InfersimError(
+            "no rows to validate on: the profile was fitted with --holdout 0 on every shape "
+            "of this table; validate on another table, or refit with --holdout 0.5"
+        )
     if rows.empty:
         left_out = "; ".join(usable.lines())
-        why = left_out or "is --holdout 0 in the profile?"
-        raise InfersimError(f"no rows to validate on ({why})")
+        raise InfersimError(f"no rows to validate on ({left_out or 'none measured'})")
     before = predict_all(rows, spec, node=node)
     after = predict_all(rows, spec, profile, node=node)
     tables = validation_tables(rows, before, after, transfer)
     tables["left_out"] = left_out_table(usable)
     tables["implausible_examples"] = usable.screened.examples()[EXAMPLE_COLUMNS]
-    return Validation(rows, which, before, after, tables, usable)
+    return Validation(rows, which, before, after, tables, usable, transfer)
 
 
 def write_report(validation: Validation, out_dir: str | Path, title: str) -> list[Path]:

@@ -54,14 +54,15 @@ def _inputs(parser: argparse.ArgumentParser) -> None:
         "folder",
         nargs="?",
         type=Path,
-        help="a `calibrate run` folder, or a CSV of GEMM timings (m, n, k, dtype, measured_s "
-        "or tflops; optional gpu, source)",
+        help="a `calibrate run` folder, or a CSV of GEMM timings (m, n, k, dtype, and "
+        "measured_s, latency_ms, latency_us or tflops; optional gpu, source)",
     )
     parser.add_argument(
         "--measured",
         type=Path,
-        help="a folder of tables in the aiconfigurator layout (any name; its GPU is --gpu), "
-        "or a measured/ folder of such folders named after their GPUs",
+        help="a folder of tables in the aiconfigurator layout (any name; its GPU is --gpu; "
+        "Parquet or .txt, directly or in <backend>/<version>/ subfolders), or a measured/ "
+        "folder of such folders named after their GPUs",
     )
     parser.add_argument(
         "--from-shared", metavar="GPU", help="public tables by GPU: h100-sxm, a100-80gb-sxm, l40s"
@@ -75,6 +76,11 @@ def _inputs(parser: argparse.ArgumentParser) -> None:
         "above it, else beside the checkout)",
     )
     parser.add_argument("--gpu", help="accelerator preset or YAML (default: from the input)")
+    parser.add_argument(
+        "--force-gpu",
+        action="store_true",
+        help="price the rows on --gpu even where the measurements name another GPU",
+    )
     parser.add_argument(
         "--node",
         help="node preset or YAML whose GPU-to-GPU link the collectives ran over "
@@ -96,7 +102,11 @@ def _run(args: argparse.Namespace) -> int:
 
 def _fit(args: argparse.Namespace) -> int:
     from hardware_models.calibration.profile_file import write_profile
-    from hardware_models.calibration.sources import load_measurements, resolve_spec
+    from hardware_models.calibration.sources import (
+        harness_metadata,
+        load_measurements,
+        resolve_spec,
+    )
     from hardware_models.calibration.workflow import fit_measurements
 
     if not 0.0 <= args.holdout < 1.0:
@@ -105,8 +115,10 @@ def _fit(args: argparse.Namespace) -> int:
     measurements = load_measurements(
         args.folder, args.measured, args.from_shared, args.gpu, args.shared_data
     )
-    spec = resolve_spec(measurements, args.gpu)
+    spec = resolve_spec(measurements, args.gpu, force_gpu=args.force_gpu)
     log(f"{len(measurements.table)} rows from {measurements.source}; fitting against {spec.name}")
+    for part, error in harness_metadata(measurements.folder).get("errors", {}).items():
+        log(f"warning: the run could not time {part} ({error}): the profile has no fit for it")
     profile = fit_measurements(
         measurements,
         spec,
@@ -137,7 +149,9 @@ def _validate(args: argparse.Namespace) -> int:
     measurements = load_measurements(
         args.folder, args.measured, args.from_shared, args.gpu, args.shared_data
     )
-    spec = resolve_spec(measurements, args.gpu, fallback=profile.metadata.gpu)
+    spec = resolve_spec(
+        measurements, args.gpu, fallback=profile.metadata.gpu, force_gpu=args.force_gpu
+    )
     result = validate_measurements(measurements, spec, profile, args.node)
     # A shipped profile's report goes to the working folder, not into the package.
     beside = path.parent if path == args.profile else Path()
@@ -153,11 +167,15 @@ def _validate(args: argparse.Namespace) -> int:
         verdict = "met" if row.met else f"MISSED by {100 * (row.mape - row.target):.1f} points"
         limit = f"MAPE <= {100 * row.target:.0f}%:"
         print(f"  target {row.op_class:<18} {limit} {100 * row.mape:5.1f}%  {verdict}")
-    worse = result.tables.get("worse_than_uncalibrated", pd.DataFrame())
-    for row in worse.itertuples(index=False):
+    advice = (
+        "this transfer should not be used for it"
+        if result.transfer
+        else "use the shipped profile (auto) or refit on more shapes for it"
+    )
+    for row in result.tables["worse_than_uncalibrated"].itertuples(index=False):
         print(
             f"  WORSE than uncalibrated: {row.op_class} {100 * row.mape_uncalibrated:.1f}% -> "
-            f"{100 * row.mape_calibrated:.1f}% (this transfer should not be used for it)"
+            f"{100 * row.mape_calibrated:.1f}% ({advice})"
         )
     log(f"wrote {len(paths)} files to {out}")
     return 0

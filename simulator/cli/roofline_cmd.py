@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from hardware_models.calibration_lookup import AUTO, choose_calibration
+from hardware_models.calibration_lookup import (
+    AUTO,
+    SIZE_RANGE_SLACK,
+    choose_calibration,
+    outside_fitted_sizes,
+    profile_metadata,
+)
 from hardware_models.errors import InfersimError
 from hardware_models.node import NodeSpec
 from hardware_models.op_request import OperatorRequest, parse_request, price_rows
@@ -89,6 +95,16 @@ def _run(args: argparse.Namespace) -> int:
     print(f"{gpu.display_name}, calibration {calibration.note}")
     shown.index += 1  # numbered as the plot's labels and the CSV's data rows
     print(shown.to_string(float_format=lambda x: sig(x, 4)))
+    if calibration.profile is not None:
+        metadata = profile_metadata(calibration.profile)
+        far = [outside_fitted_sizes(metadata, c.name, c.flops) for c in costs]
+        rows_far = [f"{i}" for i, why in enumerate(far, 1) if why]
+        if rows_far:
+            first = next(why for why in far if why)
+            print(
+                f"warning: row {', '.join(rows_far)} priced by extrapolation ({first}; "
+                f"beyond {SIZE_RANGE_SLACK:g}x either way)"
+            )
     if args.output:
         table.to_csv(args.output, index=False)
         print(f"wrote {args.output}")

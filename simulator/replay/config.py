@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from hardware_models.device_names import preset_for_device
 from hardware_models.errors import InfersimError
 from hardware_models.presets import list_calibrations, load_gpu
 from simulator.architecture import ModelArchitecture
@@ -29,23 +30,6 @@ from simulator.vllm_defaults import (
 
 NO_CALIBRATION = "none"
 
-# torch's device name -> GPU preset, first match wins (None: no preset for that part).
-_DEVICE_PRESETS: tuple[tuple[str, str | None], ...] = (
-    (r"rtx 4090 d\b", None),  # the China part: fewer SMs than the preset
-    (r"rtx 4090", "rtx-4090"),
-    (r"gh200|gb200", None),  # Grace superchips: other memory and power than the presets
-    (r"h200", "h200-sxm"),
-    (r"h100.*nvl", None),
-    (r"h100.*pcie", "h100-pcie"),
-    (r"h100", "h100-sxm"),
-    (r"a100.*pcie", None),
-    (r"a100.*40gb", "a100-40gb-sxm"),
-    (r"a100", "a100-80gb-sxm"),
-    (r"l40s", "l40s"),
-    (r"\bl4\b", "l4"),
-    (r"b200", "b200"),
-    (r"mi300x", "mi300x"),
-)
 # where vLLM's resolved configuration keeps each engine setting
 _RESOLVED = {
     "tensor_parallel_size": "parallel_config",
@@ -129,11 +113,7 @@ class _Settings:
 
 def gpu_preset_for(device_name: str) -> str | None:
     """The GPU preset for torch's device name, None where no preset is that part."""
-    lowered = device_name.lower()
-    for pattern, preset in _DEVICE_PRESETS:
-        if re.search(pattern, lowered):
-            return preset
-    return None
+    return preset_for_device(device_name)
 
 
 # fine-tunes keep their base model's shapes: ...-Instruct is priced as its base

@@ -40,6 +40,7 @@ class Bench:
 
     def __init__(self, torch: ModuleType, device: str, plan: Plan, gpu: str) -> None:
         self.torch, self.device, self.plan, self.gpu = torch, device, plan, gpu
+        self.errors: dict[str, str] = {}  # part of a family that failed -> why
         self.attention_dtype = "bfloat16" if device == "cuda" else "float32"
 
     def time(self, fn: Callable[[], object], hide_launch: bool = True) -> float:
@@ -89,29 +90,40 @@ class Bench:
             dtypes.append("float8_e4m3fn")
         else:
             progress("gemm: no fp8 (needs a CUDA GPU of compute capability 8.9 or newer)")
-        rows = []
+        rows: list[dict] = []
         for dtype in dtypes:
-            for m in self.plan.gemm_m:
-                for n in self.plan.gemm_nk:
-                    for k in self.plan.gemm_nk:
-                        if dtype == "float8_e4m3fn" and m % 16:
-                            continue  # _scaled_mm needs every dimension a multiple of 16
-                        secs = self.time(self._gemm_fn(m, n, k, dtype))
-                        rows.append(
-                            make_row(
-                                self.gpu,
-                                "gemm",
-                                dtype,
-                                "gemm",
-                                m=m,
-                                n=n,
-                                k=k,
-                                size=2.0 * m * n * k,
-                                measured_s=secs,
-                            )
-                        )
+            # One dtype's failure (ROCm's fp8 spelling, out of memory at the largest
+            # shape) keeps what was timed, of it and of the others, and is recorded.
+            try:
+                self._gemm_dtype(dtype, rows)
+            except Exception as exc:
+                self.errors[f"gemm {dtype}"] = f"{type(exc).__name__}: {exc}"
+                progress(f"gemm {dtype}: failed ({self.errors[f'gemm {dtype}']}); going on")
             progress(f"gemm {dtype}: {sum(r['source_dtype'] == dtype for r in rows)} shapes")
         return rows
+
+    def _gemm_dtype(self, dtype: str, rows: list[dict]) -> None:
+        """Time every planned shape of `dtype`, appending each row as it is timed."""
+        for m in self.plan.gemm_m:
+            for n in self.plan.gemm_nk:
+                for k in self.plan.gemm_nk:
+                    if dtype == "float8_e4m3fn" and m % 16:
+                        continue  # _scaled_mm needs every dimension a multiple of 16
+                    secs = self.time(self._gemm_fn(m, n, k, dtype))
+                    size = 2.0 * m * n * k
+                    rows.append(
+                        make_row(
+                            self.gpu,
+                            "gemm",
+                            dtype,
+                            "gemm",
+                            m=m,
+                            n=n,
+                            k=k,
+                            size=size,
+                            measured_s=secs,
+                        )
+                    )
 
     # ------------------------------------------------------------------ copies
     def copy(self, progress: Progress) -> list[dict]:

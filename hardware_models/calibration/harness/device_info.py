@@ -15,19 +15,8 @@ import subprocess
 from pathlib import Path
 from types import ModuleType
 
-# Substrings of torch.cuda.get_device_name() -> accelerator preset.
-GPU_PRESETS: tuple[tuple[str, str], ...] = (
-    ("H100 PCIe", "h100-pcie"),
-    ("H100", "h100-sxm"),
-    ("H200", "h200-sxm"),
-    ("B200", "b200"),
-    ("A100-SXM4-40GB", "a100-40gb-sxm"),
-    ("A100", "a100-80gb-sxm"),
-    ("L40S", "l40s"),
-    ("L4", "l4"),
-    ("RTX 4090", "rtx-4090"),
-    ("MI300X", "mi300x"),
-)
+from hardware_models.device_names import preset_for_device
+
 CPU_SPEC_NAME = "cpu-local"
 # Nominal CPU rates: 2 FMA units x 16 fp32 lanes x 2 FLOPs per core per clock (AVX-512
 # class); 50 GB/s per core, what one core streams from its caches, since the CPU grids
@@ -40,7 +29,8 @@ CPU_MAX_GBPS = 400.0
 
 
 def preset_for(device_name: str) -> str | None:
-    return next((preset for key, preset in GPU_PRESETS if key in device_name), None)
+    """The preset torch's device name is (whole-name patterns: hardware_models.device_names)."""
+    return preset_for_device(device_name)
 
 
 def _nvidia_smi() -> dict[str, str]:

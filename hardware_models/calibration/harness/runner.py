@@ -20,6 +20,7 @@ from hardware_models.calibration.harness.device_info import CPU_SPEC_NAME, cpu_s
 from hardware_models.calibration.harness.plan import plan_for
 from hardware_models.calibration.harness.torch_env import require_torch, resolve_device
 from hardware_models.calibration.measured_tables import COLUMNS, NUMERIC_COLUMNS
+from hardware_models.device_names import DESCRIBE_YOUR_CHIP, UNKNOWN_GPU
 from hardware_models.errors import InfersimError
 
 DEVICE_SPEC = "device.yaml"
@@ -45,7 +46,7 @@ def run_harness(
         # 10+ ms stalls on microsecond-sized ops, and the tables measure the scheduler.
         torch.set_num_threads(1)
     meta = metadata(torch, device, quick)
-    label = meta["preset"] or "unknown-gpu"
+    label = meta["preset"] or UNKNOWN_GPU
     bench = Bench(torch, device, plan_for(device, quick), label)
     # Written first and rewritten at the end: a run cut short still says what it ran on.
     _write_metadata(out, meta)
@@ -73,15 +74,15 @@ def run_harness(
             table[NUMERIC_COLUMNS] = table[NUMERIC_COLUMNS].astype(float)
             table.to_parquet(out / f"{name}.parquet")
     meta["rows"] = counts
-    meta["errors"] = errors
+    meta["errors"] = errors | bench.errors
     _write_metadata(out, meta)
     if device == "cpu":
         spec = cpu_spec(torch.get_num_threads())
         (out / DEVICE_SPEC).write_text(yaml.safe_dump(spec, sort_keys=False))
     elif meta["preset"] is None:
         progress(
-            f"no preset matches {meta['device_name']!r}: pass --gpu PRESET_OR_YAML to "
-            "`calibrate fit` and `calibrate validate`"
+            f"no preset is {meta['device_name']!r} (rows labelled {UNKNOWN_GPU}): "
+            f"{DESCRIBE_YOUR_CHIP} to `calibrate fit` and `calibrate validate`"
         )
     progress(f"wrote {sum(counts.values())} rows to {out}")
     return out
