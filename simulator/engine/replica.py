@@ -465,7 +465,7 @@ class Replica:
             req.generated[rid] += 1
             run.remaining[slot] -= 1
             if self.on_handoff is not None and run.remaining[slot] > 0:
-                self._free(slot)
+                self._free(slot, completed=False)
                 self.on_handoff(rid)  # its decoding happens on a decode replica
                 continue
             run.start_decoding(slot)
@@ -508,15 +508,16 @@ class Replica:
         run, req = self.running, self.requests
         for slot in slots:
             rid = int(run.rid[slot])
-            self._free(slot)
+            self._free(slot, completed=True)
             req.finish[rid] = end
             req.outcome[rid] = Outcome.COMPLETED
             self.on_finish(rid)
 
-    def _free(self, slot: int) -> None:
-        """Release a slot that is done here (the scheduler keeps a session's prefix)."""
+    def _free(self, slot: int, completed: bool) -> None:
+        """Release a slot that is done here, `completed` or handed off (the scheduler
+        keeps what may be asked for again cached)."""
         assert self.scheduler is not None  # slots exist only under iteration-level policies
-        self.scheduler.free(slot)
+        self.scheduler.free(slot, completed)
 
     # ---- runs of decode steps --------------------------------------------------------
     def _decode_next(self) -> np.ndarray | None:

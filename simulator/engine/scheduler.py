@@ -24,7 +24,13 @@ from typing import Literal
 import numpy as np
 
 from hardware_models.errors import InfersimError
-from simulator.engine.kv_cache import BlockManager, CacheKey, request_key, session_key
+from simulator.engine.kv_cache import (
+    BlockManager,
+    CacheKey,
+    completed_key,
+    request_key,
+    session_key,
+)
 from simulator.engine.prefix_hashes import HashedBlockManager, Key
 from simulator.engine.requests import RequestTable
 from simulator.engine.running import RunningSet
@@ -323,6 +329,8 @@ class IterationScheduler:
         if self.hashed is not None:
             blocks, in_use = self.hashed.find(rid, (target - 1) // size)
             return blocks * size, key, in_use
+        if not self.kv.cached_total:  # nothing cached, nothing to look up
+            return 0, key, 0
         blocks = self.kv.cached_blocks(key)
         session = int(self.requests.session[rid])
         if not blocks and session >= 0:
@@ -330,12 +338,14 @@ class IterationScheduler:
             blocks = self.kv.cached_blocks(key)
         return min(blocks * size, (target - 1) // size * size), key, 0
 
-    def free(self, slot: int) -> None:
-        """`slot` is done here (finished, or handed to a decode replica): release its
+    def free(self, slot: int, completed: bool) -> None:
+        """`slot` is done here (`completed`, or handed to a decode replica): release its
         blocks. With prefix caching its full ones stay cached, the most recently freed,
         as vLLM v1 queues them at the tail of its free queue: a session's next turn,
         whose prompt starts with everything this one computed, reuses them, and blocks
-        freed earlier (a preempted request's) are evicted before them."""
+        freed earlier (a preempted request's) are evicted before them. A completed
+        request outside a session is never asked for again (kv.keep_unreachable); a
+        handed-off one comes back here if its decode replica fails and it is retried."""
         run, kv = self.running, self.kv
         if self.hashed is not None:
             rid = int(run.rid[slot])
@@ -344,10 +354,14 @@ class IterationScheduler:
             return
         kv.release(run.blocks_of(slot))
         if self.policy.prefix_caching:
-            rid = int(run.rid[slot])
-            session = int(self.requests.session[rid])
-            key = session_key(session) if session >= 0 else request_key(rid)
-            kv.keep_cached(key, run.computed_of(slot) // kv.block_size)
+            rid = run.rid.item(slot)
+            session = self.requests.session.item(rid)
+            if session >= 0:
+                kv.keep_cached(session_key(session), run.computed_of(slot) // kv.block_size)
+            elif not completed:
+                kv.keep_cached(request_key(rid), run.computed_of(slot) // kv.block_size)
+            elif kv.cached_total:  # else nothing is cached it could come before
+                kv.keep_unreachable(completed_key(rid), run.computed_of(slot) // kv.block_size)
         run.remove(slot)
 
     def _releasable(self, slots: np.ndarray, held: list[Key]) -> tuple[int, int]:
