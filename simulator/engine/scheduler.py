@@ -323,13 +323,11 @@ class IterationScheduler:
         prompt and output open this turn's prompt), and how many of those blocks other
         running requests hold (only with block hashes, where prompts share blocks)."""
         key = request_key(rid)
-        if not self.policy.prefix_caching:
-            return 0, key, 0
         size = self.kv.block_size
         if self.hashed is not None:
             blocks, in_use = self.hashed.find(rid, (target - 1) // size)
             return blocks * size, key, in_use
-        if not self.kv.cached_total:  # nothing cached, nothing to look up
+        if not self.kv.cached_total:  # caching off, or nothing cached: nothing to look up
             return 0, key, 0
         blocks = self.kv.cached_blocks(key)
         session = int(self.requests.session[rid])
