@@ -73,6 +73,12 @@ def test_a_run_that_leaves_it_unset_recomputes_from_its_cached_blocks_as_vllm_v1
     assert any(line.startswith("serving.enable_prefix_caching = True (vLLM 0.19.0 default")
                for line in provenance["defaults"])  # fmt: skip
     assert on.summary()["provenance"]["defaults"] == []
+    # The KV cache stays within the memory plan's blocks, and the prefix-cache metrics
+    # count first-scheduled hits only (a recompute's hits recover its own work).
+    total = unset.context.replicas[0].kv_total_blocks
+    assert unset.steps["kv_blocks_used"].max() <= total
+    assert unset.summary()["prefix_cache"]["cached_prompt_tokens"] == 0
+    assert unset.summary()["kv"]["max_utilisation"] == unset.steps["kv_blocks_used"].max() / total
 
 
 def _two_requests(blocks: int) -> tuple[IterationScheduler, RunningSet, BlockManager, list[int]]:
