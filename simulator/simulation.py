@@ -609,12 +609,14 @@ class _Run:
         # at any time).
         feedback = self.closed or self.session_sampler is not None
         blind = feedback and sum(b.replicas * b.dp for _, b in self.builds) > 1
+        retried = scenario.faults is not None and scenario.faults.on_failure == "retry"
         for pool, build in self.builds:
             role = roles[pool]
             config = replace(
                 build.config,
                 role=role,
                 multi_step=build.config.multi_step and not blind and role != "decode",
+                retried=retried,
             )
             handoff = self._handoff_from(build) if role == "prefill" else None
             keys = self._prefix_keys(config)

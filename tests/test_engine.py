@@ -481,7 +481,7 @@ def test_a_request_swapped_in_is_not_swapped_out_by_the_same_step(
 def test_a_finished_requests_blocks_queue_behind_those_freed_before():
     # vLLM v1 frees every block to the tail of one queue and reuses from its head: a
     # request preempted first loses its cached blocks before one that finished later.
-    from simulator.engine.kv_cache import BlockManager, completed_key, request_key
+    from simulator.engine.kv_cache import BlockManager, request_key, unreachable_key
     from simulator.engine.requests import RequestTable
     from simulator.engine.running import RunningSet
     from simulator.engine.scheduler import IterationPolicy, IterationScheduler
@@ -500,10 +500,10 @@ def test_a_finished_requests_blocks_queue_behind_those_freed_before():
         run.prefill(slot, chunk)
     first, second = plan.prefill_slots
     scheduler._preempt(first, plan)  # 4 full blocks cached, freed first
-    scheduler.free(second, completed=True)  # its 3 full blocks cached, freed last
+    scheduler.free(second, reachable=False)  # finished: its 3 full blocks, freed last
     kv.allocate(8)  # 2 free left: the 5 evicted come from the least recently freed
     assert kv.cached_blocks(request_key(0)) == 0
-    assert kv.cached_blocks(completed_key(1)) == 2
+    assert kv.cached_blocks(unreachable_key(1)) == 2
 
 
 def test_step_prices_do_not_depend_on_the_order_token_counts_come_in():

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hardware_models.presets import load_gpu
-from simulator.engine.kv_cache import BlockManager, completed_key, request_key
+from simulator.engine.kv_cache import BlockManager, request_key, unreachable_key
 from simulator.engine.requests import RequestTable
 from simulator.engine.running import RunningSet
 from simulator.engine.scheduler import IterationPolicy, IterationScheduler
@@ -104,14 +104,14 @@ def test_completed_requests_leave_nothing_to_track_where_no_prefix_can_hit():
     track them (before, every completion was kept and every allocation then evicted:
     a cost on every run, where nothing could hit)."""
     scheduler, _, kv, (first, second) = _two_requests(10)
-    scheduler.free(first, completed=True)
-    scheduler.free(second, completed=True)
+    scheduler.free(first, reachable=False)
+    scheduler.free(second, reachable=False)
     assert kv.cached_total == 0 and kv.free == 10
     scheduler, _, kv, (first, second) = _two_requests(10)
-    scheduler.free(first, completed=False)  # handed off: a retry may come back for it
+    scheduler.free(first, reachable=True)  # handed off: a retry may come back for it
     assert kv.cached_blocks(request_key(0)) == 4
-    scheduler.free(second, completed=True)  # freed after it: kept, to be evicted after it
-    assert kv.cached_blocks(completed_key(1)) == 3
+    scheduler.free(second, reachable=False)  # freed after it: kept, to be evicted after it
+    assert kv.cached_blocks(unreachable_key(1)) == 3
 
 
 class _KeepsEverything(BlockManager):
@@ -146,7 +146,7 @@ def test_not_tracking_unreachable_blocks_changes_no_hit(ops):
             elif op == "done":
                 kv.release(min(blocks, kv.used))
                 if kv.cached_total or isinstance(kv, _KeepsEverything):
-                    kv.keep_unreachable(completed_key(step), min(blocks, kv.free))
+                    kv.keep_unreachable(unreachable_key(step), min(blocks, kv.free))
             elif op == "take":
                 kv.take_cached(request_key(owner))
             elif op == "alloc":
@@ -167,24 +167,49 @@ def test_not_tracking_unreachable_blocks_changes_no_hit(ops):
             "workload": BUSY,
             "model": {"name": "gemma-2-9b"},
         },  # sliding layers: the hybrid KV cache manager
+        {
+            "serving": PRESSURE,
+            "workload": BUSY,
+            "hardware": None,
+            "pools": [
+                {"name": "p", "hardware": {"gpu": "a100-80gb-sxm"}, "role": "prefill"},
+                {"name": "d", "hardware": {"gpu": "a100-80gb-sxm"}, "role": "decode"},
+            ],
+        },
+        {
+            "workload": {"arrivals": {"kind": "poisson", "rate_per_s": 8.0}, "num_requests": 200},
+            "hardware": None,
+            "pools": [
+                {"name": "p", "hardware": {"gpu": "a100-80gb-sxm"}, "role": "prefill"},
+                {
+                    "name": "d",
+                    "hardware": {"gpu": "a100-80gb-sxm"},
+                    "role": "decode",
+                    "replicas": 2,
+                },
+            ],
+            "faults": {"events": [{"replica": 1, "at_s": 10.0, "recover_at_s": 12.0}]},
+        },
     ],
-    ids=["llama", "hybrid-manager"],
+    ids=["llama", "hybrid-manager", "disaggregated", "disaggregated-retried"],
 )
 def test_runs_under_pressure_are_those_of_tracking_every_completed_request(
     make_scenario, monkeypatch, sections
 ):
-    """With recompute preemptions, whose blocks are cached among completed requests',
-    the engine gives the results of one that keeps every completed request's blocks
-    (freeing each as if handed off, as the engine did before), bit for bit."""
+    """With recompute preemptions, whose blocks are cached among completed (or, with
+    no failures to retry, handed-off) requests', the engine gives the results of one
+    that keeps every such request's blocks (freeing each as reachable, as the engine
+    did before), bit for bit. Where a failed decode replica's requests are retried,
+    they come back to the prefill replica and hit the blocks their handoff left."""
     scenario = make_scenario(**sections)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ours = simulate(scenario)
         free = IterationScheduler.free
         monkeypatch.setattr(
-            IterationScheduler, "free", lambda self, slot, completed: free(self, slot, False)
+            IterationScheduler, "free", lambda self, slot, reachable: free(self, slot, True)
         )
         everything = simulate(scenario)
-    assert ours.requests["preemptions"].sum() > 10
+    assert (ours.requests["preemptions"] + ours.requests["retries"]).sum() > 5
     pd.testing.assert_frame_equal(ours.requests, everything.requests, check_exact=True)
     pd.testing.assert_frame_equal(ours.steps, everything.steps, check_exact=True)

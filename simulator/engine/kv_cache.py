@@ -27,9 +27,9 @@ def session_key(session: int) -> CacheKey:
     return ("session", session)
 
 
-def completed_key(rid: int) -> CacheKey:
-    """A completed request's blocks: nobody asks for them again (see keep_unreachable)."""
-    return ("completed", rid)
+def unreachable_key(rid: int) -> CacheKey:
+    """Blocks of a request done here that nobody asks for again (see keep_unreachable)."""
+    return ("unreachable", rid)
 
 
 class BlockManager:
@@ -98,15 +98,16 @@ class BlockManager:
             self._evict()
 
     def keep_unreachable(self, key: CacheKey, blocks: int) -> None:
-        """Full blocks left cached by an owner nobody asks for again (`completed_key`: a
-        request that completed outside a session). Their one effect is their place in
+        """Full blocks left cached by an owner nobody asks for again (`unreachable_key`: a
+        request outside a session that completed, or was handed off where no failed
+        request is retried). Their one effect is their place in
         the LRU order: an allocation evicts the blocks cached before them first. What
         survives of an owner depends only on the blocks freed after it, so with no other
         owner cached before them they change nothing and are not kept (nor are such
         blocks once they lead the order): prefix caching costs nothing where no prefix
         can hit (no preemption, no session), and results are those of keeping them."""
         cached = self._cached
-        while cached and next(iter(cached))[0] == "completed":
+        while cached and next(iter(cached))[0] == "unreachable":
             self.take_cached(next(iter(cached)))
         if cached:
             self.keep_cached(key, blocks)

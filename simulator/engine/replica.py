@@ -72,6 +72,7 @@ class ReplicaConfig:
     reserve_full_sequence: bool = True
     multi_step: bool = True
     role: Literal["mixed", "prefill", "decode"] = "mixed"
+    retried: bool = False  # a failed replica's requests are retried: a handed-off one may return
     prefix_caching: bool = False
     step_table: bool = True  # keep per-step rows (and exact ITL samples), not only totals
 
@@ -465,7 +466,7 @@ class Replica:
             req.generated[rid] += 1
             run.remaining[slot] -= 1
             if self.on_handoff is not None and run.remaining[slot] > 0:
-                self._free(slot, completed=False)
+                self._free(slot, reachable=self.cfg.retried)
                 self.on_handoff(rid)  # its decoding happens on a decode replica
                 continue
             run.start_decoding(slot)
@@ -508,16 +509,16 @@ class Replica:
         run, req = self.running, self.requests
         for slot in slots:
             rid = int(run.rid[slot])
-            self._free(slot, completed=True)
+            self._free(slot, reachable=False)
             req.finish[rid] = end
             req.outcome[rid] = Outcome.COMPLETED
             self.on_finish(rid)
 
-    def _free(self, slot: int, completed: bool) -> None:
-        """Release a slot that is done here, `completed` or handed off (the scheduler
-        keeps what may be asked for again cached)."""
+    def _free(self, slot: int, reachable: bool) -> None:
+        """Release a slot that is done here, completed or handed off; `reachable`: the
+        request may come back for its cached blocks (scheduler.free)."""
         assert self.scheduler is not None  # slots exist only under iteration-level policies
-        self.scheduler.free(slot, completed)
+        self.scheduler.free(slot, reachable)
 
     # ---- runs of decode steps --------------------------------------------------------
     def _decode_next(self) -> np.ndarray | None:

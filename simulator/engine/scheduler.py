@@ -27,9 +27,9 @@ from hardware_models.errors import InfersimError
 from simulator.engine.kv_cache import (
     BlockManager,
     CacheKey,
-    completed_key,
     request_key,
     session_key,
+    unreachable_key,
 )
 from simulator.engine.prefix_hashes import HashedBlockManager, Key
 from simulator.engine.requests import RequestTable
@@ -336,14 +336,14 @@ class IterationScheduler:
             blocks = self.kv.cached_blocks(key)
         return min(blocks * size, (target - 1) // size * size), key, 0
 
-    def free(self, slot: int, completed: bool) -> None:
-        """`slot` is done here (`completed`, or handed to a decode replica): release its
+    def free(self, slot: int, reachable: bool) -> None:
+        """`slot` is done here (completed, or handed to a decode replica): release its
         blocks. With prefix caching its full ones stay cached, the most recently freed,
         as vLLM v1 queues them at the tail of its free queue: a session's next turn,
         whose prompt starts with everything this one computed, reuses them, and blocks
-        freed earlier (a preempted request's) are evicted before them. A completed
-        request outside a session is never asked for again (kv.keep_unreachable); a
-        handed-off one comes back here if its decode replica fails and it is retried."""
+        freed earlier (a preempted request's) are evicted before them. Outside a
+        session, only a handed-off request may ask for its blocks again (retried after
+        its decode replica failed): `reachable`; others' are kv.keep_unreachable's."""
         run, kv = self.running, self.kv
         if self.hashed is not None:
             rid = int(run.rid[slot])
@@ -356,10 +356,10 @@ class IterationScheduler:
             session = self.requests.session.item(rid)
             if session >= 0:
                 kv.keep_cached(session_key(session), run.computed_of(slot) // kv.block_size)
-            elif not completed:
+            elif reachable:
                 kv.keep_cached(request_key(rid), run.computed_of(slot) // kv.block_size)
             elif kv.cached_total:  # else nothing is cached it could come before
-                kv.keep_unreachable(completed_key(rid), run.computed_of(slot) // kv.block_size)
+                kv.keep_unreachable(unreachable_key(rid), run.computed_of(slot) // kv.block_size)
         run.remove(slot)
 
     def _releasable(self, slots: np.ndarray, held: list[Key]) -> tuple[int, int]:
