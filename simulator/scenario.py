@@ -33,7 +33,14 @@ from hardware_models.errors import InfersimError, InfersimWarning
 from hardware_models.yaml_io import load_yaml_mapping, parse_yaml
 from simulator.inputs import shown
 from simulator.router import RouterName
-from simulator.vllm_defaults import EMULATED_VLLM_VERSION, Default, batch_limits
+from simulator.vllm_defaults import (
+    EMULATED_VLLM_VERSION,
+    PREFIX_CACHING_V0,
+    PREFIX_CACHING_V1,
+    Default,
+    batch_limits,
+    version_text,
+)
 from simulator.ways_out import option
 from simulator.workload.config import WorkloadConfig
 
@@ -360,11 +367,16 @@ class ServingSection(BaseModel):
         "is refused above the context, or where the KV cache cannot hold one sequence this "
         "long (the message names the largest that fits)",
     )
-    enable_prefix_caching: bool = Field(
-        default=False,
-        description="keep a recompute-preempted request's full KV blocks cached while "
-        "free (LRU), so its recompute skips what was not evicted (vLLM v1's default); "
-        "likewise a session's previous turn, and prompt blocks a trace's hash_ids share",
+    enable_prefix_caching: bool | None = Field(
+        default=None,
+        description="keep released full KV blocks cached while free (LRU): a "
+        "recompute-preempted request's recompute skips what was not evicted, likewise a "
+        "session's next turn, and prompts whose trace hash_ids share blocks. Default: as "
+        "the engine the policy models, on for chunked_prefill (vLLM v1, for the "
+        "decoder-only models infersim describes: vLLM turns it off by default only for "
+        "hybrid Mamba, attention-free, encoder-decoder and some pooling models, "
+        "ModelConfig.is_prefix_caching_supported), off for continuous (vLLM v0's "
+        "default); static and dynamic keep no cache (the run's header says which)",
     )
     reserve_full_sequence: bool = Field(
         default=True,
@@ -412,6 +424,25 @@ class ServingSection(BaseModel):
         return self
 
     @property
+    def prefix_caching(self) -> bool:
+        """enable_prefix_caching as given, else the default of the engine the policy
+        models (prefix_caching_default)."""
+        if self.enable_prefix_caching is not None:
+            return self.enable_prefix_caching
+        return bool(self.prefix_caching_default().value)
+
+    def prefix_caching_default(self) -> Default:
+        """What the engine the policy models does when enable_prefix_caching is unset,
+        and why: vLLM v1 caches prefixes by default, v0 did not; the run-to-completion
+        batchers (not vLLM's scheduler) have no prefix cache."""
+        if self.policy == "chunked_prefill":
+            why = f"vLLM {version_text(EMULATED_VLLM_VERSION)} default: {PREFIX_CACHING_V1}"
+            return Default(True, why)
+        if self.policy == "continuous":
+            return Default(False, f"{PREFIX_CACHING_V0}, the engine the continuous policy models")
+        return Default(False, f"the {self.policy} policy keeps no prefix cache (not vLLM's)")
+
+    @property
     def kv_watermark(self) -> float:
         """The watermark given, else the one of the engine the policy models."""
         if self.watermark is not None:
@@ -424,10 +455,11 @@ class ServingSection(BaseModel):
         """This section with max_num_seqs and max_num_batched_tokens, where unset, as `vllm
         serve` of EMULATED_VLLM_VERSION chooses them on `gpu`, read by its device name and
         the memory CUDA reports, as vLLM's rule reads it, not the datasheet figure
-        (vllm_defaults.batch_limits: a limit given bounds the other's default), and a line
+        (vllm_defaults.batch_limits: a limit given bounds the other's default), and
+        enable_prefix_caching as the engine the policy models defaults it, with a line
         for each saying what it became and why; set values are kept as given. The static
         and dynamic policies are not vLLM's scheduler: theirs default to
-        NON_VLLM_BATCH_LIMITS."""
+        NON_VLLM_BATCH_LIMITS, and they keep no prefix cache."""
         if self.policy in ("static", "dynamic"):
             chosen = {
                 name: Default(value, f"the {self.policy} policy's default (not vLLM's scheduler)")
@@ -444,8 +476,12 @@ class ServingSection(BaseModel):
                 chunked_prefill=self.policy != "continuous",
                 max_model_len=max_model_len,
             )
+        if self.enable_prefix_caching is None and self.policy in ("continuous", "chunked_prefill"):
+            chosen["enable_prefix_caching"] = self.prefix_caching_default()
         notes = tuple(d.line(f"serving.{name}") for name, d in chosen.items())
-        return self.model_copy(update={n: d.value for n, d in chosen.items()}), notes
+        update = {"enable_prefix_caching": self.prefix_caching}
+        update.update((name, d.value) for name, d in chosen.items())
+        return self.model_copy(update=update), notes
 
 
 class EngineSection(BaseModel):

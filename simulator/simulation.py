@@ -221,7 +221,7 @@ def _hybrid_off_reason(
             "default (a latency regression; serving.allow_chunked_local_attn_with_hybrid_"
             "kv_cache, vLLM's VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1, keeps it)"
         )
-    if hashed_prompts and serving.enable_prefix_caching:
+    if hashed_prompts and serving.prefix_caching:
         return (
             "the trace's prompts share cached blocks by hash_ids, and sharing blocks by "
             "hash is not modelled across the manager's groups (each group's blocks hit and "
@@ -316,7 +316,7 @@ def build_scenario(scenario: Scenario) -> BuiltScenario:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", InfersimWarning)
-            caching = scenario.serving.enable_prefix_caching
+            caching = scenario.serving.prefix_caching
             pools = build_pools(
                 scenario, caching and shares_blocks_by_hash(open_loop_requests(scenario))
             )
@@ -519,7 +519,7 @@ def build_replica(
         scheduling=serving.scheduling_policy,
         reserve_full_sequence=serving.reserve_full_sequence,
         multi_step=engine.multi_step,
-        prefix_caching=serving.enable_prefix_caching,
+        prefix_caching=serving.prefix_caching,
         step_table=scenario.output.step_table,
     )
     cost = StepCostModel(
@@ -674,12 +674,14 @@ class _Run:
         blind = feedback and sum(b.replicas * b.dp for _, b in self.builds) > 1
         self.kv_links = KvLinks(self.env)
         self.kv_link_in: dict[Replica | DpGroup | PipelineGroup, int] = {}  # decode units'
+        retried = scenario.faults is not None and scenario.faults.on_failure == "retry"
         for pool, build in self.builds:
             role = roles[pool]
             config = replace(
                 build.config,
                 role=role,
                 multi_step=build.config.multi_step and not blind and role == "mixed",
+                retried=retried,
             )
             keys = self._prefix_keys(config)
             for _ in range(build.replicas):
@@ -1149,8 +1151,9 @@ def _configuration_warnings(builds: list[tuple[str, ReplicaBuild]]) -> tuple[str
 def _as_run(scenario: Scenario, builds: list[tuple[str, ReplicaBuild]]) -> Scenario:
     """The scenario as it ran, so summary.json names it: an unset model.weight_dtype is the
     checkpoint's format the replicas were built with (resolve_weight_dtype); unset batch
-    limits are vLLM's defaults for the GPU, and a block size vLLM forced is the forced one,
-    where every pool got the same."""
+    limits are vLLM's defaults for the GPU, an unset enable_prefix_caching the policy's
+    engine's default, and a block size vLLM forced is the forced one, where every pool
+    got the same."""
     if not builds:
         return scenario
     update = {}
@@ -1162,6 +1165,8 @@ def _as_run(scenario: Scenario, builds: list[tuple[str, ReplicaBuild]]) -> Scena
         for name in BATCH_LIMITS
         if getattr(scenario.serving, name) is None
     }
+    if scenario.serving.enable_prefix_caching is None:
+        chosen["enable_prefix_caching"] = {build.config.prefix_caching for _, build in builds}
     sizes = {build.config.block_size for _, build in builds}
     if sizes != {scenario.serving.block_size}:  # vLLM forced one (_at_vllm_block_size)
         chosen["block_size"] = sizes

@@ -9,7 +9,16 @@ assumed.
 Sources (vLLM repository and release notes):
 
 - V1 is the default engine from 0.8.0; it always chunks prefills and turns prefix
-  caching on unless told otherwise (`EngineArgs._set_default_args_v1`).
+  caching on unless told otherwise (`EngineArgs._set_default_args_v1`). Later releases
+  take the default from the model (`EngineArgs._set_default_chunked_prefill_and_prefix_
+  caching_args`: `ModelConfig.is_prefix_caching_supported`): on for a decoder-only
+  generative model, off for hybrid (Mamba + attention) and attention-free models,
+  encoder-decoder models and pooling models that pool by mean, CLS or step; 0.26 keeps
+  it opt-in for hybrid models that support it (`and not model_config.is_hybrid`).
+  infersim models decoder-only generative transformers (sliding-window ones included,
+  which vLLM counts as decoders), so V1's default is on for every model it runs. vLLM
+  v0 (before 0.8.0) defaulted it off (`EngineArgs.enable_prefix_caching = False`; 0.7's
+  `__post_init__` sets it to `VLLM_USE_V1`).
 - Batch limits for `vllm serve` (UsageContext.OPENAI_API_SERVER), by the GPU as vLLM sees
   it: a "big" GPU gets max_num_batched_tokens 8192 and max_num_seqs 1024, any other 2048
   and 256. Which GPUs are big: H100/H200 by device name (PR #12369, before V1 became the
@@ -61,6 +70,11 @@ EMULATED_VLLM_VERSION = (0, 19, 0)
 """The vLLM release a scenario's unset engine settings default as: the one whose scheduler
 infersim models (scheduler_reserve_full_isl, engine/scheduler.py) and whose measured runs
 (../shared/data/e2e) the shipped profiles are checked against."""
+# V1's default for the models infersim describes (the module doc names those it is off for)
+PREFIX_CACHING_V1 = (
+    "the V1 engine's, on for a decoder-only model (ModelConfig.is_prefix_caching_supported)"
+)
+PREFIX_CACHING_V0 = "vLLM v0's default (EngineArgs.enable_prefix_caching = False before V1)"
 _BIG_GPU_GIB = 70  # vLLM's threshold for its larger batch defaults (from 0.8.5)
 _SEQS_BOUND_BY_TOKENS = (0, 10, 0)  # unset max_num_seqs <= max_num_batched_tokens (module doc)
 _TOKENS_BOUND_BY_SEQS = (0, 12, 0)  # unset budget <= max_num_seqs * max_model_len
@@ -169,7 +183,7 @@ def vllm_default(
         return Default(version >= (0, 14, 0), f"{where}: on by default from 0.14.0")
     fixed = {
         "enable_chunked_prefill": (True, "the V1 engine always chunks prefills"),
-        "enable_prefix_caching": (True, "the V1 engine's default"),
+        "enable_prefix_caching": (True, PREFIX_CACHING_V1),
         "block_size": (16, "the default on CUDA"),
         "gpu_memory_utilization": (0.9, ""),
         "enforce_eager": (False, "CUDA graphs on"),

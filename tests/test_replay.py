@@ -613,7 +613,7 @@ def test_a_simulated_bench_json_carries_its_engine_settings(tmp_path, capsys):
     a replay needs no --vllm-version, --gpu or --set: it runs with the run's own token
     budget and prefix caching, not vLLM's defaults (8,192 tokens, caching on), and
     reproduces it."""
-    bench = _simulated_bench_json(tmp_path, capsys)
+    bench = _simulated_bench_json(tmp_path, capsys, enable_prefix_caching=False)
     meta = json.loads(bench.read_text())["infersim_meta"]
     assert meta["engine_kwargs"]["max_num_batched_tokens"] == 512
     assert meta["engine_kwargs"]["enable_prefix_caching"] is False

@@ -22,9 +22,10 @@ EMULATED = ".".join(map(str, EMULATED_VLLM_VERSION))
 
 
 def _unset(gpu: str, **serving) -> Scenario:
-    """The test scenario on `gpu` with neither batch limit set (unless in `serving`)."""
+    """The test scenario on `gpu` with neither batch limit set (unless in `serving`);
+    prefix caching is set, so only the batch limits take defaults."""
     data = scenario_dict(hardware={"gpu": gpu})
-    data["serving"] = {"policy": "chunked_prefill", **serving}
+    data["serving"] = {"policy": "chunked_prefill", "enable_prefix_caching": True, **serving}
     return Scenario.from_dict(data)
 
 
@@ -108,8 +109,10 @@ def test_the_summary_records_what_each_default_became():
     origin = summary["provenance"]
     assert origin["scenario"]["serving"]["max_num_batched_tokens"] == 8192
     assert origin["scenario"]["serving"]["max_num_seqs"] == 32
-    assert len(origin["defaults"]) == 1
+    assert origin["scenario"]["serving"]["enable_prefix_caching"] is True
+    assert len(origin["defaults"]) == 2
     assert origin["defaults"][0].startswith("serving.max_num_batched_tokens = 8192 (vLLM")
+    assert origin["defaults"][1].startswith("serving.enable_prefix_caching = True (vLLM")
     header = summary["run"]["configuration"]
     assert header["defaults"] == origin["defaults"]
 

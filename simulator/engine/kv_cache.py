@@ -27,6 +27,11 @@ def session_key(session: int) -> CacheKey:
     return ("session", session)
 
 
+def unreachable_key(rid: int) -> CacheKey:
+    """Blocks of a request done here that nobody asks for again (see keep_unreachable)."""
+    return ("unreachable", rid)
+
+
 class BlockManager:
     def __init__(self, total_blocks: int, block_size: int, watermark: float = 0.0) -> None:
         if total_blocks < 1:
@@ -91,6 +96,21 @@ class BlockManager:
             self._cached[key] = blocks
             self._cached_total += blocks
             self._evict()
+
+    def keep_unreachable(self, key: CacheKey, blocks: int) -> None:
+        """Full blocks left cached by an owner nobody asks for again (`unreachable_key`: a
+        request outside a session that completed, or was handed off where no failed
+        request is retried). Their one effect is their place in
+        the LRU order: an allocation evicts the blocks cached before them first. What
+        survives of an owner depends only on the blocks freed after it, so with no other
+        owner cached before them they change nothing and are not kept (nor are such
+        blocks once they lead the order): prefix caching costs nothing where no prefix
+        can hit (no preemption, no session), and results are those of keeping them."""
+        cached = self._cached
+        while cached and next(iter(cached))[0] == "unreachable":
+            self.take_cached(next(iter(cached)))
+        if cached:
+            self.keep_cached(key, blocks)
 
     def cached_blocks(self, key: CacheKey) -> int:
         return self._cached.get(key, 0)

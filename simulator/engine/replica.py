@@ -73,6 +73,7 @@ class ReplicaConfig:
     reserve_full_sequence: bool = True
     multi_step: bool = True
     role: Literal["mixed", "prefill", "decode"] = "mixed"
+    retried: bool = False  # a failed replica's requests are retried: a handed-off one may return
     prefix_caching: bool = False
     step_table: bool = True  # keep per-step rows (and exact ITL samples), not only totals
 
@@ -533,7 +534,7 @@ class Replica:
         drops its answer); the prompt's blocks stay held until the transfer has read
         them, then go free (or cached) in the KV cache they were taken from."""
         assert self.scheduler is not None and self.on_handoff is not None
-        release_blocks, kv = self.scheduler.detach(slot), self.kv
+        release_blocks, kv = self.scheduler.detach(slot, self.cfg.retried), self.kv
 
         def release() -> None:
             if self.kv is kv:  # else a failure has emptied the cache meanwhile

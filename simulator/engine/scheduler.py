@@ -32,7 +32,13 @@ from typing import Literal
 import numpy as np
 
 from hardware_models.errors import InfersimError
-from simulator.engine.kv_cache import BlockManager, CacheKey, request_key, session_key
+from simulator.engine.kv_cache import (
+    BlockManager,
+    CacheKey,
+    request_key,
+    session_key,
+    unreachable_key,
+)
 from simulator.engine.prefix_hashes import HashedBlockManager, Key
 from simulator.engine.requests import RequestTable
 from simulator.engine.running import RunningSet
@@ -336,12 +342,12 @@ class IterationScheduler:
         prompt and output open this turn's prompt), and how many of those blocks other
         running requests hold (only with block hashes, where prompts share blocks)."""
         key = request_key(rid)
-        if not self.policy.prefix_caching:
-            return 0, key, 0
         size = self.kv.block_size
         if self.hashed is not None:
             blocks, in_use = self.hashed.find(rid, (target - 1) // size)
             return blocks * size, key, in_use
+        if not self.kv.cached_total:  # caching off, or nothing cached: nothing to look up
+            return 0, key, 0
         blocks = self.kv.cached_blocks(key)
         session = int(self.requests.session[rid])
         if not blocks and session >= 0:
@@ -350,10 +356,10 @@ class IterationScheduler:
         return min(blocks * size, (target - 1) // size * size), key, 0
 
     def free(self, slot: int) -> None:
-        """`slot` is done here (finished): release its blocks now (see `detach`)."""
-        self.detach(slot)()
+        """`slot` is done here (completed): release its blocks now (see `detach`)."""
+        self.detach(slot, reachable=False)()
 
-    def detach(self, slot: int) -> Callable[[], None]:
+    def detach(self, slot: int, reachable: bool) -> Callable[[], None]:
         """Take `slot` out of the running set, its blocks still held; the call returned
         releases them. A prefill replica calls it when it hands a request on, as vLLM's
         NixlConnector.request_finished delays freeing the prompt's blocks until the decode
@@ -361,7 +367,9 @@ class IterationScheduler:
         released, the most recently freed, as vLLM v1 queues them at the tail of its free
         queue: a session's next turn, whose prompt starts with everything this one
         computed, reuses them, and blocks freed earlier (a preempted request's) are
-        evicted before them."""
+        evicted before them. Outside a session, only a handed-off request may ask for
+        its blocks again (retried after its decode replica failed): `reachable`; others'
+        are kv.keep_unreachable's."""
         run, kv = self.running, self.kv
         rid, blocks, computed = int(run.rid[slot]), run.blocks_of(slot), run.computed_of(slot)
         run.remove(slot)
@@ -370,7 +378,15 @@ class IterationScheduler:
             return lambda: hashed.leave(rid, blocks, computed, finished=True)
         if not self.policy.prefix_caching:
             return lambda: kv.release(blocks)
-        session = int(self.requests.session[rid])
+        session = self.requests.session.item(rid)
+        if session < 0 and not reachable:
+
+            def release_unreachable() -> None:
+                kv.release(blocks)
+                if kv.cached_total:  # else nothing is cached it could come before
+                    kv.keep_unreachable(unreachable_key(rid), computed // kv.block_size)
+
+            return release_unreachable
         key = session_key(session) if session >= 0 else request_key(rid)
 
         def release() -> None:

@@ -186,7 +186,7 @@ def engine_meta(results: Results) -> dict[str, Any] | None:
         ),
         "block_size": serving.block_size,
         "gpu_memory_utilization": serving.gpu_memory_utilization,
-        "enable_prefix_caching": serving.enable_prefix_caching,
+        "enable_prefix_caching": serving.prefix_caching,
         "num_gpu_blocks": serving.num_gpu_blocks,
         "max_model_len": serving.max_model_len,
         "enforce_eager": not engine.cuda_graphs,
