@@ -7,8 +7,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from hardware_models.errors import InfersimError
 from simulator.display import summary_html
 from simulator.metrics import summarize, summary_table, write_run
@@ -21,8 +19,8 @@ from simulator.metrics.timeseries import timeseries_table
 if TYPE_CHECKING:
     import pandas as pd
 
-    from simulator.engine.replica import Replica
     from simulator.engine.requests import RequestTable
+    from simulator.engine.step_log import ClosedLog
     from simulator.scenario import Scenario
 
 
@@ -60,17 +58,18 @@ class Results:
         memory_table: str,
         context: RunContext,
         requests: RequestTable,
-        replicas: Sequence[Replica],
-        logs: Sequence[tuple[np.ndarray | None, np.ndarray]],
+        totals: Sequence[StepTotals],
+        logs: Sequence[ClosedLog],
     ) -> Results:
-        """`logs`: each replica's closed step log (its steps, its gaps)."""
+        """`totals` and `logs`: each replica's step totals and closed step log (its steps,
+        its gaps), replicas in order."""
         steps, gaps = zip(*logs, strict=True)
-        totals = StepTotals.merge([r.log.totals for r in replicas])
+        merged = StepTotals.merge(totals)
         return cls(
             scenario,
             context,
             request_table(requests, context.priority_names),
-            totals,
+            merged,
             gap_table(gaps, with_end=scenario.frontend.modelled),
             step_table(steps) if scenario.output.step_table else None,
             memory_table,

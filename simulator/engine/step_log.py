@@ -37,6 +37,10 @@ GAP_COLUMNS = {"seconds": "f8", "weight": "i4", "end": "f8"}  # end: when the to
 CHUNK_ROWS = 8192  # rows per fold: step rows are folded in chunks of this many
 
 
+# A replica's log when the run stopped: its step rows (None unless kept), its gap samples.
+ClosedLog = tuple[np.ndarray | None, np.ndarray]
+
+
 class StepLog:
     def __init__(
         self,
@@ -186,7 +190,7 @@ class StepLog:
         self.histogram.add(gaps[within], np.repeat(weights, sizes - 1))
         self._run_ends, self._run_sizes = [], []
 
-    def close(self, end: float) -> tuple[np.ndarray | None, np.ndarray]:
+    def close(self, end: float) -> ClosedLog:
         """The run stopped at `end`: fold what is left (a step in flight counts up to
         `end`) and return this replica's step rows (None unless kept) and its gap
         samples (binned into a histogram unless steps are kept), as structured arrays."""
