@@ -16,7 +16,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -26,6 +26,7 @@ from hardware_models.errors import InfersimError
 if TYPE_CHECKING:
     from distributed import Client
 
+OnReport = Callable[[int, Any], None]  # (job index, what the job reported)
 # fork is unsafe once threads run (a Dask client, a notebook kernel); forkserver is what
 # Python 3.14 picks on Linux, spawn is the default elsewhere.
 _START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
@@ -66,6 +67,9 @@ def _job_error(status: str, exc: BaseException) -> JobError:
 
 
 _started: Any = None  # in a local worker: the queue it reports each job's start on
+_job: int | None = None  # in a local worker: the job it runs
+# How often, in seconds, the parent reads what running jobs `report` (when it listens).
+REPORT_EVERY_S = 0.2
 
 
 def _init_worker(started: Any) -> None:
@@ -76,8 +80,17 @@ def _init_worker(started: Any) -> None:
 def _call(fn: Callable[[Any], Any], index: int, payload: Any) -> Any:
     """Report the start first: when the pool breaks, the jobs that had started are the
     ones that may have killed it."""
+    global _job
     _started.put(index)
+    _job = index
     return fn(payload)
+
+
+def report(value: Any) -> None:
+    """From a job running on a local worker: `value` to the `on_report` the parent gave
+    run_parallel (a progress count); elsewhere (in process, on Dask) nothing."""
+    if _started is not None and _job is not None:
+        _started.put((_job, value))
 
 
 def _leave_if_bootstrapping() -> None:
@@ -105,13 +118,22 @@ def _death_text(exit_codes: Iterable[int | None]) -> str:
     )
 
 
-def _drain(started: Any, into: set[int]) -> None:
+def _drain(started: Any, into: set[int], on_report: OnReport | None) -> None:
+    """Jobs' starts into `into`, their reports to `on_report`."""
     while not started.empty():
-        into.add(started.get())
+        item = started.get()
+        if not isinstance(item, tuple):
+            into.add(item)
+        elif on_report is not None:
+            on_report(*item)
 
 
 def _pool_round(
-    fn: Callable[[Any], Any], payloads: Sequence[Any], batch: list[int], width: int
+    fn: Callable[[Any], Any],
+    payloads: Sequence[Any],
+    batch: list[int],
+    width: int,
+    on_report: OnReport | None,
 ) -> Generator[tuple[int, Any], None, tuple[list[int], list[int], str]]:
     """Run `batch` on a fresh pool of `width` processes, yielding results as they come.
     Returns what a broken pool left: (not started, started but unfinished, how its workers
@@ -129,17 +151,21 @@ def _pool_round(
     processes = pool._processes  # the pool's own dict: kept, with exit codes, when it breaks
     unfinished: list[int] = []
     began: set[int] = set()
+    pending = set(futures)
+    every = None if on_report is None else REPORT_EVERY_S  # else wake only for results
     try:
-        for future in as_completed(futures):
-            _drain(started, began)  # a full pipe would block the workers' next report
-            try:
-                result = future.result()
-            except BrokenProcessPool:
-                unfinished.append(futures[future])
-                continue
-            except Exception as exc:  # fn raised: the job's own failure, not the pool's
-                result = _job_error("failed", exc)
-            yield futures[future], result
+        while pending:
+            done, pending = wait(pending, timeout=every, return_when=FIRST_COMPLETED)
+            _drain(started, began, on_report)  # a full pipe would block workers' reports
+            for future in sorted(done, key=futures.__getitem__):
+                try:
+                    result = future.result()
+                except BrokenProcessPool:
+                    unfinished.append(futures[future])
+                    continue
+                except Exception as exc:  # fn raised: the job's own failure, not the pool's
+                    result = _job_error("failed", exc)
+                yield futures[future], result
     except BaseException:
         # ^C, or the caller stopped: end the jobs in flight instead of waiting for them
         # and for the ones already queued to each worker (Python 3.14 adds
@@ -149,7 +175,7 @@ def _pool_round(
         raise
     finally:
         pool.shutdown(cancel_futures=True)
-    _drain(started, began)
+    _drain(started, began, on_report)
     started.close()
     exit_codes = [process.exitcode for process in (processes or {}).values()]
     if unfinished and UNGUARDED_MAIN_EXIT in exit_codes:
@@ -162,7 +188,10 @@ def _pool_round(
 
 
 def _local(
-    fn: Callable[[Any], Any], payloads: Sequence[Any], workers: int
+    fn: Callable[[Any], Any],
+    payloads: Sequence[Any],
+    workers: int,
+    on_report: OnReport | None = None,
 ) -> Iterator[tuple[int, Any]]:
     """Jobs on local processes. When a worker dies the pool is broken; the jobs that had
     not started go on a fresh pool, and those that had (the culprit and any job sharing
@@ -172,7 +201,7 @@ def _local(
     together, alone = list(range(len(payloads))), []
     while together or alone:
         batch, width = (together, workers) if together else (alone, 1)
-        rest, suspects, death = yield from _pool_round(fn, payloads, batch, width)
+        rest, suspects, death = yield from _pool_round(fn, payloads, batch, width, on_report)
         if batch is together:
             together, alone = rest, alone + suspects
         else:
@@ -227,12 +256,17 @@ def run_parallel(
     *,
     workers: int | None = None,
     client: Client | None = None,
+    on_report: OnReport | None = None,
 ) -> Iterator[tuple[int, Any]]:
     """`fn(payload)` for each payload, on `workers` local processes (default: one per CPU;
     1 runs them in this process) or on the Dask cluster of `client`; yields (index, result)
     in finishing order, with a JobError as the result of a job that did not return. `fn`
-    must be a module-level function; sweeps and capacity plans both run here."""
+    must be a module-level function; sweeps, capacity plans and one run's shards run here.
+    `on_report(index, value)` gets what a job on a local worker passes to `report` as it
+    runs, read every REPORT_EVERY_S."""
     if client is not None:
         return _dask(fn, payloads, client)
     workers = workers or os.cpu_count() or 1
-    return _in_process(fn, payloads) if workers == 1 else _local(fn, payloads, workers)
+    if workers == 1:
+        return _in_process(fn, payloads)
+    return _local(fn, payloads, workers, on_report)

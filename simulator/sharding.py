@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from hardware_models.errors import InfersimError, InfersimWarning
-from simulator.executors import JobError, run_parallel
 
 if TYPE_CHECKING:
     from simulator.engine.step_log import ClosedLog
@@ -83,16 +82,35 @@ class ShardResult:
     warnings: list[tuple[type[Warning], str, str, int]]
 
 
-def simulate_shard(job: tuple[Scenario, tuple[int, ...]]) -> ShardResult:
+class _Reported:
+    """A shard's progress (its finished requests) sent to the parent's one bar about 200
+    times over the whole run, as Progress redraws."""
+
+    def __init__(self, total: int) -> None:
+        from simulator.executors import report  # in a worker only
+
+        self._report, self._every, self._shown = report, max(1, total // 200), 0
+
+    def update(self, done: int) -> None:
+        if done - self._shown >= self._every:
+            self._report(done)
+            self._shown = done
+
+    def close(self) -> None:
+        pass
+
+
+def simulate_shard(job: tuple[Scenario, tuple[int, ...], int]) -> ShardResult:
     """Run a shard (a worker process's job): the whole cluster built, only `replicas`
     (indices into the units) served. Its warnings go back to the parent, which passes
     each distinct one on once."""
-    from simulator.simulation import _Run
+    from simulator.simulation import _Run  # simulation imports this module
 
-    scenario, replicas = job
+    scenario, replicas, total = job
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", InfersimWarning)
         run = _Run(scenario, progress=False, shard=replicas)
+        run.progress = _Reported(total)
         end = run.advance()
         logs = [run.replicas[i].log.close(end) for i in replicas]
     owned = run.owned  # _prerouted_targets found them
@@ -114,20 +132,28 @@ def run_in_shards(
     for the summary and the caller), and the end time, closed logs and step totals of
     every replica, in order. The end is the latest shard's: a shard whose requests all
     ended earlier has nothing in flight, so its logs closed at its own end are the same."""
+    from simulator.executors import JobError, run_parallel  # 20 ms of imports, when shards run
+
     n = len(run.units)
     logs: list[ClosedLog | None] = [None] * n
     totals: list[StepTotals | None] = [None] * n
     results: list[ShardResult | None] = [None] * len(shards)
-    finished = 0
-    jobs = [(run.scenario, shard) for shard in shards]
-    for index, result in run_parallel(simulate_shard, jobs, workers=len(shards)):
+    finished = [0] * len(shards)
+
+    def progressed(index: int, done: int) -> None:
+        finished[index] = done
+        run.progress.update(sum(finished))
+
+    jobs = [(run.scenario, shard, run.expected) for shard in shards]
+    for index, result in run_parallel(
+        simulate_shard, jobs, workers=len(shards), on_report=progressed
+    ):
         if isinstance(result, JobError):
             raise InfersimError(
                 f"shard {index + 1} of {len(shards)}: {result.detail or result.error}"
             )
         results[index] = result
-        finished += len(result.owned)
-        run.progress.update(finished)
+        progressed(index, len(result.owned))
     end = max(result.end for result in results if result is not None)
     for shard, result in zip(shards, results, strict=True):
         assert result is not None
