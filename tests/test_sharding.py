@@ -107,12 +107,27 @@ def test_shards_give_the_one_process_results(tmp_path, data):
          "workload": {"arrivals": {"kind": "closed_loop", "users": 8}, "num_requests": 60}},
         {"parallelism": {"replicas": 4, "router": "round_robin"},
          "faults": {"events": [{"at_s": 2.0, "replica": 1}]}},
+        {"parallelism": {"replicas": 4, "router": "round_robin"},
+         "workload": {"sessions": {"turns": 3, "think_time_s": 0.5}}},
+        {"parallelism": {"replicas": 4, "router": "round_robin"},
+         "frontend": {"kind": "vllm_api_server"}},
+        {"parallelism": {"replicas": 2, "router": "round_robin", "dp": 2},
+         "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "h100-sxm"}},
+        {"parallelism": {"router": "round_robin"}, "hardware": None,
+         "model": {"name": "llama-3.1-8b"},
+         "pools": [
+             {"name": "prefill", "hardware": {"gpu": "h100-sxm"}, "replicas": 2, "role": "prefill"},
+             {"name": "decode", "hardware": {"gpu": "h100-sxm"}, "replicas": 2, "role": "decode"},
+         ]},
         {"parallelism": {"replicas": 1, "router": "round_robin"}},
     ],
-    ids=["load_aware", "closed_loop", "faults", "one_replica"],
+    ids=["load_aware", "closed_loop", "faults", "sessions", "front_end", "dp", "disaggregated",
+         "one_replica"],
 )  # fmt: skip
 def test_runs_whose_replicas_depend_on_each_other_stay_in_one_process(change):
     data = scenario_dict(**change)
+    if data.get("hardware") is None:
+        del data["hardware"]
     data["workload"] = {**data["workload"], "num_requests": 60}
     results = simulate(Scenario.from_dict(data), workers=3)
     assert results.summary()["provenance"]["processes"] == 1
