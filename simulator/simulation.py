@@ -1157,7 +1157,7 @@ def simulate(
     "auto" for one per core when the run is big enough to pay for their start-up; the
     results are the same either way. Default 1: a library call starts no processes
     unasked (a script calling it with more needs an `if __name__ == "__main__":` guard)."""
-    from simulator.sharding import run_in_shards, shards_for
+    from simulator.sharding import run_in_shards, shards_for  # it imports this module
 
     built = scenario if isinstance(scenario, BuiltScenario) else None
     if built is not None:
