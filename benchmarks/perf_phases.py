@@ -84,7 +84,8 @@ def main() -> int:
         wall_seconds=phases["loop"][0],
     )
     logs = [replica.log.close(end) for replica in run.replicas]
-    results = Results.from_run(scenario, "", context, run.requests, run.replicas, logs)
+    totals = [replica.log.totals for replica in run.replicas]
+    results = Results.from_run(scenario, "", context, run.requests, totals, logs)
     results.summary_table()
     results.write(args.out, overwrite=True, plots=False)
     lap(phases, "results")

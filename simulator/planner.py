@@ -50,6 +50,7 @@ import pandas as pd
 
 from hardware_models.errors import InfersimError, InfersimWarning
 from hardware_models.plot_labels import LEADER, spread_labels
+from simulator.executors import JobError, run_parallel
 from simulator.formatting import sig
 from simulator.memory_planner import PLAN_SETTINGS, MaxModelLenRefused
 from simulator.metrics.overload import (
@@ -72,7 +73,7 @@ from simulator.scenario import (
     override_key,
     replica_gpus,
 )
-from simulator.sweep import JobError, run_parallel, warning_texts
+from simulator.sweep import warning_texts
 from simulator.workload.config import TraceArrivals
 
 if TYPE_CHECKING:

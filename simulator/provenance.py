@@ -14,13 +14,17 @@ if TYPE_CHECKING:
     from simulator.scenario import Scenario
 
 
-def provenance(scenario: Scenario, defaults: Sequence[str] = ()) -> dict[str, Any]:
+def provenance(
+    scenario: Scenario, defaults: Sequence[str] = (), processes: int = 1
+) -> dict[str, Any]:
     """The run's origin, JSON-ready: build_id is `<version>+<source digest>`; `defaults`
-    says what vLLM's defaults chose for the settings the scenario left unset."""
+    says what vLLM's defaults chose for the settings the scenario left unset; `processes`
+    how many simulated it (simulator/sharding.py), which changes no figure."""
     build = build_id()
     return {
         "infersim_version": build.split("+")[0],
         "build_id": build,
+        "processes": processes,
         "overrides": list(scenario.overrides),
         "defaults": list(defaults),
         "scenario": scenario.model_dump(mode="json"),

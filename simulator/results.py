@@ -22,8 +22,8 @@ from simulator.metrics.timeseries import timeseries_table
 if TYPE_CHECKING:
     import pandas as pd
 
-    from simulator.engine.replica import Replica
     from simulator.engine.requests import RequestTable
+    from simulator.engine.step_log import ClosedLog
     from simulator.scenario import Scenario
 
 
@@ -66,21 +66,22 @@ class Results:
         memory_table: str,
         context: RunContext,
         requests: RequestTable,
-        replicas: Sequence[Replica],
-        logs: Sequence[tuple[np.ndarray | None, np.ndarray]],
+        totals: Sequence[StepTotals],
+        logs: Sequence[ClosedLog],
     ) -> Results:
-        """`logs`: each replica's closed step log (its steps, its gaps)."""
-        steps, gaps = zip(*logs, strict=True)
-        totals = StepTotals.merge([r.log.totals for r in replicas])
+        """`totals` and `logs`: each replica's step totals and closed step log (its steps,
+        its gaps, its resampled tokens' times), replicas in order."""
+        steps, gaps, resampled = zip(*logs, strict=True)
+        merged = StepTotals.merge(totals)
         return cls(
             scenario,
             context,
             request_table(requests, context.priority_names),
-            totals,
+            merged,
             gap_table(gaps, with_end=scenario.frontend.modelled),
             step_table(steps) if scenario.output.step_table else None,
             memory_table,
-            np.array([end for r in replicas for end in r.log.resampled], np.float64),
+            np.concatenate(resampled),
         )
 
     # ---- the tables as DataFrames ---------------------------------------------------------

@@ -10,10 +10,10 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
@@ -55,6 +55,7 @@ from simulator.engine.prefix_hashes import BlockKeys
 from simulator.engine.replica import Clock, Replica, ReplicaConfig, empty_kv_cache
 from simulator.engine.requests import Outcome, RejectReason, RequestTable
 from simulator.engine.step_cost import EngineOverheads, StepCostModel
+from simulator.engine.step_log import ClosedLog
 from simulator.inputs import shown
 from simulator.kv_links import KvLinks
 from simulator.memory_planner import (
@@ -66,6 +67,7 @@ from simulator.memory_planner import (
     stage_layers,
 )
 from simulator.metrics.context import SLO, ReplicaInfo, RunContext
+from simulator.metrics.step_totals import StepTotals
 from simulator.model_catalog import load_model
 from simulator.progress import Progress
 from simulator.provenance import provenance
@@ -86,6 +88,9 @@ from simulator.workload import (
     SessionSampler,
     generate_requests,
 )
+
+if TYPE_CHECKING:
+    from simulator.sharding import Workers
 
 
 @dataclass(frozen=True)
@@ -610,9 +615,16 @@ class _Run:
     """The live state of one simulation: environment, replicas, request accounting."""
 
     def __init__(
-        self, scenario: Scenario, progress: bool, built: BuiltScenario | None = None
+        self,
+        scenario: Scenario,
+        progress: bool,
+        built: BuiltScenario | None = None,
+        shard: Collection[int] | None = None,
     ) -> None:
+        """`shard`: the replicas (indices into `units`) this process simulates, the others'
+        requests left to other processes (simulator/sharding.py); None: all of them."""
         self.scenario = scenario
+        self.shard = None if shard is None else frozenset(shard)
         wl = scenario.workload
         base_dir = scenario.base_dir
         self.closed = wl.arrivals.kind == "closed_loop"
@@ -825,26 +837,56 @@ class _Run:
             and len(self.router.replicas) > 1
         )
 
-    def _open_loop_prerouted(self):
-        env, order, n = self.env, self.submission_order, self.requests.size
-        arrival = self.requests.arrival[order]
-        entry = self.router.replicas
+    def shardable(self) -> bool:
+        """The replicas are independent simulations: every request's replica is known
+        before the run (_routing_is_foreseeable) and no replica's output is another's
+        input (no closed loop, decode pool, modelled API server or dp/pp group), so each
+        may run in a process of its own (simulator/sharding.py)."""
+        return (
+            not self.closed
+            and self.session_sampler is None
+            and not self.scenario.frontend.modelled
+            and self.decode_router is None
+            and all(type(unit) is Replica for unit in self.units)
+            and self._routing_is_foreseeable()
+        )
+
+    def _prerouted_targets(self) -> np.ndarray:
+        """Each request's replica (an index into the router's replicas), in submission
+        order; in a shard, `expected` becomes the count of the shard's own requests."""
+        entry, order = self.router.replicas, self.submission_order
         index = {id(r): i for i, r in enumerate(entry)}
         targets = np.fromiter(
-            (index[id(self.router.route(rid))] for rid in order.tolist()), np.int64, n
+            (index[id(self.router.route(rid))] for rid in order.tolist()), np.int64, len(order)
         )
+        if self.shard is not None:
+            self.owned = order[np.isin(targets, list(self.shard))]
+            self.expected = len(self.owned)
+        return targets
+
+    def _open_loop_prerouted(self, targets: np.ndarray):
+        """Arrivals to replicas chosen before the run. A shard keeps the whole arrival
+        timeline (the same timeouts, scheduled at the same times, so SimPy orders its
+        replicas' events as the one-process run does) and submits only its own."""
+        env, order, n = self.env, self.submission_order, self.requests.size
+        arrival = self.requests.arrival[order]
+        entry: list[Replica | None] = list(self.router.replicas)
         next_own = np.full(n, np.inf)
-        for i, replica in enumerate(entry):
+        for i, replica in enumerate(self.router.replicas):
             mine = np.flatnonzero(targets == i)
             next_own[mine[:-1]] = arrival[mine[1:]]
             replica.clock = Clock(self.horizon)
             replica.clock.next_arrival = float(arrival[mine[0]]) if len(mine) else np.inf
             replica.clock.arrivals_done = not len(mine)
+            if self.shard is not None and i not in self.shard:
+                entry[i] = None  # another process's
         for k in range(n):
             t = arrival.item(k)  # .item(): Python numbers, with no numpy scalar made
             if t > env.now:
                 yield env.timeout(t - env.now)
             replica = entry[targets.item(k)]
+            if replica is None:
+                continue
             after = next_own.item(k)
             replica.clock.next_arrival = after
             replica.clock.arrivals_done = after == math.inf
@@ -1099,6 +1141,14 @@ class _Run:
 
     # ---- run ---------------------------------------------------------------------------
     def run(self) -> float:
+        """Simulate to the stop condition; the time the run stopped at."""
+        end = self.advance()
+        self.wrap_up()
+        return end
+
+    def advance(self) -> float:
+        """The event loop, to the stop condition (all requests ended, or the horizon), and
+        the in-flight tokens counted at the end: all a shard's process does."""
         self._start_faults()
         if self.session_sampler is not None:
             self.issued = 0
@@ -1107,7 +1157,7 @@ class _Run:
         elif self.closed:
             self._start_closed_loop()
         elif self._routing_is_foreseeable():
-            self.env.process(self._open_loop_prerouted())
+            self.env.process(self._open_loop_prerouted(self._prerouted_targets()))
         else:
             self.env.process(self._open_loop())
         until = self.done
@@ -1118,10 +1168,13 @@ class _Run:
         self.env.run(until=until)
         for unit in self.units:
             unit.settle(self.env.now)
+        return float(self.env.now)
+
+    def wrap_up(self) -> None:
+        """After the loop, over the whole cluster's requests (merged, when shards ran)."""
         self.progress.close()
         self._warn_unfired_faults()
         self._warn_unmodelled_front_end()
-        return float(self.env.now)
 
     def _warn_unmodelled_front_end(self) -> None:
         """A run that leaves the API server out but streams more than one replica's API
@@ -1195,10 +1248,11 @@ def simulate(
     *,
     progress: bool | None = None,
     summary_warnings: bool = True,
+    workers: Workers = 1,
 ) -> Results:
     """Run one scenario (a Scenario, a dict of its fields, the scenario file at a path,
     or a scenario build_scenario built already) to its stop condition and return its
-    results, as `run_simulation` does. Each InfersimWarning is raised once, as
+    results, as `run_simulation` does (`workers` as there). Each InfersimWarning is raised once, as
     `scenario NAME: ...` and at the caller's line: a notebook that runs many scenarios
     one by one gets each warning with the run it belongs to (simulate cannot tell one run
     from the fiftieth of a loop, so it always names it)."""
@@ -1216,7 +1270,9 @@ def simulate(
             warnings.simplefilter("always", InfersimWarning)  # each once, by _pass_on_named
             loaded = _scenario_of(scenario)
             name = (loaded.scenario if isinstance(loaded, BuiltScenario) else loaded).name
-            return run_simulation(loaded, progress=progress, summary_warnings=summary_warnings)
+            return run_simulation(
+                loaded, progress=progress, summary_warnings=summary_warnings, workers=workers
+            )
     finally:  # also when the run stops with an error: what it raised until then holds
         _pass_on_named(caught, name)
 
@@ -1257,6 +1313,7 @@ def run_simulation(
     *,
     progress: bool | None = None,
     summary_warnings: bool = True,
+    workers: Workers = 1,
 ) -> Results:
     """Run one scenario (or a scenario build_scenario built already) to its stop
     condition and return its results. Every warning goes to the caller's filters once,
@@ -1264,20 +1321,33 @@ def run_simulation(
     analysts call `simulate`. With `summary_warnings` off, those only the finished run's
     figures show (KV cache short, batch capped, rejections) stay in its summary alone:
     for callers that run loads past capacity by design and judge them from the summary
-    (the planner's probes)."""
+    (the planner's probes). `workers`: processes for a cluster whose replicas are
+    independent (round robin or random routing of an open loop; simulator/sharding.py),
+    "auto" for one per core when the run is big enough to pay for their start-up; the
+    results are the same either way. Default 1: a library call starts no processes
+    unasked (a script calling it with more needs an `if __name__ == "__main__":` guard)."""
+    from simulator.sharding import run_in_shards, shards_for  # it imports this module
+
     built = scenario if isinstance(scenario, BuiltScenario) else None
     if built is not None:
         scenario = built.scenario
     show = scenario.output.progress if progress is None else progress
     with warnings_passed_on_once() as caught:
         run = _Run(scenario, show, built)
+        shards = shards_for(run, workers)
         started = time.perf_counter()
-        end = run.run()
+        if len(shards) > 1:
+            end, logs, totals = run_in_shards(run, shards, caught)
+        else:
+            end = run.advance()
+            logs = [replica.log.close(end) for replica in run.replicas]
+            totals = [replica.log.totals for replica in run.replicas]
+        run.wrap_up()
         wall = time.perf_counter() - started
         if scenario.serving.policy == "static" and (fill := _static_fill(run, end)):
             warnings.warn(fill, InfersimWarning, stacklevel=2)
         raised = [msg for kind, msg in _distinct(caught) if issubclass(kind, InfersimWarning)]
-        results = _results(scenario, run, end, wall, raised)
+        results = _results(scenario, run, end, wall, raised, (logs, totals, max(len(shards), 1)))
         for text in results.summary()["warnings"] if summary_warnings else ():
             if text not in results.context.warnings:  # the ones the run's figures show
                 warnings.warn(text, InfersimWarning, stacklevel=2)
@@ -1343,17 +1413,19 @@ def _results(
     end: float,
     wall: float,
     raised: list[str],
+    closed: tuple[list[ClosedLog], list[StepTotals], int],
 ) -> Results:
-    """The finished run's results; its summary holds the warnings raised so far, the
-    configuration ones first. With the API server modelled, the request table and gaps
-    are the client's and the run lasts until the client has seen every token."""
-    logs = [replica.log.close(end) for replica in run.replicas]
+    """The finished run's results, from each replica's `closed` log and step totals and
+    the count of processes that ran it; its summary holds the warnings raised so far,
+    the configuration ones first. With the API server modelled, the request table and
+    gaps are the client's and the run lasts until the client has seen every token."""
+    logs, totals, processes = closed
     frontend = None
     duration = end
     if scenario.frontend.modelled:
         view = ClientView(
             scenario.frontend, run.requests, run.client_arrival, run.engine_arrival,
-            [gaps for _, gaps in logs],
+            [gaps for _, gaps, _ in logs],
         )  # fmt: skip
         view.apply()
         duration = max(end, view.last_seen())
@@ -1374,9 +1446,11 @@ def _results(
         usd_per_kwh=scenario.cost.usd_per_kwh,
         priority_names=tuple(run.class_names),
         wall_seconds=wall,
-        provenance=provenance(_as_run(scenario, run.builds), _serving_defaults(run.builds)),
+        provenance=provenance(
+            _as_run(scenario, run.builds), _serving_defaults(run.builds), processes
+        ),
         warnings=tuple(dict.fromkeys((*run.configuration_warnings, *raised))),
         frontend=frontend,
     )
     memory = "\n".join(f"[{pool}] {build.memory.table()}" for pool, build in run.builds)
-    return Results.from_run(scenario, memory, ctx, run.requests, run.replicas, logs)
+    return Results.from_run(scenario, memory, ctx, run.requests, totals, logs)

@@ -13,8 +13,8 @@ rerun on a fresh one, and a point that kills its worker on every try ends 'faile
 that reason. A point Dask gives up on is a row with status 'lost' and no file, so
 `resume` reruns it; resume refuses point files of another scenario or another build of
 infersim (`simulator.build_id`). Every point uses the scenario's seed: its summary is the
-same whichever worker runs it. `run_parallel`, the executor, also runs the capacity
-planner's candidates.
+same whichever worker runs it. `run_parallel` (simulator/executors.py), the executor, also runs
+the capacity planner's candidates and the shards of one big run.
 """
 
 from __future__ import annotations
@@ -23,16 +23,9 @@ import functools
 import hashlib
 import itertools
 import json
-import multiprocessing
-import os
-import signal
-import sys
 import time
-import traceback
 import warnings
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,6 +36,7 @@ from tqdm import tqdm
 
 from hardware_models.errors import InfersimError, InfersimWarning
 from simulator.build_id import build_id
+from simulator.executors import JobError, _job_error, run_parallel
 from simulator.metrics.headline import COUNTS, HEADLINE, PER_USD, headline_row
 from simulator.metrics.headline import get as _get
 from simulator.progress import bar_options
@@ -68,9 +62,6 @@ PLOT_FILES = ("sweep_latency.png", "sweep_throughput.png")
 _UNSWEPT = ("name", "sweep", "variants", "base_dir")
 # Fields that do not change a point's numbers: left out when resume checks a point file.
 _NOT_RESULTS = ("name", "description", "output", "base_dir")
-# fork is unsafe once threads run (a Dask client, a notebook kernel); forkserver is what
-# Python 3.14 picks on Linux, spawn is the default elsewhere.
-_START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 # The headline columns, named and scaled as compare and plan tables name them.
 METRICS = HEADLINE
 _COUNTS = COUNTS
@@ -224,214 +215,6 @@ def _outcome(error: JobError, wall_s: float | None = None) -> dict[str, Any]:
     """A point that did not simulate, as the record fields of one that did."""
     return {"status": error.status, "error": error.error, "detail": error.detail,
             "warnings": [], "wall_s": wall_s, "cpu_s": None, "summary": None}  # fmt: skip
-
-
-# ---- executors ------------------------------------------------------------------------------
-# A local job whose worker process dies (SIGKILL, the OOM killer) is retried on a fresh pool;
-# after this many deaths it fails. Dask's default allowed-failures is the same 3.
-WORKER_RETRIES = 3
-# The exit status of a worker that, while importing the caller's main script, reached
-# run_parallel: the script has no __main__ guard (`_leave_if_bootstrapping`).
-UNGUARDED_MAIN_EXIT = 86
-UNGUARDED_MAIN_TEXT = (
-    "the worker processes could not start: each re-ran this script's code up to its sweep "
-    "or plan call (multiprocessing's forkserver and spawn start a worker by importing the "
-    "main script) and stopped there. Put the script's code under "
-    '`if __name__ == "__main__":`, or pass workers=1 to run in this process'
-)
-
-
-@dataclass(frozen=True)
-class JobError:
-    """What run_parallel yields instead of a job's result when the job did not return:
-    'failed' (it raised, or killed its worker on every try) or 'lost' (Dask gave up on it;
-    worth rerunning)."""
-
-    status: str
-    error: str
-    detail: str | None
-
-
-def _job_error(status: str, exc: BaseException) -> JobError:
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else ""
-    if isinstance(exc, InfersimError):
-        return JobError(status, first, text)
-    error = f"{type(exc).__name__}: {first}".rstrip(": ")
-    return JobError(status, error, "".join(traceback.format_exception(exc)))
-
-
-_started: Any = None  # in a local worker: the queue it reports each job's start on
-
-
-def _init_worker(started: Any) -> None:
-    global _started
-    _started = started
-
-
-def _call(fn: Callable[[Any], Any], index: int, payload: Any) -> Any:
-    """Report the start first: when the pool breaks, the jobs that had started are the
-    ones that may have killed it."""
-    _started.put(index)
-    return fn(payload)
-
-
-def _leave_if_bootstrapping() -> None:
-    """In a worker still importing the caller's main script, a run_parallel call means
-    the script has no `if __name__ == "__main__":` guard; starting a pool here would die on
-    multiprocessing's bootstrapping RuntimeError, which the parent sees only as a broken
-    pool. Exit with a status the parent recognises (UNGUARDED_MAIN_EXIT) instead."""
-    # spawn._main sets this while it re-runs the main script (spawn._check_not_importing_main)
-    if getattr(multiprocessing.current_process(), "_inheriting", False):
-        sys.stderr.flush()
-        os._exit(UNGUARDED_MAIN_EXIT)
-
-
-def _death_text(exit_codes: Iterable[int | None]) -> str:
-    """How a broken pool's workers died, from their exit statuses (negative: a signal;
-    SIGTERM is the pool ending the survivors)."""
-    codes = sorted({c for c in exit_codes if c} - {-signal.SIGTERM})
-    if not codes:
-        return "killed by a signal, e.g. out of memory"
-    return ", ".join(
-        f"killed by {signal.Signals(-c).name}, e.g. out of memory"
-        if -c in signal.valid_signals()
-        else f"exit status {c}"
-        for c in codes
-    )
-
-
-def _drain(started: Any, into: set[int]) -> None:
-    while not started.empty():
-        into.add(started.get())
-
-
-def _pool_round(
-    fn: Callable[[Any], Any], payloads: Sequence[Any], batch: list[int], width: int
-) -> Generator[tuple[int, Any], None, tuple[list[int], list[int], str]]:
-    """Run `batch` on a fresh pool of `width` processes, yielding results as they come.
-    Returns what a broken pool left: (not started, started but unfinished, how its workers
-    died). Raises InfersimError when the workers could not start for want of a __main__
-    guard in the caller's script."""
-    context = multiprocessing.get_context(_START_METHOD)
-    started = context.SimpleQueue()
-    pool = ProcessPoolExecutor(
-        max_workers=min(width, len(batch)),
-        mp_context=context,
-        initializer=_init_worker,
-        initargs=(started,),
-    )
-    futures: dict[Future, int] = {pool.submit(_call, fn, i, payloads[i]): i for i in batch}
-    processes = pool._processes  # the pool's own dict: kept, with exit codes, when it breaks
-    unfinished: list[int] = []
-    began: set[int] = set()
-    try:
-        for future in as_completed(futures):
-            _drain(started, began)  # a full pipe would block the workers' next report
-            try:
-                result = future.result()
-            except BrokenProcessPool:
-                unfinished.append(futures[future])
-                continue
-            except Exception as exc:  # fn raised: the job's own failure, not the pool's
-                result = _job_error("failed", exc)
-            yield futures[future], result
-    except BaseException:
-        # ^C, or the caller stopped: end the jobs in flight instead of waiting for them
-        # and for the ones already queued to each worker (Python 3.14 adds
-        # ProcessPoolExecutor.terminate_workers for this).
-        for process in list((pool._processes or {}).values()):
-            process.terminate()
-        raise
-    finally:
-        pool.shutdown(cancel_futures=True)
-    _drain(started, began)
-    started.close()
-    exit_codes = [process.exitcode for process in (processes or {}).values()]
-    if unfinished and UNGUARDED_MAIN_EXIT in exit_codes:
-        raise InfersimError(UNGUARDED_MAIN_TEXT)
-    order = {i: n for n, i in enumerate(batch)}
-    unfinished.sort(key=order.__getitem__)
-    # No start reported (killed before it could say): blame the jobs workers took first.
-    suspects = [i for i in unfinished if i in began] or unfinished[:width]
-    return [i for i in unfinished if i not in suspects], suspects, _death_text(exit_codes)
-
-
-def _local(
-    fn: Callable[[Any], Any], payloads: Sequence[Any], workers: int
-) -> Iterator[tuple[int, Any]]:
-    """Jobs on local processes. When a worker dies the pool is broken; the jobs that had
-    not started go on a fresh pool, and those that had (the culprit and any job sharing
-    the pool at the time) are retried one at a time, where a death names its job."""
-    _leave_if_bootstrapping()
-    deaths = [0] * len(payloads)
-    together, alone = list(range(len(payloads))), []
-    while together or alone:
-        batch, width = (together, workers) if together else (alone, 1)
-        rest, suspects, death = yield from _pool_round(fn, payloads, batch, width)
-        if batch is together:
-            together, alone = rest, alone + suspects
-        else:
-            alone = rest + suspects
-        for i in suspects:
-            deaths[i] += 1
-            if deaths[i] > WORKER_RETRIES:
-                alone.remove(i)
-                reason = (
-                    f"its worker process died on each of {deaths[i]} tries ({death}); not retried"
-                )
-                yield i, JobError("failed", reason, None)
-
-
-def _in_process(fn: Callable[[Any], Any], payloads: Sequence[Any]) -> Iterator[tuple[int, Any]]:
-    """workers=1: the jobs one after another in this process, no pool to start (and so no
-    main script for a worker to import)."""
-    for index, payload in enumerate(payloads):
-        try:
-            result = fn(payload)
-        except Exception as exc:  # the job's own failure, as a pool's worker reports it
-            result = _job_error("failed", exc)
-        yield index, result
-
-
-def _dask(
-    fn: Callable[[Any], Any], payloads: Sequence[Any], client: Client
-) -> Iterator[tuple[int, Any]]:
-    """Jobs on a Dask cluster, which retries a job whose worker died (allowed-failures)
-    and then gives it up: that job is 'lost'."""
-    from distributed import as_completed as dask_completed
-
-    if not payloads:
-        return
-    # pure=False: a repeat run on the same client must not share (and cancel) tasks.
-    futures = client.map(fn, list(payloads), pure=False)
-    index = {f.key: i for i, f in enumerate(futures)}
-    try:
-        for future in dask_completed(futures):
-            try:
-                result = future.result()
-            except Exception as exc:
-                result = _job_error("lost", exc)
-            yield index[future.key], result
-    finally:
-        client.cancel(futures)
-
-
-def run_parallel(
-    fn: Callable[[Any], Any],
-    payloads: Sequence[Any],
-    *,
-    workers: int | None = None,
-    client: Client | None = None,
-) -> Iterator[tuple[int, Any]]:
-    """`fn(payload)` for each payload, on `workers` local processes (default: one per CPU;
-    1 runs them in this process) or on the Dask cluster of `client`; yields (index, result)
-    in finishing order, with a JobError as the result of a job that did not return. `fn`
-    must be a module-level function; sweeps and capacity plans both run here."""
-    if client is not None:
-        return _dask(fn, payloads, client)
-    workers = workers or os.cpu_count() or 1
-    return _in_process(fn, payloads) if workers == 1 else _local(fn, payloads, workers)
 
 
 # ---- point files ----------------------------------------------------------------------------

@@ -27,10 +27,11 @@ import yaml
 
 from hardware_models.errors import InfersimError
 from simulator.cli.main import main
+from simulator.executors import WORKER_RETRIES
 from simulator.metrics.writer import summary_json
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
-from simulator.sweep import WORKER_RETRIES, expand_grid, run_point, sweep
+from simulator.sweep import expand_grid, run_point, sweep
 from tests.conftest import scenario_dict
 
 ROOT = Path(__file__).resolve().parents[1]

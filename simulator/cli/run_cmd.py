@@ -14,6 +14,7 @@ from simulator.cli.options import add_output_flags, add_overrides, add_results_d
 from simulator.cli.run_exports import add_export_flags, check_exports, write_exports
 from simulator.formatting import WIDTH, sig
 from simulator.scenario import Scenario
+from simulator.sharding import AUTO_MIN_REQUESTS, Workers
 from simulator.simulation import pass_on, run_simulation
 
 if TYPE_CHECKING:
@@ -27,9 +28,29 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", type=Path, help="scenario YAML")
     add_results_dir(parser, "results/<name>, or the next free results/<name>-N")
     add_overrides(parser)
+    parser.add_argument(
+        "--workers",
+        type=_workers,
+        default="auto",
+        help="processes for a cluster whose replicas are independent (round robin or "
+        "random routing of an open loop); same results. Default auto: one per core for a "
+        f"run of at least {AUTO_MIN_REQUESTS:,} requests, else 1",
+    )
     add_output_flags(parser, csv="also write CSV tables")
     add_export_flags(parser)
     parser.set_defaults(handler=_run)
+
+
+def _workers(text: str) -> Workers:
+    if text == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a count of at least 1 or 'auto' (got {text!r})")
+    return value
 
 
 def folder_name(name: str, what: str = "name") -> str:
@@ -54,14 +75,14 @@ def free_results_dir(name: str, root: Path = Path("results")) -> Path:
     return candidate
 
 
-def simulate_warning_once(scenario: Scenario, *, progress: bool) -> Results:
+def simulate_warning_once(scenario: Scenario, *, progress: bool, workers: Workers = 1) -> Results:
     """simulate(), each warning shown once: one the printed summary holds (its `warning:`
     lines) is not also printed as an `infersim: warning:` line."""
     caught: list[warnings.WarningMessage] = []
     in_summary: set[str] = set()  # none when the run stops with an error: all are shown
     try:
         with warnings.catch_warnings(record=True) as caught:  # the caller's filters stay
-            result = run_simulation(scenario, progress=progress)
+            result = run_simulation(scenario, progress=progress, workers=workers)
         in_summary = set(result.summary()["warnings"])
         return result
     finally:
@@ -105,7 +126,7 @@ def _run(args: argparse.Namespace) -> int:
     written: list[Path] = []
     for run in runs:
         try:
-            result = simulate_warning_once(run, progress=not args.quiet)
+            result = simulate_warning_once(run, progress=not args.quiet, workers=args.workers)
         except InfersimError as exc:  # say which scenario (and variant) the problem is in
             where = f"{args.scenario}: variant {run.name}" if len(runs) > 1 else args.scenario
             raise InfersimError(f"{where}: {exc}") from None

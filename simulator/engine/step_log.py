@@ -37,6 +37,11 @@ GAP_COLUMNS = {"seconds": "f8", "weight": "i4", "end": "f8"}  # end: when the to
 CHUNK_ROWS = 8192  # rows per fold: step rows are folded in chunks of this many
 
 
+# A replica's log when the run stopped: its step rows (None unless kept), its gap samples,
+# when each token came that a prefill sampled again (`StepLog.resampled`).
+ClosedLog = tuple[np.ndarray | None, np.ndarray, np.ndarray]
+
+
 class StepLog:
     def __init__(
         self,
@@ -190,16 +195,17 @@ class StepLog:
         self.histogram.add(gaps[within], np.repeat(weights, sizes - 1))
         self._run_ends, self._run_sizes = [], []
 
-    def close(self, end: float) -> tuple[np.ndarray | None, np.ndarray]:
+    def close(self, end: float) -> ClosedLog:
         """The run stopped at `end`: fold what is left (a step in flight counts up to
         `end`) and return this replica's step rows (None unless kept) and its gap
-        samples (binned into a histogram unless steps are kept), as structured arrays."""
+        samples (binned into a histogram unless steps are kept), as structured arrays, and
+        the times of its resampled tokens."""
         self._take(clip_to(self.steps.drain(self.steps.size), end))
         if self._keep:
             rows = np.concatenate(self._kept_steps)
             self._kept_steps = []  # handed over: the chunks need not outlive the table
-            return rows, self.itl.rows()
+            return rows, self.itl.rows(), np.array(self.resampled, np.float64)
         self._gaps_final = True
         self._fold_gaps()
         self._bin_run_gaps()
-        return None, self.histogram.rows()
+        return None, self.histogram.rows(), np.array(self.resampled, np.float64)

@@ -1,0 +1,168 @@
+"""One cluster run split over processes, its results exactly those of one process.
+
+Under a state-blind router (round robin, random) every request's replica is known before
+the run, and in an open loop with mixed replicas no replica's output is another's input:
+the replicas are independent simulations. A shard is a group of them run in a process of
+its own (the process pool sweeps and plans use, `run_parallel`); the parent merges the
+shards' request rows, step logs and step totals replica by replica, in the order one
+process would have produced them, and makes the results from those.
+
+Why it is exact (docs/ARCHITECTURE.md, "One run over several processes"): each shard
+builds the whole cluster (the same cost models, request table and routing) and replays
+the whole arrival timeline, the same timeouts scheduled at the same moments, submitting
+only its own replicas' requests. SimPy orders events by (time, priority, insertion
+order), and a replica's events are caused only by its own and the arrival process's, so
+their relative order, a tie between a step's end and an arrival included, is the one
+the one-process run has; the other replicas' events only took insertion numbers in
+between. Every float sum over replicas is formed in the parent, in replica order.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from hardware_models.errors import InfersimError, InfersimWarning
+
+if TYPE_CHECKING:
+    from simulator.engine.step_log import ClosedLog
+    from simulator.metrics.step_totals import StepTotals
+    from simulator.scenario import Scenario
+    from simulator.simulation import _Run
+
+Workers = int | Literal["auto"]
+
+# "auto" shards a run of at least this many requests. Each worker imports infersim and
+# builds the cluster again (about 0.6 s) and replays the routing and arrival timeline: in
+# two shards of the 64-replica benchmark the longest path (parent + slower shard) took
+# 2.6 s of CPU against 3.2 s in one process at 20,000 requests, 4.4 against 6.7 s at
+# 50,000 and 8.3 against about 15 s at 100,000 (benchmarks/README.md, "Thirteenth session").
+AUTO_MIN_REQUESTS = 50_000
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity, where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def shards_for(run: _Run, workers: Workers) -> list[tuple[int, ...]]:
+    """The groups of replicas (indices into `run.units`) to run in processes of their
+    own; none when the run is one process's (not shardable, one worker, or "auto" on a
+    run too small to pay for the start-up). Replicas are dealt out in turn, so a shard of
+    a heterogeneous cluster holds a share of each pool."""
+    if workers != "auto" and (not isinstance(workers, int) or workers < 1):
+        raise InfersimError(f"workers: expected a count of at least 1 or 'auto' (got {workers!r})")
+    if not run.shardable():
+        return []
+    units = len(run.units)
+    if workers == "auto":
+        count = available_cores() if run.expected >= AUTO_MIN_REQUESTS else 1
+    else:
+        count = workers
+    count = min(count, units)
+    if count < 2:
+        return []
+    return [tuple(range(first, units, count)) for first in range(count)]
+
+
+@dataclass
+class ShardResult:
+    """What a shard's process sends back: its replicas' closed logs and step totals, and
+    its own requests' rows of every request column."""
+
+    end: float
+    owned: np.ndarray  # the shard's request ids
+    columns: dict[str, np.ndarray]  # each request column at `owned`
+    logs: list[ClosedLog]
+    totals: list[StepTotals]
+    warnings: list[tuple[type[Warning], str, str, int]]
+
+
+class _Reported:
+    """A shard's progress (its finished requests) sent to the parent's one bar about 200
+    times over the whole run, as Progress redraws."""
+
+    def __init__(self, total: int) -> None:
+        from simulator.executors import report  # in a worker only
+
+        self._report, self._every, self._shown = report, max(1, total // 200), 0
+
+    def update(self, done: int) -> None:
+        if done - self._shown >= self._every:
+            self._report(done)
+            self._shown = done
+
+    def close(self) -> None:
+        pass
+
+
+def simulate_shard(job: tuple[Scenario, tuple[int, ...], int]) -> ShardResult:
+    """Run a shard (a worker process's job): the whole cluster built, only `replicas`
+    (indices into the units) served. Its warnings go back to the parent, which passes
+    each distinct one on once."""
+    from simulator.simulation import _Run  # simulation imports this module
+
+    scenario, replicas, total = job
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", InfersimWarning)
+        run = _Run(scenario, progress=False, shard=replicas)
+        run.progress = _Reported(total)
+        end = run.advance()
+        logs = [run.replicas[i].log.close(end) for i in replicas]
+    owned = run.owned  # _prerouted_targets found them
+    return ShardResult(
+        end=end,
+        owned=owned,
+        columns={name: column[owned] for name, column in run.requests.columns().items()},
+        logs=logs,
+        totals=[run.replicas[i].log.totals for i in replicas],
+        warnings=[(w.category, str(w.message), w.filename, w.lineno) for w in caught],
+    )
+
+
+def run_in_shards(
+    run: _Run, shards: list[tuple[int, ...]], caught: list[warnings.WarningMessage]
+) -> tuple[float, list[ClosedLog], list[StepTotals]]:
+    """Simulate `run`'s replicas in `shards`, one process each, and merge: the shards'
+    request rows into `run.requests`, their warnings into `caught` (the parent's record,
+    for the summary and the caller), and the end time, closed logs and step totals of
+    every replica, in order. The end is the latest shard's: a shard whose requests all
+    ended earlier has nothing in flight, so its logs closed at its own end are the same."""
+    from simulator.executors import JobError, run_parallel  # 20 ms of imports, when shards run
+
+    n = len(run.units)
+    logs: list[ClosedLog | None] = [None] * n
+    totals: list[StepTotals | None] = [None] * n
+    results: list[ShardResult | None] = [None] * len(shards)
+    finished = [0] * len(shards)
+
+    def progressed(index: int, done: int) -> None:
+        finished[index] = done
+        run.progress.update(sum(finished))
+
+    jobs = [(run.scenario, shard, run.expected) for shard in shards]
+    for index, result in run_parallel(
+        simulate_shard, jobs, workers=len(shards), on_report=progressed
+    ):
+        if isinstance(result, JobError):
+            raise InfersimError(
+                f"shard {index + 1} of {len(shards)}: {result.detail or result.error}"
+            )
+        results[index] = result
+        progressed(index, len(result.owned))
+    end = max(result.end for result in results if result is not None)
+    for shard, result in zip(shards, results, strict=True):
+        assert result is not None
+        for name, values in result.columns.items():
+            getattr(run.requests, name)[result.owned] = values
+        for i, log, total in zip(shard, result.logs, result.totals, strict=True):
+            logs[i], totals[i] = log, total
+        caught += [warnings.WarningMessage(message, category, filename, lineno)
+                   for category, message, filename, lineno in result.warnings]  # fmt: skip
+    return end, logs, totals  # type: ignore[return-value]  # every replica is in a shard

@@ -1,0 +1,195 @@
+"""One run over several processes (simulator/sharding.py): a cluster whose replicas are
+independent gives, in any number of shards, exactly the results of one process (every
+file, every table, every figure), and a run whose replicas are not stays in one."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from hardware_models.errors import InfersimError, InfersimWarning
+from simulator.cli.main import main
+from simulator.results import Results
+from simulator.scenario import Scenario
+from simulator.sharding import AUTO_MIN_REQUESTS
+from simulator.simulation import simulate
+from tests.conftest import scenario_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Six replicas, round robin, the step table kept, plots drawn, and a horizon that stops
+# the run with requests queued and running (settle, clipped steps, unserved arrivals); an
+# fp8 KV cache on the A100 raises a build warning in every process, passed on once.
+ROUND_ROBIN = scenario_dict(
+    model={"name": "llama-2-7b", "kv_dtype": "fp8"},
+    parallelism={"replicas": 6, "router": "round_robin"},
+    workload={"arrivals": {"kind": "poisson", "rate_per_s": 30.0}, "num_requests": 600,
+              "duration_s": 15.0},
+    output={"plots": True, "progress": False, "step_table": True},
+)  # fmt: skip
+# Two GPU types in two pools, random routing, no step table, prompts some replicas
+# refuse (max_model_len): rejections, and the run goes to its last request.
+RANDOM_POOLS = {
+    **scenario_dict(
+        workload={"arrivals": {"kind": "poisson", "rate_per_s": 20.0}, "num_requests": 500,
+                  "prompt_tokens": {"kind": "uniform", "low": 32, "high": 5000}},
+        serving={"max_model_len": 4096},
+        output={"plots": False, "progress": False, "step_table": False},
+    ),
+    "parallelism": {"router": "random"},
+    "pools": [
+        {"name": "a100", "hardware": {"gpu": "a100-80gb-sxm"}, "replicas": 3},
+        {"name": "h100", "hardware": {"gpu": "h100-sxm"}, "replicas": 2},
+    ],
+}  # fmt: skip
+del RANDOM_POOLS["hardware"]
+
+
+def _run(data: dict[str, Any], workers: int, outdir: Path) -> tuple[Results, list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = simulate(Scenario.from_dict(data), workers=workers)
+    results.write(outdir)
+    return results, [str(w.message) for w in caught if issubclass(w.category, InfersimWarning)]
+
+
+def _summary(outdir: Path) -> dict[str, Any]:
+    summary = json.loads((outdir / "summary.json").read_text())
+    processes = summary["provenance"].pop("processes")
+    summary["provenance"].pop("build_id")
+    return {**summary, "processes": processes}
+
+
+def assert_same_files(one: Path, many: Path) -> None:
+    """summary.json equal but for the build and the process count, tables exactly, every
+    other file byte for byte."""
+    names = sorted(p.name for p in one.iterdir())
+    assert names == sorted(p.name for p in many.iterdir())
+    a, b = _summary(one), _summary(many)
+    assert a.pop("processes") == 1
+    b.pop("processes")
+    assert a == b
+    for name in names:
+        if name.endswith(".parquet"):
+            pd.testing.assert_frame_equal(
+                pd.read_parquet(one / name), pd.read_parquet(many / name), check_exact=True
+            )
+        elif name != "summary.json":
+            assert (one / name).read_bytes() == (many / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("data", [ROUND_ROBIN, RANDOM_POOLS], ids=["round_robin", "random"])
+def test_shards_give_the_one_process_results(tmp_path, data):
+    one, warned = _run(data, 1, tmp_path / "one")
+    assert one.summary()["provenance"]["processes"] == 1
+    for workers in (2, 3):
+        many, warned_many = _run(data, workers, tmp_path / f"w{workers}")
+        assert many.summary()["provenance"]["processes"] == workers
+        assert_same_files(tmp_path / "one", tmp_path / f"w{workers}")
+        assert warned_many == warned  # each once, in the same order
+        if one.kept_steps is not None:
+            pd.testing.assert_frame_equal(one.steps, many.steps, check_exact=True)
+    counts = one.summary()["counts"]
+    if data is ROUND_ROBIN:  # the horizon cut the run short
+        assert counts["completed"] < 600 and one.requests["finish"].isna().any()
+        assert len(warned) == 1 and "no fp8 tensor rate" in warned[0]
+    else:
+        assert counts["rejected"] > 0 and counts["completed"] + counts["rejected"] == 500
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"parallelism": {"replicas": 4, "router": "least_outstanding"}},
+        {"parallelism": {"replicas": 4, "router": "round_robin"},
+         "workload": {"arrivals": {"kind": "closed_loop", "users": 8}, "num_requests": 60}},
+        {"parallelism": {"replicas": 4, "router": "round_robin"},
+         "faults": {"events": [{"at_s": 2.0, "replica": 1}]}},
+        {"parallelism": {"replicas": 4, "router": "round_robin"},
+         "workload": {"sessions": {"turns": 3, "think_time_s": 0.5}}},
+        {"parallelism": {"replicas": 4, "router": "round_robin"},
+         "frontend": {"kind": "vllm_api_server"}},
+        {"parallelism": {"replicas": 2, "router": "round_robin", "dp": 2},
+         "model": {"name": "llama-3.1-8b"}, "hardware": {"gpu": "h100-sxm"}},
+        {"parallelism": {"router": "round_robin"}, "hardware": None,
+         "model": {"name": "llama-3.1-8b"},
+         "pools": [
+             {"name": "prefill", "hardware": {"gpu": "h100-sxm"}, "replicas": 2, "role": "prefill"},
+             {"name": "decode", "hardware": {"gpu": "h100-sxm"}, "replicas": 2, "role": "decode"},
+         ]},
+        {"parallelism": {"replicas": 1, "router": "round_robin"}},
+    ],
+    ids=["load_aware", "closed_loop", "faults", "sessions", "front_end", "dp", "disaggregated",
+         "one_replica"],
+)  # fmt: skip
+def test_runs_whose_replicas_depend_on_each_other_stay_in_one_process(change):
+    data = scenario_dict(**change)
+    if data.get("hardware") is None:
+        del data["hardware"]
+    data["workload"] = {**data["workload"], "num_requests": 60}
+    results = simulate(Scenario.from_dict(data), workers=3)
+    assert results.summary()["provenance"]["processes"] == 1
+
+
+def test_auto_shards_only_a_run_big_enough_to_pay_for_it():
+    data = scenario_dict(parallelism={"replicas": 4, "router": "round_robin"})
+    assert data["workload"]["num_requests"] < AUTO_MIN_REQUESTS
+    results = simulate(Scenario.from_dict(data), workers="auto")
+    assert results.summary()["provenance"]["processes"] == 1
+
+
+@pytest.mark.parametrize("workers", [0, -2, "many", 1.5])
+def test_a_bad_worker_count_is_refused(workers):
+    data = scenario_dict(parallelism={"replicas": 4, "router": "round_robin"})
+    with pytest.raises(InfersimError, match="workers: expected a count of at least 1"):
+        simulate(Scenario.from_dict(data), workers=workers)
+
+
+def test_one_progress_bar_counts_every_shard(monkeypatch):
+    shown: list[int] = []
+
+    class Recorder:
+        def __init__(self, total: int | None, *, enabled: bool, label: str) -> None:
+            self.total = total
+
+        def update(self, done: int) -> None:
+            shown.append(done)
+
+        def close(self) -> None:
+            shown.append(-1)
+
+    monkeypatch.setattr("simulator.simulation.Progress", Recorder)
+    data = scenario_dict(parallelism={"replicas": 4, "router": "round_robin"})
+    simulate(Scenario.from_dict(data), workers=2)
+    assert shown[-1] == -1 and shown[-2] == 300  # the shards' requests together, then closed
+    assert shown[:-1] == sorted(shown[:-1])
+
+
+def test_infersim_run_takes_workers(tmp_path, capsys):
+    path = tmp_path / "cluster.yaml"
+    data = scenario_dict(parallelism={"replicas": 4, "router": "round_robin"})
+    path.write_text(json.dumps(data))
+    for workers in ("1", "2"):
+        assert main(["run", str(path), "-o", str(tmp_path / workers), "--workers", workers]) == 0
+    assert_same_files(tmp_path / "1", tmp_path / "2")
+    with pytest.raises(SystemExit):
+        main(["run", str(path), "-o", str(tmp_path / "x"), "--workers", "0"])
+    assert "--workers: expected a count of at least 1 or 'auto' (got '0')" in (
+        capsys.readouterr().err
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [2, 3])
+def test_the_64_replica_benchmark_in_shards(tmp_path, workers):
+    """The issue's benchmark (64 replicas, round robin) at 20,000 requests."""
+    path = ROOT / "benchmarks" / "perf_1m_cluster.yaml"
+    scenario = Scenario.from_yaml(path, ["workload.num_requests=20000"])
+    simulate(scenario, workers=1).write(tmp_path / "one")
+    simulate(scenario, workers=workers).write(tmp_path / "many")
+    assert_same_files(tmp_path / "one", tmp_path / "many")
