@@ -458,7 +458,10 @@ def test_a_replay_that_serves_nothing_is_refused(tmp_path, capsys):
     code, _, err = replay(
         capsys, str(run), "-o", str(tmp_path / "out"), "--set", "serving.num_gpu_blocks=1"
     )
-    warning, error = err.strip().splitlines()  # the run's rejection warning, then the refusal
+    # the shipped RTX 4090 profile's extrapolation note, the run's rejection warning, then
+    # the refusal
+    extrapolated, warning, error = err.strip().splitlines()
+    assert "calibration rtx-4090: its GEMMs here run" in extrapolated
     assert code == 2 and warning.startswith("infersim: warning: 24 of 24 requests (100%)")
     assert "the replay served none of the run's 24 requests (24 prompt + output" in error
 
