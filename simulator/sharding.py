@@ -82,6 +82,7 @@ class ShardResult:
     logs: list[ClosedLog]
     totals: list[StepTotals]
     warnings: list[tuple[type[Warning], str, str, int]]
+    batch_fill: list[tuple[float, float]]  # each replica's static-batch wait (idle s, waits)
 
 
 class _Reported:
@@ -123,6 +124,9 @@ def simulate_shard(job: tuple[Scenario, tuple[int, ...], int]) -> ShardResult:
         logs=logs,
         totals=[run.replicas[i].log.totals for i in replicas],
         warnings=[(w.category, str(w.message), w.filename, w.lineno) for w in caught],
+        batch_fill=[
+            (run.replicas[i].batch_fill_idle_s, run.replicas[i].batch_fill_wait_s) for i in replicas
+        ],
     )
 
 
@@ -161,8 +165,11 @@ def run_in_shards(
         assert result is not None
         for name, values in result.columns.items():
             getattr(run.requests, name)[result.owned] = values
-        for i, log, total in zip(shard, result.logs, result.totals, strict=True):
+        for i, log, total, fill in zip(
+            shard, result.logs, result.totals, result.batch_fill, strict=True
+        ):
             logs[i], totals[i] = log, total
+            run.replicas[i].batch_fill_idle_s, run.replicas[i].batch_fill_wait_s = fill
         caught += [warnings.WarningMessage(message, category, filename, lineno)
                    for category, message, filename, lineno in result.warnings]  # fmt: skip
     return end, logs, totals  # type: ignore[return-value]  # every replica is in a shard

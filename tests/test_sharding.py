@@ -102,6 +102,21 @@ def test_shards_give_the_one_process_results(tmp_path, data):
         assert counts["rejected"] > 0 and counts["completed"] + counts["rejected"] == 500
 
 
+def test_a_static_batch_wait_is_said_from_every_shard(tmp_path):
+    """The static policy's idle wait for full batches (a warning from each replica's
+    counters) comes back from the shards: the sharded run says it as one process does."""
+    data = scenario_dict(
+        parallelism={"replicas": 4, "router": "round_robin"},
+        serving={"policy": "static", "max_num_seqs": 8},
+        workload={"arrivals": {"kind": "poisson", "rate_per_s": 2.0}, "num_requests": 80},
+    )
+    _, one = _run(data, 1, tmp_path / "one")
+    _, two = _run(data, 2, tmp_path / "two")
+    assert any("full batch" in text for text in one), one
+    assert two == one
+    assert_same_files(tmp_path / "one", tmp_path / "two")
+
+
 @pytest.mark.parametrize(
     "change",
     [
