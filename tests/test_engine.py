@@ -492,23 +492,10 @@ def test_a_request_swapped_in_is_not_swapped_out_by_the_same_step(make_scenario,
 def test_a_finished_requests_blocks_queue_behind_those_freed_before():
     # vLLM v1 frees every block to the tail of one queue and reuses from its head: a
     # request preempted first loses its cached blocks before one that finished later.
-    from simulator.engine.kv_cache import BlockManager, request_key, unreachable_key
-    from simulator.engine.requests import RequestTable
-    from simulator.engine.running import RunningSet
-    from simulator.engine.scheduler import IterationPolicy, IterationScheduler
-    from simulator.engine.waiting import WaitingQueue
+    from simulator.engine.kv_cache import request_key, unreachable_key
+    from tests.test_prefix_caching_default import two_prefilled_requests
 
-    req = RequestTable(4)
-    run, kv, waiting = RunningSet(4, 16, req), BlockManager(10, 16), WaitingQueue()
-    policy = IterationPolicy(
-        chunked_prefill=True, max_num_seqs=4, max_num_batched_tokens=256, prefix_caching=True
-    )
-    scheduler = IterationScheduler(policy, req, run, kv, waiting)
-    for rid in req.add(np.zeros(2), np.array([64, 48]), np.array([4, 4]), np.zeros(2, int)):
-        waiting.push(int(rid), 0)
-    plan = scheduler.schedule(0.0)
-    for slot, chunk in zip(plan.prefill_slots, plan.prefill_chunks, strict=True):
-        run.prefill(slot, chunk)
+    scheduler, _, kv, plan = two_prefilled_requests(blocks=10)
     first, second = plan.prefill_slots
     scheduler._preempt(first, plan)  # 4 full blocks cached, freed first
     scheduler.free(second)  # finished: its 3 full blocks cached, freed last

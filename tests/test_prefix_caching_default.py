@@ -16,7 +16,7 @@ from hardware_models.presets import load_gpu
 from simulator.engine.kv_cache import BlockManager, request_key, unreachable_key
 from simulator.engine.requests import RequestTable
 from simulator.engine.running import RunningSet
-from simulator.engine.scheduler import IterationPolicy, IterationScheduler
+from simulator.engine.scheduler import IterationPolicy, IterationScheduler, StepPlan
 from simulator.engine.waiting import WaitingQueue
 from simulator.scenario import ServingSection
 from simulator.simulation import simulate
@@ -81,9 +81,12 @@ def test_a_run_that_leaves_it_unset_recomputes_from_its_cached_blocks_as_vllm_v1
     assert unset.summary()["kv"]["max_utilisation"] == unset.steps["kv_blocks_used"].max() / total
 
 
-def _two_requests(blocks: int) -> tuple[IterationScheduler, RunningSet, BlockManager, list[int]]:
+def two_prefilled_requests(
+    blocks: int,
+) -> tuple[IterationScheduler, RunningSet, BlockManager, StepPlan]:
     """A chunked-prefill scheduler with prefix caching on, two requests (64 and 48
-    prompt tokens) prefilled in its KV cache of `blocks` blocks: their slots."""
+    prompt tokens) prefilled in its KV cache of `blocks` blocks, and the plan that
+    admitted them (their slots: `plan.prefill_slots`)."""
     req = RequestTable(4)
     run, kv, waiting = RunningSet(4, 16, req), BlockManager(blocks, 16), WaitingQueue()
     policy = IterationPolicy(
@@ -95,7 +98,7 @@ def _two_requests(blocks: int) -> tuple[IterationScheduler, RunningSet, BlockMan
     plan = scheduler.schedule(0.0)
     for slot, chunk in zip(plan.prefill_slots, plan.prefill_chunks, strict=True):
         run.prefill(slot, chunk)
-    return scheduler, run, kv, plan.prefill_slots
+    return scheduler, run, kv, plan
 
 
 def test_completed_requests_leave_nothing_to_track_where_no_prefix_can_hit():
@@ -103,11 +106,13 @@ def test_completed_requests_leave_nothing_to_track_where_no_prefix_can_hit():
     cached before its blocks they decide no eviction either, so the cache does not
     track them (before, every completion was kept and every allocation then evicted:
     a cost on every run, where nothing could hit)."""
-    scheduler, _, kv, (first, second) = _two_requests(10)
+    scheduler, _, kv, plan = two_prefilled_requests(10)
+    first, second = plan.prefill_slots
     scheduler.free(first)
     scheduler.free(second)
     assert kv.cached_total == 0 and kv.free == 10
-    scheduler, _, kv, (first, second) = _two_requests(10)
+    scheduler, _, kv, plan = two_prefilled_requests(10)
+    first, second = plan.prefill_slots
     scheduler.detach(first, reachable=True)()  # handed off: a retry may come back for it
     assert kv.cached_blocks(request_key(0)) == 4
     scheduler.free(second)  # freed after it: kept, to be evicted after it
