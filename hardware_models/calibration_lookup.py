@@ -109,7 +109,8 @@ def outside_fitted_sizes(metadata: dict, op_class: str, size: float) -> str | No
     if low / SIZE_RANGE_SLACK <= size <= high * SIZE_RANGE_SLACK:
         return None
     return (
-        f"{op_class} of size {size:.3g} outside the {low:.3g}-{high:.3g} the profile was fitted on"
+        f"{op_class} of size {size:.3g} is outside the {low:.3g}-{high:.3g} the profile was "
+        "fitted on"
     )
 
 

@@ -470,7 +470,11 @@ def test_a_run_warns_when_its_gemms_reach_beyond_the_sizes_the_profile_was_fitte
     path = tmp_path / "large_only.yaml"
     path.write_text(yaml.safe_dump(data))
     scenario = make_scenario(hardware={"gpu": "l40s", "calibration": str(path)})
-    with pytest.warns(InfersimWarning, match=r"large_only.yaml: its GEMMs here run .* by extrap"):
+    with pytest.warns(
+        InfersimWarning,
+        match=r"large_only.yaml: its GEMMs here run .* FLOPs, and the gemm of size \S+ is "
+        r"outside the .* by extrap",
+    ):
         build_replica(scenario)
     data["metadata"]["size_ranges"] = {"gemm": [1e6, 1e14]}
     path.write_text(yaml.safe_dump(data))

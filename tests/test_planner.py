@@ -194,7 +194,9 @@ def test_plan_cli_shows_both_layouts_and_bad_settings_are_one_line(tmp_path, cap
     path.write_text(yaml.safe_dump(data))
     argv = ["plan", str(path), "-o", str(tmp_path / "out"), "--workers", "1"]
     assert main(argv) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "planning 1 candidate (GPU x tp x pp x policy)" in captured.err
     assert "disaggregated" in out and "colocated" in out and "prefill_replicas" in out
     assert (tmp_path / "out" / "pareto.png").stat().st_size > 1000
     assert main([*argv, "--overwrite", "--set", "plan.disaggregation=maybe"]) == 2

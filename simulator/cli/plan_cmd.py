@@ -53,8 +53,9 @@ def _run(args: argparse.Namespace) -> int:
     if outdir.exists() and any(outdir.iterdir()) and not args.overwrite:
         raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
     if scenario.plan and not args.quiet:  # a plan runs for minutes: say so before it starts
-        print(f"planning {len(candidates(scenario.plan))} candidates (GPU x tp x pp x policy)"
-              f" of {scenario.name}", file=sys.stderr)  # fmt: skip
+        n = len(candidates(scenario.plan))
+        print(f"planning {n} candidate{'s' if n != 1 else ''} (GPU x tp x pp x policy) of "
+              f"{scenario.name}", file=sys.stderr)  # fmt: skip
     with connect(args) as client:
         table = plan_capacity(
             scenario, workers=args.workers, client=client, progress=not args.quiet
