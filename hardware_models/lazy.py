@@ -13,7 +13,9 @@ def lazy_names(
     package: str, sources: Mapping[str, str], public: Iterable[str]
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """The `__getattr__` and `__dir__` of `package`: a name in `sources` is imported from
-    the module it maps to the first time it is asked for, then kept in the package."""
+    the module it maps to the first time it is asked for, then kept in the package;
+    `dir(package)` lists the `public` names alone, not the module's own imports
+    (`TYPE_CHECKING`, `annotations`, `lazy_names`) nor the submodules loaded so far."""
     namespace = sys.modules[package].__dict__
     listed = set(public)
 
@@ -26,6 +28,6 @@ def lazy_names(
         return value
 
     def __dir__() -> list[str]:
-        return sorted({*namespace, *listed})
+        return sorted(listed)
 
     return __getattr__, __dir__

@@ -71,6 +71,13 @@ def test_every_subcommand_still_has_its_arguments(command, capsys):
     assert f"usage: infersim {command}" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("package", ["simulator", "hardware_models"])
+def test_dir_of_a_package_lists_its_public_api_alone(package):
+    """Not the module's own imports (TYPE_CHECKING, annotations, lazy_names)."""
+    module = __import__(package)
+    assert dir(module) == sorted(module.__all__)
+
+
 def test_hardware_models_names_resolve_lazily():
     for name in hardware_models.__all__:
         assert getattr(hardware_models, name) is not None
