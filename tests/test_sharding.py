@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from hardware_models.errors import InfersimError, InfersimWarning
-from simulator.cli.main import main
+from simulator.cli.main import build_parser, main
 from simulator.results import Results
 from simulator.scenario import Scenario
 from simulator.sharding import AUTO_MIN_REQUESTS
@@ -197,6 +197,27 @@ def test_infersim_run_takes_workers(tmp_path, capsys):
     assert "--workers: expected a count of at least 1 or 'auto' (got '0')" in (
         capsys.readouterr().err
     )
+
+
+def test_infersim_compare_takes_workers_as_run_does(tmp_path):
+    """Each compared run is split over --workers processes as `infersim run` splits it,
+    with the same results; the default is run's ('auto')."""
+    path = tmp_path / "cluster.yaml"
+    data = scenario_dict(parallelism={"replicas": 4, "router": "round_robin"})
+    data["variants"] = {"a": {}, "b": {"workload.arrivals.rate_per_s": 3.0}}
+    path.write_text(json.dumps(data))
+    for workers in ("1", "2"):
+        argv = ["compare", str(path), "-o", str(tmp_path / workers), "--quiet", "--no-plots"]
+        assert main([*argv, "--workers", workers]) == 0
+    for variant in ("a", "b"):
+        one, two = tmp_path / "1" / variant, tmp_path / "2" / variant
+        assert _summary(two)["processes"] == 2
+        assert_same_files(one, two)
+    assert (tmp_path / "1" / "comparison.csv").read_bytes() == (
+        tmp_path / "2" / "comparison.csv"
+    ).read_bytes()
+    compare = build_parser().parse_args(["compare", str(path), str(path)])
+    assert compare.workers == "auto"
 
 
 @pytest.mark.slow

@@ -10,7 +10,12 @@ from pathlib import Path
 
 from hardware_models.errors import InfersimError
 from simulator.cli.options import add_output_flags, add_overrides, add_results_dir
-from simulator.cli.run_cmd import folder_name, free_results_dir, warnings_named
+from simulator.cli.run_cmd import (
+    add_workers_flag,
+    folder_name,
+    free_results_dir,
+    warnings_named,
+)
 from simulator.compare import compare_table, labelled, write_comparison
 from simulator.formatting import WIDTH, sig
 from simulator.results import Results
@@ -28,6 +33,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenarios", type=Path, nargs="+", help="scenario YAML files")
     add_results_dir(parser, "results/compare, or the next free results/compare-N")
     add_overrides(parser, "a field in every scenario")
+    add_workers_flag(parser, "each run's cluster")
     add_output_flags(parser)
     parser.set_defaults(handler=_compare)
 
@@ -71,7 +77,9 @@ def _compare(args: argparse.Namespace) -> int:
     written: list[Path] = []
     for label, (folder, _) in runs.items():
         with warnings_named(label):  # no summary is printed: each is a warning line
-            results[label] = run_simulation(built.pop(label), progress=not args.quiet)
+            results[label] = run_simulation(
+                built.pop(label), progress=not args.quiet, workers=args.workers
+            )
         written += results[label].write(
             outdir / folder, plots=False if args.no_plots else None, overwrite=args.overwrite
         )

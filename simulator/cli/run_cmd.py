@@ -28,17 +28,22 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", type=Path, help="scenario YAML")
     add_results_dir(parser, "results/<name>, or the next free results/<name>-N")
     add_overrides(parser)
+    add_workers_flag(parser)
+    add_output_flags(parser, csv="also write CSV tables")
+    add_export_flags(parser)
+    parser.set_defaults(handler=_run)
+
+
+def add_workers_flag(parser: argparse.ArgumentParser, cluster: str = "a cluster") -> None:
+    """--workers of a simulation run (run, and compare for each of its runs)."""
     parser.add_argument(
         "--workers",
         type=_workers,
         default="auto",
-        help="processes for a cluster whose replicas are independent (round robin or "
-        "random routing of an open loop); same results. Default auto: one per core for a "
-        f"run of at least {AUTO_MIN_REQUESTS:,} requests, else 1",
+        help=f"processes for {cluster} whose replicas are independent (round robin "
+        "or random routing of an open loop); same results. Default auto: one per core for "
+        f"a run of at least {AUTO_MIN_REQUESTS:,} requests, else 1",
     )
-    add_output_flags(parser, csv="also write CSV tables")
-    add_export_flags(parser)
-    parser.set_defaults(handler=_run)
 
 
 def _workers(text: str) -> Workers:
