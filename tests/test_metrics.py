@@ -905,3 +905,21 @@ def test_the_series_counts_every_output_token_with_recompute_preemptions(make_sc
     duration = ts["t_end"].iloc[-1]
     summary = result.summary()["throughput"]["output_tokens_per_s"]
     assert made / duration == pytest.approx(summary, rel=1e-9)
+
+
+def test_a_run_without_a_steady_state_prints_its_whole_run_power_and_its_few_watt_hours(
+    make_scenario,
+):
+    """Three requests: no steady state, so the per-token line's power is the whole run's
+    (the figure it is on the basis of), and a few watt-hours show their digits."""
+    from simulator.simulation import simulate
+
+    summary = simulate(make_scenario(workload={"num_requests": 3}), progress=False).summary()
+    energy = summary["energy"]
+    assert energy["steady_power_w"] is None and energy["gpu_energy_kwh"] < 5e-4
+    lines = summary_table(summary).splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("energy"))
+    watts = f"{energy['average_power_w']:,.0f} W/GPU"
+    assert f"GPUs {sig(energy['gpu_energy_kwh'], 4)} kWh, {watts} (whole run)" in lines[first]
+    assert "GPUs 0.000 kWh" not in lines[first]
+    assert f"J/request  {watts}  (whole run;" in lines[first + 1]

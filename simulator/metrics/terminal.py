@@ -93,23 +93,31 @@ def _cost(cost: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _kwh(x: float | None) -> str:
+    """Four significant digits: a short run's few watt-hours are not '0.000'."""
+    return sig(x, 4)
+
+
 def _energy(e: Mapping[str, Any]) -> list[str]:
     """The GPUs' energy and power first (what ML.ENERGY and MLPerf Power measure), the
     facility's (x PUE) named as such; then per token and request on the cost's basis."""
     basis = cost_basis_text(e)
     hosts = e.get("host_energy_kwh")
-    with_hosts = f" with hosts' {num(hosts, ',.3f')} kWh" if hosts else ""
+    with_hosts = f" with hosts' {_kwh(hosts)} kWh" if hosts else ""
     lines = _line(
         "energy",
-        f"GPUs {num(e.get('gpu_energy_kwh'), ',.3f')} kWh, {num(e['average_power_w'], ',.0f')} "
-        f"W/GPU (whole run)  facility {num(e['energy_kwh'], ',.3f')} kWh at PUE {e['pue']:g}"
+        f"GPUs {_kwh(e.get('gpu_energy_kwh'))} kWh, {num(e['average_power_w'], ',.0f')} "
+        f"W/GPU (whole run)  facility {_kwh(e['energy_kwh'])} kWh at PUE {e['pue']:g}"
         f"{with_hosts}, {usd(e['usd_energy'])}",
     )
+    # the power on the per-token figures' basis: the whole run's where it had no steady state
+    steady = e.get("steady_power_w")
+    power = e["average_power_w"] if steady is None else steady
     lines += _line(
         "",
         f"GPUs {sig(e['joules_per_output_token'])} J/output tok  "
         f"{sig(e.get('joules_per_request'))} J/request  "
-        f"{num(e.get('steady_power_w'), ',.0f')} W/GPU  ({basis}; facility "
+        f"{num(power, ',.0f')} W/GPU  ({basis}; facility "
         f"{sig(e.get('facility_joules_per_output_token'))} J/output tok)",
     )
     if e.get("note"):
