@@ -178,6 +178,11 @@ IGNORED_SETTINGS: dict[str, tuple[tuple[str, ...], str]] = {
 }  # fmt: skip
 
 
+def ignores(policy: str, setting: str) -> bool:
+    """Whether serving.policy `policy` never reads serving.`setting` (IGNORED_SETTINGS)."""
+    return policy in IGNORED_SETTINGS.get(setting, ((), ""))[0]
+
+
 def ignored_settings(serving: ServingSection) -> list[str]:
     """A line for each serving setting given a value other than its default that the
     policy never reads: a sweep over it would give a flat line, silently."""

@@ -459,13 +459,20 @@ class ServingSection(BaseModel):
         enable_prefix_caching as the engine the policy models defaults it, with a line
         for each saying what it became and why; set values are kept as given. The static
         and dynamic policies are not vLLM's scheduler: theirs default to
-        NON_VLLM_BATCH_LIMITS, and they keep no prefix cache."""
+        NON_VLLM_BATCH_LIMITS, and they keep no prefix cache. Their batches have no token
+        budget (caveats.IGNORED_SETTINGS): an unset max_num_batched_tokens takes
+        NON_VLLM_BATCH_LIMITS' for the memory plan's profile run with no line, and the
+        run's resolved scenario leaves it unset (simulation._as_run)."""
+        silent: dict[str, Any] = {}
         if self.policy in ("static", "dynamic"):
             chosen = {
-                name: Default(value, f"the {self.policy} policy's default (not vLLM's scheduler)")
-                for name, value in NON_VLLM_BATCH_LIMITS.items()
-                if getattr(self, name) is None
-            }
+                "max_num_seqs": Default(
+                    NON_VLLM_BATCH_LIMITS["max_num_seqs"],
+                    f"the {self.policy} policy's default (not vLLM's scheduler)",
+                )
+            } if self.max_num_seqs is None else {}  # fmt: skip
+            if self.max_num_batched_tokens is None:
+                silent["max_num_batched_tokens"] = NON_VLLM_BATCH_LIMITS["max_num_batched_tokens"]
         else:
             chosen = batch_limits(
                 EMULATED_VLLM_VERSION,
@@ -479,7 +486,7 @@ class ServingSection(BaseModel):
         if self.enable_prefix_caching is None and self.policy in ("continuous", "chunked_prefill"):
             chosen["enable_prefix_caching"] = self.prefix_caching_default()
         notes = tuple(d.line(f"serving.{name}") for name, d in chosen.items())
-        update = {"enable_prefix_caching": self.prefix_caching}
+        update = {"enable_prefix_caching": self.prefix_caching, **silent}
         update.update((name, d.value) for name, d in chosen.items())
         return self.model_copy(update=update), notes
 

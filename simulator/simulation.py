@@ -44,6 +44,7 @@ from simulator.caveats import (
     check_swap_space,
     configuration_warnings,
     ignored_settings,
+    ignores,
     mla_block_size,
     overhead_override_warning,
     static_fill_warning,
@@ -400,10 +401,14 @@ def _load_arch(scenario: Scenario) -> ModelArchitecture:
 def batch_limits_of(scenario: Scenario) -> dict[str, int]:
     """max_num_seqs and max_num_batched_tokens a replica of `scenario` runs with (set, or
     vLLM's defaults for its GPU), resolved as build_replica does without building it: for
-    tables that set GPUs with different defaults side by side (plan), feasible or not."""
+    tables that set GPUs with different defaults side by side (plan), feasible or not;
+    None for one the policy ignores (static and dynamic batches have no token budget)."""
     max_model_len = scenario.serving.max_model_len or _load_arch(scenario).max_position_embeddings
     serving, _ = scenario.serving.with_vllm_defaults(resolve_gpu(scenario), max_model_len)
-    return {name: getattr(serving, name) for name in BATCH_LIMITS}
+    return {
+        name: None if ignores(serving.policy, name) else getattr(serving, name)
+        for name in BATCH_LIMITS
+    }
 
 
 def _at_vllm_block_size(
@@ -1204,9 +1209,9 @@ def _configuration_warnings(builds: list[tuple[str, ReplicaBuild]]) -> tuple[str
 def _as_run(scenario: Scenario, builds: list[tuple[str, ReplicaBuild]]) -> Scenario:
     """The scenario as it ran, so summary.json names it: an unset model.weight_dtype is the
     checkpoint's format the replicas were built with (resolve_weight_dtype); unset batch
-    limits are vLLM's defaults for the GPU, an unset enable_prefix_caching the policy's
-    engine's default, and a block size vLLM forced is the forced one, where every pool
-    got the same."""
+    limits are vLLM's defaults for the GPU (one the policy ignores stays unset), an unset
+    enable_prefix_caching the policy's engine's default, and a block size vLLM forced is
+    the forced one, where every pool got the same."""
     if not builds:
         return scenario
     update = {}
@@ -1216,7 +1221,7 @@ def _as_run(scenario: Scenario, builds: list[tuple[str, ReplicaBuild]]) -> Scena
     chosen = {
         name: {getattr(build.config, name) for _, build in builds}
         for name in BATCH_LIMITS
-        if getattr(scenario.serving, name) is None
+        if getattr(scenario.serving, name) is None and not ignores(scenario.serving.policy, name)
     }
     if scenario.serving.enable_prefix_caching is None:
         chosen["enable_prefix_caching"] = {build.config.prefix_caching for _, build in builds}

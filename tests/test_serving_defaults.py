@@ -14,7 +14,7 @@ from simulator.cli.main import main
 from simulator.memory_planner import activation_bytes, plan_memory
 from simulator.model_catalog import load_model
 from simulator.scenario import Scenario
-from simulator.simulation import build_replica
+from simulator.simulation import batch_limits_of, build_replica
 from simulator.vllm_defaults import EMULATED_VLLM_VERSION
 from tests.conftest import scenario_dict
 
@@ -77,11 +77,22 @@ def test_an_unset_budget_is_at_most_max_num_seqs_times_max_model_len():
 
 
 def test_static_and_dynamic_batches_do_not_take_vllms_defaults():
-    """Not vLLM's scheduler: infersim's own 256 sequences and 2048 tokens on any GPU."""
+    """Not vLLM's scheduler: infersim's own 256 sequences and 2048 tokens on any GPU; the
+    budget only sizes the memory plan's profile run (their batches have no token budget),
+    so neither the header nor the resolved scenario announces a default for it."""
     for policy in ("static", "dynamic"):
         build = build_replica(_unset("h100-sxm", policy=policy))
         assert (build.config.max_num_seqs, build.config.max_num_batched_tokens) == (256, 2048)
-        assert all(f"the {policy} policy's default" in line for line in build.defaults)
+        (line,) = build.defaults
+        assert line.startswith("serving.max_num_seqs = 256") and f"the {policy} policy's" in line
+        scenario = _unset("h100-sxm", policy=policy).with_overrides(["workload.num_requests=5"])
+        summary = simulate(scenario, progress=False).summary()
+        serving = summary["provenance"]["scenario"]["serving"]
+        assert (serving["max_num_seqs"], serving["max_num_batched_tokens"]) == (256, None)
+        assert not any(
+            "max_num_batched_tokens" in d for d in summary["run"]["configuration"]["defaults"]
+        )
+        assert batch_limits_of(scenario) == {"max_num_seqs": 256, "max_num_batched_tokens": None}
 
 
 def test_the_gpu_size_the_defaults_read_is_what_cuda_reports():
