@@ -656,6 +656,9 @@ def _row(scenario: Scenario, candidate: Candidate, fleet: Fleet, probe: Probe) -
         f"tpot_{pct}_ms": 1000 * summary["latency"]["tpot"][pct],
         # the probe's, on the steady basis of compare and sweep tables
         "steady_goodput_requests_per_s": summary["goodput"]["steady_goodput_requests_per_s"],
+        # the probe's GPU energy per output token, at the verified load as the latencies:
+        # the GPUs draw less at the planned rate but not in proportion (idle power)
+        "joules_per_output_token": summary["energy"]["joules_per_output_token"],
         **{f"{k}_margin": v for k, v in _margins(summary, scenario, pct).items()},
         "overload_verdict": summary["overload_verdict"],
         "note": probe.note,

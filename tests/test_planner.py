@@ -198,6 +198,15 @@ def test_plan_cli_shows_both_layouts_and_bad_settings_are_one_line(tmp_path, cap
     out = captured.out
     assert "planning 1 candidate (GPU x tp x pp x policy)" in captured.err
     assert "disaggregated" in out and "colocated" in out and "prefill_replicas" in out
+    # the headers compare and sweep print (metrics.headline.labelled), energy and goodput too
+    for header in ("seqs", "tok/step", "$/h", "$/1M out tok", "TTFT p99 ms", "TPOT p99 ms",
+                   "steady goodput req/s", "GPU J/out tok"):  # fmt: skip
+        assert header in out, header
+    assert not re.search(r"usd_per|_p99_ms|max_num_seqs|joules", out)
+    table = pd.read_csv(tmp_path / "out" / "plan.csv")
+    feasible = table[table["status"] != "infeasible"]
+    assert len(feasible) and (feasible["joules_per_output_token"] > 0).all()
+    assert (feasible["steady_goodput_requests_per_s"] > 0).all()
     assert (tmp_path / "out" / "pareto.png").stat().st_size > 1000
     assert main([*argv, "--overwrite", "--set", "plan.disaggregation=maybe"]) == 2
     err = capsys.readouterr().err

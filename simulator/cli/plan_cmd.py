@@ -11,6 +11,7 @@ from hardware_models.errors import InfersimError
 from simulator.cli.options import add_overrides
 from simulator.cli.sweep_cmd import add_executor_flags, connect
 from simulator.formatting import WIDTH, sig, wrapped
+from simulator.metrics.headline import labelled
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -67,12 +68,13 @@ def _run(args: argparse.Namespace) -> int:
     shown = ["rank", "gpu", "tp", "pp", "dp", *ep, "policy", "max_num_seqs",
              "max_num_batched_tokens", "layout", "replicas", *split, "gpus",
              "usd_per_hour", "usd_per_million_output_tokens", f"ttft_{pct}_ms",
-             f"tpot_{pct}_ms", "status", "see"]  # fmt: skip
+             f"tpot_{pct}_ms", "steady_goodput_requests_per_s", "joules_per_output_token",
+             "status", "see"]  # fmt: skip
     rate = planned_rate(scenario)
     head = (f"Plan for {scenario.model.name}: {sig(rate)} req/s, verified at "
             f"{sig(rate * (1 + plan.headroom))} req/s (+{plan.headroom:.0%} headroom), SLO at "
-            f"{pct}; latencies at the verified rate, $ per 1M output tokens at the planned "
-            f"{sig(rate)} req/s")  # fmt: skip
+            f"{pct}; latencies, goodput and GPU J per output token at the verified rate, $ "
+            f"per 1M output tokens at the planned {sig(rate)} req/s")  # fmt: skip
     print("\n".join(wrapped(head, "", "  ")))
     _print_table(table, shown)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -121,14 +123,16 @@ def _blank(value: object) -> bool:
 
 
 def _print_table(table: pd.DataFrame, shown: list[str]) -> None:
-    """The plan table, '-' for what a row lacks (an infeasible row's counts), reasons and
-    notes as footnotes, and what `unverified` means where a row is."""
+    """The plan table under the headers compare and sweep print (metrics.headline.labelled),
+    '-' for what a row lacks (an infeasible row's counts), reasons and notes as
+    footnotes, and what `unverified` means where a row is."""
     marks, lines = _footnotes(table)
     view = table.assign(see=marks)
     view = view[[c for c in shown if c in view]]
     for name in view:
         if str(view[name].dtype) == "Int64":
             view[name] = view[name].astype(object).where(view[name].notna(), "-")
+    view = labelled(view)
     print(view.to_string(index=False, float_format=sig, na_rep="-", line_width=WIDTH))
     if (table["status"] == "unverified").any():
         print("unverified: met the SLOs, but its probe was too short to judge overload")

@@ -23,12 +23,12 @@ if TYPE_CHECKING:
 
 # Columns printed at the end (all of them are in sweep.parquet), under the headers every
 # printed table uses (simulator.metrics.headline.LABELS: shares in %), short ones for the
-# rest; the overload verdict rather than `overloaded`, so a point too short to judge is
+# counts; the overload verdict rather than `overloaded`, so a point too short to judge is
 # not read as stable.
 _SHOWN = {
     "status": "status",
-    "max_num_seqs": "seqs",  # the batch limits it ran with: unset, vLLM's for its GPU
-    "max_num_batched_tokens": "tok/step",
+    "max_num_seqs": None,  # the batch limits it ran with: unset, vLLM's for its GPU
+    "max_num_batched_tokens": None,
     "steady_output_tokens_per_s": None,  # one basis with the two costs
     "ttft_p99_ms": None,
     "tpot_p99_ms": None,

@@ -71,6 +71,8 @@ LABELS: dict[str, tuple[str, float]] = {
     "usd_per_million_output_tokens": ("$/1M out tok", 1),
     "joules_per_output_token": ("GPU J/out tok", 1),
     PER_USD: ("steady tok/s per $/h", 1),
+    "max_num_seqs": ("seqs", 1),  # the batch limits a sweep point or plan candidate ran
+    "max_num_batched_tokens": ("tok/step", 1),
     "cost_basis": ("basis", 1),  # of $/1M and J/out tok: whole_run without a steady state
     "overload_verdict": ("overload", 1),
 }
