@@ -139,3 +139,33 @@ def test_a_custom_gpu_run_is_headed_with_the_chip_and_keeps_its_file() -> None:
     )
     (preset,) = _summary(workload={"num_requests": 10})["run"]["configuration"]["pools"]
     assert "gpu_file" not in preset
+
+
+def test_a_sweep_says_a_warning_every_point_raises_once_and_the_rest_in_grid_order() -> None:
+    """Review 13 item 9a: a build warning every point raises (swap space too small for
+    one sequence) is said once; each point's own warnings (rejections) follow in grid
+    order, whichever point finished first."""
+    import warnings
+
+    from hardware_models.errors import InfersimWarning
+    from simulator.scenario import Scenario
+    from simulator.sweep import sweep
+    from tests.conftest import scenario_dict
+
+    data = scenario_dict(
+        serving={"policy": "continuous", "max_num_batched_tokens": 4096, "preemption": "swap",
+                 "swap_space_gb": 0.1, "max_model_len": 600},
+    )  # fmt: skip
+    data["sweep"] = {"grid": {"workload.num_requests": [40, 20, 30]}}
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        sweep(Scenario.from_dict(data), workers=2, progress=False)
+    said = [str(w.message) for w in seen if issubclass(w.category, InfersimWarning)]
+    assert [text.split(":")[0] for text in said] == [
+        "every point",
+        "point num_requests=40",
+        "point num_requests=20",
+        "point num_requests=30",
+    ]
+    assert said[0].startswith("every point: serving.swap_space_gb holds ")
+    assert all("were rejected because" in text for text in said[1:])
