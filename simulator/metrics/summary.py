@@ -3,9 +3,9 @@
 
 Definitions (all times in seconds of simulated time, D = ctx.duration_s):
 
-- counts: every arrived request is exactly one of completed, rejected (by reason), failed,
-  or in flight; in-flight ones are `running` once they were first scheduled (a preempted
-  and re-queued request stays `running`) and `queued` otherwise.
+- counts: every arrived request is exactly one of completed, rejected (by reason), failed
+  (by reason) or in flight; in-flight ones are `running` once they were first scheduled (a
+  preempted and re-queued request stays `running`) and `queued` otherwise.
 - throughput over D: completed requests, prompt tokens of requests whose prefill finished
   (a first token), and generated tokens of every request (in-flight ones included); in
   steady state (`steady_*`): the output tokens made between the 10% and the 90% completion
