@@ -36,14 +36,22 @@ ARCHITECTURES = (
 # presets agree within 2%; a custom chip's datasheet may round or quote another clock).
 DATASHEET_TOLERANCE = 0.10
 # Plausible ranges of the figures a unit slip moves by 1000x: (field, low, high, unit,
-# the unit a value below `low` was likely typed in, the one above `high`).
+# the unit a value below `low` was likely typed in, the one above `high`). A low of None
+# is the memory kind's bandwidth floor (_BANDWIDTH_FLOOR_GBPS).
 _RANGES = (
     ("boost_clock_mhz", 100.0, 10_000.0, "MHz", "GHz", "kHz"),
     ("tensor_clock_mhz", 100.0, 10_000.0, "MHz", "GHz", "kHz"),
-    ("memory.bandwidth_gbps", 5.0, 200_000.0, "GB/s", "TB/s", "MB/s"),
-    ("l2.bandwidth_gbps", 5.0, 1_000_000.0, "GB/s", "TB/s", "MB/s"),
+    ("memory.bandwidth_gbps", None, 200_000.0, "GB/s", "TB/s", "MB/s"),
+    ("l2.bandwidth_gbps", None, 1_000_000.0, "GB/s", "TB/s", "MB/s"),
     ("memory.capacity_gb", 0.5, 100_000.0, "GB", "TB", "MB"),
 )
+# The least device-memory bandwidth a chip of each memory kind has (prefix of
+# memory.kind, GB/s), so that a figure typed in TB/s (an HBM3e chip's 8 for 8000) is
+# caught: one HBM stack gives over 100 GB/s (HBM1: 128), the slowest GDDR5 boards ~40
+# (GT 1030: 48), LPDDR4 SoCs ~20 (Jetson Nano: 25.6). L2 is faster than the memory
+# behind it, so the same floor holds for l2.bandwidth_gbps. Other kinds (DDR): 5.
+_BANDWIDTH_FLOOR_GBPS = {"HBM": 100.0, "GDDR": 40.0, "LPDDR": 20.0}
+_DEFAULT_BANDWIDTH_FLOOR_GBPS = 5.0
 
 # PCIe usable bandwidth per lane per direction in GB/s (after line encoding).
 PCIE_GBPS_PER_LANE = {3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
@@ -293,15 +301,22 @@ class AcceleratorSpec(BaseModel):
 
     def _check_units(self) -> None:
         """A figure 1000x outside what any chip has is typed in another unit."""
+        kind = self.memory.kind.strip().upper()
+        floor = next(
+            (low for prefix, low in _BANDWIDTH_FLOOR_GBPS.items() if kind.startswith(prefix)),
+            _DEFAULT_BANDWIDTH_FLOOR_GBPS,
+        )
         for field, low, high, unit, below, above in _RANGES:
             head, _, tail = field.partition(".")
             value = getattr(getattr(self, head), tail) if tail else getattr(self, head)
+            of_kind = f" for {self.memory.kind} memory" if low is None else ""
+            low = floor if low is None else low
             if value is None or low <= value <= high:
                 continue
             likely = below if value < low else above
             raise ValueError(
-                f"{field} {value:g} is outside {low:g}-{high:g} {unit}: was it typed in "
-                f"{likely}? (the unit is in the field name: {unit})"
+                f"{field} {value:g} is outside {low:g}-{high:g} {unit}{of_kind}: was it "
+                f"typed in {likely}? (the unit is in the field name: {unit})"
             )
 
     def _check_derived_peaks(self) -> None:

@@ -31,17 +31,24 @@ def provenance(
     }
 
 
-def _pools(scenario: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _pools(scenario: Mapping[str, Any], chips: Mapping[str, str]) -> list[dict[str, Any]]:
     if scenario.get("pools"):
-        return [
+        pools = [
             {"pool": p["name"], "gpu": p["hardware"]["gpu"], "tp": p["tp"], "pp": p["pp"],
              "replicas": p["replicas"]}
             for p in scenario["pools"]
         ]  # fmt: skip
-    par = scenario["parallelism"]
-    return [{"pool": "default", "gpu": scenario["hardware"]["gpu"], "tp": par["tp"],
-             "pp": par["pp"], "dp": par.get("dp", 1), "ep": par.get("enable_expert_parallel"),
-             "replicas": par["replicas"]}]  # fmt: skip
+    else:
+        par = scenario["parallelism"]
+        pools = [{"pool": "default", "gpu": scenario["hardware"]["gpu"], "tp": par["tp"],
+                  "pp": par["pp"], "dp": par.get("dp", 1),
+                  "ep": par.get("enable_expert_parallel"),
+                  "replicas": par["replicas"]}]  # fmt: skip
+    for pool in pools:
+        chip = chips.get(pool["pool"], pool["gpu"])
+        if chip != pool["gpu"]:  # a custom GPU's file: its chip names it, the file is kept
+            pool["gpu_file"], pool["gpu"] = pool["gpu"], chip
+    return pools
 
 
 def _load(workload: Mapping[str, Any]) -> str:
@@ -60,16 +67,21 @@ def _load(workload: Mapping[str, Any]) -> str:
     return f"{what} (to its end)" if kind == "trace" else what
 
 
-def configuration(scenario: Mapping[str, Any], defaults: Sequence[str] = ()) -> dict[str, Any]:
+def configuration(
+    scenario: Mapping[str, Any],
+    defaults: Sequence[str] = (),
+    chips: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """Model, GPUs and layout, dtypes, policy and load of a scenario dump, and the
-    `defaults` vLLM's rules chose (provenance)."""
+    `defaults` vLLM's rules chose (provenance). `chips`: each pool's GPU name as loaded,
+    for pools whose hardware.gpu is a file."""
     model, serving = scenario["model"], scenario["serving"]
     return {
         "model": model["name"],
         "weight_dtype": model["weight_dtype"],
         "kv_dtype": model["kv_dtype"],
         "activation_dtype": model["activation_dtype"],
-        "pools": _pools(scenario),
+        "pools": _pools(scenario, chips or {}),
         "policy": serving["policy"],
         "max_num_seqs": serving["max_num_seqs"],
         "max_num_batched_tokens": serving["max_num_batched_tokens"],
@@ -80,6 +92,12 @@ def configuration(scenario: Mapping[str, Any], defaults: Sequence[str] = ()) -> 
         **(
             {"scheduling_policy": "priority"}
             if serving.get("scheduling_policy") == "priority"
+            else {}
+        ),
+        # Only where set: a fixed block count no memory setting changes (the KV advice).
+        **(
+            {"num_gpu_blocks": serving["num_gpu_blocks"]}
+            if serving.get("num_gpu_blocks") is not None
             else {}
         ),
     }

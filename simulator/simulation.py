@@ -124,15 +124,8 @@ def resolve_calibration(scenario: Scenario) -> CalibrationChoice:
     """The scenario's GPU with the profile `hardware.calibration` chooses, and a note of
     which one that is (for the summary and the terminal)."""
     hw = scenario.hardware
-    gpu = _named_field("hardware.gpu", load_gpu, _maybe_path(scenario, hw.gpu))
-    given = hw.calibration or "none"
-    value = _maybe_path(scenario, given)
-    if value != given and not Path(value).exists() and Path(given).is_file():
-        raise InfersimError(
-            f"hardware.calibration: {value}: no such file (a relative path resolves against "
-            f"the scenario's folder; {given} is in the working folder: give its absolute "
-            f"path, {Path(given).resolve()})"
-        )
+    gpu = _named_field("hardware.gpu", load_gpu, _scenario_file(scenario, "hardware.gpu", hw.gpu))
+    value = _scenario_file(scenario, "hardware.calibration", hw.calibration or "none")
     return _named_field("hardware.calibration", lambda v: choose_calibration(gpu, v), value)
 
 
@@ -155,9 +148,22 @@ def _maybe_path(scenario: Scenario, name: str) -> str:
     return name
 
 
+def _scenario_file(scenario: Scenario, field: str, name: str) -> str:
+    """`_maybe_path`, refusing a relative path that is missing from the scenario's folder
+    but exists from the working folder with a hint (the usual slip with --set)."""
+    value = _maybe_path(scenario, name)
+    if value != name and not Path(value).exists() and Path(name).is_file():
+        raise InfersimError(
+            f"{field}: {value}: no such file (a relative path resolves against the "
+            f"scenario's folder; {name} is in the working folder: give its absolute path, "
+            f"{Path(name).resolve()})"
+        )
+    return value
+
+
 def resolve_node(scenario: Scenario, gpu: AcceleratorSpec) -> NodeSpec:
     if scenario.hardware.node:
-        node = load_node(_maybe_path(scenario, scenario.hardware.node))
+        node = load_node(_scenario_file(scenario, "hardware.node", scenario.hardware.node))
         if node.gpu != gpu.name:
             raise InfeasibleError(
                 f"hardware.node {node.name} is built from {node.gpu}, not hardware.gpu {gpu.name}"
@@ -395,7 +401,9 @@ def _warn_outside_fitted_sizes(
 
 
 def _load_arch(scenario: Scenario) -> ModelArchitecture:
-    return _named_field("model.name", load_model, _maybe_path(scenario, scenario.model.name))
+    return _named_field(
+        "model.name", load_model, _scenario_file(scenario, "model.name", scenario.model.name)
+    )
 
 
 def batch_limits_of(scenario: Scenario) -> dict[str, int]:

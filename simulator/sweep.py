@@ -207,6 +207,21 @@ def warn_named(name: str, texts: Iterable[str] | None) -> None:
         warnings.warn(f"{name}: {text}", InfersimWarning, stacklevel=3)
 
 
+def _warn_in_point_order(
+    points: Sequence[SweepPoint], records: Mapping[str, dict[str, Any]]
+) -> None:
+    """The points' warnings in grid order, not in the order they finished (which changes
+    from run to run); one every point raised (a build warning of the scenario's) once."""
+    texts = [records[p.id].get("warnings") or [] for p in points if p.id in records]
+    common = set.intersection(*map(set, texts)) if len(texts) > 1 else set()
+    if common:
+        warn_named("every point", [text for text in texts[0] if text in common])
+    for point in points:
+        if point.id in records:
+            own = records[point.id].get("warnings") or []
+            warn_named(f"point {point.name}", [text for text in own if text not in common])
+
+
 def _failure(status: str, exc: BaseException, wall_s: float | None) -> dict[str, Any]:
     return _outcome(_job_error(status, exc), wall_s)
 
@@ -466,10 +481,7 @@ def sweep(
     if outdir is not None:
         outdir = Path(outdir)
         _prepare(outdir, resume=resume, overwrite=overwrite)
-        records = _load_done(outdir, points)
-        for point in points:  # a resumed point still says what bent its numbers
-            if point.id in records:
-                warn_named(f"point {point.name}", records[point.id].get("warnings"))
+        records = _load_done(outdir, points)  # a resumed point still says what bent it
     elif resume:
         raise InfersimError("resume: needs the outdir of the sweep to continue")
     pending = [p for p in points if p.id not in records]
@@ -493,8 +505,8 @@ def sweep(
             if outdir is not None and outcome["status"] != "lost":
                 _write_point(outdir, record)
             records[point.id] = record
-            warn_named(f"point {point.name}", record.get("warnings"))
             bar.update()
+    _warn_in_point_order(points, records)
     table = sweep_table(points, records)
     if outdir is not None:
         _write_outputs(table, outdir, scenario, sweep_axes(scenario))

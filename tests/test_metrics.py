@@ -172,7 +172,7 @@ def test_counts_and_in_flight_split():
             Outcome.IN_FLIGHT,
             Outcome.FAILED,
         ],
-        reason=[0, RejectReason.EXCEEDS_KV_CACHE, 0, 0, 0],
+        reason=[0, RejectReason.EXCEEDS_KV_CACHE, 0, 0, RejectReason.REPLICA_FAILED],
     )
     c = summarize(frame, NO_STEPS, NO_ITL, context())["counts"]
     assert c == {
@@ -181,6 +181,7 @@ def test_counts_and_in_flight_split():
         "rejected": 1,
         "rejected_by_reason": {"exceeds_kv_cache": 1},
         "failed": 1,
+        "failed_by_reason": {"replica_failed": 1},
         "retried": 0,
         "retries": 0,
         "in_flight": 2,

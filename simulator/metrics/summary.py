@@ -3,9 +3,9 @@
 
 Definitions (all times in seconds of simulated time, D = ctx.duration_s):
 
-- counts: every arrived request is exactly one of completed, rejected (by reason), failed,
-  or in flight; in-flight ones are `running` once they were first scheduled (a preempted
-  and re-queued request stays `running`) and `queued` otherwise.
+- counts: every arrived request is exactly one of completed, rejected (by reason), failed
+  (by reason) or in flight; in-flight ones are `running` once they were first scheduled (a
+  preempted and re-queued request stays `running`) and `queued` otherwise.
 - throughput over D: completed requests, prompt tokens of requests whose prefill finished
   (a first token), and generated tokens of every request (in-flight ones included); in
   steady state (`steady_*`): the output tokens made between the 10% and the 90% completion
@@ -67,14 +67,14 @@ Definitions (all times in seconds of simulated time, D = ctx.duration_s):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from simulator.engine.requests import REJECT_TEXT, RejectReason
 from simulator.engine.step_cost import StepBound
-from simulator.metrics.context import RunContext
+from simulator.metrics.context import ReplicaInfo, RunContext
 from simulator.metrics.overload import (
     IN_SYSTEM,
     OVERLOADED,
@@ -117,11 +117,18 @@ FRONTEND_BUSY = 0.9
 # Warn when more than this share of arrivals was rejected for one reason a setting decides.
 REJECTED_SHARE = 0.01
 _REJECT_ADVICE = {
-    RejectReason.EXCEEDS_KV_CACHE: "the KV cache is too small for them: give it more memory "
-    "(serving.gpu_memory_utilization, parallelism.tp, model.kv_dtype) or shorten the workload",
+    RejectReason.EXCEEDS_KV_CACHE: "the KV cache is too small for them: {more_kv} or shorten "
+    "the workload",
     RejectReason.EXCEEDS_MAX_MODEL_LEN: "serving.max_model_len is too short for them",
     RejectReason.EXCEEDS_TOKEN_BUDGET: "the token budget (serving.max_num_batched_tokens) is "
     "below their prompts: raise it or use the chunked_prefill policy",
+}
+# Why requests failed on faulted replicas (faults), and the setting that saves them.
+_FAIL_ADVICE = {
+    RejectReason.REPLICA_FAILED: "faults.on_failure: retry restarts them on another replica",
+    RejectReason.NO_HEALTHY_REPLICA: "every replica of their pool was down when they were "
+    "routed or retried: give that pool more replicas",
+    RejectReason.TOO_MANY_RETRIES: "raise faults.max_retries",
 }
 _REASON_KEY = {text: reason.name.lower() for reason, text in REJECT_TEXT.items()}
 _QUEUE_FULL = REJECT_TEXT[RejectReason.QUEUE_FULL]
@@ -185,13 +192,18 @@ def _masks(requests: Table) -> dict[str, np.ndarray]:
 
 def _counts(requests: Table, masks: dict[str, np.ndarray]) -> dict[str, Any]:
     started = ~np.isnan(requests["first_scheduled"])
-    reasons = requests["reason"].counts(masks["rejected"])
+    by_reason = {
+        outcome: {_REASON_KEY.get(text, text): n for text, n in reasons.items()}
+        for outcome in ("rejected", "failed")
+        for reasons in [requests["reason"].counts(masks[outcome])]
+    }
     return {
         "arrived": len(requests),
         "completed": int(masks["completed"].sum()),
         "rejected": int(masks["rejected"].sum()),
-        "rejected_by_reason": {_REASON_KEY.get(text, text): n for text, n in reasons.items()},
+        "rejected_by_reason": by_reason["rejected"],
         "failed": int(masks["failed"].sum()),
+        "failed_by_reason": by_reason["failed"],
         # restarted on another replica after theirs failed (faults.on_failure: retry)
         "retried": int((requests["retries"] > 0).sum()),
         "retries": int(requests["retries"].sum()),
@@ -551,16 +563,19 @@ def _per_pool(replicas: list[dict[str, Any]], ctx: RunContext) -> dict[str, Any]
     return pools if len(pools) > 1 else {}
 
 
-def _rejection_warnings(rejected_by_reason: Mapping[str, int], arrived: int) -> list[str]:
-    """A warning per reason a setting decides, when it rejected more than REJECTED_SHARE."""
-    warnings = []
-    for reason, advice in _REJECT_ADVICE.items():
-        n = rejected_by_reason.get(reason.name.lower(), 0)
-        if n > REJECTED_SHARE * arrived:
-            warnings.append(
-                f"{n:,} of {arrived:,} requests ({n / arrived:.0%}) were rejected because "
-                f"{REJECT_TEXT[reason]}; {advice}"
-            )
+def _rejection_warnings(counts: Mapping[str, Any], configuration: Mapping[str, Any]) -> list[str]:
+    """A warning per reason a setting decides, when it rejected or failed more than
+    REJECTED_SHARE of the arrivals."""
+    warnings, arrived = [], counts["arrived"]
+    outcomes = (("rejected", "were rejected", _REJECT_ADVICE), ("failed", "failed", _FAIL_ADVICE))
+    for outcome, verb, advices in outcomes:
+        for reason, advice in advices.items():
+            n = counts[f"{outcome}_by_reason"].get(reason.name.lower(), 0)
+            if n > REJECTED_SHARE * arrived:
+                warnings.append(
+                    f"{n:,} of {arrived:,} requests ({n / arrived:.0%}) {verb} because "
+                    f"{REJECT_TEXT[reason]}; {advice.format(more_kv=_more_kv(configuration))}"
+                )
     return warnings
 
 
@@ -602,10 +617,20 @@ def _run_warnings(
         warnings.append(
             f"the KV cache is short for this load: {preempted:,} requests "
             f"({preempted / arrived:.0%}) were preempted {kv['preemptions']:,} times to free "
-            f"blocks{_preempted_for(configuration)}, {_redone(kv)}; give the KV cache more "
-            "memory (gpu_memory_utilization, tp, kv_dtype) or admit fewer (max_num_seqs)"
+            f"blocks{_preempted_for(configuration)}, {_redone(kv)}; {_more_kv(configuration)}"
+            " or admit fewer (max_num_seqs)"
         )
     return warnings
+
+
+def _more_kv(configuration: Mapping[str, Any]) -> str:
+    """The way to a bigger KV cache: serving.num_gpu_blocks where it fixes the count
+    (vLLM's num_gpu_blocks_override replaces the block count the memory profile gave,
+    vllm/v1/core/kv_cache_utils.py may_override_num_blocks: no memory setting moves
+    it), else more memory for it."""
+    if (blocks := configuration.get("num_gpu_blocks")) is not None:
+        return f"raise serving.num_gpu_blocks ({blocks:,}; it fixes the block count)"
+    return "give the KV cache more memory (gpu_memory_utilization, tp, kv_dtype)"
 
 
 def _preempted_for(configuration: Mapping[str, Any]) -> str:
@@ -669,6 +694,15 @@ def _frontend_warnings(frontend: Mapping[str, Any] | None) -> list[str]:
     ]
 
 
+def _calibrations(replicas: Sequence[ReplicaInfo]) -> list[str]:
+    """'gpu: profile' per GPU type; '[pool] gpu: profile' where pools on one GPU type run
+    different profiles (as the default lines name their pool)."""
+    lines = {(r.pool, r.gpu, r.calibration) for r in replicas}
+    if len({(gpu, c) for _, gpu, c in lines}) > len({gpu for _, gpu, _ in lines}):
+        return sorted(f"[{pool}] {gpu}: {c}" for pool, gpu, c in lines)
+    return sorted({f"{gpu}: {c}" for _, gpu, c in lines})
+
+
 def _run(ctx: RunContext, arrived: int) -> dict[str, Any]:
     run: dict[str, Any] = {
         "scenario": ctx.scenario,
@@ -677,7 +711,7 @@ def _run(ctx: RunContext, arrived: int) -> dict[str, Any]:
         "replicas": sum(not r.dp_rank for r in ctx.replicas),  # a dp rank's first or none
         "gpus": ctx.gpus,
         "gpu_types": sorted({r.gpu for r in ctx.replicas}),
-        "calibrations": sorted({f"{r.gpu}: {r.calibration}" for r in ctx.replicas}),
+        "calibrations": _calibrations(ctx.replicas),
     }
     if ranks := sum(r.dp_rank is not None for r in ctx.replicas):
         run["dp_ranks"] = ranks  # of all replicas; `replicas` counts each dp group once
@@ -689,7 +723,9 @@ def _run(ctx: RunContext, arrived: int) -> dict[str, Any]:
         run["moe_kernel"] = moe_kernel
     if "scenario" in ctx.provenance:
         run["configuration"] = configuration(
-            ctx.provenance["scenario"], ctx.provenance.get("defaults", ())
+            ctx.provenance["scenario"],
+            ctx.provenance.get("defaults", ()),
+            {r.pool: r.gpu for r in ctx.replicas},
         )
     if ctx.wall_seconds > 0:
         run["wall"] = {
@@ -753,7 +789,7 @@ def summarize(
         "run": run,
         "warnings": [
             *ctx.warnings,
-            *_rejection_warnings(counts["rejected_by_reason"], len(requests)),
+            *_rejection_warnings(counts, run.get("configuration", {})),
             *_run_warnings(totals, kv, len(requests), run.get("configuration", {})),
             *_frontend_warnings(ctx.frontend),
         ],
