@@ -167,7 +167,8 @@ _BATCHERS = ("static", "dynamic")  # infersim's run-to-completion batchers, not 
 IGNORED_SETTINGS: dict[str, tuple[tuple[str, ...], str]] = {
     # setting: (the policies that ignore it, why)
     "max_num_batched_tokens": (_BATCHERS, "its batches have no token budget (max_num_seqs "
-                               "and the KV cache bound them)"),
+                               "and the KV cache bound them); it only sizes the memory plan's "
+                               "profiling pass, as vLLM's profile run takes it"),
     "watermark": (_BATCHERS, "a batch starts while its padded KV cache fits, no watermark"),
     "preemption": (_BATCHERS, "a batch runs to completion, nothing is preempted"),
     "swap_space_gb": (_BATCHERS, "a batch runs to completion, nothing is swapped"),

@@ -305,7 +305,8 @@ class ServingSection(BaseModel):
         "max_model_len (vLLM refuses less at start-up); default: as `vllm serve` chooses "
         "for the GPU, 8192 on GPUs CUDA sees at least 70 GiB of, other than the A100, else "
         "2048, at least max_model_len for the continuous policy (chunked prefill off), and "
-        "at most max_num_seqs * max_model_len; 2048 for the static and dynamic policies",
+        "at most max_num_seqs * max_model_len; the static and dynamic policies batch whole "
+        "prompts and read it only to size the memory plan's profiling pass (2048 unset)",
     )
     max_queue_delay_ms: float = Field(
         default=10.0, ge=0, description="dynamic batching: longest a request waits for a batch"
