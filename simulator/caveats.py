@@ -111,7 +111,7 @@ SWAP_WARNED_SHARE = 0.4  # and warns above it
 def swap_space_share(swap_space_gb: float, tp: int, node: NodeSpec) -> float:
     """Share of the node's host memory the swap space takes, as vLLM's
     CacheConfig.verify_with_parallel_config counts it: swap_space for each of the tp
-    GPUs, on one node (vLLM's own FIXME: it assumes the tp group shares a node)."""
+    GPUs, on one node (vLLM's comment there says it assumes the tp group shares one)."""
     return swap_space_gb * tp / node.host_memory_gb
 
 
