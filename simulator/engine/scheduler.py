@@ -24,6 +24,7 @@ v1 never does (its waiting loop stops at the first request without blocks).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -357,43 +358,44 @@ class IterationScheduler:
 
     def free(self, slot: int) -> None:
         """`slot` is done here (completed): release its blocks now (see `detach`)."""
-        self.detach(slot, reachable=False)()
+        self._release(*self._take_out(slot), reachable=False)
 
     def detach(self, slot: int, reachable: bool) -> Callable[[], None]:
         """Take `slot` out of the running set, its blocks still held; the call returned
         releases them. A prefill replica calls it when it hands a request on, as vLLM's
         NixlConnector.request_finished delays freeing the prompt's blocks until the decode
-        side has read them. With prefix caching the full blocks stay cached once
-        released, the most recently freed, as vLLM v1 queues them at the tail of its free
+        side has read them. Outside a session, only a handed-off request may ask for its
+        blocks again (retried after its decode replica failed): `reachable`."""
+        return functools.partial(self._release, *self._take_out(slot), reachable=reachable)
+
+    def _take_out(self, slot: int) -> tuple[int, int, int]:
+        """`slot`'s request id, blocks and computed tokens, the slot left empty."""
+        run = self.running
+        taken = int(run.rid[slot]), run.blocks_of(slot), run.computed_of(slot)
+        run.remove(slot)
+        return taken
+
+    def _release(self, rid: int, blocks: int, computed: int, *, reachable: bool) -> None:
+        """A request's blocks back to the pool. With prefix caching the full blocks stay
+        cached, the most recently freed, as vLLM v1 queues them at the tail of its free
         queue: a session's next turn, whose prompt starts with everything this one
         computed, reuses them, and blocks freed earlier (a preempted request's) are
-        evicted before them. Outside a session, only a handed-off request may ask for
-        its blocks again (retried after its decode replica failed): `reachable`; others'
-        are kv.keep_unreachable's."""
-        run, kv = self.running, self.kv
-        rid, blocks, computed = int(run.rid[slot]), run.blocks_of(slot), run.computed_of(slot)
-        run.remove(slot)
-        hashed = self.hashed
-        if hashed is not None:
-            return lambda: hashed.leave(rid, blocks, computed, finished=True)
+        evicted before them. Blocks no request can ask for again are
+        kv.keep_unreachable's, tracked only where something cached before them is."""
+        kv = self.kv
+        if self.hashed is not None:
+            self.hashed.leave(rid, blocks, computed, finished=True)
+            return
+        kv.release(blocks)
         if not self.policy.prefix_caching:
-            return lambda: kv.release(blocks)
+            return
         session = self.requests.session.item(rid)
         if session < 0 and not reachable:
-
-            def release_unreachable() -> None:
-                kv.release(blocks)
-                if kv.cached_total:  # else nothing is cached it could come before
-                    kv.keep_unreachable(unreachable_key(rid), computed // kv.block_size)
-
-            return release_unreachable
+            if kv.cached_total:  # else nothing is cached it could come before
+                kv.keep_unreachable(unreachable_key(rid), computed // kv.block_size)
+            return
         key = session_key(session) if session >= 0 else request_key(rid)
-
-        def release() -> None:
-            kv.release(blocks)
-            kv.keep_cached(key, computed // kv.block_size)
-
-        return release
+        kv.keep_cached(key, computed // kv.block_size)
 
     def _releasable(self, slots: np.ndarray, held: list[Key]) -> tuple[int, int]:
         """Blocks that preempting every one of `slots` frees, and how many of `held` (a
