@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from benchmarks.same_results import differences
 from hardware_models.errors import InfersimError, InfersimWarning
 from simulator.cli.main import build_parser, main
 from simulator.results import Results
@@ -58,29 +59,12 @@ def _run(data: dict[str, Any], workers: int, outdir: Path) -> tuple[Results, lis
     return results, [str(w.message) for w in caught if issubclass(w.category, InfersimWarning)]
 
 
-def _summary(outdir: Path) -> dict[str, Any]:
-    summary = json.loads((outdir / "summary.json").read_text())
-    processes = summary["provenance"].pop("processes")
-    summary["provenance"].pop("build_id")
-    return {**summary, "processes": processes}
-
-
 def assert_same_files(one: Path, many: Path) -> None:
     """summary.json equal but for the build and the process count, tables exactly, every
-    other file byte for byte."""
-    names = sorted(p.name for p in one.iterdir())
-    assert names == sorted(p.name for p in many.iterdir())
-    a, b = _summary(one), _summary(many)
-    assert a.pop("processes") == 1
-    b.pop("processes")
-    assert a == b
-    for name in names:
-        if name.endswith(".parquet"):
-            pd.testing.assert_frame_equal(
-                pd.read_parquet(one / name), pd.read_parquet(many / name), check_exact=True
-            )
-        elif name != "summary.json":
-            assert (one / name).read_bytes() == (many / name).read_bytes(), name
+    other file byte for byte: benchmarks/same_results.py's check, which the README's
+    exactness figures cite."""
+    assert json.loads((one / "summary.json").read_text())["provenance"]["processes"] == 1
+    assert differences(one, many) == []
 
 
 @pytest.mark.parametrize("data", [ROUND_ROBIN, RANDOM_POOLS], ids=["round_robin", "random"])
@@ -211,7 +195,7 @@ def test_infersim_compare_takes_workers_as_run_does(tmp_path):
         assert main([*argv, "--workers", workers]) == 0
     for variant in ("a", "b"):
         one, two = tmp_path / "1" / variant, tmp_path / "2" / variant
-        assert _summary(two)["processes"] == 2
+        assert json.loads((two / "summary.json").read_text())["provenance"]["processes"] == 2
         assert_same_files(one, two)
     assert (tmp_path / "1" / "comparison.csv").read_bytes() == (
         tmp_path / "2" / "comparison.csv"
