@@ -98,21 +98,27 @@ def test_a_plain_run_loads_no_masked_arrays(tmp_path):
 
 
 def test_the_program_freezes_what_its_imports_made():
-    """`infersim` (main() reading sys.argv) hands the objects its imports made to
-    gc.freeze, so that collections skip them; main() called in-process with its own
-    arguments (tests, notebooks) leaves the caller's collector alone."""
+    """`infersim` (main() reading sys.argv) imports with the collector off and hands the
+    objects its imports made to gc.freeze, so that collections skip them, and turns the
+    collector back on for the command; main() called in-process with its own arguments
+    (tests, notebooks) leaves the caller's collector alone."""
     code = (
         "import gc, sys\n"
         "from simulator.cli.main import main\n"
+        "unfrozen = []  # collections while nothing was frozen\n"
+        "gc.callbacks.append(lambda phase, info: unfrozen.append(gc.get_freeze_count() == 0))\n"
         "main(['models'])\n"
-        "counts = [gc.get_freeze_count()]\n"
-        "sys.argv = ['infersim', 'models']\n"
-        "main()\n"
-        "print(counts[0], gc.get_freeze_count())"
+        "counts = [gc.get_freeze_count(), gc.isenabled()]\n"
+        "sys.argv = ['infersim', 'run', '--help']  # imports pydantic, SimPy, the simulator\n"
+        "unfrozen.clear()\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print(*counts, gc.get_freeze_count(), gc.isenabled(), sum(unfrozen))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
     )
-    in_process, as_program = map(int, result.stdout.strip().splitlines()[-1].split())
-    assert in_process == 0
-    assert as_program > 10_000  # modules, classes, pydantic validators
+    fields = result.stdout.strip().splitlines()[-1].split()
+    assert fields[:2] == ["0", "True"]  # in-process: nothing frozen, collector as it was
+    assert int(fields[2]) > 10_000  # modules, classes, pydantic validators
+    assert fields[3] == "True"  # on again for the command (here --help ended it)
+    assert fields[4] == "0"  # no collection while `run`'s modules loaded
