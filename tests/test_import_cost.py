@@ -18,10 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("pandas", "pyarrow", "matplotlib", "hardware_models.calibration")
 
 
-def loaded_after(code: str) -> list[str]:
-    """Which of HEAVY (and numpy, numpy.ma, pydantic, simpy) `code` leaves in
-    sys.modules."""
-    watched = (*HEAVY, "numpy", "numpy.ma", "pydantic", "simpy")
+def loaded_after(
+    code: str, watched: tuple[str, ...] = (*HEAVY, "numpy", "numpy.ma", "pydantic", "simpy")
+) -> list[str]:
+    """Which of `watched` `code` leaves in sys.modules."""
     listing = f"print(json.dumps([m for m in {watched!r} if m in sys.modules]))"
     probe = f"{code}\nimport sys, json\n{listing}"
     result = subprocess.run(
@@ -87,13 +87,15 @@ def test_hardware_models_names_resolve_lazily():
 
 def test_a_plain_run_loads_no_masked_arrays(tmp_path):
     """A run with enough arrivals for the overload verdict's trend (50) summarises
-    without numpy.ma (np.median's NaN check imports it: 7 ms)."""
+    without numpy.ma (np.median's NaN check imports it: 7 ms), and loads nothing for
+    what it was not asked to do."""
     code = (
         "from simulator.cli.main import main\n"
         f"main(['run', 'scenarios/quickstart.yaml', '-o', {str(tmp_path)!r}, '--quiet', "
         "'--no-plots', '--set', 'workload.num_requests=60'])"
     )
-    assert "numpy.ma" not in loaded_after(code)
+    unused = ("numpy.ma", "html", "difflib", "simulator.display", "simulator.formats.vllm_bench")
+    assert loaded_after(code, unused) == []  # nor a notebook's HTML, typo hints, bench JSON
     assert "queue_growth_per_s" in (tmp_path / "summary.json").read_text()  # the trend ran
 
 
