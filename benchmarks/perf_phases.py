@@ -6,8 +6,8 @@ CPU seconds move less than the wall seconds), and reading the resident memory at
 (VmRSS of /proc/self/status, Linux only):
 
 - import: the `run` subcommand's modules (numpy, pydantic, SimPy and the simulator; no
-  pandas, and pyarrow only when the files are written), whose objects are then frozen
-  (`gc.freeze`) as `infersim` freezes them;
+  pandas, and pyarrow only when the files are written), loaded with the garbage collector
+  off and then frozen (`gc.freeze`), as `infersim` loads them;
 - setup: reading the scenario, presets and traces, drawing the requests, building the
   replicas (`_Run`);
 - loop: the SimPy run, GEMM pricing of each new token count included (a fresh process
@@ -22,12 +22,13 @@ Python's own start-up is not included: `python -c pass` gives it.
 
 from __future__ import annotations
 
+import gc
 import time
 
 _clock = (time.perf_counter(), time.process_time())
+gc.disable()  # as `infersim` imports (simulator/cli/main.py)
 
 import argparse  # noqa: E402  (the clock starts before any import)
-import gc  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -61,6 +62,7 @@ def lap(phases: dict[str, tuple[float, float, float]], name: str) -> None:
 def main() -> int:
     phases: dict[str, tuple[float, float, float]] = {}
     gc.freeze()  # as `infersim` does once its imports are done (simulator/cli/main.py)
+    gc.enable()
     lap(phases, "import")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("scenario", nargs="?", default=REPO / "benchmarks" / "perf_10k.yaml")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 from pathlib import Path
 from typing import Any, TypeVar
@@ -171,6 +170,14 @@ def validate_model(model: type[M], data: dict[str, Any], source: str) -> M:
 
 def unknown_name_error(kind: str, name: str, known: list[str]) -> InfersimError:
     """'unknown gpu 'h10'; did you mean 'h100-sxm'?; known: ...'"""
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.4)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
+    hint = did_you_mean(name, known, cutoff=0.4)
     return InfersimError(f"unknown {kind} {name!r}{hint}; known: {', '.join(sorted(known))}")
+
+
+def did_you_mean(name: str, known: list[str], cutoff: float) -> str:
+    """ "; did you mean 'x'?" for the known name closest to `name`, or "" for none within
+    `cutoff` (difflib's ratio)."""
+    import difflib  # only when input was wrong: a run that reads good files never loads it
+
+    close = difflib.get_close_matches(name, known, n=1, cutoff=cutoff)
+    return f"; did you mean {close[0]!r}?" if close else ""

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hardware_models.errors import InfersimError
-from simulator.display import summary_html
 from simulator.metrics import summarize, summary_table, write_run
 from simulator.metrics.context import RunContext
 from simulator.metrics.run_tables import gap_table, request_table, step_table
@@ -175,5 +174,7 @@ class Results:
     def __repr__(self) -> str:
         return self.summary_table()
 
-    def _repr_html_(self) -> str:
+    def _repr_html_(self) -> str:  # a notebook's display; the module imports html
+        from simulator.display import summary_html
+
         return summary_html(self._summary)

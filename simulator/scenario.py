@@ -7,7 +7,6 @@ field before validation. Paths inside a scenario resolve relative to its file.
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import re
@@ -30,7 +29,7 @@ from pydantic import (
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.errors import InfersimError, InfersimWarning
-from hardware_models.yaml_io import load_yaml_mapping, parse_yaml
+from hardware_models.yaml_io import did_you_mean, load_yaml_mapping, parse_yaml
 from simulator.inputs import shown
 from simulator.router import RouterName
 from simulator.vllm_defaults import (
@@ -1217,8 +1216,7 @@ def describe_errors(exc: ValidationError, model: type[BaseModel]) -> str:
             parent = _model_at(model, loc[:-1])
             known = sorted(parent.model_fields) if parent is not None else []
             known = [k for k in known if k != "base_dir"]
-            close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.5)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            hint = did_you_mean(str(loc[-1]), known, cutoff=0.5)
             allowed = f" (allowed: {', '.join(known)})" if known else ""
             lines.append(f"{where}: unknown key{hint}{allowed}")
             continue

@@ -18,10 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("pandas", "pyarrow", "matplotlib", "hardware_models.calibration")
 
 
-def loaded_after(code: str) -> list[str]:
-    """Which of HEAVY (and numpy, numpy.ma, pydantic, simpy) `code` leaves in
-    sys.modules."""
-    watched = (*HEAVY, "numpy", "numpy.ma", "pydantic", "simpy")
+def loaded_after(
+    code: str, watched: tuple[str, ...] = (*HEAVY, "numpy", "numpy.ma", "pydantic", "simpy")
+) -> list[str]:
+    """Which of `watched` `code` leaves in sys.modules."""
     listing = f"print(json.dumps([m for m in {watched!r} if m in sys.modules]))"
     probe = f"{code}\nimport sys, json\n{listing}"
     result = subprocess.run(
@@ -87,32 +87,40 @@ def test_hardware_models_names_resolve_lazily():
 
 def test_a_plain_run_loads_no_masked_arrays(tmp_path):
     """A run with enough arrivals for the overload verdict's trend (50) summarises
-    without numpy.ma (np.median's NaN check imports it: 7 ms)."""
+    without numpy.ma (np.median's NaN check imports it: 7 ms), and loads nothing for
+    what it was not asked to do."""
     code = (
         "from simulator.cli.main import main\n"
         f"main(['run', 'scenarios/quickstart.yaml', '-o', {str(tmp_path)!r}, '--quiet', "
         "'--no-plots', '--set', 'workload.num_requests=60'])"
     )
-    assert "numpy.ma" not in loaded_after(code)
+    unused = ("numpy.ma", "html", "difflib", "simulator.display", "simulator.formats.vllm_bench")
+    assert loaded_after(code, unused) == []  # nor a notebook's HTML, typo hints, bench JSON
     assert "queue_growth_per_s" in (tmp_path / "summary.json").read_text()  # the trend ran
 
 
 def test_the_program_freezes_what_its_imports_made():
-    """`infersim` (main() reading sys.argv) hands the objects its imports made to
-    gc.freeze, so that collections skip them; main() called in-process with its own
-    arguments (tests, notebooks) leaves the caller's collector alone."""
+    """`infersim` (main() reading sys.argv) imports with the collector off and hands the
+    objects its imports made to gc.freeze, so that collections skip them, and turns the
+    collector back on for the command; main() called in-process with its own arguments
+    (tests, notebooks) leaves the caller's collector alone."""
     code = (
         "import gc, sys\n"
         "from simulator.cli.main import main\n"
+        "unfrozen = []  # collections while nothing was frozen\n"
+        "gc.callbacks.append(lambda phase, info: unfrozen.append(gc.get_freeze_count() == 0))\n"
         "main(['models'])\n"
-        "counts = [gc.get_freeze_count()]\n"
-        "sys.argv = ['infersim', 'models']\n"
-        "main()\n"
-        "print(counts[0], gc.get_freeze_count())"
+        "counts = [gc.get_freeze_count(), gc.isenabled()]\n"
+        "sys.argv = ['infersim', 'run', '--help']  # imports pydantic, SimPy, the simulator\n"
+        "unfrozen.clear()\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print(*counts, gc.get_freeze_count(), gc.isenabled(), sum(unfrozen))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
     )
-    in_process, as_program = map(int, result.stdout.strip().splitlines()[-1].split())
-    assert in_process == 0
-    assert as_program > 10_000  # modules, classes, pydantic validators
+    fields = result.stdout.strip().splitlines()[-1].split()
+    assert fields[:2] == ["0", "True"]  # in-process: nothing frozen, collector as it was
+    assert int(fields[2]) > 10_000  # modules, classes, pydantic validators
+    assert fields[3] == "True"  # on again for the command (here --help ended it)
+    assert fields[4] == "0"  # no collection while `run`'s modules loaded

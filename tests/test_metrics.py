@@ -155,6 +155,43 @@ def test_weighted_percentile_monotone_and_bounded(values, weights, q1, q2):
     assert values.min() <= a <= b <= values.max()
 
 
+def _stable_percentile(values, weights, q):
+    """weighted_percentile as it was with a stable sort throughout: the oracle."""
+    order = np.argsort(values, kind="stable")
+    values, cum = values[order], np.cumsum(weights[order])
+    top = max(cum[-1] - 1, 0.0)
+    position = np.asarray(q, dtype=np.float64) / 100 * top
+    below = np.floor(position)
+    lo = values[np.searchsorted(cum, below, side="right")]
+    hi = values[np.searchsorted(cum, np.minimum(below + 1, top), side="right")]
+    return lo + (position - below) * (hi - lo)
+
+
+@given(
+    st.lists(st.sampled_from([-0.0, 0.0, 0.5, 1.0, 2.5, -1.0]), min_size=1, max_size=60),
+    st.lists(st.integers(1, 9), min_size=60, max_size=60),
+    st.lists(st.floats(0, 100), min_size=1, max_size=6),
+)
+def test_weighted_percentile_of_whole_weights_is_the_stable_sorts_to_the_bit(values, weights, q):
+    """Whole weights take numpy's unstable sort: the same floats as a stable sort, for
+    runs of equal values and zeros of both signs (+0.0 and -0.0 compare equal)."""
+    values = np.asarray(values)
+    weights = np.asarray(weights[: len(values)], np.float64)
+    for w in (weights, np.ones_like(values)):
+        got = weighted_percentile(values, None if w is not weights else w, q)
+        want = _stable_percentile(values, w, q)
+        assert got.tobytes() == want.tobytes()
+
+
+def test_weighted_percentile_of_fractional_weights_keeps_the_stable_order():
+    values = np.array([1.0, 1.0, 1.0, 2.0])
+    weights = np.array([0.1, 0.2, 0.3, 0.4])
+    q = np.linspace(0, 100, 11)
+    assert weighted_percentile(values, weights, q).tobytes() == (
+        _stable_percentile(values, weights, q).tobytes()
+    )
+
+
 # ---- summary ------------------------------------------------------------------------------
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from hardware_models.errors import InfersimError
 from simulator.formats.chrome_trace import MAX_EVENTS, chrome_trace
-from simulator.formats.vllm_bench import bench_result
 from simulator.results import Results
 from simulator.scenario import Scenario
 
@@ -73,6 +72,8 @@ def write_exports(
             )
         written.append(path)
     if args.bench_json is not None:
+        from simulator.formats.vllm_bench import bench_result  # only for this file
+
         path = _for_variant(args.bench_json, variant)
         _dump(path, bench_result(result))
         written.append(path)

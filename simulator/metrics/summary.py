@@ -150,7 +150,7 @@ def weighted_percentile(
     values, weights = values[keep], weights[keep]
     if len(values) == 0:
         return np.full(np.shape(q), np.nan)
-    order = np.argsort(values, kind="stable")
+    order = np.argsort(values, kind="stable" if _fractional(weights) else "quicksort")
     values, cum = values[order], np.cumsum(weights[order])
     # Sample k (0-based) of the expansion is the first value whose cumulative weight > k.
     top = max(cum[-1] - 1, 0.0)
@@ -159,6 +159,16 @@ def weighted_percentile(
     lo = values[np.searchsorted(cum, below, side="right")]
     hi = values[np.searchsorted(cum, np.minimum(below + 1, top), side="right")]
     return lo + (position - below) * (hi - lo)
+
+
+def _fractional(weights: np.ndarray) -> bool:
+    """Whether a weight is not a whole number. Whole weights (counts; each 1 when none are
+    given) let equal values sort in any order: the cumulative weight at the end of each
+    run of equal values is the same exact integer whatever their order, so the same
+    values are picked, and picking a zero of either sign gives the same percentile
+    (`lo + f * (hi - lo)` is +0.0 for zeros of any sign, and hi >= lo). numpy's default
+    sort is several times faster than its stable one (ITL: 111,000 gaps in perf_10k)."""
+    return not np.array_equal(weights, np.trunc(weights))
 
 
 def latency_stats(values: np.ndarray, weights: np.ndarray | None = None) -> dict[str, Any]:
