@@ -54,8 +54,7 @@ def fitted_links(rows: pd.DataFrame) -> tuple[dict[int, LinkSpec], LinkSpec]:
     assert node.intra_node_link is not None and node.inter_node_link is not None
     inside = rows[rows["num_gpus"] == rows["per_node"]]
     intra = {
-        int(g): fit_link(group, node.intra_node_link)
-        for g, group in inside.groupby("num_gpus")
+        int(g): fit_link(group, node.intra_node_link) for g, group in inside.groupby("num_gpus")
     }
     alone = rows[(rows["num_gpus"] == 2) & (rows["per_node"] == 1)]
     return intra, fit_link(alone, node.inter_node_link)

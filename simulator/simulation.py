@@ -491,9 +491,10 @@ def build_replica(
         kv_groups=_kv_cache_groups(scenario, arch, kv_transfer, hashed_prompts),
         max_model_len=max_model_len,
         block_size=serving.block_size,
+        gpus_per_node=node.gpus_per_node,
     )
     if engine.framework_overhead_gb is not None:
-        modelled = framework_overhead_bytes(gpu, par.tp)
+        modelled = framework_overhead_bytes(gpu, par.tp, gpus_per_node=node.gpus_per_node)
         warnings.warn(
             overhead_override_warning(engine.framework_overhead_gb, modelled),
             InfersimWarning,
