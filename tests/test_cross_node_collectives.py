@@ -15,7 +15,9 @@ from hardware_models.op_request import OperatorRequest
 from hardware_models.presets import load_gpu, load_node
 from simulator.engine.step_cost import StepCostModel
 from simulator.model_catalog import load_model
-from tests.conftest import SHARED_DATA, needs_shared_data
+from simulator.scenario import Scenario
+from simulator.simulation import simulate
+from tests.conftest import SHARED_DATA, needs_shared_data, scenario_dict
 
 MiB = 2**20
 
@@ -93,3 +95,35 @@ def test_the_rail_model_follows_measured_two_node_a100_all_reduces():
     table = compare(rows, 2**20).set_index("gpus")
     assert table.loc[8, "rail_mape_%"] < 20 < 200 < table.loc[8, "flat_mape_%"]
     assert (table["rail_mape_%"] < table["flat_mape_%"]).all()
+
+
+def test_a_run_records_the_links_it_assumed():
+    """summary.json provenance.links: each group's links, their figures and whether
+    they are the node preset's or a calibration profile's fit; none for one GPU."""
+
+    def links(**sections):
+        scenario = Scenario.from_dict(scenario_dict(workload={"num_requests": 4}, **sections))
+        return simulate(scenario).summary()["provenance"].get("links")
+
+    assert links() is None
+    recorded = links(
+        hardware={"gpu": "h100-sxm", "calibration": "h100-sxm"},
+        model={"name": "llama-3.1-70b", "weight_dtype": "bf16"},
+        parallelism={"tp": 8, "pp": 2},
+    )
+    by_group = {r["group"]: r for r in recorded}
+    assert set(by_group) == {"tp", "pp_handoff"}
+    tp = by_group["tp"]
+    assert tp["intra"]["kind"] == "nvswitch" and "inter" not in tp
+    assert tp["intra"]["source"].startswith("calibration: h100-sxm")
+    handoff = by_group["pp_handoff"]["inter"]
+    assert handoff == {"kind": "infiniband", "bandwidth_gbps": 50.0, "latency_us": 6.0,
+                       "efficiency": 0.9, "source": "node preset dgx-h100"}  # fmt: skip
+    spanning = links(
+        hardware={"gpu": "h100-sxm"},
+        model={"name": "llama-3.1-405b", "weight_dtype": "fp8"},
+        parallelism={"tp": 16},
+    )
+    (tp16,) = spanning
+    assert tp16["gpus"] == 16 and tp16["gpus_per_node"] == 8
+    assert tp16["intra"]["kind"] == "nvswitch" and tp16["inter"]["kind"] == "infiniband"
