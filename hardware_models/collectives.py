@@ -18,18 +18,31 @@ peer's memory, which the peer polls); a hop staged in host memory adds the fabri
 `host_read_us` (its receiver polls host memory across PCIe), for each staged hop on the
 call's slowest path (pcie_fabric.staged_hops). Simple's per-hop figure is a chunk's
 pipeline latency, one tuned figure for every PCI hop, and stays NCCL's.
+
+A group spanning nodes (a `CrossNodeLink`) is priced as NCCL runs it there, not as one
+flat ring at the network's rate: its rings leave each node through one NIC each (one
+channel per rail, so the node's NICs carry the traffic side by side) and pass the data
+through the node's GPUs over their own link; its trees chain the GPUs of a node and join
+the nodes in a binary tree (NCCL's src/graph/tuning.cc, ncclTopoTuneModel: a ring's
+nsteps - nInterSteps hops at the intra-node latency and nInterSteps = 2 (nNodes - 1) for
+an all-reduce, nNodes - 1 for an all-gather or reduce-scatter, at the network's; a
+tree's 2 ((nRanks/nNodes - 1) intra + log2(nNodes) inter) hops; bus bandwidth =
+channels x a channel's speed). See `_cross_node`.
 """
 
 from __future__ import annotations
 
 import math
 from enum import StrEnum
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from hardware_models.errors import InfersimError
-from hardware_models.node import LinkSpec
+from hardware_models.node import CrossNodeLink, LinkSpec, NodeSpec
 from hardware_models.op_cost import Bound, OpCost
 from hardware_models.pcie_fabric import fabric_share, staged_hops
+
+if TYPE_CHECKING:
+    from hardware_models.accelerator import AcceleratorSpec
 
 
 class Collective(StrEnum):
@@ -134,18 +147,98 @@ def ways(
     ]
 
 
+def group_link(
+    node: NodeSpec, gpu: AcceleratorSpec, num_gpus: int
+) -> LinkSpec | CrossNodeLink | None:
+    """The link a collective over `num_gpus` GPUs of `node`'s kind runs on, or None
+    where the node has none: inside a node, its own link with the GPU's calibration fit
+    for that group size (a profile's links were fitted inside one node, per group size);
+    across nodes, a CrossNodeLink of that link, fitted for a full node, and the inter-node
+    link (nodes of one GPU: the inter-node link alone, every hop crossing nodes)."""
+    per_node = node.gpus_per_node
+    if num_gpus <= per_node:
+        inside = node.intra_node_link
+        return None if inside is None else gpu.efficiency.link_for(num_gpus, inside)
+    if node.inter_node_link is None or node.intra_node_link is None:
+        return node.inter_node_link
+    intra = gpu.efficiency.link_for(per_node, node.intra_node_link)
+    return CrossNodeLink(intra, node.inter_node_link, per_node)
+
+
+class _Priced(NamedTuple):
+    seconds: float
+    latency: float
+    sent: float  # bytes each GPU sends
+
+
+def _cross_node(
+    op: Collective, nbytes: float, p: int, link: CrossNodeLink, algorithm: Algorithm
+) -> _Priced:
+    """One collective over p GPUs spanning nodes, as NCCL runs it (module doc): g GPUs a
+    node over n nodes, each ring or tree channel through its own NIC, so the node's g
+    rails carry a step's traffic side by side. A ring step moves each GPU's chunk over
+    the node's link while a chunk per channel crosses to the next node: its rate is the
+    smaller of a GPU's intra-node rate and the g rails' together (NCCL's bus bandwidth:
+    channels x a channel's speed). A tree moves the buffer up and down at that rate. An
+    all-to-all sends each peer its share at once: the node's peers' over the node's link,
+    the other nodes' over the GPU's own rail."""
+    g = min(p, link.gpus_per_node)
+    n = math.ceil(p / g)
+    rails = p - (n - 1) * g  # the group's GPUs on its emptiest node
+    a_in, a_out = link.intra.latency_us * 1e-6, link.inter.latency_us * 1e-6
+    inside = link.intra.bytes_per_second * fabric_share(link.intra, _pattern(op), g)
+    outside = link.inter.bytes_per_second
+    rate = min(inside, rails * outside)
+    steps, sent = _ring(op, nbytes, p)
+    inter_steps = 2 * (n - 1) if op == Collective.ALL_REDUCE else n - 1
+    latency = (steps - inter_steps) * a_in + inter_steps * a_out
+    if op == Collective.ALL_TO_ALL:
+        transfer = max((g - 1) / p * nbytes / inside, (p - g) / p * nbytes / outside)
+        return _Priced(latency + transfer, latency, sent)
+    priced = []
+    if algorithm in (Algorithm.RING, Algorithm.AUTO) or op != Collective.ALL_REDUCE:
+        priced.append(_Priced(latency + sent / rate, latency, sent))
+    if algorithm in (Algorithm.TREE, Algorithm.AUTO) and op == Collective.ALL_REDUCE:
+        depth = max(1, math.ceil(math.log2(n)))
+        tree_latency = 2 * ((g - 1) * a_in + depth * a_out)
+        priced.append(_Priced(tree_latency + 2 * nbytes / rate, tree_latency, 2 * nbytes))
+    return min(priced)
+
+
+def _flat(
+    op: Collective,
+    nbytes: float,
+    num_gpus: int,
+    link: LinkSpec,
+    algorithm: Algorithm | str,
+    first_gpu: int,
+) -> _Priced:
+    """The fastest of `ways` over one link."""
+    alpha = link.latency_us * 1e-6
+    rate = link.bytes_per_second
+    return min(
+        _Priced(
+            way.steps * alpha + way.fixed_s + way.wire_bytes / rate,
+            way.steps * alpha + way.fixed_s,
+            way.sent_bytes,
+        )
+        for way in ways(op, nbytes, num_gpus, link, algorithm, first_gpu)
+    )
+
+
 def collective_cost(
     op: Collective | str,
     nbytes: float,
     num_gpus: int,
-    link: LinkSpec,
+    link: LinkSpec | CrossNodeLink,
     algorithm: Algorithm | str = Algorithm.AUTO,
     first_gpu: int = 0,
 ) -> OpCost:
     """Time of one collective over `num_gpus` GPUs joined by `link`, the group's GPUs
     placed in order from the node's GPU `first_gpu` (it matters on a PCIe tree). A
     send/recv over num_gpus > 2 is a pipeline stage hand-off: each GPU of the first half
-    sends `nbytes` to the same rank of the second, at once."""
+    sends `nbytes` to the same rank of the second, at once (across nodes, each over its
+    own rail). A CrossNodeLink prices a group spanning nodes (module doc)."""
     op = _parse(Collective, op, "collective")
     if num_gpus < 1:
         raise InfersimError(f"num_gpus must be >= 1, got {num_gpus}")
@@ -153,16 +246,12 @@ def collective_cost(
         raise InfersimError(f"message size must be >= 0 bytes, got {nbytes}")
     if num_gpus == 1 and op != Collective.SEND_RECV:
         return OpCost(op.value, 0.0, 0.0, 0.0, 0.0, Bound.COMMUNICATION)
-    alpha = link.latency_us * 1e-6
-    rate = link.bytes_per_second
-    best = min(
-        (
-            way.steps * alpha + way.fixed_s + way.wire_bytes / rate,
-            way.steps * alpha + way.fixed_s,
-            way.sent_bytes,
-        )
-        for way in ways(op, nbytes, num_gpus, link, algorithm, first_gpu)
-    )
+    if not isinstance(link, CrossNodeLink):
+        best = _flat(op, nbytes, num_gpus, link, algorithm, first_gpu)
+    elif op == Collective.SEND_RECV:
+        best = _flat(op, nbytes, num_gpus, link.inter, algorithm, 0)
+    else:
+        best = _cross_node(op, nbytes, num_gpus, link, _parse(Algorithm, algorithm, "algorithm"))
     seconds, latency, sent = best
     bound = Bound.LATENCY if latency >= seconds - latency else Bound.COMMUNICATION
     return OpCost(

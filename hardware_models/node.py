@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import (
     BaseModel,
@@ -144,6 +144,17 @@ class LinkSpec(BaseModel):
     @property
     def bytes_per_second(self) -> float:
         return self.bandwidth_gbps * 1e9 * self.efficiency
+
+
+class CrossNodeLink(NamedTuple):
+    """A collective group spread over nodes: up to `gpus_per_node` of its GPUs in each
+    node, joined there by `intra`, the nodes by `inter`, each GPU on its own rail (`inter`
+    is one GPU's share of its node's NICs, as node presets give it). Priced as NCCL runs
+    such a group: collectives.collective_cost, docs/ARCHITECTURE.md."""
+
+    intra: LinkSpec
+    inter: LinkSpec
+    gpus_per_node: int
 
 
 class NodeSpec(BaseModel):

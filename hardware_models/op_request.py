@@ -14,7 +14,7 @@ from hardware_models.attention import (
     attention_decode_cost,
     uniform_prefill_cost,
 )
-from hardware_models.collectives import collective_cost
+from hardware_models.collectives import collective_cost, group_link
 from hardware_models.dtypes import Dtype, parse_dtype
 from hardware_models.errors import InfersimError
 from hardware_models.gemm import gemm_cost
@@ -140,12 +140,8 @@ class OperatorRequest(BaseModel):
     def _price_collective(self, gpu: AcceleratorSpec, node: NodeSpec | None) -> OpCost:
         if node is None:
             raise InfersimError(f"op {self.op} needs a node (--node) to know the link")
-        inside = self.gpus <= node.gpus_per_node
-        link = node.intra_node_link if inside else node.inter_node_link
-        if inside and link is not None:
-            # A profile's links were fitted inside one node, per group size: the engine's
-            # StepCost._link applies them the same way.
-            link = gpu.efficiency.link_for(self.gpus, link)
+        # The link the engine's StepCost._link takes for a group of this size.
+        link = group_link(node, gpu, self.gpus)
         if link is None:
             raise InfersimError(
                 f"node {node.name} has no link for {self.gpus} GPUs "

@@ -280,15 +280,42 @@ def _dtype_without_tensor_rate(build: ReplicaBuild, dtype: Dtype) -> bool:
     return bytes_per_element(dtype) < 2 and dtype not in build.gpu.tensor_flops_per_core_per_clock
 
 
+def _crossing_nodes(build: ReplicaBuild) -> str | None:
+    """What of a replica talks across nodes (its tp group, its MoE dispatch group, its
+    pipeline hand-offs), over which link: priced as NCCL runs it there, a model no
+    measurement here checks; None where everything stays in a node."""
+    cost, node = build.cost, build.node
+    link, per_node = node.inter_node_link, node.gpus_per_node
+    if link is None:
+        return None
+    what = []
+    if cost.tp > per_node:
+        what.append(f"tp={cost.tp}'s all-reduces ({cost.tp // per_node} nodes)")
+    if build.arch.is_moe and cost.dp > 1 and cost.tp * cost.dp > per_node:
+        what.append(f"the MoE dispatch over tp x dp = {cost.tp * cost.dp} GPUs")
+    handoffs = sum(n for hop, n, _, _ in cost.handoffs if hop is link)
+    if handoffs:
+        what.append(f"pipeline hand-offs ({handoffs} of {cost.pp - 1})")
+    if not what:
+        return None
+    return (
+        f"crossing {node.name} nodes of {per_node} GPUs: {' and '.join(what)}, over the "
+        f"{link.kind} link ({link.bandwidth_gbps:g} GB/s per GPU, {link.latency_us:g} us), "
+        "priced as NCCL runs them there (each GPU sends over its own NIC rail; rings and "
+        "trees also pass through the node's own link) from the node preset's figures, "
+        "not from a measurement (summary.json provenance.links)"
+    )
+
+
 def configuration_warnings(build: ReplicaBuild) -> list[str]:
-    """One replica layout's silent limits: tensor parallelism over the inter-node link,
+    """One replica layout's silent limits: groups and hand-offs crossing nodes,
     narrow dtypes the GPU cannot multiply in (dequantized to the activation dtype),
     chunked local attention priced as a sliding window (whatever the KV cache mode), a
     swap space too small for one sequence (the run may stop at a swap-out), Marlin asked
     for MXFP4 experts the model does not have, MXFP4 experts on a kernel whose price is
     checked against little published (mxfp4_moe's caveats), NVFP4 experts priced as
     Marlin where vLLM multiplies them in fp4."""
-    cost, node, gpu, arch = build.cost, build.node, build.gpu, build.arch
+    cost, gpu, arch = build.cost, build.gpu, build.arch
     warnings = []
     if chunked_local_attention(arch):
         warnings.append(
@@ -297,13 +324,8 @@ def configuration_warnings(build: ReplicaBuild) -> list[str]:
             f"{arch.sliding_window} tokens: an upper bound on their attention time (a query "
             "early in a chunk reads fewer keys)"
         )
-    if cost.tp > node.gpus_per_node and node.inter_node_link is not None:
-        link = node.inter_node_link
-        warnings.append(
-            f"tp={cost.tp} spans {cost.tp // node.gpus_per_node} {node.name} nodes of "
-            f"{node.gpus_per_node} GPUs: every layer's all-reduce crosses the "
-            f"{link.kind} link ({link.bandwidth_gbps:g} GB/s per GPU), not the node's own"
-        )
+    if crossing := _crossing_nodes(build):
+        warnings.append(crossing)
     act = cost.act_dtype.value
     backend = mxfp4_backend(cost.weight_format, gpu, cost.mxfp4_use_marlin)
     mxfp4_experts = arch.is_moe and backend is not None

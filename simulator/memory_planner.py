@@ -17,6 +17,7 @@ from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.block_scaling import stored_bytes
 from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
 from hardware_models.errors import InfeasibleError, InfersimError
+from hardware_models.presets import load_node, nodes_with_gpu
 from simulator.architecture import ModelArchitecture
 from simulator.engine.kv_groups import KvCacheGroups, page_layers
 from simulator.engine.moe_layer import ExpertLayout
@@ -77,18 +78,37 @@ def sampler_bytes_per_logit(vllm_version: tuple[int, int, int] = EMULATED_VLLM_V
     return _SORT_SAMPLER_BYTES_PER_LOGIT
 
 
-def framework_overhead_bytes(gpu: AcceleratorSpec, tp: int, asked_gb: float | None = None) -> float:
+def default_gpus_per_node(gpu: AcceleratorSpec) -> int | None:
+    """GPUs a node of the GPU's first node preset holds, the node a run takes when the
+    scenario names none (simulation.resolve_node); None for a GPU no preset is built
+    from."""
+    names = nodes_with_gpu(gpu.name)
+    return load_node(names[0]).gpus_per_node if names else None
+
+
+def framework_overhead_bytes(
+    gpu: AcceleratorSpec,
+    tp: int,
+    asked_gb: float | None = None,
+    gpus_per_node: int | None = None,
+) -> float:
     """vLLM's non-torch memory on one GPU of a tp group: cuBLAS and driver allocations,
     plus NCCL's and the custom all-reduce's buffers when the group talks over NVLink;
     `asked_gb` (engine.framework_overhead_gb, estimate's --framework-overhead-gb), when
     given, replaces the modelled figure. CUDA graphs are not in it: vLLM captures them
     after sizing the KV cache, out of the (1 - gpu_memory_utilization) reserve, unless
-    VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is set (vllm PR #30515, 0.13: opt-in)."""
+    VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is set (vllm PR #30515, 0.13: opt-in).
+    The per-peer share counts the peers a GPU reaches over NVLink, those on its node
+    (`gpus_per_node`; default: the GPU's node preset, else the whole group): ranks on
+    other nodes are reached over the network, where vLLM's custom all-reduce does not
+    start (CustomAllreduce: a group spanning nodes, or of more than 8 GPUs, gets NCCL
+    only) and NCCL keeps buffers for its ring and tree neighbours alone."""
     if asked_gb is not None:
         return asked_gb * GB
     gib = _NON_TORCH_GIB
     if tp > 1 and gpu.nvlink is not None:
-        gib += _NVLINK_COMM_GIB + _NVLINK_COMM_PER_PEER_GIB * (tp - 1)
+        per_node = gpus_per_node or default_gpus_per_node(gpu) or tp
+        gib += _NVLINK_COMM_GIB + _NVLINK_COMM_PER_PEER_GIB * (min(tp, per_node) - 1)
     return gib * 2**30
 
 
@@ -487,6 +507,7 @@ def plan_memory(
     max_model_len: int | None = None,
     block_size: int = 16,
     vllm_version: tuple[int, int, int] = EMULATED_VLLM_VERSION,
+    gpus_per_node: int | None = None,
 ) -> MemoryPlan:
     """Plan one GPU of a tp x pp x dp replica (experts sliced over the tp x dp GPUs, or
     whole over them with `expert_parallel`; each dp rank's tp GPUs hold that rank's KV
@@ -498,10 +519,11 @@ def plan_memory(
     `max_model_len`, the plan also holds the longest max_model_len up to it whose one
     sequence fits (`MemoryPlan.refusal` says when vLLM would refuse to start).
     `framework_overhead_gb` overrides the modelled non-torch memory
-    (framework_overhead_bytes); `max_num_seqs` sizes the sampler's share of the
-    profiled peak, `vllm_version` its bytes a logit (sampler_bytes_per_logit). Unset
-    batch limits are `vllm serve`'s defaults for this GPU in `vllm_version`
-    (vllm_defaults.batch_limits), as a scenario's are, so the plan is the one `run` makes.
+    (framework_overhead_bytes, over nodes of `gpus_per_node` GPUs); `max_num_seqs`
+    sizes the sampler's share of the profiled peak, `vllm_version` its bytes a logit
+    (sampler_bytes_per_logit). Unset batch limits are `vllm serve`'s defaults for this
+    GPU in `vllm_version` (vllm_defaults.batch_limits), as a scenario's are, so the plan
+    is the one `run` makes.
     `arch` and `gpu` may be given as load_model and load_gpu take them (names, files)."""
     arch, gpu = model_of(arch, "plan_memory: arch"), gpu_of(gpu, "plan_memory: gpu")
     tp, pp, dp, block_size = (
@@ -559,7 +581,7 @@ def plan_memory(
         return weights, activations
 
     stages, activations = weights_and_activations(tp)
-    overhead = framework_overhead_bytes(gpu, tp, framework_overhead_gb)
+    overhead = framework_overhead_bytes(gpu, tp, framework_overhead_gb, gpus_per_node)
     # vLLM's budget: a share of what torch.cuda.mem_get_info reports, not the datasheet.
     usable = gpu.cuda_memory_bytes * gpu_memory_utilization
     heaviest = max(stages)

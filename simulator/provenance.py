@@ -4,22 +4,30 @@ the terminal header. No wall-clock time, so the same scenario and seed give the 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from hardware_models.node import CrossNodeLink, LinkSpec
 from simulator.build_id import build_id
 from simulator.scenario import replica_gpus
 
 if TYPE_CHECKING:
     from simulator.scenario import Scenario
+    from simulator.simulation import ReplicaBuild
 
 
 def provenance(
-    scenario: Scenario, defaults: Sequence[str] = (), processes: int = 1
+    scenario: Scenario,
+    defaults: Sequence[str] = (),
+    processes: int = 1,
+    links: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """The run's origin, JSON-ready: build_id is `<version>+<source digest>`; `defaults`
     says what vLLM's defaults chose for the settings the scenario left unset; `processes`
-    how many simulated it (simulator/sharding.py), which changes no figure."""
+    how many simulated it (simulator/sharding.py), which changes no figure; `links` the
+    GPU-to-GPU links its collectives were priced over (assumed_links; absent where the
+    replicas talk over none)."""
     build = build_id()
     return {
         "infersim_version": build.split("+")[0],
@@ -27,8 +35,58 @@ def provenance(
         "processes": processes,
         "overrides": list(scenario.overrides),
         "defaults": list(defaults),
+        **({"links": list(links)} if links else {}),
         "scenario": scenario.model_dump(mode="json"),
     }
+
+
+def _link_record(link: LinkSpec, preset: LinkSpec | None, node: str, calibration: str) -> dict:
+    """One link as priced: its figures, and whether they are the node preset's or a
+    calibration profile's fit (which replaces the latency and efficiency)."""
+    source = f"node preset {node}" if link == preset else f"calibration: {calibration}"
+    return {
+        "kind": link.kind,
+        "bandwidth_gbps": link.bandwidth_gbps,
+        "latency_us": link.latency_us,
+        "efficiency": link.efficiency,
+        "source": source,
+    }
+
+
+def _group_record(
+    build: ReplicaBuild, group: str, gpus: int, link: LinkSpec | CrossNodeLink
+) -> dict[str, Any]:
+    node, note = build.node, build.info.calibration
+    record: dict[str, Any] = {"group": group, "gpus": gpus}
+    if isinstance(link, CrossNodeLink):
+        record["gpus_per_node"] = link.gpus_per_node
+        record["intra"] = _link_record(link.intra, node.intra_node_link, node.name, note)
+        record["inter"] = _link_record(link.inter, node.inter_node_link, node.name, note)
+    elif link is node.inter_node_link:
+        record["inter"] = _link_record(link, node.inter_node_link, node.name, note)
+    else:
+        record["intra"] = _link_record(link, node.intra_node_link, node.name, note)
+    return record
+
+
+def assumed_links(builds: Sequence[tuple[str, ReplicaBuild]]) -> list[dict[str, Any]]:
+    """The links each pool's collectives were priced over: its tp group's, its MoE
+    dispatch group's and its pipeline hand-offs' (`intra` inside a node, `inter` between
+    nodes, both for a group spanning nodes), each with its kind, figures and source."""
+    records = []
+    for pool, build in builds:
+        cost = build.cost
+        groups: list[tuple[str, int, LinkSpec | CrossNodeLink | None]] = [
+            ("tp", cost.tp, cost.tp_link)
+        ]
+        dispatch = cost.dp if cost.all2all_backend != "all_to_all" else cost.tp * cost.dp
+        if build.arch.is_moe and dispatch > 1:
+            groups.append(("moe_dispatch", cost.tp * cost.dp, cost.ep_link))
+        groups += [("pp_handoff", 2 * cost.tp, link) for link, _, _, _ in cost.handoffs]
+        for group, gpus, link in groups:
+            if link is not None:
+                records.append({"pool": pool, **_group_record(build, group, gpus, link)})
+    return list({json.dumps(r, sort_keys=True): r for r in records}.values())
 
 
 def _pools(scenario: Mapping[str, Any], chips: Mapping[str, str]) -> list[dict[str, Any]]:

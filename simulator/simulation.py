@@ -71,7 +71,7 @@ from simulator.metrics.context import SLO, ReplicaInfo, RunContext
 from simulator.metrics.step_totals import StepTotals
 from simulator.model_catalog import load_model
 from simulator.progress import Progress
-from simulator.provenance import provenance
+from simulator.provenance import assumed_links, provenance
 from simulator.results import Results
 from simulator.router import SessionAffinity, make_router
 from simulator.scenario import (
@@ -491,9 +491,10 @@ def build_replica(
         kv_groups=_kv_cache_groups(scenario, arch, kv_transfer, hashed_prompts),
         max_model_len=max_model_len,
         block_size=serving.block_size,
+        gpus_per_node=node.gpus_per_node,
     )
     if engine.framework_overhead_gb is not None:
-        modelled = framework_overhead_bytes(gpu, par.tp)
+        modelled = framework_overhead_bytes(gpu, par.tp, gpus_per_node=node.gpus_per_node)
         warnings.warn(
             overhead_override_warning(engine.framework_overhead_gb, modelled),
             InfersimWarning,
@@ -1460,7 +1461,10 @@ def _results(
         priority_names=tuple(run.class_names),
         wall_seconds=wall,
         provenance=provenance(
-            _as_run(scenario, run.builds), _serving_defaults(run.builds), processes
+            _as_run(scenario, run.builds),
+            _serving_defaults(run.builds),
+            processes,
+            assumed_links(run.builds),
         ),
         warnings=tuple(dict.fromkeys((*run.configuration_warnings, *raised))),
         frontend=frontend,

@@ -43,7 +43,30 @@ def test_tensor_parallelism_across_nodes_is_said():
     warnings = _warnings(hardware={"gpu": "h100-sxm"}, model={"name": "llama-3.1-405b"},
                          parallelism={"tp": 16}, workload=FEW)  # fmt: skip
     assert len(warnings) == 1
-    assert warnings[0].startswith("tp=16 spans 2 dgx-h100 nodes of 8 GPUs")
+    assert warnings[0].startswith(
+        "crossing dgx-h100 nodes of 8 GPUs: tp=16's all-reduces (2 nodes), over the "
+        "infiniband link (50 GB/s per GPU, 6 us)"
+    )
+
+
+def test_pipeline_hand_offs_and_moe_dispatch_across_nodes_are_said():
+    """Before, only tp > gpus_per_node warned: a pp=2 hand-off or a dp=16 MoE dispatch
+    between two nodes was priced on InfiniBand without a word."""
+    pp = _warnings(hardware={"gpu": "h100-sxm"},
+                   model={"name": "llama-3.1-70b", "weight_dtype": "bf16"},
+                   parallelism={"tp": 8, "pp": 2}, workload=FEW)  # fmt: skip
+    crossing = [w for w in pp if w.startswith("crossing")]
+    assert crossing and "pipeline hand-offs (1 of 1), over the infiniband" in crossing[0]
+    moe = _warnings(hardware={"gpu": "h200-sxm"},
+                    model={"name": "deepseek-v3", "weight_dtype": "fp8_block"},
+                    parallelism={"tp": 1, "dp": 16, "enable_expert_parallel": True},
+                    serving={"max_model_len": 8192}, workload=FEW)  # fmt: skip
+    (crossing,) = [w for w in moe if w.startswith("crossing")]
+    assert "the MoE dispatch over tp x dp = 16 GPUs, over the infiniband" in crossing
+    inside = _warnings(hardware={"gpu": "h100-sxm"},
+                       model={"name": "llama-3.1-70b", "weight_dtype": "bf16"},
+                       parallelism={"tp": 4, "pp": 2}, workload=FEW)  # fmt: skip
+    assert not [w for w in inside if w.startswith("crossing")]
 
 
 def test_a_token_budget_capping_the_batch_with_the_kv_cache_free_is_said():

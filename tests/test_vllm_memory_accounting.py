@@ -64,6 +64,20 @@ def test_non_torch_memory_grows_with_nvlink_peers_only():
     assert framework_overhead_bytes(rtx, 2) == framework_overhead_bytes(rtx, 1) == one
 
 
+def test_peers_on_other_nodes_add_no_nvlink_buffers():
+    """tp=16 over two 8-GPU nodes: a GPU reaches 7 peers over NVLink and the other 8
+    over the network, where vLLM's custom all-reduce does not start: 4.39 GB as at tp=8,
+    not 7.40 (15 peers charged before)."""
+    h100 = load_gpu("h100-sxm")
+    eight = framework_overhead_bytes(h100, 8)
+    assert framework_overhead_bytes(h100, 16) == eight  # the dgx-h100 preset's 8 a node
+    assert framework_overhead_bytes(h100, 16, gpus_per_node=8) == eight
+    assert framework_overhead_bytes(h100, 16, gpus_per_node=16) > eight
+    assert eight / GB == pytest.approx(4.39, abs=0.01)
+    plan = plan_memory(load_model("llama-3.1-405b"), h100, weight_dtype="bf16", tp=16)
+    assert plan.framework_overhead == eight
+
+
 def test_the_users_overhead_overrides_the_model():
     arch, h100 = load_model("llama-3.1-8b"), load_gpu("h100-sxm")
     modelled = plan_memory(arch, h100, tp=2)

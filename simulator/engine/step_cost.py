@@ -26,12 +26,12 @@ import numpy as np
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.attention import DecodeAttention, PrefillAttention, causal_pairs
-from hardware_models.collectives import collective_cost
+from hardware_models.collectives import collective_cost, group_link
 from hardware_models.custom_all_reduce import TpAllReduce
 from hardware_models.dtypes import Dtype, bytes_per_element, parse_dtype
 from hardware_models.errors import InfeasibleError
 from hardware_models.gemm import gemm_cost, gemm_costs_many
-from hardware_models.node import LinkSpec, NodeSpec
+from hardware_models.node import CrossNodeLink, LinkSpec, NodeSpec
 from hardware_models.op_cost import Bound, OpCost
 from hardware_models.pointwise import (
     GELU,
@@ -376,6 +376,11 @@ class StepCostModel:
         self.tp_all_reduce = self.stage_all_reduces[0][0] if self.stage_all_reduces else None
         self.handoffs = self._handoffs()
         self.ep_link = self._link(tp * self.dp, "parallelism.dp: the MoE dispatch (tp x dp)")
+        if isinstance(self.ep_link, CrossNodeLink) and all2all_backend != "all_to_all":
+            # Across nodes the gather runs over the dp group, whose ranks sit tp GPUs
+            # apart: a node holds per_node // tp of them (one where tp fills a node).
+            per_node = max(1, node.gpus_per_node // tp)
+            self.ep_link = self.ep_link._replace(gpus_per_node=per_node)
         # Constants of every step, looked up once (step() runs tens of thousands of times).
         self._layers = arch.num_layers
         self._window_layers = arch.num_sliding_layers
@@ -418,23 +423,22 @@ class StepCostModel:
         """fp8/int8/fp4 weights run natively where the chip has tensor support for them."""
         return bytes_per_element(dtype) < 2 and dtype in self.gpu.tensor_flops_per_core_per_clock
 
-    def _link(self, group: int, purpose: str) -> LinkSpec | None:
+    def _link(self, group: int, purpose: str) -> LinkSpec | CrossNodeLink | None:
+        """The link `group` GPUs' collectives run on (collectives.group_link)."""
         if group <= 1:
             return None
+        link = group_link(self.node, self.gpu, group)
+        if link is not None:
+            return link
         if group <= self.node.gpus_per_node:
-            if self.node.intra_node_link is None:
-                raise InfeasibleError(
-                    f"{purpose} over {group} GPUs needs a GPU-to-GPU link, but node "
-                    f"{self.node.name} has none ({self.node.gpus_per_node} GPU per node)"
-                )
-            # A calibration profile's links were fitted inside one node, per group size.
-            return self.gpu.efficiency.link_for(group, self.node.intra_node_link)
-        if self.node.inter_node_link is None:
             raise InfeasibleError(
-                f"{purpose} over {group} GPUs spans nodes of {self.node.gpus_per_node} GPUs, "
-                f"but node {self.node.name} has no inter-node link"
+                f"{purpose} over {group} GPUs needs a GPU-to-GPU link, but node "
+                f"{self.node.name} has none ({self.node.gpus_per_node} GPU per node)"
             )
-        return self.node.inter_node_link
+        raise InfeasibleError(
+            f"{purpose} over {group} GPUs spans nodes of {self.node.gpus_per_node} GPUs, "
+            f"but node {self.node.name} has no inter-node link"
+        )
 
     def _stage_all_reduces(self, custom: bool, symm_mem: bool) -> list[tuple[TpAllReduce, int]]:
         """The tp all-reduce plan of each pipeline stage as (plan, the layers of the
