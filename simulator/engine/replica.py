@@ -578,7 +578,9 @@ class Replica:
         first = pricer.price(int(contexts[0]), int(windowed[0]) if windowed is not None else 0)
         expected = min(steps, (self.clock.next_arrival - self.t) / first[0])
         if expected <= STEPWISE_RUN_STEPS:
-            ends, blocks = self._price_run_stepwise(pricer, first, contexts, windowed, steps)
+            ends, blocks = self._price_run_stepwise(
+                pricer, first, contexts, windowed, steps, max(math.ceil(expected), 1)
+            )
         else:
             ends, blocks = self._price_run_vectorised(pricer, contexts, windowed)
         # Each step takes its blocks when it starts: a router looking during the last
@@ -621,13 +623,16 @@ class Replica:
         contexts: np.ndarray | range,
         windowed: np.ndarray | None,
         steps: int,
+        expected: int,
     ) -> tuple[list[float], int]:
-        """Price and log a run step by step (`first` is step 0's DecodeSteps.price): the
-        end of each step and the KV blocks the steps after the first need."""
+        """Price and log a run step by step (`first` is step 0's DecodeSteps.price; about
+        `expected` steps run before the next arrival): the end of each step and the KV
+        blocks the steps after the first need."""
         arrival, horizon, fault = self.clock.next_arrival, self.clock.horizon, self.clock.next_fault
         free, used = self.kv.free, self.kv.used
-        # The blocks of the steps expected, more only if the run gets that far.
-        opens = self.running.run_block_needs(min(steps, 2 * STEPWISE_RUN_STEPS)).tolist()
+        # The blocks of the steps expected (a step more, as the run ends at the step that
+        # crosses the arrival), more only if the run gets that far.
+        opens = self.running.run_block_needs(min(steps, expected + 1)).tolist()
         n, replica = pricer.seqs, self.index
         price = pricer.price
         start, blocks = self.t, 0
