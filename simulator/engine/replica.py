@@ -138,6 +138,7 @@ class Replica:
         `kv_source`: where its KV cache comes from when it is shared with other engines
         (a pipelined replica's, pipeline.SharedKv); by default its own."""
         self.env, self.index, self.cfg, self.cost = env, index, config, cost
+        self._chunks_priced = cost.prices_by_sequence or bool(config.sliding_window)
         self.prefix_keys = prefix_keys
         self._kv_source = kv_source or functools.partial(empty_kv_cache, config, prefix_keys)
         self.requests, self.clock, self.on_finish = requests, clock, on_finish
@@ -406,11 +407,14 @@ class Replica:
         n = len(dec)
         prefill_tokens = pairs = context = finishing = 0
         completes = False
-        chunks = []  # (new tokens, pairs, keys) of each chunk: MLA prices them by sequence
+        # (new tokens, pairs, keys) of each chunk, where the pricing needs more than their
+        # sums: MLA prices the chunks by sequence, sliding windows clip each one.
+        chunks = [] if self._chunks_priced else None
         for slot, chunk in zip(plan.prefill_slots, plan.prefill_chunks, strict=True):
             kv_len = run.computed.item(slot) + chunk
             chunk_pairs = causal_pairs(chunk, kv_len)
-            chunks.append((chunk, chunk_pairs, kv_len))
+            if chunks is not None:
+                chunks.append((chunk, chunk_pairs, kv_len))
             pairs += chunk_pairs
             context += kv_len
             prefill_tokens += chunk
@@ -427,7 +431,7 @@ class Replica:
         cost = self.cost.step(
             decode_seqs=n,
             decode_context=self._decode_keys(dec) if n else 0,
-            prefill_seqs=len(chunks),
+            prefill_seqs=len(plan.prefill_slots),
             prefill_tokens=prefill_tokens,
             prefill_pairs=pairs,
             prefill_context=context,

@@ -413,7 +413,8 @@ class StepCostModel:
             (self._window_layers, self._window_prefill, self._window_decode, True),
         )
         self._attention_kinds = tuple(kind for kind in kinds if kind[0])
-        self._by_sequence = arch.is_mla  # MLA prices each prefill chunk by its length
+        # MLA prices each prefill chunk by its length (step's `prefill_chunks`).
+        self.prices_by_sequence = arch.is_mla
 
     # ---- configuration -------------------------------------------------------------
     def _tensor_native(self, dtype: Dtype) -> bool:
@@ -766,7 +767,7 @@ class StepCostModel:
                 sums = window or _NO_WINDOW
                 pairs, context, keys = sums.prefill_pairs, sums.prefill_context, sums.decode_context
             if prefill_tokens:
-                if prefill_chunks and self._by_sequence:  # each chunk's kernel by its length
+                if prefill_chunks and self.prices_by_sequence:  # each chunk's kernel by its length
                     terms = prefill.by_sequence(prefill_chunks, decode_seqs)
                 else:
                     terms = prefill(prefill_seqs, prefill_tokens, pairs, context)
