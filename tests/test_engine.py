@@ -526,10 +526,11 @@ def test_step_prices_do_not_depend_on_the_order_token_counts_come_in():
         }  # fmt: skip
         return steps
 
-    counts = list(range(1, 300))
+    counts = list(range(1, 700))  # two blocks (step_cost._GEMM_BLOCK)
     ascending = prices(counts)
     assert prices(counts[::-1]) == ascending
-    assert prices(counts[::7]) == {t: ascending[t] for t in counts[::7]}  # one at a time
+    assert prices(counts[::7]) == {t: ascending[t] for t in counts[::7]}  # both ways
+    assert prices(counts[::50]) == {t: ascending[t] for t in counts[::50]}  # one at a time
 
 
 def test_catching_up_lands_on_the_step_end_across_binades():

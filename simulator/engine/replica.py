@@ -138,6 +138,7 @@ class Replica:
         `kv_source`: where its KV cache comes from when it is shared with other engines
         (a pipelined replica's, pipeline.SharedKv); by default its own."""
         self.env, self.index, self.cfg, self.cost = env, index, config, cost
+        self._chunks_priced = cost.prices_by_sequence or bool(config.sliding_window)
         self.prefix_keys = prefix_keys
         self._kv_source = kv_source or functools.partial(empty_kv_cache, config, prefix_keys)
         self.requests, self.clock, self.on_finish = requests, clock, on_finish
@@ -406,11 +407,14 @@ class Replica:
         n = len(dec)
         prefill_tokens = pairs = context = finishing = 0
         completes = False
-        chunks = []  # (new tokens, pairs, keys) of each chunk: MLA prices them by sequence
+        # (new tokens, pairs, keys) of each chunk, where the pricing needs more than their
+        # sums: MLA prices the chunks by sequence, sliding windows clip each one.
+        chunks = [] if self._chunks_priced else None
         for slot, chunk in zip(plan.prefill_slots, plan.prefill_chunks, strict=True):
             kv_len = run.computed.item(slot) + chunk
             chunk_pairs = causal_pairs(chunk, kv_len)
-            chunks.append((chunk, chunk_pairs, kv_len))
+            if chunks is not None:
+                chunks.append((chunk, chunk_pairs, kv_len))
             pairs += chunk_pairs
             context += kv_len
             prefill_tokens += chunk
@@ -427,7 +431,7 @@ class Replica:
         cost = self.cost.step(
             decode_seqs=n,
             decode_context=self._decode_keys(dec) if n else 0,
-            prefill_seqs=len(chunks),
+            prefill_seqs=len(plan.prefill_slots),
             prefill_tokens=prefill_tokens,
             prefill_pairs=pairs,
             prefill_context=context,
@@ -578,7 +582,9 @@ class Replica:
         first = pricer.price(int(contexts[0]), int(windowed[0]) if windowed is not None else 0)
         expected = min(steps, (self.clock.next_arrival - self.t) / first[0])
         if expected <= STEPWISE_RUN_STEPS:
-            ends, blocks = self._price_run_stepwise(pricer, first, contexts, windowed, steps)
+            ends, blocks = self._price_run_stepwise(
+                pricer, first, contexts, windowed, steps, max(math.ceil(expected), 1)
+            )
         else:
             ends, blocks = self._price_run_vectorised(pricer, contexts, windowed)
         # Each step takes its blocks when it starts: a router looking during the last
@@ -621,13 +627,16 @@ class Replica:
         contexts: np.ndarray | range,
         windowed: np.ndarray | None,
         steps: int,
+        expected: int,
     ) -> tuple[list[float], int]:
-        """Price and log a run step by step (`first` is step 0's DecodeSteps.price): the
-        end of each step and the KV blocks the steps after the first need."""
+        """Price and log a run step by step (`first` is step 0's DecodeSteps.price; about
+        `expected` steps run before the next arrival): the end of each step and the KV
+        blocks the steps after the first need."""
         arrival, horizon, fault = self.clock.next_arrival, self.clock.horizon, self.clock.next_fault
         free, used = self.kv.free, self.kv.used
-        # The blocks of the steps expected, more only if the run gets that far.
-        opens = self.running.run_block_needs(min(steps, 2 * STEPWISE_RUN_STEPS)).tolist()
+        # The blocks of the steps expected (a step more, as the run ends at the step that
+        # crosses the arrival), more only if the run gets that far.
+        opens = self.running.run_block_needs(min(steps, expected + 1)).tolist()
         n, replica = pricer.seqs, self.index
         price = pricer.price
         start, blocks = self.t, 0

@@ -71,15 +71,17 @@ class StepBound(IntEnum):
 
 
 _STEP_BOUNDS = tuple(StepBound)  # by value, so a list index names its bound
-_COMPUTE, _MEMORY = int(StepBound.COMPUTE), int(StepBound.MEMORY)
+_MEMORY = int(StepBound.MEMORY)
 # The members themselves, looked up once: an enum class attribute costs a lookup through
 # the enum's metaclass, and the engine names one for every step it prices.
 _HOST_BOUND, _MEMORY_BOUND = StepBound.HOST, StepBound.MEMORY
 
 # GEMMs are priced for a block of consecutive token counts at once (gemm_costs_many)
-# once a block has asked for more counts than one at a time costs less for (an array
-# pass costs about what 30 shapes do one at a time).
-_GEMM_BLOCK = 128
+# once a block has asked for more counts than one at a time costs less for. An array
+# pass's cost is mostly fixed (numpy calls per tile layout), so a block as wide as the
+# usual token budget is priced in one pass: a pass of 512 counts costs about what 60
+# shapes do one at a time, and under twice a pass of 128.
+_GEMM_BLOCK = 512
 _GEMM_ALONE = 16
 
 _BOUND_OF = {
@@ -416,7 +418,8 @@ class StepCostModel:
             (self._window_layers, self._window_prefill, self._window_decode, True),
         )
         self._attention_kinds = tuple(kind for kind in kinds if kind[0])
-        self._by_sequence = arch.is_mla  # MLA prices each prefill chunk by its length
+        # MLA prices each prefill chunk by its length (step's `prefill_chunks`).
+        self.prices_by_sequence = arch.is_mla
 
     # ---- configuration -------------------------------------------------------------
     def _tensor_native(self, dtype: Dtype) -> bool:
@@ -758,7 +761,9 @@ class StepCostModel:
         fixed = self._fixed_cache.get((tokens, sampled)) if self.dp == 1 else None
         if fixed is None:
             fixed = self._rank_fixed(tokens, sampled, moe_tokens)
-        by_bound = fixed.seconds.copy()
+        # The parts by StepBound (compute, memory, comm, host, latency) as locals: the
+        # attention adds to compute or memory, as `+=` on a copy of the list would.
+        b0, b1, b2, b3, b4 = fixed.seconds
         flops, dram, kernels = fixed.flops, fixed.dram_bytes, fixed.kernels
         pairs, context, keys = prefill_pairs, prefill_context, decode_context
         for layers, prefill, decode, slides in self._attention_kinds:
@@ -766,24 +771,26 @@ class StepCostModel:
                 sums = window or _NO_WINDOW
                 pairs, context, keys = sums.prefill_pairs, sums.prefill_context, sums.decode_context
             if prefill_tokens:
-                if prefill_chunks and self._by_sequence:  # each chunk's kernel by its length
+                if prefill_chunks and self.prices_by_sequence:  # each chunk's kernel by its length
                     terms = prefill.by_sequence(prefill_chunks, decode_seqs)
                 else:
                     terms = prefill(prefill_seqs, prefill_tokens, pairs, context)
                 seconds, f, d, compute, memory = terms
-                by_bound[_COMPUTE if compute >= memory else _MEMORY] += seconds * layers
+                if compute >= memory:
+                    b0 += seconds * layers
+                else:
+                    b1 += seconds * layers
                 flops += f * layers
                 dram += d * layers
                 if decode_seqs:
                     kernels += layers  # prefill and decode attention are separate kernels
             if decode_seqs:
-                seconds, f, d = decode.one_step(decode_seqs, keys)
-                by_bound[_MEMORY] += seconds * layers
+                seconds, f, d = decode.one_step_for(decode_seqs)(keys)
+                b1 += seconds * layers
                 flops += f * layers
                 dram += d * layers
-        # sum(by_bound) term by term, then _launch_seconds and host_seconds inline (the
-        # same arithmetic: sum() starts from the integer 0, and 0 + x is x).
-        b0, b1, b2, b3, b4 = by_bound
+        # sum() of the parts term by term, then _launch_seconds and host_seconds inline
+        # (the same arithmetic: sum() starts from the integer 0, and 0 + x is x).
         gpu_seconds = b0 + b1 + b2 + b3 + b4 + kernels * self._per_kernel_us * 1e-6
         host = (self._step_us + self._per_seq_us * (decode_seqs + prefill_seqs)) * 1e-6
         if self._async:  # max(gpu_seconds, host): the first unless the second is larger
@@ -791,7 +798,11 @@ class StepCostModel:
         else:
             seconds = gpu_seconds + host
         # Else the first largest part, as max(range(...), key=...) would pick.
-        bound = _HOST_BOUND if host >= gpu_seconds else _STEP_BOUNDS[by_bound.index(max(by_bound))]
+        if host >= gpu_seconds:
+            bound = _HOST_BOUND
+        else:
+            parts = (b0, b1, b2, b3, b4)
+            bound = _STEP_BOUNDS[parts.index(max(parts))]
         ranks = self.tp  # the replica's work: every TP rank does one rank's
         return StepCost(seconds, gpu_seconds, flops * ranks, dram * ranks, bound)
 
