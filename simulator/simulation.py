@@ -406,7 +406,7 @@ def _load_arch(scenario: Scenario) -> ModelArchitecture:
     )
 
 
-def batch_limits_of(scenario: Scenario) -> dict[str, int]:
+def batch_limits_of(scenario: Scenario) -> dict[str, int | None]:
     """max_num_seqs and max_num_batched_tokens a replica of `scenario` runs with (set, or
     vLLM's defaults for its GPU), resolved as build_replica does without building it: for
     tables that set GPUs with different defaults side by side (plan), feasible or not;
