@@ -179,7 +179,3 @@ class NodeSpec(BaseModel):
             and link.fabric is not None
             and "host_read_us" not in link.fabric.model_fields_set
         ]
-
-    @property
-    def tp_within_node_allowed(self) -> bool:
-        return self.intra_node_link is not None

@@ -21,8 +21,6 @@ from simulator.results import Results
 from simulator.scenario import Scenario
 from simulator.simulation import run_simulation, warnings_passed_on_once
 
-REPLAY_FILES = ("replay.json", "trace.csv", "timeline.csv", "latency_cdfs.png", "timeline.png")
-
 
 def read_run(path: Path) -> MeasuredRun:
     """A run folder (meta.json, requests.jsonl, optional timeseries.csv) or a vLLM bench
