@@ -30,6 +30,9 @@ from simulator.inputs import gpu_of, model_of, positive_int
 from simulator.vllm_defaults import EMULATED_VLLM_VERSION, batch_limits
 
 GB = 1e9
+GIB = 2**30
+"""vLLM's unit for the memory it is told in gigabytes (--swap-space, kv_cache_memory_bytes'
+logs, its non-torch figures): GiB_bytes, vllm/utils/mem_constants.py."""
 
 DEFAULT_MAX_NUM_SEQS = 256
 """vLLM's default cap on sequences per step: the number of positions that get logits."""
@@ -85,11 +88,11 @@ def framework_overhead_bytes(gpu: AcceleratorSpec, tp: int, asked_gb: float | No
     after sizing the KV cache, out of the (1 - gpu_memory_utilization) reserve, unless
     VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is set (vllm PR #30515, 0.13: opt-in)."""
     if asked_gb is not None:
-        return asked_gb * GB
+        return asked_gb * GIB
     gib = _NON_TORCH_GIB
     if tp > 1 and gpu.nvlink is not None:
         gib += _NVLINK_COMM_GIB + _NVLINK_COMM_PER_PEER_GIB * (tp - 1)
-    return gib * 2**30
+    return gib * GIB
 
 
 # Block-quantised formats store one scale per group of weights. Assumed: int4 as in
@@ -497,7 +500,7 @@ def plan_memory(
     group has on the stage (vLLM's tensors shared by one layer of each group). With
     `max_model_len`, the plan also holds the longest max_model_len up to it whose one
     sequence fits (`MemoryPlan.refusal` says when vLLM would refuse to start).
-    `framework_overhead_gb` overrides the modelled non-torch memory
+    `framework_overhead_gb` (GiB) overrides the modelled non-torch memory
     (framework_overhead_bytes); `max_num_seqs` sizes the sampler's share of the
     profiled peak, `vllm_version` its bytes a logit (sampler_bytes_per_logit). Unset
     batch limits are `vllm serve`'s defaults for this GPU in `vllm_version`

@@ -60,6 +60,7 @@ from simulator.engine.step_log import ClosedLog
 from simulator.inputs import shown
 from simulator.kv_links import KvLinks
 from simulator.memory_planner import (
+    GIB,
     MaxModelLenRefused,
     MemoryPlan,
     SettingNames,
@@ -528,7 +529,7 @@ def build_replica(
         max_model_len=max_model_len,
         watermark=serving.kv_watermark,
         preemption=serving.preemption,
-        swap_blocks=int(serving.swap_space_gb * 1e9 // block_bytes),
+        swap_blocks=int(serving.swap_space_gb * GIB // block_bytes),
         swap_seconds_per_block=block_bytes / pcie,
         max_queue_delay_s=serving.max_queue_delay_ms / 1000,
         max_waiting=serving.max_waiting,

@@ -13,7 +13,6 @@ from hardware_models.errors import InfeasibleError, InfersimWarning
 from hardware_models.presets import load_gpu
 from simulator.memory_planner import (
     _FUSED_MOE_CHUNK_TOKENS,
-    GB,
     activation_bytes,
     framework_overhead_bytes,
     plan_memory,
@@ -69,9 +68,9 @@ def test_the_users_overhead_overrides_the_model():
     modelled = plan_memory(arch, h100, tp=2)
     assert modelled.framework_overhead == framework_overhead_bytes(h100, 2)
     given = plan_memory(arch, h100, tp=2, framework_overhead_gb=3.0)
-    assert given.framework_overhead == 3.0 * GB
+    assert given.framework_overhead == 3.0 * 2**30  # GiB, as vLLM logs its non-torch memory
     assert given.kv_capacity_bytes == pytest.approx(
-        modelled.kv_capacity_bytes + modelled.framework_overhead - 3.0 * GB
+        modelled.kv_capacity_bytes + modelled.framework_overhead - 3.0 * 2**30
     )
 
 
@@ -89,9 +88,9 @@ def test_a_scenario_setting_the_overhead_is_told_what_it_now_covers():
 
     told = [text for text in said(framework_overhead_gb=3.0) if "framework_overhead_gb" in text]
     assert len(told) == 1, told
-    modelled = framework_overhead_bytes(load_gpu("h100-sxm"), 1) / GB
+    modelled = framework_overhead_bytes(load_gpu("h100-sxm"), 1) / 2**30
     for part in ("framework_overhead_gb=3:", "non-torch memory only", "sampler peak",
-                 f"{modelled:.2f} GB modelled here", "counts them twice"):  # fmt: skip
+                 f"{modelled:.2f} GiB modelled here", "counts them twice"):  # fmt: skip
         assert part in told[0], (part, told[0])
     assert not [text for text in said() if "framework_overhead_gb" in text]
 
