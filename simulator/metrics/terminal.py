@@ -1,5 +1,7 @@
 """A run's summary as aligned text for a 100-column terminal: what ran (model, hardware,
-layout, dtypes, policy, load), its warnings, then the figures, one topic a line."""
+layout, dtypes, policy, load), its warnings, then the figures, one topic a line. The rows
+(`notes`, `summary_rows`, `breakdown_rows`) are built here once; `simulator.display` lays
+the same rows out as HTML for a notebook."""
 
 from __future__ import annotations
 
