@@ -92,7 +92,7 @@ def framework_overhead_bytes(gpu: AcceleratorSpec, tp: int, asked_gb: float | No
     gib = _NON_TORCH_GIB
     if tp > 1 and gpu.nvlink is not None:
         gib += _NVLINK_COMM_GIB + _NVLINK_COMM_PER_PEER_GIB * (tp - 1)
-    return gib * GIB
+    return gib * 2**30
 
 
 # Block-quantised formats store one scale per group of weights. Assumed: int4 as in
@@ -500,7 +500,7 @@ def plan_memory(
     group has on the stage (vLLM's tensors shared by one layer of each group). With
     `max_model_len`, the plan also holds the longest max_model_len up to it whose one
     sequence fits (`MemoryPlan.refusal` says when vLLM would refuse to start).
-    `framework_overhead_gb` (GiB) overrides the modelled non-torch memory
+    `framework_overhead_gb` overrides the modelled non-torch memory
     (framework_overhead_bytes); `max_num_seqs` sizes the sampler's share of the
     profiled peak, `vllm_version` its bytes a logit (sampler_bytes_per_logit). Unset
     batch limits are `vllm serve`'s defaults for this GPU in `vllm_version`
