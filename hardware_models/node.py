@@ -176,7 +176,9 @@ class NodeSpec(BaseModel):
     inter_node_link: LinkSpec | None = Field(
         default=None, description="GPU-to-GPU across nodes (InfiniBand/Ethernet)"
     )
-    host_memory_gb: float = Field(gt=0, description="CPU memory for KV swap, GB")
+    host_memory_gb: float = Field(
+        gt=0, description="CPU memory for KV swap, GiB (2 TB of DIMMs: 2048), as vLLM's swap space"
+    )
     sources: dict[str, str] = Field(default_factory=dict)
 
     def links_without_host_read(self) -> list[str]:
@@ -190,7 +192,3 @@ class NodeSpec(BaseModel):
             and link.fabric is not None
             and "host_read_us" not in link.fabric.model_fields_set
         ]
-
-    @property
-    def tp_within_node_allowed(self) -> bool:
-        return self.intra_node_link is not None

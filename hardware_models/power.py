@@ -76,11 +76,6 @@ class PowerModel:
         """The most a step can add to idle: the cap."""
         return self.tdp_w - self.idle_w
 
-    def draw_w(self, tensor_share: float, dram_share: float) -> float:
-        """Power while a step runs at these shares of the peak FLOP rate and bandwidth."""
-        above = self.busy_w + self.tensor_w * tensor_share + self.memory_w * dram_share
-        return self.idle_w + min(self.headroom_w, above)
-
 
 def _sixteen_bit_peak(gpu: AcceleratorSpec) -> float:
     """The dense 16-bit tensor peak (BF16 where the GPU has it, else FP16), FLOP/s."""

@@ -29,9 +29,11 @@ if TYPE_CHECKING:
     from simulator.compare import compare_table
     from simulator.memory_planner import plan_memory
     from simulator.model_catalog import list_models, load_model
+    from simulator.model_description import describe_model
     from simulator.results import Results
     from simulator.scenario import Scenario
     from simulator.simulation import simulate
+    from simulator.sizing import quick_inference_gpus
 
 _SOURCES: dict[str, str] = {
     "Scenario": "simulator.scenario",
@@ -41,6 +43,8 @@ _SOURCES: dict[str, str] = {
     "load_model": "simulator.model_catalog",
     "list_models": "simulator.model_catalog",
     "plan_memory": "simulator.memory_planner",
+    "describe_model": "simulator.model_description",
+    "quick_inference_gpus": "simulator.sizing",
     "load_gpu": "hardware_models.presets",
     "list_gpus": "hardware_models.presets",
     "load_node": "hardware_models.presets",
@@ -52,6 +56,7 @@ __all__ = [
     "Results",
     "Scenario",
     "compare_table",
+    "describe_model",
     "list_calibrations",
     "list_gpus",
     "list_models",
@@ -60,6 +65,7 @@ __all__ = [
     "load_model",
     "load_node",
     "plan_memory",
+    "quick_inference_gpus",
     "simulate",
 ]
 

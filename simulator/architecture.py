@@ -334,13 +334,6 @@ class ModelArchitecture(BaseModel):
             + self.final_norm_params
         )
 
-    def linear_params(self) -> int:
-        """The weight matrices of every layer (projections, experts, routers aside): what
-        weight quantisation applies to."""
-        routed = self.num_experts * self.mlp_matrix_params(self.expert_intermediate_size)
-        matrices = (n * k * times for name, _, n, k, times in self.gemms(1) if name != "router")
-        return sum(matrices) + self.num_moe_layers * routed
-
     @property
     def inactive_params_per_moe_layer(self) -> int:
         return (self.num_experts - self.experts_per_token) * self.expert_params
@@ -361,20 +354,6 @@ class ModelArchitecture(BaseModel):
         """KV of one token over all layers: what the cache grows by per token while the
         context is within any sliding window."""
         return self.num_layers * self.kv_elements_per_token_layer() * bytes_per_element(kv_dtype)
-
-    def matmul_flops_per_token(self, include_lm_head: bool = True) -> int:
-        """2 x the active matmul weights (no attention-score FLOPs, no embedding lookup).
-
-        In inference the LM head runs only for sampled tokens, so prefill costing passes
-        include_lm_head=False for all but the last position.
-        """
-        gemms = self.gemms(1)
-        per_token = sum(n * k * layers for _, _, n, k, layers in gemms)
-        if self.is_moe:
-            active = self.experts_per_token * self.mlp_matrix_params(self.expert_intermediate_size)
-            per_token += self.num_moe_layers * active
-        head = self.vocab_size * self.hidden_size if include_lm_head else 0
-        return 2 * (per_token + head)
 
     # ---- tensor parallelism ----------------------------------------------------------
     def check_tp(self, tp: int) -> None:

@@ -118,7 +118,7 @@ def swap_space_share(swap_space_gb: float, tp: int, node: NodeSpec) -> float:
 def _swap_space_message(swap_space_gb: float, tp: int, node: NodeSpec) -> str:
     return (
         f"serving.swap_space_gb={swap_space_gb:g} for each of tp={tp} GPUs takes "
-        f"{swap_space_gb * tp:g} GB of the {node.host_memory_gb:g} GB of host memory of a "
+        f"{swap_space_gb * tp:g} GiB of the {node.host_memory_gb:g} GiB of host memory of a "
         f"{node.name} node ({swap_space_share(swap_space_gb, tp, node):.0%})"
     )
 
@@ -268,8 +268,8 @@ def overhead_override_warning(asked_gb: float, modelled_bytes: float) -> str:
     it now stands for less."""
     return (
         f"engine.framework_overhead_gb={asked_gb:g}: this is now vLLM's non-torch memory "
-        f"only (cuBLAS, driver, NCCL and custom all-reduce buffers; {modelled_bytes / 1e9:.2f} "
-        "GB modelled here); the profile run's activation and sampler peak and the memory "
+        f"only (cuBLAS, driver, NCCL and custom all-reduce buffers; {modelled_bytes / 2**30:.2f} "
+        "GiB modelled here); the profile run's activation and sampler peak and the memory "
         "CUDA does not show are counted apart, so a figure written for the older catch-all "
         "allowance (CUDA context, allocator, graphs) counts them twice: unset it for the "
         "modelled figure"

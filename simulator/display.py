@@ -1,8 +1,9 @@
 """A run's summary as HTML, so a notebook shows `Results` as tables rather than as text.
 
-The numbers and their formatting are the terminal table's (`simulator.metrics.summary`),
-so a run reads the same in a terminal and in Jupyter; only the layout differs: headline
-figures on the left, the latency percentiles as a real table on the right.
+The rows are the terminal table's (`simulator.metrics.terminal`: `notes`, `summary_rows`,
+`breakdown_rows`), built by the same functions, so a run reads the same in a terminal and
+in Jupyter; only the layout differs: the figures on the left, the latency percentiles as
+a real table on the right, the breakdowns below.
 """
 
 from __future__ import annotations
@@ -11,24 +12,16 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
-from simulator.formatting import (
-    busy_text,
-    fleet_text,
-    front_end_text,
-    goodput_rate_text,
-    ms,
-    num,
-    pct,
-    preemption_text,
-    sig,
-    slo_text,
-    usd,
+from simulator.formatting import fleet_text, ms
+from simulator.metrics.terminal import (
+    CLASS_LATENCY_ROWS,
+    LATENCY_COLS,
+    LATENCY_ROWS,
+    breakdown_rows,
+    notes,
+    summary_rows,
 )
-from simulator.metrics.summary import PERCENTILES, cost_basis_text
 from simulator.provenance import header_lines
-
-_LATENCY_ROWS = ("ttft", "tpot", "itl", "e2e", "queueing")
-_LATENCY_COLS = ("mean", *(f"p{q}" for q in PERCENTILES), "max")
 
 
 def _row(cells: list[str], tag: str = "td") -> str:
@@ -38,69 +31,39 @@ def _row(cells: list[str], tag: str = "td") -> str:
     return f'<tr><{tag} style="text-align:left">{label}</{tag}>{rest}</tr>'
 
 
-def _headline(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
-    c, t, g = summary["counts"], summary["throughput"], summary["goodput"]
-    u, kv, cost, e = summary["utilisation"], summary["kv"], summary["cost"], summary["energy"]
-    front = summary.get("frontend")
-    basis = cost_basis_text(cost)
-    return [
-        ("arrived / completed", f"{c['arrived']:,} / {c['completed']:,}"),
-        ("rejected / failed / retried",
-         f"{c['rejected']:,} / {c['failed']:,} / {c.get('retried', 0):,}"),
-        ("in flight (queued, running)",
-         f"{c['in_flight']:,} ({c['in_flight_queued']:,}, {c['in_flight_running']:,})"),
-        ("throughput", f"{sig(t['requests_per_s'])} req/s"),
-        ("steady-state throughput", f"{sig(t.get('steady_requests_per_s'))} req/s"),
-        ("tokens/s in / out",
-         f"{num(t['input_tokens_per_s'], ',.0f')} / {num(t['output_tokens_per_s'], ',.0f')}"),
-        (f"goodput ({slo_text(g['slo'])})", goodput_rate_text(g)),
-        ("arrived / completed within the SLO",
-         f"{pct(g.get('fraction_of_arrived'))} / {pct(g['fraction'])}"),
-        *([("front end", front_end_text(front))] if front is not None else []),
-        # what a planner reads as headroom first; busy after, with what it means
-        ("MFU / MBU", f"{pct(u['mfu'])} / {pct(u['mbu'])}"),
-        ("KV mean / max", f"{pct(kv['mean_utilisation'])} / {pct(kv['max_utilisation'])}"),
-        ("busy", busy_text(u["gpu_busy_fraction"]).removeprefix("busy ")),
-        ("preemptions", preemption_text(kv)),
-        ("cost", f"{usd(cost['usd_per_hour'])}/h, run {usd(cost['usd_total'])}"),
-        (f"$ per request ({basis})", usd(cost["usd_per_request"])),
-        (f"$ per 1M output tokens ({basis})", usd(cost["usd_per_million_output_tokens"])),
-        ("energy: GPUs / facility (PUE)", f"{num(e.get('gpu_energy_kwh'), ',.3f')} / "
-                   f"{num(e['energy_kwh'], ',.3f')} kWh"),
-        (f"GPU J per output token ({cost_basis_text(e)})",
-         num(e["joules_per_output_token"], ",.3g")),
+def _latency_rows(latency: Mapping[str, Any], names: tuple[str, ...]) -> list[str]:
+    rows = [_row(["ms", *LATENCY_COLS, "n"], "th")]
+    rows += [
+        _row([name.upper(), *(ms(latency[name][col]) for col in LATENCY_COLS),
+              f"{latency[name]['count']:,}"])
+        for name in names
     ]  # fmt: skip
-
-
-def _breakdowns(summary: Mapping[str, Any]) -> list[str]:
-    """Rows per priority class and per pool, when the run has several."""
-    rows = []
-    classes = summary.get("priority_classes", {})
-    if classes:
-        rows.append(_row(["class", "arrived", "completed", "meets SLO arrived / completed",
-                          "TTFT p99 ms", "TPOT p99 ms", "E2E p99 ms"], "th"))  # fmt: skip
-    for name, c in classes.items():
-        rows.append(_row([escape(name), f"{c['arrived']:,}", f"{c['completed']:,}",
-                          f"{pct(c['slo_fraction_of_arrived'])} / {pct(c['slo_fraction'])}",
-                          ms(c["ttft"]["p99"]),
-                          ms(c["tpot"]["p99"]), ms(c["e2e"]["p99"])]))  # fmt: skip
-    pools = summary.get("per_pool", {})
-    if pools:
-        rows.append(_row(["pool", "replicas", "GPUs", "completed", "req/s", "out tok/s",
-                          "busy"], "th"))  # fmt: skip
-    for name, p in pools.items():
-        rows.append(_row([f"{escape(name)} ({escape(p['gpu'])})", str(p["replicas"]),
-                          str(p["gpus"]), f"{p['completed']:,}",
-                          num(p["requests_per_s"], ",.2f"),
-                          num(p["output_tokens_per_s"], ",.0f"),
-                          pct(p["busy_fraction"])]))  # fmt: skip
     return rows
 
 
+def _breakdowns(summary: Mapping[str, Any]) -> list[str]:
+    """The terminal's rows per priority class, per pool and per engine, then each class's
+    latency percentiles as a table of their own."""
+    rows = breakdown_rows(summary)
+    if not rows:
+        return []
+    parts = ["<table>" + "".join(_row([escape(t), escape(x)]) for t, x, _ in rows) + "</table>"]
+    parts += [
+        f"<table><caption>{escape(topic)} (ms)</caption>"
+        f"{''.join(_latency_rows(latency, CLASS_LATENCY_ROWS))}</table>"
+        for topic, _, latency in rows
+        if latency is not None
+    ]
+    return parts
+
+
+_NOTE_STYLE = {"warning": ' style="color:#8a5300"', "overloaded": ' style="color:#b00020"'}
+
+
 def summary_html(summary: Mapping[str, Any]) -> str:
-    """HTML for `Results._repr_html_`: a caption, an overload warning when there is one,
-    the headline figures, the latency percentiles (ms), and the priority classes and
-    pools when there are several."""
+    """HTML for `Results._repr_html_`: a caption and what ran, the notes (calibration,
+    kernels, warnings, the overload verdict), the figures beside the latency percentiles
+    (ms), then the priority classes, pools and engines when there are several."""
     run = summary["run"]
     caption = (
         f"<b>{escape(str(run['scenario']))}</b> seed {run['seed']}, "
@@ -110,30 +73,14 @@ def summary_html(summary: Mapping[str, Any]) -> str:
     if "configuration" in run:
         parts.append(f"<p>{'<br>'.join(escape(t) for t in header_lines(run['configuration']))}</p>")
     parts += [
-        f'<p style="color:#8a5300"><b>Warning:</b> {escape(w)}</p>' for w in summary["warnings"]
+        f"<p{_NOTE_STYLE.get(topic, '')}><b>{escape(topic.capitalize())}:</b> {escape(text)}</p>"
+        for topic, text in notes(summary)
     ]
-    if summary["overloaded"]:
-        reason = escape(str(summary["overload_reason"]))
-        parts.append(f'<p style="color:#b00020"><b>Overloaded:</b> {reason}</p>')
-    elif summary.get("overload_note"):
-        parts.append(f"<p><b>Note:</b> {escape(summary['overload_note'])}</p>")
-    parts += [
-        f"<p><b>Calibration:</b> {escape(c)}</p>" for c in summary["run"].get("calibrations", [])
-    ]
-    parts += [f"<p><b>All-reduce:</b> {escape(a)}</p>" for a in run.get("all_reduce", [])]
-    parts += [f"<p><b>MoE kernel:</b> {escape(m)}</p>" for m in run.get("moe_kernel", [])]
-    headline = "".join(_row([escape(k), escape(v)]) for k, v in _headline(summary))
-    latency = summary["latency"]
-    lat_rows = [_row(["ms", *_LATENCY_COLS, "n"], "th")]
-    lat_rows += [
-        _row([name.upper(), *(ms(latency[name][col]) for col in _LATENCY_COLS),
-              f"{latency[name]['count']:,}"])
-        for name in _LATENCY_ROWS
-    ]  # fmt: skip
+    figures = "".join(_row([escape(topic), escape(text)]) for topic, text in summary_rows(summary))
     parts.append(
         '<div style="display:flex;gap:2em;align-items:flex-start">'
-        f"<table>{headline}</table><table>{''.join(lat_rows)}</table></div>"
+        f"<table>{figures}</table>"
+        f"<table>{''.join(_latency_rows(summary['latency'], LATENCY_ROWS))}</table></div>"
     )
-    if breakdowns := _breakdowns(summary):
-        parts.append(f"<table>{''.join(breakdowns)}</table>")
+    parts += _breakdowns(summary)
     return "\n".join(parts)

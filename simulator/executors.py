@@ -57,7 +57,9 @@ class JobError:
     detail: str | None
 
 
-def _job_error(status: str, exc: BaseException) -> JobError:
+def job_error(status: str, exc: BaseException) -> JobError:
+    """A job's exception as its result: an InfersimError's message as the error (its first
+    line) and the detail; any other exception named by type, with its traceback."""
     text = str(exc).strip()
     first = text.splitlines()[0] if text else ""
     if isinstance(exc, InfersimError):
@@ -164,7 +166,7 @@ def _pool_round(
                     unfinished.append(futures[future])
                     continue
                 except Exception as exc:  # fn raised: the job's own failure, not the pool's
-                    result = _job_error("failed", exc)
+                    result = job_error("failed", exc)
                 yield futures[future], result
     except BaseException:
         # ^C, or the caller stopped: end the jobs in flight instead of waiting for them
@@ -223,7 +225,7 @@ def _in_process(fn: Callable[[Any], Any], payloads: Sequence[Any]) -> Iterator[t
         try:
             result = fn(payload)
         except Exception as exc:  # the job's own failure, as a pool's worker reports it
-            result = _job_error("failed", exc)
+            result = job_error("failed", exc)
         yield index, result
 
 
@@ -244,7 +246,7 @@ def _dask(
             try:
                 result = future.result()
             except Exception as exc:
-                result = _job_error("lost", exc)
+                result = job_error("lost", exc)
             yield index[future.key], result
     finally:
         client.cancel(futures)

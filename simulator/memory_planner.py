@@ -31,6 +31,9 @@ from simulator.inputs import gpu_of, model_of, positive_int
 from simulator.vllm_defaults import EMULATED_VLLM_VERSION, batch_limits
 
 GB = 1e9
+GIB = 2**30
+"""vLLM's unit for the memory it is told in gigabytes (--swap-space, kv_cache_memory_bytes'
+logs, its non-torch figures): GiB_bytes, vllm/utils/mem_constants.py."""
 
 DEFAULT_MAX_NUM_SEQS = 256
 """vLLM's default cap on sequences per step: the number of positions that get logits."""
@@ -104,7 +107,7 @@ def framework_overhead_bytes(
     start (CustomAllreduce: a group spanning nodes, or of more than 8 GPUs, gets NCCL
     only) and NCCL keeps buffers for its ring and tree neighbours alone."""
     if asked_gb is not None:
-        return asked_gb * GB
+        return asked_gb * GIB
     gib = _NON_TORCH_GIB
     if tp > 1 and gpu.nvlink is not None:
         per_node = gpus_per_node or default_gpus_per_node(gpu) or tp

@@ -357,8 +357,9 @@ class ServingSection(BaseModel):
         default=4.0,
         ge=0,
         le=1e5,
-        description="host memory per GPU for swapped KV blocks, GB; as vLLM, refused where "
-        "it times tp exceeds 70% of the node's host memory, warned about above 40%",
+        description="host memory per GPU for swapped KV blocks, GiB (vLLM's --swap-space, "
+        "CacheConfig.swap_space); as vLLM, refused where it times tp exceeds 70% of the "
+        "node's host memory, warned about above 40%",
     )
     max_model_len: int | None = Field(
         default=None,
@@ -511,7 +512,7 @@ class EngineSection(BaseModel):
         ge=0,
         le=1e4,
         description="vLLM's non-torch memory per GPU (cuBLAS, NCCL and custom all-reduce "
-        "buffers), GB; null: modelled from tp and the GPU's links "
+        "buffers), GiB as vLLM logs it; null: modelled from tp and the GPU's links "
         "(memory_planner.framework_overhead_bytes). Before the memory plan followed vLLM's "
         "profiler (2026-12-01) it was a catch-all (CUDA context, allocator, graphs, default "
         "1.5); the profile run's sampler peak and the memory CUDA does not show are now "

@@ -60,6 +60,7 @@ from simulator.engine.step_log import ClosedLog
 from simulator.inputs import shown
 from simulator.kv_links import KvLinks
 from simulator.memory_planner import (
+    GIB,
     MaxModelLenRefused,
     MemoryPlan,
     SettingNames,
@@ -406,7 +407,7 @@ def _load_arch(scenario: Scenario) -> ModelArchitecture:
     )
 
 
-def batch_limits_of(scenario: Scenario) -> dict[str, int]:
+def batch_limits_of(scenario: Scenario) -> dict[str, int | None]:
     """max_num_seqs and max_num_batched_tokens a replica of `scenario` runs with (set, or
     vLLM's defaults for its GPU), resolved as build_replica does without building it: for
     tables that set GPUs with different defaults side by side (plan), feasible or not;
@@ -529,7 +530,7 @@ def build_replica(
         max_model_len=max_model_len,
         watermark=serving.kv_watermark,
         preemption=serving.preemption,
-        swap_blocks=int(serving.swap_space_gb * 1e9 // block_bytes),
+        swap_blocks=int(serving.swap_space_gb * GIB // block_bytes),
         swap_seconds_per_block=block_bytes / pcie,
         max_queue_delay_s=serving.max_queue_delay_ms / 1000,
         max_waiting=serving.max_waiting,

@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from hardware_models.errors import InfersimError, InfersimWarning
 from simulator.build_id import build_id
-from simulator.executors import JobError, _job_error, run_parallel
+from simulator.executors import JobError, job_error, run_parallel
 from simulator.metrics.headline import COUNTS, HEADLINE, PER_USD, headline_row
 from simulator.metrics.headline import get as _get
 from simulator.progress import bar_options
@@ -223,7 +223,7 @@ def _warn_in_point_order(
 
 
 def _failure(status: str, exc: BaseException, wall_s: float | None) -> dict[str, Any]:
-    return _outcome(_job_error(status, exc), wall_s)
+    return _outcome(job_error(status, exc), wall_s)
 
 
 def _outcome(error: JobError, wall_s: float | None = None) -> dict[str, Any]:

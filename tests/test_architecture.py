@@ -94,14 +94,17 @@ def test_gqa_kv_bytes_per_token():
 
 
 @pytest.mark.parametrize("name", ["llama-2-7b", "mixtral-8x7b", "deepseek-v3", "qwen3-30b-a3b"])
-def test_matmul_flops_per_token_is_twice_active_matmul_params(name):
+def test_a_tokens_gemms_cover_its_active_matmul_params(name):
+    """The step's GEMMs for one token, its top-k experts and the LM head are every active
+    weight matrix (embedding lookup and norms aside)."""
     arch = load_model(name)
     other = arch.attention_other_params + arch.norm_params_per_layer
     norms = arch.num_layers * other + arch.final_norm_params
     matmul_params = arch.active_param_count() - arch.embedding_params - norms
-    assert arch.matmul_flops_per_token() == 2 * matmul_params
-    no_head = arch.matmul_flops_per_token(include_lm_head=False)
-    assert arch.matmul_flops_per_token() - no_head == 2 * arch.vocab_size * arch.hidden_size
+    per_token = sum(n * k * layers for _, _, n, k, layers in arch.gemms(1))
+    experts = arch.experts_per_token * arch.mlp_matrix_params(arch.expert_intermediate_size)
+    head = arch.vocab_size * arch.hidden_size
+    assert per_token + arch.num_moe_layers * experts * arch.is_moe + head == matmul_params
 
 
 def test_hf_config_file_matches_catalog(tmp_path):

@@ -203,7 +203,8 @@ def test_num_gpu_blocks_beyond_the_gpus_memory_is_refused_as_vllm_runs_out_of_it
 )
 def test_swap_space_against_the_nodes_host_memory_as_vllm(gb, tp, outcome):
     """vLLM's CacheConfig.verify_with_parallel_config: swap_space x tp above 70% of the
-    node's CPU memory (dgx-h100: 2,048 GB) is refused, above 40% warned about."""
+    node's CPU memory (dgx-h100: 2,048 GiB; both in GiB, as vLLM counts) is refused, above
+    40% warned about."""
     sections = {"hardware": {"gpu": "h100-sxm", "node": "dgx-h100"}, "workload": FEW,
                 "serving": {"swap_space_gb": gb}, "parallelism": {"tp": tp}}  # fmt: skip
     if outcome == "refused":
@@ -212,6 +213,6 @@ def test_swap_space_against_the_nodes_host_memory_as_vllm(gb, tp, outcome):
         return
     swap = [w for w in _warnings(**sections) if "swap_space_gb" in w]
     assert swap == ([] if outcome == "ran" else [
-        f"serving.swap_space_gb={gb} for each of tp={tp} GPUs takes {gb * tp} GB of the 2048 GB "
+        f"serving.swap_space_gb={gb} for each of tp={tp} GPUs takes {gb * tp} GiB of the 2048 GiB "
         f"of host memory of a dgx-h100 node ({gb * tp / 2048:.0%}): vLLM warns above 40% "
         "('Possibly too large swap space')"])  # fmt: skip

@@ -117,8 +117,8 @@ def test_failed_and_retried_requests_show_in_the_summary_and_compare_table(make_
     assert table.loc["fail", "goodput_fraction_of_arrived"] == good["fraction_of_arrived"]
     assert table.loc["fail", "goodput_fraction_of_arrived"] < table.loc["fail", "goodput_fraction"]
     html = runs["fail"]._repr_html_()  # a notebook shows both too
-    assert f"0 / {fail['counts']['failed']:,} / 0" in html
-    assert "arrived / completed within the SLO" in html
+    assert f"failed {fail['counts']['failed']:,}  retried 0" in html
+    assert f"completed; {fail['counts']['failed']:,} failed" in html
 
 
 def test_a_fault_after_the_run_ends_is_a_warning(make_scenario):

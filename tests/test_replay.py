@@ -681,7 +681,7 @@ def test_the_timeline_sums_every_rank_of_a_multi_rank_run():
     are their sum, as the engine's log sums its engines, not one rank's."""
     import pandas as pd
 
-    from simulator.replay.compare import _sampled
+    from simulator.replay.versus_measured import _sampled
 
     steps = pd.DataFrame(
         {"replica": [0, 1, 0, 1], "start": [0.0, 0.0, 1.0, 1.5], "batch_size": [2, 3, 4, 5],

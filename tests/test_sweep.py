@@ -253,7 +253,7 @@ def test_a_lost_point_is_reported_and_resume_reruns_it(tmp_path, monkeypatch):
     real = module.run_parallel
 
     def lose_the_first(fn, payloads, **_):
-        yield 0, module._job_error("lost", RuntimeError("KilledWorker: worker died"))
+        yield 0, module.job_error("lost", RuntimeError("KilledWorker: worker died"))
         yield from ((i, fn(p)) for i, p in enumerate(payloads) if i)
 
     scenario = Scenario.from_dict(tiny())

@@ -83,9 +83,10 @@ def test_the_users_overhead_overrides_the_model():
     modelled = plan_memory(arch, h100, tp=2)
     assert modelled.framework_overhead == framework_overhead_bytes(h100, 2)
     given = plan_memory(arch, h100, tp=2, framework_overhead_gb=3.0)
-    assert given.framework_overhead == 3.0 * GB
+    assert given.framework_overhead == 3.0 * GIB  # GiB, as vLLM logs its non-torch memory
+    assert given.framework_overhead / GB == pytest.approx(3.22, abs=0.01)  # not 3 GB
     assert given.kv_capacity_bytes == pytest.approx(
-        modelled.kv_capacity_bytes + modelled.framework_overhead - 3.0 * GB
+        modelled.kv_capacity_bytes + modelled.framework_overhead - 3.0 * GIB
     )
 
 
@@ -103,9 +104,9 @@ def test_a_scenario_setting_the_overhead_is_told_what_it_now_covers():
 
     told = [text for text in said(framework_overhead_gb=3.0) if "framework_overhead_gb" in text]
     assert len(told) == 1, told
-    modelled = framework_overhead_bytes(load_gpu("h100-sxm"), 1) / GB
+    modelled = framework_overhead_bytes(load_gpu("h100-sxm"), 1) / GIB
     for part in ("framework_overhead_gb=3:", "non-torch memory only", "sampler peak",
-                 f"{modelled:.2f} GB modelled here", "counts them twice"):  # fmt: skip
+                 f"{modelled:.2f} GiB modelled here", "counts them twice"):  # fmt: skip
         assert part in told[0], (part, told[0])
     assert not [text for text in said() if "framework_overhead_gb" in text]
 

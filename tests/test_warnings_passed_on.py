@@ -17,8 +17,8 @@ from simulator.scenario import Scenario
 from simulator.simulation import simulate
 from tests.conftest import scenario_dict
 
-# Llama-2-13B pipelined over two A100s with 0.5 GB of swap space: each of the two batches in
-# flight gets 38 of its 76 blocks, a swap-out needs more, and the run stops at t=56 s. Swap is
+# Llama-2-13B pipelined over two A100s with 0.5 GiB of swap space: each of the two batches in
+# flight gets 40 of its 81 blocks, a swap-out needs more, and the run stops at t=56 s. Swap is
 # vLLM v0's: the prefill-first policy, whose budget covers the 4,096-token context.
 SWAP_STOP = {
     "name": "swapstop",
@@ -38,7 +38,7 @@ SWAP_STOP = {
     "output": {"plots": False, "progress": False},
 }  # fmt: skip
 SWAP_WARNING = (
-    "serving.swap_space_gb holds 38 KV blocks of host swap space per pipelined batch (2 share "
+    "serving.swap_space_gb holds 40 KV blocks of host swap space per pipelined batch (2 share "
     "it), fewer than one 4,096-token sequence needs (256)"
 )
 V0_SWAP = {"policy": "continuous", "max_num_batched_tokens": 4096, "preemption": "swap"}
@@ -60,7 +60,7 @@ def test_warnings_raised_before_a_run_stops_with_an_error_are_passed_on():
     building the engines) reach the caller although the run raises at its swap-out."""
 
     def run():
-        with pytest.raises(InfersimError, match="has 38 of 38 free"):
+        with pytest.raises(InfersimError, match="has 40 of 40 free"):
             simulate(Scenario.from_dict(SWAP_STOP))
 
     seen = _recorded(run)
@@ -75,14 +75,15 @@ def test_run_prints_the_warnings_then_the_error_when_it_stops(tmp_path, capsys):
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith(f"infersim: warning: {SWAP_WARNING}")
     assert err[1].startswith("infersim: warning: parallelism.pp=2: " + SPLIT_WARNING)
-    assert err[2].startswith("infersim: error: ") and "38 of 38 free" in err[2]
+    assert err[2].startswith("infersim: error: ") and "40 of 40 free" in err[2]
 
 
 def test_the_swap_warning_counts_the_whole_swap_space_without_pipelining():
     data = scenario_dict(serving={**V0_SWAP, "swap_space_gb": 0.5},
                          workload={"num_requests": 10})  # fmt: skip
     (warning,) = _recorded(lambda: simulate(Scenario.from_dict(data)))
-    assert warning.startswith("scenario test: serving.swap_space_gb holds 59 KV blocks of host ")
+    # 0.5 GiB (vLLM's --swap-space unit) of Llama-2-7B's 8 MiB blocks
+    assert warning.startswith("scenario test: serving.swap_space_gb holds 64 KV blocks of host ")
 
 
 def test_a_warning_only_the_summary_computes_is_an_infersim_warning_once():
@@ -141,7 +142,7 @@ def test_a_plan_probe_leaves_its_load_warnings_in_its_summary():
     data["serving"] |= {**V0_SWAP, "swap_space_gb": 0.1}
     summary: dict = {}
     seen = _recorded(lambda: summary.update(_run(Scenario.from_dict(data))))
-    assert len(seen) == 1 and seen[0].startswith("serving.swap_space_gb holds 11 KV blocks")
+    assert len(seen) == 1 and seen[0].startswith("serving.swap_space_gb holds 12 KV blocks")
     assert any(REJECTED in w for w in summary["warnings"])
 
 

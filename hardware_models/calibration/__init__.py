@@ -1,6 +1,10 @@
 """Calibration: measure (harness/), import public tables (measured_tables), fit an
 EfficiencyProfile by inverting the cost model (fit, fit_links), check it on held-out
-shapes (validate, error_report); `workflow` ties them together for the CLI."""
+shapes (validate, error_report); `workflow` ties them together for the CLI.
+
+The names below are its Python API, what `infersim calibrate` does step by step
+(docs/CALIBRATION.md, "From Python": locate and measure, load, fit, validate and report,
+profiles); notebooks/05_calibration.ipynb uses them and nothing else of the package."""
 
 from hardware_models.calibration.error_report import (
     add_errors,
@@ -11,6 +15,7 @@ from hardware_models.calibration.error_report import (
     to_markdown,
 )
 from hardware_models.calibration.fit import fit_profile
+from hardware_models.calibration.harness import run_harness
 from hardware_models.calibration.measured_tables import (
     COLUMNS,
     GPU_FOLDERS,
@@ -26,18 +31,32 @@ from hardware_models.calibration.measured_tables import (
 )
 from hardware_models.calibration.profile_file import (
     CalibrationProfile,
+    FittedLink,
+    ProfileMetadata,
     read_profile,
     write_profile,
 )
+from hardware_models.calibration.sources import Measurements, load_measurements, resolve_spec
 from hardware_models.calibration.split import holdout_mask
-from hardware_models.calibration.workflow import fit_measurements, validate_measurements
+from hardware_models.calibration.validate import base_link, plot_before_after, predict_all
+from hardware_models.calibration.workflow import (
+    Validation,
+    fit_measurements,
+    validate_measurements,
+    write_report,
+)
 
 __all__ = [
     "COLUMNS",
     "GPU_FOLDERS",
     "OP_CLASSES",
     "CalibrationProfile",
+    "FittedLink",
+    "Measurements",
+    "ProfileMetadata",
+    "Validation",
     "add_errors",
+    "base_link",
     "big_gemm_mask",
     "default_link_resolver",
     "default_measured_dir",
@@ -46,10 +65,15 @@ __all__ = [
     "fit_profile",
     "holdout_mask",
     "load_measured",
+    "load_measurements",
+    "plot_before_after",
     "plot_predicted_vs_measured",
     "predict",
+    "predict_all",
     "read_profile",
     "resolve_measured_dir",
+    "resolve_spec",
+    "run_harness",
     "searched_places",
     "size_bucket",
     "summarise_errors",
@@ -57,4 +81,5 @@ __all__ = [
     "to_markdown",
     "validate_measurements",
     "write_profile",
+    "write_report",
 ]

@@ -15,8 +15,9 @@ from collections import OrderedDict
 from hardware_models.errors import InfeasibleError
 from simulator.engine.kv_groups import KvCacheGroups
 
-CacheKey = tuple[str, int]
-"""Whose blocks: ("request", request id) or ("session", session id)."""
+CacheKey = tuple[str, int] | tuple[int, int]
+"""Whose blocks: ("request", request id) or ("session", session id); with hashed prefix
+caching, a block's identity instead (`prefix_hashes.Key`)."""
 
 
 def request_key(rid: int) -> CacheKey:

@@ -66,7 +66,30 @@ _MINUS_ONE = ("replica", "session")
 
 
 class RequestTable:
-    """Columns indexed by request id; grows for closed-loop workloads."""
+    """Columns indexed by request id; grows for closed-loop workloads.
+
+    Each column of `_COLUMNS` is an attribute of its own (set by `_allocate`), declared
+    here so readers and type checkers know them; a test keeps the two lists equal."""
+
+    arrival: np.ndarray
+    prompt: np.ndarray
+    output: np.ndarray
+    priority: np.ndarray
+    priority_class: np.ndarray
+    first_scheduled: np.ndarray
+    first_token: np.ndarray
+    last_token: np.ndarray
+    finish: np.ndarray
+    generated: np.ndarray
+    preemptions: np.ndarray
+    swaps: np.ndarray
+    retries: np.ndarray
+    replica: np.ndarray
+    outcome: np.ndarray
+    reason: np.ndarray
+    session: np.ndarray
+    turn: np.ndarray
+    cached_prompt_tokens: np.ndarray
 
     def __init__(self, capacity: int) -> None:
         self.size = 0

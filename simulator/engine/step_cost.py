@@ -487,21 +487,22 @@ class StepCostModel:
                 crossing += 1
             else:
                 inside[(s * tp) % per_node] += 1
-        if inside and self.node.intra_node_link is None:
-            raise InfeasibleError(
-                f"pipeline parallelism hands activations between GPUs of node "
-                f"{self.node.name}, which has no GPU-to-GPU link ({per_node} GPU per node)"
-            )
-        if crossing and self.node.inter_node_link is None:
-            raise InfeasibleError(
-                f"pipeline parallelism over {tp * self.pp} GPUs spans nodes of {per_node} "
-                f"GPUs, but node {self.node.name} has no inter-node link"
-            )
-        handoffs = [
-            (self.node.intra_node_link, n, first, first + tp) for first, n in sorted(inside.items())
-        ]
+        intra, inter = self.node.intra_node_link, self.node.inter_node_link
+        handoffs: list[tuple[LinkSpec, int, int, int]] = []
+        if inside:
+            if intra is None:
+                raise InfeasibleError(
+                    f"pipeline parallelism hands activations between GPUs of node "
+                    f"{self.node.name}, which has no GPU-to-GPU link ({per_node} GPU per node)"
+                )
+            handoffs += [(intra, n, first, first + tp) for first, n in sorted(inside.items())]
         if crossing:  # the receiving stage starts a node
-            handoffs.append((self.node.inter_node_link, crossing, 0, 0))
+            if inter is None:
+                raise InfeasibleError(
+                    f"pipeline parallelism over {tp * self.pp} GPUs spans nodes of {per_node} "
+                    f"GPUs, but node {self.node.name} has no inter-node link"
+                )
+            handoffs.append((inter, crossing, 0, 0))
         return handoffs
 
     def _hand_off(

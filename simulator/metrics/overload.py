@@ -258,11 +258,6 @@ def worst(*verdicts: str | None) -> str | None:
     return None
 
 
-def is_growing(trend: dict[str, Any]) -> bool:
-    """The waiting queue grew beyond doubt: the run is overloaded."""
-    return verdict(trend) == OVERLOADED
-
-
 WAITING, IN_SYSTEM = "the waiting queue", "the requests in the system (waiting and running)"
 
 

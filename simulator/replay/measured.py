@@ -9,10 +9,6 @@ from typing import Any
 
 import pandas as pd
 
-REQUEST_COLUMNS = ("arrival", "prompt", "output", "ttft", "tpot", "e2e")
-"""`requests` columns: arrival (s from the first), prompt and output tokens, and the
-latencies in seconds (NaN where the run did not give one)."""
-
 TIMELINE_COLUMNS = (
     "t",
     "prompt_throughput",
@@ -34,6 +30,8 @@ class MeasuredRun:
     source: Path
     kind: str
     requests: pd.DataFrame
+    """arrival (s from the first), prompt and output tokens, and the latencies ttft, tpot
+    and e2e in seconds (NaN where the run did not give one)."""
     model: str | None = None
     vllm_version: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)

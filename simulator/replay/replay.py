@@ -12,16 +12,19 @@ import pandas as pd
 
 from hardware_models.errors import InfersimError
 from simulator.replay.bench_json import read_bench_json
-from simulator.replay.compare import before_cache_fills, decode_only_step, latency_table, timeline
 from simulator.replay.config import ReplayOptions, replay_scenario
 from simulator.replay.measured import MeasuredRun
 from simulator.replay.plots import replay_cdfs, timeline_figure
 from simulator.replay.run_folder import read_run_folder
+from simulator.replay.versus_measured import (
+    before_cache_fills,
+    decode_only_step,
+    latency_table,
+    timeline,
+)
 from simulator.results import Results
 from simulator.scenario import Scenario
 from simulator.simulation import run_simulation, warnings_passed_on_once
-
-REPLAY_FILES = ("replay.json", "trace.csv", "timeline.csv", "latency_cdfs.png", "timeline.png")
 
 
 def read_run(path: Path) -> MeasuredRun:

@@ -22,7 +22,8 @@ from simulator.workload.config import (
     RateArrivals,
     SessionConfig,
 )
-from simulator.workload.traces import ARRIVAL_COLUMN, Trace, _name
+from simulator.workload.trace_layouts import shown_name
+from simulator.workload.traces import ARRIVAL_COLUMN, Trace
 
 MAX_OPEN_LOOP_REQUESTS = MAX_REQUESTS
 """Refuse larger open-loop workloads: their arrays alone would need several GB."""
@@ -106,14 +107,14 @@ def trace_arrivals(
     trace that ends before num_requests (and before duration_s) is an error, not a
     silently shorter run."""
     if trace.arrived_at is None:
-        raise InfersimError(f"{_name(trace.path)}: no '{ARRIVAL_COLUMN}' column was read")
+        raise InfersimError(f"{shown_name(trace.path)}: no '{ARRIVAL_COLUMN}' column was read")
     times = trace.arrived_at * time_scale
-    _check_clock(times, f"{_name(trace.path)} x time_scale {time_scale:g}")
+    _check_clock(times, f"{shown_name(trace.path)} x time_scale {time_scale:g}")
     if duration_s is not None:
         times = times[: np.searchsorted(times, duration_s, side="left")]
     if num_requests is not None and len(times) == len(trace) < num_requests:
         raise InfersimError(
-            f"{_name(trace.path)}: the trace has {len(trace):,} requests, fewer than "
+            f"{shown_name(trace.path)}: the trace has {len(trace):,} requests, fewer than "
             f"num_requests={num_requests:,}; lower num_requests or stop on duration_s"
         )
     return times[:num_requests] if num_requests is not None else times

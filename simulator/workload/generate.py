@@ -29,8 +29,8 @@ from simulator.workload.config import (
     WorkloadConfig,
 )
 from simulator.workload.lengths import LengthSampler, LengthSource, TableLengths, draw, to_tokens
-from simulator.workload.trace_layouts import OUTPUT_COLUMN, PROMPT_COLUMN
-from simulator.workload.traces import MAX_TOKENS, Trace, _name, read_trace
+from simulator.workload.trace_layouts import OUTPUT_COLUMN, PROMPT_COLUMN, shown_name
+from simulator.workload.traces import MAX_TOKENS, Trace, read_trace
 
 _ROLES = (("prompt_tokens", PROMPT_COLUMN), ("output_tokens", OUTPUT_COLUMN))
 
@@ -141,7 +141,7 @@ def _prompt_hashes(
         return None
     if config.prompt_tokens is not None:
         _warn(
-            f"{_name(trace.path)}: its hash_ids are not used: the prompts are drawn from "
+            f"{shown_name(trace.path)}: its hash_ids are not used: the prompts are drawn from "
             "workload.prompt_tokens, not the trace's"
         )
         return None
@@ -156,7 +156,7 @@ def _prompt_hashes(
         i = int(np.argmax(over))
         name = trace.layout_name(PROMPT_COLUMN)
         raise InfersimError(
-            f"{_name(trace.path)}: line {trace.line(i)}: {blocks[i]} hash_ids for {name} "
+            f"{shown_name(trace.path)}: line {trace.line(i)}: {blocks[i]} hash_ids for {name} "
             f"{tokens[i]:,}, more than ceil({tokens[i]} / arrivals.hash_block_tokens {size}) "
             f"= {most[i]}; set hash_block_tokens to the block size the trace was hashed with"
         )
@@ -324,7 +324,7 @@ def _read_traces(config: WorkloadConfig, base_dir: Path) -> dict[Path, Trace]:
         )
         if trace.hashes_unread:
             _warn(
-                f"{_name(path)}: its hash_ids are not used: lengths drawn from a trace share "
+                f"{shown_name(path)}: its hash_ids are not used: lengths drawn from a trace share "
                 "no prompt blocks (replay it with arrivals.kind trace for that)"
             )
         traces[path] = _drop_empty_rows(trace) if config.zero_token_rows == "drop" else trace
@@ -338,11 +338,11 @@ def _drop_empty_rows(trace: Trace) -> Trace:
         counts = ", ".join(f"{n:,} with 0 {name!r}" for name, n in empty.items())
         if not len(kept):
             raise InfersimError(
-                f"{_name(trace.path)}: every row has 0 tokens ({counts}): no request to "
+                f"{shown_name(trace.path)}: every row has 0 tokens ({counts}): no request to "
                 "simulate (workload.zero_token_rows: one_token replays them as 1 token)"
             )
         _warn(
-            f"{_name(trace.path)}: {len(trace) - len(kept):,} of its {len(trace):,} rows left "
+            f"{shown_name(trace.path)}: {len(trace) - len(kept):,} of its {len(trace):,} rows left "
             f"out ({counts}; BurstGPT logs failed requests so); workload.zero_token_rows: "
             "one_token keeps them as 1-token requests"
         )

@@ -94,16 +94,16 @@ def detect_layout(path: Path, found: Sequence[str], wanted: Sequence[str]) -> Tr
     ]
     if len(complete) > 1:
         warnings.warn(
-            f"{_shown(str(path))}: its columns fit the layouts {' and '.join(complete)}: read "
+            f"{shown_name(path)}: its columns fit the layouts {' and '.join(complete)}: read "
             f"as {best.describe()} (arrivals.columns names the columns otherwise)",
             InfersimWarning,
             stacklevel=3,
         )
     if has(best) == 0 and wanted:
-        shown = ", ".join(_shown(name) for name in found) or "none"
+        shown = ", ".join(shown_name(name) for name in found) or "none"
         known = "; ".join(layout.describe() for layout in LAYOUTS)
         raise InfersimError(
-            f"{_shown(str(path))}: its columns ({shown}) match no known trace layout: "
+            f"{shown_name(path)}: its columns ({shown}) match no known trace layout: "
             f"{known}; {MAPPING_HINT}"
         )
     return best
@@ -117,7 +117,7 @@ def datetime_ns(path: Path, column: str, cells: list, line_no: np.ndarray) -> np
     if bad.any():
         i = int(np.argmax(bad))
         raise InfersimError(
-            f"{_shown(str(path))}: line {line_no[i]}: {column}: not a date and time "
+            f"{shown_name(path)}: line {line_no[i]}: {column}: not a date and time "
             f"({cells[i]!r}); expected e.g. 2023-11-16 18:15:46.680"
         )
     if stamps.dt.tz is not None:
@@ -170,7 +170,7 @@ def _datetimes(path: Path, column: str, cells: list, line_no: np.ndarray) -> pd.
     if "none" in zones and "named" in zones:
         i, j = zones.index("none"), zones.index("named")
         raise InfersimError(
-            f"{_shown(str(path))}: line {line_no[i]}: {column}: {cells[i]!r} has no time "
+            f"{shown_name(path)}: line {line_no[i]}: {column}: {cells[i]!r} has no time "
             f"zone, but line {line_no[j]}'s {cells[j]!r} has one; give every row a zone or none"
         )
     return pd.to_datetime(series, format="ISO8601", errors="coerce", utc=True)
@@ -190,7 +190,8 @@ def _zone(cell) -> Literal["named", "none", "bad"]:
     return "none" if stamp.tzinfo is None else "named"
 
 
-def _shown(name: str) -> str:
+def shown_name(name: str | Path) -> str:
     """A column or file name as messages show it: as it is, or quoted when it holds a line
     break or another unprintable character (so that every message stays one line)."""
-    return name if name.isprintable() else repr(name)
+    text = str(name)
+    return text if text.isprintable() else repr(text)

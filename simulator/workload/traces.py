@@ -34,11 +34,11 @@ from simulator.workload.trace_layouts import (
     OUTPUT_COLUMN,
     PROMPT_COLUMN,
     TraceLayout,
-    _shown,
     datetime_ns,
     detect_layout,
     seconds_from_earliest,
     shift_is_material,
+    shown_name,
 )
 
 __all__ = ["ARRIVAL_COLUMN", "MAX_TOKENS", "OUTPUT_COLUMN", "PROMPT_COLUMN", "Trace", "read_trace"]
@@ -137,13 +137,13 @@ def read_trace(
     elif suffix in _BENCH_SUFFIXES:
         if layout is not None:
             raise InfersimError(
-                f"{_name(path)}: arrivals.columns does not apply to a vLLM bench serve "
+                f"{shown_name(path)}: arrivals.columns does not apply to a vLLM bench serve "
                 f"result (its columns are {BENCH_LAYOUT.describe()}); leave it out"
             )
         return _bench_trace(path, token_columns, arrivals)
     else:
         raise InfersimError(
-            f"{_name(path)}: unknown trace format {path.suffix!r}; use .csv, .jsonl, or "
+            f"{shown_name(path)}: unknown trace format {path.suffix!r}; use .csv, .jsonl, or "
             ".json (a `vllm bench serve --save-result --save-detailed` result)"
         )
     mapped = layout is not None
@@ -189,7 +189,7 @@ def _bench_trace(path: Path, token_columns: Sequence[str], arrivals: bool) -> Tr
     sent = bench_requests(load_json_object(path), path)
     if arrivals and sent.start_times is None:
         raise InfersimError(
-            f"{_name(path)}: this vLLM bench serve result records no send times (no "
+            f"{shown_name(path)}: this vLLM bench serve result records no send times (no "
             f"'{bench_key.START_TIMES}': the vLLM that wrote it saved only the request_rate and "
             "burstiness they were drawn from), so it cannot give arrivals; `infersim replay` "
             "draws them as vLLM's client did and compares the latencies, or take only its "
@@ -203,15 +203,15 @@ def _bench_trace(path: Path, token_columns: Sequence[str], arrivals: bool) -> Tr
     missing = [name for name in names.values() if name not in columns]
     if missing:
         raise InfersimError(
-            f"{_name(path)}: no column {', '.join(map(repr, missing))}: as a trace, a vLLM "
+            f"{shown_name(path)}: no column {', '.join(map(repr, missing))}: as a trace, a vLLM "
             f"bench serve result gives {', '.join(columns)}"
         )
     kept = np.flatnonzero(~sent.failed)
     if not len(kept):
-        raise InfersimError(f"{_name(path)}: every request failed (see '{bench_key.ERRORS}')")
+        raise InfersimError(f"{shown_name(path)}: every request failed (see '{bench_key.ERRORS}')")
     if len(kept) < len(sent):
         warnings.warn(
-            f"{_name(path)}: {len(sent) - len(kept):,} of its {len(sent):,} requests failed "
+            f"{shown_name(path)}: {len(sent) - len(kept):,} of its {len(sent):,} requests failed "
             f"(non-empty '{bench_key.ERRORS}') and are left out: their output_lens are 0, not "
             "what the server would have generated",
             InfersimWarning,
@@ -241,13 +241,13 @@ def _with_arrivals(trace: Trace, cells: list[Any]) -> Trace:
     else:
         stamps = _numbers(path, column, cells, line_no)
     if not len(stamps):
-        raise InfersimError(f"{_name(path)}: no rows to replay")
+        raise InfersimError(f"{shown_name(path)}: no rows to replay")
     arrived, offset_s = seconds_from_earliest(stamps, unit)
     order = _arrival_order(path, layout, stamps, line_no, cells)
     first = int(order[0])
     if unit != "datetime" and shift_is_material(offset_s, float(arrived.max())):
         warnings.warn(
-            f"{_name(path)}: replayed from its earliest request ({column} "
+            f"{shown_name(path)}: replayed from its earliest request ({column} "
             f"{_number(stamps[first])} {unit}, {layout.row} {line_no[first]}, is t = 0): "
             f"every arrival {_duration(offset_s)} earlier than the file writes it",
             InfersimWarning,
@@ -275,7 +275,7 @@ def _arrival_order(
     i = int(np.argmax(late))
     before = int(np.argmax(stamps == stamps[:i].max()))
     warnings.warn(
-        f"{_name(path)}: {int(late.sum()):,} of its {len(stamps):,} rows arrive before a row "
+        f"{shown_name(path)}: {int(late.sum()):,} of its {len(stamps):,} rows arrive before a row "
         f"above them (first: {row} {line_no[i]}, {column} {_cell(cells[i])}, before {row} "
         f"{line_no[before]}'s {_cell(cells[before])}): replayed in order of {column}, rows "
         "of equal times in file order",
@@ -287,7 +287,7 @@ def _arrival_order(
 
 def _cell(value: Any) -> str:
     """A cell as the file writes it (one line)."""
-    return _shown(str(value))
+    return shown_name(value)
 
 
 def _number(value: float) -> str:
@@ -316,19 +316,19 @@ def _missing_columns(
     """Why the file lacks columns it was read for, with the columns it has and how to
     name them: a mapping's column mistyped, a layout recognised by some of its columns
     only, or a lengths-only trace asked for arrivals."""
-    shown = ", ".join(_shown(name) for name in found) or "none"
+    shown = ", ".join(shown_name(name) for name in found) or "none"
     roles = [layout.arrival, layout.prompt, layout.output]
     missing = sorted(missing, key=lambda c: roles.index(c) if c in roles else len(roles))
     absent = ", ".join(map(repr, missing))
     if mapped:
         return (
-            f"{_name(path)}: no column{'s' * (len(missing) > 1)} {absent} (from "
+            f"{shown_name(path)}: no column{'s' * (len(missing) > 1)} {absent} (from "
             f"arrivals.columns); its columns: {shown}"
         )
     lengths = {layout.prompt, layout.output}
     if arrivals and missing == [layout.arrival] and lengths <= set(found):
         return (
-            f"{_name(path)}: no '{layout.arrival}' column (found: {shown}): a lengths-only "
+            f"{shown_name(path)}: no '{layout.arrival}' column (found: {shown}): a lengths-only "
             "trace can give prompt/output lengths but not arrivals; if one of its columns "
             f"holds arrival times, {MAPPING_HINT}"
         )
@@ -339,14 +339,16 @@ def _missing_columns(
         if matched
         else ""
     )
-    return f"{_name(path)}: missing column(s) {absent}{assumed} (found: {shown}); {MAPPING_HINT}"
+    return (
+        f"{shown_name(path)}: missing column(s) {absent}{assumed} (found: {shown}); {MAPPING_HINT}"
+    )
 
 
 def _csv_header(path: Path, text: str) -> list[str]:
     try:
         return [h.strip() for h in next(csv.reader(io.StringIO(text, newline="")))]
     except csv.Error as exc:
-        raise InfersimError(f"{_name(path)}: line 1: bad CSV: {exc}") from None
+        raise InfersimError(f"{shown_name(path)}: line 1: bad CSV: {exc}") from None
 
 
 def _jsonl_keys(path: Path, text: str) -> list[str]:
@@ -397,7 +399,7 @@ def _field(record: dict[str, Any], name: str) -> Any:
 
 def _read_text(path: Path) -> str:
     if not path.is_file():
-        raise InfersimError(f"{_name(path)}: no such trace file")
+        raise InfersimError(f"{shown_name(path)}: no such trace file")
     data = path.read_bytes()
     try:
         text = data.decode("utf-8-sig")
@@ -405,11 +407,11 @@ def _read_text(path: Path) -> str:
         start = exc.start + (3 if data.startswith(b"\xef\xbb\xbf") else 0)
         line = data.count(b"\n", 0, start) + 1
         raise InfersimError(
-            f"{_name(path)}: line {line}: not UTF-8 text "
+            f"{shown_name(path)}: line {line}: not UTF-8 text "
             f"(byte {start}: {data[start : start + 1]!r})"
         ) from None
     if not text.strip():
-        raise InfersimError(f"{_name(path)}: file is empty")
+        raise InfersimError(f"{shown_name(path)}: file is empty")
     return text
 
 
@@ -424,7 +426,7 @@ def _parse_csv(
         for name in columns:
             if header.count(name) > 1:
                 raise InfersimError(
-                    f"{_name(path)}: line 1: column {name!r} appears more than once"
+                    f"{shown_name(path)}: line 1: column {name!r} appears more than once"
                 )
         wanted = [(c, index[c]) for c in columns if c in index]
         values: dict[str, list[Any]] = {c: [] for c, _ in wanted}
@@ -437,16 +439,16 @@ def _parse_csv(
                 last = reader.line_num == text.rstrip("\r\n").count("\n") + 1
                 hint = " (truncated last line?)" if last and len(row) < width else ""
                 raise InfersimError(
-                    f"{_name(path)}: line {reader.line_num}: expected {width} fields "
-                    f"({', '.join(map(_shown, header))}), got {len(row)}{hint}"
+                    f"{shown_name(path)}: line {reader.line_num}: expected {width} fields "
+                    f"({', '.join(map(shown_name, header))}), got {len(row)}{hint}"
                 )
             lines.append(reader.line_num)
             for c, i in wanted:
                 values[c].append(row[i])
     except csv.Error as exc:
-        raise InfersimError(f"{_name(path)}: line {reader.line_num}: bad CSV: {exc}") from None
+        raise InfersimError(f"{shown_name(path)}: line {reader.line_num}: bad CSV: {exc}") from None
     if not lines:
-        raise InfersimError(f"{_name(path)}: no data rows after the header (line 1)")
+        raise InfersimError(f"{shown_name(path)}: no data rows after the header (line 1)")
     return values, lines, header
 
 
@@ -484,10 +486,11 @@ def _parse_jsonl(
         else:
             problem = None
         if problem is not None:
-            raise InfersimError(f"{_name(path)}: line {number}: invalid JSON: {problem}")
+            raise InfersimError(f"{shown_name(path)}: line {number}: invalid JSON: {problem}")
         if not isinstance(record, dict):
             raise InfersimError(
-                f"{_name(path)}: line {number}: expected a JSON object, got {type(record).__name__}"
+                f"{shown_name(path)}: line {number}: expected a JSON object, got "
+                f"{type(record).__name__}"
             )
         fields = [_field(record, c) for c in columns]
         if lengths and all(_field(record, c) in (_ABSENT, None) for c in lengths):
@@ -497,10 +500,12 @@ def _parse_jsonl(
             return values, lines, _flat_keys(record)
         for c, value in zip(columns, fields, strict=True):
             if value is _ABSENT:
-                raise InfersimError(f"{_name(path)}: line {number}: missing field {c!r}")
+                raise InfersimError(f"{shown_name(path)}: line {number}: missing field {c!r}")
             number_wanted = c not in as_text
             if number_wanted and (isinstance(value, bool) or not isinstance(value, int | float)):
-                raise InfersimError(f"{_name(path)}: line {number}: {c}: not a number ({value!r})")
+                raise InfersimError(
+                    f"{shown_name(path)}: line {number}: {c}: not a number ({value!r})"
+                )
             values[c].append(value)
         if hashes is not None:
             values[hashes].append(_hash_list(path, number, hashes, record.get(hashes)))
@@ -509,13 +514,13 @@ def _parse_jsonl(
         keys = _flat_keys(unused[0][1])  # row names them without a value
         if any(c in keys for c in lengths):
             raise InfersimError(
-                f"{_name(path)}: none of its {len(unused):,} rows has a value for "
+                f"{shown_name(path)}: none of its {len(unused):,} rows has a value for "
                 f"{' or '.join(lengths)} (first: line {unused[0][0]}): nothing to replay"
             )
         return values, lines, keys
     if unused:
         warnings.warn(
-            f"{_name(path)}: {len(unused):,} of its {len(unused) + len(lines):,} rows have "
+            f"{shown_name(path)}: {len(unused):,} of its {len(unused) + len(lines):,} rows have "
             f"no {' or '.join(lengths)} (first: line {unused[0][0]}; an error response "
             "is logged without token counts) and are left out",
             InfersimWarning,
@@ -530,7 +535,7 @@ def _hash_list(path: Path, line: int, key: str, value: Any) -> np.ndarray:
         isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63 for v in value
     ):
         raise InfersimError(
-            f"{_name(path)}: line {line}: {key}: expected a list of 64-bit integers, "
+            f"{shown_name(path)}: line {line}: {key}: expected a list of 64-bit integers, "
             f"got {str(value)[:60]}"
         )
     return np.array(value, dtype=np.int64)
@@ -551,22 +556,19 @@ def _numbers(path: Path, column: str, cells: list[Any], line_no: np.ndarray) -> 
             except ValueError:
                 shown = repr(cell) if cell.strip() else "empty"
                 raise InfersimError(
-                    f"{_name(path)}: line {line_no[i]}: {column}: not a number ({shown})"
+                    f"{shown_name(path)}: line {line_no[i]}: {column}: not a number ({shown})"
                 ) from None
     bad = ~np.isfinite(out)
     if bad.any():
         i = int(np.argmax(bad))
-        raise InfersimError(f"{_name(path)}: line {line_no[i]}: {column}: {out[i]} is not finite")
+        where = f"{shown_name(path)}: line {line_no[i]}: {column}"
+        raise InfersimError(f"{where}: {out[i]} is not finite")
     negative = out < 0
     if negative.any():
         i = int(np.argmax(negative))
-        raise InfersimError(f"{_name(path)}: line {line_no[i]}: {column}: {out[i]:g} is negative")
+        where = f"{shown_name(path)}: line {line_no[i]}: {column}"
+        raise InfersimError(f"{where}: {out[i]:g} is negative")
     return out
-
-
-def _name(path: Path | str) -> str:
-    """A file as messages name it (quoted when its name would break the line)."""
-    return _shown(str(path))
 
 
 def _whole(path: Path, column: str, values: np.ndarray, line_no: np.ndarray) -> np.ndarray:
@@ -575,5 +577,6 @@ def _whole(path: Path, column: str, values: np.ndarray, line_no: np.ndarray) -> 
     if bad.any():
         i = int(np.argmax(bad))
         why = "too large" if values[i] > MAX_TOKENS else "not a whole number"
-        raise InfersimError(f"{_name(path)}: line {line_no[i]}: {column}: {values[i]:g} is {why}")
+        where = f"{shown_name(path)}: line {line_no[i]}: {column}"
+        raise InfersimError(f"{where}: {values[i]:g} is {why}")
     return values.astype(np.int64)
