@@ -162,6 +162,21 @@ def _layer_weight_bytes(
     return dense_layer, moe_layer, routed * w_bytes
 
 
+def _unquantized_extra(
+    arch: ModelArchitecture, tp: int, w_format: str, a_bytes: float
+) -> list[tuple[str, float]]:
+    """(GEMM name, the bytes one layer's shard adds) for each GEMM the checkpoint keeps in
+    16 bits in some layers (ModelArchitecture.unquantized): its weights stored in the
+    activation dtype, not the weight format, as vLLM's quantised loaders leave a skipped
+    module an UnquantizedLinearMethod. Nothing for an MXFP4 MoE checkpoint, whose linear
+    layers are 16-bit already."""
+    if not arch.unquantized or is_mxfp4_moe(w_format, arch.is_moe):
+        return []
+    narrower = a_bytes - weight_bytes_per_param(w_format)
+    shards = {name: n * k for name, _, n, k, _ in arch.gemms(1, tp)}
+    return [(name, shards[name] * narrower) for name in arch.unquantized if narrower > 0]
+
+
 def stage_layers(arch: ModelArchitecture, pp: int) -> list[range]:
     """The layers of each pipeline stage, as vLLM's get_pp_indices splits them: layers // pp
     each, the remainder one apiece to the stages before the last, from the second last
@@ -206,10 +221,12 @@ def stage_weights(
     vocab_shard = math.ceil(arch.vocab_size / tp) * arch.hidden_size
     head = 0 if (pp == 1 and arch.tie_word_embeddings) else vocab_shard
     stages = stage_layers(arch, pp)
+    kept = _unquantized_extra(arch, tp, weight_format(weight_dtype), a_bytes)
     weights = []
     for index, layers in enumerate(stages):
         moe_layers = sum(arch.is_moe_layer(i) for i in layers)
         total = moe_layers * moe + (len(layers) - moe_layers) * dense
+        total += sum(arch.unquantized_layers(name, layers) * extra for name, extra in kept)
         ends = (vocab_shard if index == 0 else 0) + (
             head + arch.final_norm_params if index == len(stages) - 1 else 0
         )

@@ -389,9 +389,10 @@ class StepCostModel:
             else eff.launch_overhead_eager_us
         )
         self._dense_cache: dict[int, _Part] = {}
-        # What _dense needs for every token count, read once: (name, n, k, layers) of the
-        # model's GEMMs (Architecture.gemms; m is the token count), and the pointwise chains.
-        self._gemm_shapes = [(name, n, k, times) for name, _, n, k, times in arch.gemms(1, tp)]
+        # What _dense needs for every token count, read once: (name, n, k, layers, dtypes)
+        # of the model's GEMMs (Architecture.gemms; m is the token count; gemm_dtypes, a
+        # checkpoint's unquantized layers apart), and the pointwise chains.
+        self._gemm_shapes = self._gemm_formats()
         self._chains = self._pointwise_chains()
         self._gemm_blocks: dict[int, list[list[OpCost]]] = {}  # see _gemms
         self._gemm_misses: dict[int, int] = {}
@@ -582,7 +583,7 @@ class StepCostModel:
         if part is not None:
             return part
         part = _Part.empty()
-        for (*_, times), cost in zip(self._gemm_shapes, self._gemms(tokens), strict=True):
+        for (*_, times, _), cost in zip(self._gemm_shapes, self._gemms(tokens), strict=True):
             part.add(cost, times)
         if self.arch.is_moe and self.dp == 1:  # with dp > 1, _moe_over_ranks
             part.add(self._routed_experts(tokens), self.arch.num_moe_layers)
@@ -615,14 +616,24 @@ class StepCostModel:
         gpu, shapes = self.gpu, self._gemm_shapes
         misses = self._gemm_misses[block] = self._gemm_misses.get(block, 0) + 1
         if misses <= _GEMM_ALONE:
-            return [
-                gemm_cost(gpu, tokens, n, k, *self.gemm_dtypes(name)) for name, n, k, _ in shapes
-            ]
-        by_gemm = [
-            _gemm_block(gpu, n, k, *self.gemm_dtypes(name), block) for name, n, k, _ in shapes
-        ]
+            return [gemm_cost(gpu, tokens, n, k, *dtypes) for _, n, k, _, dtypes in shapes]
+        by_gemm = [_gemm_block(gpu, n, k, *dtypes, block) for _, n, k, _, dtypes in shapes]
         priced = self._gemm_blocks[block] = [list(costs) for costs in zip(*by_gemm, strict=True)]
         return priced[row]
+
+    def _gemm_formats(self) -> list[tuple[str, int, int, int, tuple]]:
+        """(name, n, k, layers, gemm_dtypes) of the model's GEMMs on one rank, a GEMM the
+        checkpoint keeps in 16 bits in some layers (Architecture.unquantized: vLLM's
+        UnquantizedLinearMethod for a skipped module) split off in the activation dtype."""
+        unquantized = (self.act_dtype, None)
+        shapes = []
+        for name, _, n, k, times in self.arch.gemms(1, self.tp):
+            kept = self.arch.unquantized_layers(name)
+            if times > kept:
+                shapes.append((name, n, k, times - kept, self.gemm_dtypes(name)))
+            if kept:
+                shapes.append((name, n, k, kept, unquantized))
+        return shapes
 
     def gemm_dtypes(self, name: str) -> tuple[str | Dtype, str | None]:
         """(kernel dtype, weight format) of the model's GEMM `name` (Architecture.gemms):
