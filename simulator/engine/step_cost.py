@@ -340,8 +340,21 @@ class StepCostModel:
         custom_all_reduce: bool = True,
         symm_mem_all_reduce: bool = True,
         mxfp4_use_marlin: bool = False,
+        first_gpu: int = 0,
     ) -> None:
         arch.check_tp(tp)
+        # How to build this model again placed elsewhere (placed()).
+        self._settings = {
+            "weight_dtype": weight_dtype, "kv_dtype": kv_dtype,
+            "activation_dtype": activation_dtype, "tp": tp, "pp": pp, "overheads": overheads,
+            "expert_parallel": expert_parallel, "moe_routing": moe_routing, "dp": dp,
+            "all2all_backend": all2all_backend, "custom_all_reduce": custom_all_reduce,
+            "symm_mem_all_reduce": symm_mem_all_reduce, "mxfp4_use_marlin": mxfp4_use_marlin,
+        }  # fmt: skip
+        # The cluster GPU the replica starts on: replicas are packed in order over nodes
+        # of node.gpus_per_node, so a replica may start mid-node or straddle two.
+        self.first_gpu = first_gpu
+        self._placed: dict[int, StepCostModel] = {}  # placed(), by place in a node
         self.mxfp4_use_marlin = mxfp4_use_marlin  # VLLM_MXFP4_USE_MARLIN=1
         self.arch, self.gpu, self.node, self.tp, self.pp = arch, gpu, node, tp, pp
         self.dp = dp if arch.is_moe else 1  # dense ranks are independent replicas
@@ -372,9 +385,11 @@ class StepCostModel:
         self.tp_link = self._link(tp, "tensor parallelism")
         # vLLM's dispatch of the layers' all-reduces: custom, symmetric memory or NCCL,
         # per pipeline stage (its tp group's place on a PCIe tree decides peer access).
-        self.stage_all_reduces = self._stage_all_reduces(custom_all_reduce, symm_mem_all_reduce)
+        self.stage_all_reduces = self._stage_all_reduces(
+            custom_all_reduce, symm_mem_all_reduce, first_gpu
+        )
         self.tp_all_reduce = self.stage_all_reduces[0][0] if self.stage_all_reduces else None
-        self.handoffs = self._handoffs()
+        self.handoffs = self._handoffs(first_gpu)
         self.ep_link = self._link(tp * self.dp, "parallelism.dp: the MoE dispatch (tp x dp)")
         # Constants of every step, looked up once (step() runs tens of thousands of times).
         self._layers = arch.num_layers
@@ -437,12 +452,46 @@ class StepCostModel:
             )
         return self.node.inter_node_link
 
-    def _stage_all_reduces(self, custom: bool, symm_mem: bool) -> list[tuple[TpAllReduce, int]]:
+    def placement(self, first_gpu: int) -> tuple[list, list]:
+        """What prices differently with a replica's place, from cluster GPU `first_gpu` on:
+        its stage hand-offs (the GPUs they start on only over a PCIe tree, where the
+        place matters) and its stages' all-reduce plans. They depend on its place in its
+        node only."""
+        custom, symm_mem = (self._settings[k] for k in ("custom_all_reduce", "symm_mem_all_reduce"))
+        handoffs = [
+            (link, n, *(ends if link.fabric else (0, 0)))
+            for link, n, *ends in self._handoffs(first_gpu)
+        ]
+        return handoffs, self._stage_all_reduces(custom, symm_mem, first_gpu)
+
+    @functools.cached_property
+    def where(self) -> tuple[list, list]:
+        """This model's placement(): what placed() compares."""
+        return self.placement(self.first_gpu)
+
+    def placed(self, first_gpu: int) -> StepCostModel:
+        """This model for a replica starting on cluster GPU `first_gpu`: itself when its
+        stages' hand-offs and all-reduces run as this one's do, else one built there
+        (one per placement, shared by the replicas placed alike)."""
+        key = first_gpu % self.node.gpus_per_node
+        if key not in self._placed:
+            where = self.placement(key)
+            alike = (model for model in self._placed.values() if model.where == where)
+            self._placed[key] = next(alike, None) or (
+                self
+                if where == self.where
+                else StepCostModel(self.arch, self.gpu, self.node, **self._settings, first_gpu=key)
+            )
+        return self._placed[key]
+
+    def _stage_all_reduces(
+        self, custom: bool, symm_mem: bool, first_gpu: int
+    ) -> list[tuple[TpAllReduce, int]]:
         """The tp all-reduce plan of each pipeline stage as (plan, the layers of the
         stages sharing it), in stage order; empty without tensor parallelism. Stages sit
-        in order on the replica's GPUs (stage s from node GPU s * tp on), so on a PCIe
-        tree a later stage's group can straddle a switch and lose the peer access the
-        first has."""
+        in order on the replica's GPUs (stage s from cluster GPU first_gpu + s * tp on), so
+        on a PCIe tree a later stage's group can straddle a switch and lose the peer access
+        the first has."""
         if self.tp_link is None:
             return []
         plans: list[list] = []  # [plan, layers]
@@ -456,7 +505,7 @@ class StepCostModel:
                 custom=custom,
                 symm_mem=symm_mem,
                 cuda_graphs=self.overheads.cuda_graphs,
-                first_gpu=(s * self.tp) % self.node.gpus_per_node,
+                first_gpu=(first_gpu + s * self.tp) % self.node.gpus_per_node,
             )
             same = next((entry for entry in plans if entry[0] == plan), None)
             if same is None:
@@ -465,22 +514,23 @@ class StepCostModel:
                 same[1] += len(layers)
         return [(plan, layers) for plan, layers in plans]
 
-    def _handoffs(self) -> list[tuple[LinkSpec, int, int, int]]:
+    def _handoffs(self, first_gpu: int) -> list[tuple[LinkSpec, int, int, int]]:
         """The pp - 1 stage hand-offs as (link, how many, the node GPUs the sending and the
-        receiving stage start on). Stages sit in order on the replica's GPUs and each tp
-        rank sends to the same rank of the next stage (GPU g to g + tp), all at once: a
-        hand-off crosses nodes when one of those pairs does, and inside a node its place
-        matters on a PCIe tree (switch neighbours, or across sockets). A send/recv is
-        priced on the link's own latency and efficiency (a calibration profile's links are
-        all-reduce fits)."""
+        receiving stage start on). Stages sit in order on the replica's GPUs (from
+        first_gpu on) and each tp rank sends to the same rank of the next stage (GPU g to
+        g + tp), all at once: a hand-off crosses nodes when one of those pairs does, and
+        inside a node its place matters on a PCIe tree (switch neighbours, or across
+        sockets). A send/recv is priced on the link's own latency and efficiency (a
+        calibration profile's links are all-reduce fits)."""
         tp, per_node = self.tp, self.node.gpus_per_node
         inside: Counter[int] = Counter()
         crossing = 0
         for s in range(self.pp - 1):
-            if any((s * tp + i) // per_node != ((s + 1) * tp + i) // per_node for i in range(tp)):
+            start = first_gpu + s * tp
+            if any((start + i) // per_node != (start + tp + i) // per_node for i in range(tp)):
                 crossing += 1
             else:
-                inside[(s * tp) % per_node] += 1
+                inside[start % per_node] += 1
         if inside and self.node.intra_node_link is None:
             raise InfeasibleError(
                 f"pipeline parallelism hands activations between GPUs of node "
