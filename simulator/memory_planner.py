@@ -504,6 +504,8 @@ def plan_memory(
     max_model_len: int | None = None,
     block_size: int = 16,
     vllm_version: tuple[int, int, int] = EMULATED_VLLM_VERSION,
+    gpus_per_node: int = 8,
+    nodes: int | None = None,
 ) -> MemoryPlan:
     """Plan one GPU of a tp x pp x dp replica (experts sliced over the tp x dp GPUs, or
     whole over them with `expert_parallel`; each dp rank's tp GPUs hold that rank's KV
@@ -519,7 +521,10 @@ def plan_memory(
     profiled peak, `vllm_version` its bytes a logit (sampler_bytes_per_logit). Unset
     batch limits are `vllm serve`'s defaults for this GPU in `vllm_version`
     (vllm_defaults.batch_limits), as a scenario's are, so the plan is the one `run` makes.
-    `arch` and `gpu` may be given as load_model and load_gpu take them (names, files)."""
+    `arch` and `gpu` may be given as load_model and load_gpu take them (names, files).
+    What does not fit raises DoesNotFit, which names the cheapest tp x pp that does with
+    tp inside a node of `gpus_per_node` and pp across nodes (and whether the `nodes`
+    given hold it)."""
     arch, gpu = model_of(arch, "plan_memory: arch"), gpu_of(gpu, "plan_memory: gpu")
     tp, pp, dp, block_size = (
         positive_int(value, f"plan_memory: {name}")
@@ -550,7 +555,7 @@ def plan_memory(
     w_format, k_dtype = weight_format(weight_dtype), parse_dtype(kv_dtype)
     check_weight_support(gpu, w_format, "model.weight_dtype")
 
-    def weights_and_activations(tp: int) -> tuple[list[StageWeights], float]:
+    def weights_and_activations(tp: int, pp: int = pp) -> tuple[list[StageWeights], float]:
         weights = stage_weights(
             arch,
             weight_dtype=w_format,
@@ -585,12 +590,33 @@ def plan_memory(
     layout += ", expert parallel" if expert_parallel else ""
     experts = f", {heaviest.experts / GB:.1f} GB of them routed experts" if arch.is_moe else ""
     if weights + activations + overhead >= usable:
-        raise InfeasibleError(
+
+        def fits(tp: int, pp: int) -> bool:
+            """Room for a KV cache on every GPU, for one max_model_len sequence if given."""
+            stages, activations = weights_and_activations(tp, pp)
+            free = usable - activations - framework_overhead_bytes(gpu, tp, framework_overhead_gb)
+            layout = (block_size, max_num_batched_tokens, kv_groups)
+            return all(
+                stage.total < free
+                and (
+                    max_model_len is None
+                    or one_sequence_kv_bytes(arch, layers, k_dtype, tp, max_model_len, *layout)
+                    <= free - stage.total
+                )
+                for layers, stage in zip(stage_layers(arch, pp), stages, strict=True)
+            )
+
+        raise DoesNotFit(
             f"{arch.name} ({w_format}, {layout}) does not fit on {gpu.name}: "
             f"weights {weights / GB:.1f} GB + activations {activations / GB:.1f} GB + "
             f"overhead {overhead / GB:.1f} GB > usable {usable / GB:.1f} GB "
             f"({gpu.memory.visible_gib:g} GiB x {gpu_memory_utilization:.2f}) on the most "
-            f"loaded GPU{experts}; " + _hint(arch, tp, usable - overhead, weights_and_activations)
+            f"loaded GPU{experts}",
+            tp,
+            pp,
+            cheapest_fit(arch, fits, gpus_per_node),
+            gpus_per_node,
+            nodes,
         )
     # Each stage's GPUs keep their own KV cache; the stage holding the fewest tokens
     # limits the replica.
@@ -689,19 +715,70 @@ def longest_fitting_len(
     return lo
 
 
-def _hint(
-    arch: ModelArchitecture,
-    tp: int,
-    room: float,
-    weights_and_activations: Callable[[int], tuple[list[StageWeights], float]],
-) -> str:
-    """Suggest the smallest valid larger tp whose weights and activations fit in `room`."""
-    for bigger in range(tp + 1, arch.num_attention_heads + 1):
-        try:
-            arch.check_tp(bigger)
-        except InfersimError:
-            continue
-        stages, activations = weights_and_activations(bigger)
-        if max(stage.total for stage in stages) + activations < room:
-            return f"try tp>={bigger} or a smaller weight dtype"
-    return "try pp>1 or a smaller weight dtype"
+def cheapest_fit(
+    arch: ModelArchitecture, fits: Callable[[int, int], bool], gpus_per_node: int
+) -> tuple[int, int] | None:
+    """The (tp, pp) on the fewest GPUs that `fits`, laid out as vLLM's distributed-serving
+    docs advise: tensor parallelism inside a node, pipeline stages across nodes, so one
+    stage is one node's tensor-parallel group (pp > 1 with the widest valid tp a node
+    holds). None: not even one layer a stage fits."""
+    tps = [tp for tp in range(1, gpus_per_node + 1) if _valid_tp(arch, tp)]
+    if not tps:
+        return None
+    layouts = [(tp, 1) for tp in tps] + [(tps[-1], pp) for pp in range(2, arch.num_layers + 1)]
+    return next((layout for layout in layouts if fits(*layout)), None)
+
+
+def _valid_tp(arch: ModelArchitecture, tp: int) -> bool:
+    try:
+        arch.check_tp(tp)
+    except InfersimError:
+        return False
+    return True
+
+
+class DoesNotFit(InfeasibleError):
+    """Weights, activations and overhead leave no room for a KV cache at (tp, pp); `fit`
+    is the cheapest (tp, pp) that leaves some (cheapest_fit), None when none does. The
+    way out names each setting as the command spells it (`named`)."""
+
+    def __init__(
+        self,
+        why: str,
+        tp: int,
+        pp: int,
+        fit: tuple[int, int] | None,
+        gpus_per_node: int,
+        nodes: int | None,
+        settings: SettingNames = RUN_SETTINGS,
+    ) -> None:
+        self.why, self.tp, self.pp, self.fit = why, tp, pp, fit
+        self.gpus_per_node, self.nodes, self.settings = gpus_per_node, nodes, settings
+        super().__init__(f"{why}; {self.way_out()}")
+
+    def named(self, settings: SettingNames) -> DoesNotFit:
+        """The same refusal with its settings spelled as another command sets them."""
+        return DoesNotFit(
+            self.why, self.tp, self.pp, self.fit, self.gpus_per_node, self.nodes, settings
+        )
+
+    def way_out(self) -> str:
+        if self.fit is None:
+            return "not even one layer a GPU fits: use a smaller weight dtype"
+        tp, pp = self.fit
+        names = self.settings
+        if names.pp is None and pp > 1:
+            layout = f"tp={tp} with pp={pp}, pipeline stages {names.tp} alone cannot set,"
+        elif names.pp is None or pp == self.pp == 1:
+            layout = f"{names.tp}={tp}" if names.pp else f"{names.tp} {tp}"
+        else:
+            layout = f"{names.tp}={tp} with {names.pp}={pp}"
+        per_node = self.gpus_per_node
+        where = f"{tp * pp} GPUs" + (f": a stage a node of {per_node}" if pp > 1 else "")
+        if self.nodes is not None and tp * pp > per_node * self.nodes:
+            return (
+                f"no tp x pp on the cluster's {self.nodes} x {per_node} GPUs fits; the "
+                f"cheapest that does is {layout} ({where}; parallelism.nodes >= "
+                f"{-(-tp * pp // per_node)}), or use a smaller weight dtype"
+            )
+        return f"the cheapest layout that fits is {layout} ({where}), or use a smaller weight dtype"

@@ -52,7 +52,7 @@ from hardware_models.errors import InfersimError, InfersimWarning
 from hardware_models.plot_labels import LEADER, spread_labels
 from simulator.executors import JobError, run_parallel
 from simulator.formatting import sig
-from simulator.memory_planner import PLAN_SETTINGS, MaxModelLenRefused
+from simulator.memory_planner import PLAN_SETTINGS, DoesNotFit, MaxModelLenRefused
 from simulator.metrics.overload import (
     MIN_IN_SYSTEM_ARRIVALS,
     OVERLOADED,
@@ -681,7 +681,7 @@ def _batch_limits(scenario: Scenario, candidate: Candidate, rate: float) -> dict
 def _reason(exc: InfersimError) -> str:
     """Why a candidate is infeasible, in one line; a refusal names the plan's own
     settings (plan.tp, plan.pp), which the search sets the probes' from."""
-    if isinstance(exc, MaxModelLenRefused):
+    if isinstance(exc, MaxModelLenRefused | DoesNotFit):
         exc = exc.named(PLAN_SETTINGS)
     return str(exc).splitlines()[0]
 

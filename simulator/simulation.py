@@ -60,6 +60,7 @@ from simulator.engine.step_log import ClosedLog
 from simulator.inputs import shown
 from simulator.kv_links import KvLinks
 from simulator.memory_planner import (
+    DoesNotFit,
     MaxModelLenRefused,
     MemoryPlan,
     SettingNames,
@@ -382,7 +383,7 @@ def _build_pool(
     pool = scenario.pool_list()[index]
     try:
         return build_replica(scenario.for_pool(pool), kv_transfer, hashed_prompts)
-    except MaxModelLenRefused as exc:
+    except (MaxModelLenRefused, DoesNotFit) as exc:
         if not scenario.pools:
             raise
         names = SettingNames(tp=f"pools.{index}.tp", pp=f"pools.{index}.pp")
@@ -527,6 +528,8 @@ def build_replica(
         kv_groups=_kv_cache_groups(scenario, arch, kv_transfer, hashed_prompts),
         max_model_len=max_model_len,
         block_size=serving.block_size,
+        gpus_per_node=node.gpus_per_node,
+        nodes=par.nodes,
     )
     if engine.framework_overhead_gb is not None:
         modelled = framework_overhead_bytes(gpu, par.tp)
