@@ -503,9 +503,18 @@ def build_replica(
     check_placement(scenario, arch, node)
     routing = scenario.model.moe_routing
     if not arch.is_moe and routing != ModelSection.model_fields["moe_routing"].default:
-        # As parallelism.enable_expert_parallel: true on a dense model: refused, not ignored.
+        # infersim's own setting, with no meaning for a dense model: refused, not ignored.
         raise InfersimError(
             f"model.moe_routing: {routing} routing, but {arch.name} has no experts (dense model)"
+        )
+    expert_parallel = par.enable_expert_parallel and arch.is_moe
+    if par.enable_expert_parallel and not arch.is_moe:
+        warnings.warn(
+            f"parallelism.enable_expert_parallel: {arch.name} has no experts (dense model); "
+            "vLLM ignores it (its expert-parallel layout, FusedMoEParallelConfig, applies to "
+            "fused-MoE layers only), and so does this run",
+            InfersimWarning,
+            stacklevel=2,
         )
     check_serving_starts(
         arch, serving, max_model_len, budget_default=scenario.serving.max_num_batched_tokens is None
@@ -523,7 +532,7 @@ def build_replica(
         max_num_seqs=serving.max_num_seqs,
         activation_dtype=scenario.model.activation_dtype,
         framework_overhead_gb=engine.framework_overhead_gb,
-        expert_parallel=par.enable_expert_parallel,
+        expert_parallel=expert_parallel,
         dp=par.dp,
         kv_groups=_kv_cache_groups(scenario, arch, kv_transfer, hashed_prompts),
         max_model_len=max_model_len,
@@ -595,7 +604,7 @@ def build_replica(
             async_scheduling=engine.async_scheduling,
             fused_kernels=engine.fused_kernels,
         ),
-        expert_parallel=par.enable_expert_parallel,
+        expert_parallel=expert_parallel,
         moe_routing=scenario.model.moe_routing,
         dp=par.dp,
         all2all_backend=par.all2all_backend,
