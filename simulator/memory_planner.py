@@ -720,21 +720,24 @@ def cheapest_fit(
 ) -> tuple[int, int] | None:
     """The (tp, pp) on the fewest GPUs that `fits`, laid out as vLLM's distributed-serving
     docs advise: tensor parallelism inside a node, pipeline stages across nodes, so one
-    stage is one node's tensor-parallel group (pp > 1 with the widest valid tp a node
-    holds). None: not even one layer a stage fits."""
-    tps = [tp for tp in range(1, gpus_per_node + 1) if _valid_tp(arch, tp)]
-    if not tps:
+    stage is one node's tensor-parallel group (pp > 1 with the widest tp a node holds that
+    is not refused: `fits` raising InfersimError, as for fp8 blocks a shard would cut).
+    None: not even one layer a stage fits."""
+    allowed = []
+    for tp in range(1, gpus_per_node + 1):
+        try:
+            arch.check_tp(tp)
+            if fits(tp, 1):
+                return tp, 1
+        except InfersimError:
+            continue
+        allowed.append(tp)
+    if not allowed:
         return None
-    layouts = [(tp, 1) for tp in tps] + [(tps[-1], pp) for pp in range(2, arch.num_layers + 1)]
-    return next((layout for layout in layouts if fits(*layout)), None)
-
-
-def _valid_tp(arch: ModelArchitecture, tp: int) -> bool:
-    try:
-        arch.check_tp(tp)
-    except InfersimError:
-        return False
-    return True
+    for pp in range(2, arch.num_layers + 1):  # more GPUs than any tp alone: 2 x the widest
+        if fits(allowed[-1], pp):
+            return allowed[-1], pp
+    return None
 
 
 class DoesNotFit(InfeasibleError):
@@ -774,7 +777,7 @@ class DoesNotFit(InfeasibleError):
         else:
             layout = f"{names.tp}={tp} with {names.pp}={pp}"
         per_node = self.gpus_per_node
-        where = f"{tp * pp} GPUs" + (f": a stage a node of {per_node}" if pp > 1 else "")
+        where = f"{tp * pp} GPUs" + (f" in {pp} stages of tp={tp}" if pp > 1 else "")
         if self.nodes is not None and tp * pp > per_node * self.nodes:
             return (
                 f"no tp x pp on the cluster's {self.nodes} x {per_node} GPUs fits; the "

@@ -67,3 +67,12 @@ def test_each_command_names_its_own_settings():
     estimate = str(refusal.named(ESTIMATE_SETTINGS))
     assert "tp=8 with pp=2, pipeline stages --tp alone cannot set" in estimate
     assert "plan.tp=8 with plan.pp=2" in str(refusal.named(PLAN_SETTINGS))
+
+
+def test_a_tp_that_cuts_fp8_blocks_is_skipped():
+    """Qwen3-30B-A3B's 768-wide experts in fp8 blocks: tp=4 and tp=8 leave shards that cut
+    128-wide blocks (vLLM refuses them), so the stages are tp=2 wide."""
+    with pytest.raises(DoesNotFit) as exc:
+        plan_memory("qwen3-30b-a3b", "l4", weight_dtype="fp8_block", gpu_memory_utilization=0.5)
+    assert exc.value.fit == (2, 2)
+    assert "parallelism.tp=2 with parallelism.pp=2 (4 GPUs in 2 stages of tp=2)" in str(exc.value)
