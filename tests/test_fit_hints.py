@@ -1,5 +1,5 @@
 """What does not fit says the cheapest layout that does: tensor parallelism inside a node,
-pipeline stages across nodes (a stage a node), within the cluster's nodes when given."""
+pipeline stages of the widest tp a node holds, within the cluster's nodes when given."""
 
 import pytest
 
