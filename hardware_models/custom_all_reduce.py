@@ -366,7 +366,6 @@ class TpAllReduce:
 
 def _size(nbytes: int, row_bytes: float) -> str:
     size = f"{nbytes // MiB} MiB" if nbytes >= MiB else f"{nbytes // KiB} KiB"
-    tokens = nbytes / row_bytes  # the boundary between two token counts when not whole
-    return (
-        f"{size} ({tokens:g} tokens)" if tokens.is_integer() else f"{size} (~{tokens:.1f} tokens)"
-    )
+    tokens = nbytes / row_bytes  # between two token counts when not whole: the smaller's in
+    whole = f"{tokens:g} tokens" if tokens.is_integer() else f"up to {int(tokens)} tokens"
+    return f"{size} ({whole})"

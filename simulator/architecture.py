@@ -110,11 +110,20 @@ class ModelArchitecture(BaseModel):
         default=None, gt=0, description="the publisher's parameters active per token, billions"
     )
     source: str = Field(min_length=1)
-    checkpoint_dtype: Literal["bf16", "fp16", "fp8", "fp8_block", "int4", "fp4"] | None = Field(
-        default=None,
-        description="the weight format the published checkpoint is stored in (its "
-        "quantization_config): fp8_block for DeepSeek-V3, fp4 (MXFP4 experts) for gpt-oss; "
-        "model.weight_dtype follows it unless set, as vLLM serves the checkpoint as stored",
+    checkpoint_dtype: Literal["bf16", "fp16", "fp8", "fp8_block", "int4", "fp4", "nvfp4"] | None = (
+        Field(
+            default=None,
+            description="the weight format the published checkpoint is stored in (its "
+            "quantization_config): fp8_block for DeepSeek-V3, fp4 (MXFP4 experts) for gpt-oss; "
+            "model.weight_dtype follows it unless set, as vLLM serves the checkpoint as stored",
+        )
+    )
+    unquantized: dict[str, tuple[int, ...]] = Field(
+        default_factory=dict,
+        description="the layers (from 0) whose GEMM of that name (qkv_proj, o_proj, gate_up, "
+        "down, shared.gate_up, ...: gemms' names) a quantised checkpoint keeps in 16 bits "
+        "(its modules_to_not_convert, ignore or exclude_modules): Meta's FP8 Llama 3.1 405B "
+        "keeps every attention and the first and last MLP",
     )
 
     @model_validator(mode="before")
@@ -156,7 +165,40 @@ class ModelArchitecture(BaseModel):
             raise ValueError(f"q_lora_rank and {', '.join(_MLA_FIELDS)} need kv_lora_rank (MLA)")
         if self.full_attention_interval is not None and self.sliding_window is None:
             raise ValueError("full_attention_interval needs sliding_window")
+        self._check_unquantized()
         return self
+
+    def _check_unquantized(self) -> None:
+        """Each unquantized GEMM is one of the model's, in layers that run it."""
+        runs = {name: layers for name, *_, layers in self.gemms(1) if name != "router"}
+        for name, layers in self.unquantized.items():
+            if name not in runs:
+                raise ValueError(
+                    f"unquantized: {name!r} is not a GEMM of this model "
+                    f"(its GEMMs: {', '.join(runs)})"
+                )
+            wrong = [i for i in layers if not self._runs_gemm(name, i)]
+            if wrong or len(set(layers)) != len(layers):
+                raise ValueError(
+                    f"unquantized: {name} lists layers {wrong or sorted(layers)} that do "
+                    "not run it or repeat"
+                )
+
+    def _runs_gemm(self, name: str, index: int) -> bool:
+        """Whether layer `index` runs the GEMM `name` (gemms: the dense MLP in dense
+        layers, the shared experts in MoE layers, attention everywhere)."""
+        if not 0 <= index < self.num_layers:
+            return False
+        if name.startswith("shared."):
+            return self.is_moe_layer(index)
+        if name in ("gate_up", "up", "down"):
+            return not self.is_moe_layer(index)
+        return True
+
+    def unquantized_layers(self, name: str, layers: range | None = None) -> int:
+        """How many of `layers` (default all) keep GEMM `name` in 16 bits in the checkpoint."""
+        kept = self.unquantized.get(name, ())
+        return len(kept) if layers is None else sum(i in layers for i in kept)
 
     # ---- layer kinds -----------------------------------------------------------------
     @property

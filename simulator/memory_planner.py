@@ -185,6 +185,21 @@ def _layer_weight_bytes(
     return dense_layer, moe_layer, routed * w_bytes
 
 
+def _unquantized_extra(
+    arch: ModelArchitecture, tp: int, w_format: str, a_bytes: float
+) -> list[tuple[str, float]]:
+    """(GEMM name, the bytes one layer's shard adds) for each GEMM the checkpoint keeps in
+    16 bits in some layers (ModelArchitecture.unquantized): its weights stored in the
+    activation dtype, not the weight format, as vLLM's quantised loaders leave a skipped
+    module an UnquantizedLinearMethod. Nothing for an MXFP4 MoE checkpoint, whose linear
+    layers are 16-bit already."""
+    if not arch.unquantized or is_mxfp4_moe(w_format, arch.is_moe):
+        return []
+    narrower = a_bytes - weight_bytes_per_param(w_format)
+    shards = {name: n * k for name, _, n, k, _ in arch.gemms(1, tp)}
+    return [(name, shards[name] * narrower) for name in arch.unquantized if narrower > 0]
+
+
 def stage_layers(arch: ModelArchitecture, pp: int) -> list[range]:
     """The layers of each pipeline stage, as vLLM's get_pp_indices splits them: layers // pp
     each, the remainder one apiece to the stages before the last, from the second last
@@ -229,10 +244,12 @@ def stage_weights(
     vocab_shard = math.ceil(arch.vocab_size / tp) * arch.hidden_size
     head = 0 if (pp == 1 and arch.tie_word_embeddings) else vocab_shard
     stages = stage_layers(arch, pp)
+    kept = _unquantized_extra(arch, tp, weight_format(weight_dtype), a_bytes)
     weights = []
     for index, layers in enumerate(stages):
         moe_layers = sum(arch.is_moe_layer(i) for i in layers)
         total = moe_layers * moe + (len(layers) - moe_layers) * dense
+        total += sum(arch.unquantized_layers(name, layers) * extra for name, extra in kept)
         ends = (vocab_shard if index == 0 else 0) + (
             head + arch.final_norm_params if index == len(stages) - 1 else 0
         )
@@ -511,6 +528,7 @@ def plan_memory(
     block_size: int = 16,
     vllm_version: tuple[int, int, int] = EMULATED_VLLM_VERSION,
     gpus_per_node: int | None = None,
+    nodes: int | None = None,
 ) -> MemoryPlan:
     """Plan one GPU of a tp x pp x dp replica (experts sliced over the tp x dp GPUs, or
     whole over them with `expert_parallel`; each dp rank's tp GPUs hold that rank's KV
@@ -522,12 +540,15 @@ def plan_memory(
     `max_model_len`, the plan also holds the longest max_model_len up to it whose one
     sequence fits (`MemoryPlan.refusal` says when vLLM would refuse to start).
     `framework_overhead_gb` overrides the modelled non-torch memory
-    (framework_overhead_bytes, over nodes of `gpus_per_node` GPUs); `max_num_seqs`
-    sizes the sampler's share of the profiled peak, `vllm_version` its bytes a logit
-    (sampler_bytes_per_logit). Unset batch limits are `vllm serve`'s defaults for this
-    GPU in `vllm_version` (vllm_defaults.batch_limits), as a scenario's are, so the plan
-    is the one `run` makes.
-    `arch` and `gpu` may be given as load_model and load_gpu take them (names, files)."""
+    (framework_overhead_bytes, over nodes of `gpus_per_node` GPUs; default: the GPU's
+    node preset); `max_num_seqs` sizes the sampler's share of the profiled peak,
+    `vllm_version` its bytes a logit (sampler_bytes_per_logit). Unset batch limits are
+    `vllm serve`'s defaults for this GPU in `vllm_version` (vllm_defaults.batch_limits),
+    as a scenario's are, so the plan is the one `run` makes.
+    `arch` and `gpu` may be given as load_model and load_gpu take them (names, files).
+    What does not fit raises DoesNotFit, which names the cheapest tp x pp that does with
+    tp inside a node of `gpus_per_node` (8 where the GPU has no node preset) and pp across
+    nodes (and whether the `nodes` given hold it)."""
     arch, gpu = model_of(arch, "plan_memory: arch"), gpu_of(gpu, "plan_memory: gpu")
     tp, pp, dp, block_size = (
         positive_int(value, f"plan_memory: {name}")
@@ -558,7 +579,7 @@ def plan_memory(
     w_format, k_dtype = weight_format(weight_dtype), parse_dtype(kv_dtype)
     check_weight_support(gpu, w_format, "model.weight_dtype")
 
-    def weights_and_activations(tp: int) -> tuple[list[StageWeights], float]:
+    def weights_and_activations(tp: int, pp: int = pp) -> tuple[list[StageWeights], float]:
         weights = stage_weights(
             arch,
             weight_dtype=w_format,
@@ -593,12 +614,38 @@ def plan_memory(
     layout += ", expert parallel" if expert_parallel else ""
     experts = f", {heaviest.experts / GB:.1f} GB of them routed experts" if arch.is_moe else ""
     if weights + activations + overhead >= usable:
-        raise InfeasibleError(
+        per_node = gpus_per_node or default_gpus_per_node(gpu) or 8
+
+        def fits(tp: int, pp: int) -> bool:
+            """Room for a KV cache on every GPU, for one max_model_len sequence if given."""
+            stages, activations = weights_and_activations(tp, pp)
+            free = (
+                usable
+                - activations
+                - framework_overhead_bytes(gpu, tp, framework_overhead_gb, gpus_per_node)
+            )
+            layout = (block_size, max_num_batched_tokens, kv_groups)
+            return all(
+                stage.total < free
+                and (
+                    max_model_len is None
+                    or one_sequence_kv_bytes(arch, layers, k_dtype, tp, max_model_len, *layout)
+                    <= free - stage.total
+                )
+                for layers, stage in zip(stage_layers(arch, pp), stages, strict=True)
+            )
+
+        raise DoesNotFit(
             f"{arch.name} ({w_format}, {layout}) does not fit on {gpu.name}: "
             f"weights {weights / GB:.1f} GB + activations {activations / GB:.1f} GB + "
             f"overhead {overhead / GB:.1f} GB > usable {usable / GB:.1f} GB "
             f"({gpu.memory.visible_gib:g} GiB x {gpu_memory_utilization:.2f}) on the most "
-            f"loaded GPU{experts}; " + _hint(arch, tp, usable - overhead, weights_and_activations)
+            f"loaded GPU{experts}",
+            tp,
+            pp,
+            cheapest_fit(arch, fits, per_node),
+            per_node,
+            nodes,
         )
     # Each stage's GPUs keep their own KV cache; the stage holding the fewest tokens
     # limits the replica.
@@ -697,19 +744,73 @@ def longest_fitting_len(
     return lo
 
 
-def _hint(
-    arch: ModelArchitecture,
-    tp: int,
-    room: float,
-    weights_and_activations: Callable[[int], tuple[list[StageWeights], float]],
-) -> str:
-    """Suggest the smallest valid larger tp whose weights and activations fit in `room`."""
-    for bigger in range(tp + 1, arch.num_attention_heads + 1):
+def cheapest_fit(
+    arch: ModelArchitecture, fits: Callable[[int, int], bool], gpus_per_node: int
+) -> tuple[int, int] | None:
+    """The (tp, pp) on the fewest GPUs that `fits`, laid out as vLLM's distributed-serving
+    docs advise: tensor parallelism inside a node, pipeline stages across nodes, so one
+    stage is one node's tensor-parallel group (pp > 1 with the widest tp a node holds that
+    is not refused: `fits` raising InfersimError, as for fp8 blocks a shard would cut).
+    None: not even one layer a stage fits."""
+    allowed = []
+    for tp in range(1, gpus_per_node + 1):
         try:
-            arch.check_tp(bigger)
+            arch.check_tp(tp)
+            if fits(tp, 1):
+                return tp, 1
         except InfersimError:
             continue
-        stages, activations = weights_and_activations(bigger)
-        if max(stage.total for stage in stages) + activations < room:
-            return f"try tp>={bigger} or a smaller weight dtype"
-    return "try pp>1 or a smaller weight dtype"
+        allowed.append(tp)
+    if not allowed:
+        return None
+    for pp in range(2, arch.num_layers + 1):  # more GPUs than any tp alone: 2 x the widest
+        if fits(allowed[-1], pp):
+            return allowed[-1], pp
+    return None
+
+
+class DoesNotFit(InfeasibleError):
+    """Weights, activations and overhead leave no room for a KV cache at (tp, pp); `fit`
+    is the cheapest (tp, pp) that leaves some (cheapest_fit), None when none does. The
+    way out names each setting as the command spells it (`named`)."""
+
+    def __init__(
+        self,
+        why: str,
+        tp: int,
+        pp: int,
+        fit: tuple[int, int] | None,
+        gpus_per_node: int,
+        nodes: int | None,
+        settings: SettingNames = RUN_SETTINGS,
+    ) -> None:
+        self.why, self.tp, self.pp, self.fit = why, tp, pp, fit
+        self.gpus_per_node, self.nodes, self.settings = gpus_per_node, nodes, settings
+        super().__init__(f"{why}; {self.way_out()}")
+
+    def named(self, settings: SettingNames) -> DoesNotFit:
+        """The same refusal with its settings spelled as another command sets them."""
+        return DoesNotFit(
+            self.why, self.tp, self.pp, self.fit, self.gpus_per_node, self.nodes, settings
+        )
+
+    def way_out(self) -> str:
+        if self.fit is None:
+            return "not even one layer a GPU fits: use a smaller weight dtype"
+        tp, pp = self.fit
+        names = self.settings
+        if names.pp is None and pp > 1:
+            layout = f"tp={tp} with pp={pp}, pipeline stages {names.tp} alone cannot set,"
+        elif names.pp is None or pp == self.pp == 1:
+            layout = f"{names.tp}={tp}" if names.pp else f"{names.tp} {tp}"
+        else:
+            layout = f"{names.tp}={tp} with {names.pp}={pp}"
+        per_node = self.gpus_per_node
+        where = f"{tp * pp} GPUs" + (f" in {pp} stages of tp={tp}" if pp > 1 else "")
+        if self.nodes is not None and tp * pp > per_node * self.nodes:
+            return (
+                f"no tp x pp on the cluster's {self.nodes} x {per_node} GPUs fits; the "
+                f"cheapest that does is {layout} ({where}; parallelism.nodes >= "
+                f"{-(-tp * pp // per_node)}), or use a smaller weight dtype"
+            )
+        return f"the cheapest layout that fits is {layout} ({where}), or use a smaller weight dtype"

@@ -10,11 +10,10 @@ the field, never a silent dense approximation.
 from __future__ import annotations
 
 import re
-import warnings
 from pathlib import Path
 from typing import Any
 
-from hardware_models.errors import InfersimError, InfersimWarning
+from hardware_models.errors import InfersimError
 from hardware_models.file_memo import per_file_version
 from hardware_models.yaml_io import (
     load_json_object,
@@ -23,6 +22,7 @@ from hardware_models.yaml_io import (
     validate_model,
 )
 from simulator.architecture import ModelArchitecture
+from simulator.checkpoint_quantization import read_quantization
 
 CATALOG_DIR = Path(__file__).parent / "catalog"
 
@@ -174,35 +174,18 @@ def hf_config_to_fields(config: dict[str, Any], path: Path) -> dict[str, Any]:
         "source": str(path),
     }
     fields.update(_experts(c, model_type))
-    fields.update(_checkpoint_dtype(config, c))
+    quant = read_quantization(
+        c.config.get("quantization_config") or config.get("quantization_config"), path
+    )
+    if quant.checkpoint_dtype is not None:
+        fields["checkpoint_dtype"] = quant.checkpoint_dtype
     fields.update(_window(c, model_type, fields["num_layers"]))
     if model_type in _DEEPSEEK_TYPES:
         fields.update(_mla(c))
+    if quant.skipped is not None:  # which layers' GEMMs it names needs the validated shape
+        shape = validate_model(ModelArchitecture, fields, str(path))
+        fields["unquantized"] = quant.unquantized(shape)
     return fields
-
-
-def _checkpoint_dtype(config: dict[str, Any], c: _Config) -> dict[str, Any]:
-    """The weight format of a quantised checkpoint (its quantization_config), which vLLM
-    serves as stored: block fp8 (weight_block_size, DeepSeek-V3, Qwen3-FP8), per-tensor
-    fp8, MXFP4 (gpt-oss's experts), 4-bit GPTQ/AWQ. Another method is said, not guessed."""
-    quant = c.config.get("quantization_config") or config.get("quantization_config")
-    if not isinstance(quant, dict):
-        return {}
-    method = str(quant.get("quant_method", "")).lower()
-    if method == "fp8":
-        return {"checkpoint_dtype": "fp8_block" if quant.get("weight_block_size") else "fp8"}
-    if method == "mxfp4":
-        return {"checkpoint_dtype": "fp4"}
-    if method in ("gptq", "awq") and quant.get("bits", 4) == 4:
-        return {"checkpoint_dtype": "int4"}
-    warnings.warn(
-        f"{c.path}: quantization_config quant_method {method!r} is not understood "
-        "(understood: fp8, mxfp4, 4-bit gptq/awq); the weights are priced as "
-        "model.weight_dtype says",
-        InfersimWarning,
-        stacklevel=3,
-    )
-    return {}
 
 
 def _tied(config: dict[str, Any], c: _Config, model_type: str) -> bool:

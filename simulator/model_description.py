@@ -59,6 +59,9 @@ def describe_model(model: ModelArchitecture | str | Path) -> list[tuple[str, str
     for dtype in KV_DTYPES:
         rows.append((f"KV bytes/token ({dtype.value})", f"{arch.kv_bytes_per_token(dtype):,.0f}"))
     rows.append(("checkpoint weights", arch.checkpoint_dtype or "unquantised (bf16 default)"))
+    if arch.unquantized:
+        kept = ", ".join(f"{name} x{len(layers)}" for name, layers in arch.unquantized.items())
+        rows.append(("kept in 16 bits (layers)", kept))
     rows.append(("source", arch.source))
     return rows
 

@@ -52,7 +52,7 @@ from hardware_models.errors import InfersimError, InfersimWarning
 from hardware_models.plot_labels import LEADER, spread_labels
 from simulator.executors import JobError, run_parallel
 from simulator.formatting import sig
-from simulator.memory_planner import PLAN_SETTINGS, MaxModelLenRefused
+from simulator.memory_planner import PLAN_SETTINGS, DoesNotFit, MaxModelLenRefused
 from simulator.metrics.overload import (
     MIN_IN_SYSTEM_ARRIVALS,
     OVERLOADED,
@@ -681,7 +681,7 @@ def _batch_limits(scenario: Scenario, candidate: Candidate, rate: float) -> dict
 def _reason(exc: InfersimError) -> str:
     """Why a candidate is infeasible, in one line; a refusal names the plan's own
     settings (plan.tp, plan.pp), which the search sets the probes' from."""
-    if isinstance(exc, MaxModelLenRefused):
+    if isinstance(exc, MaxModelLenRefused | DoesNotFit):
         exc = exc.named(PLAN_SETTINGS)
     return str(exc).splitlines()[0]
 
@@ -696,6 +696,7 @@ def evaluate(scenario: Scenario, candidate: Candidate) -> list[dict[str, Any]]:
     # the scenario's dp, every probe's; ep: the experts spread over tp x dp GPUs, else 1
     ep = candidate.tp * par.dp if par.enable_expert_parallel else 1
     base = {**asdict(candidate), "dp": par.dp, "ep": ep}
+    base["calibration"] = calibration_source(scenario, candidate.gpu)
     base |= _batch_limits(scenario, candidate, target)
     rows = []
     start = 1  # where the disaggregated search starts: the colocated size, when known
@@ -722,6 +723,32 @@ def evaluate(scenario: Scenario, candidate: Candidate) -> list[dict[str, Any]]:
             row = {"status": "infeasible", "reason": _reason(exc)}
         rows.append({**base, "layout": "disaggregated", **row})
     return rows
+
+
+# What calibration_source calls a GPU priced on its own measured kernels.
+FITTED = "fitted"
+
+
+def calibration_source(scenario: Scenario, gpu: str) -> str:
+    """Where `gpu`'s efficiencies come from as the scenario's hardware.calibration picks
+    them (simulation.resolve_calibration): `fitted` (a profile fitted on this GPU), `from
+    <gpu>` (a profile fitted on another chip, transferred), `datasheet` (no profile), or
+    `profile` (one that names no GPU). A plan that ranks fitted GPUs against the others
+    compares measured kernels with assumed ones."""
+    from hardware_models.calibration_lookup import profile_metadata
+    from simulator.simulation import resolve_calibration
+
+    hardware = scenario.hardware.model_copy(update={"gpu": gpu, "node": None})
+    try:
+        choice = resolve_calibration(scenario.model_copy(update={"hardware": hardware}))
+    except InfersimError:  # the candidate's own row says why
+        return ""
+    if choice.profile is None:
+        return "datasheet"
+    fitted_on = profile_metadata(choice.profile).get("gpu")
+    if fitted_on is None:
+        return "profile"
+    return FITTED if fitted_on == choice.gpu.name else f"from {fitted_on}"
 
 
 def candidates(plan: PlanSection) -> list[Candidate]:

@@ -61,6 +61,7 @@ from simulator.inputs import shown
 from simulator.kv_links import KvLinks
 from simulator.memory_planner import (
     GIB,
+    DoesNotFit,
     MaxModelLenRefused,
     MemoryPlan,
     SettingNames,
@@ -204,8 +205,18 @@ def check_placement(scenario: Scenario, arch: ModelArchitecture, node: NodeSpec)
             f"parallelism.pp={par.pp} exceeds {arch.name}'s {arch.num_layers} layers: a "
             "stage would hold none (uneven stages are split as vLLM does)"
         )
+    size = replica_gpus(par.tp, par.pp, par.dp)
+    per_node = node.gpus_per_node
+    if par.tp < per_node and per_node % par.tp and par.replicas * size > per_node:
+        raise InfeasibleError(
+            f"parallelism.tp={par.tp} does not divide the {per_node} GPUs of a {node.name} "
+            f"node: with the replicas' {par.replicas} x {size} GPUs packed in order, a "
+            "tensor-parallel group would straddle two nodes and all-reduce over the "
+            "inter-node link every layer (not modelled; vLLM's docs keep tp inside a node); "
+            f"use a tp dividing {per_node}"
+        )
     if par.nodes is not None:
-        needed = par.replicas * replica_gpus(par.tp, par.pp, par.dp)
+        needed = par.replicas * size
         have = par.nodes * node.gpus_per_node
         if needed > have:
             dp = f" x dp={par.dp}" if par.dp > 1 else ""
@@ -213,6 +224,32 @@ def check_placement(scenario: Scenario, arch: ModelArchitecture, node: NodeSpec)
                 f"{par.replicas} replicas x tp={par.tp} x pp={par.pp}{dp} need {needed} GPUs; "
                 f"the cluster has {par.nodes} x {node.name} = {have}"
             )
+
+
+def _warn_straddling(cost: StepCostModel, replicas: int, dp: int) -> None:
+    """Say which replicas, packed in order over the nodes (each from GPU replica x its
+    size on, as Simulation places them), run their stage hand-offs or all-reduces over
+    other links than the first replica's: a replica that straddles two nodes hands its
+    activations over the inter-node link, and is priced so (StepCostModel.placed)."""
+    rank = cost.tp * cost.pp
+    size, per_node = rank * dp, cost.node.gpus_per_node
+    moved = [
+        r
+        for r in range(replicas)
+        if any(cost.placed(r * size + d * rank) is not cost for d in range(dp))
+    ]
+    if not moved:
+        return
+    shown = ", ".join(map(str, moved[:8])) + (", ..." if len(moved) > 8 else "")
+    warnings.warn(
+        f"parallelism: replicas {shown} of {replicas} (from 0; {size} GPUs each, packed in "
+        f"order over nodes of {per_node}) sit elsewhere in their nodes than replica 0, so "
+        "their pipeline hand-offs or all-reduces run over other links (a replica straddling "
+        "two nodes hands off over the inter-node link) and their steps are priced where "
+        f"they run; replicas whose GPUs divide {per_node} (or are whole nodes) sit alike",
+        InfersimWarning,
+        stacklevel=3,
+    )
 
 
 def _hybrid_off_reason(
@@ -347,7 +384,7 @@ def _build_pool(
     pool = scenario.pool_list()[index]
     try:
         return build_replica(scenario.for_pool(pool), kv_transfer, hashed_prompts)
-    except MaxModelLenRefused as exc:
+    except (MaxModelLenRefused, DoesNotFit) as exc:
         if not scenario.pools:
             raise
         names = SettingNames(tp=f"pools.{index}.tp", pp=f"pools.{index}.pp")
@@ -467,9 +504,18 @@ def build_replica(
     check_placement(scenario, arch, node)
     routing = scenario.model.moe_routing
     if not arch.is_moe and routing != ModelSection.model_fields["moe_routing"].default:
-        # As parallelism.enable_expert_parallel: true on a dense model: refused, not ignored.
+        # infersim's own setting, with no meaning for a dense model: refused, not ignored.
         raise InfersimError(
             f"model.moe_routing: {routing} routing, but {arch.name} has no experts (dense model)"
+        )
+    expert_parallel = par.enable_expert_parallel and arch.is_moe
+    if par.enable_expert_parallel and not arch.is_moe:
+        warnings.warn(
+            f"parallelism.enable_expert_parallel: {arch.name} has no experts (dense model); "
+            "vLLM ignores it (its expert-parallel layout, FusedMoEParallelConfig, applies to "
+            "fused-MoE layers only), and so does this run",
+            InfersimWarning,
+            stacklevel=2,
         )
     check_serving_starts(
         arch, serving, max_model_len, budget_default=scenario.serving.max_num_batched_tokens is None
@@ -487,12 +533,13 @@ def build_replica(
         max_num_seqs=serving.max_num_seqs,
         activation_dtype=scenario.model.activation_dtype,
         framework_overhead_gb=engine.framework_overhead_gb,
-        expert_parallel=par.enable_expert_parallel,
+        expert_parallel=expert_parallel,
         dp=par.dp,
         kv_groups=_kv_cache_groups(scenario, arch, kv_transfer, hashed_prompts),
         max_model_len=max_model_len,
         block_size=serving.block_size,
         gpus_per_node=node.gpus_per_node,
+        nodes=par.nodes,
     )
     if engine.framework_overhead_gb is not None:
         modelled = framework_overhead_bytes(gpu, par.tp, gpus_per_node=node.gpus_per_node)
@@ -558,7 +605,7 @@ def build_replica(
             async_scheduling=engine.async_scheduling,
             fused_kernels=engine.fused_kernels,
         ),
-        expert_parallel=par.enable_expert_parallel,
+        expert_parallel=expert_parallel,
         moe_routing=scenario.model.moe_routing,
         dp=par.dp,
         all2all_backend=par.all2all_backend,
@@ -567,6 +614,7 @@ def build_replica(
         mxfp4_use_marlin=scenario.model.mxfp4_use_marlin,
     )
     _warn_outside_fitted_sizes(calibration, arch, par.tp, serving.max_num_batched_tokens)
+    _warn_straddling(cost, par.replicas, par.dp)
     info = ReplicaInfo(
         gpu=gpu.name,
         gpus=gpus,
@@ -711,11 +759,14 @@ class _Run:
                 retried=retried,
             )
             keys = self._prefix_keys(config)
-            for _ in range(build.replicas):
+            size = replica_gpus(build.cost.tp, build.cost.pp, build.dp)
+            for index in range(build.replicas):
                 link = self.kv_links.add(_kv_tokens_per_s(build)) if role != "mixed" else -1
                 unit_index = len(self.units)  # of the replica built next
                 handoff = self._handoff_from(build, link, unit_index) if role == "prefill" else None
-                unit = self._replica(build, config, replace(build.info, pool=pool), handoff, keys)
+                info = replace(build.info, pool=pool)
+                # Replicas packed in order over the pool's nodes (replica_placements).
+                unit = self._replica(build, config, info, handoff, keys, index * size)
                 self.units.append(unit)
                 if role == "decode":
                     self.kv_link_in[unit] = link
@@ -744,8 +795,11 @@ class _Run:
         info: ReplicaInfo,
         handoff: Callable[[int], None] | None,
         keys: BlockKeys | None,
+        first_gpu: int = 0,
     ) -> Replica | DpGroup | PipelineGroup:
-        """One replica: an engine, dp ranks (engine_group.py), or pp pipelined engines."""
+        """One replica, from cluster GPU `first_gpu` on: an engine, dp ranks
+        (engine_group.py, each rank's tp x pp GPUs after the last's), or pp pipelined
+        engines (on the same GPUs)."""
         pp = build.cost.pp
         pipelined = build.pipelined_engines > 0
         if pp > 1 and not config.iterative:
@@ -775,10 +829,11 @@ class _Run:
         index = len(self.replicas)
         members = []
         for rank, engine_config in enumerate(configs):
+            rank_gpu = first_gpu + (0 if pipelined else rank * build.cost.tp * pp)
             members.append(
                 Replica(self.env, index if pipelined else index + rank, engine_config,
-                        build.cost, self.requests, self.clock, self._on_finish, handoff, keys,
-                        driven=driven, kv_source=shared_kv)
+                        build.cost.placed(rank_gpu), self.requests, self.clock,
+                        self._on_finish, handoff, keys, driven=driven, kv_source=shared_kv)
             )  # fmt: skip
             if rank == 0 or not pipelined:  # a pipelined replica's engines share one log
                 self.replicas.append(members[-1])

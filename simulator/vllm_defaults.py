@@ -111,11 +111,13 @@ def _big_gpu(version: tuple[int, int, int], name: str, gib: float) -> tuple[bool
     if version < (0, 8, 5):
         big = "h100" in name or "h200" in name
         return big, "an H100/H200" if big else "not an H100/H200"
+    # vLLM reads it from torch.cuda, which on AMD GPUs is ROCm's HIP runtime.
+    reported = f"{gib:.2f} GiB as {'ROCm' if 'amd' in name.lower() else 'CUDA'} reports it"
     if gib < _BIG_GPU_GIB:
-        return False, f"{gib:.2f} GiB as CUDA reports it, under {_BIG_GPU_GIB}"
+        return False, f"{reported}, under {_BIG_GPU_GIB}"
     if version >= (0, 9, 0) and "a100" in name:
         return False, "an A100, left out from 0.9.0"
-    return True, f"{gib:.2f} GiB as CUDA reports it, at least {_BIG_GPU_GIB}"
+    return True, f"{reported}, at least {_BIG_GPU_GIB}"
 
 
 # VLLM_ALLREDUCE_USE_SYMM_MEM's default by release (see the module doc): (first version,

@@ -32,7 +32,8 @@ def test_70b_bf16_tp1_is_infeasible_with_breakdown(h100):
         plan_memory(load_model("llama-2-70b"), h100, weight_dtype="bf16", kv_dtype="bf16")
     message = str(info.value)
     assert "weights" in message and "usable" in message
-    assert "h100-sxm" in message and "tp>=2" in message
+    assert "h100-sxm" in message
+    assert "the cheapest layout that fits is parallelism.tp=2 (2 GPUs)" in message
 
 
 def test_70b_bf16_tp4_fits(h100):

@@ -104,7 +104,7 @@ def test_moe_that_does_not_fit_says_so(h200):
     with pytest.raises(
         InfeasibleError,
         match=r"weights 169\.\d GB .* most loaded GPU, 1\d\d\.\d GB of them routed experts; "
-        r"try tp>=16",
+        r"the cheapest layout that fits is parallelism\.tp=8 with parallelism\.pp=2",
     ):
         plan_memory(load_model("deepseek-v3"), h200, tp=8)
 

@@ -233,10 +233,10 @@ def _one_line_error(tmp_path: Path, capsys, data: dict[str, Any]) -> str:
 @pytest.mark.parametrize(
     ("model", "gpu", "tp", "hint"),
     [
-        ("llama-2-70b", "a100-80gb-sxm", 1, "try tp>=2"),
-        ("llama-3.1-405b", "l4", 1, "try tp>="),
-        ("llama-3.1-405b", "h100-sxm", 4, "try tp>=16"),
-        ("mixtral-8x7b", "rtx-4090", 1, "try tp>=8"),
+        ("llama-2-70b", "a100-80gb-sxm", 1, "cheapest layout that fits is parallelism.tp=2 "),
+        ("llama-3.1-405b", "l4", 1, "parallelism.tp=1 with parallelism.pp=43 (43 GPUs"),
+        ("llama-3.1-405b", "h100-sxm", 4, "parallelism.tp=8 with parallelism.pp=2 (16 GPUs"),
+        ("mixtral-8x7b", "rtx-4090", 1, "parallelism.tp=1 with parallelism.pp=5"),
     ],
 )
 def test_a_model_that_does_not_fit_gives_the_memory_breakdown(tmp_path, capsys, model, gpu, tp,

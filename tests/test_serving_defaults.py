@@ -191,3 +191,11 @@ def test_estimate_refuses_a_bad_serving_flag_in_one_line(capsys):
     assert code == 2
     assert "--max-num-seqs 0: Input should be greater than or equal to 1" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_an_amd_gpu_says_rocm_reports_its_memory():
+    """vLLM reads the size from torch.cuda, which on an MI300X is ROCm's HIP runtime: the
+    header said "as CUDA reports it"."""
+    build = build_replica(_unset("mi300x"))
+    assert any("GiB as ROCm reports it, at least 70" in d for d in build.defaults)
+    assert not any("CUDA" in d for d in build.defaults)

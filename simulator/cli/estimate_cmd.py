@@ -15,7 +15,7 @@ from simulator.architecture import ModelArchitecture
 from simulator.caveats import check_serving_starts, mla_block_size
 from simulator.engine.kv_groups import vllm_default_groups
 from simulator.engine.weight_format import check_weight_support, weight_format
-from simulator.memory_planner import ESTIMATE_SETTINGS, GB, plan_memory
+from simulator.memory_planner import ESTIMATE_SETTINGS, GB, DoesNotFit, plan_memory
 from simulator.model_catalog import load_model
 from simulator.scenario import VLLM_KV_DTYPES, KvDType, ServingSection
 from simulator.simulation import resolve_weight_dtype
@@ -226,6 +226,9 @@ def _run(args: argparse.Namespace) -> int:
             max_model_len=max_len,
             block_size=serving.block_size,
         )
+    except DoesNotFit as exc:
+        print(f"  {exc.named(ESTIMATE_SETTINGS)}")
+        return 0
     except InfeasibleError as exc:
         print(f"  {exc}")
         return 0

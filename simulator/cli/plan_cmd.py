@@ -69,7 +69,7 @@ def _run(args: argparse.Namespace) -> int:
              "max_num_batched_tokens", "layout", "replicas", *split, "gpus",
              "usd_per_hour", "usd_per_million_output_tokens", f"ttft_{pct}_ms",
              f"tpot_{pct}_ms", "steady_goodput_requests_per_s", "joules_per_output_token",
-             "status", "see"]  # fmt: skip
+             "calibration", "status", "see"]  # fmt: skip
     rate = planned_rate(scenario)
     head = (f"Plan for {scenario.model.name}: {sig(rate)} req/s, verified at "
             f"{sig(rate * (1 + plan.headroom))} req/s (+{plan.headroom:.0%} headroom), SLO at "
@@ -116,6 +116,30 @@ def _footnotes(table: pd.DataFrame) -> tuple[list[str], list[str]]:
     return marks, lines
 
 
+def _calibration_note(table: pd.DataFrame) -> str:
+    """What the ranking rests on where a ranked GPU was not priced on its own measured
+    kernels (planner.calibration_source): a transferred profile or the datasheet's
+    efficiencies, ranked against fitted GPUs or among themselves; '' when all are fitted."""
+    from simulator.planner import FEASIBLE, FITTED
+
+    ranked = table[table["status"].isin(FEASIBLE)]
+    sources = dict(zip(ranked["gpu"], ranked["calibration"], strict=True))
+    unmeasured = [f"{gpu} ({source})" for gpu, source in sources.items() if source != FITTED]
+    if not unmeasured:
+        return ""
+    fitted = [gpu for gpu, source in sources.items() if source == FITTED]
+    against = (
+        f"ranked here against {' and '.join(fitted)}, priced on its own measured kernels"
+        if fitted
+        else "and no GPU here is priced on its own measured kernels"
+    )
+    return (
+        f"calibration: {' and '.join(unmeasured)} priced without kernels measured on the GPU "
+        "('from': a profile fitted on another chip; 'datasheet': the spec sheet's "
+        f"efficiencies), so their rows are estimates, {against}"
+    )
+
+
 def _blank(value: object) -> bool:
     import pandas as pd
 
@@ -136,6 +160,8 @@ def _print_table(table: pd.DataFrame, shown: list[str]) -> None:
     print(view.to_string(index=False, float_format=sig, na_rep="-", line_width=WIDTH))
     if (table["status"] == "unverified").any():
         print("unverified: met the SLOs, but its probe was too short to judge overload")
+    if note := _calibration_note(table):
+        print("\n".join(wrapped(note, "", "  ")))
     if lines:
         print()
         print("\n".join(lines))

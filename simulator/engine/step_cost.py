@@ -342,8 +342,21 @@ class StepCostModel:
         custom_all_reduce: bool = True,
         symm_mem_all_reduce: bool = True,
         mxfp4_use_marlin: bool = False,
+        first_gpu: int = 0,
     ) -> None:
         arch.check_tp(tp)
+        # How to build this model again placed elsewhere (placed()).
+        self._settings = {
+            "weight_dtype": weight_dtype, "kv_dtype": kv_dtype,
+            "activation_dtype": activation_dtype, "tp": tp, "pp": pp, "overheads": overheads,
+            "expert_parallel": expert_parallel, "moe_routing": moe_routing, "dp": dp,
+            "all2all_backend": all2all_backend, "custom_all_reduce": custom_all_reduce,
+            "symm_mem_all_reduce": symm_mem_all_reduce, "mxfp4_use_marlin": mxfp4_use_marlin,
+        }  # fmt: skip
+        # The cluster GPU the replica starts on: replicas are packed in order over nodes
+        # of node.gpus_per_node, so a replica may start mid-node or straddle two.
+        self.first_gpu = first_gpu
+        self._placed: dict[int, StepCostModel] = {}  # placed(), by place in a node
         self.mxfp4_use_marlin = mxfp4_use_marlin  # VLLM_MXFP4_USE_MARLIN=1
         self.arch, self.gpu, self.node, self.tp, self.pp = arch, gpu, node, tp, pp
         self.dp = dp if arch.is_moe else 1  # dense ranks are independent replicas
@@ -374,9 +387,11 @@ class StepCostModel:
         self.tp_link = self._link(tp, "tensor parallelism")
         # vLLM's dispatch of the layers' all-reduces: custom, symmetric memory or NCCL,
         # per pipeline stage (its tp group's place on a PCIe tree decides peer access).
-        self.stage_all_reduces = self._stage_all_reduces(custom_all_reduce, symm_mem_all_reduce)
+        self.stage_all_reduces = self._stage_all_reduces(
+            custom_all_reduce, symm_mem_all_reduce, first_gpu
+        )
         self.tp_all_reduce = self.stage_all_reduces[0][0] if self.stage_all_reduces else None
-        self.handoffs = self._handoffs()
+        self.handoffs = self._handoffs(first_gpu)
         self.ep_link = self._link(tp * self.dp, "parallelism.dp: the MoE dispatch (tp x dp)")
         if isinstance(self.ep_link, CrossNodeLink) and all2all_backend != "all_to_all":
             # Across nodes the gather runs over the dp group, whose ranks sit tp GPUs
@@ -396,9 +411,10 @@ class StepCostModel:
             else eff.launch_overhead_eager_us
         )
         self._dense_cache: dict[int, _Part] = {}
-        # What _dense needs for every token count, read once: (name, n, k, layers) of the
-        # model's GEMMs (Architecture.gemms; m is the token count), and the pointwise chains.
-        self._gemm_shapes = [(name, n, k, times) for name, _, n, k, times in arch.gemms(1, tp)]
+        # What _dense needs for every token count, read once: (name, n, k, layers, dtypes)
+        # of the model's GEMMs (Architecture.gemms; m is the token count; gemm_dtypes, a
+        # checkpoint's unquantized layers apart), and the pointwise chains.
+        self._gemm_shapes = self._gemm_formats()
         self._chains = self._pointwise_chains()
         self._gemm_blocks: dict[int, list[list[OpCost]]] = {}  # see _gemms
         self._gemm_misses: dict[int, int] = {}
@@ -443,12 +459,46 @@ class StepCostModel:
             f"but node {self.node.name} has no inter-node link"
         )
 
-    def _stage_all_reduces(self, custom: bool, symm_mem: bool) -> list[tuple[TpAllReduce, int]]:
+    def placement(self, first_gpu: int) -> tuple[list, list]:
+        """What prices differently with a replica's place, from cluster GPU `first_gpu` on:
+        its stage hand-offs (the GPUs they start on only over a PCIe tree, where the
+        place matters) and its stages' all-reduce plans. They depend on its place in its
+        node only."""
+        custom, symm_mem = (self._settings[k] for k in ("custom_all_reduce", "symm_mem_all_reduce"))
+        handoffs = [
+            (link, n, *(ends if link.fabric else (0, 0)))
+            for link, n, *ends in self._handoffs(first_gpu)
+        ]
+        return handoffs, self._stage_all_reduces(custom, symm_mem, first_gpu)
+
+    @functools.cached_property
+    def where(self) -> tuple[list, list]:
+        """This model's placement(): what placed() compares."""
+        return self.placement(self.first_gpu)
+
+    def placed(self, first_gpu: int) -> StepCostModel:
+        """This model for a replica starting on cluster GPU `first_gpu`: itself when its
+        stages' hand-offs and all-reduces run as this one's do, else one built there
+        (one per placement, shared by the replicas placed alike)."""
+        key = first_gpu % self.node.gpus_per_node
+        if key not in self._placed:
+            where = self.placement(key)
+            alike = (model for model in self._placed.values() if model.where == where)
+            self._placed[key] = next(alike, None) or (
+                self
+                if where == self.where
+                else StepCostModel(self.arch, self.gpu, self.node, **self._settings, first_gpu=key)
+            )
+        return self._placed[key]
+
+    def _stage_all_reduces(
+        self, custom: bool, symm_mem: bool, first_gpu: int
+    ) -> list[tuple[TpAllReduce, int]]:
         """The tp all-reduce plan of each pipeline stage as (plan, the layers of the
         stages sharing it), in stage order; empty without tensor parallelism. Stages sit
-        in order on the replica's GPUs (stage s from node GPU s * tp on), so on a PCIe
-        tree a later stage's group can straddle a switch and lose the peer access the
-        first has."""
+        in order on the replica's GPUs (stage s from cluster GPU first_gpu + s * tp on), so
+        on a PCIe tree a later stage's group can straddle a switch and lose the peer access
+        the first has."""
         if self.tp_link is None:
             return []
         plans: list[list] = []  # [plan, layers]
@@ -462,7 +512,7 @@ class StepCostModel:
                 custom=custom,
                 symm_mem=symm_mem,
                 cuda_graphs=self.overheads.cuda_graphs,
-                first_gpu=(s * self.tp) % self.node.gpus_per_node,
+                first_gpu=(first_gpu + s * self.tp) % self.node.gpus_per_node,
             )
             same = next((entry for entry in plans if entry[0] == plan), None)
             if same is None:
@@ -471,22 +521,23 @@ class StepCostModel:
                 same[1] += len(layers)
         return [(plan, layers) for plan, layers in plans]
 
-    def _handoffs(self) -> list[tuple[LinkSpec, int, int, int]]:
+    def _handoffs(self, first_gpu: int) -> list[tuple[LinkSpec, int, int, int]]:
         """The pp - 1 stage hand-offs as (link, how many, the node GPUs the sending and the
-        receiving stage start on). Stages sit in order on the replica's GPUs and each tp
-        rank sends to the same rank of the next stage (GPU g to g + tp), all at once: a
-        hand-off crosses nodes when one of those pairs does, and inside a node its place
-        matters on a PCIe tree (switch neighbours, or across sockets). A send/recv is
-        priced on the link's own latency and efficiency (a calibration profile's links are
-        all-reduce fits)."""
+        receiving stage start on). Stages sit in order on the replica's GPUs (from
+        first_gpu on) and each tp rank sends to the same rank of the next stage (GPU g to
+        g + tp), all at once: a hand-off crosses nodes when one of those pairs does, and
+        inside a node its place matters on a PCIe tree (switch neighbours, or across
+        sockets). A send/recv is priced on the link's own latency and efficiency (a
+        calibration profile's links are all-reduce fits)."""
         tp, per_node = self.tp, self.node.gpus_per_node
         inside: Counter[int] = Counter()
         crossing = 0
         for s in range(self.pp - 1):
-            if any((s * tp + i) // per_node != ((s + 1) * tp + i) // per_node for i in range(tp)):
+            start = first_gpu + s * tp
+            if any((start + i) // per_node != (start + tp + i) // per_node for i in range(tp)):
                 crossing += 1
             else:
-                inside[(s * tp) % per_node] += 1
+                inside[start % per_node] += 1
         intra, inter = self.node.intra_node_link, self.node.inter_node_link
         handoffs: list[tuple[LinkSpec, int, int, int]] = []
         if inside:
@@ -590,7 +641,7 @@ class StepCostModel:
         if part is not None:
             return part
         part = _Part.empty()
-        for (*_, times), cost in zip(self._gemm_shapes, self._gemms(tokens), strict=True):
+        for (*_, times, _), cost in zip(self._gemm_shapes, self._gemms(tokens), strict=True):
             part.add(cost, times)
         if self.arch.is_moe and self.dp == 1:  # with dp > 1, _moe_over_ranks
             part.add(self._routed_experts(tokens), self.arch.num_moe_layers)
@@ -623,14 +674,24 @@ class StepCostModel:
         gpu, shapes = self.gpu, self._gemm_shapes
         misses = self._gemm_misses[block] = self._gemm_misses.get(block, 0) + 1
         if misses <= _GEMM_ALONE:
-            return [
-                gemm_cost(gpu, tokens, n, k, *self.gemm_dtypes(name)) for name, n, k, _ in shapes
-            ]
-        by_gemm = [
-            _gemm_block(gpu, n, k, *self.gemm_dtypes(name), block) for name, n, k, _ in shapes
-        ]
+            return [gemm_cost(gpu, tokens, n, k, *dtypes) for _, n, k, _, dtypes in shapes]
+        by_gemm = [_gemm_block(gpu, n, k, *dtypes, block) for _, n, k, _, dtypes in shapes]
         priced = self._gemm_blocks[block] = [list(costs) for costs in zip(*by_gemm, strict=True)]
         return priced[row]
+
+    def _gemm_formats(self) -> list[tuple[str, int, int, int, tuple]]:
+        """(name, n, k, layers, gemm_dtypes) of the model's GEMMs on one rank, a GEMM the
+        checkpoint keeps in 16 bits in some layers (Architecture.unquantized: vLLM's
+        UnquantizedLinearMethod for a skipped module) split off in the activation dtype."""
+        unquantized = (self.act_dtype, None)
+        shapes = []
+        for name, _, n, k, times in self.arch.gemms(1, self.tp):
+            kept = self.arch.unquantized_layers(name)
+            if times > kept:
+                shapes.append((name, n, k, times - kept, self.gemm_dtypes(name)))
+            if kept:
+                shapes.append((name, n, k, kept, unquantized))
+        return shapes
 
     def gemm_dtypes(self, name: str) -> tuple[str | Dtype, str | None]:
         """(kernel dtype, weight format) of the model's GEMM `name` (Architecture.gemms):
