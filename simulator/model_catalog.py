@@ -10,12 +10,12 @@ the field, never a silent dense approximation.
 from __future__ import annotations
 
 import re
-import warnings
 from pathlib import Path
 from typing import Any
 
-from hardware_models.errors import InfersimError, InfersimWarning
+from hardware_models.errors import InfersimError
 from hardware_models.file_memo import per_file_version
+from hardware_models.warning_scope import warn
 from hardware_models.yaml_io import (
     load_json_object,
     load_yaml_mapping,
@@ -195,11 +195,10 @@ def _checkpoint_dtype(config: dict[str, Any], c: _Config) -> dict[str, Any]:
         return {"checkpoint_dtype": "fp4"}
     if method in ("gptq", "awq") and quant.get("bits", 4) == 4:
         return {"checkpoint_dtype": "int4"}
-    warnings.warn(
+    warn(
         f"{c.path}: quantization_config quant_method {method!r} is not understood "
         "(understood: fp8, mxfp4, 4-bit gptq/awq); the weights are priced as "
         "model.weight_dtype says",
-        InfersimWarning,
         stacklevel=3,
     )
     return {}

@@ -30,6 +30,7 @@ from hardware_models.errors import InfeasibleError, InfersimError, InfersimWarni
 from hardware_models.node import LinkSpec, NodeSpec
 from hardware_models.power import power_model
 from hardware_models.presets import list_nodes, load_gpu, load_node
+from hardware_models.warning_scope import raise_again, recording, warn
 from simulator.api_server import (
     ClientView,
     ingested,
@@ -270,12 +271,11 @@ def _kv_cache_groups(
         if chunked_local_attention(arch)
         else f"a {arch.sliding_window}-token window (priced so)"
     )
-    warnings.warn(
+    warn(
         f"{arch.name}: {arch.num_sliding_layers} of {arch.num_layers} layers attend to "
         f"{span}, but their KV cache is held at full length: {reason}. vLLM V1's hybrid "
         f"KV cache manager keeps only the window's blocks for those layers, fitting "
         f"{more} as many long-context tokens",
-        InfersimWarning,
         stacklevel=2,
     )
     return None
@@ -326,8 +326,7 @@ def build_scenario(scenario: Scenario) -> BuiltScenario:
     does."""
     caught: list[warnings.WarningMessage] = []
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", InfersimWarning)
+        with recording() as caught:
             caching = scenario.serving.prefix_caching
             pools = build_pools(
                 scenario, caching and shares_blocks_by_hash(open_loop_requests(scenario))
@@ -361,10 +360,9 @@ def resolve_weight_dtype(asked: str | None, arch: ModelArchitecture) -> str:
     if asked is None:
         return stored or "bf16"
     if stored is not None and asked != stored:
-        warnings.warn(
+        warn(
             f"model.weight_dtype {asked}: {arch.name}'s checkpoint is stored in {stored}; "
             f"priced as {asked} (a re-quantised or upcast copy)",
-            InfersimWarning,
             stacklevel=2,
         )
     return asked
@@ -378,11 +376,10 @@ def _warn_links_fitted_elsewhere(gpu: AcceleratorSpec, node: NodeSpec, profile: 
     elsewhere = [] if link is None else gpu.efficiency.links_fitted_elsewhere(link)
     if elsewhere and profile is not None:
         groups = ", ".join(map(str, elsewhere))
-        warnings.warn(
+        warn(
             f"calibration {profile}: its collective fits ({groups} GPUs) were made over "
             f"another link than node {node.name}'s; collectives over it are priced with the "
             "datasheet link model",
-            InfersimWarning,
             stacklevel=2,
         )
 
@@ -397,7 +394,7 @@ def _warn_outside_fitted_sizes(
     shapes = [(n, k) for _name, _m, n, k, _layers in arch.gemms(1, tp)]
     why = gemms_outside_fitted_sizes(profile_metadata(calibration.profile), shapes, max_tokens)
     if why is not None:
-        warnings.warn(f"calibration {calibration.profile}: {why}", InfersimWarning, stacklevel=2)
+        warn(f"calibration {calibration.profile}: {why}", stacklevel=2)
 
 
 def _load_arch(scenario: Scenario) -> ModelArchitecture:
@@ -433,10 +430,9 @@ def _at_vllm_block_size(
         return scenario, ()
     notes: tuple[str, ...] = ()
     if serving.block_size != ServingSection.model_fields["block_size"].default:
-        warnings.warn(
+        warn(
             f"serving.block_size={serving.block_size}: {forced.reason} (CudaPlatformBase."
             f"check_and_update_config), so the run uses {forced.size}",
-            InfersimWarning,
             stacklevel=3,
         )
     else:
@@ -494,9 +490,8 @@ def build_replica(
     )
     if engine.framework_overhead_gb is not None:
         modelled = framework_overhead_bytes(gpu, par.tp)
-        warnings.warn(
+        warn(
             overhead_override_warning(engine.framework_overhead_gb, modelled),
-            InfersimWarning,
             stacklevel=2,
         )
     block_bytes = serving.block_size * memory.kv_bytes_per_token
@@ -507,9 +502,9 @@ def build_replica(
     )
     blocks = serving.num_gpu_blocks or derived
     if swap_warning := check_swap_space(serving.swap_space_gb, par.tp, node):
-        warnings.warn(swap_warning, InfersimWarning, stacklevel=2)
+        warn(swap_warning, stacklevel=2)
     for ignored in ignored_settings(scenario.serving):
-        warnings.warn(ignored, InfersimWarning, stacklevel=2)
+        warn(ignored, stacklevel=2)
     if blocks < 1:
         rows = "; ".join(f"{item} {gb:.2f} GB" for item, gb in memory.breakdown())
         raise InfeasibleError(
@@ -645,7 +640,7 @@ class _Run:
         self.builds = self._pools(built, batch)
         self.configuration_warnings = _configuration_warnings(self.builds)
         for text in self.configuration_warnings:  # before the run, which they may stop
-            warnings.warn(text, InfersimWarning, stacklevel=3)
+            warn(text, stacklevel=3)
         self.env = simpy.Environment()
         self.horizon = wl.duration_s if wl.duration_s is not None else float("inf")
         self.clock = Clock(self.horizon)
@@ -747,11 +742,10 @@ class _Run:
         pp = build.cost.pp
         pipelined = build.pipelined_engines > 0
         if pp > 1 and not config.iterative:
-            warnings.warn(
+            warn(
                 f"parallelism.pp={pp}: serving.policy {config.policy!r} runs whole "
                 "batches, one at a time, so the stages run one after another (no pipelining; "
                 "use continuous or chunked_prefill to pipeline)",
-                InfersimWarning,
                 stacklevel=2,
             )
         engines = build.dp if build.dp > 1 else build.pipelined_engines or 1
@@ -762,12 +756,11 @@ class _Run:
             configs = [replace(config, max_num_seqs=seqs, swap_blocks=config.swap_blocks // engines)
                        for seqs in _split(config.max_num_seqs, engines)]  # fmt: skip
             shared_kv = SharedKv(functools.partial(empty_kv_cache, config, keys))
-            warnings.warn(  # per replica; simulate() passes each distinct one on once
+            warn(  # per replica; simulate() passes each distinct one on once
                 f"parallelism.pp={pp}: serving.max_num_seqs={config.max_num_seqs} is split "
                 f"as {_split(config.max_num_seqs, engines)} over the {engines} batches in "
                 "flight, and a request stays in its batch; vLLM V1 caps only their total, "
                 "so its batches may be less even than these",
-                InfersimWarning,
                 stacklevel=2,
             )
         index = len(self.replicas)
@@ -794,10 +787,9 @@ class _Run:
         if self.prompt_hashes is None:
             return None
         if not config.prefix_caching:
-            warnings.warn(
+            warn(
                 "the trace's hash_ids are not used: serving.enable_prefix_caching is off, so "
                 "no prompt reuses another's cached blocks",
-                InfersimWarning,
                 stacklevel=2,
             )
             return None
@@ -1144,11 +1136,10 @@ class _Run:
         faults = self.scenario.faults
         for i, event in enumerate(faults.events if faults else ()):
             if event.at_s > self.env.now:
-                warnings.warn(
+                warn(
                     f"faults.events[{i}]: at_s={event.at_s:g} s is after the run's end "
                     f"({self.env.now:.1f} s), so replica {event.replica} never failed; "
                     "fail it earlier or run longer (workload.duration_s / num_requests)",
-                    InfersimWarning,
                     stacklevel=2,
                 )
 
@@ -1201,7 +1192,7 @@ class _Run:
             dp = self.scenario.parallelism.dp
             offline = self.scenario.workload.arrivals.kind == "offline"
             text = unmodelled_warning(section, load, window, dp, offline)
-            warnings.warn(text, InfersimWarning, stacklevel=3)
+            warn(text, stacklevel=3)
 
 
 def _configuration_warnings(builds: list[tuple[str, ReplicaBuild]]) -> tuple[str, ...]:
@@ -1279,8 +1270,7 @@ def simulate(
     name: str | None = None
     caught: list[warnings.WarningMessage] = []
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", InfersimWarning)  # each once, by _pass_on_named
+        with recording() as caught:  # each once, by _pass_on_named
             loaded = _scenario_of(scenario)
             name = (loaded.scenario if isinstance(loaded, BuiltScenario) else loaded).name
             return run_simulation(
@@ -1305,20 +1295,15 @@ def _scenario_of(given: Any) -> Scenario | BuiltScenario:
 
 
 def _pass_on_named(caught: list[warnings.WarningMessage], name: str | None) -> None:
-    """Each distinct recorded warning to the caller's filters once: an InfersimWarning
-    named by its scenario and raised at the first line outside infersim (the caller's
-    cell or script, whatever depth of infersim raised it), others where they were raised."""
+    """Each distinct recorded InfersimWarning to the caller's filters once, named by its
+    scenario and raised at the first line outside infersim (the caller's cell or script,
+    whatever depth of infersim raised it)."""
     level = 1
     frame = sys._getframe(0)
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIRS):
         frame, level = frame.f_back, level + 1
-    for shown_warning in _distinct(caught).values():
-        if issubclass(shown_warning.category, InfersimWarning):
-            text = str(shown_warning.message)
-            named = text if name is None else f"scenario {name}: {text}"
-            warnings.warn(named, shown_warning.category, stacklevel=level)
-        else:
-            pass_on([shown_warning])
+    for text in (str(recorded.message) for recorded in _distinct(caught).values()):
+        warn(text if name is None else f"scenario {name}: {text}", stacklevel=level)
 
 
 def run_simulation(
@@ -1358,12 +1343,12 @@ def run_simulation(
         run.wrap_up()
         wall = time.perf_counter() - started
         if scenario.serving.policy == "static" and (fill := _static_fill(run, end)):
-            warnings.warn(fill, InfersimWarning, stacklevel=2)
+            warn(fill, stacklevel=2)
         raised = [msg for kind, msg in _distinct(caught) if issubclass(kind, InfersimWarning)]
         results = _results(scenario, run, end, wall, raised, (logs, totals, max(len(shards), 1)))
         for text in results.summary()["warnings"] if summary_warnings else ():
             if text not in results.context.warnings:  # the ones the run's figures show
-                warnings.warn(text, InfersimWarning, stacklevel=2)
+                warn(text, stacklevel=2)
     return results
 
 
@@ -1384,11 +1369,10 @@ def _static_fill(run: _Run, end: float) -> str | None:
 def warnings_passed_on_once() -> Iterator[list[warnings.WarningMessage]]:
     """Record every InfersimWarning raised within (the list it gives), then pass each
     distinct one on to the caller's filters, also when the block stops with an error:
-    what it raised until then still holds."""
+    what it raised until then still holds. Per thread (hardware_models.warning_scope)."""
     caught: list[warnings.WarningMessage] = []
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", InfersimWarning)
+        with recording() as caught:
             yield caught
     finally:
         pass_on(caught)
@@ -1409,15 +1393,10 @@ def pass_on(
     keep: Callable[[warnings.WarningMessage], bool] = lambda _: True,
 ) -> None:
     """Recorded warnings (the distinct ones `keep` accepts, each once) to the caller's
-    filters and display, where they were raised."""
+    filters and display (or the recording the caller opened), where they were raised."""
     for caught_warning in _distinct(caught).values():
         if keep(caught_warning):
-            warnings.warn_explicit(
-                caught_warning.message,
-                caught_warning.category,
-                caught_warning.filename,
-                caught_warning.lineno,
-            )
+            raise_again(caught_warning)
 
 
 def _results(

@@ -35,6 +35,7 @@ from pydantic import ValidationError
 from tqdm import tqdm
 
 from hardware_models.errors import InfersimError, InfersimWarning
+from hardware_models.warning_scope import recording, warn
 from simulator.build_id import build_id
 from simulator.executors import JobError, _job_error, run_parallel
 from simulator.metrics.headline import COUNTS, HEADLINE, PER_USD, headline_row
@@ -169,8 +170,7 @@ def run_point(data: dict[str, Any], overrides: tuple[str, ...] = ()) -> dict[str
     in the point's provenance (the point's data already has them applied). Never raises:
     any exception becomes a failed outcome, so one bad point costs one row, not the sweep."""
     started, cpu = time.perf_counter(), time.process_time()
-    with warnings.catch_warnings(record=True) as caught:  # carried back, not shown here
-        warnings.simplefilter("always")
+    with recording() as caught:  # carried back, not shown here; per thread (Dask's)
         try:
             scenario = Scenario.from_dict(data, source="sweep point", overrides=overrides)
             summary = run_simulation(scenario, progress=False).summary()
@@ -204,7 +204,7 @@ def warn_named(name: str, texts: Iterable[str] | None) -> None:
     """A job's warnings (`warning_texts`), raised where the sweep or plan runs, each
     naming its job (`point NAME`, `candidate GPU tpN`)."""
     for text in texts or ():
-        warnings.warn(f"{name}: {text}", InfersimWarning, stacklevel=3)
+        warn(f"{name}: {text}", stacklevel=3)
 
 
 def _warn_in_point_order(
