@@ -40,7 +40,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +47,7 @@ import numpy as np
 import pandas as pd
 
 from hardware_models.errors import InfersimError
+from hardware_models.file_memo import per_file_version
 from hardware_models.plot_labels import LEADER, spread_labels
 from hardware_models.warning_scope import recording, warn
 from simulator.executors import JobError, run_parallel
@@ -153,9 +153,10 @@ class TraceTimes:
         return int(n[worst]), float(rates[worst])
 
 
-@cache
+@per_file_version
 def _trace_arrivals(path: Path, columns: str) -> TraceTimes:
-    """A trace's arrival times; read once a process."""
+    """A trace's arrival times; read once per version of the file (an edited trace is
+    read again, as docs/API.md promises of every file a scenario names)."""
     from simulator.workload.config import TraceColumns
     from simulator.workload.traces import read_trace
 
