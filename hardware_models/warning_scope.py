@@ -48,23 +48,33 @@ def warn(text: str, stacklevel: int = 1) -> None:
     caller's filters through warnings.warn."""
     if _RECORDING.get() is None:
         warnings.warn(text, InfersimWarning, stacklevel=stacklevel + 1)
-        return
-    frame = _frame_up(stacklevel)
-    raise_again(
-        warnings.WarningMessage(
-            InfersimWarning(text), InfersimWarning, frame.f_code.co_filename, frame.f_lineno
-        )
+    else:
+        warn_at(text, _frame_up(stacklevel))
+
+
+def warn_at(text: str, frame: FrameType) -> None:
+    """`text` as an InfersimWarning at `frame`'s line: into the innermost open recording,
+    else to the caller's filters (module filters match `frame`'s module), shown again
+    each time it is raised there, as each run's warnings are (raise_again)."""
+    at = warnings.WarningMessage(
+        InfersimWarning(text), InfersimWarning, frame.f_code.co_filename, frame.f_lineno
     )
+    raise_again(at, frame.f_globals.get("__name__"))
 
 
-def raise_again(recorded: warnings.WarningMessage) -> None:
+def raise_again(recorded: warnings.WarningMessage, module: str | None = None) -> None:
     """A recorded warning raised again at the line it was raised: into the innermost open
-    recording, else to the caller's filters and display."""
+    recording, else to the caller's filters and display, with no registry of the line's
+    module: a warning of a run is not hidden as already shown by the run before it."""
     caught = _RECORDING.get()
     if caught is not None:
         caught.append(recorded)
         return
-    warnings.warn_explicit(recorded.message, recorded.category, recorded.filename, recorded.lineno)
+    where = (recorded.filename, recorded.lineno)
+    if module is None:  # warn_explicit then takes it from the file name (None loses it)
+        warnings.warn_explicit(recorded.message, recorded.category, *where)
+    else:
+        warnings.warn_explicit(recorded.message, recorded.category, *where, module)
 
 
 def _frame_up(levels: int) -> FrameType:

@@ -30,7 +30,7 @@ from hardware_models.errors import InfeasibleError, InfersimError, InfersimWarni
 from hardware_models.node import LinkSpec, NodeSpec
 from hardware_models.power import power_model
 from hardware_models.presets import list_nodes, load_gpu, load_node
-from hardware_models.warning_scope import raise_again, recording, warn
+from hardware_models.warning_scope import raise_again, recording, warn, warn_at
 from simulator.api_server import (
     ClientView,
     ingested,
@@ -1298,12 +1298,11 @@ def _pass_on_named(caught: list[warnings.WarningMessage], name: str | None) -> N
     """Each distinct recorded InfersimWarning to the caller's filters once, named by its
     scenario and raised at the first line outside infersim (the caller's cell or script,
     whatever depth of infersim raised it)."""
-    level = 1
     frame = sys._getframe(0)
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIRS):
-        frame, level = frame.f_back, level + 1
+        frame = frame.f_back
     for text in (str(recorded.message) for recorded in _distinct(caught).values()):
-        warn(text if name is None else f"scenario {name}: {text}", stacklevel=level)
+        warn_at(text if name is None else f"scenario {name}: {text}", frame)
 
 
 def run_simulation(
