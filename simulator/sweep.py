@@ -34,7 +34,7 @@ import pandas as pd
 from pydantic import ValidationError
 from tqdm import tqdm
 
-from hardware_models.errors import InfersimError, InfersimWarning
+from hardware_models.errors import InfersimError
 from hardware_models.warning_scope import recording, warn
 from simulator.build_id import build_id
 from simulator.executors import JobError, _job_error, run_parallel
@@ -191,13 +191,8 @@ def run_point(data: dict[str, Any], overrides: tuple[str, ...] = ()) -> dict[str
 
 
 def warning_texts(caught: list[warnings.WarningMessage]) -> list[str]:
-    """A job's warnings as the text a worker sends back, each once; a warning other than
-    InfersimWarning names its category."""
-    return list(dict.fromkeys(
-        str(w.message) if issubclass(w.category, InfersimWarning)
-        else f"{w.category.__name__}: {w.message}"
-        for w in caught
-    ))  # fmt: skip
+    """A job's recorded InfersimWarnings as the text a worker sends back, each once."""
+    return list(dict.fromkeys(str(w.message) for w in caught))
 
 
 def warn_named(name: str, texts: Iterable[str] | None) -> None:

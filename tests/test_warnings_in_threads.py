@@ -104,3 +104,34 @@ def test_a_sweep_on_a_threaded_dask_worker_says_each_points_warnings():
         distributed.Client(cluster) as client,
     ):
         assert said(client=client) == in_process
+
+
+@pytest.mark.slow  # ~9 s: eight candidates' probes, twice
+def test_a_plan_on_a_threaded_dask_worker_says_each_candidates_warnings(make_scenario):
+    """The planner's candidates, run in threads of one Dask worker, say the warnings
+    they say in process, each naming its candidate (pp=2 splits max_num_seqs)."""
+    distributed = pytest.importorskip("distributed", reason="needs the distributed package")
+    from simulator.planner import plan_capacity
+
+    scenario = make_scenario(
+        slo={"ttft_ms": 1500, "tpot_ms": 60},
+        workload={"arrivals": {"kind": "poisson", "rate_per_s": 6.0}},
+        plan={"gpus": ["a100-80gb-sxm", "h100-sxm"], "tp": [1], "pp": [1, 2],
+              "requests_per_probe": 100, "headroom": 0.1},
+    )  # fmt: skip
+
+    def said(**where) -> list[str]:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            plan_capacity(scenario, progress=False, **where)
+        return [str(w.message) for w in seen if issubclass(w.category, InfersimWarning)]
+
+    in_process = said(workers=1)
+    assert any("pp=2: serving.max_num_seqs=64 is split" in text for text in in_process)
+    with (
+        distributed.LocalCluster(
+            n_workers=1, processes=False, threads_per_worker=4, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        assert said(client=client) == in_process
