@@ -120,12 +120,13 @@ class EfficiencyCurve(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    sizes: list[float] = Field(min_length=1, description="increasing operator sizes")
-    values: list[float] = Field(min_length=1, description="efficiency in (0, 1] at each size")
+    # tuples: a loaded profile's curves are shared and never change (read_only)
+    sizes: tuple[float, ...] = Field(min_length=1, description="increasing operator sizes")
+    values: tuple[float, ...] = Field(min_length=1, description="efficiency in (0, 1] at each size")
 
     @field_validator("values")
     @classmethod
-    def _in_unit_interval(cls, v: list[float]) -> list[float]:
+    def _in_unit_interval(cls, v: tuple[float, ...]) -> tuple[float, ...]:
         for x in v:
             if not (0.0 < x <= 1.0):
                 raise ValueError(f"efficiency {x} is outside (0, 1]")
