@@ -415,6 +415,8 @@ def test_a_loaded_gpus_tables_refuse_changes_in_place():
             TypeError, match=r"EfficiencyProfile\.gemm_compute_by_dtype is read-only"
         ):
             change()
+    with pytest.raises(TypeError, match="does not support item assignment"):
+        gpu.efficiency.gemm_compute.values[0] = 1.0  # type: ignore[index]
     assert load_gpu("h100-sxm").peak_flops(Dtype.BF16) == gpu.peak_flops(Dtype.BF16)
 
 
