@@ -6,6 +6,7 @@ the field says GiB). Every preset figure carries its source in `sources`.
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -13,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from hardware_models.dtypes import Dtype
 from hardware_models.efficiency import EfficiencyProfile, profile_json
 from hardware_models.errors import InfersimError
+from hardware_models.object_memo import per_object
+from hardware_models.read_only import freeze_dict_fields
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -282,6 +285,12 @@ class AcceleratorSpec(BaseModel):
     )
 
     @model_validator(mode="after")
+    def _read_only(self) -> AcceleratorSpec:
+        """Its rates refuse changes in place: a loaded preset is shared (read_only)."""
+        freeze_dict_fields(self)
+        return self
+
+    @model_validator(mode="after")
     def _check_datasheet_keys(self) -> AcceleratorSpec:
         allowed = {d.value for d in self.tensor_flops_per_core_per_clock} | {"fp32_cuda"}
         unknown = set(self.datasheet_tflops) - allowed
@@ -364,11 +373,11 @@ class AcceleratorSpec(BaseModel):
         return int(self.compute_capability.split(".")[0])
 
     def __hash__(self) -> int:
-        # Consistent with field equality; lets operator costs be memoised per chip. The
-        # efficiency's content is part of it: a fit prices hundreds of profiles of one
-        # chip, which shared one hash, so every cache lookup compared them field by field.
-        key = (self.name, self.sm_count, self.memory.bandwidth_gbps)
-        return hash((*key, profile_json(self.efficiency)))
+        # Consistent with field equality; lets operator costs be memoised per chip. Every
+        # field is part of it, the efficiency's content too: a fit prices hundreds of
+        # profiles of one chip, which shared one hash, so every cache lookup compared them
+        # field by field. Worked out once per object (its fields never change: read_only).
+        return per_object(self, "hash", _content_hash)
 
     # ---- derived peaks -------------------------------------------------------------
     def supports(self, dtype: Dtype) -> bool:
@@ -434,3 +443,20 @@ class AcceleratorSpec(BaseModel):
     def with_efficiency(self, efficiency: EfficiencyProfile) -> AcceleratorSpec:
         """The same chip with calibrated efficiencies."""
         return self.model_copy(update={"efficiency": efficiency})
+
+
+def hardware_json(gpu: AcceleratorSpec) -> str:
+    """Every field of `gpu` but its efficiency profile, as JSON with its keys sorted (equal
+    chips give equal text, whatever order their files list rates in), read out once per
+    object: what a cache of costs that no efficiency moves keys on, and part of the hash."""
+    return per_object(gpu, "hardware_json", _hardware_json)
+
+
+def _hardware_json(gpu: AcceleratorSpec) -> str:
+    return json.dumps(gpu.model_dump(mode="json", exclude={"efficiency"}), sort_keys=True)
+
+
+def _content_hash(gpu: AcceleratorSpec) -> int:
+    # profile_json keeps the profile's key order (sorting it would cost a fit ~2 ms per
+    # profile): equal profiles listed in another order only miss a cache, as before.
+    return hash((hardware_json(gpu), profile_json(gpu.efficiency)))

@@ -20,6 +20,7 @@ from hardware_models.dtypes import parse_dtype
 from hardware_models.errors import InfersimError
 from hardware_models.node import LinkSpec
 from hardware_models.object_memo import per_object
+from hardware_models.read_only import freeze_dict_fields
 
 # Block-scaled formats run different kernels from their plain dtype (scales per block),
 # so a curve keyed by one of these spellings is kept apart from the plain dtype's.
@@ -119,12 +120,13 @@ class EfficiencyCurve(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    sizes: list[float] = Field(min_length=1, description="increasing operator sizes")
-    values: list[float] = Field(min_length=1, description="efficiency in (0, 1] at each size")
+    # tuples: a loaded profile's curves are shared and never change (read_only)
+    sizes: tuple[float, ...] = Field(min_length=1, description="increasing operator sizes")
+    values: tuple[float, ...] = Field(min_length=1, description="efficiency in (0, 1] at each size")
 
     @field_validator("values")
     @classmethod
-    def _in_unit_interval(cls, v: list[float]) -> list[float]:
+    def _in_unit_interval(cls, v: tuple[float, ...]) -> tuple[float, ...]:
         for x in v:
             if not (0.0 < x <= 1.0):
                 raise ValueError(f"efficiency {x} is outside (0, 1]")
@@ -746,6 +748,12 @@ class EfficiencyProfile(BaseModel):
             if not 0 < value <= 1:
                 raise ValueError(f"{key}: a share of memory bandwidth is in (0, 1], got {value}")
         return v
+
+    @model_validator(mode="after")
+    def _read_only(self) -> EfficiencyProfile:
+        """Its tables refuse changes in place: a loaded profile is shared (read_only)."""
+        freeze_dict_fields(self)
+        return self
 
     @staticmethod
     def _for_dtype(table: dict, dtype: object, default):

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import TypeVar
+from typing import Concatenate, ParamSpec, TypeVar
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 _Version = tuple[int, int, int, int]
 
@@ -31,20 +32,22 @@ def _version(path: Path) -> _Version | None:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def per_file_version(load: Callable[[Path], T]) -> Callable[[Path], T]:
-    """`load(path)`, cached per path while the file stays the same; one entry per path,
-    replaced when the file changes. Errors are not cached: they are raised again."""
-    held: dict[Path, tuple[_Version, T]] = {}
+def per_file_version(load: Callable[Concatenate[Path, P], T]) -> Callable[Concatenate[Path, P], T]:
+    """`load(path, ...)`, cached per path and further (hashable) arguments while the file
+    stays the same; one entry per path and arguments, replaced when the file changes.
+    Errors are not cached: they are raised again."""
+    held: dict[Hashable, tuple[_Version, T]] = {}
 
     @functools.wraps(load)
-    def cached(path: Path) -> T:
+    def cached(path: Path, *args: P.args, **kwargs: P.kwargs) -> T:
+        key = (path, args, tuple(sorted(kwargs.items())))
         version = _version(path)  # before reading: an edit during the read is seen next time
-        entry = held.get(path)
+        entry = held.get(key)
         if version is not None and entry is not None and entry[0] == version:
             return entry[1]
-        value = load(path)
+        value = load(path, *args, **kwargs)
         if version is not None:
-            held[path] = (version, value)
+            held[key] = (version, value)
         return value
 
     return cached

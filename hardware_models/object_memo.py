@@ -5,9 +5,9 @@ efficiency it tries, hundreds of times: the parts of pricing that depend on the 
 alone (distinct shapes, head layouts, expert loads) are the same each time. And a
 chip's hash covers its efficiency profile, whose content is costly to read out. Both are
 kept per object here. The objects are never modified once built (frames the fit and the
-validation only read; frozen pydantic models), so the object stands for its contents. A
-frozen model's dict fields can still be changed in place, which would leave its entry
-here stale: build a new profile (`model_copy(update=...)`) instead, as the fitter does.
+validation only read; frozen pydantic models, whose dict fields refuse changes in place:
+hardware_models.read_only), so the object stands for its contents. A changed profile is a
+new object (`model_copy(update=...)`), as the fitter builds them.
 """
 
 from __future__ import annotations

@@ -3,14 +3,13 @@ or by a user's YAML path."""
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.efficiency import EfficiencyProfile
-from hardware_models.errors import InfersimWarning
 from hardware_models.file_memo import per_file_version
 from hardware_models.node import HOST_READ_US, NodeSpec
+from hardware_models.warning_scope import warn
 from hardware_models.yaml_io import load_yaml_mapping, unknown_name_error, validate_model
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -74,13 +73,12 @@ def _warn_host_read_unset(node: NodeSpec, path: Path) -> None:
     told which it means."""
     for field in node.links_without_host_read():
         latency = getattr(node, field).latency_us
-        warnings.warn(
+        warn(
             f"{path}: {field}.fabric.host_read_us is not set: taken as {HOST_READ_US} us, "
             f"added to each hop staged in host memory; {field}.latency_us ({latency}) now "
             "prices a peer-to-peer hop only (before infersim of 2026-12-01, every PCI "
             "hop): set host_read_us: 0 to keep that meaning, or latency_us: 0.55 and "
             "host_read_us: 1.1 as the l40s-8x-pcie preset does",
-            InfersimWarning,
             stacklevel=2,
         )
 

@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from hardware_models.errors import InfersimWarning
+from hardware_models.warning_scope import warn
 from simulator.architecture import ModelArchitecture
 
 # Where a decoder layer's modules sit in the published checkpoints' names: text models,
@@ -157,12 +156,11 @@ def read_quantization(quant: Any, path: Path) -> CheckpointQuantization:
         fmt = _MODELOPT_ALGOS.get(str(inner.get("quant_algo", "")).upper())
         if fmt is not None:
             return CheckpointQuantization(fmt, _matcher(inner.get("exclude_modules"), True))
-    warnings.warn(
+    warn(
         f"{path}: quantization_config quant_method {method!r} is not understood "
         f"({_described(quant)}; understood: fp8, fbgemm_fp8, mxfp4, 4-bit gptq/awq, "
         "compressed-tensors fp8/int4/nvfp4 weights, modelopt FP8/NVFP4); the weights are "
         "priced as model.weight_dtype says",
-        InfersimWarning,
         stacklevel=3,
     )
     return CheckpointQuantization(None)

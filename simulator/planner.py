@@ -38,18 +38,18 @@ through the sweep's executor, on local processes or a Dask cluster.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from hardware_models.errors import InfersimError, InfersimWarning
+from hardware_models.errors import InfersimError
+from hardware_models.file_memo import per_file_version
 from hardware_models.plot_labels import LEADER, spread_labels
+from hardware_models.warning_scope import recording, warn
 from simulator.executors import JobError, run_parallel
 from simulator.formatting import sig
 from simulator.memory_planner import PLAN_SETTINGS, DoesNotFit, MaxModelLenRefused
@@ -153,9 +153,10 @@ class TraceTimes:
         return int(n[worst]), float(rates[worst])
 
 
-@cache
+@per_file_version
 def _trace_arrivals(path: Path, columns: str) -> TraceTimes:
-    """A trace's arrival times; read once a process."""
+    """A trace's arrival times; read once per version of the file (an edited trace is
+    read again, as docs/API.md promises of every file a scenario names)."""
     from simulator.workload.config import TraceColumns
     from simulator.workload.traces import read_trace
 
@@ -232,11 +233,10 @@ def _check_trace_window(scenario: Scenario) -> None:
     if trace is None or plan is None:
         return
     if len(trace) < plan.requests_per_probe:
-        warnings.warn(
+        warn(
             f"plan: {trace.name} has {len(trace):,} requests, fewer than "
             f"plan.requests_per_probe ({plan.requests_per_probe:,}): every probe replays at "
             "most the whole trace, and a fleet it is too short to judge stays unverified",
-            InfersimWarning,
             stacklevel=3,
         )
     misstated = _misstated_by(scenario)
@@ -250,13 +250,12 @@ def _check_trace_window(scenario: Scenario) -> None:
             "which may still miss its pattern: check the plan with `infersim run` of the "
             "whole trace on the fleet"
         )
-        warnings.warn(
+        warn(
             f"plan: {trace.name}: its first {n:,} requests arrive at {sig(rate)} req/s, the "
             f"whole trace's {len(trace):,} at {sig(whole)} req/s "
             f"({max(rate / whole, whole / rate):.1f}x apart, over {WINDOW_RATE_FACTOR:g}x): "
             f"a probe of its first rows would not see its quiet spells and bursts, so "
             f"{replayed}",
-            InfersimWarning,
             stacklevel=3,
         )
 
@@ -318,7 +317,7 @@ def _check_overrides(scenario: Scenario) -> None:
     the stop condition is accepted, as the file's is, and said not to size the probes."""
     for item in scenario.overrides:
         if any(fields_overlap(override_key(item), field) for field in STOP_FIELDS):
-            warnings.warn(f"plan: --set {item}: {PROBE_LENGTH}", InfersimWarning, stacklevel=3)
+            warn(f"plan: --set {item}: {PROBE_LENGTH}", stacklevel=3)
         for field, instead in _SEARCHED.items():
             if fields_overlap(override_key(item), field):
                 raise InfersimError(
@@ -766,8 +765,7 @@ def _evaluated(scenario: Scenario, candidate: Candidate) -> dict[str, Any]:
     as text so they show where the plan runs, naming the candidate, whichever process
     ran it (a worker's own display would print them raw, and once per worker, not per
     candidate)."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with recording() as caught:  # per thread: a threaded Dask worker runs several
         rows = evaluate(scenario, candidate)
     return {"rows": rows, "warnings": warning_texts(caught)}
 
@@ -799,14 +797,13 @@ def plan_capacity(
         raise InfersimError("workers: give a worker count or a Dask client, not both")
     if workers is not None and workers < 1:
         raise InfersimError(f"workers: expected at least 1 (got {workers})")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with recording() as caught:
         _base_rate(scenario)
         _check_overrides(scenario)
         _check_trace_window(scenario)
     said = warning_texts(caught)  # the plan's own, said once: not again per candidate
     for text in said:
-        warnings.warn(text, InfersimWarning, stacklevel=2)
+        warn(text, stacklevel=2)
     plan, todo = scenario.plan, candidates(scenario.plan)
     data = scenario.model_dump(mode="json")
     data["base_dir"] = scenario.base_dir
@@ -847,7 +844,7 @@ def _warn_once(raised: dict[str, list[str]], candidates: int) -> None:
             who = "every candidate"
         else:
             who = f"candidate{'s' if len(names) > 1 else ''} {', '.join(names)}"
-        warnings.warn(f"{who}: {text}", InfersimWarning, stacklevel=3)
+        warn(f"{who}: {text}", stacklevel=3)
 
 
 def _ranked(table: pd.DataFrame, pct: str) -> pd.DataFrame:

@@ -11,7 +11,6 @@ import math
 import os
 import re
 import typing
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -28,7 +27,8 @@ from pydantic import (
 )
 
 from hardware_models.accelerator import AcceleratorSpec
-from hardware_models.errors import InfersimError, InfersimWarning
+from hardware_models.errors import InfersimError
+from hardware_models.warning_scope import warn
 from hardware_models.yaml_io import did_you_mean, load_yaml_mapping, parse_yaml
 from simulator.inputs import shown
 from simulator.router import RouterName
@@ -952,7 +952,7 @@ class Scenario(BaseModel):
         for run in scenario.expand(source):  # a bad variant is reported now, not after others
             run._check_preset_names(source)
         if one_price := scenario.cost.one_price_for(scenario.gpu_types()):
-            warnings.warn(f"{source}: {one_price}", InfersimWarning, stacklevel=2)
+            warn(f"{source}: {one_price}", stacklevel=2)
         return scenario
 
     def _check_preset_names(self, source: str) -> None:
@@ -1087,10 +1087,9 @@ def _warn_overridden(variant: str, changes: dict[str, Any], overrides: list[str]
         key = override_key(item)
         for field in (k for k in changes if fields_overlap(k, key)):
             winner = option("overrides win", "the command line wins")
-            warnings.warn(
+            warn(
                 f"{_given(item)} overrides variants.{variant}.{field}={changes[field]!r} "
                 f"({winner} over the scenario file, variants included)",
-                InfersimWarning,
                 stacklevel=2,  # expand's line: the check on loading and the run warn once
             )
 

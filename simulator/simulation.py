@@ -30,6 +30,7 @@ from hardware_models.errors import InfeasibleError, InfersimError, InfersimWarni
 from hardware_models.node import LinkSpec, NodeSpec
 from hardware_models.power import power_model
 from hardware_models.presets import list_nodes, load_gpu, load_node
+from hardware_models.warning_scope import raise_again, recording, warn, warn_at
 from simulator.api_server import (
     ClientView,
     ingested,
@@ -241,13 +242,12 @@ def _warn_straddling(cost: StepCostModel, replicas: int, dp: int) -> None:
     if not moved:
         return
     shown = ", ".join(map(str, moved[:8])) + (", ..." if len(moved) > 8 else "")
-    warnings.warn(
+    warn(
         f"parallelism: replicas {shown} of {replicas} (from 0; {size} GPUs each, packed in "
         f"order over nodes of {per_node}) sit elsewhere in their nodes than replica 0, so "
         "their pipeline hand-offs or all-reduces run over other links (a replica straddling "
         "two nodes hands off over the inter-node link) and their steps are priced where "
         f"they run; replicas whose GPUs divide {per_node} (or are whole nodes) sit alike",
-        InfersimWarning,
         stacklevel=3,
     )
 
@@ -308,12 +308,11 @@ def _kv_cache_groups(
         if chunked_local_attention(arch)
         else f"a {arch.sliding_window}-token window (priced so)"
     )
-    warnings.warn(
+    warn(
         f"{arch.name}: {arch.num_sliding_layers} of {arch.num_layers} layers attend to "
         f"{span}, but their KV cache is held at full length: {reason}. vLLM V1's hybrid "
         f"KV cache manager keeps only the window's blocks for those layers, fitting "
         f"{more} as many long-context tokens",
-        InfersimWarning,
         stacklevel=2,
     )
     return None
@@ -364,8 +363,7 @@ def build_scenario(scenario: Scenario) -> BuiltScenario:
     does."""
     caught: list[warnings.WarningMessage] = []
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", InfersimWarning)
+        with recording() as caught:
             caching = scenario.serving.prefix_caching
             pools = build_pools(
                 scenario, caching and shares_blocks_by_hash(open_loop_requests(scenario))
@@ -399,10 +397,9 @@ def resolve_weight_dtype(asked: str | None, arch: ModelArchitecture) -> str:
     if asked is None:
         return stored or "bf16"
     if stored is not None and asked != stored:
-        warnings.warn(
+        warn(
             f"model.weight_dtype {asked}: {arch.name}'s checkpoint is stored in {stored}; "
             f"priced as {asked} (a re-quantised or upcast copy)",
-            InfersimWarning,
             stacklevel=2,
         )
     return asked
@@ -416,11 +413,10 @@ def _warn_links_fitted_elsewhere(gpu: AcceleratorSpec, node: NodeSpec, profile: 
     elsewhere = [] if link is None else gpu.efficiency.links_fitted_elsewhere(link)
     if elsewhere and profile is not None:
         groups = ", ".join(map(str, elsewhere))
-        warnings.warn(
+        warn(
             f"calibration {profile}: its collective fits ({groups} GPUs) were made over "
             f"another link than node {node.name}'s; collectives over it are priced with the "
             "datasheet link model",
-            InfersimWarning,
             stacklevel=2,
         )
 
@@ -435,7 +431,7 @@ def _warn_outside_fitted_sizes(
     shapes = [(n, k) for _name, _m, n, k, _layers in arch.gemms(1, tp)]
     why = gemms_outside_fitted_sizes(profile_metadata(calibration.profile), shapes, max_tokens)
     if why is not None:
-        warnings.warn(f"calibration {calibration.profile}: {why}", InfersimWarning, stacklevel=2)
+        warn(f"calibration {calibration.profile}: {why}", stacklevel=2)
 
 
 def _load_arch(scenario: Scenario) -> ModelArchitecture:
@@ -471,10 +467,9 @@ def _at_vllm_block_size(
         return scenario, ()
     notes: tuple[str, ...] = ()
     if serving.block_size != ServingSection.model_fields["block_size"].default:
-        warnings.warn(
+        warn(
             f"serving.block_size={serving.block_size}: {forced.reason} (CudaPlatformBase."
             f"check_and_update_config), so the run uses {forced.size}",
-            InfersimWarning,
             stacklevel=3,
         )
     else:
@@ -510,11 +505,10 @@ def build_replica(
         )
     expert_parallel = par.enable_expert_parallel and arch.is_moe
     if par.enable_expert_parallel and not arch.is_moe:
-        warnings.warn(
+        warn(
             f"parallelism.enable_expert_parallel: {arch.name} has no experts (dense model); "
             "vLLM ignores it (its expert-parallel layout, FusedMoEParallelConfig, applies to "
             "fused-MoE layers only), and so does this run",
-            InfersimWarning,
             stacklevel=2,
         )
     check_serving_starts(
@@ -543,9 +537,8 @@ def build_replica(
     )
     if engine.framework_overhead_gb is not None:
         modelled = framework_overhead_bytes(gpu, par.tp, gpus_per_node=node.gpus_per_node)
-        warnings.warn(
+        warn(
             overhead_override_warning(engine.framework_overhead_gb, modelled),
-            InfersimWarning,
             stacklevel=2,
         )
     block_bytes = serving.block_size * memory.kv_bytes_per_token
@@ -556,9 +549,9 @@ def build_replica(
     )
     blocks = serving.num_gpu_blocks or derived
     if swap_warning := check_swap_space(serving.swap_space_gb, par.tp, node):
-        warnings.warn(swap_warning, InfersimWarning, stacklevel=2)
+        warn(swap_warning, stacklevel=2)
     for ignored in ignored_settings(scenario.serving):
-        warnings.warn(ignored, InfersimWarning, stacklevel=2)
+        warn(ignored, stacklevel=2)
     if blocks < 1:
         rows = "; ".join(f"{item} {gb:.2f} GB" for item, gb in memory.breakdown())
         raise InfeasibleError(
@@ -695,7 +688,7 @@ class _Run:
         self.builds = self._pools(built, batch)
         self.configuration_warnings = _configuration_warnings(self.builds)
         for text in self.configuration_warnings:  # before the run, which they may stop
-            warnings.warn(text, InfersimWarning, stacklevel=3)
+            warn(text, stacklevel=3)
         self.env = simpy.Environment()
         self.horizon = wl.duration_s if wl.duration_s is not None else float("inf")
         self.clock = Clock(self.horizon)
@@ -803,11 +796,10 @@ class _Run:
         pp = build.cost.pp
         pipelined = build.pipelined_engines > 0
         if pp > 1 and not config.iterative:
-            warnings.warn(
+            warn(
                 f"parallelism.pp={pp}: serving.policy {config.policy!r} runs whole "
                 "batches, one at a time, so the stages run one after another (no pipelining; "
                 "use continuous or chunked_prefill to pipeline)",
-                InfersimWarning,
                 stacklevel=2,
             )
         engines = build.dp if build.dp > 1 else build.pipelined_engines or 1
@@ -818,12 +810,11 @@ class _Run:
             configs = [replace(config, max_num_seqs=seqs, swap_blocks=config.swap_blocks // engines)
                        for seqs in _split(config.max_num_seqs, engines)]  # fmt: skip
             shared_kv = SharedKv(functools.partial(empty_kv_cache, config, keys))
-            warnings.warn(  # per replica; simulate() passes each distinct one on once
+            warn(  # per replica; simulate() passes each distinct one on once
                 f"parallelism.pp={pp}: serving.max_num_seqs={config.max_num_seqs} is split "
                 f"as {_split(config.max_num_seqs, engines)} over the {engines} batches in "
                 "flight, and a request stays in its batch; vLLM V1 caps only their total, "
                 "so its batches may be less even than these",
-                InfersimWarning,
                 stacklevel=2,
             )
         index = len(self.replicas)
@@ -851,10 +842,9 @@ class _Run:
         if self.prompt_hashes is None:
             return None
         if not config.prefix_caching:
-            warnings.warn(
+            warn(
                 "the trace's hash_ids are not used: serving.enable_prefix_caching is off, so "
                 "no prompt reuses another's cached blocks",
-                InfersimWarning,
                 stacklevel=2,
             )
             return None
@@ -1201,11 +1191,10 @@ class _Run:
         faults = self.scenario.faults
         for i, event in enumerate(faults.events if faults else ()):
             if event.at_s > self.env.now:
-                warnings.warn(
+                warn(
                     f"faults.events[{i}]: at_s={event.at_s:g} s is after the run's end "
                     f"({self.env.now:.1f} s), so replica {event.replica} never failed; "
                     "fail it earlier or run longer (workload.duration_s / num_requests)",
-                    InfersimWarning,
                     stacklevel=2,
                 )
 
@@ -1258,7 +1247,7 @@ class _Run:
             dp = self.scenario.parallelism.dp
             offline = self.scenario.workload.arrivals.kind == "offline"
             text = unmodelled_warning(section, load, window, dp, offline)
-            warnings.warn(text, InfersimWarning, stacklevel=3)
+            warn(text, stacklevel=3)
 
 
 def _configuration_warnings(builds: list[tuple[str, ReplicaBuild]]) -> tuple[str, ...]:
@@ -1336,8 +1325,7 @@ def simulate(
     name: str | None = None
     caught: list[warnings.WarningMessage] = []
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", InfersimWarning)  # each once, by _pass_on_named
+        with recording() as caught:  # each once, by _pass_on_named
             loaded = _scenario_of(scenario)
             name = (loaded.scenario if isinstance(loaded, BuiltScenario) else loaded).name
             return run_simulation(
@@ -1362,20 +1350,14 @@ def _scenario_of(given: Any) -> Scenario | BuiltScenario:
 
 
 def _pass_on_named(caught: list[warnings.WarningMessage], name: str | None) -> None:
-    """Each distinct recorded warning to the caller's filters once: an InfersimWarning
-    named by its scenario and raised at the first line outside infersim (the caller's
-    cell or script, whatever depth of infersim raised it), others where they were raised."""
-    level = 1
+    """Each distinct recorded InfersimWarning to the caller's filters once, named by its
+    scenario and raised at the first line outside infersim (the caller's cell or script,
+    whatever depth of infersim raised it)."""
     frame = sys._getframe(0)
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIRS):
-        frame, level = frame.f_back, level + 1
-    for shown_warning in _distinct(caught).values():
-        if issubclass(shown_warning.category, InfersimWarning):
-            text = str(shown_warning.message)
-            named = text if name is None else f"scenario {name}: {text}"
-            warnings.warn(named, shown_warning.category, stacklevel=level)
-        else:
-            pass_on([shown_warning])
+        frame = frame.f_back
+    for text in (str(recorded.message) for recorded in _distinct(caught).values()):
+        warn_at(text if name is None else f"scenario {name}: {text}", frame)
 
 
 def run_simulation(
@@ -1415,12 +1397,12 @@ def run_simulation(
         run.wrap_up()
         wall = time.perf_counter() - started
         if scenario.serving.policy == "static" and (fill := _static_fill(run, end)):
-            warnings.warn(fill, InfersimWarning, stacklevel=2)
+            warn(fill, stacklevel=2)
         raised = [msg for kind, msg in _distinct(caught) if issubclass(kind, InfersimWarning)]
         results = _results(scenario, run, end, wall, raised, (logs, totals, max(len(shards), 1)))
         for text in results.summary()["warnings"] if summary_warnings else ():
             if text not in results.context.warnings:  # the ones the run's figures show
-                warnings.warn(text, InfersimWarning, stacklevel=2)
+                warn(text, stacklevel=2)
     return results
 
 
@@ -1441,11 +1423,10 @@ def _static_fill(run: _Run, end: float) -> str | None:
 def warnings_passed_on_once() -> Iterator[list[warnings.WarningMessage]]:
     """Record every InfersimWarning raised within (the list it gives), then pass each
     distinct one on to the caller's filters, also when the block stops with an error:
-    what it raised until then still holds."""
+    what it raised until then still holds. Per thread (hardware_models.warning_scope)."""
     caught: list[warnings.WarningMessage] = []
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", InfersimWarning)
+        with recording() as caught:
             yield caught
     finally:
         pass_on(caught)
@@ -1466,15 +1447,10 @@ def pass_on(
     keep: Callable[[warnings.WarningMessage], bool] = lambda _: True,
 ) -> None:
     """Recorded warnings (the distinct ones `keep` accepts, each once) to the caller's
-    filters and display, where they were raised."""
+    filters and display (or the recording the caller opened), where they were raised."""
     for caught_warning in _distinct(caught).values():
         if keep(caught_warning):
-            warnings.warn_explicit(
-                caught_warning.message,
-                caught_warning.category,
-                caught_warning.filename,
-                caught_warning.lineno,
-            )
+            raise_again(caught_warning)
 
 
 def _results(

@@ -34,7 +34,8 @@ import pandas as pd
 from pydantic import ValidationError
 from tqdm import tqdm
 
-from hardware_models.errors import InfersimError, InfersimWarning
+from hardware_models.errors import InfersimError
+from hardware_models.warning_scope import recording, warn
 from simulator.build_id import build_id
 from simulator.executors import JobError, job_error, run_parallel
 from simulator.metrics.headline import COUNTS, HEADLINE, PER_USD, headline_row
@@ -169,8 +170,7 @@ def run_point(data: dict[str, Any], overrides: tuple[str, ...] = ()) -> dict[str
     in the point's provenance (the point's data already has them applied). Never raises:
     any exception becomes a failed outcome, so one bad point costs one row, not the sweep."""
     started, cpu = time.perf_counter(), time.process_time()
-    with warnings.catch_warnings(record=True) as caught:  # carried back, not shown here
-        warnings.simplefilter("always")
+    with recording() as caught:  # carried back, not shown here; per thread (Dask's)
         try:
             scenario = Scenario.from_dict(data, source="sweep point", overrides=overrides)
             summary = run_simulation(scenario, progress=False).summary()
@@ -191,20 +191,15 @@ def run_point(data: dict[str, Any], overrides: tuple[str, ...] = ()) -> dict[str
 
 
 def warning_texts(caught: list[warnings.WarningMessage]) -> list[str]:
-    """A job's warnings as the text a worker sends back, each once; a warning other than
-    InfersimWarning names its category."""
-    return list(dict.fromkeys(
-        str(w.message) if issubclass(w.category, InfersimWarning)
-        else f"{w.category.__name__}: {w.message}"
-        for w in caught
-    ))  # fmt: skip
+    """A job's recorded InfersimWarnings as the text a worker sends back, each once."""
+    return list(dict.fromkeys(str(w.message) for w in caught))
 
 
 def warn_named(name: str, texts: Iterable[str] | None) -> None:
     """A job's warnings (`warning_texts`), raised where the sweep or plan runs, each
     naming its job (`point NAME`, `candidate GPU tpN`)."""
     for text in texts or ():
-        warnings.warn(f"{name}: {text}", InfersimWarning, stacklevel=3)
+        warn(f"{name}: {text}", stacklevel=3)
 
 
 def _warn_in_point_order(

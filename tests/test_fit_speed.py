@@ -55,8 +55,8 @@ def test_binned_curve_keeps_full_bins_and_is_monotone() -> None:
     sizes = np.array([2.0, 3.0, 2.5, 64.0, 70.0, 100.0, 1e6])
     eff = np.array([0.2, 0.4, 0.3, 0.6, 0.5, 0.7, 0.9])
     curve = binned_curve(sizes, eff, min_rows=3)
-    assert curve.sizes == [2.0 ** np.median(np.log2([2.0, 3.0, 2.5])), 2.0 ** np.log2(70.0)]
-    assert curve.values == [0.3, 0.6]
+    assert curve.sizes == (2.0 ** np.median(np.log2([2.0, 3.0, 2.5])), 2.0 ** np.log2(70.0))
+    assert curve.values == (0.3, 0.6)
     assert binned_curve(sizes[:2], eff[:2], min_rows=3) is None
 
 

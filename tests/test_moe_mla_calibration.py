@@ -116,3 +116,34 @@ def test_shipped_profiles_give_the_documented_moe_and_mla_errors(
     gpu, op_class, profile_gpu, documented
 ):
     assert _held_out_mape(gpu, op_class, profile_gpu) == pytest.approx(documented, abs=0.0015)
+
+
+def test_the_projection_cache_keys_on_the_whole_layer_shape_and_chip():
+    """The projections' memo served one layer's seconds to another of as many heads
+    (DeepSeek-V3's to V2-Lite's) and one chip's to another of the same name (twice the
+    bandwidth): it keys on the shape and on every field of the chip now."""
+    from hardware_models.calibration import moe_mla_tables as tables
+    from hardware_models.mla import MlaShape
+
+    gpu = load_gpu("h100-sxm")
+    v3 = MlaShape(num_heads=128, hidden_size=7168, kv_lora_rank=512, qk_nope_head_dim=128,
+                  qk_rope_head_dim=64, v_head_dim=128, q_lora_rank=1536)  # fmt: skip
+    v2_lite = MlaShape(num_heads=128, hidden_size=2048, kv_lora_rank=512, qk_nope_head_dim=128,
+                       qk_rope_head_dim=64, v_head_dim=128, q_lora_rank=None)  # fmt: skip
+    faster = gpu.model_copy(
+        update={"memory": gpu.memory.model_copy(update={"bandwidth_gbps": 6700.0})}
+    )
+    new, context = np.array([1, 64, 512]), np.array([1024, 1024, 1024])
+
+    def priced(chip, shape):
+        return tables._projections(chip, shape, new, context, True, "bf16").copy()
+
+    tables._PROJECTIONS.clear()
+    cached = [priced(gpu, v3), priced(gpu, v2_lite), priced(faster, v2_lite)]
+    fresh = []
+    for chip, shape in ((gpu, v3), (gpu, v2_lite), (faster, v2_lite)):
+        tables._PROJECTIONS.clear()
+        fresh.append(priced(chip, shape))
+    for got, alone in zip(cached, fresh, strict=True):
+        np.testing.assert_array_equal(got, alone)
+    assert not np.array_equal(fresh[0], fresh[1]) and not np.array_equal(fresh[1], fresh[2])

@@ -512,6 +512,23 @@ def test_a_trace_is_planned_at_its_own_rate_or_replayed_at_the_target(make_scena
     assert row["replicas"] >= 1
 
 
+def test_an_edited_trace_is_planned_at_its_new_rate(make_scenario, tmp_path):
+    """The planner reads a trace once per version of the file, not once a process: a
+    trace edited between two plans in one notebook is planned at its new rate."""
+    from simulator.planner import planned_rate
+
+    path = tmp_path / "trace.csv"
+    arrivals = {"kind": "trace", "path": str(path)}
+    scenario = _plan_scenario(make_scenario, gpus=["a100-80gb-sxm"]).with_overrides(
+        [f"workload.arrivals={json.dumps(arrivals)}"]
+    )
+    rates = []
+    for gap_s, rows in ((0.5, 400), (0.25, 300)):
+        path.write_text("arrived_at\n" + "".join(f"{i * gap_s:.6f}\n" for i in range(rows)))
+        rates.append(planned_rate(scenario))
+    assert rates == [pytest.approx(2.0), pytest.approx(4.0)]
+
+
 def _bursty_trace(path: Path, quiet: int = 300, burst: int = 900) -> Path:
     """`quiet` requests at 1 req/s, then `burst` at 25 req/s."""
     times = np.concatenate([np.arange(quiet) * 1.0, quiet + np.arange(burst) / 25.0])

@@ -394,3 +394,66 @@ def test_unknown_gpu_name_suggests_the_closest():
 def test_unknown_node_name_suggests_the_closest():
     with pytest.raises(InfersimError, match=r"did you mean 'dgx-h100'"):
         load_node("dgx-h10")
+
+
+def test_a_loaded_gpus_tables_refuse_changes_in_place():
+    """A loaded preset is one object shared by every later load and keyed on by the
+    cost caches: its tensor rates and its profile's tables refuse an edit in place
+    (which served a doubled peak to every later run, and old costs from the caches)."""
+    gpu = load_gpu("h100-sxm", calibration="h100-sxm")
+    with pytest.raises(
+        TypeError,
+        match=r"AcceleratorSpec.tensor_flops_per_core_per_clock is "
+        r"read-only .* model_copy\(update=\{'tensor_flops_per_core_per_clock'",
+    ):
+        gpu.tensor_flops_per_core_per_clock[Dtype.BF16] *= 2
+    table = gpu.efficiency.gemm_compute_by_dtype
+    assert table, "the shipped h100-sxm profile has per-dtype GEMM curves"
+    for change in (lambda: table.update({}), table.clear, lambda: table.pop("fp8"),
+                   lambda: table.__delitem__("fp8")):  # fmt: skip
+        with pytest.raises(
+            TypeError, match=r"EfficiencyProfile\.gemm_compute_by_dtype is read-only"
+        ):
+            change()
+    with pytest.raises(TypeError, match="does not support item assignment"):
+        gpu.efficiency.gemm_compute.values[0] = 1.0  # type: ignore[index]
+    assert load_gpu("h100-sxm").peak_flops(Dtype.BF16) == gpu.peak_flops(Dtype.BF16)
+
+
+def test_a_read_only_gpu_round_trips_as_before(tmp_path):
+    """Its tables serialise as dicts: model_dump, JSON, a YAML file, pickling and a deep
+    copy give the same chip back, still read-only."""
+    import copy
+    import pickle
+
+    gpu = load_gpu("h100-sxm", calibration="h100-sxm")
+    dumped = gpu.model_dump(mode="json")
+    assert type(dumped["tensor_flops_per_core_per_clock"]) is dict
+    path = tmp_path / "h100.yaml"
+    path.write_text(yaml.safe_dump(dumped))
+    copies = [
+        AcceleratorSpec.model_validate(gpu.model_dump()),
+        AcceleratorSpec.model_validate_json(gpu.model_dump_json()),
+        load_gpu(path),
+        pickle.loads(pickle.dumps(gpu)),
+        copy.deepcopy(gpu),
+        gpu.model_copy(deep=True),
+    ]
+    for other in copies:
+        assert other == gpu
+        if other.efficiency.model_dump_json() == gpu.efficiency.model_dump_json():
+            assert hash(other) == hash(gpu)  # the YAML file lists the profile's keys sorted
+        with pytest.raises(TypeError, match="read-only"):
+            other.efficiency.gemm_compute_by_dtype["bf16"] = None
+
+
+def test_a_gpus_hash_covers_its_tables():
+    """Two chips apart only in a tensor rate (or any other field) hash apart, so caches
+    keyed on the chip do not compare them field by field."""
+    gpu = load_gpu("h100-sxm")
+    data = gpu.model_dump()
+    data["tensor_flops_per_core_per_clock"][Dtype.FP8] *= 1.01
+    data["datasheet_tflops"]["fp8"] *= 1.01
+    assert hash(AcceleratorSpec.model_validate(data)) != hash(gpu)
+    faster_l2 = gpu.model_copy(update={"l2": gpu.l2.model_copy(update={"size_mb": 60.0})})
+    assert hash(faster_l2) != hash(gpu)

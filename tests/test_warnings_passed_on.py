@@ -189,3 +189,16 @@ def test_sweep_and_plan_name_their_runs_their_own_way():
 
     record = run_point(scenario_dict(**REJECTING))
     assert record["warnings"][0].startswith("14 of 30 requests")
+
+
+def test_a_run_repeated_at_one_line_says_its_warnings_each_time():
+    """Python's default filter shows a warning once per line; a run's warnings are shown
+    again when the same line runs the scenario again (a loop, a notebook cell rerun), as
+    each run's are its own."""
+    scenario = Scenario.from_dict({**scenario_dict(**REJECTING), "name": "again"})
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")
+        for _ in range(2):
+            simulate(scenario, progress=False)
+    said = [str(w.message) for w in seen if REJECTED in str(w.message)]
+    assert len(said) == 2 and said[0] == said[1] and said[0].startswith("scenario again: ")

@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hardware_models.accelerator import AcceleratorSpec
+from hardware_models.accelerator import AcceleratorSpec, hardware_json
 from hardware_models.attention import causal_pairs_many
 from hardware_models.calibration.raw_tables import read_raw
 from hardware_models.dtypes import parse_dtype
@@ -277,12 +277,13 @@ def _projections(
     """Seconds of the module's GEMMs, latent norms and rotary per row: mla_module_cost's
     GEMMs (priced as arrays), but its norms and rotary as the tables timed them,
     uncompiled PyTorch ops (mla_pointwise_costs(eager=True)), where mla_module_cost
-    prices a served step's vLLM fused kernels. They depend on the GEMM and streaming
-    fields only, which an MLA fit does not move: each is priced once per such profile."""
+    prices a served step's vLLM fused kernels. They depend on the chip, the layer's
+    shape and the GEMM and streaming fields only, which an MLA fit does not move: each is
+    priced once per such profile."""
     key = (
-        gpu.name,
+        hardware_json(gpu),
         per_object(gpu.efficiency, "projection_fields", _projection_fields),
-        shape.num_heads,
+        shape,
         decode,
         gemm_dtype,
         new.tobytes(),

@@ -11,13 +11,13 @@ seed always give identical arrays.
 from __future__ import annotations
 
 import operator
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from hardware_models.errors import InfersimError, InfersimWarning
+from hardware_models.errors import InfersimError
+from hardware_models.warning_scope import warn
 from simulator.workload.arrivals import open_loop_arrivals, think_times, trace_arrivals
 from simulator.workload.config import (
     ClosedLoopArrivals,
@@ -350,7 +350,7 @@ def _drop_empty_rows(trace: Trace) -> Trace:
 
 
 def _warn(message: str) -> None:
-    warnings.warn(message, InfersimWarning, stacklevel=3)
+    warn(message, stacklevel=3)
 
 
 def _length_sampler(

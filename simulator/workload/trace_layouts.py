@@ -10,7 +10,6 @@ from a partial or misspelt header.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,8 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from hardware_models.errors import InfersimError, InfersimWarning
+from hardware_models.errors import InfersimError
+from hardware_models.warning_scope import warn
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -93,10 +93,9 @@ def detect_layout(path: Path, found: Sequence[str], wanted: Sequence[str]) -> Tr
         if has(layout) == len(wanted) and any(layout.file_column(c) in present for c in renamed)
     ]
     if len(complete) > 1:
-        warnings.warn(
+        warn(
             f"{shown_name(path)}: its columns fit the layouts {' and '.join(complete)}: read "
             f"as {best.describe()} (arrivals.columns names the columns otherwise)",
-            InfersimWarning,
             stacklevel=3,
         )
     if has(best) == 0 and wanted:

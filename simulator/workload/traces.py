@@ -16,7 +16,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from hardware_models.errors import InfersimError, InfersimWarning
+from hardware_models.errors import InfersimError
+from hardware_models.warning_scope import warn
 from hardware_models.yaml_io import load_json_object
 from simulator.formats import vllm_bench_keys as bench_key
 from simulator.formats.vllm_bench_requests import bench_requests
@@ -210,11 +210,10 @@ def _bench_trace(path: Path, token_columns: Sequence[str], arrivals: bool) -> Tr
     if not len(kept):
         raise InfersimError(f"{shown_name(path)}: every request failed (see '{bench_key.ERRORS}')")
     if len(kept) < len(sent):
-        warnings.warn(
+        warn(
             f"{shown_name(path)}: {len(sent) - len(kept):,} of its {len(sent):,} requests failed "
             f"(non-empty '{bench_key.ERRORS}') and are left out: their output_lens are 0, not "
             "what the server would have generated",
-            InfersimWarning,
             stacklevel=4,
         )
     trace = Trace(
@@ -246,11 +245,10 @@ def _with_arrivals(trace: Trace, cells: list[Any]) -> Trace:
     order = _arrival_order(path, layout, stamps, line_no, cells)
     first = int(order[0])
     if unit != "datetime" and shift_is_material(offset_s, float(arrived.max())):
-        warnings.warn(
+        warn(
             f"{shown_name(path)}: replayed from its earliest request ({column} "
             f"{_number(stamps[first])} {unit}, {layout.row} {line_no[first]}, is t = 0): "
             f"every arrival {_duration(offset_s)} earlier than the file writes it",
-            InfersimWarning,
             stacklevel=4,
         )
     hashes = trace.block_hashes
@@ -274,12 +272,11 @@ def _arrival_order(
         return np.arange(len(stamps))
     i = int(np.argmax(late))
     before = int(np.argmax(stamps == stamps[:i].max()))
-    warnings.warn(
+    warn(
         f"{shown_name(path)}: {int(late.sum()):,} of its {len(stamps):,} rows arrive before a row "
         f"above them (first: {row} {line_no[i]}, {column} {_cell(cells[i])}, before {row} "
         f"{line_no[before]}'s {_cell(cells[before])}): replayed in order of {column}, rows "
         "of equal times in file order",
-        InfersimWarning,
         stacklevel=5,
     )
     return np.argsort(stamps, kind="stable")
@@ -519,11 +516,10 @@ def _parse_jsonl(
             )
         return values, lines, keys
     if unused:
-        warnings.warn(
+        warn(
             f"{shown_name(path)}: {len(unused):,} of its {len(unused) + len(lines):,} rows have "
             f"no {' or '.join(lengths)} (first: line {unused[0][0]}; an error response "
             "is logged without token counts) and are left out",
-            InfersimWarning,
             stacklevel=5,
         )
     return values, lines, columns
