@@ -169,6 +169,12 @@ def resolve_node(scenario: Scenario, gpu: AcceleratorSpec) -> NodeSpec:
                 f"hardware.node {node.name} is built from {node.gpu}, not hardware.gpu {gpu.name}"
             )
         return node
+    return default_node(gpu)
+
+
+def default_node(gpu: AcceleratorSpec) -> NodeSpec:
+    """The node a scenario without hardware.node runs on: the first node preset built from
+    `gpu`, else the GPU alone (one per node, no link to another)."""
     for name in list_nodes():
         node = load_node(name)
         if node.gpu == gpu.name:
@@ -185,19 +191,26 @@ def resolve_node(scenario: Scenario, gpu: AcceleratorSpec) -> NodeSpec:
     )
 
 
+def check_tp_on_node(tp: int, node: NodeSpec, field: str = "parallelism.tp") -> None:
+    """A tensor-parallel group of `tp` GPUs a deployment on `node` would refuse: wider than
+    a node with no inter-node link, or spanning nodes unevenly; `field` names the tp."""
+    per_node = node.gpus_per_node
+    if tp > per_node and node.inter_node_link is None:
+        raise InfeasibleError(
+            f"{field}={tp} needs {tp} GPUs in one tensor-parallel group, but "
+            f"a {node.name} node has {per_node} and no inter-node link"
+        )
+    if tp > per_node and tp % per_node:
+        raise InfeasibleError(
+            f"{field}={tp} spans nodes of {per_node} GPUs unevenly; "
+            f"use a multiple of {per_node} or at most {per_node}"
+        )
+
+
 def check_placement(scenario: Scenario, arch: ModelArchitecture, node: NodeSpec) -> None:
     """Placements a real deployment would refuse, explained with the topology."""
     par = scenario.parallelism
-    if par.tp > node.gpus_per_node and node.inter_node_link is None:
-        raise InfeasibleError(
-            f"parallelism.tp={par.tp} needs {par.tp} GPUs in one tensor-parallel group, but "
-            f"a {node.name} node has {node.gpus_per_node} and no inter-node link"
-        )
-    if par.tp > node.gpus_per_node and par.tp % node.gpus_per_node:
-        raise InfeasibleError(
-            f"parallelism.tp={par.tp} spans nodes of {node.gpus_per_node} GPUs unevenly; "
-            f"use a multiple of {node.gpus_per_node} or at most {node.gpus_per_node}"
-        )
+    check_tp_on_node(par.tp, node)
     if par.pp > arch.num_layers:
         raise InfeasibleError(
             f"parallelism.pp={par.pp} exceeds {arch.name}'s {arch.num_layers} layers: a "
