@@ -71,7 +71,7 @@ from simulator.metrics.context import SLO, ReplicaInfo, RunContext
 from simulator.metrics.step_totals import StepTotals
 from simulator.model_catalog import load_model
 from simulator.progress import Progress
-from simulator.provenance import provenance
+from simulator.provenance import named_from, provenance
 from simulator.results import Results
 from simulator.router import SessionAffinity, make_router
 from simulator.scenario import (
@@ -79,6 +79,7 @@ from simulator.scenario import (
     ModelSection,
     Scenario,
     ServingSection,
+    names_a_file,
     replica_gpus,
 )
 from simulator.workload import (
@@ -143,7 +144,7 @@ def _named_field(field: str, load, value: str):
 
 def _maybe_path(scenario: Scenario, name: str) -> str:
     """Preset names stay names; anything that looks like a file resolves from the scenario."""
-    if name.endswith((".yaml", ".yml", ".json")) or "/" in name:
+    if names_a_file(name):
         return str(scenario.resolve_path(name))
     return name
 
@@ -1457,11 +1458,14 @@ def _results(
         duration = max(end, view.last_seen())
         frontend = view.summary(duration)
     slo = scenario.slo
+    folder = scenario.base_dir  # results name its files from it, as the scenario does
     ctx = RunContext(
         scenario=scenario.name,
         seed=scenario.seed,
         duration_s=duration,
-        replicas=tuple(run.infos),
+        replicas=tuple(
+            replace(info, calibration=named_from(folder, info.calibration)) for info in run.infos
+        ),
         slo=SLO(
             ttft_s=None if slo.ttft_ms is None else slo.ttft_ms / 1000,
             tpot_s=None if slo.tpot_ms is None else slo.tpot_ms / 1000,
@@ -1475,7 +1479,9 @@ def _results(
         provenance=provenance(
             _as_run(scenario, run.builds), _serving_defaults(run.builds), processes
         ),
-        warnings=tuple(dict.fromkeys((*run.configuration_warnings, *raised))),
+        warnings=tuple(
+            dict.fromkeys(named_from(folder, w) for w in (*run.configuration_warnings, *raised))
+        ),
         frontend=frontend,
     )
     memory = "\n".join(f"[{pool}] {build.memory.table()}" for pool, build in run.builds)

@@ -1,0 +1,97 @@
+"""Results that pin their inputs and not the folder they ran in: the same scenario in two
+folders writes the same summary.json, and provenance.inputs holds each file's sha256."""
+
+import hashlib
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+
+from hardware_models.errors import InfersimWarning
+from hardware_models.presets import calibration_path
+from simulator.metrics.writer import summary_json
+from simulator.provenance import named_from
+from simulator.scenario import Scenario
+from simulator.simulation import simulate
+from tests.conftest import scenario_dict
+
+PRESETS = Path(__file__).resolve().parents[1] / "hardware_models" / "presets"
+
+# BurstGPT's columns; the row with 0 response tokens is left out, and a warning names the file
+TRACE = """Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type
+0,GPT-4,100,10,110,API log
+1,GPT-4,200,0,220,API log
+2,GPT-4,300,20,220,API log
+"""
+
+SCENARIO = """name: inputs
+seed: 1
+hardware: {gpu: gpus/mine.yaml, calibration: profile.yaml}
+model: {name: llama-3.1-8b}
+workload:
+  arrivals: {kind: trace, path: t0.csv}
+output: {progress: false}
+"""
+
+
+def _checkout(folder: Path) -> Path:
+    """The scenario with its own trace, GPU file and calibration profile in `folder`."""
+    (folder / "gpus").mkdir(parents=True)
+    (folder / "t0.csv").write_text(TRACE)
+    shutil.copy(PRESETS / "gpus" / "h100-sxm.yaml", folder / "gpus" / "mine.yaml")
+    shutil.copy(calibration_path("h100-sxm"), folder / "profile.yaml")
+    (folder / "s.yaml").write_text(SCENARIO)
+    return folder / "s.yaml"
+
+
+def _summary(path: Path) -> dict:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InfersimWarning)
+        return simulate(Scenario.from_yaml(path)).summary()
+
+
+def test_the_same_scenario_in_two_folders_gives_the_same_summary(tmp_path):
+    a, b = _summary(_checkout(tmp_path / "a")), _summary(_checkout(tmp_path / "b"))
+    assert summary_json(a, include_wall_time=False) == summary_json(b, include_wall_time=False)
+    assert str(tmp_path) not in summary_json(a, include_wall_time=False)
+    assert any(w.startswith("t0.csv: 1 of its 3 rows left out") for w in a["warnings"])
+    assert a["run"]["calibrations"][0].startswith("h100-sxm: profile.yaml (")
+
+
+def test_provenance_pins_each_input_files_contents(tmp_path):
+    scenario = _checkout(tmp_path)
+    inputs = _summary(scenario)["provenance"]["inputs"]
+    digest = {name: hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
+              for name in ("gpus/mine.yaml", "profile.yaml", "t0.csv")}  # fmt: skip
+    assert inputs == [
+        {"field": "hardware.gpu", "path": "gpus/mine.yaml", "sha256": digest["gpus/mine.yaml"]},
+        {"field": "hardware.calibration", "path": "profile.yaml", "sha256": digest["profile.yaml"]},
+        {"field": "workload.arrivals.path", "path": "t0.csv", "sha256": digest["t0.csv"]},
+    ]
+    # an edited trace (in the same process: the hash is kept per version of the file)
+    (tmp_path / "t0.csv").write_text(TRACE + "3,GPT-4,400,30,430,API log\n")
+    edited = _summary(scenario)["provenance"]["inputs"][-1]["sha256"]
+    assert edited == hashlib.sha256((tmp_path / "t0.csv").read_bytes()).hexdigest()
+    assert edited != digest["t0.csv"]
+
+
+def test_presets_and_generated_load_record_no_inputs():
+    """Presets are covered by build_id; a run reading no file keeps its summary as it was."""
+    summary = simulate(scenario_dict(workload={"num_requests": 3})).summary()
+    assert "inputs" not in summary["provenance"]
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("/w/a/t0.csv: 1 of its rows", "t0.csv: 1 of its rows"),
+        ("calibration '/w/a/x y.yaml': its", "calibration 'x y.yaml': its"),
+        ("h100-sxm: /w/a/../p.yaml (fitted", "h100-sxm: ../p.yaml (fitted"),
+        ("/x/w/a/t0.csv and /w/ab/t.csv", "/x/w/a/t0.csv and /w/ab/t.csv"),
+    ],
+)
+def test_results_name_files_from_the_scenarios_folder(text, named):
+    assert named_from("/w/a", text) == named
+    assert named_from("/", "/w/a/t0.csv") == "/w/a/t0.csv"
+    assert named_from(".", "t0.csv") == "t0.csv"
