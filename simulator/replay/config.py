@@ -508,12 +508,10 @@ def replay_scenario(
         "serving": _serving(setting, arch, notes),
         "engine": _engine(setting, parallelism["pp"], notes),
         "workload": {
-            "arrivals": {"kind": "trace", "path": trace.name},
+            "arrivals": {"kind": "trace", "path": str(trace.resolve())},
             "num_requests": len(run.requests),
         },
         "output": {"plots": False, "progress": False},
-        # the trace named from its folder, so replay.json holds no folder it was written in
-        "base_dir": str(trace.parent.resolve()),
     }
     if frontend := _frontend(run, notes):
         sections["frontend"] = frontend
