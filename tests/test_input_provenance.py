@@ -11,6 +11,7 @@ import pytest
 from hardware_models.errors import InfersimWarning
 from hardware_models.presets import calibration_path
 from simulator.metrics.writer import summary_json
+from simulator.model_catalog import CATALOG_DIR
 from simulator.provenance import named_from
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
@@ -27,8 +28,8 @@ TRACE = """Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type
 
 SCENARIO = """name: inputs
 seed: 1
-hardware: {gpu: gpus/mine.yaml, calibration: profile.yaml}
-model: {name: llama-3.1-8b}
+hardware: {gpu: gpus/mine.yaml, node: node.yaml, calibration: profile.yaml}
+model: {name: models/m.yaml}
 workload:
   arrivals: {kind: trace, path: t0.csv}
 output: {progress: false}
@@ -41,6 +42,9 @@ def _checkout(folder: Path) -> Path:
     (folder / "t0.csv").write_text(TRACE)
     shutil.copy(PRESETS / "gpus" / "h100-sxm.yaml", folder / "gpus" / "mine.yaml")
     shutil.copy(calibration_path("h100-sxm"), folder / "profile.yaml")
+    shutil.copy(PRESETS / "nodes" / "dgx-h100.yaml", folder / "node.yaml")
+    (folder / "models").mkdir()
+    shutil.copy(CATALOG_DIR / "llama-3.1-8b.yaml", folder / "models" / "m.yaml")
     (folder / "s.yaml").write_text(SCENARIO)
     return folder / "s.yaml"
 
@@ -62,18 +66,19 @@ def test_the_same_scenario_in_two_folders_gives_the_same_summary(tmp_path):
 def test_provenance_pins_each_input_files_contents(tmp_path):
     scenario = _checkout(tmp_path)
     inputs = _summary(scenario)["provenance"]["inputs"]
-    digest = {name: hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
-              for name in ("gpus/mine.yaml", "profile.yaml", "t0.csv")}  # fmt: skip
+    read = {"model.name": "models/m.yaml", "hardware.gpu": "gpus/mine.yaml",
+            "hardware.node": "node.yaml", "hardware.calibration": "profile.yaml",
+            "workload.arrivals.path": "t0.csv"}  # fmt: skip
     assert inputs == [
-        {"field": "hardware.gpu", "path": "gpus/mine.yaml", "sha256": digest["gpus/mine.yaml"]},
-        {"field": "hardware.calibration", "path": "profile.yaml", "sha256": digest["profile.yaml"]},
-        {"field": "workload.arrivals.path", "path": "t0.csv", "sha256": digest["t0.csv"]},
-    ]
+        {"field": field, "path": name,
+         "sha256": hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()}
+        for field, name in read.items()
+    ]  # fmt: skip
     # an edited trace (in the same process: the hash is kept per version of the file)
     (tmp_path / "t0.csv").write_text(TRACE + "3,GPT-4,400,30,430,API log\n")
     edited = _summary(scenario)["provenance"]["inputs"][-1]["sha256"]
     assert edited == hashlib.sha256((tmp_path / "t0.csv").read_bytes()).hexdigest()
-    assert edited != digest["t0.csv"]
+    assert edited != inputs[-1]["sha256"]
 
 
 def test_presets_and_generated_load_record_no_inputs():
