@@ -2,19 +2,21 @@
 folders writes the same summary.json, and provenance.inputs holds each file's sha256."""
 
 import hashlib
+import json
 import shutil
 import warnings
 from pathlib import Path
 
 import pytest
 
-from hardware_models.errors import InfersimWarning
+from hardware_models.errors import InfersimError, InfersimWarning
 from hardware_models.presets import calibration_path
 from simulator.metrics.writer import summary_json
 from simulator.model_catalog import CATALOG_DIR
 from simulator.provenance import named_from
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
+from simulator.sweep import sweep
 from tests.conftest import scenario_dict
 
 PRESETS = Path(__file__).resolve().parents[1] / "hardware_models" / "presets"
@@ -100,3 +102,39 @@ def test_results_name_files_from_the_scenarios_folder(text, named):
     assert named_from("/w/a", text) == named
     assert named_from("/", "/w/a/t0.csv") == "/w/a/t0.csv"
     assert named_from(".", "t0.csv") == "t0.csv"
+
+
+def _sweep_checkout(folder: Path) -> Scenario:
+    path = _checkout(folder)
+    path.write_text(SCENARIO + "sweep: {grid: {serving.max_num_seqs: [4, 8]}}\n")
+    return Scenario.from_yaml(path)
+
+
+def _points(out: Path) -> dict[str, dict]:
+    """Each point file less its timings, which differ between identical runs."""
+    return {
+        p.name: {k: v for k, v in json.loads(p.read_text()).items() if k not in ("wall_s", "cpu_s")}
+        for p in sorted((out / "points").glob("*.json"))
+    }
+
+
+def test_a_sweeps_point_files_name_files_from_the_scenarios_folder(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InfersimWarning)
+        for name in ("a", "b"):
+            sweep(_sweep_checkout(tmp_path / name), workers=1, outdir=tmp_path / name / "out")
+    a, b = _points(tmp_path / "a" / "out"), _points(tmp_path / "b" / "out")
+    assert a == b and len(a) == 2
+    assert str(tmp_path) not in json.dumps(a)
+    assert any(w.startswith("t0.csv: 1 of its 3 rows") for w in next(iter(a.values()))["warnings"])
+
+
+def test_resume_refuses_points_run_on_an_edited_trace(tmp_path):
+    scenario = _sweep_checkout(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InfersimWarning)
+        sweep(scenario, workers=1, outdir=tmp_path / "out")
+        sweep(scenario, workers=1, outdir=tmp_path / "out", resume=True)  # unchanged: reused
+        (tmp_path / "t0.csv").write_text(TRACE + "3,GPT-4,400,30,430,API log\n")
+        with pytest.raises(InfersimError, match=r"other contents of workload\.arrivals\.path"):
+            sweep(scenario, workers=1, outdir=tmp_path / "out", resume=True)
