@@ -589,7 +589,7 @@ def build_replica(
         usd_per_gpu_hour=scenario.cost.price_of(gpu),
         token_budget=config.max_num_batched_tokens if config.iterative else math.inf,
         max_num_seqs=config.max_num_seqs,
-        calibration=calibration.note,
+        calibration=named_from(scenario.base_dir, calibration.note),  # as the scenario names it
         all_reduce=cost.all_reduce_note(),
         moe_kernel=cost.moe_kernel_note(),
     )
@@ -1458,14 +1458,12 @@ def _results(
         duration = max(end, view.last_seen())
         frontend = view.summary(duration)
     slo = scenario.slo
-    folder = scenario.base_dir  # results name its files from it, as the scenario does
+    folder = scenario.base_dir  # warnings name its files from it, as the scenario does
     ctx = RunContext(
         scenario=scenario.name,
         seed=scenario.seed,
         duration_s=duration,
-        replicas=tuple(
-            replace(info, calibration=named_from(folder, info.calibration)) for info in run.infos
-        ),
+        replicas=tuple(run.infos),
         slo=SLO(
             ttft_s=None if slo.ttft_ms is None else slo.ttft_ms / 1000,
             tpot_s=None if slo.tpot_ms is None else slo.tpot_ms / 1000,
