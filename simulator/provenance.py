@@ -4,13 +4,18 @@ the terminal header. No wall-clock time, so the same scenario and seed give the 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hardware_models.file_memo import per_file_version
 from hardware_models.node import CrossNodeLink, LinkSpec
 from simulator.build_id import build_id
-from simulator.scenario import replica_gpus
+from simulator.scenario import names_a_file, replica_gpus
 
 if TYPE_CHECKING:
     from simulator.scenario import Scenario
@@ -27,8 +32,9 @@ def provenance(
     says what vLLM's defaults chose for the settings the scenario left unset; `processes`
     how many simulated it (simulator/sharding.py), which changes no figure; `links` the
     GPU-to-GPU links its collectives were priced over (assumed_links; absent where the
-    replicas talk over none)."""
+    replicas talk over none); `inputs` the files it read (input_files), where it read any."""
     build = build_id()
+    inputs = input_files(scenario)
     return {
         "infersim_version": build.split("+")[0],
         "build_id": build,
@@ -36,6 +42,7 @@ def provenance(
         "overrides": list(scenario.overrides),
         "defaults": list(defaults),
         **({"links": list(links)} if links else {}),
+        **({"inputs": inputs} if inputs else {}),
         "scenario": scenario.model_dump(mode="json"),
     }
 
@@ -87,6 +94,60 @@ def assumed_links(builds: Sequence[tuple[str, ReplicaBuild]]) -> list[dict[str, 
             if link is not None:
                 records.append({"pool": pool, **_group_record(build, group, gpus, link)})
     return list({json.dumps(r, sort_keys=True): r for r in records}.values())
+
+
+def _file_fields(scenario: Scenario) -> list[tuple[str, str]]:
+    """(field, value as given) of each file the scenario reads: a GPU, node, model or
+    calibration file (presets are named, and build_id covers them), and the traces."""
+    named = [("model.name", scenario.model.name)]
+    for where, hardware in scenario.hardware_sections():
+        named += [
+            (f"{where}.{field}", getattr(hardware, field))
+            for field in ("gpu", "node", "calibration")
+        ]
+    files = [(field, value) for field, value in named if value and names_a_file(value)]
+    for role in ("arrivals", "prompt_tokens", "output_tokens"):
+        spec = getattr(scenario.workload, role)
+        if getattr(spec, "kind", None) == "trace":
+            files.append((f"workload.{role}.path", spec.path))
+    return files
+
+
+@per_file_version
+def _sha256(path: Path) -> str:
+    """The file's sha256, computed once per version of it (hardware_models/file_memo.py):
+    a 20 MB trace takes ~70 ms, a sweep's hundreds of points read it once."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def input_files(scenario: Scenario) -> list[dict[str, str | None]]:
+    """Each file the scenario read, by field, named as the scenario names it (relative to
+    its folder) and with the sha256 of its contents as the run ends, so an edited trace or
+    profile shows in the provenance as an edited source shows in build_id; sha256 None
+    where the file cannot be read any more. A model given as a folder is its config.json."""
+    records: list[dict[str, str | None]] = []
+    for field, value in _file_fields(scenario):
+        path = scenario.resolve_path(value)
+        if field == "model.name" and path.is_dir():
+            path = path / "config.json"
+        try:
+            digest: str | None = _sha256(path)
+        except OSError:
+            digest = None
+        records.append({"field": field, "path": value, "sha256": digest})
+    return records
+
+
+def named_from(folder: str, text: str) -> str:
+    """`text` (a warning, a calibration note) with the files in the scenario's `folder`
+    named from it, as the scenario names them, so that results do not hold the folder a
+    run happened in: the same scenario in two checkouts gives the same summary.json. The
+    messages printed while the run goes keep the full paths."""
+    prefix = os.path.join(folder, "")
+    if not os.path.isabs(folder) or Path(folder).parent == Path(folder):
+        return text  # relative paths are named from the folder already; '/' is every path
+    # a path begins the text, or follows a space, a quote or a bracket
+    return re.sub(r"(?<![^\s'\"(\[])" + re.escape(prefix), "", text)
 
 
 def _pools(scenario: Mapping[str, Any], chips: Mapping[str, str]) -> list[dict[str, Any]]:

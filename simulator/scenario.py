@@ -963,17 +963,17 @@ class Scenario(BaseModel):
         from simulator.model_catalog import load_model
 
         named: list[tuple[str, Any, str | None]] = [("model.name", load_model, self.model.name)]
-        for where, pool in self._hardware_sections():
+        for where, pool in self.hardware_sections():
             named += [(f"{where}.gpu", load_gpu, pool.gpu), (f"{where}.node", load_node, pool.node)]
         for field, load, value in named:
-            if value is None or value.endswith((".yaml", ".yml", ".json")) or "/" in value:
+            if value is None or names_a_file(value):
                 continue  # a file, read from base_dir when the run starts
             try:
                 load(value)
             except InfersimError as exc:
                 raise InfersimError(f"{source}: {field}: {exc}") from None
 
-    def _hardware_sections(self) -> list[tuple[str, HardwareSection]]:
+    def hardware_sections(self) -> list[tuple[str, HardwareSection]]:
         """Each hardware section with the path that names it in an error."""
         if self.hardware is not None:
             return [("hardware", self.hardware)]
@@ -1035,6 +1035,12 @@ class Scenario(BaseModel):
         data["base_dir"] = self.base_dir
         apply_overrides(data, items)
         return Scenario.from_dict(data, self.name, (*self._overrides, *items))
+
+
+def names_a_file(value: str) -> bool:
+    """Whether a GPU, node, model or calibration field names a file (read from the
+    scenario's folder) rather than a preset: a YAML or JSON name, or a path."""
+    return value.endswith((".yaml", ".yml", ".json")) or "/" in value
 
 
 # ---- overrides ----------------------------------------------------------------------------

@@ -74,7 +74,7 @@ from simulator.metrics.context import SLO, ReplicaInfo, RunContext
 from simulator.metrics.step_totals import StepTotals
 from simulator.model_catalog import load_model
 from simulator.progress import Progress
-from simulator.provenance import assumed_links, provenance
+from simulator.provenance import assumed_links, named_from, provenance
 from simulator.results import Results
 from simulator.router import SessionAffinity, make_router
 from simulator.scenario import (
@@ -82,6 +82,7 @@ from simulator.scenario import (
     ModelSection,
     Scenario,
     ServingSection,
+    names_a_file,
     replica_gpus,
 )
 from simulator.workload import (
@@ -146,7 +147,7 @@ def _named_field(field: str, load, value: str):
 
 def _maybe_path(scenario: Scenario, name: str) -> str:
     """Preset names stay names; anything that looks like a file resolves from the scenario."""
-    if name.endswith((".yaml", ".yml", ".json")) or "/" in name:
+    if names_a_file(name):
         return str(scenario.resolve_path(name))
     return name
 
@@ -172,6 +173,12 @@ def resolve_node(scenario: Scenario, gpu: AcceleratorSpec) -> NodeSpec:
                 f"hardware.node {node.name} is built from {node.gpu}, not hardware.gpu {gpu.name}"
             )
         return node
+    return default_node(gpu)
+
+
+def default_node(gpu: AcceleratorSpec) -> NodeSpec:
+    """The node a scenario without hardware.node runs on: the first node preset built from
+    `gpu`, else the GPU alone (one per node, no link to another)."""
     for name in list_nodes():
         node = load_node(name)
         if node.gpu == gpu.name:
@@ -188,19 +195,26 @@ def resolve_node(scenario: Scenario, gpu: AcceleratorSpec) -> NodeSpec:
     )
 
 
+def check_tp_on_node(tp: int, node: NodeSpec, field: str = "parallelism.tp") -> None:
+    """A tensor-parallel group of `tp` GPUs a deployment on `node` would refuse: wider than
+    a node with no inter-node link, or spanning nodes unevenly; `field` names the tp."""
+    per_node = node.gpus_per_node
+    if tp > per_node and node.inter_node_link is None:
+        raise InfeasibleError(
+            f"{field}={tp} needs {tp} GPUs in one tensor-parallel group, but "
+            f"a {node.name} node has {per_node} and no inter-node link"
+        )
+    if tp > per_node and tp % per_node:
+        raise InfeasibleError(
+            f"{field}={tp} spans nodes of {per_node} GPUs unevenly; "
+            f"use a multiple of {per_node} or at most {per_node}"
+        )
+
+
 def check_placement(scenario: Scenario, arch: ModelArchitecture, node: NodeSpec) -> None:
     """Placements a real deployment would refuse, explained with the topology."""
     par = scenario.parallelism
-    if par.tp > node.gpus_per_node and node.inter_node_link is None:
-        raise InfeasibleError(
-            f"parallelism.tp={par.tp} needs {par.tp} GPUs in one tensor-parallel group, but "
-            f"a {node.name} node has {node.gpus_per_node} and no inter-node link"
-        )
-    if par.tp > node.gpus_per_node and par.tp % node.gpus_per_node:
-        raise InfeasibleError(
-            f"parallelism.tp={par.tp} spans nodes of {node.gpus_per_node} GPUs unevenly; "
-            f"use a multiple of {node.gpus_per_node} or at most {node.gpus_per_node}"
-        )
+    check_tp_on_node(par.tp, node)
     if par.pp > arch.num_layers:
         raise InfeasibleError(
             f"parallelism.pp={par.pp} exceeds {arch.name}'s {arch.num_layers} layers: a "
@@ -618,7 +632,7 @@ def build_replica(
         usd_per_gpu_hour=scenario.cost.price_of(gpu),
         token_budget=config.max_num_batched_tokens if config.iterative else math.inf,
         max_num_seqs=config.max_num_seqs,
-        calibration=calibration.note,
+        calibration=named_from(scenario.base_dir, calibration.note),  # as the scenario names it
         all_reduce=cost.all_reduce_note(),
         moe_kernel=cost.moe_kernel_note(),
     )
@@ -1477,6 +1491,7 @@ def _results(
         duration = max(end, view.last_seen())
         frontend = view.summary(duration)
     slo = scenario.slo
+    folder = scenario.base_dir  # warnings name its files from it, as the scenario does
     ctx = RunContext(
         scenario=scenario.name,
         seed=scenario.seed,
@@ -1498,7 +1513,9 @@ def _results(
             processes,
             assumed_links(run.builds),
         ),
-        warnings=tuple(dict.fromkeys((*run.configuration_warnings, *raised))),
+        warnings=tuple(
+            dict.fromkeys(named_from(folder, w) for w in (*run.configuration_warnings, *raised))
+        ),
         frontend=frontend,
     )
     memory = "\n".join(f"[{pool}] {build.memory.table()}" for pool, build in run.builds)

@@ -58,7 +58,14 @@ class InferenceEstimate:
     framework_overhead: float
     usable_per_gpu: float
     gpus: int  # by memory
-    tp: int  # the smallest tensor-parallel size of at least `gpus` the heads split over
+    # The smallest tensor-parallel size of at least `gpus` the heads split over; past the
+    # largest one, that largest (then tp < gpus: tensor parallelism alone cannot hold it).
+    tp: int
+
+    @property
+    def tp_holds(self) -> bool:
+        """Whether one tensor-parallel group of `tp` GPUs holds it all (no pp needed)."""
+        return self.gpus <= self.tp
 
     @property
     def total(self) -> float:
@@ -130,7 +137,9 @@ def detailed_inference(
     usable = gpu.cuda_memory_bytes * gpu_memory_utilization
     shardable = weights + kv + scores + activations
 
-    # The overhead grows with tp, so more GPUs may be needed at the tp the count rounds to.
+    # The overhead grows with tp, so more GPUs may be needed at the tp the count rounds to;
+    # past the largest valid tp, the count is at that tp's overhead (pp adds the GPUs).
+    largest = valid_tps(arch)[-1]
     gpus, tp = 1, 1
     while True:
         overhead = framework_overhead_bytes(gpu, tp, framework_overhead_gb)
@@ -140,9 +149,9 @@ def detailed_inference(
                 f"{gpu.name}'s usable {usable / GB:.1f} GB"
             )
         gpus = max(gpus, math.ceil(shardable / (usable - overhead)))
-        if gpus <= tp:
+        if gpus <= tp or tp == largest:
             break
-        tp = valid_tp_at_least(arch, gpus)
+        tp = valid_tp_at_least(arch, gpus) or largest
     return InferenceEstimate(
         weights=weights,
         kv_cache=kv,
@@ -155,17 +164,24 @@ def detailed_inference(
     )
 
 
-def valid_tp_at_least(arch: ModelArchitecture, gpus: int) -> int:
-    """The smallest tp >= `gpus` that vLLM would run (arch.check_tp: attention heads and
-    KV heads split evenly): DeepSeek-V3's 128 heads need 8 GPUs where memory asks 5.
-    Past the head count, `gpus` itself (no tensor-parallel size fits; pp must help)."""
-    for tp in range(max(gpus, 1), arch.num_attention_heads + 1):
+def valid_tps(arch: ModelArchitecture) -> list[int]:
+    """The tensor-parallel sizes vLLM would run the model at (arch.check_tp: attention
+    heads and KV heads split evenly), ascending; 1 always is one."""
+    tps = []
+    for tp in range(1, arch.num_attention_heads + 1):
         try:
             arch.check_tp(tp)
         except InfersimError:
             continue
-        return tp
-    return gpus
+        tps.append(tp)
+    return tps
+
+
+def valid_tp_at_least(arch: ModelArchitecture, gpus: int) -> int | None:
+    """The smallest valid tp >= `gpus` (valid_tps): DeepSeek-V3's 128 heads need 8 GPUs
+    where memory asks 5. None past the largest: no tensor-parallel size holds that many
+    GPUs' worth, pipeline stages must."""
+    return next((tp for tp in valid_tps(arch) if tp >= gpus), None)
 
 
 def training_activation_bytes(

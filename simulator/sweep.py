@@ -41,6 +41,7 @@ from simulator.executors import JobError, job_error, run_parallel
 from simulator.metrics.headline import COUNTS, HEADLINE, PER_USD, headline_row
 from simulator.metrics.headline import get as _get
 from simulator.progress import bar_options
+from simulator.provenance import input_files, named_from
 from simulator.scenario import (
     BATCH_LIMITS,
     Scenario,
@@ -170,19 +171,20 @@ def run_point(data: dict[str, Any], overrides: tuple[str, ...] = ()) -> dict[str
     in the point's provenance (the point's data already has them applied). Never raises:
     any exception becomes a failed outcome, so one bad point costs one row, not the sweep."""
     started, cpu = time.perf_counter(), time.process_time()
+    folder = data.get("base_dir", ".")  # the point file names files from it, as its summary
     with recording() as caught:  # carried back, not shown here; per thread (Dask's)
         try:
             scenario = Scenario.from_dict(data, source="sweep point", overrides=overrides)
             summary = run_simulation(scenario, progress=False).summary()
         except Exception as exc:
             return {**_failure("failed", exc, time.perf_counter() - started),
-                    "warnings": warning_texts(caught)}  # fmt: skip
+                    "warnings": [named_from(folder, w) for w in warning_texts(caught)]}  # fmt: skip
     run = {k: v for k, v in summary["run"].items() if k != "wall"}  # the only varying part
     return {
         "status": "ok",
         "error": None,
         "detail": None,
-        "warnings": warning_texts(caught),
+        "warnings": [named_from(folder, w) for w in warning_texts(caught)],
         "wall_s": time.perf_counter() - started,
         # CPU seconds of the worker: below wall_s when workers outnumber free cores.
         "cpu_s": time.process_time() - cpu,
@@ -266,6 +268,10 @@ def _load_done(outdir: Path, points: Iterable[SweepPoint]) -> dict[str, dict[str
             raise InfersimError(
                 f"{path} was written for a different scenario ({changed} differs); {way_out}"
             )
+        if (edited := _edited_input(record, point)) is not None:
+            raise InfersimError(
+                f"{path} was run on other contents of {edited}: its numbers may differ; {way_out}"
+            )
         if (written_by := record.get("build")) != build_id():
             raise InfersimError(
                 f"{path} was written by infersim {written_by or 'of an earlier version'}, "
@@ -273,6 +279,19 @@ def _load_done(outdir: Path, points: Iterable[SweepPoint]) -> dict[str, dict[str
             )
         done[point.id] = record
     return done
+
+
+def _edited_input(record: dict[str, Any], point: SweepPoint) -> str | None:
+    """The first file the point reads (a trace, a profile: provenance.inputs) whose
+    contents are not those its point file ran on, or None; a failed point ran on none."""
+    if not (summary := record.get("summary")):
+        return None
+    ran_on = summary.get("provenance", {}).get("inputs", [])
+    now = input_files(Scenario.model_validate(point.data))
+    for before, after in itertools.zip_longest(ran_on, now):
+        if before != after:
+            return f"{(after or before)['field']} ({(after or before)['path']})"
+    return None
 
 
 def _another_outdir() -> str:

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.dtypes import parse_dtype
 from hardware_models.errors import InfeasibleError, InfersimError
+from hardware_models.node import NodeSpec
 from hardware_models.presets import load_gpu
 from simulator.architecture import ModelArchitecture
 from simulator.caveats import check_serving_starts, mla_block_size
@@ -18,9 +19,10 @@ from simulator.engine.weight_format import check_weight_support, weight_format
 from simulator.memory_planner import ESTIMATE_SETTINGS, GB, DoesNotFit, plan_memory
 from simulator.model_catalog import load_model
 from simulator.scenario import VLLM_KV_DTYPES, KvDType, ServingSection
-from simulator.simulation import resolve_weight_dtype
+from simulator.simulation import check_tp_on_node, default_node, resolve_weight_dtype
 from simulator.sizing import (
     TRAINING_MULTIPLIER,
+    InferenceEstimate,
     detailed_inference,
     detailed_training,
     quick_inference_gpus,
@@ -105,6 +107,45 @@ def _serving(
     return serving.with_vllm_defaults(gpu, serving.max_model_len or context)
 
 
+def _check_seq(arch: ModelArchitecture, seq: int) -> None:
+    """vLLM serves no sequence longer than the model's context: its ModelConfig
+    (_get_and_verify_max_len) refuses a max_model_len above it at start-up, unless
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (not modelled); so sizing memory for one is refused."""
+    context = arch.max_position_embeddings
+    if seq > context:
+        raise InfersimError(
+            f"--seq {seq} is above {arch.name}'s context of {context} tokens "
+            "(max_position_embeddings): vLLM serves no sequence that long (it refuses a "
+            f"max_model_len above the context at start-up); give --seq at most {context}"
+        )
+
+
+def _tp_refusal(tp: int, node: NodeSpec, field: str) -> str:
+    """Why `run` would refuse a tensor-parallel group of `tp` on the node it picks for the
+    GPU (check_tp_on_node), or ''."""
+    try:
+        check_tp_on_node(tp, node, field)
+    except InfeasibleError as exc:
+        return f"{exc} (the node `run` picks for this GPU without hardware.node)"
+    return ""
+
+
+def _gpus_needed(arch: ModelArchitecture, est: InferenceEstimate, refused: str) -> str:
+    """The GPU count, and why no single tensor-parallel group of it runs where that is so:
+    more than the heads split over, or more than the node holds."""
+    if not est.tp_holds:
+        return (
+            f"  GPUs needed: {est.gpus} by memory ({est.total / GB:,.2f} GB), more than the "
+            f"largest tensor-parallel size {arch.name} splits over, tp={est.tp} "
+            f"({arch.num_attention_heads} attention heads, {arch.num_kv_heads} KV heads): "
+            "add pipeline stages (a scenario's parallelism.pp, tp x pp GPUs) or lower "
+            "--batch / --seq"
+        )
+    rounded = f" ({est.gpus} by memory, rounded up to a valid tp)" if est.tp != est.gpus else ""
+    line = f"  GPUs needed: {est.tp}{rounded}"
+    return f"{line}\n  and `infersim run` refuses that layout: {refused}" if refused else line
+
+
 def _start_refusal(
     arch: ModelArchitecture, serving: ServingSection, max_model_len: int, budget_default: bool
 ) -> str:
@@ -164,6 +205,7 @@ def _run(args: argparse.Namespace) -> int:
             flash_attention=not args.no_flash,
         )
     else:
+        _check_seq(arch, args.seq)
         est = detailed_inference(
             arch,
             gpu,
@@ -200,10 +242,18 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     print(f"\nDetailed inference, batch {args.batch} x {args.seq} tokens, {kv_dtype.value} KV:")
     print(_rows(est.breakdown()))
-    rounded = f" ({est.gpus} by memory, rounded up to a valid tp)" if est.tp != est.gpus else ""
-    print(f"  GPUs needed: {est.tp}{rounded}")
+    node = default_node(gpu)
+    refused = _tp_refusal(est.tp, node, "tp")
+    print(_gpus_needed(arch, est, refused))
     tp = args.tp or est.tp  # the plan at the tp just recommended, unless one is asked for
-    chosen = "--tp" if args.tp else "the GPUs needed"
+    if args.tp:
+        chosen, refused = "--tp", _tp_refusal(tp, node, "--tp")
+    else:
+        chosen = "the GPUs needed" if est.tp_holds else "the largest valid tp"
+    if refused:
+        shown = f": {refused}" if args.tp else " (above)"
+        print(f"\nServing plan: none, `infersim run` refuses tp={tp}{shown}")
+        return 0
     print(f"\nServing plan at tp={tp} ({chosen}; vLLM-style memory budget):")
     for line in defaults:
         print(f"  default {line}")

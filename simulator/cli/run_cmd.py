@@ -13,6 +13,7 @@ from hardware_models.errors import InfersimError, InfersimWarning
 from simulator.cli.options import add_output_flags, add_overrides, add_results_dir
 from simulator.cli.run_exports import add_export_flags, check_exports, write_exports
 from simulator.formatting import WIDTH, sig
+from simulator.provenance import named_from
 from simulator.scenario import Scenario
 from simulator.sharding import AUTO_MIN_REQUESTS, Workers
 from simulator.simulation import pass_on, run_simulation
@@ -91,7 +92,7 @@ def simulate_warning_once(scenario: Scenario, *, progress: bool, workers: Worker
         in_summary = set(result.summary()["warnings"])
         return result
     finally:
-        pass_on(caught, lambda shown: str(shown.message) not in in_summary)
+        pass_on(caught, lambda w: named_from(scenario.base_dir, str(w.message)) not in in_summary)
 
 
 @contextlib.contextmanager

@@ -55,8 +55,13 @@ class Replay:
     before_cache_fills: dict[str, float] | None
 
     def to_dict(self) -> dict[str, Any]:
-        """Everything replay.json holds; floats as computed (None where not measured)."""
+        """Everything replay.json holds; floats as computed (None where not measured). The
+        scenario's trace is named from replay.json's folder, which `write` shares with it,
+        so the file holds no folder the replay ran in."""
         requests = self.results.requests
+        scenario = self.scenario.model_dump(mode="json")
+        arrivals = scenario["workload"]["arrivals"]
+        arrivals["path"] = Path(arrivals["path"]).name
         return {
             "source": str(self.run.source),
             "kind": self.run.kind,
@@ -74,7 +79,7 @@ class Replay:
             "latency": self.table,
             "decode_only_step": self.decode_step,
             "before_cache_fills": self.before_cache_fills,
-            "scenario": self.scenario.model_dump(mode="json"),
+            "scenario": scenario,
         }
 
     def write(self, outdir: Path, *, plots: bool = True) -> list[Path]:
