@@ -74,11 +74,11 @@ def shards_for(run: _Run, workers: Workers) -> list[tuple[int, ...]]:
 @dataclass
 class ShardResult:
     """What a shard's process sends back: its replicas' closed logs and step totals, and
-    its own requests' rows of every request column."""
+    its own requests' rows of the columns the engine writes (the parent has the others)."""
 
     end: float
     owned: np.ndarray  # the shard's request ids
-    columns: dict[str, np.ndarray]  # each request column at `owned`
+    columns: dict[str, np.ndarray]  # each outcome column (requests.OUTCOME_COLUMNS) at `owned`
     logs: list[ClosedLog]
     totals: list[StepTotals]
     warnings: list[tuple[type[Warning], str, str, int]]
@@ -116,11 +116,10 @@ def simulate_shard(job: tuple[Scenario, tuple[int, ...], int]) -> ShardResult:
         run.progress = _Reported(total)
         end = run.advance()
         logs = [run.replicas[i].log.close(end) for i in replicas]
-    owned = run.owned  # _prerouted_targets found them
     return ShardResult(
         end=end,
-        owned=owned,
-        columns={name: column[owned] for name, column in run.requests.columns().items()},
+        owned=run.owned,
+        columns=run.requests.outcomes(),  # its table holds its own requests alone
         logs=logs,
         totals=[run.replicas[i].log.totals for i in replicas],
         warnings=[(w.category, str(w.message), w.filename, w.lineno) for w in caught],
@@ -134,7 +133,8 @@ def run_in_shards(
     run: _Run, shards: list[tuple[int, ...]], caught: list[warnings.WarningMessage]
 ) -> tuple[float, list[ClosedLog], list[StepTotals]]:
     """Simulate `run`'s replicas in `shards`, one process each, and merge: the shards'
-    request rows into `run.requests`, their warnings into `caught` (the parent's record,
+    request rows into `run.requests` (whose outcome columns are freed meanwhile: the
+    shards fill every row), their warnings into `caught` (the parent's record,
     for the summary and the caller), and the end time, closed logs and step totals of
     every replica, in order. The end is the latest shard's: a shard whose requests all
     ended earlier has nothing in flight, so its logs closed at its own end are the same."""
@@ -151,6 +151,7 @@ def run_in_shards(
         run.progress.update(sum(finished))
 
     jobs = [(run.scenario, shard, run.expected) for shard in shards]
+    run.requests.drop_outcomes()
     for index, result in run_parallel(
         simulate_shard, jobs, workers=len(shards), on_report=progressed
     ):
@@ -160,11 +161,11 @@ def run_in_shards(
             )
         results[index] = result
         progressed(index, len(result.owned))
-    end = max(result.end for result in results if result is not None)
-    for shard, result in zip(shards, results, strict=True):
-        assert result is not None
-        for name, values in result.columns.items():
-            getattr(run.requests, name)[result.owned] = values
+    done = [result for result in results if result is not None]
+    assert len(done) == len(shards)  # a shard that failed raised above
+    end = max(result.end for result in done)
+    run.requests.fill_outcomes([(result.owned, result.columns) for result in done])
+    for shard, result in zip(shards, done, strict=True):
         for i, log, total, fill in zip(
             shard, result.logs, result.totals, result.batch_fill, strict=True
         ):

@@ -73,7 +73,7 @@ from simulator.model_catalog import load_model
 from simulator.progress import Progress
 from simulator.provenance import provenance
 from simulator.results import Results
-from simulator.router import SessionAffinity, make_router
+from simulator.router import SessionAffinity, foreseen_routes, make_router
 from simulator.scenario import (
     BATCH_LIMITS,
     ModelSection,
@@ -664,6 +664,8 @@ class _Run:
             self.requests = RequestTable(min(wl.num_requests or 4096, 1 << 20))
         else:
             assert batch is not None
+            if self.shard is not None:
+                batch = self._own_share(batch)
             self.prompt_hashes = batch.prompt_hashes
             self.expected = len(batch)
             self.class_names = list(batch.class_names)
@@ -724,6 +726,20 @@ class _Run:
         self.decode_router = (
             make_router(router, decoders, scenario.seed + 1, self.requests) if decoders else None
         )
+
+    def _own_share(self, batch: RequestBatch) -> RequestBatch:
+        """A shard's requests, those routed to its replicas, which its table holds alone
+        (a table id is a request's rank among them: ids order as the run's do). Keeps
+        the run's arrival timeline and routing (`_timeline`), which it replays whole."""
+        assert self.shard is not None
+        replicas = sum(build.replicas for _, build in self.builds)  # all mixed, one unit each
+        routes = foreseen_routes(
+            self.scenario.parallelism.router, replicas, self.scenario.seed, len(batch)
+        )
+        own = np.isin(routes, list(self.shard))
+        self.owned = np.flatnonzero(own)  # the run's ids: submission is by id here
+        self._timeline = (batch.arrival_s, routes, np.cumsum(own) - 1)
+        return batch.take(self.owned)
 
     def _pools(
         self, built: BuiltScenario | None, batch: RequestBatch | None
@@ -864,25 +880,21 @@ class _Run:
             and self._routing_is_foreseeable()
         )
 
-    def _prerouted_targets(self) -> np.ndarray:
-        """Each request's replica (an index into the router's replicas), in submission
-        order; in a shard, `expected` becomes the count of the shard's own requests."""
-        entry, order = self.router.replicas, self.submission_order
-        index = {id(r): i for i, r in enumerate(entry)}
-        targets = np.fromiter(
-            (index[id(self.router.route(rid))] for rid in order.tolist()), np.int64, len(order)
-        )
+    def _timeline_of_arrivals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The run's requests in submission order: each one's arrival, replica (an index
+        into the router's replicas) and id in this process's table (a shard's holds only
+        its own requests: the others' ids are not read)."""
         if self.shard is not None:
-            self.owned = order[np.isin(targets, list(self.shard))]
-            self.expected = len(self.owned)
-        return targets
+            return self._timeline
+        order, kind = self.submission_order, self.scenario.parallelism.router
+        routes = foreseen_routes(kind, len(self.router.replicas), self.scenario.seed, len(order))
+        return self.requests.arrival[order], routes, order
 
-    def _open_loop_prerouted(self, targets: np.ndarray):
+    def _open_loop_prerouted(self, arrival: np.ndarray, targets: np.ndarray, ids: np.ndarray):
         """Arrivals to replicas chosen before the run. A shard keeps the whole arrival
         timeline (the same timeouts, scheduled at the same times, so SimPy orders its
         replicas' events as the one-process run does) and submits only its own."""
-        env, order, n = self.env, self.submission_order, self.requests.size
-        arrival = self.requests.arrival[order]
+        env, n = self.env, len(arrival)
         entry: list[Replica | None] = list(self.router.replicas)
         next_own = np.full(n, np.inf)
         for i, replica in enumerate(self.router.replicas):
@@ -903,7 +915,7 @@ class _Run:
             after = next_own.item(k)
             replica.clock.next_arrival = after
             replica.clock.arrivals_done = after == math.inf
-            replica.submit(order.item(k))
+            replica.submit(ids.item(k))
 
     def _start_closed_loop(self) -> None:
         self.issued = 0
@@ -1170,7 +1182,7 @@ class _Run:
         elif self.closed:
             self._start_closed_loop()
         elif self._routing_is_foreseeable():
-            self.env.process(self._open_loop_prerouted(self._prerouted_targets()))
+            self.env.process(self._open_loop_prerouted(*self._timeline_of_arrivals()))
         else:
             self.env.process(self._open_loop())
         until = self.done
