@@ -175,7 +175,9 @@ def foreseen_routes(kind: str, replicas: int, seed: int, count: int) -> np.ndarr
     routing, before it, in any process (simulator/sharding.py)."""
     router = make_router(kind, range(replicas), seed)  # type: ignore[arg-type]  # unread
     if not isinstance(router, RoundRobin | Random):
-        raise InfersimError(f"router {kind!r} reads the replicas' state: its routes are not foreseeable")
+        raise InfersimError(
+            f"router {kind!r} reads the replicas' state: its routes are not foreseeable"
+        )
     return router.routes(count)
 
 
