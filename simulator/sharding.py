@@ -19,6 +19,7 @@ between. Every float sum over replicas is formed in the parent, in replica order
 
 from __future__ import annotations
 
+import gc
 import os
 import warnings
 from dataclasses import dataclass
@@ -116,7 +117,7 @@ def simulate_shard(job: tuple[Scenario, tuple[int, ...], int]) -> ShardResult:
         run.progress = _Reported(total)
         end = run.advance()
         logs = [run.replicas[i].log.close(end) for i in replicas]
-    return ShardResult(
+    result = ShardResult(
         end=end,
         owned=run.owned,
         columns=run.requests.outcomes(),  # its table holds its own requests alone
@@ -127,6 +128,12 @@ def simulate_shard(job: tuple[Scenario, tuple[int, ...], int]) -> ShardResult:
             (run.replicas[i].batch_fill_idle_s, run.replicas[i].batch_fill_wait_s) for i in replicas
         ],
     )
+    # The cluster's objects refer to each other (SimPy's processes and their replicas):
+    # only a collection frees the request inputs and the timeline before the result is
+    # pickled, which would otherwise add its copy to all of them.
+    del run
+    gc.collect()
+    return result
 
 
 def run_in_shards(

@@ -738,7 +738,7 @@ class _Run:
         )
         own = np.isin(routes, list(self.shard))
         self.owned = np.flatnonzero(own)  # the run's ids: submission is by id here
-        self._timeline = (batch.arrival_s, routes, np.cumsum(own) - 1)
+        self._timeline = (batch.arrival_s, routes, np.arange(len(self.owned)))
         return batch.take(self.owned)
 
     def _pools(
@@ -881,9 +881,9 @@ class _Run:
         )
 
     def _timeline_of_arrivals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The run's requests in submission order: each one's arrival, replica (an index
-        into the router's replicas) and id in this process's table (a shard's holds only
-        its own requests: the others' ids are not read)."""
+        """The run's requests in submission order, each one's arrival and replica (an
+        index into the router's replicas), and the table ids of this process's own
+        requests (a shard's table holds those alone, in that order)."""
         if self.shard is not None:
             return self._timeline
         order, kind = self.submission_order, self.scenario.parallelism.router
@@ -896,15 +896,25 @@ class _Run:
         replicas' events as the one-process run does) and submits only its own."""
         env, n = self.env, len(arrival)
         entry: list[Replica | None] = list(self.router.replicas)
-        next_own = np.full(n, np.inf)
         for i, replica in enumerate(self.router.replicas):
-            mine = np.flatnonzero(targets == i)
-            next_own[mine[:-1]] = arrival[mine[1:]]
             replica.clock = Clock(self.horizon)
-            replica.clock.next_arrival = float(arrival[mine[0]]) if len(mine) else np.inf
-            replica.clock.arrivals_done = not len(mine)
             if self.shard is not None and i not in self.shard:
-                entry[i] = None  # another process's
+                entry[i] = None  # another process's: no request comes to it here
+                replica.clock.next_arrival, replica.clock.arrivals_done = math.inf, True
+        own = [i for i, replica in enumerate(entry) if replica is not None]
+        if len(own) < len(entry):
+            mask = np.isin(targets, own)
+            own_targets, own_arrival = targets[mask], arrival[mask]
+        else:
+            own_targets, own_arrival = targets, arrival
+        next_own = np.full(len(ids), np.inf)  # the next arrival at the same replica
+        for i in own:
+            mine = np.flatnonzero(own_targets == i)
+            next_own[mine[:-1]] = own_arrival[mine[1:]]
+            clock = self.router.replicas[i].clock
+            clock.next_arrival = own_arrival.item(mine[0]) if len(mine) else math.inf
+            clock.arrivals_done = not len(mine)
+        j = 0  # own requests submitted so far
         for k in range(n):
             t = arrival.item(k)  # .item(): Python numbers, with no numpy scalar made
             if t > env.now:
@@ -912,10 +922,11 @@ class _Run:
             replica = entry[targets.item(k)]
             if replica is None:
                 continue
-            after = next_own.item(k)
+            after = next_own.item(j)
             replica.clock.next_arrival = after
             replica.clock.arrivals_done = after == math.inf
-            replica.submit(ids.item(k))
+            replica.submit(ids.item(j))
+            j += 1
 
     def _start_closed_loop(self) -> None:
         self.issued = 0
