@@ -22,6 +22,7 @@ from __future__ import annotations
 import gc
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -87,12 +88,11 @@ class ShardResult:
 
 
 class _Reported:
-    """A shard's progress (its finished requests) sent to the parent's one bar about 200
-    times over the whole run, as Progress redraws."""
+    """A shard's progress (its finished requests) passed to `report` about 200 times
+    over the whole run, as Progress redraws: from a worker, `executors.report` to the
+    parent's one bar; in the parent, to that bar directly."""
 
-    def __init__(self, total: int) -> None:
-        from simulator.executors import report  # in a worker only
-
+    def __init__(self, total: int, report: Callable[[int], None]) -> None:
         self._report, self._every, self._shown = report, max(1, total // 200), 0
 
     def update(self, done: int) -> None:
@@ -105,16 +105,22 @@ class _Reported:
 
 
 def simulate_shard(job: tuple[Scenario, tuple[int, ...], int]) -> ShardResult:
-    """Run a shard (a worker process's job): the whole cluster built, only `replicas`
-    (indices into the units) served. Its warnings go back to the parent, which passes
-    each distinct one on once."""
-    from simulator.simulation import _Run  # simulation imports this module
+    """Run a shard (a worker process's job), its progress reported to the parent."""
+    from simulator.executors import report  # in a worker only
 
     scenario, replicas, total = job
+    return _simulate(scenario, replicas, _Reported(total, report))
+
+
+def _simulate(scenario: Scenario, replicas: tuple[int, ...], progress: _Reported) -> ShardResult:
+    """Run a shard: the whole cluster built, only `replicas` (indices into the units)
+    served. Its warnings go back to the parent, which passes each distinct one on once."""
+    from simulator.simulation import _Run  # simulation imports this module
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", InfersimWarning)
         run = _Run(scenario, progress=False, shard=replicas)
-        run.progress = _Reported(total)
+        run.progress = progress
         end = run.advance()
         logs = [run.replicas[i].log.close(end) for i in replicas]
     result = ShardResult(
@@ -130,7 +136,7 @@ def simulate_shard(job: tuple[Scenario, tuple[int, ...], int]) -> ShardResult:
     )
     # The cluster's objects refer to each other (SimPy's processes and their replicas):
     # only a collection frees the request inputs and the timeline before the result is
-    # pickled, which would otherwise add its copy to all of them.
+    # pickled (or merged, in the parent), which would otherwise add its copy to them all.
     del run
     gc.collect()
     return result
@@ -139,12 +145,13 @@ def simulate_shard(job: tuple[Scenario, tuple[int, ...], int]) -> ShardResult:
 def run_in_shards(
     run: _Run, shards: list[tuple[int, ...]], caught: list[warnings.WarningMessage]
 ) -> tuple[float, list[ClosedLog], list[StepTotals]]:
-    """Simulate `run`'s replicas in `shards`, one process each, and merge: the shards'
-    request rows into `run.requests` (whose outcome columns are freed meanwhile: the
-    shards fill every row), their warnings into `caught` (the parent's record,
-    for the summary and the caller), and the end time, closed logs and step totals of
-    every replica, in order. The end is the latest shard's: a shard whose requests all
-    ended earlier has nothing in flight, so its logs closed at its own end are the same."""
+    """Simulate `run`'s replicas in `shards`, the first in this process and each other
+    in a worker process, and merge: the shards' request rows into `run.requests` (whose
+    outcome columns are freed meanwhile: the shards fill every row), their warnings into
+    `caught` (the parent's record, for the summary and the caller), and the end time,
+    closed logs and step totals of every replica, in order. The end is the latest
+    shard's: a shard whose requests all ended earlier has nothing in flight, so its logs
+    closed at its own end are the same."""
     from simulator.executors import JobError, run_parallel  # 20 ms of imports, when shards run
 
     n = len(run.units)
@@ -157,17 +164,31 @@ def run_in_shards(
         finished[index] = done
         run.progress.update(sum(finished))
 
-    jobs = [(run.scenario, shard, run.expected) for shard in shards]
+    def shifted(job: int, done: int) -> None:  # job i is shard i + 1
+        progressed(job + 1, done)
+
+    def own_shard(read: Callable[[], None]) -> None:
+        """The parent's share while the workers run theirs: a worker less to start and
+        fill with imports, and its progress and the workers' reports shown as it goes."""
+
+        def shown(done: int) -> None:
+            progressed(0, done)
+            read()
+
+        results[0] = _simulate(run.scenario, shards[0], _Reported(run.expected, shown))
+        progressed(0, len(results[0].owned))
+
+    jobs = [(run.scenario, shard, run.expected) for shard in shards[1:]]
     run.requests.drop_outcomes()
     for index, result in run_parallel(
-        simulate_shard, jobs, workers=len(shards), on_report=progressed
+        simulate_shard, jobs, workers=len(jobs) + 1, on_report=shifted, meanwhile=own_shard
     ):
         if isinstance(result, JobError):
             raise InfersimError(
-                f"shard {index + 1} of {len(shards)}: {result.detail or result.error}"
+                f"shard {index + 2} of {len(shards)}: {result.detail or result.error}"
             )
-        results[index] = result
-        progressed(index, len(result.owned))
+        results[index + 1] = result
+        progressed(index + 1, len(result.owned))
     done = [result for result in results if result is not None]
     assert len(done) == len(shards)  # a shard that failed raised above
     end = max(result.end for result in done)

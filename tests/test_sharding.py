@@ -293,3 +293,29 @@ def test_the_outcome_columns_are_filled_from_parts_holding_each_request_once():
     table.fill_outcomes([(np.array([1, 3]), parts[0][1]), (np.array([0, 2]), served)])
     np.testing.assert_array_equal(table.columns()["finish"], [7.0, np.nan, 9.0, np.nan])
     np.testing.assert_array_equal(table.columns()["replica"], [-1, -1, -1, -1])
+
+
+def test_the_parent_runs_the_first_shard_itself(monkeypatch, tmp_path):
+    """The parent simulates one shard while the workers run the others: a sharded run
+    starts one worker fewer than its process count, with the same results."""
+    from simulator import executors
+
+    pools: list[int] = []
+    pool_round = executors._pool_round
+
+    def counted(fn, payloads, batch, width, on_report, meanwhile=None):
+        pools.append(min(width, len(batch)))
+        return (yield from pool_round(fn, payloads, batch, width, on_report, meanwhile))
+
+    monkeypatch.setattr(executors, "_pool_round", counted)
+    _run(RANDOM_POOLS, 1, tmp_path / "one")
+    _run(RANDOM_POOLS, 3, tmp_path / "three")
+    assert pools == [2]  # two workers beside the parent
+    assert_same_files(tmp_path / "one", tmp_path / "three")
+
+
+def test_meanwhile_is_refused_where_no_local_pool_runs():
+    from simulator.executors import run_parallel
+
+    with pytest.raises(ValueError, match="meanwhile runs beside a local pool"):
+        run_parallel(abs, [1], workers=1, meanwhile=lambda read: None)
