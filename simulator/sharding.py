@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from simulator.metrics.step_totals import StepTotals
     from simulator.scenario import Scenario
     from simulator.simulation import _Run
+    from simulator.workload.generate import RequestBatch
 
 Workers = int | Literal["auto"]
 
@@ -74,6 +75,19 @@ def shards_for(run: _Run, workers: Workers) -> list[tuple[int, ...]]:
 
 
 @dataclass
+class Share:
+    """A shard's part of the run, made once by the parent (`_Run.shares`): its replicas,
+    its requests (their ids in the run and their inputs), and the whole run's arrival
+    timeline and routing, which it replays."""
+
+    replicas: tuple[int, ...]  # indices into the run's units
+    owned: np.ndarray  # the run's ids of its requests, ascending
+    batch: RequestBatch  # their inputs, in that order
+    arrival: np.ndarray  # every request's arrival, in submission order
+    routes: np.ndarray  # every request's replica, in submission order
+
+
+@dataclass
 class ShardResult:
     """What a shard's process sends back: its replicas' closed logs and step totals, and
     its own requests' rows of the columns the engine writes (the parent has the others)."""
@@ -104,22 +118,23 @@ class _Reported:
         pass
 
 
-def simulate_shard(job: tuple[Scenario, tuple[int, ...], int]) -> ShardResult:
+def simulate_shard(job: tuple[Scenario, Share, int]) -> ShardResult:
     """Run a shard (a worker process's job), its progress reported to the parent."""
     from simulator.executors import report  # in a worker only
 
-    scenario, replicas, total = job
-    return _simulate(scenario, replicas, _Reported(total, report))
+    scenario, share, total = job
+    return _simulate(scenario, share, _Reported(total, report))
 
 
-def _simulate(scenario: Scenario, replicas: tuple[int, ...], progress: _Reported) -> ShardResult:
-    """Run a shard: the whole cluster built, only `replicas` (indices into the units)
-    served. Its warnings go back to the parent, which passes each distinct one on once."""
+def _simulate(scenario: Scenario, share: Share, progress: _Reported) -> ShardResult:
+    """Run a shard: the whole cluster built, only its replicas served. Its warnings go
+    back to the parent, which passes each distinct one on once."""
     from simulator.simulation import _Run  # simulation imports this module
 
+    replicas = share.replicas
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", InfersimWarning)
-        run = _Run(scenario, progress=False, shard=replicas)
+        run = _Run(scenario, progress=False, share=share)
         run.progress = progress
         end = run.advance()
         logs = [run.replicas[i].log.close(end) for i in replicas]
@@ -175,10 +190,11 @@ def run_in_shards(
             progressed(0, done)
             read()
 
-        results[0] = _simulate(run.scenario, shards[0], _Reported(run.expected, shown))
+        results[0] = _simulate(run.scenario, shares[0], _Reported(run.expected, shown))
         progressed(0, len(results[0].owned))
 
-    jobs = [(run.scenario, shard, run.expected) for shard in shards[1:]]
+    shares = run.shares(shards)
+    jobs = [(run.scenario, share, run.expected) for share in shares[1:]]
     run.requests.drop_outcomes()
     for index, result in run_parallel(
         simulate_shard, jobs, workers=len(jobs) + 1, on_report=shifted, meanwhile=own_shard

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -91,7 +91,7 @@ from simulator.workload import (
 )
 
 if TYPE_CHECKING:
-    from simulator.sharding import Workers
+    from simulator.sharding import Share, Workers
 
 
 @dataclass(frozen=True)
@@ -632,16 +632,16 @@ class _Run:
         scenario: Scenario,
         progress: bool,
         built: BuiltScenario | None = None,
-        shard: Collection[int] | None = None,
+        share: Share | None = None,
     ) -> None:
-        """`shard`: the replicas (indices into `units`) this process simulates, the others'
-        requests left to other processes (simulator/sharding.py); None: all of them."""
+        """`share`: the part of the run this process simulates, its replicas and their
+        requests, the others' left to other processes (simulator/sharding.py); None: all."""
         self.scenario = scenario
-        self.shard = None if shard is None else frozenset(shard)
+        self.shard = None if share is None else frozenset(share.replicas)
         wl = scenario.workload
         base_dir = scenario.base_dir
         self.closed = wl.arrivals.kind == "closed_loop"
-        batch = open_loop_requests(scenario)
+        batch = open_loop_requests(scenario) if share is None else share.batch
         self.builds = self._pools(built, batch)
         self.configuration_warnings = _configuration_warnings(self.builds)
         for text in self.configuration_warnings:  # before the run, which they may stop
@@ -664,8 +664,9 @@ class _Run:
             self.requests = RequestTable(min(wl.num_requests or 4096, 1 << 20))
         else:
             assert batch is not None
-            if self.shard is not None:
-                batch = self._own_share(batch)
+            if share is not None:  # its own requests alone, ids in the run's order
+                self.owned = share.owned
+                self._timeline = (share.arrival, share.routes, np.arange(len(share.owned)))
             self.prompt_hashes = batch.prompt_hashes
             self.expected = len(batch)
             self.class_names = list(batch.class_names)
@@ -727,19 +728,24 @@ class _Run:
             make_router(router, decoders, scenario.seed + 1, self.requests) if decoders else None
         )
 
-    def _own_share(self, batch: RequestBatch) -> RequestBatch:
-        """A shard's requests, those routed to its replicas, which its table holds alone
-        (a table id is a request's rank among them: ids order as the run's do). Keeps
-        the run's arrival timeline and routing (`_timeline`), which it replays whole."""
-        assert self.shard is not None
-        replicas = sum(build.replicas for _, build in self.builds)  # all mixed, one unit each
-        routes = foreseen_routes(
-            self.scenario.parallelism.router, replicas, self.scenario.seed, len(batch)
-        )
-        own = np.isin(routes, list(self.shard))
-        self.owned = np.flatnonzero(own)  # the run's ids: submission is by id here
-        self._timeline = (batch.arrival_s, routes, np.arange(len(self.owned)))
-        return batch.take(self.owned)
+    def shares(self, shards: list[tuple[int, ...]]) -> list[Share]:
+        """Each shard's part of the run, from this process's request table: the requests
+        routed to its replicas, and the whole run's arrival timeline and routing, which
+        every shard replays (the same arrays in each)."""
+        from simulator.sharding import Share  # it imports this module
+
+        req, n = self.requests, self.requests.size
+        kind, seed = self.scenario.parallelism.router, self.scenario.seed
+        routes = foreseen_routes(kind, len(self.router.replicas), seed, n)
+        arrival = req.arrival[:n]  # in submission order: no API server reorders them here
+        batch = RequestBatch(arrival, req.prompt[:n], req.output[:n], req.priority[:n],
+                             req.priority_class[:n], tuple(self.class_names),
+                             self.prompt_hashes)  # fmt: skip
+        owned = [np.flatnonzero(np.isin(routes, shard)) for shard in shards]
+        return [
+            Share(shard, own, batch.take(own), arrival, routes)
+            for shard, own in zip(shards, owned, strict=True)
+        ]
 
     def _pools(
         self, built: BuiltScenario | None, batch: RequestBatch | None

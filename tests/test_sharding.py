@@ -241,9 +241,9 @@ def test_a_shard_holds_only_its_own_requests():
     whole = _Run(scenario, progress=False)
     arrival, routes, _ = whole._timeline_of_arrivals()
     held = []
-    for shard in [(0, 2, 4), (1, 3)]:
-        run = _Run(scenario, progress=False, shard=shard)
-        own = np.flatnonzero(np.isin(routes, shard))
+    for share in whole.shares([(0, 2, 4), (1, 3)]):
+        run = _Run(scenario, progress=False, share=share)
+        own = np.flatnonzero(np.isin(routes, share.replicas))
         np.testing.assert_array_equal(run.owned, own)
         assert run.requests.size == run.expected == len(own)
         for name in INPUT_COLUMNS:
