@@ -3,18 +3,21 @@
 Under a state-blind router (round robin, random) every request's replica is known before
 the run, and in an open loop with mixed replicas no replica's output is another's input:
 the replicas are independent simulations. A shard is a group of them run in a process of
-its own (the process pool sweeps and plans use, `run_parallel`); the parent merges the
-shards' request rows, step logs and step totals replica by replica, in the order one
-process would have produced them, and makes the results from those.
+its own (the process pool sweeps and plans use, `run_parallel`; the parent runs the
+first shard itself meanwhile); the parent merges the shards' request rows, step logs and
+step totals replica by replica, in the order one process would have produced them, and
+makes the results from those.
 
-Why it is exact (docs/ARCHITECTURE.md, "One run over several processes"): each shard
-builds the whole cluster (the same cost models, request table and routing) and replays
-the whole arrival timeline, the same timeouts scheduled at the same moments, submitting
-only its own replicas' requests. SimPy orders events by (time, priority, insertion
-order), and a replica's events are caused only by its own and the arrival process's, so
-their relative order, a tie between a step's end and an arrival included, is the one
-the one-process run has; the other replicas' events only took insertion numbers in
-between. Every float sum over replicas is formed in the parent, in replica order.
+Why it is exact (docs/ARCHITECTURE.md, "One run over several processes"): the parent
+routes every request once and hands each shard its own requests and the whole arrival
+timeline (a `Share`); each shard builds the whole cluster (the same cost models) and
+replays the whole timeline, the same timeouts scheduled at the same moments, submitting
+only its own replicas' requests, which its table alone holds. SimPy orders events by
+(time, priority, insertion order), and a replica's events are caused only by its own
+and the arrival process's, so their relative order, a tie between a step's end and an
+arrival included, is the one the one-process run has; the other replicas' events only
+took insertion numbers in between. Every float sum over replicas is formed in the
+parent, in replica order.
 """
 
 from __future__ import annotations
