@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 Workers = int | Literal["auto"]
 
 # "auto" shards a run of at least this many requests. Each worker imports infersim and
-# builds the cluster again (about 0.6 s) and replays the routing and arrival timeline: in
+# builds the cluster again (about 0.6 s) and replays the arrival timeline: in
 # two shards of the 64-replica benchmark the longest path (parent + slower shard) took
 # 2.6 s of CPU against 3.2 s in one process at 20,000 requests, 4.4 against 6.7 s at
 # 50,000 and 8.3 against about 15 s at 100,000 (benchmarks/README.md, "Thirteenth session").
