@@ -30,27 +30,37 @@ def main(command: list[str]) -> int:
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     root = psutil.Process(child.pid)
     cpu: dict[str, float] = {}
+    peaks: dict[str, int] = {}  # each process's own peak RSS
+    at_peak: dict[str, int] = {}  # each process's RSS when their sum peaked
     peak_parent = peak_sum = widest = 0
     while child.poll() is None:
         try:
             tree = [root, *root.children(recursive=True)]
         except psutil.Error:
             break
-        rss = []
+        rss, labels = [], []
         for process in tree:
             try:
                 with process.oneshot():
-                    rss.append(process.memory_info().rss)
+                    label, memory = _label(process, child.pid), process.memory_info().rss
                     times = process.cpu_times()
-                    cpu[_label(process, child.pid)] = times.user + times.system
             except psutil.Error:
                 continue
+            rss.append(memory)
+            labels.append(label)
+            cpu[label] = times.user + times.system
+            peaks[label] = max(peaks.get(label, 0), memory)
             if process is root:
-                peak_parent = max(peak_parent, rss[-1])
-        peak_sum, widest = max(peak_sum, sum(rss)), max(widest, len(rss))
+                peak_parent = max(peak_parent, memory)
+        if sum(rss) > peak_sum:
+            peak_sum, at_peak = sum(rss), dict(zip(labels, rss, strict=True))
+        widest = max(widest, len(rss))
         time.sleep(0.1)
     wall = time.perf_counter() - started
     print("CPU s by process:", {name: round(seconds, 1) for name, seconds in cpu.items()})
+    print("peak RSS MB by process:", {name: round(b / 2**20) for name, b in peaks.items()})
+    at = {name: round(b / 2**20) for name, b in at_peak.items()}
+    print("RSS MB by process at the summed peak:", at)
     print(
         f"rc {child.returncode}  wall {wall:.1f} s  CPU over processes {sum(cpu.values()):.1f} s  "
         f"parent peak RSS {peak_parent / 2**20:.0f} MB  peak RSS summed over processes "

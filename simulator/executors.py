@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from distributed import Client
 
 OnReport = Callable[[int, Any], None]  # (job index, what the job reported)
+# Work of the caller's own while the jobs run, given a function that reads their reports.
+Meanwhile = Callable[[Callable[[], None]], None]
 # fork is unsafe once threads run (a Dask client, a notebook kernel); forkserver is what
 # Python 3.14 picks on Linux, spawn is the default elsewhere.
 _START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
@@ -136,11 +138,13 @@ def _pool_round(
     batch: list[int],
     width: int,
     on_report: OnReport | None,
+    meanwhile: Meanwhile | None = None,
 ) -> Generator[tuple[int, Any], None, tuple[list[int], list[int], str]]:
-    """Run `batch` on a fresh pool of `width` processes, yielding results as they come.
-    Returns what a broken pool left: (not started, started but unfinished, how its workers
-    died). Raises InfersimError when the workers could not start for want of a __main__
-    guard in the caller's script."""
+    """Run `batch` on a fresh pool of `width` processes, yielding results as they come,
+    and `meanwhile` in this process once the jobs are submitted. Returns what a broken
+    pool left: (not started, started but unfinished, how its workers died). Raises
+    InfersimError when the workers could not start for want of a __main__ guard in the
+    caller's script."""
     context = multiprocessing.get_context(_START_METHOD)
     started = context.SimpleQueue()
     pool = ProcessPoolExecutor(
@@ -156,6 +160,8 @@ def _pool_round(
     pending = set(futures)
     every = None if on_report is None else REPORT_EVERY_S  # else wake only for results
     try:
+        if meanwhile is not None:
+            meanwhile(lambda: _drain(started, began, on_report))
         while pending:
             done, pending = wait(pending, timeout=every, return_when=FIRST_COMPLETED)
             _drain(started, began, on_report)  # a full pipe would block workers' reports
@@ -194,16 +200,21 @@ def _local(
     payloads: Sequence[Any],
     workers: int,
     on_report: OnReport | None = None,
+    meanwhile: Meanwhile | None = None,
 ) -> Iterator[tuple[int, Any]]:
-    """Jobs on local processes. When a worker dies the pool is broken; the jobs that had
-    not started go on a fresh pool, and those that had (the culprit and any job sharing
-    the pool at the time) are retried one at a time, where a death names its job."""
+    """Jobs on local processes, `meanwhile` in this process once the first pool has
+    them. When a worker dies the pool is broken; the jobs that had not started go on a
+    fresh pool, and those that had (the culprit and any job sharing the pool at the
+    time) are retried one at a time, where a death names its job."""
     _leave_if_bootstrapping()
     deaths = [0] * len(payloads)
     together, alone = list(range(len(payloads))), []
     while together or alone:
         batch, width = (together, workers) if together else (alone, 1)
-        rest, suspects, death = yield from _pool_round(fn, payloads, batch, width, on_report)
+        rest, suspects, death = yield from _pool_round(
+            fn, payloads, batch, width, on_report, meanwhile
+        )
+        meanwhile = None  # done, on the first pool
         if batch is together:
             together, alone = rest, alone + suspects
         else:
@@ -259,16 +270,21 @@ def run_parallel(
     workers: int | None = None,
     client: Client | None = None,
     on_report: OnReport | None = None,
+    meanwhile: Meanwhile | None = None,
 ) -> Iterator[tuple[int, Any]]:
     """`fn(payload)` for each payload, on `workers` local processes (default: one per CPU;
     1 runs them in this process) or on the Dask cluster of `client`; yields (index, result)
     in finishing order, with a JobError as the result of a job that did not return. `fn`
     must be a module-level function; sweeps, capacity plans and one run's shards run here.
     `on_report(index, value)` gets what a job on a local worker passes to `report` as it
-    runs, read every REPORT_EVERY_S."""
+    runs, read every REPORT_EVERY_S. `meanwhile(read)`: this process's own share of the
+    work, run on a local pool's `workers` processes once they have the jobs (a sharded
+    run's parent runs a shard); it may call `read` to have the jobs' reports read."""
+    workers = workers or os.cpu_count() or 1
+    if meanwhile is not None and (client is not None or workers == 1):
+        raise ValueError("run_parallel: meanwhile runs beside a local pool's processes")
     if client is not None:
         return _dask(fn, payloads, client)
-    workers = workers or os.cpu_count() or 1
     if workers == 1:
         return _in_process(fn, payloads)
-    return _local(fn, payloads, workers, on_report)
+    return _local(fn, payloads, workers, on_report, meanwhile)

@@ -42,6 +42,12 @@ class RoundRobin:
         self._next = (self._next + 1) % len(self.replicas)
         return replica
 
+    def routes(self, count: int) -> np.ndarray:
+        """The replica indices the next `count` route() calls would pick, at once."""
+        picks = (np.arange(count) + self._next) % len(self.replicas)
+        self._next = (self._next + count) % len(self.replicas)
+        return picks
+
 
 class LeastOutstanding:
     """Fewest waiting + running requests (join the shortest queue)."""
@@ -71,6 +77,12 @@ class Random:
 
     def route(self, rid: int) -> Routable:
         return self.replicas[int(self._rng.integers(len(self.replicas)))]
+
+    def routes(self, count: int) -> np.ndarray:
+        """The replica indices of the next `count` requests, drawn at once: numpy's
+        Generator draws `integers(n, size=count)` as `count` single draws in a row (the
+        same numbers; tests/test_sharding.py checks it)."""
+        return self._rng.integers(len(self.replicas), size=count)
 
 
 class PowerOfTwo:
@@ -155,6 +167,19 @@ RouterName = Literal[
     "session_affinity",
 ]
 ROUTERS: tuple[str, ...] = get_args(RouterName)
+
+
+def foreseen_routes(kind: str, replicas: int, seed: int, count: int) -> np.ndarray:
+    """The replica (an index below `replicas`) each of `count` requests goes to under a
+    state-blind router (round robin, random), which looks at no replica: the whole run's
+    routing, before it, in any process (simulator/sharding.py). As the smallest unsigned
+    integers that hold them: a million requests over 64 replicas in 1 MB."""
+    router = make_router(kind, range(replicas), seed)  # type: ignore[arg-type]  # unread
+    if not isinstance(router, RoundRobin | Random):
+        raise InfersimError(
+            f"router {kind!r} reads the replicas' state: its routes are not foreseeable"
+        )
+    return router.routes(count).astype(np.min_scalar_type(max(replicas - 1, 0)))
 
 
 def make_router(

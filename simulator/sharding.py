@@ -3,24 +3,29 @@
 Under a state-blind router (round robin, random) every request's replica is known before
 the run, and in an open loop with mixed replicas no replica's output is another's input:
 the replicas are independent simulations. A shard is a group of them run in a process of
-its own (the process pool sweeps and plans use, `run_parallel`); the parent merges the
-shards' request rows, step logs and step totals replica by replica, in the order one
-process would have produced them, and makes the results from those.
+its own (the process pool sweeps and plans use, `run_parallel`; the parent runs the
+first shard itself meanwhile); the parent merges the shards' request rows, step logs and
+step totals replica by replica, in the order one process would have produced them, and
+makes the results from those.
 
-Why it is exact (docs/ARCHITECTURE.md, "One run over several processes"): each shard
-builds the whole cluster (the same cost models, request table and routing) and replays
-the whole arrival timeline, the same timeouts scheduled at the same moments, submitting
-only its own replicas' requests. SimPy orders events by (time, priority, insertion
-order), and a replica's events are caused only by its own and the arrival process's, so
-their relative order, a tie between a step's end and an arrival included, is the one
-the one-process run has; the other replicas' events only took insertion numbers in
-between. Every float sum over replicas is formed in the parent, in replica order.
+Why it is exact (docs/ARCHITECTURE.md, "One run over several processes"): the parent
+routes every request once and hands each shard its own requests and the whole arrival
+timeline (a `Share`); each shard builds the whole cluster (the same cost models) and
+replays the whole timeline, the same timeouts scheduled at the same moments, submitting
+only its own replicas' requests, which its table alone holds. SimPy orders events by
+(time, priority, insertion order), and a replica's events are caused only by its own
+and the arrival process's, so their relative order, a tie between a step's end and an
+arrival included, is the one the one-process run has; the other replicas' events only
+took insertion numbers in between. Every float sum over replicas is formed in the
+parent, in replica order.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -33,11 +38,12 @@ if TYPE_CHECKING:
     from simulator.metrics.step_totals import StepTotals
     from simulator.scenario import Scenario
     from simulator.simulation import _Run
+    from simulator.workload.generate import RequestBatch
 
 Workers = int | Literal["auto"]
 
 # "auto" shards a run of at least this many requests. Each worker imports infersim and
-# builds the cluster again (about 0.6 s) and replays the routing and arrival timeline: in
+# builds the cluster again (about 0.6 s) and replays the arrival timeline: in
 # two shards of the 64-replica benchmark the longest path (parent + slower shard) took
 # 2.6 s of CPU against 3.2 s in one process at 20,000 requests, 4.4 against 6.7 s at
 # 50,000 and 8.3 against about 15 s at 100,000 (benchmarks/README.md, "Thirteenth session").
@@ -72,13 +78,26 @@ def shards_for(run: _Run, workers: Workers) -> list[tuple[int, ...]]:
 
 
 @dataclass
+class Share:
+    """A shard's part of the run, made once by the parent (`_Run.shares`): its replicas,
+    its requests (their ids in the run and their inputs), and the whole run's arrival
+    timeline and routing, which it replays."""
+
+    replicas: tuple[int, ...]  # indices into the run's units
+    owned: np.ndarray  # the run's ids of its requests, ascending
+    batch: RequestBatch  # their inputs, in that order
+    arrival: np.ndarray  # every request's arrival, in submission order
+    routes: np.ndarray  # every request's replica, in submission order
+
+
+@dataclass
 class ShardResult:
     """What a shard's process sends back: its replicas' closed logs and step totals, and
-    its own requests' rows of every request column."""
+    its own requests' rows of the columns the engine writes (the parent has the others)."""
 
     end: float
     owned: np.ndarray  # the shard's request ids
-    columns: dict[str, np.ndarray]  # each request column at `owned`
+    columns: dict[str, np.ndarray]  # each outcome column (requests.OUTCOME_COLUMNS) at `owned`
     logs: list[ClosedLog]
     totals: list[StepTotals]
     warnings: list[tuple[type[Warning], str, str, int]]
@@ -86,12 +105,11 @@ class ShardResult:
 
 
 class _Reported:
-    """A shard's progress (its finished requests) sent to the parent's one bar about 200
-    times over the whole run, as Progress redraws."""
+    """A shard's progress (its finished requests) passed to `report` about 200 times
+    over the whole run, as Progress redraws: from a worker, `executors.report` to the
+    parent's one bar; in the parent, to that bar directly."""
 
-    def __init__(self, total: int) -> None:
-        from simulator.executors import report  # in a worker only
-
+    def __init__(self, total: int, report: Callable[[int], None]) -> None:
         self._report, self._every, self._shown = report, max(1, total // 200), 0
 
     def update(self, done: int) -> None:
@@ -103,24 +121,30 @@ class _Reported:
         pass
 
 
-def simulate_shard(job: tuple[Scenario, tuple[int, ...], int]) -> ShardResult:
-    """Run a shard (a worker process's job): the whole cluster built, only `replicas`
-    (indices into the units) served. Its warnings go back to the parent, which passes
-    each distinct one on once."""
+def simulate_shard(job: tuple[Scenario, Share, int]) -> ShardResult:
+    """Run a shard (a worker process's job), its progress reported to the parent."""
+    from simulator.executors import report  # in a worker only
+
+    scenario, share, total = job
+    return _simulate(scenario, share, _Reported(total, report))
+
+
+def _simulate(scenario: Scenario, share: Share, progress: _Reported) -> ShardResult:
+    """Run a shard: the whole cluster built, only its replicas served. Its warnings go
+    back to the parent, which passes each distinct one on once."""
     from simulator.simulation import _Run  # simulation imports this module
 
-    scenario, replicas, total = job
+    replicas = share.replicas
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", InfersimWarning)
-        run = _Run(scenario, progress=False, shard=replicas)
-        run.progress = _Reported(total)
+        run = _Run(scenario, progress=False, share=share)
+        run.progress = progress
         end = run.advance()
         logs = [run.replicas[i].log.close(end) for i in replicas]
-    owned = run.owned  # _prerouted_targets found them
-    return ShardResult(
+    result = ShardResult(
         end=end,
-        owned=owned,
-        columns={name: column[owned] for name, column in run.requests.columns().items()},
+        owned=run.owned,
+        columns=run.requests.outcomes(),  # its table holds its own requests alone
         logs=logs,
         totals=[run.replicas[i].log.totals for i in replicas],
         warnings=[(w.category, str(w.message), w.filename, w.lineno) for w in caught],
@@ -128,16 +152,24 @@ def simulate_shard(job: tuple[Scenario, tuple[int, ...], int]) -> ShardResult:
             (run.replicas[i].batch_fill_idle_s, run.replicas[i].batch_fill_wait_s) for i in replicas
         ],
     )
+    # The cluster's objects refer to each other (SimPy's processes and their replicas):
+    # only a collection frees the request inputs and the timeline before the result is
+    # pickled (or merged, in the parent), which would otherwise add its copy to them all.
+    del run
+    gc.collect()
+    return result
 
 
 def run_in_shards(
     run: _Run, shards: list[tuple[int, ...]], caught: list[warnings.WarningMessage]
 ) -> tuple[float, list[ClosedLog], list[StepTotals]]:
-    """Simulate `run`'s replicas in `shards`, one process each, and merge: the shards'
-    request rows into `run.requests`, their warnings into `caught` (the parent's record,
-    for the summary and the caller), and the end time, closed logs and step totals of
-    every replica, in order. The end is the latest shard's: a shard whose requests all
-    ended earlier has nothing in flight, so its logs closed at its own end are the same."""
+    """Simulate `run`'s replicas in `shards`, the first in this process and each other
+    in a worker process, and merge: the shards' request rows into `run.requests` (whose
+    outcome columns are freed meanwhile: the shards fill every row), their warnings into
+    `caught` (the parent's record, for the summary and the caller), and the end time,
+    closed logs and step totals of every replica, in order. The end is the latest
+    shard's: a shard whose requests all ended earlier has nothing in flight, so its logs
+    closed at its own end are the same."""
     from simulator.executors import JobError, run_parallel  # 20 ms of imports, when shards run
 
     n = len(run.units)
@@ -150,21 +182,37 @@ def run_in_shards(
         finished[index] = done
         run.progress.update(sum(finished))
 
-    jobs = [(run.scenario, shard, run.expected) for shard in shards]
+    def shifted(job: int, done: int) -> None:  # job i is shard i + 1
+        progressed(job + 1, done)
+
+    def own_shard(read: Callable[[], None]) -> None:
+        """The parent's share while the workers run theirs: a worker less to start and
+        fill with imports, and its progress and the workers' reports shown as it goes."""
+
+        def shown(done: int) -> None:
+            progressed(0, done)
+            read()
+
+        results[0] = _simulate(run.scenario, shares[0], _Reported(run.expected, shown))
+        progressed(0, len(results[0].owned))
+
+    shares = run.shares(shards)
+    jobs = [(run.scenario, share, run.expected) for share in shares[1:]]
+    run.requests.drop_outcomes()
     for index, result in run_parallel(
-        simulate_shard, jobs, workers=len(shards), on_report=progressed
+        simulate_shard, jobs, workers=len(jobs) + 1, on_report=shifted, meanwhile=own_shard
     ):
         if isinstance(result, JobError):
             raise InfersimError(
-                f"shard {index + 1} of {len(shards)}: {result.detail or result.error}"
+                f"shard {index + 2} of {len(shards)}: {result.detail or result.error}"
             )
-        results[index] = result
-        progressed(index, len(result.owned))
-    end = max(result.end for result in results if result is not None)
-    for shard, result in zip(shards, results, strict=True):
-        assert result is not None
-        for name, values in result.columns.items():
-            getattr(run.requests, name)[result.owned] = values
+        results[index + 1] = result
+        progressed(index + 1, len(result.owned))
+    done = [result for result in results if result is not None]
+    assert len(done) == len(shards)  # a shard that failed raised above
+    end = max(result.end for result in done)
+    run.requests.fill_outcomes([(result.owned, result.columns) for result in done])
+    for shard, result in zip(shards, done, strict=True):
         for i, log, total, fill in zip(
             shard, result.logs, result.totals, result.batch_fill, strict=True
         ):

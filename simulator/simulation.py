@@ -10,7 +10,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,7 +76,7 @@ from simulator.model_catalog import load_model
 from simulator.progress import Progress
 from simulator.provenance import assumed_links, named_from, provenance
 from simulator.results import Results
-from simulator.router import SessionAffinity, make_router
+from simulator.router import SessionAffinity, foreseen_routes, make_router
 from simulator.scenario import (
     BATCH_LIMITS,
     ModelSection,
@@ -95,7 +95,7 @@ from simulator.workload import (
 )
 
 if TYPE_CHECKING:
-    from simulator.sharding import Workers
+    from simulator.sharding import Share, Workers
 
 
 @dataclass(frozen=True)
@@ -689,16 +689,16 @@ class _Run:
         scenario: Scenario,
         progress: bool,
         built: BuiltScenario | None = None,
-        shard: Collection[int] | None = None,
+        share: Share | None = None,
     ) -> None:
-        """`shard`: the replicas (indices into `units`) this process simulates, the others'
-        requests left to other processes (simulator/sharding.py); None: all of them."""
+        """`share`: the part of the run this process simulates, its replicas and their
+        requests, the others' left to other processes (simulator/sharding.py); None: all."""
         self.scenario = scenario
-        self.shard = None if shard is None else frozenset(shard)
+        self.shard = None if share is None else frozenset(share.replicas)
         wl = scenario.workload
         base_dir = scenario.base_dir
         self.closed = wl.arrivals.kind == "closed_loop"
-        batch = open_loop_requests(scenario)
+        batch = open_loop_requests(scenario) if share is None else share.batch
         self.builds = self._pools(built, batch)
         self.configuration_warnings = _configuration_warnings(self.builds)
         for text in self.configuration_warnings:  # before the run, which they may stop
@@ -721,6 +721,9 @@ class _Run:
             self.requests = RequestTable(min(wl.num_requests or 4096, 1 << 20))
         else:
             assert batch is not None
+            if share is not None:  # its own requests alone, ids in the run's order
+                self.owned = share.owned
+                self._timeline = (share.arrival, share.routes, np.arange(len(share.owned)))
             self.prompt_hashes = batch.prompt_hashes
             self.expected = len(batch)
             self.class_names = list(batch.class_names)
@@ -784,6 +787,25 @@ class _Run:
         self.decode_router = (
             make_router(router, decoders, scenario.seed + 1, self.requests) if decoders else None
         )
+
+    def shares(self, shards: list[tuple[int, ...]]) -> list[Share]:
+        """Each shard's part of the run, from this process's request table: the requests
+        routed to its replicas, and the whole run's arrival timeline and routing, which
+        every shard replays (the same arrays in each)."""
+        from simulator.sharding import Share  # it imports this module
+
+        req, n = self.requests, self.requests.size
+        kind, seed = self.scenario.parallelism.router, self.scenario.seed
+        routes = foreseen_routes(kind, len(self.router.replicas), seed, n)
+        arrival = req.arrival[:n]  # in submission order: no API server reorders them here
+        batch = RequestBatch(arrival, req.prompt[:n], req.output[:n], req.priority[:n],
+                             req.priority_class[:n], tuple(self.class_names),
+                             self.prompt_hashes)  # fmt: skip
+        owned = [np.flatnonzero(np.isin(routes, shard)) for shard in shards]
+        return [
+            Share(shard, own, batch.take(own), arrival, routes)
+            for shard, own in zip(shards, owned, strict=True)
+        ]
 
     def _pools(
         self, built: BuiltScenario | None, batch: RequestBatch | None
@@ -925,35 +947,41 @@ class _Run:
             and self._routing_is_foreseeable()
         )
 
-    def _prerouted_targets(self) -> np.ndarray:
-        """Each request's replica (an index into the router's replicas), in submission
-        order; in a shard, `expected` becomes the count of the shard's own requests."""
-        entry, order = self.router.replicas, self.submission_order
-        index = {id(r): i for i, r in enumerate(entry)}
-        targets = np.fromiter(
-            (index[id(self.router.route(rid))] for rid in order.tolist()), np.int64, len(order)
-        )
+    def _timeline_of_arrivals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The run's requests in submission order, each one's arrival and replica (an
+        index into the router's replicas), and the table ids of this process's own
+        requests (a shard's table holds those alone, in that order)."""
         if self.shard is not None:
-            self.owned = order[np.isin(targets, list(self.shard))]
-            self.expected = len(self.owned)
-        return targets
+            return self._timeline
+        order, kind = self.submission_order, self.scenario.parallelism.router
+        routes = foreseen_routes(kind, len(self.router.replicas), self.scenario.seed, len(order))
+        return self.requests.arrival[order], routes, order
 
-    def _open_loop_prerouted(self, targets: np.ndarray):
+    def _open_loop_prerouted(self, arrival: np.ndarray, targets: np.ndarray, ids: np.ndarray):
         """Arrivals to replicas chosen before the run. A shard keeps the whole arrival
         timeline (the same timeouts, scheduled at the same times, so SimPy orders its
         replicas' events as the one-process run does) and submits only its own."""
-        env, order, n = self.env, self.submission_order, self.requests.size
-        arrival = self.requests.arrival[order]
+        env, n = self.env, len(arrival)
         entry: list[Replica | None] = list(self.router.replicas)
-        next_own = np.full(n, np.inf)
         for i, replica in enumerate(self.router.replicas):
-            mine = np.flatnonzero(targets == i)
-            next_own[mine[:-1]] = arrival[mine[1:]]
             replica.clock = Clock(self.horizon)
-            replica.clock.next_arrival = float(arrival[mine[0]]) if len(mine) else np.inf
-            replica.clock.arrivals_done = not len(mine)
             if self.shard is not None and i not in self.shard:
-                entry[i] = None  # another process's
+                entry[i] = None  # another process's: no request comes to it here
+                replica.clock.next_arrival, replica.clock.arrivals_done = math.inf, True
+        own = [i for i, replica in enumerate(entry) if replica is not None]
+        if len(own) < len(entry):
+            mask = np.isin(targets, own)
+            own_targets, own_arrival = targets[mask], arrival[mask]
+        else:
+            own_targets, own_arrival = targets, arrival
+        next_own = np.full(len(ids), np.inf)  # the next arrival at the same replica
+        for i in own:
+            mine = np.flatnonzero(own_targets == i)
+            next_own[mine[:-1]] = own_arrival[mine[1:]]
+            clock = self.router.replicas[i].clock
+            clock.next_arrival = own_arrival.item(mine[0]) if len(mine) else math.inf
+            clock.arrivals_done = not len(mine)
+        j = 0  # own requests submitted so far
         for k in range(n):
             t = arrival.item(k)  # .item(): Python numbers, with no numpy scalar made
             if t > env.now:
@@ -961,10 +989,11 @@ class _Run:
             replica = entry[targets.item(k)]
             if replica is None:
                 continue
-            after = next_own.item(k)
+            after = next_own.item(j)
             replica.clock.next_arrival = after
             replica.clock.arrivals_done = after == math.inf
-            replica.submit(order.item(k))
+            replica.submit(ids.item(j))
+            j += 1
 
     def _start_closed_loop(self) -> None:
         self.issued = 0
@@ -1230,7 +1259,7 @@ class _Run:
         elif self.closed:
             self._start_closed_loop()
         elif self._routing_is_foreseeable():
-            self.env.process(self._open_loop_prerouted(self._prerouted_targets()))
+            self.env.process(self._open_loop_prerouted(*self._timeline_of_arrivals()))
         else:
             self.env.process(self._open_loop())
         until = self.done

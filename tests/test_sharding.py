@@ -9,19 +9,23 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from benchmarks.same_results import differences
 from hardware_models.errors import InfersimError, InfersimWarning
 from simulator.cli.main import build_parser, main
+from simulator.engine.requests import INPUT_COLUMNS, RequestTable
 from simulator.results import Results
+from simulator.router import foreseen_routes, make_router
 from simulator.scenario import Scenario
 from simulator.sharding import AUTO_MIN_REQUESTS
-from simulator.simulation import simulate
+from simulator.simulation import _Run, simulate
 from tests.conftest import scenario_dict
 
 ROOT = Path(__file__).resolve().parents[1]
+MOONCAKE_SAMPLE = ROOT / "scenarios" / "traces" / "mooncake_sample.jsonl"
 
 # Six replicas, round robin, the step table kept, plots drawn, and a horizon that stops
 # the run with requests queued and running (settle, clipped steps, unserved arrivals); an
@@ -213,3 +217,105 @@ def test_the_64_replica_benchmark_in_shards(tmp_path, workers):
     simulate(scenario, workers=1).write(tmp_path / "one")
     simulate(scenario, workers=workers).write(tmp_path / "many")
     assert_same_files(tmp_path / "one", tmp_path / "many")
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3, 7, 64])
+def test_foreseen_routes_are_the_routers_own_picks(replicas):
+    """The whole run's routing at once (round robin's arithmetic, random's one draw of
+    numpy's Generator) is what route() picks request by request, also after some."""
+    for kind in ("round_robin", "random"):
+        one_by_one = make_router(kind, list(range(replicas)), seed=5)
+        picks = [one_by_one.route(rid) for rid in range(1000)]
+        assert foreseen_routes(kind, replicas, 5, 1000).tolist() == picks
+        at_once = make_router(kind, list(range(replicas)), seed=5)
+        assert [at_once.route(rid) for rid in range(3)] == picks[:3]
+        assert at_once.routes(997).tolist() == picks[3:]
+    with pytest.raises(InfersimError, match=r"least_outstanding.*not foreseeable"):
+        foreseen_routes("least_outstanding", 4, 0, 10)
+
+
+def test_a_shard_holds_only_its_own_requests():
+    """Each shard's table has its replicas' requests alone, in the run's order, with the
+    run's inputs; together the shards hold every request once."""
+    scenario = Scenario.from_dict(RANDOM_POOLS)
+    whole = _Run(scenario, progress=False)
+    arrival, routes, _ = whole._timeline_of_arrivals()
+    held = []
+    for share in whole.shares([(0, 2, 4), (1, 3)]):
+        run = _Run(scenario, progress=False, share=share)
+        own = np.flatnonzero(np.isin(routes, share.replicas))
+        np.testing.assert_array_equal(run.owned, own)
+        assert run.requests.size == run.expected == len(own)
+        for name in INPUT_COLUMNS:
+            np.testing.assert_array_equal(
+                run.requests.columns()[name], whole.requests.columns()[name][own]
+            )
+        timeline, shard_routes, ids = run._timeline_of_arrivals()
+        np.testing.assert_array_equal(timeline, arrival)
+        np.testing.assert_array_equal(shard_routes, routes)
+        np.testing.assert_array_equal(ids, np.arange(len(own)))  # its table's ids, in order
+        held.append(own)
+    np.testing.assert_array_equal(np.sort(np.concatenate(held)), np.arange(whole.requests.size))
+
+
+def test_shared_prompt_blocks_in_shards_hit_as_in_one_process(tmp_path):
+    """A trace's block hashes go with each shard's requests (RequestBatch.take): the
+    prefix cache shared by hash hits in each shard as it does in one process."""
+    data = scenario_dict(
+        model={"name": "llama-3.1-8b"},
+        parallelism={"replicas": 3, "router": "round_robin"},
+        serving={"enable_prefix_caching": True},
+        workload={"arrivals": {"kind": "trace", "path": str(MOONCAKE_SAMPLE)},
+                  "num_requests": 48},
+        output={"plots": False, "progress": False, "step_table": True},
+    )  # fmt: skip
+    for length in ("prompt_tokens", "output_tokens"):
+        del data["workload"][length]
+    one, _ = _run(data, 1, tmp_path / "one")
+    assert one.summary()["prefix_cache"]["cached_prompt_tokens"] > 0
+    for workers in (2, 3):
+        _run(data, workers, tmp_path / f"w{workers}")
+        assert_same_files(tmp_path / "one", tmp_path / f"w{workers}")
+
+
+def test_the_outcome_columns_are_filled_from_parts_holding_each_request_once():
+    table = RequestTable(4)
+    table.add(np.arange(4.0), np.full(4, 10), np.full(4, 5), np.zeros(4))
+    parts = [
+        (np.array([0, 2]), {name: column[[0, 2]] for name, column in table.outcomes().items()})
+    ]
+    table.drop_outcomes()
+    assert len(table.finish) == 0 and table.columns()["arrival"].tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="each request once"):
+        table.fill_outcomes(parts)
+    served = {name: column.copy() for name, column in parts[0][1].items()}
+    served["finish"][:] = [7.0, 9.0]
+    table.fill_outcomes([(np.array([1, 3]), parts[0][1]), (np.array([0, 2]), served)])
+    np.testing.assert_array_equal(table.columns()["finish"], [7.0, np.nan, 9.0, np.nan])
+    np.testing.assert_array_equal(table.columns()["replica"], [-1, -1, -1, -1])
+
+
+def test_the_parent_runs_the_first_shard_itself(monkeypatch, tmp_path):
+    """The parent simulates one shard while the workers run the others: a sharded run
+    starts one worker fewer than its process count, with the same results."""
+    from simulator import executors
+
+    pools: list[int] = []
+    pool_round = executors._pool_round
+
+    def counted(fn, payloads, batch, width, on_report, meanwhile=None):
+        pools.append(min(width, len(batch)))
+        return (yield from pool_round(fn, payloads, batch, width, on_report, meanwhile))
+
+    monkeypatch.setattr(executors, "_pool_round", counted)
+    _run(RANDOM_POOLS, 1, tmp_path / "one")
+    _run(RANDOM_POOLS, 3, tmp_path / "three")
+    assert pools == [2]  # two workers beside the parent
+    assert_same_files(tmp_path / "one", tmp_path / "three")
+
+
+def test_meanwhile_is_refused_where_no_local_pool_runs():
+    from simulator.executors import run_parallel
+
+    with pytest.raises(ValueError, match="meanwhile runs beside a local pool"):
+        run_parallel(abs, [1], workers=1, meanwhile=lambda read: None)

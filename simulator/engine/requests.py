@@ -63,6 +63,9 @@ _COLUMNS = {
     "cached_prompt_tokens": np.int64,  # prompt tokens found in the prefix cache
 }
 _MINUS_ONE = ("replica", "session")
+# What `add` writes; the engine writes the others (a request's outcome, as it happens).
+INPUT_COLUMNS = ("arrival", "prompt", "output", "priority", "priority_class", "session", "turn")
+OUTCOME_COLUMNS = tuple(name for name in _COLUMNS if name not in INPUT_COLUMNS)
 
 
 class RequestTable:
@@ -97,15 +100,16 @@ class RequestTable:
         self._allocate(max(capacity, 16))
 
     def _allocate(self, capacity: int) -> None:
-        for name, dtype in _COLUMNS.items():
-            fresh = np.full(capacity, np.nan if dtype == np.float64 else 0, dtype=dtype)
-            if name in _MINUS_ONE:
-                fresh[:] = -1
+        for name in _COLUMNS:
+            fresh = _blank(name, capacity)
             old = self._arrays.get(name)
             if old is not None:
                 fresh[: self.size] = old[: self.size]
-            self._arrays[name] = fresh
-            setattr(self, name, fresh)
+            self._set(name, fresh)
+
+    def _set(self, name: str, column: np.ndarray) -> None:
+        self._arrays[name] = column
+        setattr(self, name, column)
 
     def add(
         self,
@@ -152,3 +156,32 @@ class RequestTable:
         """Every column of the requests registered so far, outcome and reason as their
         codes (simulator.metrics.run_tables makes the table users read of them)."""
         return {name: array[: self.size] for name, array in self._arrays.items()}
+
+    def outcomes(self) -> dict[str, np.ndarray]:
+        """The columns the engine writes (OUTCOME_COLUMNS), of the requests so far."""
+        return {name: self._arrays[name][: self.size] for name in OUTCOME_COLUMNS}
+
+    def drop_outcomes(self) -> None:
+        """Free the columns the engine writes, in a process that serves none of the
+        requests: a sharded run's parent, while its shards run (fill_outcomes)."""
+        for name in OUTCOME_COLUMNS:
+            self._set(name, _blank(name, 0))
+
+    def fill_outcomes(self, parts: list[tuple[np.ndarray, dict[str, np.ndarray]]]) -> None:
+        """The columns the engine writes, from processes' parts: (request ids, each
+        outcome column at those ids), which together hold every request once."""
+        if sum(len(ids) for ids, _ in parts) != self.size:
+            raise ValueError("the parts do not hold each request once")
+        for name in OUTCOME_COLUMNS:
+            column = _blank(name, len(self.arrival))
+            for ids, columns in parts:
+                column[ids] = columns[name]
+            self._set(name, column)
+
+
+def _blank(name: str, capacity: int) -> np.ndarray:
+    """Column `name` for `capacity` requests not yet served: NaN times, -1 replica and
+    session, zero counts."""
+    dtype = _COLUMNS[name]
+    fill = -1 if name in _MINUS_ONE else np.nan if dtype == np.float64 else 0
+    return np.full(capacity, fill, dtype=dtype)

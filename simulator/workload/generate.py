@@ -86,6 +86,24 @@ class RequestBatch:
     def __len__(self) -> int:
         return len(self.arrival_s)
 
+    def take(self, ids: np.ndarray) -> RequestBatch:
+        """The requests `ids` (ascending, so still sorted by arrival), as a batch of
+        their own: a shard's share of the run (simulator/sharding.py)."""
+        hashes = self.prompt_hashes
+        if hashes is not None:
+            hashes = PromptHashes(
+                tuple(hashes.ids[i] for i in ids.tolist()), hashes.block_tokens, hashes.covered[ids]
+            )
+        return RequestBatch(
+            self.arrival_s[ids],
+            self.prompt_tokens[ids],
+            self.output_tokens[ids],
+            self.priority[ids],
+            self.priority_class[ids],
+            self.class_names,
+            hashes,
+        )
+
 
 def generate_requests(
     config: WorkloadConfig, seed: int, base_dir: str | Path = "."
