@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from hardware_models.errors import InfersimError, InfersimWarning
+from hardware_models.errors import InfersimError
+from hardware_models.warning_scope import recording
 
 if TYPE_CHECKING:
     from simulator.engine.step_log import ClosedLog
@@ -135,8 +136,7 @@ def _simulate(scenario: Scenario, share: Share, progress: _Reported) -> ShardRes
     from simulator.simulation import _Run  # simulation imports this module
 
     replicas = share.replicas
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", InfersimWarning)
+    with recording() as caught:  # its own, also in the parent (inside the run's recording)
         run = _Run(scenario, progress=False, share=share)
         run.progress = progress
         end = run.advance()
