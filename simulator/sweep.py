@@ -140,9 +140,11 @@ def _point(
     for key, value in values.items():
         set_path(data, key, value, f"{where}: sweep.grid.{key}")
     try:
-        Scenario.model_validate(data)
+        point = Scenario.model_validate(data)
     except ValidationError as exc:
         raise InfersimError(_grid_error(exc, values, name, where)) from None
+    # a misspelt GPU, node or model in the grid stops the sweep now, not as failed points
+    point._check_preset_names(f"{where}: sweep point {name!r}")
     identity = json.dumps({"variant": variant, "values": values}, sort_keys=True, default=str)
     digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
     return SweepPoint(digest, name, variant, values, data)

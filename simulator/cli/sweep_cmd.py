@@ -142,4 +142,7 @@ def _sweep(args: argparse.Namespace) -> int:
     if (bad["status"] == "lost").any():
         print("workers were lost: rerun with --resume to run those points", file=sys.stderr)
         return 1
+    if ok == 0:  # a CI must not read a sweep that simulated nothing as a pass
+        print("infersim: no sweep point ran (see the errors above)", file=sys.stderr)
+        return 1
     return 0
