@@ -39,6 +39,7 @@ from simulator.build_id import build_id
 from simulator.executors import JobError, _job_error, run_parallel
 from simulator.metrics.headline import COUNTS, HEADLINE, PER_USD, headline_row
 from simulator.metrics.headline import get as _get
+from simulator.metrics.writer import write_whole
 from simulator.progress import bar_options
 from simulator.scenario import (
     BATCH_LIMITS,
@@ -241,10 +242,8 @@ def _point_file(outdir: Path, point_id: str) -> Path:
 
 def _write_point(outdir: Path, record: Mapping[str, Any]) -> None:
     """Write then rename, so a sweep killed mid-write leaves no half file for resume."""
-    path = _point_file(outdir, record["id"])
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(record, sort_keys=True, indent=2, allow_nan=False) + "\n")
-    partial.replace(path)
+    text = json.dumps(record, sort_keys=True, indent=2, allow_nan=False) + "\n"
+    write_whole(_point_file(outdir, record["id"]), lambda path: path.write_text(text))
 
 
 def _first_difference(a: Any, b: Any, prefix: str = "") -> str | None:
