@@ -1,0 +1,94 @@
+"""Where a command's results go: the folder and files it will write, made and checked
+before it simulates, so a path that cannot take them is one line at the start (exit 2)
+and not an error after minutes of simulation."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import tempfile
+from pathlib import Path, PurePath
+from typing import TYPE_CHECKING
+
+from hardware_models.errors import InfersimError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+
+def folder_name(name: str, what: str = "name") -> str:
+    """A scenario or variant name as a folder below the results folder: refused when it
+    would land elsewhere (absolute, empty, or with '.' or '..' parts)."""
+    parts = PurePath(name).parts
+    if not parts or PurePath(name).is_absolute() or any(p in (".", "..") for p in parts):
+        raise InfersimError(
+            f"{what} {name!r} cannot name a results folder (it would not be a folder "
+            "inside it); rename it or pass -o"
+        )
+    return name
+
+
+def free_results_dir(name: str, root: Path = Path("results")) -> Path:
+    """results/<name>, or results/<name>-2, -3, ...: made here, the first that does not
+    exist yet (mkdir refuses one that does), so two commands started at once never share
+    a folder and earlier results are never replaced."""
+    base = root / folder_name(name)
+    writable_folder(base.parent, f"results folder {base.parent}")
+    for n in itertools.count(1):
+        candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise AssertionError("unreachable: itertools.count never ends")
+
+
+def writable_folder(path: Path, where: str | None = None) -> bool:
+    """Make `path` (and its parents) and check a file can be made in it; whether it was
+    made here. A path through a file, or where nothing may be written, is refused, named
+    as `where` says (default: as -o)."""
+    made = not path.exists()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:  # FileExistsError: a file where a folder must be
+        reason = "a file is in the way" if isinstance(exc, FileExistsError) else exc.strerror
+        where = where or f"-o {path}"
+        raise InfersimError(f"{where}: cannot write there: {reason or exc}") from None
+    return made
+
+
+def writable_file(flag: str, path: Path, overwrite: bool) -> None:
+    """A file a command will write: refused now when it is a folder, already exists
+    (unless `overwrite`), or its folder cannot take it."""
+    if path.is_dir():
+        raise InfersimError(f"{flag} {path}: is a folder; give a file name")
+    if path.exists() and not overwrite:
+        raise InfersimError(f"{flag} {path}: exists; pass --overwrite or another name")
+    writable_folder(path.parent, f"{flag} {path}")
+
+
+@contextlib.contextmanager
+def results_folder(given: Path | None, name: str, *, refuse_results: bool) -> Iterator[Path]:
+    """The folder a command writes into: `given` (-o; refused when it is a file, or, with
+    `refuse_results`, holds results), else a fresh results/<name>[-N]. Made and checked
+    writable on entry; a folder made here is removed again when the command stops before
+    writing anything into it."""
+    if given is None:
+        outdir, made = free_results_dir(name), True
+    else:
+        outdir = given
+        if outdir.exists() and not outdir.is_dir():
+            raise InfersimError(f"{outdir} exists and is not a directory; choose another -o")
+        if refuse_results and outdir.is_dir() and any(outdir.iterdir()):
+            raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
+        made = writable_folder(outdir)
+    try:
+        yield outdir
+    except BaseException:
+        if made:
+            with contextlib.suppress(OSError):  # only an empty folder goes
+                outdir.rmdir()
+        raise
