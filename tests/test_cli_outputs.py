@@ -97,7 +97,7 @@ def test_a_full_disk_while_writing_is_one_line_naming_the_file(tmp_path, capsys,
     assert not (out / "summary.json").exists()
 
 
-# ---- the default folder -----------------------------------------------------------------------
+# ---- the default folder ---------------------------------------------------------------------
 def test_the_default_results_folder_is_reserved_when_chosen(tmp_path):
     """Two commands started together each get their own folder, the second results/<name>-2,
     instead of both choosing results/<name> and the later one refusing its finished run."""
@@ -115,7 +115,7 @@ def test_a_default_folder_a_failed_command_made_is_removed_again(tmp_path, capsy
     assert list((tmp_path / "results").iterdir()) == []
 
 
-# ---- SIGTERM ------------------------------------------------------------------------------------
+# ---- SIGTERM --------------------------------------------------------------------------------
 def test_sigterm_ends_a_sweeps_worker_processes_too(tmp_path):
     """SIGTERM (a CI's timeout) is handled as ^C: the pool's workers are ended, not left
     running after infersim exits."""
@@ -149,3 +149,53 @@ def _pool_workers(parent, timeout: float = 60.0) -> list:
                 return child.children()
         time.sleep(0.05)
     raise AssertionError("no pool workers appeared")
+
+
+# ---- variants -------------------------------------------------------------------------------
+VARIANTS = {"small": {"serving.max_num_seqs": 16}, "big": {"model.name": "llama-2-70b"}}
+
+
+def test_run_builds_every_variant_before_any_simulates(tmp_path, capsys):
+    """A later variant that cannot start stops the run before the earlier ones have run and
+    written their folders."""
+    path = write(tmp_path / "v.yaml", {**scenario_dict(), "variants": VARIANTS})
+    code, out, err = run(capsys, "run", str(path), "-o", str(tmp_path / "out"), "--quiet")
+    assert code == 2
+    one_error_line(err, f"{path}: variant big: ", "does not fit")
+    assert out == "" and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flag", ["--bench-json", "--trace-out"])
+def test_a_variants_export_file_is_not_replaced_without_overwrite(tmp_path, capsys, flag):
+    variants = {"a": {"serving.max_num_seqs": 8}, "b": {"serving.max_num_seqs": 16}}
+    data = scenario_dict(workload={"num_requests": 20}, variants=variants)
+    data["output"] = {**data["output"], "step_table": True}
+    path = write(tmp_path / "v.yaml", data)
+    kept = tmp_path / "x-b.json"
+    kept.write_text("an earlier run's")
+    argv = ["run", str(path), "-o", str(tmp_path / "out"), flag, str(tmp_path / "x.json")]
+    code, out, err = run(capsys, *argv, "--quiet")
+    assert code == 2 and out == ""
+    one_error_line(err, f"{flag} {kept}: exists; pass --overwrite or another name")
+    assert kept.read_text() == "an earlier run's"
+
+
+def test_calibrate_fit_does_not_replace_a_profile_without_overwrite(tmp_path, capsys):
+    profile = tmp_path / "p.yaml"
+    profile.write_text("an earlier fit")
+    code, _, err = run(capsys, "calibrate", "fit", str(tmp_path), "-o", str(profile))
+    assert code == 2
+    one_error_line(err, f"-o {profile}: exists; pass --overwrite or another name")
+    assert profile.read_text() == "an earlier fit"
+
+
+# ---- exit codes -----------------------------------------------------------------------------
+def test_the_exit_codes_are_in_the_help_and_the_readme(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = capsys.readouterr().out
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Exit codes", 1)[1].split("\n#", 1)[0]
+    for code in ("0", "1", "2", "3", "130", "143"):
+        assert f"\n  {code} " in shown.split("exit codes:")[1] or f"{code}: " in shown, code
+        assert f"| {code} |" in section, code
