@@ -199,3 +199,54 @@ def test_the_exit_codes_are_in_the_help_and_the_readme(capsys):
     for code in ("0", "1", "2", "3", "130", "143"):
         assert f"\n  {code} " in shown.split("exit codes:")[1] or f"{code}: " in shown, code
         assert f"| {code} |" in section, code
+
+
+# ---- --overwrite ------------------------------------------------------------------------------
+def test_overwrite_removes_what_an_earlier_command_wrote_and_nothing_else(tmp_path, capsys):
+    """An earlier compare's subfolders, or a sweep's points/ and sweep.parquet, do not
+    outlive the run that replaced them; a file infersim did not write stays."""
+    out = tmp_path / "out"
+    variants = {"a": {"serving.max_num_seqs": 8}, "b": {"serving.max_num_seqs": 16}}
+    with_variants = small(tmp_path, "v.yaml", variants=variants)
+    grid = write(tmp_path / "g.yaml", {**scenario_dict(workload={"num_requests": 20}),
+                                       "sweep": {"grid": {"seed": [1, 2]}}})  # fmt: skip
+    plain = small(tmp_path)
+    for argv in (["run", str(with_variants)], ["sweep", str(grid), "--workers", "1"]):
+        assert run(capsys, *argv, "-o", str(out), "--quiet", "--overwrite")[0] == 0
+        (out / "notes.txt").write_text("mine")
+        assert run(capsys, "run", str(plain), "-o", str(out), "--quiet", "--overwrite")[0] == 0
+        left = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
+        assert left == [".infersim-files", "itl.parquet", "notes.txt", "requests.parquet",
+                        "steps.parquet", "summary.json", "timeseries.parquet"]  # fmt: skip
+        assert (out / ".infersim-files").read_text().splitlines() == left[1:2] + left[3:]
+
+
+# ---- what a run says ----------------------------------------------------------------------------
+def test_run_of_a_file_with_a_sweep_grid_says_it_runs_the_base_scenario(tmp_path, capsys):
+    data = {**scenario_dict(workload={"num_requests": 10}), "sweep": {"grid": {"seed": [1, 2]}}}
+    path = write(tmp_path / "g.yaml", data)
+    code, _, err = run(capsys, "run", str(path), "-o", str(tmp_path / "out"), "--quiet")
+    assert code == 0
+    assert f"infersim: warning: {path}: sweep.grid is not run by `infersim run`" in err
+
+
+def test_a_run_where_no_request_arrived_says_so(tmp_path, capsys):
+    """Exit 0, as for any run that ended: arrivals are random, and a short run at a low
+    rate may see none; but every figure is empty, which a warning says (stderr and
+    summary.json)."""
+    workload = {
+        "num_requests": None,
+        "duration_s": 0.01,
+        "arrivals": {"kind": "poisson", "rate_per_s": 0.01},
+    }
+    path = write(tmp_path / "z.yaml", scenario_dict(workload=workload))
+    code, _, err = run(capsys, "run", str(path), "-o", str(tmp_path / "out"), "--quiet")
+    assert code == 0
+    assert "infersim: warning: no request arrived before the workload stopped" in err
+    assert "no request arrived" in (tmp_path / "out" / "summary.json").read_text()
+
+
+def test_a_scenario_that_is_not_a_regular_file_is_not_called_missing(capsys):
+    code, _, err = run(capsys, "run", os.devnull)
+    assert code == 2
+    one_error_line(err, f"{os.devnull}: not a regular file")

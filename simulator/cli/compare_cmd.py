@@ -59,7 +59,7 @@ def _compare(args: argparse.Namespace) -> int:
     runs = _runs(args.scenarios, args.overrides)
     results: dict[str, Results] = {}
     written: list[Path] = []
-    with results_folder(args.output, "compare", refuse_results=not args.overwrite) as outdir:
+    with results_folder(args.output, "compare", args.overwrite) as outdir:
         built = build_each({label: scenario for label, (_, scenario) in runs.items()})
         for label, (folder, _) in runs.items():
             with warnings_named(label):  # no summary is printed: each is a warning line

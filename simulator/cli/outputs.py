@@ -71,24 +71,74 @@ def writable_file(flag: str, path: Path, overwrite: bool) -> None:
 
 
 @contextlib.contextmanager
-def results_folder(given: Path | None, name: str, *, refuse_results: bool) -> Iterator[Path]:
-    """The folder a command writes into: `given` (-o; refused when it is a file, or, with
-    `refuse_results`, holds results), else a fresh results/<name>[-N]. Made and checked
-    writable on entry; a folder made here is removed again when the command stops before
-    writing anything into it."""
+def results_folder(
+    given: Path | None, name: str, overwrite: bool, *, resumable: bool = False
+) -> Iterator[Path]:
+    """The folder a command writes into: `given` (-o; refused when it is a file, or holds
+    results, unless `overwrite` or the command decides that itself: `resumable`), else a
+    fresh results/<name>[-N]. Made and checked writable on entry. On the way out its
+    MANIFEST lists the files infersim wrote there; with `overwrite`, after a command that
+    finished, the ones an earlier command wrote and this one did not are removed (with
+    the subfolders that leaves empty), so none outlives its run. A folder made here that
+    stayed empty is removed."""
     if given is None:
         outdir, made = free_results_dir(name), True
     else:
         outdir = given
         if outdir.exists() and not outdir.is_dir():
             raise InfersimError(f"{outdir} exists and is not a directory; choose another -o")
-        if refuse_results and outdir.is_dir() and any(outdir.iterdir()):
+        if not (overwrite or resumable) and outdir.is_dir() and any(outdir.iterdir()):
             raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
         made = writable_folder(outdir)
+    before = _files(outdir)
+    finished = False
     try:
         yield outdir
-    except BaseException:
-        if made:
+        finished = True
+    finally:
+        now = _files(outdir)
+        written = {name for name, stat in now.items() if before.get(name) != stat}
+        earlier = set(_listed(outdir)) - written
+        if overwrite and finished:
+            _remove(outdir, earlier)
+            earlier = set()
+        ours = written | {name for name in earlier if name in now}
+        if ours:
+            (outdir / MANIFEST).write_text("".join(f"{name}\n" for name in sorted(ours)))
+        elif made:
             with contextlib.suppress(OSError):  # only an empty folder goes
                 outdir.rmdir()
-        raise
+
+
+# The files infersim wrote into a results folder, one path (relative to it) a line.
+MANIFEST = ".infersim-files"
+
+
+def _listed(outdir: Path) -> list[str]:
+    """The MANIFEST's paths; any that would lead outside `outdir` (edited by hand) left out."""
+    manifest = outdir / MANIFEST
+    names = manifest.read_text().splitlines() if manifest.is_file() else []
+    return [n for n in names if not PurePath(n).is_absolute() and ".." not in PurePath(n).parts]
+
+
+def _files(outdir: Path) -> dict[str, tuple[int, int, int]]:
+    """Every file below `outdir` (the MANIFEST left out), by its path relative to it: its
+    inode, size and modification time, which change when a command writes it."""
+    found = {}
+    for path in outdir.rglob("*"):
+        if path.is_file() and (name := path.relative_to(outdir).as_posix()) != MANIFEST:
+            stat = path.stat()
+            found[name] = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    return found
+
+
+def _remove(outdir: Path, names: set[str]) -> None:
+    """Remove these files below `outdir` and the subfolders that leaves empty."""
+    for name in names:
+        path = outdir / name
+        path.unlink(missing_ok=True)
+        for parent in path.parents:
+            if parent == outdir:
+                break
+            with contextlib.suppress(OSError):  # not empty: something else is in it
+                parent.rmdir()

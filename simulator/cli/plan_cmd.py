@@ -45,7 +45,7 @@ def _run(args: argparse.Namespace) -> int:
             f"{exc}; in the file or as --set workload.num_requests=N: {PROBE_LENGTH}"
         ) from None
     name = f"plan-{scenario.name}"
-    with results_folder(args.output, name, refuse_results=not args.overwrite) as outdir:
+    with results_folder(args.output, name, args.overwrite) as outdir:
         return _plan(args, scenario, outdir)
 
 

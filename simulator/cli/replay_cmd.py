@@ -50,7 +50,7 @@ def _replay(args: argparse.Namespace) -> int:
         overrides=tuple(args.overrides),
     )
     name = f"replay-{run.name}"
-    with results_folder(args.output, name, refuse_results=not args.overwrite) as outdir:
+    with results_folder(args.output, name, args.overwrite) as outdir:
         result = replay(run, outdir, options, progress=not args.quiet)
         print(report_text(result))
         written = result.write(outdir, plots=not args.no_plots)

@@ -120,9 +120,11 @@ def _sweep(args: argparse.Namespace) -> int:
     overrides += ["output.csv=true"] if args.csv else []
     overrides += ["output.plots=false"] if args.no_plots else []
     scenario = Scenario.from_yaml(args.scenario, overrides)
+    if args.resume and args.overwrite:
+        raise InfersimError("--resume and --overwrite exclude each other")
     resumed = Path("results") / folder_name(scenario.name) if args.resume else None
-    # sweep() itself refuses a folder with results unless resumed or overwritten
-    with results_folder(args.output or resumed, scenario.name, refuse_results=False) as outdir:
+    given = args.output or resumed  # sweep() refuses a folder with results unless resumed
+    with results_folder(given, scenario.name, args.overwrite, resumable=True) as outdir:
         options = {
             "outdir": outdir,
             "resume": args.resume,
