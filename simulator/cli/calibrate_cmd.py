@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from hardware_models.errors import InfersimError
-from simulator.cli.outputs import writable_file, writable_folder
+from simulator.cli.outputs import writable_file
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -155,11 +155,10 @@ def _validate(args: argparse.Namespace) -> int:
     spec = resolve_spec(
         measurements, args.gpu, fallback=profile.metadata.gpu, force_gpu=args.force_gpu
     )
+    result = validate_measurements(measurements, spec, profile, args.node)
     # A shipped profile's report goes to the working folder, not into the package.
     beside = path.parent if path == args.profile else Path()
     out = args.out or beside / f"{path.stem}-validation-{spec.name}"
-    writable_folder(out, f"report folder {out}")
-    result = validate_measurements(measurements, spec, profile, args.node)
     title = f"Calibration of {spec.name} with {path.name}"
     paths = write_report(result, out, title)
     for line in result.usable.lines():
