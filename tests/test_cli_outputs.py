@@ -214,11 +214,14 @@ def test_overwrite_removes_what_an_earlier_command_wrote_and_nothing_else(tmp_pa
     for argv in (["run", str(with_variants)], ["sweep", str(grid), "--workers", "1"]):
         assert run(capsys, *argv, "-o", str(out), "--quiet", "--overwrite")[0] == 0
         (out / "notes.txt").write_text("mine")
+        (out / "photos").mkdir(exist_ok=True)
+        (out / "photos" / "a.jpg").write_text("mine too")
         assert run(capsys, "run", str(plain), "-o", str(out), "--quiet", "--overwrite")[0] == 0
         left = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
-        assert left == [".infersim-files", "itl.parquet", "notes.txt", "requests.parquet",
-                        "steps.parquet", "summary.json", "timeseries.parquet"]  # fmt: skip
-        assert (out / ".infersim-files").read_text().splitlines() == left[1:2] + left[3:]
+        assert left == [".infersim-files", "itl.parquet", "notes.txt", "photos", "photos/a.jpg",
+                        "requests.parquet", "steps.parquet", "summary.json",
+                        "timeseries.parquet"]  # fmt: skip
+        assert (out / ".infersim-files").read_text().splitlines() == left[1:2] + left[5:]
 
 
 # ---- what a run says ----------------------------------------------------------------------------

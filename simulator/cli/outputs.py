@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import tempfile
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING
@@ -90,13 +91,15 @@ def results_folder(
         if not (overwrite or resumable) and outdir.is_dir() and any(outdir.iterdir()):
             raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
         made = writable_folder(outdir)
-    before = _files(outdir)
+    listed_tops = {name.split("/")[0] for name in _listed(outdir)}
+    tops = set(os.listdir(outdir))
+    before = _files(outdir, listed_tops)
     finished = False
     try:
         yield outdir
         finished = True
     finally:
-        now = _files(outdir)
+        now = _files(outdir, listed_tops | (set(os.listdir(outdir)) - tops))
         written = {name for name, stat in now.items() if before.get(name) != stat}
         earlier = set(_listed(outdir)) - written
         if overwrite and finished:
@@ -121,14 +124,17 @@ def _listed(outdir: Path) -> list[str]:
     return [n for n in names if not PurePath(n).is_absolute() and ".." not in PurePath(n).parts]
 
 
-def _files(outdir: Path) -> dict[str, tuple[int, int, int]]:
-    """Every file below `outdir` (the MANIFEST left out), by its path relative to it: its
-    inode, size and modification time, which change when a command writes it."""
+def _files(outdir: Path, walked: set[str]) -> dict[str, tuple[int, int, int]]:
+    """The files in `outdir` and below its subfolders named in `walked` (infersim's: made
+    by this command or listed before; not a user's, which may be large), by their paths
+    relative to it: inode, size and modification time, which change when one is written."""
     found = {}
-    for path in outdir.rglob("*"):
-        if path.is_file() and (name := path.relative_to(outdir).as_posix()) != MANIFEST:
-            stat = path.stat()
-            found[name] = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    for top in outdir.iterdir():
+        below = top.name in walked and top.is_dir() and not top.is_symlink()
+        for path in top.rglob("*") if below else (top,):
+            if path.is_file() and (name := path.relative_to(outdir).as_posix()) != MANIFEST:
+                stat = path.stat()
+                found[name] = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
     return found
 
 
