@@ -16,6 +16,10 @@ from hardware_models.errors import InfersimError
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+# The files infersim wrote into a results folder, one path (relative to it) a line: what
+# a later --overwrite may remove.
+MANIFEST = ".infersim-files"
+
 
 def folder_name(name: str, what: str = "name") -> str:
     """A scenario or variant name as a folder below the results folder: refused when it
@@ -91,7 +95,7 @@ def results_folder(
         if not (overwrite or resumable) and outdir.is_dir() and any(outdir.iterdir()):
             raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
         made = writable_folder(outdir)
-    listed_tops = {name.split("/")[0] for name in _listed(outdir)}
+    listed_tops = {file.split("/")[0] for file in _listed(outdir)}
     tops = set(os.listdir(outdir))
     before = _files(outdir, listed_tops)
     finished = False
@@ -100,21 +104,17 @@ def results_folder(
         finished = True
     finally:
         now = _files(outdir, listed_tops | (set(os.listdir(outdir)) - tops))
-        written = {name for name, stat in now.items() if before.get(name) != stat}
+        written = {file for file, stat in now.items() if before.get(file) != stat}
         earlier = set(_listed(outdir)) - written
         if overwrite and finished:
             _remove(outdir, earlier)
             earlier = set()
-        ours = written | {name for name in earlier if name in now}
+        ours = written | (earlier & now.keys())
         if ours:
-            (outdir / MANIFEST).write_text("".join(f"{name}\n" for name in sorted(ours)))
+            (outdir / MANIFEST).write_text("".join(f"{file}\n" for file in sorted(ours)))
         elif made:
             with contextlib.suppress(OSError):  # only an empty folder goes
                 outdir.rmdir()
-
-
-# The files infersim wrote into a results folder, one path (relative to it) a line.
-MANIFEST = ".infersim-files"
 
 
 def _listed(outdir: Path) -> list[str]:
