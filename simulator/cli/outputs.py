@@ -5,7 +5,6 @@ and not an error after minutes of simulation."""
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import tempfile
 from pathlib import Path, PurePath
@@ -37,16 +36,17 @@ def free_results_dir(name: str, root: Path = Path("results")) -> Path:
     """results/<name>, or results/<name>-2, -3, ...: made here, the first that does not
     exist yet (mkdir refuses one that does), so two commands started at once never share
     a folder and earlier results are never replaced."""
-    base = root / folder_name(name)
+    base = candidate = root / folder_name(name)
     writable_folder(base.parent, f"results folder {base.parent}")
-    for n in itertools.count(1):
-        candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
+    n = 1
+    while True:
         try:
             candidate.mkdir()
         except FileExistsError:
-            continue
-        return candidate
-    raise AssertionError("unreachable: itertools.count never ends")
+            n += 1
+            candidate = base.with_name(f"{base.name}-{n}")
+        else:
+            return candidate
 
 
 def writable_folder(path: Path, where: str | None = None) -> bool:
