@@ -120,8 +120,6 @@ def _sweep(args: argparse.Namespace) -> int:
     overrides += ["output.csv=true"] if args.csv else []
     overrides += ["output.plots=false"] if args.no_plots else []
     scenario = Scenario.from_yaml(args.scenario, overrides)
-    if args.resume and args.overwrite:
-        raise InfersimError("--resume and --overwrite exclude each other")
     resumed = Path("results") / folder_name(scenario.name) if args.resume else None
     given = args.output or resumed  # sweep() refuses a folder with results unless resumed
     with results_folder(given, scenario.name, args.overwrite, resumable=True) as outdir:
