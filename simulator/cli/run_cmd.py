@@ -89,19 +89,19 @@ def build_each(runs: Mapping[str, Scenario]) -> dict[str, BuiltScenario]:
 
 def _run(args: argparse.Namespace) -> int:
     scenario = Scenario.from_yaml(args.scenario, args.overrides)
-    if scenario.sweep is not None:
-        warnings.warn(
-            f"{args.scenario}: sweep.grid is not run by `infersim run`, which runs the "
-            f"scenario as the file sets it; `infersim sweep {args.scenario}` runs the grid",
-            InfersimWarning,
-            stacklevel=1,
-        )
     runs = scenario.expand()
     variants = [folder_name(run.name, "variant") for run in runs] if len(runs) > 1 else []
     check_exports(args, scenario, variants)
     results = {}
     written: list[Path] = []
     with results_folder(args.output, scenario.name, args.overwrite) as outdir:
+        if scenario.sweep is not None:  # said once the run goes ahead, not with a refusal
+            warnings.warn(
+                f"{args.scenario}: sweep.grid is not run by `infersim run`, which runs the "
+                f"scenario as the file sets it; `infersim sweep {args.scenario}` runs the grid",
+                InfersimWarning,
+                stacklevel=1,
+            )
         todo: Mapping[str, Scenario | BuiltScenario] = {str(args.scenario): runs[0]}
         if variants:  # each variant writes to a subfolder
             todo = build_each({f"{args.scenario}: variant {run.name}": run for run in runs})
