@@ -120,8 +120,10 @@ def load_yaml_mapping(path: str | Path, *, shipped: bool = False) -> dict[str, A
         found = sorted(p.name for p in path.glob("*.y*ml"))[:5]
         hint = f" (it holds {', '.join(found)}, ...)" if found else ""
         raise InfersimError(f"{_name(path)}: is a folder; give one YAML file in it{hint}")
-    if not path.is_file():
+    if not path.exists():
         raise InfersimError(f"{_name(path)}: no such file")
+    if not path.is_file():
+        raise InfersimError(f"{_name(path)}: not a regular file (a device, pipe or socket)")
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8")

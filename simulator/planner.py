@@ -69,6 +69,7 @@ from simulator.scenario import (
     BATCH_LIMITS,
     PlanSection,
     Scenario,
+    check_preset_name,
     fields_overlap,
     override_key,
     replica_gpus,
@@ -750,6 +751,15 @@ def calibration_source(scenario: Scenario, gpu: str) -> str:
     return FITTED if fitted_on == choice.gpu.name else f"from {fitted_on}"
 
 
+def _check_gpu_names(plan: PlanSection) -> None:
+    """A misspelt plan.gpus preset is refused before any probe runs: as a candidate it
+    would only be ranked infeasible, below the GPUs that were meant."""
+    from hardware_models.presets import load_gpu
+
+    for i, gpu in enumerate(plan.gpus):
+        check_preset_name(f"plan.gpus.{i}", load_gpu, gpu)
+
+
 def candidates(plan: PlanSection) -> list[Candidate]:
     return [
         Candidate(gpu, tp, pp, policy)
@@ -801,6 +811,7 @@ def plan_capacity(
         _base_rate(scenario)
         _check_overrides(scenario)
         _check_trace_window(scenario)
+    _check_gpu_names(scenario.plan)
     said = warning_texts(caught)  # the plan's own, said once: not again per candidate
     for text in said:
         warn(text, stacklevel=2)

@@ -11,7 +11,7 @@ import math
 import os
 import re
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -966,12 +966,7 @@ class Scenario(BaseModel):
         for where, pool in self.hardware_sections():
             named += [(f"{where}.gpu", load_gpu, pool.gpu), (f"{where}.node", load_node, pool.node)]
         for field, load, value in named:
-            if value is None or names_a_file(value):
-                continue  # a file, read from base_dir when the run starts
-            try:
-                load(value)
-            except InfersimError as exc:
-                raise InfersimError(f"{source}: {field}: {exc}") from None
+            check_preset_name(f"{source}: {field}", load, value)
 
     def hardware_sections(self) -> list[tuple[str, HardwareSection]]:
         """Each hardware section with the path that names it in an error."""
@@ -1104,6 +1099,17 @@ def _given(item: str) -> str:
     """An override as its caller gave it: `--set ITEM` on the command line, else
     `override ITEM` (an item of `overrides=`)."""
     return f"{option('override', '--set')} {item}"
+
+
+def check_preset_name(where: str, load: Callable[[str], object], value: str | None) -> None:
+    """A preset given by name (not a file, which is read from base_dir when the run
+    starts) must load: otherwise one line `where: unknown ...; did you mean ...`."""
+    if value is None or names_a_file(value):
+        return
+    try:
+        load(value)
+    except InfersimError as exc:
+        raise InfersimError(f"{where}: {exc}") from None
 
 
 def override_items(overrides: Overrides | None) -> tuple[str, ...]:

@@ -40,6 +40,7 @@ from simulator.build_id import build_id
 from simulator.executors import JobError, job_error, run_parallel
 from simulator.metrics.headline import COUNTS, HEADLINE, PER_USD, headline_row
 from simulator.metrics.headline import get as _get
+from simulator.metrics.writer import write_whole
 from simulator.progress import bar_options
 from simulator.provenance import input_files, named_from
 from simulator.scenario import (
@@ -142,9 +143,11 @@ def _point(
     for key, value in values.items():
         set_path(data, key, value, f"{where}: sweep.grid.{key}")
     try:
-        Scenario.model_validate(data)
+        point = Scenario.model_validate(data)
     except ValidationError as exc:
         raise InfersimError(_grid_error(exc, values, name, where)) from None
+    # a misspelt GPU, node or model in the grid stops the sweep now, not as failed points
+    point._check_preset_names(f"{where}: sweep point {name!r}")
     identity = json.dumps({"variant": variant, "values": values}, sort_keys=True, default=str)
     digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
     return SweepPoint(digest, name, variant, values, data)
@@ -236,10 +239,8 @@ def _point_file(outdir: Path, point_id: str) -> Path:
 
 def _write_point(outdir: Path, record: Mapping[str, Any]) -> None:
     """Write then rename, so a sweep killed mid-write leaves no half file for resume."""
-    path = _point_file(outdir, record["id"])
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(record, sort_keys=True, indent=2, allow_nan=False) + "\n")
-    partial.replace(path)
+    text = json.dumps(record, sort_keys=True, indent=2, allow_nan=False) + "\n"
+    write_whole(_point_file(outdir, record["id"]), lambda path: path.write_text(text))
 
 
 def _first_difference(a: Any, b: Any, prefix: str = "") -> str | None:

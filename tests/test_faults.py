@@ -127,8 +127,9 @@ def test_a_fault_after_the_run_ends_is_a_warning(make_scenario):
     assert any("never failed" in w for w in results.summary()["warnings"])
 
 
-def test_the_cli_prints_a_warning_the_summary_holds_once(tmp_path, capsys):
-    """The summary's `warning:` line, not also an `infersim: warning:` line before it."""
+def test_the_cli_prints_a_warning_the_summary_holds_once_on_each_stream(tmp_path, capsys):
+    """The summary's `warning:` line (stdout), and one `infersim: warning:` line on stderr,
+    where every command says its warnings."""
     import yaml
 
     from simulator.cli.main import main
@@ -140,5 +141,6 @@ def test_the_cli_prints_a_warning_the_summary_holds_once(tmp_path, capsys):
     path.write_text(yaml.safe_dump(data))
     assert main(["run", str(path), "-o", str(tmp_path / "out"), "--quiet", "--no-plots"]) == 0
     captured = capsys.readouterr()
-    assert (captured.out + captured.err).count("never failed") == 1
+    assert captured.out.count("never failed") == captured.err.count("never failed") == 1
     assert "warning: faults.events[0]" in captured.out
+    assert "infersim: warning: faults.events[0]" in captured.err

@@ -826,6 +826,32 @@ def test_write_run_writes_files_and_refuses_to_overwrite(tmp_path: Path):
     assert not (out / "requests.csv").exists()  # a stale CSV does not outlive its run
 
 
+def test_a_run_folder_without_summary_json_is_one_whose_writing_stopped(tmp_path, monkeypatch):
+    """summary.json is written last and each table under a partial name: a write that
+    fails (disk full) leaves neither a summary that looks complete nor a half table."""
+    import errno
+
+    import simulator.metrics.parquet
+
+    frame, log, itl, ctx = small_run()
+    s = summarize(frame, log, itl, ctx)
+    ts = timeseries(frame, log, ctx)
+    out = tmp_path / "run"
+    paths = write_run(out, s, frame, log, ts, itl, plots=False)
+    assert paths[-1] == out / "summary.json"
+
+    def full(table, path):
+        Path(path).write_bytes(b"PAR1")  # begun, then the disk fills
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(simulator.metrics.parquet, "write_parquet", full)
+    for again in (out, tmp_path / "fresh"):
+        with pytest.raises(OSError) as caught:
+            write_run(again, s, frame, log, ts, itl, plots=False, overwrite=True)
+        assert caught.value.filename == str(again / "requests.parquet")  # names the file
+        assert list(again.iterdir()) == []  # the earlier run's summary went first
+
+
 def test_writing_a_run_twice_from_python_names_the_python_argument(make_scenario, tmp_path):
     """The way out fits the caller: `overwrite=True` to Python, `--overwrite` to a shell."""
     from simulator.simulation import simulate

@@ -87,6 +87,15 @@ def test_plan_needs_a_plan_section_slo_and_a_rate(make_scenario):
         plan_capacity(make_scenario(plan={"gpus": ["l4"]}))
 
 
+def test_a_misspelt_plan_gpu_is_refused_before_any_probe_runs(make_scenario, monkeypatch):
+    """Not ranked `infeasible` below the GPUs that were meant."""
+    monkeypatch.setattr("simulator.planner.run_parallel", pytest.fail)
+    scenario = _plan_scenario(make_scenario, gpus=["l4", "h100"])
+    with pytest.raises(InfersimError) as info:
+        plan_capacity(scenario, workers=1)
+    assert str(info.value).startswith("plan.gpus.1: unknown gpu 'h100'; did you mean 'h100-sxm'")
+
+
 @pytest.mark.parametrize(
     ("item", "needle"),
     [

@@ -98,6 +98,8 @@ def test_variants_times_grid_and_ambiguous_axis_names():
         ({"serving.max_num_seqs": []}, "sweep.grid.serving.max_num_seqs: needs at least one"),
         ({"serving.max_num_seqs": [4, 4]}, "4 appears twice"),
         ({"variants.a": [1]}, "sweep.grid.variants.a: variants cannot be swept"),
+        ({"hardware.gpu": ["h100"]}, "hardware.gpu: unknown gpu 'h100'; did you mean 'h100-sxm'"),
+        ({"model.name": ["llama-3.1-8", "llama-2-7b"]}, "'name=llama-3.1-8': model.name: unknown"),
     ],
 )
 def test_bad_grid_names_the_key_before_anything_runs(tmp_path, grid, needle):
@@ -320,6 +322,15 @@ def test_cli_sweep_writes_table_plots_and_reports_failures(tmp_path, capsys):
         "already has results; pass --overwrite, --resume or another -o" in capsys.readouterr().err
     )
     assert main(["sweep", str(path), "-o", str(out), "--quiet", "--resume"]) == 0
+
+
+def test_cli_sweep_where_no_point_ran_exits_1(tmp_path, capsys):
+    data = tiny({"model.name": ["llama-2-70b"]}, hardware={"gpu": "a100-40gb-sxm"})
+    out = tmp_path / "out"
+    assert main(["sweep", str(write(tmp_path, data)), "-o", str(out), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "0 of 1 points ok" in err and "infersim: no sweep point ran" in err
+    assert (out / "sweep.parquet").is_file()  # the failed rows are still written
 
 
 @pytest.mark.parametrize(

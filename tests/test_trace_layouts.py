@@ -298,9 +298,10 @@ def test_the_command_line_prints_a_warning_in_one_line(tmp_path, capsys):
                  "--no-plots"])  # fmt: skip
     out, err = capsys.readouterr()
     assert code == 0, err
-    # once, in the summary's warning line (not again as an `infersim: warning:` line),
-    # and as a sentence, not Python's warning with its file and line
-    assert sum("warning: " in line for line in (out + err).splitlines()) == 1
+    # once in the summary's warning lines and once as an `infersim: warning:` line on
+    # stderr, as a sentence, not Python's warning with its file and line
+    assert sum("warning: " in line for line in out.splitlines()) == 1
+    assert sum(line.startswith("infersim: warning: ") for line in err.splitlines()) == 1
     assert "bg.csv: 2 of its 4 rows left out" in " ".join(out.split())
     assert "UserWarning" not in out + err
 

@@ -94,12 +94,16 @@ def test_a_warning_only_the_summary_computes_is_an_infersim_warning_once():
     assert seen == [f"scenario test: {text}" for text in results[0].summary()["warnings"]]
 
 
-def test_run_shows_a_summary_warning_once_in_its_summary(tmp_path, capsys):
+def test_run_says_each_warning_on_stderr_as_every_command_does(tmp_path, capsys):
+    """On stderr, where compare, sweep and plan say theirs (a CI reads them there); the
+    printed summary lists it too, as summary.json does."""
     path = tmp_path / "rejecting.yaml"
     path.write_text(yaml.safe_dump(scenario_dict(**REJECTING)))
     assert main(["run", str(path), "-o", str(tmp_path / "out"), "--quiet"]) == 0
     out, err = capsys.readouterr()
-    assert out.count(REJECTED) == 1 and REJECTED not in err
+    assert out.count(REJECTED) == 1
+    (line,) = [line for line in err.splitlines() if line.startswith("infersim: warning:")]
+    assert line.startswith("infersim: warning: 14 of 30 requests") and REJECTED in line
 
 
 def test_compare_prints_each_runs_warnings_once_named_by_run(tmp_path, capsys):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from hardware_models.errors import InfersimError
+from simulator.cli.outputs import writable_file
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +31,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     fit = steps.add_parser("fit", help="fit a calibration profile to measurements")
     _inputs(fit)
     fit.add_argument("-o", "--out", type=Path, required=True, help="profile YAML to write")
+    fit.add_argument("--overwrite", action="store_true", help="replace an existing profile")
     fit.add_argument("--holdout", type=float, default=0.5, help="fraction of shapes kept out")
     fit.add_argument("--seed", type=int, default=0, help="seed of the holdout split")
     fit.add_argument(
@@ -111,6 +113,7 @@ def _fit(args: argparse.Namespace) -> int:
 
     if not 0.0 <= args.holdout < 1.0:
         raise InfersimError(f"--holdout must be in [0, 1), got {args.holdout}")
+    writable_file("-o", args.out, args.overwrite)  # before reading and fitting: minutes
     log = _clock()
     measurements = load_measurements(
         args.folder, args.measured, args.from_shared, args.gpu, args.shared_data

@@ -5,22 +5,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 from pathlib import Path
 
 from hardware_models.errors import InfersimError
 from simulator.cli.options import add_output_flags, add_overrides, add_results_dir
-from simulator.cli.run_cmd import (
-    add_workers_flag,
-    folder_name,
-    free_results_dir,
-    warnings_named,
-)
+from simulator.cli.outputs import folder_name, results_folder
+from simulator.cli.run_cmd import add_workers_flag, build_each, warnings_named
 from simulator.compare import compare_table, labelled, write_comparison
 from simulator.formatting import WIDTH, sig
 from simulator.results import Results
 from simulator.scenario import Scenario
-from simulator.simulation import BuiltScenario, build_scenario, run_simulation
+from simulator.simulation import run_simulation
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -62,28 +57,19 @@ def _runs(paths: list[Path], overrides: list[str]) -> dict[str, tuple[Path, Scen
 
 def _compare(args: argparse.Namespace) -> int:
     runs = _runs(args.scenarios, args.overrides)
-    outdir = args.output or free_results_dir("compare")
-    if not args.overwrite and outdir.exists() and any(outdir.iterdir()):
-        raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
-    built: dict[str, BuiltScenario] = {}
-    for label, (_, scenario) in runs.items():
-        try:  # a run that cannot fit stops the comparison before any simulation
-            with warnings.catch_warnings():  # the run itself says what it bends
-                warnings.simplefilter("ignore")
-                built[label] = build_scenario(scenario)
-        except InfersimError as exc:
-            raise InfersimError(f"{label}: {exc}") from None
     results: dict[str, Results] = {}
     written: list[Path] = []
-    for label, (folder, _) in runs.items():
-        with warnings_named(label):  # no summary is printed: each is a warning line
-            results[label] = run_simulation(
-                built.pop(label), progress=not args.quiet, workers=args.workers
+    with results_folder(args.output, "compare", args.overwrite) as outdir:
+        built = build_each({label: scenario for label, (_, scenario) in runs.items()})
+        for label, (folder, _) in runs.items():
+            with warnings_named(label):  # no summary is printed: each is a warning line
+                results[label] = run_simulation(
+                    built.pop(label), progress=not args.quiet, workers=args.workers
+                )
+            written += results[label].write(
+                outdir / folder, plots=False if args.no_plots else None, overwrite=args.overwrite
             )
-        written += results[label].write(
-            outdir / folder, plots=False if args.no_plots else None, overwrite=args.overwrite
-        )
-    print(labelled(compare_table(results)).to_string(float_format=sig, line_width=WIDTH))
-    written += write_comparison(results, outdir, plots=not args.no_plots)
+        print(labelled(compare_table(results)).to_string(float_format=sig, line_width=WIDTH))
+        written += write_comparison(results, outdir, plots=not args.no_plots)
     print(f"\nwrote {len(written)} files to {outdir}/", file=sys.stderr)
     return 0

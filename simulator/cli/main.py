@@ -19,6 +19,7 @@ import contextlib
 import gc
 import importlib
 import os
+import signal
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
@@ -48,6 +49,18 @@ COMMANDS: dict[str, tuple[str, str]] = {  # name: (module in simulator.cli, one-
 }
 
 
+EXIT_CODES = """\
+exit codes:
+  0    done
+  1    ran, but found no answer: plan: no candidate meets the SLOs; sweep: no point
+       ran, or workers were lost (rerun with --resume)
+  2    refused: bad input, or an output path that cannot be written (said before
+       simulating), or a write that failed (disk full); one line on stderr
+  3    internal error: a bug (rerun with --debug for the traceback, and report it)
+  130  interrupted (Ctrl-C); 143: terminated (SIGTERM); worker processes end too
+"""
+
+
 def _chosen_command(argv: Sequence[str]) -> str | None:
     """The subcommand named on the command line: its first word that is not an option."""
     return next((arg for arg in argv if not arg.startswith("-")), None)
@@ -59,6 +72,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="infersim",
         description="Discrete-event simulator of GPU inference clusters.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -109,6 +124,23 @@ def _collector_off_then_frozen(as_program: bool) -> Iterator[None]:
         gc.enable()
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill`, a CI's timeout, `docker stop`), raised as ^C is: what ^C stops
+    (a sweep's or plan's worker processes, a sharded run's) stops the same way, instead
+    of outliving the command as SIGTERM's default end of this process alone leaves them."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def _os_error(exc: OSError) -> str:
+    """`path: reason`, as the system says it (`No space left on device`)."""
+    if exc.strerror and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror}"
+    return exc.strerror or str(exc)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command `argv` names (the process's own arguments when None: the program
     `infersim`, which also freezes what the imports made; see the module doc)."""
@@ -116,6 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     with _collector_off_then_frozen(as_program):
         args = build_parser(argv).parse_args(argv)
+    if as_program:  # not when called in-process (tests, notebooks)
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         with warnings.catch_warnings(), on_command_line():
             warnings.simplefilter("default", InfersimWarning)
@@ -126,6 +160,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"infersim: error: {exc}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("infersim: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("infersim: interrupted", file=sys.stderr)
         return 130
@@ -133,6 +170,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Python flushes stdout again at exit; point it at nothing so that is quiet too.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:  # a path that cannot be read or written, a full disk: not a bug
+        if args.debug:
+            raise
+        print(f"infersim: error: {_os_error(exc)}", file=sys.stderr)
+        return 2
     except Exception as exc:  # a bug, not bad input: one line, and how to see more
         if args.debug:
             raise

@@ -9,12 +9,15 @@ from typing import TYPE_CHECKING
 
 from hardware_models.errors import InfersimError
 from simulator.cli.options import add_overrides
+from simulator.cli.outputs import results_folder
 from simulator.cli.sweep_cmd import add_executor_flags, connect
 from simulator.formatting import WIDTH, sig, wrapped
 from simulator.metrics.headline import labelled
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from simulator.scenario import Scenario
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -29,16 +32,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from simulator.cli.run_cmd import free_results_dir
-    from simulator.planner import (
-        FEASIBLE,
-        PROBE_LENGTH,
-        WHOLE_TRACE,
-        candidates,
-        pareto_figure,
-        plan_capacity,
-        planned_rate,
-    )
+    from simulator.planner import PROBE_LENGTH
     from simulator.scenario import Scenario
     from simulator.workload.config import NO_STOP_CONDITION
 
@@ -50,9 +44,22 @@ def _run(args: argparse.Namespace) -> int:
         raise InfersimError(
             f"{exc}; in the file or as --set workload.num_requests=N: {PROBE_LENGTH}"
         ) from None
-    outdir = args.output or free_results_dir(f"plan-{scenario.name}")
-    if outdir.exists() and any(outdir.iterdir()) and not args.overwrite:
-        raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
+    name = f"plan-{scenario.name}"
+    with results_folder(args.output, name, args.overwrite) as outdir:
+        return _plan(args, scenario, outdir)
+
+
+def _plan(args: argparse.Namespace, scenario: Scenario, outdir: Path) -> int:
+    """Plan, print the table and write plan.csv and pareto.png to `outdir`."""
+    from simulator.planner import (
+        FEASIBLE,
+        WHOLE_TRACE,
+        candidates,
+        pareto_figure,
+        plan_capacity,
+        planned_rate,
+    )
+
     if scenario.plan and not args.quiet:  # a plan runs for minutes: say so before it starts
         n = len(candidates(scenario.plan))
         print(f"planning {n} candidate{'s' if n != 1 else ''} (GPU x tp x pp x policy) of "
@@ -77,7 +84,6 @@ def _run(args: argparse.Namespace) -> int:
             f"per 1M output tokens at the planned {sig(rate)} req/s")  # fmt: skip
     print("\n".join(wrapped(head, "", "  ")))
     _print_table(table, shown)
-    outdir.mkdir(parents=True, exist_ok=True)
     table.to_csv(outdir / "plan.csv", index=False)
     pareto_figure(
         table,

@@ -12,7 +12,7 @@ from simulator.cli.options import (
     add_overrides,
     add_results_dir,
 )
-from simulator.cli.run_cmd import results_dir
+from simulator.cli.outputs import results_folder
 from simulator.replay import ReplayOptions, read_run, replay, report_text
 
 
@@ -41,7 +41,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def _replay(args: argparse.Namespace) -> int:
     run = read_run(args.run)
-    outdir = results_dir(args.output, f"replay-{run.name}", args.overwrite)
     options = ReplayOptions(
         model=args.model,
         gpu=args.gpu,
@@ -50,8 +49,10 @@ def _replay(args: argparse.Namespace) -> int:
         vllm_version=args.vllm_version,
         overrides=tuple(args.overrides),
     )
-    result = replay(run, outdir, options, progress=not args.quiet)
-    print(report_text(result))
-    written = result.write(outdir, plots=not args.no_plots)
+    name = f"replay-{run.name}"
+    with results_folder(args.output, name, args.overwrite) as outdir:
+        result = replay(run, outdir, options, progress=not args.quiet)
+        print(report_text(result))
+        written = result.write(outdir, plots=not args.no_plots)
     print(f"\nwrote {len(written)} files to {outdir}/", file=sys.stderr)
     return 0

@@ -19,6 +19,7 @@ from hardware_models.node import NodeSpec
 from hardware_models.op_request import OperatorRequest, parse_request, price_rows
 from hardware_models.presets import list_nodes, load_gpu, load_node
 from simulator.cli.options import add_calibration_flag
+from simulator.cli.outputs import writable_file
 from simulator.formatting import sig
 
 _INT_FLAGS = ("m", "n", "k", "batch", "q_len", "kv_len", "context", "heads", "kv_heads")
@@ -74,6 +75,9 @@ def _read_csv(path: Path) -> pd.DataFrame:
 
 
 def _run(args: argparse.Namespace) -> int:
+    for flag, path in (("--output", args.output), ("--plot", args.plot)):
+        if path is not None:  # replaced when there: roofline tables are cheap to remake
+            writable_file(flag, path, overwrite=True)
     spec = load_gpu(args.gpu)
     try:
         calibration = choose_calibration(spec, args.calibration)

@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 from hardware_models.errors import InfersimError
+from simulator.cli.outputs import writable_file
 from simulator.formats.chrome_trace import MAX_EVENTS, chrome_trace
+from simulator.metrics.writer import write_whole
 from simulator.results import Results
 from simulator.scenario import Scenario
 
@@ -36,8 +38,9 @@ def add_export_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def check_exports(args: argparse.Namespace, scenario: Scenario) -> None:
-    """Refuse before simulating what could not be written afterwards."""
+def check_exports(args: argparse.Namespace, scenario: Scenario, variants: list[str]) -> None:
+    """Refuse before simulating what could not be written afterwards: each file the run
+    writes (one per variant where there are `variants`)."""
     if args.trace_out is not None and not scenario.output.step_table:
         raise InfersimError(
             "--trace-out needs the run's per-step table; set output.step_table: true "
@@ -45,13 +48,10 @@ def check_exports(args: argparse.Namespace, scenario: Scenario) -> None:
         )
     if args.trace_max_events < 1:
         raise InfersimError(f"--trace-max-events must be >= 1, got {args.trace_max_events}")
-    for flag, path in (("--trace-out", args.trace_out), ("--bench-json", args.bench_json)):
-        if path is None:
-            continue
-        if path.is_dir():
-            raise InfersimError(f"{flag} {path}: is a folder; give a file name")
-        if path.exists() and not args.overwrite:
-            raise InfersimError(f"{flag} {path}: exists; pass --overwrite or another name")
+    exports = (("--trace-out", args.trace_out), ("--bench-json", args.bench_json))
+    for flag, path in ((flag, path) for flag, path in exports if path is not None):
+        for variant in variants or [None]:
+            writable_file(flag, _for_variant(path, variant), args.overwrite)
 
 
 def write_exports(
@@ -85,6 +85,8 @@ def _for_variant(path: Path, variant: str | None) -> Path:
 
 
 def _dump(path: Path, document: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        json.dump(document, f, allow_nan=False)  # NaN or Infinity is not JSON
+    def dump(partial: Path) -> None:
+        with partial.open("w") as f:
+            json.dump(document, f, allow_nan=False)  # NaN or Infinity is not JSON
+
+    write_whole(path, dump)

@@ -12,7 +12,7 @@ import pandas as pd
 
 from hardware_models.errors import InfersimError
 from simulator.cli.options import add_output_flags, add_overrides
-from simulator.cli.run_cmd import folder_name, free_results_dir
+from simulator.cli.outputs import folder_name, results_folder
 from simulator.formatting import WIDTH, sig
 from simulator.metrics.headline import labelled
 from simulator.scenario import Scenario
@@ -120,19 +120,17 @@ def _sweep(args: argparse.Namespace) -> int:
     overrides += ["output.csv=true"] if args.csv else []
     overrides += ["output.plots=false"] if args.no_plots else []
     scenario = Scenario.from_yaml(args.scenario, overrides)
-    outdir = args.output or (
-        Path("results") / folder_name(scenario.name)
-        if args.resume
-        else free_results_dir(scenario.name)
-    )
-    options = {
-        "outdir": outdir,
-        "resume": args.resume,
-        "overwrite": args.overwrite,
-        "progress": not args.quiet,
-    }
-    with connect(args) as client:
-        table = sweep(scenario, client=client, workers=args.workers, **options)
+    resumed = Path("results") / folder_name(scenario.name) if args.resume else None
+    given = args.output or resumed  # sweep() refuses a folder with results unless resumed
+    with results_folder(given, scenario.name, args.overwrite, resumable=True) as outdir:
+        options = {
+            "outdir": outdir,
+            "resume": args.resume,
+            "overwrite": args.overwrite,
+            "progress": not args.quiet,
+        }
+        with connect(args) as client:
+            table = sweep(scenario, client=client, workers=args.workers, **options)
     print(_format_table(table))
     bad = table[table["status"] != "ok"]
     for row in bad.itertuples():
@@ -141,5 +139,8 @@ def _sweep(args: argparse.Namespace) -> int:
     print(f"\n{ok} of {len(table)} points ok; wrote {outdir}/sweep.parquet", file=sys.stderr)
     if (bad["status"] == "lost").any():
         print("workers were lost: rerun with --resume to run those points", file=sys.stderr)
+        return 1
+    if ok == 0:  # a CI must not read a sweep that simulated nothing as a pass
+        print("infersim: no sweep point ran (see the errors above)", file=sys.stderr)
         return 1
     return 0

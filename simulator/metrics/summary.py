@@ -606,6 +606,11 @@ def _run_warnings(
     totals: StepTotals, kv: Mapping[str, Any], arrived: int, configuration: Mapping[str, Any]
 ) -> list[str]:
     """What the run's figures show a setting quietly limited (module doc)."""
+    if arrived == 0:  # a short duration_s at a low rate: said, not an empty table alone
+        return [
+            "no request arrived before the workload stopped: every latency, throughput, "
+            "cost and energy figure is empty; lengthen workload.duration_s or raise the rate"
+        ]
     warnings = []
     busy = float(totals.busy.sum())
     caps = (  # (what capped the batch, its configuration key, its sums, how steps met it)

@@ -1,11 +1,14 @@
 """Write one run's results to a directory: summary.json, Parquet tables (optional CSV
 copies) and plots. Refuses to write into a directory that already holds results unless
-told to overwrite, so a rerun never silently replaces numbers someone is looking at."""
+told to overwrite, so a rerun never silently replaces numbers someone is looking at.
+Each table is written under a temporary name and renamed, and summary.json comes last:
+a folder without summary.json holds a run that was interrupted or failed while writing."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -83,28 +86,42 @@ def write_run(
 ) -> list[Path]:
     """Write summary.json, <table>.parquet (and .csv when `csv`) for requests, steps
     (unless None: the run kept none), timeseries and itl, and the run plots when
-    `plots`; returns the paths written. Parquet is written from the numpy columns
+    `plots`, then summary.json; returns the paths written. Parquet is written from the numpy columns
     (simulator.metrics.parquet); CSV and plots go through pandas, imported only then."""
     from simulator.metrics.parquet import write_parquet
 
     outdir = Path(outdir)
     _prepare(outdir, overwrite)
-    path = outdir / "summary.json"
-    path.write_text(summary_json(summary, include_wall_time=include_wall_time))
-    written = [path]
+    written = []
     given = zip(TABLES, (requests, steps, timeseries, itl), strict=True)
     tables = {name: _columns(name, table) for name, table in given if table is not None}
     for name, table in tables.items():
-        path = outdir / f"{name}.parquet"
-        write_parquet(table, path)
-        written.append(path)
+        written.append(write_whole(outdir / f"{name}.parquet", partial(write_parquet, table)))
         if csv:
-            path = outdir / f"{name}.csv"
-            table.to_pandas().to_csv(path, index=name == "requests")
-            written.append(path)
+            to_csv = partial(table.to_pandas().to_csv, index=name == "requests")
+            written.append(write_whole(outdir / f"{name}.csv", to_csv))
     if plots:
         from simulator.metrics.plots import save_run_plots
 
         frames = [tables[name].to_pandas() for name in ("requests", "itl", "timeseries")]
         written += save_run_plots(*frames, outdir, summary)
+    # last: a folder without summary.json is a run not (completely) written
+    text = summary_json(summary, include_wall_time=include_wall_time)
+    written.append(write_whole(outdir / "summary.json", lambda path: path.write_text(text)))
     return written
+
+
+def write_whole(path: Path, write: Callable[[Path], object]) -> Path:
+    """`write(partial_path)`, then rename it to `path`: an interrupted or failed write
+    (disk full) leaves no file under the final name, and none half-written under the
+    partial one. An error from writing names `path` where the system's did not."""
+    partial_path = path.with_name(f"{path.name}.partial")
+    try:
+        write(partial_path)
+        partial_path.replace(path)
+    except BaseException as exc:
+        partial_path.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None and exc.strerror:
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
+    return path
