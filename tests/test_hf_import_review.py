@@ -6,8 +6,8 @@ import json
 import pytest
 
 from hardware_models.errors import InfersimError, InfersimWarning
-from simulator.cli.models_cmd import describe
 from simulator.model_catalog import load_model
+from simulator.model_description import describe_model
 from simulator.scenario import Scenario
 from simulator.simulation import build_replica
 from tests.conftest import scenario_dict
@@ -98,4 +98,4 @@ def test_the_weights_default_to_the_checkpoints_format():
 
 
 def test_models_show_names_the_checkpoint_format():
-    assert ("checkpoint weights", "fp8_block") in describe(load_model("deepseek-v3"))
+    assert ("checkpoint weights", "fp8_block") in describe_model(load_model("deepseek-v3"))
