@@ -1312,11 +1312,15 @@ def _as_run(scenario: Scenario, builds: list[tuple[str, ReplicaBuild]]) -> Scena
     """The scenario as it ran, so summary.json names it: an unset model.weight_dtype is the
     checkpoint's format the replicas were built with (resolve_weight_dtype); unset batch
     limits are vLLM's defaults for the GPU (one the policy ignores stays unset), an unset
-    enable_prefix_caching the policy's engine's default, and a block size vLLM forced is
-    the forced one, where every pool got the same."""
+    enable_prefix_caching the policy's engine's default, a block size vLLM forced is
+    the forced one, where every pool got the same, and expert parallelism asked of a
+    dense model (vLLM ignores it, build_replica) is off."""
     if not builds:
         return scenario
     update = {}
+    par = scenario.parallelism
+    if par.enable_expert_parallel and not builds[0][1].arch.is_moe:
+        update["parallelism"] = par.model_copy(update={"enable_expert_parallel": False})
     if scenario.model.weight_dtype is None:
         used = builds[0][1].memory.weight_dtype
         update["model"] = scenario.model.model_copy(update={"weight_dtype": used})
