@@ -395,7 +395,7 @@ def _build_pool(
     pool = scenario.pool_list()[index]
     try:
         section = f"pools.{index} ({pool.name})" if scenario.pools else "parallelism"
-        return build_replica(scenario.for_pool(pool), kv_transfer, hashed_prompts, section=section)
+        return build_replica(scenario.for_pool(pool), kv_transfer, hashed_prompts, section)
     except (MaxModelLenRefused, DoesNotFit) as exc:
         if not scenario.pools:
             raise
@@ -496,7 +496,6 @@ def build_replica(
     scenario: Scenario,
     kv_transfer: bool = False,
     hashed_prompts: bool = False,
-    *,
     section: str = "parallelism",
 ) -> ReplicaBuild:
     """Model, hardware, memory plan and step costs: fails early, with the breakdown, when
