@@ -254,12 +254,16 @@ def _warn_straddling(cost: StepCostModel, replicas: int, dp: int, section: str) 
     if not moved:
         return
     shown = ", ".join(map(str, moved[:8])) + (", ..." if len(moved) > 8 else "")
+    elsewhere = dict.fromkeys(m for r in moved for m in ranks[r] if m is not cost)
+    parts = ("pipeline hand-offs", "all-reduces", "MoE dispatches")  # placement()'s order
+    what = [
+        part for i, part in enumerate(parts) if any(m.where[i] != cost.where[i] for m in elsewhere)
+    ]
     warn(
         f"{section}: replicas {shown} of {replicas} (from 0; {size} GPUs each, packed in "
         f"order over nodes of {per_node}) sit elsewhere in their nodes than replica 0, so "
-        "their pipeline hand-offs, all-reduces or MoE dispatch run over other links (a "
-        "replica straddling two nodes hands off or dispatches over the inter-node link) "
-        "and their steps are priced where "
+        f"their {' and '.join(what)} run over other links (a replica straddling two nodes "
+        "hands off or dispatches over the inter-node link) and their steps are priced where "
         f"they run; replicas whose GPUs divide {per_node} (or are whole nodes) sit alike",
         stacklevel=3,
     )

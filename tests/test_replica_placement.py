@@ -55,7 +55,9 @@ def test_a_replica_straddling_two_nodes_hands_off_over_the_inter_node_link():
 def test_the_run_prices_and_names_the_straddling_replicas():
     """The review's layout was accepted with all four replicas priced alike and no word."""
     scenario = _straddling()
-    with pytest.warns(InfersimWarning, match=r"replicas 1, 2 of 4 .*straddl"):
+    with pytest.warns(
+        InfersimWarning, match=r"replicas 1, 2 of 4 .*so their pipeline hand-offs run"
+    ):
         build_replica(scenario)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -125,7 +127,9 @@ def test_a_dp_group_straddling_two_nodes_dispatches_over_the_inter_node_link():
 
 
 def test_the_run_names_and_prices_the_straddling_dp_group():
-    with pytest.warns(InfersimWarning, match=r"parallelism: replicas 1 of 2 .*MoE dispatch"):
+    with pytest.warns(
+        InfersimWarning, match=r"parallelism: replicas 1 of 2 .*so their MoE dispatches run"
+    ):
         build_replica(_moe_dp())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
