@@ -126,6 +126,14 @@ def test_a_dp_group_straddling_two_nodes_dispatches_over_the_inter_node_link():
     assert step(straddling) > step(cost)
 
 
+def test_a_pipelined_dp_groups_stages_spread_over_its_ranks_gpus():
+    """tp=4 x pp=2 x dp=2: the dispatch group of stage 0 is GPUs 0-3 and 8-11 (rank 1
+    starts tp x pp GPUs on), two nodes, though tp x dp = 8 is a node's GPUs."""
+    arch, gpu, node = load_model("qwen3-30b-a3b"), load_gpu("h100-sxm"), load_node("dgx-h100")
+    cost = StepCostModel(arch, gpu, node, tp=4, pp=2, dp=2, expert_parallel=True)
+    assert isinstance(cost.ep_link, CrossNodeLink) and cost.ep_link.gpus_per_node == 1
+
+
 def test_the_run_names_and_prices_the_straddling_dp_group():
     with pytest.warns(
         InfersimWarning, match=r"parallelism: replicas 1 of 2 .*so their MoE dispatches run"
