@@ -354,11 +354,11 @@ class StepCostModel:
             "all2all_backend": all2all_backend, "custom_all_reduce": custom_all_reduce,
             "symm_mem_all_reduce": symm_mem_all_reduce, "mxfp4_use_marlin": mxfp4_use_marlin,
         }  # fmt: skip
-        # The cluster GPU the replica starts on: replicas are packed in order over nodes
-        # of node.gpus_per_node, so a replica may start mid-node or straddle two.
+        # The cluster GPU the replica (a dp rank) starts on: replicas are packed in order
+        # over nodes of node.gpus_per_node, so a replica may start mid-node or straddle two.
+        self.first_gpu = first_gpu
         # Its dp group's (the MoE dispatch group's) first GPU: first_gpu less the dp ranks
         # before it, each tp x pp GPUs; the group, too, may straddle two nodes.
-        self.first_gpu = first_gpu
         self.group_gpu = first_gpu if group_gpu is None else group_gpu
         # placed(), by the rank's and its dp group's places in a node
         self._placed: dict[tuple[int, int], StepCostModel] = {}
