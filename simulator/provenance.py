@@ -18,6 +18,7 @@ from simulator.build_id import build_id
 from simulator.scenario import names_a_file, replica_gpus
 
 if TYPE_CHECKING:
+    from simulator.engine.step_cost import StepCostModel
     from simulator.scenario import Scenario
     from simulator.simulation import ReplicaBuild
 
@@ -76,24 +77,38 @@ def _group_record(
     return record
 
 
+def _placed_groups(build: ReplicaBuild, cost: StepCostModel) -> list[dict[str, Any]]:
+    """The groups of one placed model of `build` and the links they were priced over."""
+    groups: list[tuple[str, int, LinkSpec | CrossNodeLink | None]] = [("tp", cost.tp, cost.tp_link)]
+    dispatch = cost.dp if cost.all2all_backend != "all_to_all" else cost.tp * cost.dp
+    if build.arch.is_moe and dispatch > 1:
+        groups.append(("moe_dispatch", cost.tp * cost.dp, cost.ep_link))
+    groups += [("pp_handoff", 2 * cost.tp, link) for link, _, _, _ in cost.handoffs]
+    return [_group_record(build, group, gpus, link) for group, gpus, link in groups if link]
+
+
 def assumed_links(builds: Sequence[tuple[str, ReplicaBuild]]) -> list[dict[str, Any]]:
     """The links each pool's collectives were priced over: its tp group's, its MoE
     dispatch group's and its pipeline hand-offs' (`intra` inside a node, `inter` between
-    nodes, both for a group spanning nodes), each with its kind, figures and source."""
+    nodes, both for a group spanning nodes), each with its kind, figures and source; over
+    every replica as placed (StepCostModel.placed_ranks: one straddling two nodes hands
+    off over the inter-node link), a record holding for some of a pool's replicas only
+    naming them (`replicas`, from 0)."""
     records = []
     for pool, build in builds:
-        cost = build.cost
-        groups: list[tuple[str, int, LinkSpec | CrossNodeLink | None]] = [
-            ("tp", cost.tp, cost.tp_link)
-        ]
-        dispatch = cost.dp if cost.all2all_backend != "all_to_all" else cost.tp * cost.dp
-        if build.arch.is_moe and dispatch > 1:
-            groups.append(("moe_dispatch", cost.tp * cost.dp, cost.ep_link))
-        groups += [("pp_handoff", 2 * cost.tp, link) for link, _, _, _ in cost.handoffs]
-        for group, gpus, link in groups:
-            if link is not None:
-                records.append({"pool": pool, **_group_record(build, group, gpus, link)})
-    return list({json.dumps(r, sort_keys=True): r for r in records}.values())
+        seen: dict[str, tuple[dict[str, Any], set[int]]] = {}  # by the record's JSON
+        placed = build.cost.placed_ranks(build.replicas, build.dp)
+        for replica, models in enumerate(placed):
+            for cost in dict.fromkeys(models):  # a replica's distinct placed models
+                for group in _placed_groups(build, cost):
+                    record = {"pool": pool, **group}
+                    key = json.dumps(record, sort_keys=True)
+                    seen.setdefault(key, (record, set()))[1].add(replica)
+        for record, replicas in seen.values():
+            if len(replicas) < build.replicas:
+                record["replicas"] = sorted(replicas)
+            records.append(record)
+    return records
 
 
 def _file_fields(scenario: Scenario) -> list[tuple[str, str]]:

@@ -241,26 +241,29 @@ def check_placement(scenario: Scenario, arch: ModelArchitecture, node: NodeSpec)
             )
 
 
-def _warn_straddling(cost: StepCostModel, replicas: int, dp: int) -> None:
+def _warn_straddling(cost: StepCostModel, replicas: int, dp: int, section: str) -> None:
     """Say which replicas, packed in order over the nodes (each from GPU replica x its
-    size on, as Simulation places them), run their stage hand-offs or all-reduces over
-    other links than the first replica's: a replica that straddles two nodes hands its
-    activations over the inter-node link, and is priced so (StepCostModel.placed)."""
-    rank = cost.tp * cost.pp
-    size, per_node = rank * dp, cost.node.gpus_per_node
-    moved = [
-        r
-        for r in range(replicas)
-        if any(cost.placed(r * size + d * rank) is not cost for d in range(dp))
-    ]
+    size on, as Simulation places them), run their stage hand-offs, all-reduces or MoE
+    dispatch over other links than the first replica's: a replica that straddles two
+    nodes hands its activations (or dispatches its tokens) over the inter-node link, and
+    is priced so (StepCostModel.placed). `section` names the replicas' field's section
+    (`parallelism`, or a scenario's own `pools.<i> (<name>)`)."""
+    size, per_node = cost.tp * cost.pp * dp, cost.node.gpus_per_node
+    ranks = cost.placed_ranks(replicas, dp)
+    moved = [r for r, models in enumerate(ranks) if any(m is not cost for m in models)]
     if not moved:
         return
     shown = ", ".join(map(str, moved[:8])) + (", ..." if len(moved) > 8 else "")
+    elsewhere = dict.fromkeys(m for r in moved for m in ranks[r] if m is not cost)
+    parts = ("pipeline hand-offs", "all-reduces", "MoE dispatches")  # placement()'s order
+    what = [
+        part for i, part in enumerate(parts) if any(m.where[i] != cost.where[i] for m in elsewhere)
+    ]
     warn(
-        f"parallelism: replicas {shown} of {replicas} (from 0; {size} GPUs each, packed in "
+        f"{section}: replicas {shown} of {replicas} (from 0; {size} GPUs each, packed in "
         f"order over nodes of {per_node}) sit elsewhere in their nodes than replica 0, so "
-        "their pipeline hand-offs or all-reduces run over other links (a replica straddling "
-        "two nodes hands off over the inter-node link) and their steps are priced where "
+        f"their {' and '.join(what)} run over other links (a replica straddling two nodes "
+        "hands off or dispatches over the inter-node link) and their steps are priced where "
         f"they run; replicas whose GPUs divide {per_node} (or are whole nodes) sit alike",
         stacklevel=3,
     )
@@ -395,7 +398,8 @@ def _build_pool(
     tp and pp, which it sets there instead of in `parallelism`."""
     pool = scenario.pool_list()[index]
     try:
-        return build_replica(scenario.for_pool(pool), kv_transfer, hashed_prompts)
+        section = f"pools.{index} ({pool.name})" if scenario.pools else "parallelism"
+        return build_replica(scenario.for_pool(pool), kv_transfer, hashed_prompts, section)
     except (MaxModelLenRefused, DoesNotFit) as exc:
         if not scenario.pools:
             raise
@@ -493,12 +497,16 @@ def _at_vllm_block_size(
 
 
 def build_replica(
-    scenario: Scenario, kv_transfer: bool = False, hashed_prompts: bool = False
+    scenario: Scenario,
+    kv_transfer: bool = False,
+    hashed_prompts: bool = False,
+    section: str = "parallelism",
 ) -> ReplicaBuild:
     """Model, hardware, memory plan and step costs: fails early, with the breakdown, when
     the configuration cannot run. `kv_transfer`: the replica's pool sends or receives
     KV caches (disaggregated prefill and decode); `hashed_prompts`: the workload's
-    prompts name their blocks by hash (a trace's hash_ids)."""
+    prompts name their blocks by hash (a trace's hash_ids); `section`: where the
+    scenario sets the replicas' layout (a scenario's own pools: `pools.<i> (<name>)`)."""
     calibration = resolve_calibration(scenario)
     gpu = calibration.gpu
     node = resolve_node(scenario, gpu)
@@ -621,7 +629,7 @@ def build_replica(
         mxfp4_use_marlin=scenario.model.mxfp4_use_marlin,
     )
     _warn_outside_fitted_sizes(calibration, arch, par.tp, serving.max_num_batched_tokens)
-    _warn_straddling(cost, par.replicas, par.dp)
+    _warn_straddling(cost, par.replicas, par.dp, section)
     info = ReplicaInfo(
         gpu=gpu.name,
         gpus=gpus,
@@ -859,7 +867,7 @@ class _Run:
             rank_gpu = first_gpu + (0 if pipelined else rank * build.cost.tp * pp)
             members.append(
                 Replica(self.env, index if pipelined else index + rank, engine_config,
-                        build.cost.placed(rank_gpu), self.requests, self.clock,
+                        build.cost.placed(rank_gpu, first_gpu), self.requests, self.clock,
                         self._on_finish, handoff, keys, driven=driven, kv_source=shared_kv)
             )  # fmt: skip
             if rank == 0 or not pipelined:  # a pipelined replica's engines share one log
@@ -1307,11 +1315,15 @@ def _as_run(scenario: Scenario, builds: list[tuple[str, ReplicaBuild]]) -> Scena
     """The scenario as it ran, so summary.json names it: an unset model.weight_dtype is the
     checkpoint's format the replicas were built with (resolve_weight_dtype); unset batch
     limits are vLLM's defaults for the GPU (one the policy ignores stays unset), an unset
-    enable_prefix_caching the policy's engine's default, and a block size vLLM forced is
-    the forced one, where every pool got the same."""
+    enable_prefix_caching the policy's engine's default, a block size vLLM forced is
+    the forced one, where every pool got the same, and expert parallelism asked of a
+    dense model (vLLM ignores it, build_replica) is off."""
     if not builds:
         return scenario
     update = {}
+    par = scenario.parallelism
+    if par.enable_expert_parallel and not builds[0][1].arch.is_moe:
+        update["parallelism"] = par.model_copy(update={"enable_expert_parallel": False})
     if scenario.model.weight_dtype is None:
         used = builds[0][1].memory.weight_dtype
         update["model"] = scenario.model.model_copy(update={"weight_dtype": used})

@@ -4,8 +4,9 @@ layout applies to fused-MoE layers only), so the run says so and runs without it
 import pytest
 
 from hardware_models.errors import InfersimWarning
+from simulator.provenance import header_lines
 from simulator.scenario import Scenario
-from simulator.simulation import build_replica
+from simulator.simulation import build_replica, simulate
 from tests.conftest import scenario_dict
 
 
@@ -26,3 +27,19 @@ def test_expert_parallelism_on_a_dense_model_is_said_and_ignored():
     assert ignored.cost.step(decode_seqs=8, decode_context=8000).gpu_seconds == (
         plain.cost.step(decode_seqs=8, decode_context=8000).gpu_seconds
     )
+
+
+def test_the_run_reports_expert_parallelism_as_applied():
+    """The header, the HTML report and run.configuration said `ep` for the run that
+    ignored it."""
+    data = scenario_dict(
+        model={"name": "llama-3.1-8b"},
+        hardware={"gpu": "h100-sxm"},
+        parallelism={"tp": 2, "enable_expert_parallel": True},
+        workload={"num_requests": 4},
+    )
+    with pytest.warns(InfersimWarning, match="no experts"):
+        summary = simulate(Scenario.from_dict(data)).summary()
+    assert summary["run"]["configuration"]["pools"][0]["ep"] is False
+    assert summary["provenance"]["scenario"]["parallelism"]["enable_expert_parallel"] is False
+    assert "ep)" not in header_lines(summary["run"]["configuration"])[0]

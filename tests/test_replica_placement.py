@@ -7,11 +7,13 @@ import pytest
 import yaml
 
 from hardware_models.errors import InfeasibleError, InfersimWarning
+from hardware_models.node import CrossNodeLink
 from hardware_models.presets import load_gpu, load_node
 from simulator.engine.step_cost import StepCostModel
 from simulator.model_catalog import load_model
+from simulator.provenance import assumed_links
 from simulator.scenario import Scenario
-from simulator.simulation import _Run, build_replica
+from simulator.simulation import _Run, build_pools, build_replica
 from tests.conftest import scenario_dict
 
 
@@ -53,7 +55,9 @@ def test_a_replica_straddling_two_nodes_hands_off_over_the_inter_node_link():
 def test_the_run_prices_and_names_the_straddling_replicas():
     """The review's layout was accepted with all four replicas priced alike and no word."""
     scenario = _straddling()
-    with pytest.warns(InfersimWarning, match=r"replicas 1, 2 of 4 .*straddl"):
+    with pytest.warns(
+        InfersimWarning, match=r"replicas 1, 2 of 4 .*so their pipeline hand-offs run"
+    ):
         build_replica(scenario)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -84,3 +88,87 @@ def test_a_tensor_parallel_group_that_would_straddle_nodes_is_refused(tmp_path):
     )
     with pytest.raises(InfeasibleError, match="tp=4 does not divide the 6 GPUs"):
         build_replica(Scenario.from_dict(data))
+
+
+def _moe_dp(**parallelism) -> Scenario:
+    """qwen3-30b-a3b, tp=2 x dp=3 = 6 GPUs a replica, 2 replicas over 2 nodes of 8:
+    replica 1 holds GPUs 6-11, its MoE dispatch group straddling the two nodes."""
+    return Scenario.from_dict(
+        scenario_dict(
+            hardware={"gpu": "h100-sxm"},
+            model={"name": "qwen3-30b-a3b"},
+            parallelism={"tp": 2, "dp": 3, "replicas": 2, "nodes": 2,
+                         "enable_expert_parallel": True, **parallelism},
+            workload={"num_requests": 6},
+        )
+    )  # fmt: skip
+
+
+def test_a_dp_group_straddling_two_nodes_dispatches_over_the_inter_node_link():
+    """The review's layout: replica 1's 6-GPU dispatch group (2 GPUs on node 0, 4 on
+    node 1) was priced over NVSwitch, as replica 0's inside one node."""
+    arch, gpu, node = load_model("qwen3-30b-a3b"), load_gpu("h100-sxm"), load_node("dgx-h100")
+    cost = StepCostModel(arch, gpu, node, tp=2, dp=3, expert_parallel=True)
+    assert cost.ep_link == node.intra_node_link and cost.placed(0, 0) is cost
+    straddling = cost.placed(6, 6)
+    assert straddling is not cost and cost.placed(8, 6) is straddling  # its rank 1's GPU
+    link = straddling.ep_link
+    # vLLM's gather over the dp ranks, 2 GPUs apart: at most 2 of the 3 on one node
+    assert isinstance(link, CrossNodeLink) and link.inter == node.inter_node_link
+    assert link.gpus_per_node == 2
+    to_all = StepCostModel(arch, gpu, node, tp=2, dp=3, expert_parallel=True,
+                           all2all_backend="all_to_all")  # fmt: skip
+    assert to_all.placed(6, 6).ep_link.gpus_per_node == 4  # the experts' GPUs: 4 on node 1
+
+    def step(model: StepCostModel) -> float:
+        return model.step(decode_seqs=32, decode_context=32_000, moe_tokens=96).gpu_seconds
+
+    assert step(straddling) > step(cost)
+
+
+def test_a_pipelined_dp_groups_stages_spread_over_its_ranks_gpus():
+    """tp=4 x pp=2 x dp=2: the dispatch group of stage 0 is GPUs 0-3 and 8-11 (rank 1
+    starts tp x pp GPUs on), two nodes, though tp x dp = 8 is a node's GPUs."""
+    arch, gpu, node = load_model("qwen3-30b-a3b"), load_gpu("h100-sxm"), load_node("dgx-h100")
+    cost = StepCostModel(arch, gpu, node, tp=4, pp=2, dp=2, expert_parallel=True)
+    assert isinstance(cost.ep_link, CrossNodeLink) and cost.ep_link.gpus_per_node == 1
+
+
+def test_the_run_names_and_prices_the_straddling_dp_group():
+    with pytest.warns(
+        InfersimWarning, match=r"parallelism: replicas 1 of 2 .*so their MoE dispatches run"
+    ):
+        build_replica(_moe_dp())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = _Run(_moe_dp(), progress=False)
+    ranks = [replica.cost for replica in run.replicas]  # 2 replicas x 3 dp ranks
+    assert ranks[0] is ranks[1] is ranks[2] and ranks[3] is ranks[4] is ranks[5]
+    assert isinstance(ranks[3].ep_link, CrossNodeLink)
+    assert not isinstance(ranks[0].ep_link, CrossNodeLink)
+    links = [r for r in assumed_links(run.builds) if r["group"] == "moe_dispatch"]
+    assert [("inter" in r, r.get("replicas")) for r in links] == [(False, [0]), (True, [1])]
+
+
+def test_the_links_of_every_placed_replica_are_recorded():
+    """provenance.links read replica 0's build only: replicas 1 and 2's hand-offs over
+    InfiniBand went unrecorded."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = _Run(_straddling(), progress=False)
+    handoffs = [r for r in assumed_links(run.builds) if r["group"] == "pp_handoff"]
+    assert [(list(set(r) & {"intra", "inter"}), r.get("replicas")) for r in handoffs] == [
+        (["intra"], None),
+        (["inter"], [1, 2]),
+    ]
+
+
+def test_a_pools_straddling_warning_names_the_pool():
+    data = scenario_dict(model={"name": "llama-3.1-8b"})
+    del data["hardware"]
+    data["pools"] = [
+        {"name": "big", "hardware": {"gpu": "h100-sxm"}, "replicas": 3, "tp": 2, "pp": 3}
+    ]
+    with pytest.warns(InfersimWarning, match=r"^pools\.0 \(big\): replicas 1, 2 of 3 ") as caught:
+        build_pools(Scenario.from_dict(data))
+    assert not [w for w in caught if str(w.message).startswith("parallelism: replicas")]

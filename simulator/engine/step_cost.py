@@ -343,6 +343,7 @@ class StepCostModel:
         symm_mem_all_reduce: bool = True,
         mxfp4_use_marlin: bool = False,
         first_gpu: int = 0,
+        group_gpu: int | None = None,
     ) -> None:
         arch.check_tp(tp)
         # How to build this model again placed elsewhere (placed()).
@@ -353,10 +354,14 @@ class StepCostModel:
             "all2all_backend": all2all_backend, "custom_all_reduce": custom_all_reduce,
             "symm_mem_all_reduce": symm_mem_all_reduce, "mxfp4_use_marlin": mxfp4_use_marlin,
         }  # fmt: skip
-        # The cluster GPU the replica starts on: replicas are packed in order over nodes
-        # of node.gpus_per_node, so a replica may start mid-node or straddle two.
+        # The cluster GPU the replica (a dp rank) starts on: replicas are packed in order
+        # over nodes of node.gpus_per_node, so a replica may start mid-node or straddle two.
         self.first_gpu = first_gpu
-        self._placed: dict[int, StepCostModel] = {}  # placed(), by place in a node
+        # Its dp group's (the MoE dispatch group's) first GPU: first_gpu less the dp ranks
+        # before it, each tp x pp GPUs; the group, too, may straddle two nodes.
+        self.group_gpu = first_gpu if group_gpu is None else group_gpu
+        # placed(), by the rank's and its dp group's places in a node
+        self._placed: dict[tuple[int, int], StepCostModel] = {}
         self.mxfp4_use_marlin = mxfp4_use_marlin  # VLLM_MXFP4_USE_MARLIN=1
         self.arch, self.gpu, self.node, self.tp, self.pp = arch, gpu, node, tp, pp
         self.dp = dp if arch.is_moe else 1  # dense ranks are independent replicas
@@ -392,12 +397,7 @@ class StepCostModel:
         )
         self.tp_all_reduce = self.stage_all_reduces[0][0] if self.stage_all_reduces else None
         self.handoffs = self._handoffs(first_gpu)
-        self.ep_link = self._link(tp * self.dp, "parallelism.dp: the MoE dispatch (tp x dp)")
-        if isinstance(self.ep_link, CrossNodeLink) and all2all_backend != "all_to_all":
-            # Across nodes the gather runs over the dp group, whose ranks sit tp GPUs
-            # apart: a node holds per_node // tp of them (one where tp fills a node).
-            per_node = max(1, node.gpus_per_node // tp)
-            self.ep_link = self.ep_link._replace(gpus_per_node=per_node)
+        self.ep_link = self._dispatch_link(self.group_gpu)
         # Constants of every step, looked up once (step() runs tens of thousands of times).
         self._layers = arch.num_layers
         self._window_layers = arch.num_sliding_layers
@@ -459,37 +459,96 @@ class StepCostModel:
             f"but node {self.node.name} has no inter-node link"
         )
 
-    def placement(self, first_gpu: int) -> tuple[list, list]:
-        """What prices differently with a replica's place, from cluster GPU `first_gpu` on:
-        its stage hand-offs (the GPUs they start on only over a PCIe tree, where the
-        place matters) and its stages' all-reduce plans. They depend on its place in its
-        node only."""
+    def _dispatch_link(self, group_gpu: int) -> LinkSpec | CrossNodeLink | None:
+        """The link of the MoE dispatch over the tp x dp GPUs of a dp group starting on
+        cluster GPU `group_gpu` (stage s of dp rank d from group_gpu + (d x pp + s) x tp
+        on): the node's own where each stage's group sits in one node, else across nodes
+        with the most GPUs one node holds of the stage's group spread widest (a group of
+        12 from GPU 6 on nodes of 8: 2 + 8 + 2, 8 a node; one of 6 from GPU 6: 2 + 4, 4).
+        vLLM's gather runs over the dp ranks, tp GPUs apart (one a node where tp fills
+        nodes); an all-to-all over the experts' GPUs."""
+        tp, dp, per_node = self.tp, self.dp, self.node.gpus_per_node
+        purpose = "parallelism.dp: the MoE dispatch (tp x dp)"
+        link = self._link(tp * dp, purpose)
+        if link is None:
+            return None
+        spreads = []
+        for s in range(self.pp):
+            nodes = Counter(
+                (group_gpu + (d * self.pp + s) * tp + i) // per_node
+                for d in range(dp)
+                for i in range(tp)
+            )
+            spreads.append((len(nodes), -max(nodes.values())))
+        spanned, most = max(spreads)
+        if spanned == 1 or link is self.node.inter_node_link:  # (nodes of one GPU: every hop)
+            return link
+        if not isinstance(link, CrossNodeLink):  # a group narrower than a node straddling two
+            inter = self.node.inter_node_link
+            if inter is None:
+                raise InfeasibleError(
+                    f"{purpose} over {tp * dp} GPUs straddles two nodes of {per_node} GPUs, "
+                    f"but node {self.node.name} has no inter-node link"
+                )
+            intra = self.gpu.efficiency.link_for(per_node, self.node.intra_node_link)
+            link = CrossNodeLink(intra, inter, per_node)
+        gathered = -most if self.all2all_backend == "all_to_all" else max(1, -most // tp)
+        return link._replace(gpus_per_node=gathered)
+
+    def placement(
+        self, first_gpu: int, group_gpu: int | None = None
+    ) -> tuple[list, list, LinkSpec | CrossNodeLink | None]:
+        """What prices differently with a dp rank's place, from cluster GPU `first_gpu` on
+        in a dp group from `group_gpu` on (first_gpu's own when None): its stage hand-offs
+        (the GPUs they start on only over a PCIe tree, where the place matters), its
+        stages' all-reduce plans and its MoE dispatch's link. They depend on its and its
+        group's places in their nodes only."""
         custom, symm_mem = (self._settings[k] for k in ("custom_all_reduce", "symm_mem_all_reduce"))
         handoffs = [
             (link, n, *(ends if link.fabric else (0, 0)))
             for link, n, *ends in self._handoffs(first_gpu)
         ]
-        return handoffs, self._stage_all_reduces(custom, symm_mem, first_gpu)
+        return (
+            handoffs,
+            self._stage_all_reduces(custom, symm_mem, first_gpu),
+            self._dispatch_link(first_gpu if group_gpu is None else group_gpu),
+        )
 
     @functools.cached_property
-    def where(self) -> tuple[list, list]:
+    def where(self) -> tuple[list, list, LinkSpec | CrossNodeLink | None]:
         """This model's placement(): what placed() compares."""
-        return self.placement(self.first_gpu)
+        return self.placement(self.first_gpu, self.group_gpu)
 
-    def placed(self, first_gpu: int) -> StepCostModel:
-        """This model for a replica starting on cluster GPU `first_gpu`: itself when its
-        stages' hand-offs and all-reduces run as this one's do, else one built there
-        (one per placement, shared by the replicas placed alike)."""
-        key = first_gpu % self.node.gpus_per_node
+    def placed(self, first_gpu: int, group_gpu: int | None = None) -> StepCostModel:
+        """This model for a dp rank starting on cluster GPU `first_gpu`, in a dp group
+        from `group_gpu` on (first_gpu's own when None): itself when its stages'
+        hand-offs, all-reduces and MoE dispatch run as this one's do, else one built
+        there (one per placement, shared by the ranks placed alike)."""
+        group_gpu = first_gpu if group_gpu is None else group_gpu
+        key = (first_gpu % self.node.gpus_per_node, group_gpu % self.node.gpus_per_node)
         if key not in self._placed:
-            where = self.placement(key)
+            where = self.placement(*key)
             alike = (model for model in self._placed.values() if model.where == where)
             self._placed[key] = next(alike, None) or (
-                self
-                if where == self.where
-                else StepCostModel(self.arch, self.gpu, self.node, **self._settings, first_gpu=key)
+                self if where == self.where else self._built_at(*key)
             )
         return self._placed[key]
+
+    def placed_ranks(self, replicas: int, dp: int) -> list[list[StepCostModel]]:
+        """Each of `replicas` replicas' dp ranks' models (placed()), the replicas packed in
+        order over the nodes as Simulation places them: replica r from cluster GPU r x its
+        tp x pp x `dp` GPUs on, its rank d tp x pp x d GPUs later."""
+        rank = self.tp * self.pp
+        size = rank * dp
+        return [
+            [self.placed(r * size + d * rank, r * size) for d in range(dp)] for r in range(replicas)
+        ]
+
+    def _built_at(self, first_gpu: int, group_gpu: int) -> StepCostModel:
+        settings = self._settings
+        return StepCostModel(
+            self.arch, self.gpu, self.node, **settings, first_gpu=first_gpu, group_gpu=group_gpu
+        )
 
     def _stage_all_reduces(
         self, custom: bool, symm_mem: bool, first_gpu: int
