@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from hardware_models.file_memo import per_file_version
 from hardware_models.node import CrossNodeLink, LinkSpec
 from simulator.build_id import build_id
-from simulator.scenario import names_a_file, replica_gpus
+from simulator.scenario import replica_gpus
 
 if TYPE_CHECKING:
     from simulator.scenario import Scenario
@@ -105,7 +105,9 @@ def _file_fields(scenario: Scenario) -> list[tuple[str, str]]:
             (f"{where}.{field}", getattr(hardware, field))
             for field in ("gpu", "node", "calibration")
         ]
-    files = [(field, value) for field, value in named if value and names_a_file(value)]
+    files = [
+        (field, value) for field, value in named if value and scenario.reads_file(field, value)
+    ]
     for role in ("arrivals", "prompt_tokens", "output_tokens"):
         spec = getattr(scenario.workload, role)
         if getattr(spec, "kind", None) == "trace":
