@@ -24,7 +24,9 @@ if TYPE_CHECKING:
 def register(parser: argparse.ArgumentParser) -> None:
     """Arguments and handler of the subcommand (its one-line help is in cli/main.py)."""
     parser.add_argument("scenario", type=Path, help="scenario YAML with a `plan:` section")
-    parser.add_argument("-o", "--output", type=Path, help="folder for plan.csv, plan.json and plots")
+    parser.add_argument(
+        "-o", "--output", type=Path, help="folder for plan.csv, plan.json and plots"
+    )
     add_overrides(parser)
     add_executor_flags(parser, "candidates")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing plan")
