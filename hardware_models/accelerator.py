@@ -15,7 +15,7 @@ from hardware_models.dtypes import Dtype
 from hardware_models.efficiency import EfficiencyProfile, profile_json
 from hardware_models.errors import InfersimError
 from hardware_models.object_memo import per_object
-from hardware_models.read_only import freeze_dict_fields
+from hardware_models.read_only import ReadOnlyModel
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -192,7 +192,7 @@ class PriceSpec(BaseModel):
 BLACKWELL_MAJORS = frozenset({10, 11, 12})
 
 
-class AcceleratorSpec(BaseModel):
+class AcceleratorSpec(ReadOnlyModel):
     """What one chip can do. Validated strictly: an unknown or missing field is an error."""
 
     model_config = _STRICT
@@ -283,12 +283,6 @@ class AcceleratorSpec(BaseModel):
     sources: dict[str, str] = Field(
         default_factory=dict, description="field name -> where the figure comes from"
     )
-
-    @model_validator(mode="after")
-    def _read_only(self) -> AcceleratorSpec:
-        """Its rates refuse changes in place: a loaded preset is shared (read_only)."""
-        freeze_dict_fields(self)
-        return self
 
     @model_validator(mode="after")
     def _check_datasheet_keys(self) -> AcceleratorSpec:

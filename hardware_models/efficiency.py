@@ -20,7 +20,7 @@ from hardware_models.dtypes import parse_dtype
 from hardware_models.errors import InfersimError
 from hardware_models.node import LinkSpec
 from hardware_models.object_memo import per_object
-from hardware_models.read_only import freeze_dict_fields
+from hardware_models.read_only import ReadOnlyModel
 
 # Block-scaled formats run different kernels from their plain dtype (scales per block),
 # so a curve keyed by one of these spellings is kept apart from the plain dtype's.
@@ -322,7 +322,7 @@ def _set_or(value: float | None, fallback: float) -> float:
     return fallback if value is None else value
 
 
-class EfficiencyProfile(BaseModel):
+class EfficiencyProfile(ReadOnlyModel):
     """How close real kernels on one chip come to its roofline.
 
     Defaults are uncalibrated, chosen from widely reported behaviour of cuBLAS,
@@ -748,12 +748,6 @@ class EfficiencyProfile(BaseModel):
             if not 0 < value <= 1:
                 raise ValueError(f"{key}: a share of memory bandwidth is in (0, 1], got {value}")
         return v
-
-    @model_validator(mode="after")
-    def _read_only(self) -> EfficiencyProfile:
-        """Its tables refuse changes in place: a loaded profile is shared (read_only)."""
-        freeze_dict_fields(self)
-        return self
 
     @staticmethod
     def _for_dtype(table: dict, dtype: object, default):

@@ -7,14 +7,18 @@ entries are kept per object, so a frozen model's contents must never change. pyd
 *= 2`: the edit reached every later load of the preset and left the caches keyed on it
 serving the old figures. A ReadOnlyDict is a dict (pydantic serialises it, and a YAML or
 JSON round trip reads it back, as any dict) whose changes raise a TypeError naming the
-field and the way to a changed copy.
+field and the way to a changed copy. ReadOnlyModel is the base of such models: it freezes
+the dict fields after validation and on `model_copy` too, which skips validation (a copy
+built with `update={"field": {...}}` held a plain dict, so an edit in place changed the
+copy's costs under its memoised hash: object_memo).
 """
 
 from __future__ import annotations
 
-from typing import Any, NoReturn, TypeVar
+from collections.abc import Mapping
+from typing import Any, NoReturn, Self, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, model_validator
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -50,3 +54,19 @@ def freeze_dict_fields(model: BaseModel) -> None:
     for name, value in list(model.__dict__.items()):
         if type(value) is dict:
             model.__dict__[name] = ReadOnlyDict(value, f"{type(model).__name__}.{name}")
+
+
+class ReadOnlyModel(BaseModel):
+    """A frozen model whose dict fields are ReadOnlyDicts, its copies' too."""
+
+    @model_validator(mode="after")
+    def _read_only(self) -> Self:
+        """Its tables refuse changes in place: a loaded one is shared by every run."""
+        freeze_dict_fields(self)
+        return self
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """pydantic's copy (no validation), its dict fields frozen as validation would."""
+        copy = super().model_copy(update=update, deep=deep)
+        freeze_dict_fields(copy)
+        return copy

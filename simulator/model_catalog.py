@@ -88,11 +88,27 @@ def load_model(name_or_path: str | Path) -> ModelArchitecture:
         )
     if text.endswith(".json") or "/" in text or path.exists():
         return _load_hf_config(path.resolve())
-    # As GPU names: `Qwen3-30B-A3B` is qwen3-30b-a3b, when no other name differs only in case.
+    return load_catalog_model(text)
+
+
+def catalog_name(text: str) -> str | None:
+    """The catalog model `text` names, in any case (as GPU names: `Qwen3-30B-A3B` is
+    qwen3-30b-a3b, when no other name differs only in case), or None."""
+    if "/" in text:
+        return None
+    if (CATALOG_DIR / f"{text}.yaml").is_file():
+        return text
     same = [name for name in list_models() if name.casefold() == text.casefold()]
-    if len(same) == 1:
-        return _load_yaml(CATALOG_DIR / f"{same[0]}.yaml")
-    raise unknown_name_error("model", text, list_models())
+    return same[0] if len(same) == 1 else None
+
+
+def load_catalog_model(name: str) -> ModelArchitecture:
+    """A catalog model by name, never a file: what a scenario's bare model.name that is no
+    folder next to the scenario must be (the working folder is not the scenario's)."""
+    found = catalog_name(name)
+    if found is None:
+        raise unknown_name_error("model", name, list_models())
+    return _load_yaml(CATALOG_DIR / f"{found}.yaml")
 
 
 @per_file_version

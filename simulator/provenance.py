@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from hardware_models.file_memo import per_file_version
 from hardware_models.node import CrossNodeLink, LinkSpec
 from simulator.build_id import build_id
-from simulator.scenario import names_a_file, replica_gpus
+from simulator.scenario import replica_gpus
 
 if TYPE_CHECKING:
     from simulator.engine.step_cost import StepCostModel
@@ -34,17 +34,25 @@ def provenance(
     how many simulated it (simulator/sharding.py), which changes no figure; `links` the
     GPU-to-GPU links its collectives were priced over (assumed_links; absent where the
     replicas talk over none); `inputs` the files it read (input_files), where it read any."""
+    return {
+        **origin(scenario),
+        "processes": processes,
+        "defaults": list(defaults),
+        **({"links": list(links)} if links else {}),
+        "scenario": scenario.model_dump(mode="json"),
+    }
+
+
+def origin(scenario: Scenario) -> dict[str, Any]:
+    """What every result of `scenario` records, one run's or many's (a plan's plan.json):
+    the infersim version and build_id, the --set overrides, and the files it read."""
     build = build_id()
     inputs = input_files(scenario)
     return {
         "infersim_version": build.split("+")[0],
         "build_id": build,
-        "processes": processes,
         "overrides": list(scenario.overrides),
-        "defaults": list(defaults),
-        **({"links": list(links)} if links else {}),
         **({"inputs": inputs} if inputs else {}),
-        "scenario": scenario.model_dump(mode="json"),
     }
 
 
@@ -120,7 +128,9 @@ def _file_fields(scenario: Scenario) -> list[tuple[str, str]]:
             (f"{where}.{field}", getattr(hardware, field))
             for field in ("gpu", "node", "calibration")
         ]
-    files = [(field, value) for field, value in named if value and names_a_file(value)]
+    files = [
+        (field, value) for field, value in named if value and scenario.reads_file(field, value)
+    ]
     for role in ("arrivals", "prompt_tokens", "output_tokens"):
         spec = getattr(scenario.workload, role)
         if getattr(spec, "kind", None) == "trace":
@@ -140,17 +150,23 @@ def input_files(scenario: Scenario) -> list[dict[str, str | None]]:
     its folder) and with the sha256 of its contents as the run ends, so an edited trace or
     profile shows in the provenance as an edited source shows in build_id; sha256 None
     where the file cannot be read any more. A model given as a folder is its config.json."""
-    records: list[dict[str, str | None]] = []
+    records = []
     for field, value in _file_fields(scenario):
         path = scenario.resolve_path(value)
         if field == "model.name" and path.is_dir():
             path = path / "config.json"
-        try:
-            digest: str | None = _sha256(path)
-        except OSError:
-            digest = None
-        records.append({"field": field, "path": value, "sha256": digest})
+        records.append(pinned(field, path, value))
     return records
+
+
+def pinned(field: str, path: Path, named: str) -> dict[str, str | None]:
+    """{field, path: `named`, sha256 of the file at `path`} (sha256 None where it cannot
+    be read): one file a result was computed from."""
+    try:
+        digest: str | None = _sha256(path)
+    except OSError:
+        digest = None
+    return {"field": field, "path": named, "sha256": digest}
 
 
 def named_from(folder: str, text: str) -> str:

@@ -95,7 +95,11 @@ class HardwareSection(BaseModel):
 
 class ModelSection(BaseModel):
     model_config = _STRICT
-    name: str = Field(description="catalog name (`infersim models`) or path to a config.json")
+    name: str = Field(
+        description="catalog name (`infersim models`), else a checkpoint folder next to the "
+        "scenario holding a config.json (`NAME`; `./NAME` where a catalog model has that "
+        "name), or a path from the scenario's folder to a config.json or catalog YAML"
+    )
     weight_dtype: WeightDType | None = Field(
         default=None,
         description="storage type of the weights; fp8_block: fp8 with one fp32 scale per "
@@ -960,13 +964,39 @@ class Scenario(BaseModel):
         when the scenario is built, with the name it may have meant, not when a run (or
         each point of a sweep) starts. The presets are read as the run reads them."""
         from hardware_models.presets import load_gpu, load_node
-        from simulator.model_catalog import load_model
 
-        named: list[tuple[str, Any, str | None]] = [("model.name", load_model, self.model.name)]
+        named: list[tuple[str, Any, str | None]] = [
+            ("model.name", self.catalog_model, self.model.name)
+        ]
         for where, pool in self.hardware_sections():
             named += [(f"{where}.gpu", load_gpu, pool.gpu), (f"{where}.node", load_node, pool.node)]
         for field, load, value in named:
-            check_preset_name(f"{source}: {field}", load, value)
+            if value is None or not self.reads_file(field, value):
+                check_preset_name(f"{source}: {field}", load, value)
+
+    def catalog_model(self, name: str) -> Any:
+        """The catalog model `name` names; an unknown one's error says where a model
+        folder of that name would have been read from."""
+        from simulator.model_catalog import load_catalog_model
+
+        try:
+            return load_catalog_model(name)
+        except InfersimError as exc:
+            where = f"a model folder is read from the scenario's folder, {self.base_dir}"
+            raise InfersimError(f"{exc}; {where}, which has no {name}") from None
+
+    def reads_file(self, field: str, value: str) -> bool:
+        """Whether `field`'s `value` names a file read from the scenario's folder, not a
+        preset: a YAML or JSON name or a path (names_a_file), or a model.name that is no
+        catalog model but a folder next to the scenario (a checkpoint's config.json). The
+        catalog comes first; a folder named as a catalog model is given as ./NAME."""
+        if names_a_file(value):
+            return True
+        if field != "model.name" or not self.resolve_path(value).is_dir():
+            return False
+        from simulator.model_catalog import catalog_name
+
+        return catalog_name(value) is None
 
     def hardware_sections(self) -> list[tuple[str, HardwareSection]]:
         """Each hardware section with the path that names it in an error."""

@@ -82,7 +82,6 @@ from simulator.scenario import (
     ModelSection,
     Scenario,
     ServingSection,
-    names_a_file,
     replica_gpus,
 )
 from simulator.workload import (
@@ -145,9 +144,9 @@ def _named_field(field: str, load, value: str):
         raise InfersimError(f"{field}: {exc}") from None
 
 
-def _maybe_path(scenario: Scenario, name: str) -> str:
-    """Preset names stay names; anything that looks like a file resolves from the scenario."""
-    if names_a_file(name):
+def _maybe_path(scenario: Scenario, field: str, name: str) -> str:
+    """Preset names stay names; a file (Scenario.reads_file) resolves from the scenario."""
+    if scenario.reads_file(field, name):
         return str(scenario.resolve_path(name))
     return name
 
@@ -155,7 +154,7 @@ def _maybe_path(scenario: Scenario, name: str) -> str:
 def _scenario_file(scenario: Scenario, field: str, name: str) -> str:
     """`_maybe_path`, refusing a relative path that is missing from the scenario's folder
     but exists from the working folder with a hint (the usual slip with --set)."""
-    value = _maybe_path(scenario, name)
+    value = _maybe_path(scenario, field, name)
     if value != name and not Path(value).exists() and Path(name).is_file():
         raise InfersimError(
             f"{field}: {value}: no such file (a relative path resolves against the "
@@ -453,9 +452,11 @@ def _warn_outside_fitted_sizes(
 
 
 def _load_arch(scenario: Scenario) -> ModelArchitecture:
-    return _named_field(
-        "model.name", load_model, _scenario_file(scenario, "model.name", scenario.model.name)
-    )
+    """The catalog model, or the file or folder next to the scenario, model.name names
+    (never one in the working folder: Scenario.reads_file)."""
+    name = scenario.model.name
+    load = load_model if scenario.reads_file("model.name", name) else scenario.catalog_model
+    return _named_field("model.name", load, _scenario_file(scenario, "model.name", name))
 
 
 def batch_limits_of(scenario: Scenario) -> dict[str, int | None]:

@@ -224,6 +224,34 @@ def test_overwrite_removes_what_an_earlier_command_wrote_and_nothing_else(tmp_pa
         assert (out / ".infersim-files").read_text().splitlines() == left[1:2] + left[5:]
 
 
+def test_overwrite_removes_what_results_write_wrote(tmp_path, capsys):
+    """Results.write lists its files in the MANIFEST as the CLI does; a folder a run wrote
+    before writers kept one loses the run's own file names, and only those: neither
+    outlives the sweep that replaced it (its summary.json and tables stayed beside it)."""
+    from simulator.metrics.manifest import MANIFEST
+    from simulator.scenario import Scenario
+    from simulator.simulation import simulate
+
+    grid = write(tmp_path / "g.yaml", {**scenario_dict(workload={"num_requests": 20}),
+                                       "sweep": {"grid": {"seed": [1, 2]}}})  # fmt: skip
+    result = simulate(Scenario.from_yaml(small(tmp_path)), progress=False)
+    for manifest in (True, False):
+        out = tmp_path / f"out{manifest}"
+        written = result.write(out, plots=False)
+        assert (out / MANIFEST).read_text().splitlines() == sorted(p.name for p in written)
+        if not manifest:
+            (out / MANIFEST).unlink()
+        (out / "notes.txt").write_text("mine")
+        assert run(capsys, "sweep", str(grid), "-o", str(out), "--workers", "1", "--quiet",
+                   "--overwrite")[0] == 0  # fmt: skip
+        assert not (out / "summary.json").exists() and not (out / "requests.parquet").exists()
+        assert (out / "sweep.parquet").is_file() and (out / "notes.txt").read_text() == "mine"
+        # and Results.write over the sweep removes the sweep's files
+        result.write(out, plots=False, overwrite=True)
+        assert not (out / "sweep.parquet").exists() and not (out / "points").exists()
+        assert "sweep.parquet" not in (out / MANIFEST).read_text()
+
+
 # ---- what a run says ----------------------------------------------------------------------------
 def test_run_of_a_file_with_a_sweep_grid_says_it_runs_the_base_scenario(tmp_path, capsys):
     data = {**scenario_dict(workload={"num_requests": 10}), "sweep": {"grid": {"seed": [1, 2]}}}

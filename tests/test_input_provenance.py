@@ -89,6 +89,51 @@ def test_presets_and_generated_load_record_no_inputs():
     assert "inputs" not in summary["provenance"]
 
 
+SMALL_LLAMA = {
+    "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
+    "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "vocab_size": 128256, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+}  # fmt: skip
+
+
+def _model_folder_scenario(folder: Path, model: str) -> Path:
+    """A scenario naming `model` bare, with a checkpoint folder `mine` next to it."""
+    (folder / "mine").mkdir(parents=True)
+    (folder / "mine" / "config.json").write_text(json.dumps(SMALL_LLAMA))
+    data = scenario_dict(model={"name": model}, workload={"num_requests": 3})
+    (folder / "s.yaml").write_text(json.dumps(data))
+    return folder / "s.yaml"
+
+
+def test_a_bare_model_folder_is_read_next_to_the_scenario(tmp_path, monkeypatch):
+    """`model.name: mine` is the folder next to the scenario (the catalog first), from
+    any working folder, and pinned in provenance.inputs; the working folder's is not
+    read (it was: a run from the scenario's folder left it out of the inputs, one from
+    elsewhere refused it as an unknown model)."""
+    scenario = _model_folder_scenario(tmp_path / "w", "mine")
+    config = tmp_path / "w" / "mine" / "config.json"
+    monkeypatch.chdir(tmp_path)
+    summary = simulate(Scenario.from_yaml("w/s.yaml")).summary()
+    digest = hashlib.sha256(config.read_bytes()).hexdigest()
+    assert summary["provenance"]["inputs"] == [
+        {"field": "model.name", "path": "mine", "sha256": digest}
+    ]
+    monkeypatch.chdir(tmp_path / "w")
+    assert _summary(scenario)["provenance"]["inputs"] == summary["provenance"]["inputs"]
+    # a scenario elsewhere does not read the working folder's `mine`
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "s.yaml").write_text(scenario.read_text())
+    refused = r"unknown model 'mine'.* a model folder is read from the scenario's folder, .*o,"
+    with pytest.raises(InfersimError, match=refused):
+        Scenario.from_yaml(tmp_path / "o" / "s.yaml")
+
+
+def test_a_catalog_name_wins_over_a_folder_of_that_name(tmp_path):
+    scenario = _model_folder_scenario(tmp_path, "llama-3.1-8b")
+    (tmp_path / "mine").rename(tmp_path / "llama-3.1-8b")
+    assert "inputs" not in _summary(scenario)["provenance"]
+
+
 @pytest.mark.parametrize(
     ("text", "named"),
     [

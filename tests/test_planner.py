@@ -252,15 +252,31 @@ def test_the_70b_plan_sizes_tp4_fleets_at_two_replicas():
 
 
 def test_plan_cli_exits_non_zero_when_no_candidate_is_feasible(tmp_path, capsys):
+    """plan.json records what plan.csv came from, as a run's summary.json does: the
+    build, the overrides and each file read, pinned by its sha256."""
+    import hashlib
+    import json
+    import shutil
+
+    from simulator.build_id import build_id
+    from simulator.model_catalog import CATALOG_DIR
+
     path = tmp_path / "plan.yaml"
-    data = scenario_dict(slo={"ttft_ms": 1500}, model={"name": "llama-3.1-405b"},
+    shutil.copy(CATALOG_DIR / "llama-3.1-405b.yaml", tmp_path / "m.yaml")
+    data = scenario_dict(slo={"ttft_ms": 1500}, model={"name": "m.yaml"},
                          plan={"gpus": ["l4"], "tp": [1], "requests_per_probe": 100})  # fmt: skip
     path.write_text(yaml.safe_dump(data))
-    assert main(["plan", str(path), "-o", str(tmp_path / "out"), "--workers", "1"]) == 1
+    argv = ["plan", str(path), "-o", str(tmp_path / "out"), "--workers", "1"]
+    assert main([*argv, "--set", "seed=3"]) == 1
     captured = capsys.readouterr()
     assert "infeasible" in captured.out
     assert "no candidate meets the SLOs" in captured.err
     assert (tmp_path / "out" / "plan.csv").is_file()
+    made = json.loads((tmp_path / "out" / "plan.json").read_text())["provenance"]
+    digest = hashlib.sha256((tmp_path / "m.yaml").read_bytes()).hexdigest()
+    assert made["inputs"] == [{"field": "model.name", "path": "m.yaml", "sha256": digest}]
+    assert made["build_id"] == build_id() and made["overrides"] == ["seed=3"]
+    assert made["scenario"]["seed"] == 3 and made["scenario"]["plan"]["gpus"] == ["l4"]
 
 
 @pytest.mark.parametrize("quiet", [False, True])

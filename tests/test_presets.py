@@ -447,6 +447,26 @@ def test_a_read_only_gpu_round_trips_as_before(tmp_path):
             other.efficiency.gemm_compute_by_dtype["bf16"] = None
 
 
+def test_a_copy_with_changed_tables_is_read_only_too():
+    """model_copy skips validation: a copy given a new dict held it plain, so doubling a
+    rate in place left the copy's memoised hash (and the costs cached on it) stale."""
+    from hardware_models.gemm import gemm_cost
+
+    gpu = load_gpu("h100-sxm")
+    rates = dict(gpu.tensor_flops_per_core_per_clock)
+    copy = gpu.model_copy(update={"tensor_flops_per_core_per_clock": rates})
+    profile = gpu.efficiency.model_copy(update={"gemm_compute_by_dtype": {}})
+    assert gemm_cost(copy, 8192, 8192, 8192).seconds == gemm_cost(gpu, 8192, 8192, 8192).seconds
+    with pytest.raises(TypeError, match=r"AcceleratorSpec.tensor_flops_per_core_per_clock"):
+        copy.tensor_flops_per_core_per_clock[Dtype.BF16] *= 2
+    with pytest.raises(TypeError, match=r"EfficiencyProfile.gemm_compute_by_dtype"):
+        profile.gemm_compute_by_dtype["bf16"] = None
+    rates[Dtype.BF16] *= 2  # the caller's own dict stays theirs to change
+    doubled = gpu.model_copy(update={"tensor_flops_per_core_per_clock": rates})
+    assert hash(doubled) != hash(copy)
+    assert gemm_cost(doubled, 8192, 8192, 8192).seconds < gemm_cost(copy, 8192, 8192, 8192).seconds
+
+
 def test_a_gpus_hash_covers_its_tables():
     """Two chips apart only in a tensor rate (or any other field) hash apart, so caches
     keyed on the chip do not compare them field by field."""

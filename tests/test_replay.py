@@ -118,6 +118,29 @@ def test_replay_is_deterministic(tmp_path, capsys):
     assert "no engine log" in " ".join(a["notes"]) and a["decode_only_step"] is None
 
 
+def test_replay_json_pins_the_run_and_the_build(tmp_path, capsys):
+    """replay.json's provenance: the build, and each file of the measured run and of the
+    simulation (the trace it wrote, named from its folder) with its sha256."""
+    import hashlib
+
+    from simulator.build_id import build_id
+
+    run = write_run(tmp_path / "run", _meta())
+    assert replay(capsys, str(run), "-o", str(tmp_path / "out"))[0] == 0
+    made = written(tmp_path / "out")["provenance"]
+    assert made["build_id"] == build_id()
+
+    def sha(path: Path) -> str:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+    names = ("meta.json", "requests.jsonl", "timeseries.csv")
+    assert made["inputs"] == [
+        *({"field": "run", "path": str(run / n), "sha256": sha(run / n)} for n in names),
+        {"field": "workload.arrivals.path", "path": "trace.csv",
+         "sha256": sha(tmp_path / "out" / "trace.csv")},
+    ]  # fmt: skip
+
+
 def test_dp2_ep_run_replays_with_its_ranks_and_experts(tmp_path, capsys):
     run = write_run(
         tmp_path / "run",

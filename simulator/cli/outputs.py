@@ -11,13 +11,11 @@ from pathlib import Path, PurePath
 from typing import TYPE_CHECKING
 
 from hardware_models.errors import InfersimError
+from simulator.metrics.manifest import MANIFEST, listed, record, remove
+from simulator.metrics.writer import run_files
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
-
-# The files infersim wrote into a results folder, one path (relative to it) a line: what
-# a later --overwrite may remove.
-MANIFEST = ".infersim-files"
 
 
 def folder_name(name: str, what: str = "name") -> str:
@@ -95,7 +93,8 @@ def results_folder(
         if not (overwrite or resumable) and outdir.is_dir() and any(outdir.iterdir()):
             raise InfersimError(f"{outdir} already has results; pass --overwrite or another -o")
         made = writable_folder(outdir)
-    listed_tops = {file.split("/")[0] for file in _listed(outdir)}
+    earlier = listed(outdir, run_files())  # a run's files, where no MANIFEST names them
+    listed_tops = {file.split("/")[0] for file in earlier}
     tops = set(os.listdir(outdir))
     before = _files(outdir, listed_tops)
     finished = False
@@ -105,23 +104,15 @@ def results_folder(
     finally:
         now = _files(outdir, listed_tops | (set(os.listdir(outdir)) - tops))
         written = {file for file, stat in now.items() if before.get(file) != stat}
-        earlier = set(_listed(outdir)) - written
+        stale = set(earlier) - written
         if overwrite and finished:
-            _remove(outdir, earlier)
-            earlier = set()
-        ours = written | (earlier & now.keys())
-        if ours:
-            (outdir / MANIFEST).write_text("".join(f"{file}\n" for file in sorted(ours)))
+            remove(outdir, stale)
+            stale = set()
+        if ours := written | (stale & now.keys()):
+            record(outdir, ours)
         elif made:
             with contextlib.suppress(OSError):  # only an empty folder goes
                 outdir.rmdir()
-
-
-def _listed(outdir: Path) -> list[str]:
-    """The MANIFEST's paths; any that would lead outside `outdir` (edited by hand) left out."""
-    manifest = outdir / MANIFEST
-    names = manifest.read_text().splitlines() if manifest.is_file() else []
-    return [n for n in names if not PurePath(n).is_absolute() and ".." not in PurePath(n).parts]
 
 
 def _files(outdir: Path, walked: set[str]) -> dict[str, tuple[int, int, int]]:
@@ -136,15 +127,3 @@ def _files(outdir: Path, walked: set[str]) -> dict[str, tuple[int, int, int]]:
                 stat = path.stat()
                 found[name] = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
     return found
-
-
-def _remove(outdir: Path, names: set[str]) -> None:
-    """Remove these files below `outdir` and the subfolders that leaves empty."""
-    for name in names:
-        path = outdir / name
-        path.unlink(missing_ok=True)
-        for parent in path.parents:
-            if parent == outdir:
-                break
-            with contextlib.suppress(OSError):  # not empty: something else is in it
-                parent.rmdir()

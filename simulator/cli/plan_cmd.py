@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,7 +24,9 @@ if TYPE_CHECKING:
 def register(parser: argparse.ArgumentParser) -> None:
     """Arguments and handler of the subcommand (its one-line help is in cli/main.py)."""
     parser.add_argument("scenario", type=Path, help="scenario YAML with a `plan:` section")
-    parser.add_argument("-o", "--output", type=Path, help="folder for plan.csv and plots")
+    parser.add_argument(
+        "-o", "--output", type=Path, help="folder for plan.csv, plan.json and plots"
+    )
     add_overrides(parser)
     add_executor_flags(parser, "candidates")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing plan")
@@ -85,13 +88,14 @@ def _plan(args: argparse.Namespace, scenario: Scenario, outdir: Path) -> int:
     print("\n".join(wrapped(head, "", "  ")))
     _print_table(table, shown)
     table.to_csv(outdir / "plan.csv", index=False)
+    _write_provenance(scenario, outdir / "plan.json")
     pareto_figure(
         table,
         pct,
         title=scenario.name,
         slo_ms={"ttft": scenario.slo.ttft_ms, "tpot": scenario.slo.tpot_ms},
     ).savefig(outdir / "pareto.png", dpi=110)
-    print(f"\nwrote plan.csv and pareto.png to {outdir}/", file=sys.stderr)
+    print(f"\nwrote plan.csv, plan.json and pareto.png to {outdir}/", file=sys.stderr)
     if not table["status"].isin(FEASIBLE).any():
         print("infersim: no candidate meets the SLOs (see the footnotes above)", file=sys.stderr)
         return 1
@@ -101,6 +105,15 @@ def _plan(args: argparse.Namespace, scenario: Scenario, outdir: Path) -> int:
         print("infersim: no candidate was verified: every feasible one's probe was too short "
               f"to judge overload (see the footnotes); {longer}", file=sys.stderr)  # fmt: skip
     return 0
+
+
+def _write_provenance(scenario: Scenario, path: Path) -> None:
+    """plan.json: what plan.csv came from, as a run's summary.json records it (its build,
+    --set overrides, the files it read with their sha256, the resolved scenario)."""
+    from simulator.provenance import origin
+
+    data = {"provenance": {**origin(scenario), "scenario": scenario.model_dump(mode="json")}}
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def _footnotes(table: pd.DataFrame) -> tuple[list[str], list[str]]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hardware_models.errors import InfersimError
+from simulator.metrics.manifest import clear, record
 from simulator.metrics.table import Table
 from simulator.ways_out import option
 
@@ -33,7 +34,8 @@ def summary_json(summary: Mapping[str, Any], *, include_wall_time: bool = True) 
     return json.dumps(data, sort_keys=True, indent=2, allow_nan=False) + "\n"
 
 
-def _owned_files() -> list[str]:
+def run_files() -> list[str]:
+    """The names of the files a run may write into its folder."""
     names = ["summary.json", *PLOT_FILES]
     for table in TABLES:
         names += [f"{table}.parquet", f"{table}.csv"]
@@ -50,9 +52,9 @@ def _prepare(outdir: Path, overwrite: bool) -> None:
                 f"{outdir} already has results; pass {option('overwrite=True', '--overwrite')}"
                 f" or {another}"
             )
-        # Remove only what a run writes, so no stale CSV or plot outlives its run.
-        for name in _owned_files():
-            (outdir / name).unlink(missing_ok=True)
+        # Remove only what infersim wrote (a run's files; a sweep's its MANIFEST lists),
+        # so no stale CSV, plot or sweep point outlives its run.
+        clear(outdir, run_files())
     outdir.mkdir(parents=True, exist_ok=True)
 
 
@@ -108,6 +110,7 @@ def write_run(
     # last: a folder without summary.json is a run not (completely) written
     text = summary_json(summary, include_wall_time=include_wall_time)
     written.append(write_whole(outdir / "summary.json", lambda path: path.write_text(text)))
+    record(outdir, (path.name for path in written))  # what a later overwrite removes
     return written
 
 

@@ -174,6 +174,7 @@ def read_bench_json(path: Path) -> MeasuredRun:
     itl = pd.DataFrame({"seconds": np.asarray(gaps, np.float64), "weight": 1.0})
     return MeasuredRun(
         source=path,
+        files=(path,),
         kind="infersim-simulated vLLM bench serve JSON" if simulated else "vLLM bench serve JSON",
         requests=requests.sort_values("arrival", kind="stable", ignore_index=True),
         model=data.get(key.MODEL_ID),

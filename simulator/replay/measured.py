@@ -41,6 +41,8 @@ class MeasuredRun:
     """The mean gap, which a run recording only first and last token times still gives."""
     timeline: pd.DataFrame | None = None
     notes: tuple[str, ...] = ()
+    files: tuple[Path, ...] = ()
+    """The files it was read from (replay.json pins each by its sha256)."""
 
     @property
     def name(self) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from hardware_models.errors import InfersimError
+from simulator.provenance import pinned
 from simulator.replay.bench_json import read_bench_json
 from simulator.replay.config import ReplayOptions, replay_scenario
 from simulator.replay.measured import MeasuredRun
@@ -80,7 +81,20 @@ class Replay:
             "decode_only_step": self.decode_step,
             "before_cache_fills": self.before_cache_fills,
             "scenario": scenario,
+            "provenance": self._provenance(),
         }
+
+    def _provenance(self) -> dict[str, Any]:
+        """The simulation's provenance (build_id, overrides, the links it priced, the files
+        it read: the trace named from replay.json's folder, as in `scenario`) with the
+        measured run's files, each pinned by its sha256: an edited run shows."""
+        ran = self.results.context.provenance
+        kept = ("infersim_version", "build_id", "overrides", "links")
+        trace = "workload.arrivals.path"
+        inputs = [pinned("run", path, str(path)) for path in self.run.files]
+        inputs += [{**r, "path": Path(r["path"]).name} if r["field"] == trace else r
+                   for r in ran.get("inputs", ())]  # fmt: skip
+        return {**{key: ran[key] for key in kept if key in ran}, "inputs": inputs}
 
     def write(self, outdir: Path, *, plots: bool = True) -> list[Path]:
         """replay.json, timeline.csv and the plots, next to the trace.csv `replay` wrote."""

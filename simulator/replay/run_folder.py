@@ -117,6 +117,9 @@ def read_run_folder(folder: Path) -> MeasuredRun:
         meta=meta,
         itl_mean=float(decode_time / gaps) if gaps else None,
         timeline=read_timeline(folder / TIMESERIES),
+        files=tuple(
+            folder / name for name in (META, REQUESTS, TIMESERIES) if (folder / name).is_file()
+        ),
         notes=(
             "arrivals: the engine's own queue times (queued_ts); ITL: the run logs first "
             "and last token times only, so its mean alone is measured",
