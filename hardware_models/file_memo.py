@@ -20,8 +20,8 @@ import functools
 import os
 from collections.abc import Callable, Hashable
 from pathlib import Path
-from warnings import WarningMessage
 from typing import Concatenate, ParamSpec, TypeVar
+from warnings import WarningMessage
 
 from hardware_models.warning_scope import kept, replay
 

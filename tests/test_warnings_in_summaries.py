@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import warnings
 
-import yaml
-
 from hardware_models.presets import load_node
 from hardware_models.warning_scope import recording
 from simulator.scenario import Scenario
