@@ -1543,7 +1543,10 @@ def _results(
             assumed_links(run.builds),
         ),
         warnings=tuple(
-            dict.fromkeys(named_from(folder, w) for w in (*run.configuration_warnings, *raised))
+            dict.fromkeys(
+                named_from(folder, w)
+                for w in (*scenario.load_warnings, *run.configuration_warnings, *raised)
+            )
         ),
         frontend=frontend,
     )

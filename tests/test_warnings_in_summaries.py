@@ -7,8 +7,13 @@ from __future__ import annotations
 import json
 import warnings
 
+import pytest
+import yaml
+
+from hardware_models.errors import InfersimWarning
 from hardware_models.presets import load_node
 from hardware_models.warning_scope import recording
+from simulator.cli.main import main
 from simulator.scenario import Scenario
 from simulator.simulation import simulate
 from tests.conftest import scenario_dict
@@ -61,3 +66,47 @@ def test_a_cached_node_file_raises_its_warning_into_each_recording(tmp_path):
         with recording() as caught:
             load_node(path)
         assert ["host_read_us is not set" in str(w.message) for w in caught] == [True]
+
+
+ONE_PRICE = "cost.usd_per_gpu_hour=3 prices every GPU type alike"
+
+
+def _warning_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("infersim: warning:")]
+
+
+def test_a_warning_of_loading_the_scenario_is_in_its_summary_and_said_once(tmp_path, capsys):
+    """One price over two GPU types' pools: said once on stderr (when loaded), and
+    listed first in summary.json and in Results.summary()."""
+    pools = [
+        {"name": "h100", "hardware": {"gpu": "h100-sxm"}, "replicas": 1},
+        {"name": "a100", "hardware": {"gpu": "a100-80gb-sxm"}, "replicas": 1},
+    ]
+    data = scenario_dict(pools=pools, cost={"usd_per_gpu_hour": 3}, workload={"num_requests": 8})
+    del data["hardware"]
+    path = tmp_path / "het.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["run", str(path), "-o", str(tmp_path / "out"), "--quiet"]) == 0
+    said = [line for line in _warning_lines(capsys.readouterr().err) if ONE_PRICE in line]
+    assert len(said) == 1
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert ONE_PRICE in summary["warnings"][0]
+    with pytest.warns(InfersimWarning, match=ONE_PRICE):  # said on loading
+        scenario = Scenario.from_yaml(path)
+    assert ONE_PRICE in _quiet_summary_warnings(scenario)[0]
+
+
+def test_each_variant_lists_the_override_of_its_own_field(tmp_path, capsys):
+    data = scenario_dict(workload={"num_requests": 8})
+    data["variants"] = {"a": {"serving.max_num_seqs": 4}, "b": {"seed": 5}}
+    path = tmp_path / "vo.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    argv = ["run", str(path), "-o", str(out), "--quiet", "--set", "serving.max_num_seqs=16"]
+    assert main(argv) == 0
+    overridden = "--set serving.max_num_seqs=16 overrides variants.a.serving.max_num_seqs=4"
+    said = [line for line in _warning_lines(capsys.readouterr().err) if "overrides" in line]
+    assert len(said) == 1 and overridden in said[0]
+    a, b = (json.loads((out / v / "summary.json").read_text())["warnings"] for v in "ab")
+    assert [overridden in text for text in a] == [True] + [False] * (len(a) - 1)
+    assert not any("overrides" in text for text in b)
