@@ -110,3 +110,58 @@ def test_each_variant_lists_the_override_of_its_own_field(tmp_path, capsys):
     a, b = (json.loads((out / v / "summary.json").read_text())["warnings"] for v in "ab")
     assert [overridden in text for text in a] == [True] + [False] * (len(a) - 1)
     assert not any("overrides" in text for text in b)
+
+
+def test_run_says_its_warnings_in_the_order_its_summary_lists_them(tmp_path, capsys):
+    """Build (expert parallel on a dense model), configuration (tp across nodes) and
+    summary-only (rejections) warnings: stderr and summary.json, the same order."""
+    data = scenario_dict(
+        hardware={"gpu": "h100-sxm"},
+        model={"name": "llama-3.1-8b"},
+        parallelism={"tp": 16, "nodes": 2, "enable_expert_parallel": True},
+        serving={"max_model_len": 600},
+        workload={"num_requests": 30},
+    )
+    path = tmp_path / "order.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["run", str(path), "-o", str(tmp_path / "out"), "--quiet"]) == 0
+    said = [
+        line.removeprefix("infersim: warning: ") for line in _warning_lines(capsys.readouterr().err)
+    ]
+    listed = json.loads((tmp_path / "out" / "summary.json").read_text())["warnings"]
+    assert said == listed and len(listed) == 3
+    assert "enable_expert_parallel" in listed[0] and "crossing" in listed[1]
+
+
+def test_sweep_prints_full_paths_and_its_point_files_name_them_from_the_scenario(tmp_path, capsys):
+    """As run and compare print them (docs/METRICS.md); the point files, as summaries."""
+    config = tmp_path / "bnb" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(BITSANDBYTES_CONFIG))
+    data = scenario_dict(model={"name": "bnb/config.json"}, workload={"num_requests": 4})
+    data["sweep"] = {"grid": {"seed": [1, 2]}}
+    path = tmp_path / "sw.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    assert main(["sweep", str(path), "-o", str(out), "--workers", "1", "--quiet"]) == 0
+    said = [line for line in _warning_lines(capsys.readouterr().err) if NOT_UNDERSTOOD in line]
+    assert [line.split(": quantization")[0] for line in said] == [
+        f"infersim: warning: every point: {config}"
+    ]
+    for point in (out / "points").glob("*.json"):
+        kept = json.loads(point.read_text())["warnings"]
+        assert any(text.startswith("bnb/config.json: ") and NOT_UNDERSTOOD in text for text in kept)
+
+
+def test_compare_of_a_file_with_a_sweep_grid_says_it_runs_the_base_scenario(tmp_path, capsys):
+    data = scenario_dict(workload={"num_requests": 8})
+    data["variants"] = {"a": {}, "b": {"seed": 4}}
+    data["sweep"] = {"grid": {"seed": [1, 2]}}
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["compare", str(path), "-o", str(tmp_path / "out"), "--quiet"]) == 0
+    said = [line for line in _warning_lines(capsys.readouterr().err) if "sweep.grid" in line]
+    assert said == [
+        f"infersim: warning: {path}: sweep.grid is not run by `infersim compare`, which runs "
+        f"the scenario as the file sets it; `infersim sweep {path}` runs the grid"
+    ]
