@@ -1544,10 +1544,7 @@ def _results(
             assumed_links(run.builds),
         ),
         warnings=tuple(
-            dict.fromkeys(
-                named_from(folder, w)
-                for w in (*scenario.load_warnings, *raised)
-            )
+            dict.fromkeys(named_from(folder, w) for w in (*scenario.load_warnings, *raised))
         ),
         frontend=frontend,
     )
