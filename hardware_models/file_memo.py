@@ -7,6 +7,11 @@ kept with the file's identity and version as `os.stat` gives them (device, inode
 modification time in ns) and checked on every call: one `stat` (a few microseconds) against
 a parse and a validation. A file rewritten in place within one tick of the filesystem's
 clock and to the same size is the one edit this does not see.
+
+The InfersimWarnings a load raises (an old node file, a checkpoint's quantization not
+understood) are kept with its value and raised again into the open recording on each
+later call (warning_scope.replay): each run records them in its summary, not only the
+first run in the process that read the file.
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ import os
 from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Concatenate, ParamSpec, TypeVar
+from warnings import WarningMessage
+
+from hardware_models.warning_scope import kept, replay
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -35,8 +43,9 @@ def _version(path: Path) -> _Version | None:
 def per_file_version(load: Callable[Concatenate[Path, P], T]) -> Callable[Concatenate[Path, P], T]:
     """`load(path, ...)`, cached per path and further (hashable) arguments while the file
     stays the same; one entry per path and arguments, replaced when the file changes.
-    Errors are not cached: they are raised again."""
-    held: dict[Hashable, tuple[_Version, T]] = {}
+    Errors are not cached: they are raised again. The warnings the load raised are kept
+    with the value and raised again on each call that serves it (see the module's doc)."""
+    held: dict[Hashable, tuple[_Version, T, tuple[WarningMessage, ...]]] = {}
 
     @functools.wraps(load)
     def cached(path: Path, *args: P.args, **kwargs: P.kwargs) -> T:
@@ -44,10 +53,12 @@ def per_file_version(load: Callable[Concatenate[Path, P], T]) -> Callable[Concat
         version = _version(path)  # before reading: an edit during the read is seen next time
         entry = held.get(key)
         if version is not None and entry is not None and entry[0] == version:
+            replay(entry[2])
             return entry[1]
-        value = load(path, *args, **kwargs)
+        with kept() as raised:
+            value = load(path, *args, **kwargs)
         if version is not None:
-            held[key] = (version, value)
+            held[key] = (version, value, tuple(raised))
         return value
 
     return cached

@@ -59,8 +59,9 @@ def _load_gpu_path(path: Path) -> AcceleratorSpec:
 
 @per_file_version
 def _load_node_path(path: Path) -> NodeSpec:
-    """A node file, validated; read once per version of the file, so a file written
-    before fabric.host_read_us warns once (see _warn_host_read_unset)."""
+    """A node file, validated; read once per version of the file, its warning (a file
+    written before fabric.host_read_us, see _warn_host_read_unset) kept with it for each
+    run that uses it (file_memo)."""
     node = validate_model(NodeSpec, _read(path), str(path))
     _warn_host_read_unset(node, path)
     return node

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from types import FrameType
 
@@ -40,6 +40,32 @@ def recording() -> Iterator[list[warnings.WarningMessage]]:
         yield caught
     finally:
         _RECORDING.reset(token)
+
+
+@contextlib.contextmanager
+def kept() -> Iterator[list[warnings.WarningMessage]]:
+    """Record every InfersimWarning raised within into the list it gives and then raise
+    each again (raise_again), also when the block stops with an error: for a cache
+    (hardware_models.file_memo) that keeps them with the value the block made, to
+    `replay` each time it serves that value again."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with recording() as caught:
+            yield caught
+    finally:
+        for recorded in caught:
+            raise_again(recorded)
+
+
+def replay(kept: Iterable[warnings.WarningMessage]) -> None:
+    """Warnings kept with a cached value, raised again into the open recording each time
+    the value is served: every run's summary holds what limited it, also when an earlier
+    run in the process read the file. With none open, nothing: the caller's filters saw
+    them when they were first raised, and Python's default filter shows a line's
+    warning once."""
+    if _RECORDING.get() is not None:
+        for recorded in kept:
+            raise_again(recorded)
 
 
 def warn(text: str, stacklevel: int = 1) -> None:

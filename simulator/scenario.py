@@ -803,11 +803,20 @@ class Scenario(BaseModel):
         default=".", exclude=True, description="folder relative paths resolve against"
     )
     _overrides: tuple[str, ...] = PrivateAttr(default=())
+    _load_warnings: tuple[str, ...] = PrivateAttr(default=())
 
     @property
     def overrides(self) -> tuple[str, ...]:
         """The `key.path=value` overrides (the CLI's --set) this scenario was built with."""
         return self._overrides
+
+    @property
+    def load_warnings(self) -> tuple[str, ...]:
+        """What loading it said (one price over several GPU types, an override over a
+        variant's field): raised once when it is loaded, before any run, and listed first
+        in the summary of each run of it (simulation._results), as a BuiltScenario's
+        build warnings are."""
+        return self._load_warnings
 
     @model_validator(mode="after")
     def _hardware_or_pools(self) -> Scenario:
@@ -953,10 +962,13 @@ class Scenario(BaseModel):
         except ValidationError as exc:
             raise InfersimError(f"{source}: {describe_errors(exc, cls)}") from None
         scenario._overrides = tuple(overrides)
-        for run in scenario.expand(source):  # a bad variant is reported now, not after others
-            run._check_preset_names(source)
         if one_price := scenario.cost.one_price_for(scenario.gpu_types()):
-            warn(f"{source}: {one_price}", stacklevel=2)
+            scenario._load_warnings = (f"{source}: {one_price}",)
+        runs = scenario.expand(source)  # a bad variant is reported now, not after others
+        for run in runs:
+            run._check_preset_names(source)
+        for text in dict.fromkeys(text for run in runs for text in run.load_warnings):
+            warn(text, stacklevel=2)
         return scenario
 
     def _check_preset_names(self, source: str) -> None:
@@ -1023,8 +1035,9 @@ class Scenario(BaseModel):
         """The scenarios to run: this one, or one per variant (named after the variant).
 
         The command line wins over the file, variants included: the --set overrides are
-        applied again after each variant's changes (a warning names each field both set),
-        so a variant runs, and its summary records, what the overrides say."""
+        applied again after each variant's changes (a warning names each field both set,
+        said on loading and kept in the variant's load_warnings), so a variant runs, and
+        its summary records, what the overrides say."""
         if not self.variants:
             return [self]
         cli = [o for o in self._overrides if override_key(o).split(".")[0] not in _VARIANT_OWNED]
@@ -1038,12 +1051,13 @@ class Scenario(BaseModel):
                 )
             for key, value in changes.items():
                 set_path(data, key, value, f"{source or self.name}: variants.{name}.{key}")
-            _warn_overridden(name, changes, cli)
             apply_overrides(data, cli)
             data["name"] = name
             try:
                 expanded.append(Scenario.model_validate(data))
                 expanded[-1]._overrides = self._overrides
+                overridden = _overridden(name, changes, cli)
+                expanded[-1]._load_warnings = (*self._load_warnings, *overridden)
             except ValidationError as exc:
                 where = f"{source or self.name}: variants.{name}"
                 raise InfersimError(f"{where}: {describe_errors(exc, Scenario)}") from None
@@ -1113,16 +1127,16 @@ def fields_overlap(a: str, b: str) -> bool:
     return a == b or a.startswith(f"{b}.") or b.startswith(f"{a}.")
 
 
-def _warn_overridden(variant: str, changes: dict[str, Any], overrides: list[str]) -> None:
-    for item in overrides:
-        key = override_key(item)
-        for field in (k for k in changes if fields_overlap(k, key)):
-            winner = option("overrides win", "the command line wins")
-            warn(
-                f"{_given(item)} overrides variants.{variant}.{field}={changes[field]!r} "
-                f"({winner} over the scenario file, variants included)",
-                stacklevel=2,  # expand's line: the check on loading and the run warn once
-            )
+def _overridden(variant: str, changes: dict[str, Any], overrides: list[str]) -> list[str]:
+    """The warning for each field of a variant an override sets again."""
+    winner = option("overrides win", "the command line wins")
+    return [
+        f"{_given(item)} overrides variants.{variant}.{field}={changes[field]!r} "
+        f"({winner} over the scenario file, variants included)"
+        for item in overrides
+        for field in changes
+        if fields_overlap(field, override_key(item))
+    ]
 
 
 def _given(item: str) -> str:

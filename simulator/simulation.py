@@ -1518,8 +1518,9 @@ def _results(
     closed: tuple[list[ClosedLog], list[StepTotals], int],
 ) -> Results:
     """The finished run's results, from each replica's `closed` log and step totals and
-    the count of processes that ran it; its summary holds the warnings raised so far,
-    the configuration ones first. With the API server modelled, the request table and
+    the count of processes that ran it; its summary holds the warnings raised so far in
+    the order they were raised, as stderr shows them: the scenario's loading ones, its
+    build's and configuration's, the run's. With the API server modelled, the request table and
     gaps are the client's and the run lasts until the client has seen every token."""
     logs, totals, processes = closed
     frontend = None
@@ -1556,7 +1557,7 @@ def _results(
             assumed_links(run.builds),
         ),
         warnings=tuple(
-            dict.fromkeys(named_from(folder, w) for w in (*run.configuration_warnings, *raised))
+            dict.fromkeys(named_from(folder, w) for w in (*scenario.load_warnings, *raised))
         ),
         frontend=frontend,
     )

@@ -172,22 +172,23 @@ def _grid_error(exc: ValidationError, values: Mapping[str, Any], name: str, wher
 def run_point(data: dict[str, Any], overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     """Simulate one point wherever it is sent; `overrides` are the sweep's --set, recorded
     in the point's provenance (the point's data already has them applied). Never raises:
-    any exception becomes a failed outcome, so one bad point costs one row, not the sweep."""
+    any exception becomes a failed outcome, so one bad point costs one row, not the sweep.
+    Its warnings name files by their full paths, as printed (_write_point names them from
+    the scenario's folder)."""
     started, cpu = time.perf_counter(), time.process_time()
-    folder = data.get("base_dir", ".")  # the point file names files from it, as its summary
     with recording() as caught:  # carried back, not shown here; per thread (Dask's)
         try:
             scenario = Scenario.from_dict(data, source="sweep point", overrides=overrides)
             summary = run_simulation(scenario, progress=False).summary()
         except Exception as exc:
             return {**_failure("failed", exc, time.perf_counter() - started),
-                    "warnings": [named_from(folder, w) for w in warning_texts(caught)]}  # fmt: skip
+                    "warnings": warning_texts(caught)}  # fmt: skip
     run = {k: v for k, v in summary["run"].items() if k != "wall"}  # the only varying part
     return {
         "status": "ok",
         "error": None,
         "detail": None,
-        "warnings": [named_from(folder, w) for w in warning_texts(caught)],
+        "warnings": warning_texts(caught),
         "wall_s": time.perf_counter() - started,
         # CPU seconds of the worker: below wall_s when workers outnumber free cores.
         "cpu_s": time.process_time() - cpu,
@@ -237,9 +238,12 @@ def _point_file(outdir: Path, point_id: str) -> Path:
     return outdir / "points" / f"{point_id}.json"
 
 
-def _write_point(outdir: Path, record: Mapping[str, Any]) -> None:
-    """Write then rename, so a sweep killed mid-write leaves no half file for resume."""
-    text = json.dumps(record, sort_keys=True, indent=2, allow_nan=False) + "\n"
+def _write_point(outdir: Path, record: Mapping[str, Any], folder: str) -> None:
+    """Write then rename, so a sweep killed mid-write leaves no half file for resume. Its
+    warnings name files from the scenario's `folder`, as its summary does (a resumed
+    point prints them so)."""
+    kept = {**record, "warnings": [named_from(folder, w) for w in record["warnings"]]}
+    text = json.dumps(kept, sort_keys=True, indent=2, allow_nan=False) + "\n"
     write_whole(_point_file(outdir, record["id"]), lambda path: path.write_text(text))
 
 
@@ -518,7 +522,7 @@ def sweep(
                 **outcome,
             }
             if outdir is not None and outcome["status"] != "lost":
-                _write_point(outdir, record)
+                _write_point(outdir, record, point.data.get("base_dir", "."))
             records[point.id] = record
             bar.update()
     _warn_in_point_order(points, records)

@@ -40,6 +40,7 @@ from hardware_models.calibration.validate import (
 from hardware_models.efficiency import CollectiveFit
 from hardware_models.errors import InfersimError
 from hardware_models.node import LinkSpec
+from hardware_models.warning_scope import warn
 
 LINK_FIT_OP = "all_reduce"
 
@@ -83,9 +84,8 @@ def fit_measurements(
         efficiency = efficiency.model_copy(update={"collective_by_gpus": collective})
     used = fit_rows.groupby("op_class").size()
     sizes = fit_rows.groupby("op_class")["size"].agg(["min", "max"])
-    if progress is not None:
-        for line in unconstrained_terms(fit_rows, curves_only):
-            progress(line)
+    for text in unconstrained_terms(fit_rows, curves_only):
+        warn(text)
     return CalibrationProfile(
         metadata=ProfileMetadata(
             source=measurements.source,
@@ -114,7 +114,7 @@ def unconstrained_terms(fit_rows: pd.DataFrame, curves_only: bool) -> list[str]:
     if curves_only or gemm.empty or gemm["m"].min() <= SMALL_GEMM_ROWS:
         return []
     return [
-        f"warning: no GEMM row with m <= {SMALL_GEMM_ROWS} (smallest m {gemm['m'].min():.0f}): "
+        f"no GEMM row with m <= {SMALL_GEMM_ROWS} (smallest m {gemm['m'].min():.0f}): "
         "the GEMM floor and per-wave latency are extrapolated to small GEMMs; add small "
         "shapes, or fit with --curves-only to keep the preset's"
     ]

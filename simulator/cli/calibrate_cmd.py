@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from hardware_models.errors import InfersimError
+from hardware_models.warning_scope import warn
 from simulator.cli.outputs import writable_file
 
 
@@ -121,7 +122,7 @@ def _fit(args: argparse.Namespace) -> int:
     spec = resolve_spec(measurements, args.gpu, force_gpu=args.force_gpu)
     log(f"{len(measurements.table)} rows from {measurements.source}; fitting against {spec.name}")
     for part, error in harness_metadata(measurements.folder).get("errors", {}).items():
-        log(f"warning: the run could not time {part} ({error}): the profile has no fit for it")
+        warn(f"the run could not time {part} ({error}): the profile has no fit for it")
     profile = fit_measurements(
         measurements,
         spec,

@@ -10,7 +10,7 @@ from pathlib import Path
 from hardware_models.errors import InfersimError
 from simulator.cli.options import add_output_flags, add_overrides, add_results_dir
 from simulator.cli.outputs import folder_name, results_folder
-from simulator.cli.run_cmd import add_workers_flag, build_each, warnings_named
+from simulator.cli.run_cmd import add_workers_flag, build_each, warn_grid_not_run, warnings_named
 from simulator.compare import compare_table, labelled, write_comparison
 from simulator.formatting import WIDTH, sig
 from simulator.results import Results
@@ -33,17 +33,21 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=_compare)
 
 
-def _runs(paths: list[Path], overrides: list[str]) -> dict[str, tuple[Path, Scenario]]:
-    """label -> (folder under -o, scenario). A file is named by its stem (by its path when
-    two stems clash); its variants by file:variant, or by the variant alone for one file."""
+def _runs(
+    paths: list[Path], overrides: list[str]
+) -> tuple[dict[str, tuple[Path, Scenario]], dict[Path, Scenario]]:
+    """label -> (folder under -o, scenario), and each file's scenario. A file is named by
+    its stem (by its path when two stems clash); its variants by file:variant, or by the
+    variant alone for one file."""
     stems = [p.stem for p in paths]
     files = [p.stem if stems.count(p.stem) == 1 else str(p.with_suffix("")) for p in paths]
     if len(set(files)) < len(files):
         twice = next(f for f in files if files.count(f) > 1)
         raise InfersimError(f"{twice}: the same scenario file is given twice")
     runs: dict[str, tuple[Path, Scenario]] = {}
+    loaded: dict[Path, Scenario] = {}
     for path, file in zip(paths, files, strict=True):
-        scenario = Scenario.from_yaml(path, overrides)
+        scenario = loaded[path] = Scenario.from_yaml(path, overrides)
         for run in scenario.expand():
             variant = [folder_name(run.name, "variant")] if scenario.variants else []
             parts = ([file] if len(paths) > 1 else []) + variant
@@ -52,14 +56,16 @@ def _runs(paths: list[Path], overrides: list[str]) -> dict[str, tuple[Path, Scen
         raise InfersimError(
             "compare needs two or more runs: give several scenario files, or one with variants"
         )
-    return runs
+    return runs, loaded
 
 
 def _compare(args: argparse.Namespace) -> int:
-    runs = _runs(args.scenarios, args.overrides)
+    runs, loaded = _runs(args.scenarios, args.overrides)
     results: dict[str, Results] = {}
     written: list[Path] = []
     with results_folder(args.output, "compare", args.overwrite) as outdir:
+        for path, scenario in loaded.items():
+            warn_grid_not_run(path, scenario, "compare")
         built = build_each({label: scenario for label, (_, scenario) in runs.items()})
         for label, (folder, _) in runs.items():
             with warnings_named(label):  # no summary is printed: each is a warning line

@@ -18,6 +18,7 @@ from hardware_models.errors import InfersimError
 from hardware_models.node import NodeSpec
 from hardware_models.op_request import OperatorRequest, parse_request, price_rows
 from hardware_models.presets import list_nodes, load_gpu, load_node
+from hardware_models.warning_scope import warn
 from simulator.cli.options import add_calibration_flag
 from simulator.cli.outputs import writable_file
 from simulator.formatting import sig
@@ -105,8 +106,8 @@ def _run(args: argparse.Namespace) -> int:
         rows_far = [f"{i}" for i, why in enumerate(far, 1) if why]
         if rows_far:
             first = next(why for why in far if why)
-            print(
-                f"warning: row {', '.join(rows_far)} priced by extrapolation ({first}; "
+            warn(
+                f"row {', '.join(rows_far)} priced by extrapolation ({first}; "
                 f"beyond {SIZE_RANGE_SLACK:g}x either way)"
             )
     if args.output:

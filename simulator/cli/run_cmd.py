@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hardware_models.errors import InfersimError, InfersimWarning
+from hardware_models.warning_scope import warn
 from simulator.cli.options import add_output_flags, add_overrides, add_results_dir
 from simulator.cli.outputs import folder_name, results_folder
 from simulator.cli.run_exports import add_export_flags, check_exports, write_exports
@@ -72,6 +73,17 @@ def warnings_named(where: str) -> Iterator[None]:
         pass_on(caught, lambda shown: not issubclass(shown.category, InfersimWarning))
 
 
+def warn_grid_not_run(path: Path, scenario: Scenario, command: str) -> None:
+    """Say that `infersim COMMAND` runs the scenario in `path` as the file sets it, not
+    its sweep.grid; called once the run goes ahead (results folder taken), not before a
+    refusal."""
+    if scenario.sweep is not None:
+        warn(
+            f"{path}: sweep.grid is not run by `infersim {command}`, which runs the scenario "
+            f"as the file sets it; `infersim sweep {path}` runs the grid"
+        )
+
+
 def build_each(runs: Mapping[str, Scenario]) -> dict[str, BuiltScenario]:
     """Every run built before any simulates: one that cannot start (the model does not
     fit) stops the command before the others have run and written their results; each
@@ -95,13 +107,7 @@ def _run(args: argparse.Namespace) -> int:
     results = {}
     written: list[Path] = []
     with results_folder(args.output, scenario.name, args.overwrite) as outdir:
-        if scenario.sweep is not None:  # said once the run goes ahead, not with a refusal
-            warnings.warn(
-                f"{args.scenario}: sweep.grid is not run by `infersim run`, which runs the "
-                f"scenario as the file sets it; `infersim sweep {args.scenario}` runs the grid",
-                InfersimWarning,
-                stacklevel=1,
-            )
+        warn_grid_not_run(args.scenario, scenario, "run")
         todo: Mapping[str, Scenario | BuiltScenario] = {str(args.scenario): runs[0]}
         if variants:  # each variant writes to a subfolder
             todo = build_each({f"{args.scenario}: variant {run.name}": run for run in runs})

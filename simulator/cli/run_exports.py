@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from hardware_models.errors import InfersimError
+from hardware_models.warning_scope import warn
 from simulator.cli.outputs import writable_file
 from simulator.formats.chrome_trace import MAX_EVENTS, chrome_trace
 from simulator.metrics.writer import write_whole
@@ -64,11 +64,10 @@ def write_exports(
         path = _for_variant(args.trace_out, variant)
         _dump(path, trace.document)
         if trace.dropped:
-            print(
-                f"warning: {path}: trace cut at {trace.cut_s:,.3f} s of simulated time: "
+            warn(
+                f"{path}: trace cut at {trace.cut_s:,.3f} s of simulated time: "
                 f"{trace.dropped:,} later events left out (--trace-max-events "
-                f"{args.trace_max_events:,})",
-                file=sys.stderr,
+                f"{args.trace_max_events:,})"
             )
         written.append(path)
     if args.bench_json is not None:
