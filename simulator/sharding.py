@@ -90,6 +90,14 @@ class Share:
     arrival: np.ndarray  # every request's arrival, in submission order
     routes: np.ndarray  # every request's replica, in submission order
 
+    def inputs(self) -> dict[str, np.ndarray]:
+        """Its requests' input columns (engine.requests.INPUT_COLUMNS but the session's),
+        by the request table's names: its shard's table keeps these arrays."""
+        batch = self.batch
+        return {"arrival": batch.arrival_s, "prompt": batch.prompt_tokens,
+                "output": batch.output_tokens, "priority": batch.priority,
+                "priority_class": batch.priority_class}  # fmt: skip
+
 
 @dataclass
 class ShardResult:
@@ -198,7 +206,9 @@ def run_in_shards(
 
     shares = run.shares(shards)
     jobs = [(run.scenario, share, run.expected) for share in shares[1:]]
-    run.requests.drop_outcomes()
+    # The shares hold the requests' inputs and the shards fill the outcomes: the
+    # parent's table keeps only the arrivals (the timeline in the shares) meanwhile.
+    run.requests.drop([name for name in run.requests.columns() if name != "arrival"])
     for index, result in run_parallel(
         simulate_shard, jobs, workers=len(jobs) + 1, on_report=shifted, meanwhile=own_shard
     ):
@@ -211,7 +221,12 @@ def run_in_shards(
     done = [result for result in results if result is not None]
     assert len(done) == len(shards)  # a shard that failed raised above
     end = max(result.end for result in done)
-    run.requests.fill_outcomes([(result.owned, result.columns) for result in done])
+    run.requests.fill(  # session and turn come back blank: a shard runs an open loop
+        [
+            (result.owned, {**share.inputs(), **result.columns})
+            for share, result in zip(shares, done, strict=True)
+        ]
+    )
     for shard, result in zip(shards, done, strict=True):
         for i, log, total, fill in zip(
             shard, result.logs, result.totals, result.batch_fill, strict=True
