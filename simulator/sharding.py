@@ -22,8 +22,10 @@ parent, in replica order.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -113,6 +115,26 @@ class ShardResult:
     batch_fill: list[tuple[float, float]]  # each replica's static-batch wait (idle s, waits)
 
 
+# Allocations above this many bytes get pages of their own from the OS, returned to it
+# when freed (`_big_arrays_off_the_heap`).
+OWN_PAGES_ABOVE = 1 << 20
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def _big_arrays_off_the_heap() -> None:
+    """glibc serves an allocation from its heap unless it is bigger than a threshold that
+    it raises (to 32 MiB) each time a block that big is freed; a heap shrinks only from
+    its top, so the tables, shares and pickled results a shard frees stay in its RSS,
+    heaped under what is still alive. Fixing the threshold (which stops the raising)
+    gives every array over OWN_PAGES_ABOVE pages that go back when it is freed. For the
+    rest of the process; nothing where the C library is not glibc."""
+    if not sys.platform.startswith("linux"):
+        return
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is not None:
+        mallopt(_M_MMAP_THRESHOLD, OWN_PAGES_ABOVE)
+
+
 class _Reported:
     """A shard's progress (its finished requests) passed to `report` about 200 times
     over the whole run, as Progress redraws: from a worker, `executors.report` to the
@@ -134,6 +156,7 @@ def simulate_shard(job: tuple[Scenario, Share, int]) -> ShardResult:
     """Run a shard (a worker process's job), its progress reported to the parent."""
     from simulator.executors import report  # in a worker only
 
+    _big_arrays_off_the_heap()
     scenario, share, total = job
     return _simulate(scenario, share, _Reported(total, report))
 
@@ -204,6 +227,7 @@ def run_in_shards(
         results[0] = _simulate(run.scenario, shares[0], _Reported(run.expected, shown))
         progressed(0, len(results[0].owned))
 
+    _big_arrays_off_the_heap()
     shares = run.shares(shards)
     jobs = [(run.scenario, share, run.expected) for share in shares[1:]]
     # The shares hold the requests' inputs and the shards fill the outcomes: the
