@@ -313,7 +313,7 @@ def test_a_shards_table_keeps_its_shares_arrays():
     table = _Run(scenario, progress=False, share=share).requests
     inputs = share.inputs()
     for name in ("arrival", "prompt", "output", "priority_class"):
-        assert getattr(table, name) is inputs[name]
+        assert getattr(table, name) is inputs[name] and not inputs[name].flags.writeable
     assert (
         table.priority.dtype == np.int16 and table.priority.tolist() == inputs["priority"].tolist()
     )

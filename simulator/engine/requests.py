@@ -105,12 +105,14 @@ class RequestTable:
         """A table of exactly the requests in `inputs` (input columns of equal length;
         those not given are blank), each array of its column's dtype kept as it is, not
         copied: a shard's table and its share of the run hold its requests once. The
-        engine writes only the outcome columns."""
+        engine writes only the outcome columns; the kept arrays are made read-only, so
+        a write to an input raises rather than changes the share."""
         size = len(next(iter(inputs.values())))
         table = cls(0)
         for name in _COLUMNS:
             given = inputs.get(name)
             if given is not None and given.dtype == _COLUMNS[name]:
+                given.flags.writeable = False
                 table._set(name, given)
                 continue
             column = _blank(name, size)
