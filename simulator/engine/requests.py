@@ -197,9 +197,10 @@ class RequestTable:
         multi-turn sessions."""
         if sum(len(ids) for ids, _ in parts) != self.size:
             raise ValueError("the parts do not hold each request once")
-        dropped = [name for name, column in self._arrays.items() if len(column) < self.size]
+        capacity = max(len(column) for column in self._arrays.values())
+        dropped = [name for name, column in self._arrays.items() if len(column) < capacity]
         for name in dropped:
-            column = _blank(name, self.size)
+            column = _blank(name, capacity)
             for ids, columns in parts:
                 if name in columns:
                     column[ids] = columns[name]
