@@ -22,8 +22,10 @@ parent, in replica order.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,6 +92,14 @@ class Share:
     arrival: np.ndarray  # every request's arrival, in submission order
     routes: np.ndarray  # every request's replica, in submission order
 
+    def inputs(self) -> dict[str, np.ndarray]:
+        """Its requests' input columns (engine.requests.INPUT_COLUMNS but the session's),
+        by the request table's names: its shard's table keeps these arrays."""
+        batch = self.batch
+        return {"arrival": batch.arrival_s, "prompt": batch.prompt_tokens,
+                "output": batch.output_tokens, "priority": batch.priority,
+                "priority_class": batch.priority_class}  # fmt: skip
+
 
 @dataclass
 class ShardResult:
@@ -103,6 +113,26 @@ class ShardResult:
     totals: list[StepTotals]
     warnings: list[tuple[type[Warning], str, str, int]]
     batch_fill: list[tuple[float, float]]  # each replica's static-batch wait (idle s, waits)
+
+
+# Allocations above this many bytes get pages of their own from the OS, returned to it
+# when freed (`_big_arrays_off_the_heap`).
+OWN_PAGES_ABOVE = 1 << 20
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def _big_arrays_off_the_heap() -> None:
+    """glibc serves an allocation from its heap unless it is bigger than a threshold that
+    it raises (to 32 MiB) each time a block that big is freed; a heap shrinks only from
+    its top, so the tables, shares and pickled results a shard frees stay in its RSS,
+    heaped under what is still alive. Fixing the threshold (which stops the raising)
+    gives every array over OWN_PAGES_ABOVE pages that go back when it is freed. For the
+    rest of the process; nothing where the C library is not glibc."""
+    if not sys.platform.startswith("linux"):
+        return
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is not None:
+        mallopt(_M_MMAP_THRESHOLD, OWN_PAGES_ABOVE)
 
 
 class _Reported:
@@ -126,6 +156,7 @@ def simulate_shard(job: tuple[Scenario, Share, int]) -> ShardResult:
     """Run a shard (a worker process's job), its progress reported to the parent."""
     from simulator.executors import report  # in a worker only
 
+    _big_arrays_off_the_heap()
     scenario, share, total = job
     return _simulate(scenario, share, _Reported(total, report))
 
@@ -196,9 +227,12 @@ def run_in_shards(
         results[0] = _simulate(run.scenario, shares[0], _Reported(run.expected, shown))
         progressed(0, len(results[0].owned))
 
+    _big_arrays_off_the_heap()
     shares = run.shares(shards)
     jobs = [(run.scenario, share, run.expected) for share in shares[1:]]
-    run.requests.drop_outcomes()
+    # The shares hold the requests' inputs and the shards fill the outcomes: the
+    # parent's table keeps only the arrivals (the timeline in the shares) meanwhile.
+    run.requests.drop([name for name in run.requests.columns() if name != "arrival"])
     for index, result in run_parallel(
         simulate_shard, jobs, workers=len(jobs) + 1, on_report=shifted, meanwhile=own_shard
     ):
@@ -211,7 +245,12 @@ def run_in_shards(
     done = [result for result in results if result is not None]
     assert len(done) == len(shards)  # a shard that failed raised above
     end = max(result.end for result in done)
-    run.requests.fill_outcomes([(result.owned, result.columns) for result in done])
+    run.requests.fill(  # session and turn come back blank: a shard runs an open loop
+        [
+            (result.owned, {**share.inputs(), **result.columns})
+            for share, result in zip(shares, done, strict=True)
+        ]
+    )
     for shard, result in zip(shards, done, strict=True):
         for i, log, total, fill in zip(
             shard, result.logs, result.totals, result.batch_fill, strict=True

@@ -730,13 +730,9 @@ class _Run:
             self.requests = RequestTable(min(wl.num_requests or 4096, 1 << 20))
         else:
             assert batch is not None
-            if share is not None:  # its own requests alone, ids in the run's order
-                self.owned = share.owned
-                self._timeline = (share.arrival, share.routes, np.arange(len(share.owned)))
             self.prompt_hashes = batch.prompt_hashes
             self.expected = len(batch)
             self.class_names = list(batch.class_names)
-            self.requests = RequestTable(len(batch))
             self.client_arrival = self.engine_arrival = batch.arrival_s
             self.submission_order = np.arange(len(batch))
             if scenario.frontend.modelled:  # the engine sees a request once taken in
@@ -745,13 +741,19 @@ class _Run:
                     scenario.frontend, batch.arrival_s, batch.prompt_tokens, replicas
                 )  # each process's own FIFO: a later request may overtake on another
                 self.submission_order = np.argsort(self.engine_arrival, kind="stable")
-            self.requests.add(
-                self.engine_arrival,
-                batch.prompt_tokens,
-                batch.output_tokens,
-                batch.priority,
-                batch.priority_class,
-            )
+            if share is not None:  # its own requests alone, ids in the run's order
+                self.owned = share.owned
+                self._timeline = (share.arrival, share.routes, self.submission_order)
+                self.requests = RequestTable.of_inputs(share.inputs())  # the share's arrays
+            else:
+                self.requests = RequestTable(len(batch))
+                self.requests.add(
+                    self.engine_arrival,
+                    batch.prompt_tokens,
+                    batch.output_tokens,
+                    batch.priority,
+                    batch.priority_class,
+                )
         self.terminal = 0
         self.done = self.env.event()
         self.progress = Progress(self.expected, enabled=progress, label=scenario.name)

@@ -278,21 +278,47 @@ def test_shared_prompt_blocks_in_shards_hit_as_in_one_process(tmp_path):
         assert_same_files(tmp_path / "one", tmp_path / f"w{workers}")
 
 
-def test_the_outcome_columns_are_filled_from_parts_holding_each_request_once():
+def test_dropped_columns_are_filled_from_parts_holding_each_request_once():
+    """The parent drops every column but the arrivals while its shards run and fills them
+    from the shares' inputs and the shards' outcomes; a column no part holds (session,
+    turn) comes back blank, as `add` leaves it."""
     table = RequestTable(4)
     table.add(np.arange(4.0), np.full(4, 10), np.full(4, 5), np.zeros(4))
     parts = [
         (np.array([0, 2]), {name: column[[0, 2]] for name, column in table.outcomes().items()})
     ]
-    table.drop_outcomes()
-    assert len(table.finish) == 0 and table.columns()["arrival"].tolist() == [0, 1, 2, 3]
+    table.drop([name for name in table.columns() if name != "arrival"])
+    assert len(table.finish) == len(table.prompt) == len(table.session) == 0
+    assert table.columns()["arrival"].tolist() == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="each request once"):
-        table.fill_outcomes(parts)
+        table.fill(parts)
     served = {name: column.copy() for name, column in parts[0][1].items()}
     served["finish"][:] = [7.0, 9.0]
-    table.fill_outcomes([(np.array([1, 3]), parts[0][1]), (np.array([0, 2]), served)])
+    served["prompt"] = np.array([11, 13])
+    table.fill([(np.array([1, 3]), {**parts[0][1], "prompt": np.array([12, 14])}),
+                (np.array([0, 2]), served)])  # fmt: skip
     np.testing.assert_array_equal(table.columns()["finish"], [7.0, np.nan, 9.0, np.nan])
     np.testing.assert_array_equal(table.columns()["replica"], [-1, -1, -1, -1])
+    np.testing.assert_array_equal(table.columns()["prompt"], [11, 12, 13, 14])
+    np.testing.assert_array_equal(table.columns()["session"], [-1, -1, -1, -1])
+    np.testing.assert_array_equal(table.columns()["turn"], [0, 0, 0, 0])
+    assert table.prompt.dtype == np.int64 and table.session.dtype == np.int64
+
+
+def test_a_shards_table_keeps_its_shares_arrays():
+    """A shard's table is its share's inputs, not a copy of them (one copy of its
+    requests in its process), those of another dtype copied, and the rest blank."""
+    scenario = Scenario.from_dict(RANDOM_POOLS)
+    share = _Run(scenario, progress=False).shares([(0, 2, 4), (1, 3)])[1]
+    table = _Run(scenario, progress=False, share=share).requests
+    inputs = share.inputs()
+    for name in ("arrival", "prompt", "output", "priority_class"):
+        assert getattr(table, name) is inputs[name] and not inputs[name].flags.writeable
+    assert (
+        table.priority.dtype == np.int16 and table.priority.tolist() == inputs["priority"].tolist()
+    )
+    assert table.size == len(share.owned) == len(table.finish)
+    assert np.isnan(table.finish).all() and (table.session == -1).all()
 
 
 def test_the_parent_runs_the_first_shard_itself(monkeypatch, tmp_path):

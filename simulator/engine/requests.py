@@ -6,6 +6,7 @@ completed, rejected (with a reason), failed, or still in flight (queued or runni
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from enum import IntEnum
 
 import numpy as np
@@ -99,6 +100,28 @@ class RequestTable:
         self._arrays: dict[str, np.ndarray] = {}
         self._allocate(max(capacity, 16))
 
+    @classmethod
+    def of_inputs(cls, inputs: Mapping[str, np.ndarray]) -> RequestTable:
+        """A table of exactly the requests in `inputs` (input columns of equal length;
+        those not given are blank), each array of its column's dtype kept as it is, not
+        copied: a shard's table and its share of the run hold its requests once. The
+        engine writes only the outcome columns; the kept arrays are made read-only, so
+        a write to an input raises rather than changes the share."""
+        size = len(next(iter(inputs.values())))
+        table = cls(0)
+        for name in _COLUMNS:
+            given = inputs.get(name)
+            if given is not None and given.dtype == _COLUMNS[name]:
+                given.flags.writeable = False
+                table._set(name, given)
+                continue
+            column = _blank(name, size)
+            if given is not None:
+                column[:] = given
+            table._set(name, column)
+        table.size = size
+        return table
+
     def _allocate(self, capacity: int) -> None:
         for name in _COLUMNS:
             fresh = _blank(name, capacity)
@@ -161,21 +184,26 @@ class RequestTable:
         """The columns the engine writes (OUTCOME_COLUMNS), of the requests so far."""
         return {name: self._arrays[name][: self.size] for name in OUTCOME_COLUMNS}
 
-    def drop_outcomes(self) -> None:
-        """Free the columns the engine writes, in a process that serves none of the
-        requests: a sharded run's parent, while its shards run (fill_outcomes)."""
-        for name in OUTCOME_COLUMNS:
+    def drop(self, names: Sequence[str]) -> None:
+        """Free columns `names` in a process that reads none of them for a while: a
+        sharded run's parent, while its shards run and hold the requests (`fill`)."""
+        for name in names:
             self._set(name, _blank(name, 0))
 
-    def fill_outcomes(self, parts: list[tuple[np.ndarray, dict[str, np.ndarray]]]) -> None:
-        """The columns the engine writes, from processes' parts: (request ids, each
-        outcome column at those ids), which together hold every request once."""
+    def fill(self, parts: list[tuple[np.ndarray, Mapping[str, np.ndarray]]]) -> None:
+        """The dropped columns again, from processes' parts: (request ids, columns at
+        those ids), which together hold every request once. A dropped column no part
+        holds comes back blank, as `add` leaves a request's session and turn outside
+        multi-turn sessions."""
         if sum(len(ids) for ids, _ in parts) != self.size:
             raise ValueError("the parts do not hold each request once")
-        for name in OUTCOME_COLUMNS:
-            column = _blank(name, len(self.arrival))
+        capacity = max(len(column) for column in self._arrays.values())
+        dropped = [name for name, column in self._arrays.items() if len(column) < capacity]
+        for name in dropped:
+            column = _blank(name, capacity)
             for ids, columns in parts:
-                column[ids] = columns[name]
+                if name in columns:
+                    column[ids] = columns[name]
             self._set(name, column)
 
 
