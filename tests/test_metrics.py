@@ -31,6 +31,7 @@ from simulator.metrics import (
 )
 from simulator.metrics.plots import latency_cdfs, save_run_plots
 from simulator.metrics.run_tables import request_table
+from simulator.metrics.summary import percentile_sorted_by
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -156,15 +157,8 @@ def test_weighted_percentile_monotone_and_bounded(values, weights, q1, q2):
 
 
 def _stable_percentile(values, weights, q):
-    """weighted_percentile as it was with a stable sort throughout: the oracle."""
-    order = np.argsort(values, kind="stable")
-    values, cum = values[order], np.cumsum(weights[order])
-    top = max(cum[-1] - 1, 0.0)
-    position = np.asarray(q, dtype=np.float64) / 100 * top
-    below = np.floor(position)
-    lo = values[np.searchsorted(cum, below, side="right")]
-    hi = values[np.searchsorted(cum, np.minimum(below + 1, top), side="right")]
-    return lo + (position - below) * (hi - lo)
+    """weighted_percentile with a stable sort throughout, as it was: the oracle."""
+    return percentile_sorted_by(values, np.asarray(weights, np.float64), q, "stable")
 
 
 @given(

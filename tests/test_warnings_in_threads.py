@@ -5,9 +5,12 @@ process's filters and display, lost them or pinned them on the wrong run here.""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -80,10 +83,23 @@ def test_simulations_in_threads_each_say_their_own_warnings():
     assert said == expected
 
 
+@contextlib.contextmanager
+def _threaded_dask_client() -> Iterator[Any]:
+    """A Dask client on one in-process worker running four tasks in threads, as Dask's
+    default Client does on a machine of more than four cores."""
+    distributed = pytest.importorskip("distributed", reason="needs the distributed package")
+    with (
+        distributed.LocalCluster(
+            n_workers=1, processes=False, threads_per_worker=4, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        yield client
+
+
 def test_a_sweep_on_a_threaded_dask_worker_says_each_points_warnings():
     """Dask's default worker runs several tasks in threads of one process: the sweep
     says the same warnings, each naming its point, as in-process."""
-    distributed = pytest.importorskip("distributed", reason="needs the distributed package")
     data = scenario_dict()
     data["workload"]["num_requests"] = 30
     data["sweep"] = {"grid": {"serving.max_model_len": [300, 500, 700, 900]}}
@@ -97,12 +113,7 @@ def test_a_sweep_on_a_threaded_dask_worker_says_each_points_warnings():
 
     in_process = said(workers=1)
     assert sum(REJECTED in text for text in in_process) == 4
-    with (
-        distributed.LocalCluster(
-            n_workers=1, processes=False, threads_per_worker=4, dashboard_address=None
-        ) as cluster,
-        distributed.Client(cluster) as client,
-    ):
+    with _threaded_dask_client() as client:
         assert said(client=client) == in_process
 
 
@@ -110,7 +121,6 @@ def test_a_sweep_on_a_threaded_dask_worker_says_each_points_warnings():
 def test_a_plan_on_a_threaded_dask_worker_says_each_candidates_warnings(make_scenario):
     """The planner's candidates, run in threads of one Dask worker, say the warnings
     they say in process, each naming its candidate (pp=2 splits max_num_seqs)."""
-    distributed = pytest.importorskip("distributed", reason="needs the distributed package")
     from simulator.planner import plan_capacity
 
     scenario = make_scenario(
@@ -128,12 +138,7 @@ def test_a_plan_on_a_threaded_dask_worker_says_each_candidates_warnings(make_sce
 
     in_process = said(workers=1)
     assert any("pp=2: serving.max_num_seqs=64 is split" in text for text in in_process)
-    with (
-        distributed.LocalCluster(
-            n_workers=1, processes=False, threads_per_worker=4, dashboard_address=None
-        ) as cluster,
-        distributed.Client(cluster) as client,
-    ):
+    with _threaded_dask_client() as client:
         assert said(client=client) == in_process
 
 
