@@ -995,7 +995,7 @@ class Scenario(BaseModel):
             return load_catalog_model(name)
         except InfersimError as exc:
             where = f"a model folder is read from the scenario's folder, {self.base_dir}"
-            raise InfersimError(f"{exc}; {where}, which has no {name}") from None
+            raise InfersimError(f"{exc}; {where}, which has no {name!r}") from None
 
     def reads_file(self, field: str, value: str) -> bool:
         """Whether `field`'s `value` names a file read from the scenario's folder, not a
