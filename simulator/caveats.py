@@ -15,6 +15,7 @@ import numpy as np
 from hardware_models.block_scaling import NVFP4
 from hardware_models.dtypes import Dtype, bytes_per_element
 from hardware_models.errors import InfeasibleError
+from hardware_models.node import CrossNodeLink
 from simulator.engine.kv_groups import chunked_local_attention
 from simulator.engine.moe_layer import mxfp4_backend
 from simulator.memory_planner import RUN_SETTINGS, SettingNames
@@ -283,19 +284,28 @@ def _dtype_without_tensor_rate(build: ReplicaBuild, dtype: Dtype) -> bool:
 def _crossing_nodes(build: ReplicaBuild) -> str | None:
     """What of a replica talks across nodes (its tp group, its MoE dispatch group, its
     pipeline hand-offs), over which link: priced as NCCL runs it there, a model no
-    measurement here checks; None where everything stays in a node."""
+    measurement here checks; None where everything stays in a node. Every replica as
+    placed (StepCostModel.placed_ranks), not replica 0's alone: a later one packed
+    across a node boundary dispatches or hands off over the inter-node link where
+    replica 0 does not, and may cross more boundaries than it."""
     cost, node = build.cost, build.node
     link, per_node = node.inter_node_link, node.gpus_per_node
     if link is None:
         return None
+    placed = list(dict.fromkeys(m for ranks in cost.placed_ranks(build.replicas, build.dp)
+                                for m in ranks))  # fmt: skip
     what = []
     if cost.tp > per_node:
         what.append(f"tp={cost.tp}'s all-reduces ({cost.tp // per_node} nodes)")
-    if build.arch.is_moe and cost.dp > 1 and cost.tp * cost.dp > per_node:
-        what.append(f"the MoE dispatch over tp x dp = {cost.tp * cost.dp} GPUs")
-    handoffs = sum(n for hop, n, _, _ in cost.handoffs if hop is link)
-    if handoffs:
-        what.append(f"pipeline hand-offs ({handoffs} of {cost.pp - 1})")
+    crossed = [m.ep_link is link or isinstance(m.ep_link, CrossNodeLink) for m in placed]
+    if build.arch.is_moe and cost.dp > 1 and any(crossed):
+        some = "" if all(crossed) else " (in some replicas)"
+        what.append(f"the MoE dispatch over tp x dp = {cost.tp * cost.dp} GPUs{some}")
+    handoffs = sorted({sum(n for hop, n, _, _ in m.handoffs if hop is link) for m in placed})
+    if handoffs[-1]:
+        counts = f"{handoffs[0]}" if len(handoffs) == 1 else f"{handoffs[0]} to {handoffs[-1]}"
+        by_replica = "" if len(handoffs) == 1 else ", by replica"
+        what.append(f"pipeline hand-offs ({counts} of {cost.pp - 1}{by_replica})")
     if not what:
         return None
     return (

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import select
 import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -76,9 +78,39 @@ _job: int | None = None  # in a local worker: the job it runs
 REPORT_EVERY_S = 0.2
 
 
-def _init_worker(started: Any) -> None:
+def _init_worker(started: Any, caller: int) -> None:
     global _started
     _started = started
+    _end_with_caller(caller)
+
+
+def _end_with_caller(caller: int) -> None:
+    """On Linux, end this worker (SIGTERM, as the pool ends its workers) when the `caller`
+    process (the sweep, plan or sharded run) dies, so no worker runs on unowned after a
+    caller killed with SIGKILL, which has no chance to end its pool; elsewhere nothing.
+    prctl(PR_SET_PDEATHSIG) would follow the worker's parent, which under forkserver is
+    the fork server, and that outlives the caller while any worker lives (each worker
+    holds the pipe whose end tells it its client is gone): so a daemon thread waits on a
+    pidfd of the caller instead, whatever the start method. A caller gone before the
+    pidfd was opened ends the worker at once."""
+    if not hasattr(os, "pidfd_open"):  # Linux 5.3+ only
+        return
+    try:
+        pidfd = os.pidfd_open(caller)
+    except ProcessLookupError:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    except OSError:  # a kernel without pidfds: the worker lives as before
+        return
+    threading.Thread(
+        target=_end_when_ready, args=(pidfd,), name="caller-watch", daemon=True
+    ).start()
+
+
+def _end_when_ready(pidfd: int) -> None:
+    """A pidfd reads ready when its process exits."""
+    select.select([pidfd], [], [])
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _call(fn: Callable[[Any], Any], index: int, payload: Any) -> Any:
@@ -151,7 +183,7 @@ def _pool_round(
         max_workers=min(width, len(batch)),
         mp_context=context,
         initializer=_init_worker,
-        initargs=(started,),
+        initargs=(started, os.getpid()),
     )
     futures: dict[Future, int] = {pool.submit(_call, fn, i, payloads[i]): i for i in batch}
     processes = pool._processes  # the pool's own dict: kept, with exit codes, when it breaks

@@ -111,6 +111,7 @@ class ReplicaBuild:
     replicas: int
     dp: int = 1  # attention data-parallel ranks per replica
     defaults: tuple[str, ...] = ()  # the serving settings vLLM's defaults chose, and why
+    pp_field: str = "parallelism.pp"  # where the scenario sets pp (a pool's own `pools.<i>.pp`)
 
     @property
     def pipelined_engines(self) -> int:
@@ -393,17 +394,19 @@ def build_scenario(scenario: Scenario) -> BuiltScenario:
 def _build_pool(
     scenario: Scenario, index: int, kv_transfer: bool, hashed_prompts: bool
 ) -> ReplicaBuild:
-    """One pool's replica build; a refusal in a scenario's own `pools:` names that pool's
-    tp and pp, which it sets there instead of in `parallelism`."""
+    """One pool's replica build; a refusal or a pp warning in a scenario's own `pools:`
+    names that pool's tp and pp, which it sets there instead of in `parallelism`."""
     pool = scenario.pool_list()[index]
+    if not scenario.pools:
+        return build_replica(scenario.for_pool(pool), kv_transfer, hashed_prompts)
+    pp_field = f"pools.{index}.pp"
+    names = SettingNames(tp=f"pools.{index}.tp", pp=pp_field)
+    section = f"pools.{index} ({pool.name})"
     try:
-        section = f"pools.{index} ({pool.name})" if scenario.pools else "parallelism"
-        return build_replica(scenario.for_pool(pool), kv_transfer, hashed_prompts, section)
+        build = build_replica(scenario.for_pool(pool), kv_transfer, hashed_prompts, section)
     except (MaxModelLenRefused, DoesNotFit) as exc:
-        if not scenario.pools:
-            raise
-        names = SettingNames(tp=f"pools.{index}.tp", pp=f"pools.{index}.pp")
         raise exc.named(names) from None
+    return replace(build, pp_field=pp_field)
 
 
 def resolve_weight_dtype(asked: str | None, arch: ModelArchitecture) -> str:
@@ -844,7 +847,7 @@ class _Run:
         pipelined = build.pipelined_engines > 0
         if pp > 1 and not config.iterative:
             warn(
-                f"parallelism.pp={pp}: serving.policy {config.policy!r} runs whole "
+                f"{build.pp_field}={pp}: serving.policy {config.policy!r} runs whole "
                 "batches, one at a time, so the stages run one after another (no pipelining; "
                 "use continuous or chunked_prefill to pipeline)",
                 stacklevel=2,
@@ -858,7 +861,7 @@ class _Run:
                        for seqs in _split(config.max_num_seqs, engines)]  # fmt: skip
             shared_kv = SharedKv(functools.partial(empty_kv_cache, config, keys))
             warn(  # per replica; simulate() passes each distinct one on once
-                f"parallelism.pp={pp}: serving.max_num_seqs={config.max_num_seqs} is split "
+                f"{build.pp_field}={pp}: serving.max_num_seqs={config.max_num_seqs} is split "
                 f"as {_split(config.max_num_seqs, engines)} over the {engines} batches in "
                 "flight, and a request stays in its batch; vLLM V1 caps only their total, "
                 "so its batches may be less even than these",

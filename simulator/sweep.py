@@ -169,6 +169,9 @@ def _grid_error(exc: ValidationError, values: Mapping[str, Any], name: str, wher
 
 
 # ---- one point, in a worker -----------------------------------------------------------------
+POINT_SOURCE = "sweep point"  # what a point's load warnings name, as its scenario's source
+
+
 def run_point(data: dict[str, Any], overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     """Simulate one point wherever it is sent; `overrides` are the sweep's --set, recorded
     in the point's provenance (the point's data already has them applied). Never raises:
@@ -178,7 +181,7 @@ def run_point(data: dict[str, Any], overrides: tuple[str, ...] = ()) -> dict[str
     started, cpu = time.perf_counter(), time.process_time()
     with recording() as caught:  # carried back, not shown here; per thread (Dask's)
         try:
-            scenario = Scenario.from_dict(data, source="sweep point", overrides=overrides)
+            scenario = Scenario.from_dict(data, source=POINT_SOURCE, overrides=overrides)
             summary = run_simulation(scenario, progress=False).summary()
         except Exception as exc:
             return {**_failure("failed", exc, time.perf_counter() - started),
@@ -208,19 +211,38 @@ def warn_named(name: str, texts: Iterable[str] | None) -> None:
         warn(f"{name}: {text}", stacklevel=3)
 
 
+def _said_on_loading(text: str, loaded: Sequence[str]) -> bool:
+    """A point's load warning (`sweep point: ...`) that loading the swept scenario already
+    raised (`<its file>: ...`, Scenario.load_warnings): the same words over the same
+    fields."""
+    body = text.removeprefix(f"{POINT_SOURCE}: ")
+    return body != text and any(said.endswith(f": {body}") for said in loaded)
+
+
 def _warn_in_point_order(
-    points: Sequence[SweepPoint], records: Mapping[str, dict[str, Any]]
+    points: Sequence[SweepPoint], records: Mapping[str, dict[str, Any]], loaded: Sequence[str]
 ) -> None:
     """The points' warnings in grid order, not in the order they finished (which changes
-    from run to run); one every point raised (a build warning of the scenario's) once."""
-    texts = [records[p.id].get("warnings") or [] for p in points if p.id in records]
+    from run to run); one every point raised (a build warning of the scenario's) once,
+    and none that loading the scenario raised already (`loaded`, its load_warnings): they
+    stay in each point's summary, but the terminal shows them once."""
+    new = {
+        p.id: [
+            text
+            for text in records[p.id].get("warnings") or []
+            if not _said_on_loading(text, loaded)
+        ]
+        for p in points
+        if p.id in records
+    }
+    texts = list(new.values())
     common = set.intersection(*map(set, texts)) if len(texts) > 1 else set()
     if common:
         warn_named("every point", [text for text in texts[0] if text in common])
     for point in points:
-        if point.id in records:
-            own = records[point.id].get("warnings") or []
-            warn_named(f"point {point.name}", [text for text in own if text not in common])
+        if point.id in new:
+            own = [text for text in new[point.id] if text not in common]
+            warn_named(f"point {point.name}", own)
 
 
 def _failure(status: str, exc: BaseException, wall_s: float | None) -> dict[str, Any]:
@@ -525,7 +547,7 @@ def sweep(
                 _write_point(outdir, record, point.data.get("base_dir", "."))
             records[point.id] = record
             bar.update()
-    _warn_in_point_order(points, records)
+    _warn_in_point_order(points, records, scenario.load_warnings)
     table = sweep_table(points, records)
     if outdir is not None:
         _write_outputs(table, outdir, scenario, sweep_axes(scenario))

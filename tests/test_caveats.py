@@ -69,6 +69,22 @@ def test_pipeline_hand_offs_and_moe_dispatch_across_nodes_are_said():
     assert not [w for w in inside if w.startswith("crossing")]
 
 
+def test_a_later_replica_straddling_two_nodes_is_in_the_crossing_caveat():
+    """Replicas of 6 GPUs packed over nodes of 8: replica 0 stays in node 0, replica 1
+    straddles nodes 0 and 1. The caveat used to read replica 0 alone and say nothing of
+    the hand-offs and dispatches that cross nodes in replica 1."""
+    h100 = {"gpu": "h100-sxm"}
+    pp = _warnings(hardware=h100, model={"name": "llama-3.1-8b"},
+                   parallelism={"tp": 2, "pp": 3, "replicas": 2}, workload=FEW)  # fmt: skip
+    (crossing,) = [w for w in pp if w.startswith("crossing")]
+    assert "pipeline hand-offs (0 to 1 of 2, by replica), over the infiniband" in crossing
+    moe = _warnings(hardware=h100, model={"name": "qwen3-30b-a3b"},
+                    parallelism={"tp": 2, "dp": 3, "replicas": 2,
+                                 "enable_expert_parallel": True}, workload=FEW)  # fmt: skip
+    (crossing,) = [w for w in moe if w.startswith("crossing")]
+    assert "the MoE dispatch over tp x dp = 6 GPUs (in some replicas), over the" in crossing
+
+
 def test_a_token_budget_capping_the_batch_with_the_kv_cache_free_is_said():
     """128 tokens a step on an H100: memory-bound steps, so a bigger budget serves more
     per step (TTFT p50 0.93 s at 128, 0.025 s at 2048)."""

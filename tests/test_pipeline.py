@@ -200,6 +200,23 @@ def test_the_split_of_max_num_seqs_over_batches_in_flight_is_said():
     assert any("batches in flight" in w for w in results.summary()["warnings"])
 
 
+def test_a_pools_split_warning_names_the_pools_own_pp_field():
+    """In a scenario's own pools, pp is `pools.<i>.pp`: the warnings name that field."""
+    data = scenario_dict(model={"name": "llama-3.1-8b"}, serving={"max_num_seqs": 64})
+    data.pop("hardware", None)
+    data["pools"] = [
+        {"name": "a", "hardware": {"gpu": "h100-sxm"}},
+        {"name": "b", "hardware": {"gpu": "h100-sxm"}, "pp": 2},
+    ]
+    data["workload"] = {**data["workload"], "num_requests": 5}
+    results = simulate(Scenario.from_dict(data), progress=False)
+    split = [w for w in results.summary()["warnings"] if "batches in flight" in w]
+    assert split and split[0].startswith("pools.1.pp=2: serving.max_num_seqs=64 is split")
+    data["serving"] = {**data["serving"], "policy": "static"}
+    with pytest.warns(InfersimWarning, match=r": pools\.1\.pp=2: serving\.policy 'static'"):
+        simulate(Scenario.from_dict(data), progress=False)
+
+
 def test_a_warning_raised_by_every_replica_is_passed_on_once():
     """Four pipelined replicas each raise the split warning: the caller sees it once."""
     import warnings

@@ -11,6 +11,7 @@ sweep worker.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -254,6 +255,41 @@ def test_a_killed_sweep_process_resumes_from_its_point_files(tmp_path):
     resumed = pd.read_parquet(out / "sweep.parquet").drop(columns=timings)
     fresh = sweep(Scenario.from_yaml(path), workers=2, outdir=tmp_path / "fresh", progress=False)
     pd.testing.assert_frame_equal(resumed, fresh.drop(columns=timings))
+
+
+def test_a_sweep_killed_with_sigkill_leaves_no_worker_running(tmp_path):
+    """`infersim sweep --workers 2` killed with SIGKILL (no chance to end its pool): each
+    worker sees its caller gone and ends (executors._end_with_caller), instead of running
+    its point on unowned, and the fork server, whose last client is then gone, with them."""
+    import psutil
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(grid_scenario(200_000, {"serving.max_num_seqs": [4, 8]})))
+    argv = [sys.executable, "-m", "simulator.cli.main", "sweep", str(path), "--workers", "2"]
+    proc = subprocess.Popen(
+        [*argv, "-o", str(tmp_path / "out"), "--quiet", "--no-plots"], cwd=ROOT,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    workers: list[psutil.Process] = []
+    servers: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers) < 2 and time.monotonic() < deadline:
+            servers = [c for c in psutil.Process(proc.pid).children() if
+                       "forkserver" in " ".join(c.cmdline())]  # fmt: skip
+            workers = [w for server in servers for w in server.children()]
+            time.sleep(0.05)
+        assert len(workers) == 2, "the sweep's pool did not start"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        _, alive = psutil.wait_procs([*workers, *servers], timeout=10)
+        running = [w for w in alive if w.status() != psutil.STATUS_ZOMBIE]
+        assert not running, f"outlived their sweep: {[w.cmdline()[-1][:60] for w in running]}"
+    finally:
+        for worker in workers:  # the ones this test started, if the check failed
+            with contextlib.suppress(psutil.NoSuchProcess):
+                worker.kill()
+        proc.kill()
 
 
 def test_a_corrupt_point_file_stops_resume_with_one_line(tmp_path, capsys):

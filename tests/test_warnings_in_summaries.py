@@ -153,6 +153,29 @@ def test_sweep_prints_full_paths_and_its_point_files_name_them_from_the_scenario
         assert any(text.startswith("bnb/config.json: ") and NOT_UNDERSTOOD in text for text in kept)
 
 
+def test_sweep_prints_a_warning_loading_the_file_raised_once_and_keeps_it_per_point(
+    tmp_path, capsys
+):
+    """One price over two GPU types is said when the file loads; each point raises it
+    again on loading its own copy: the terminal shows it once, each point keeps it."""
+    data = scenario_dict(workload={"num_requests": 4}, cost={"usd_per_gpu_hour": 2.5})
+    data.pop("hardware", None)
+    data["pools"] = [
+        {"name": "h", "hardware": {"gpu": "h100-sxm"}},
+        {"name": "a", "hardware": {"gpu": "a100-80gb-sxm"}},
+    ]
+    data["sweep"] = {"grid": {"seed": [1, 2]}}
+    path = tmp_path / "price.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    assert main(["sweep", str(path), "-o", str(out), "--workers", "1", "--quiet"]) == 0
+    said = [line for line in _warning_lines(capsys.readouterr().err) if "alike" in line]
+    assert len(said) == 1 and said[0].startswith(f"infersim: warning: {path}: cost.usd_per")
+    for point in (out / "points").glob("*.json"):
+        kept = json.loads(point.read_text())["warnings"]
+        assert any(text.startswith("sweep point: cost.usd_per_gpu_hour=2.5") for text in kept)
+
+
 def test_compare_of_a_file_with_a_sweep_grid_says_it_runs_the_base_scenario(tmp_path, capsys):
     data = scenario_dict(workload={"num_requests": 8})
     data["variants"] = {"a": {}, "b": {"seed": 4}}
