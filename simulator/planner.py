@@ -731,7 +731,7 @@ FITTED = "fitted"
 
 def calibration_source(scenario: Scenario, gpu: str) -> str:
     """Where `gpu`'s efficiencies come from as the scenario's hardware.calibration picks
-    them (simulation.resolve_calibration): `fitted` (a profile fitted on this GPU), `from
+    them (build.resolve_calibration): `fitted` (a profile fitted on this GPU), `from
     <gpu>` (a profile fitted on another chip, transferred), `datasheet` (no profile), or
     `profile` (one that names no GPU). A plan that ranks fitted GPUs against the others
     compares measured kernels with assumed ones."""
