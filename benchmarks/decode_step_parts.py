@@ -16,9 +16,9 @@ import numpy as np
 from hardware_models.dtypes import bytes_per_element
 from hardware_models.gemm import gemm_cost
 from hardware_models.pointwise import elementwise_cost, embedding_cost
+from simulator.build import build_replica
 from simulator.engine.step_cost import window_sums
 from simulator.scenario import Scenario
-from simulator.simulation import build_replica
 
 
 def parts(path: str, seqs: int, context: int) -> tuple[list[tuple[str, float, int, int]], object]:

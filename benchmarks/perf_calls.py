@@ -24,8 +24,8 @@ from pathlib import Path
 
 from simulator.engine.replica import Replica
 from simulator.engine.step_cost import StepCostModel
+from simulator.run_loop import Run
 from simulator.scenario import Scenario
-from simulator.simulation import _Run
 
 REPO = Path(__file__).resolve().parents[1]
 TIMED = {
@@ -77,7 +77,7 @@ def main() -> int:
         for name in names:
             totals[name] = [0, 0.0]
             setattr(cls, name, timed(getattr(cls, name), totals[name]))
-    run = _Run(Scenario.from_yaml(args.scenario, args.overrides), progress=False)
+    run = Run(Scenario.from_yaml(args.scenario, args.overrides), progress=False)
     collector = GcClock()
     gc.callbacks.append(collector)
     gc.freeze()  # as `infersim` does before its loop

@@ -9,7 +9,7 @@ CPU seconds move less than the wall seconds), and reading the resident memory at
   pandas, and pyarrow only when the files are written), loaded with the garbage collector
   off and then frozen (`gc.freeze`), as `infersim` loads them;
 - setup: reading the scenario, presets and traces, drawing the requests, building the
-  replicas (`_Run`);
+  replicas (`Run`);
 - loop: the SimPy run, GEMM pricing of each new token count included (a fresh process
   prices them cold, as the CLI does);
 - results: the tables (`Results.from_run`), the summary and the files (`Results.write`,
@@ -35,8 +35,8 @@ from pathlib import Path  # noqa: E402
 import simulator.cli.run_cmd  # noqa: E402, F401  (what `infersim run` imports)
 from simulator.metrics.context import SLO, RunContext  # noqa: E402
 from simulator.results import Results  # noqa: E402
+from simulator.run_loop import Run  # noqa: E402
 from simulator.scenario import Scenario  # noqa: E402
-from simulator.simulation import _Run  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -70,7 +70,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "phases")
     args = parser.parse_args()
     scenario = Scenario.from_yaml(args.scenario, args.overrides)
-    run = _Run(scenario, progress=False)
+    run = Run(scenario, progress=False)
     lap(phases, "setup")
     end = run.run()
     lap(phases, "loop")

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 import hardware_models.attention as attention
+from simulator.run_loop import Run
 from simulator.scenario import Scenario
-from simulator.simulation import _Run
 
 REPO = Path(__file__).resolve().parents[1]
 PRICE = attention.PrefillAttention.__call__
@@ -44,7 +44,7 @@ def record(scenario: Scenario) -> tuple[list[tuple], dict[tuple, tuple]]:
 
     attention.PrefillAttention.__call__ = recording
     try:
-        _Run(scenario, progress=False).run()
+        Run(scenario, progress=False).run()
     finally:
         attention.PrefillAttention.__call__ = PRICE
     return calls, results
@@ -52,7 +52,7 @@ def record(scenario: Scenario) -> tuple[list[tuple], dict[tuple, tuple]]:
 
 def loop_seconds(scenario: Scenario, table: dict[tuple, tuple] | None) -> float:
     """CPU seconds of a fresh run's loop; prefill looked up in `table` when given."""
-    run = _Run(scenario, progress=False)
+    run = Run(scenario, progress=False)
     if table is not None:
         attention.PrefillAttention.__call__ = lambda model, *args: table[args]
     gc.collect()
@@ -71,7 +71,7 @@ def main() -> None:
     args = parser.parse_args()
     scenario = Scenario.from_yaml(args.scenario)
     calls, table = record(scenario)
-    model = _Run(scenario, progress=False).replicas[0].cost._prefill_attention
+    model = Run(scenario, progress=False).replicas[0].cost._prefill_attention
     best = float("inf")
     for _ in range(args.rounds):
         start = time.process_time()

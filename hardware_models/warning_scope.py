@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from types import FrameType
 
@@ -101,6 +101,27 @@ def raise_again(recorded: warnings.WarningMessage, module: str | None = None) ->
         warnings.warn_explicit(recorded.message, recorded.category, *where)
     else:
         warnings.warn_explicit(recorded.message, recorded.category, *where, module)
+
+
+def distinct(
+    caught: list[warnings.WarningMessage],
+) -> dict[tuple[type[Warning], str], warnings.WarningMessage]:
+    """Each distinct warning once: one raised per replica is one fact."""
+    once: dict[tuple[type[Warning], str], warnings.WarningMessage] = {}
+    for caught_warning in caught:
+        once.setdefault((caught_warning.category, str(caught_warning.message)), caught_warning)
+    return once
+
+
+def pass_on(
+    caught: list[warnings.WarningMessage],
+    keep: Callable[[warnings.WarningMessage], bool] = lambda _: True,
+) -> None:
+    """Recorded warnings (the distinct ones `keep` accepts, each once) to the caller's
+    filters and display (or the recording the caller opened), where they were raised."""
+    for caught_warning in distinct(caught).values():
+        if keep(caught_warning):
+            raise_again(caught_warning)
 
 
 def _frame_up(levels: int) -> FrameType:

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from hardware_models.accelerator import AcceleratorSpec
     from hardware_models.node import NodeSpec
     from simulator.architecture import ModelArchitecture
+    from simulator.build import ReplicaBuild
     from simulator.scenario import ServingSection
-    from simulator.simulation import ReplicaBuild
 
 
 def check_token_budget(

@@ -83,7 +83,7 @@ def sampler_bytes_per_logit(vllm_version: tuple[int, int, int] = EMULATED_VLLM_V
 
 def default_gpus_per_node(gpu: AcceleratorSpec) -> int | None:
     """GPUs a node of the GPU's first node preset holds, the node a run takes when the
-    scenario names none (simulation.resolve_node); None for a GPU no preset is built
+    scenario names none (build.resolve_node); None for a GPU no preset is built
     from."""
     names = nodes_with_gpu(gpu.name)
     return load_node(names[0]).gpus_per_node if names else None

@@ -669,7 +669,7 @@ def _row(scenario: Scenario, candidate: Candidate, fleet: Fleet, probe: Probe) -
 def _batch_limits(scenario: Scenario, candidate: Candidate, rate: float) -> dict[str, Any]:
     """The batch limits the candidate's replicas run with: vLLM's defaults differ by GPU
     (1024/8192 on an H100, 256/2048 on an A100), so the table says which each ran."""
-    from simulator.simulation import batch_limits_of
+    from simulator.build import batch_limits_of
 
     try:
         n = min(scenario.plan.requests_per_probe, _max_requests(scenario))
@@ -731,12 +731,12 @@ FITTED = "fitted"
 
 def calibration_source(scenario: Scenario, gpu: str) -> str:
     """Where `gpu`'s efficiencies come from as the scenario's hardware.calibration picks
-    them (simulation.resolve_calibration): `fitted` (a profile fitted on this GPU), `from
+    them (build.resolve_calibration): `fitted` (a profile fitted on this GPU), `from
     <gpu>` (a profile fitted on another chip, transferred), `datasheet` (no profile), or
     `profile` (one that names no GPU). A plan that ranks fitted GPUs against the others
     compares measured kernels with assumed ones."""
     from hardware_models.calibration_lookup import profile_metadata
-    from simulator.simulation import resolve_calibration
+    from simulator.build import resolve_calibration
 
     hardware = scenario.hardware.model_copy(update={"gpu": gpu, "node": None})
     try:

@@ -18,9 +18,9 @@ from simulator.build_id import build_id
 from simulator.scenario import replica_gpus
 
 if TYPE_CHECKING:
+    from simulator.build import ReplicaBuild
     from simulator.engine.step_cost import StepCostModel
     from simulator.scenario import Scenario
-    from simulator.simulation import ReplicaBuild
 
 
 def provenance(

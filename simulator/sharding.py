@@ -35,12 +35,12 @@ import numpy as np
 
 from hardware_models.errors import InfersimError
 from hardware_models.warning_scope import recording
+from simulator.run_loop import Run
 
 if TYPE_CHECKING:
     from simulator.engine.step_log import ClosedLog
     from simulator.metrics.step_totals import StepTotals
     from simulator.scenario import Scenario
-    from simulator.simulation import _Run
     from simulator.workload.generate import RequestBatch
 
 Workers = int | Literal["auto"]
@@ -60,7 +60,7 @@ def available_cores() -> int:
     return os.cpu_count() or 1
 
 
-def shards_for(run: _Run, workers: Workers) -> list[tuple[int, ...]]:
+def shards_for(run: Run, workers: Workers) -> list[tuple[int, ...]]:
     """The groups of replicas (indices into `run.units`) to run in processes of their
     own; none when the run is one process's (not shardable, one worker, or "auto" on a
     run too small to pay for the start-up). Replicas are dealt out in turn, so a shard of
@@ -82,7 +82,7 @@ def shards_for(run: _Run, workers: Workers) -> list[tuple[int, ...]]:
 
 @dataclass
 class Share:
-    """A shard's part of the run, made once by the parent (`_Run.shares`): its replicas,
+    """A shard's part of the run, made once by the parent (`Run.shares`): its replicas,
     its requests (their ids in the run and their inputs), and the whole run's arrival
     timeline and routing, which it replays."""
 
@@ -164,11 +164,9 @@ def simulate_shard(job: tuple[Scenario, Share, int]) -> ShardResult:
 def _simulate(scenario: Scenario, share: Share, progress: _Reported) -> ShardResult:
     """Run a shard: the whole cluster built, only its replicas served. Its warnings go
     back to the parent, which passes each distinct one on once."""
-    from simulator.simulation import _Run  # simulation imports this module
-
     replicas = share.replicas
     with recording() as caught:  # its own, also in the parent (inside the run's recording)
-        run = _Run(scenario, progress=False, share=share)
+        run = Run(scenario, progress=False, share=share)
         run.progress = progress
         end = run.advance()
         logs = [run.replicas[i].log.close(end) for i in replicas]
@@ -192,7 +190,7 @@ def _simulate(scenario: Scenario, share: Share, progress: _Reported) -> ShardRes
 
 
 def run_in_shards(
-    run: _Run, shards: list[tuple[int, ...]], caught: list[warnings.WarningMessage]
+    run: Run, shards: list[tuple[int, ...]], caught: list[warnings.WarningMessage]
 ) -> tuple[float, list[ClosedLog], list[StepTotals]]:
     """Simulate `run`'s replicas in `shards`, the first in this process and each other
     in a worker process, and merge: the shards' request rows into `run.requests` (whose

@@ -1,4 +1,4 @@
-"""The speed tools in benchmarks/ drive the engine's internals (`_Run`, `Results.from_run`),
+"""The speed tools in benchmarks/ drive the engine's internals (`Run`, `Results.from_run`),
 so a change there can break them without any other test noticing: run each on a small
 scenario."""
 

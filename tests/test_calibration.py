@@ -215,7 +215,7 @@ def test_fit_and_validate_through_the_cli_on_a_synthetic_folder(tmp_path: Path, 
 
 
 def test_a_scenario_takes_the_fitted_efficiency(tmp_path: Path, make_scenario) -> None:
-    from simulator.simulation import resolve_gpu
+    from simulator.build import resolve_gpu
 
     gpu = load_gpu("h100-sxm")
     table = synthetic_table()
@@ -238,7 +238,7 @@ def test_a_scenario_takes_the_fitted_efficiency(tmp_path: Path, make_scenario) -
 def test_a_scenario_prices_tensor_parallel_all_reduce_over_the_fitted_link(
     tmp_path: Path, make_scenario
 ) -> None:
-    from simulator.simulation import build_replica
+    from simulator.build import build_replica
 
     gpu = load_gpu("h100-sxm")
     profile = fit_measurements(Measurements(synthetic_table(), "synthetic", None), gpu)

@@ -310,7 +310,7 @@ def test_collective_fits_apply_only_over_the_link_they_were_fitted_over(make_sce
     node = load_node("l40s-8x-pcie").model_copy(
         update={"name": "bare-pcie", "intra_node_link": bare}
     )
-    from simulator.simulation import _warn_links_fitted_elsewhere
+    from simulator.build import _warn_links_fitted_elsewhere
 
     with pytest.warns(InfersimWarning, match=r"collective fits \(2, 4, 8 GPUs\).*bare-pcie"):
         _warn_links_fitted_elsewhere(l40s, node, "l40s")

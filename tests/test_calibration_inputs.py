@@ -466,7 +466,7 @@ def test_roofline_decode_attention_asks_for_context_not_kv_len(capsys) -> None:
 def test_a_run_warns_when_its_gemms_reach_beyond_the_sizes_the_profile_was_fitted_on(
     tmp_path: Path, make_scenario
 ) -> None:
-    from simulator.simulation import build_replica
+    from simulator.build import build_replica
 
     data = yaml.safe_load(calibration_path("l40s").read_text())
     data["metadata"]["size_ranges"] = {"gemm": [1e11, 1e13]}  # large GEMMs only

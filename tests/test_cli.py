@@ -8,10 +8,10 @@ import pytest
 
 from hardware_models.gemm import gemm_cost
 from hardware_models.presets import load_gpu
+from simulator.build import resolve_gpu
 from simulator.cli.main import main
 from simulator.memory_planner import framework_overhead_bytes
 from simulator.scenario import Scenario
-from simulator.simulation import resolve_gpu
 from tests.conftest import scenario_dict
 
 

@@ -23,9 +23,9 @@ from hardware_models.efficiency import CollectiveFit
 from hardware_models.errors import InfeasibleError
 from hardware_models.node import PCIE_P2P_HOP_US
 from hardware_models.presets import load_gpu, load_node
+from simulator.build import build_replica
 from simulator.engine.step_cost import StepCostModel
 from simulator.model_catalog import load_model
-from simulator.simulation import build_replica
 
 KiB = 1024
 L40S_NODE = Path(__file__).resolve().parents[1] / "hardware_models/presets/nodes/l40s-8x-pcie.yaml"

@@ -4,9 +4,10 @@ layout applies to fused-MoE layers only), so the run says so and runs without it
 import pytest
 
 from hardware_models.errors import InfersimWarning
+from simulator.build import build_replica
 from simulator.provenance import header_lines
 from simulator.scenario import Scenario
-from simulator.simulation import build_replica, simulate
+from simulator.simulation import simulate
 from tests.conftest import scenario_dict
 
 

@@ -4,6 +4,7 @@ pipeline stages of the widest tp a node holds, within the cluster's nodes when g
 import pytest
 
 from hardware_models.errors import InfeasibleError
+from simulator.build import build_replica
 from simulator.memory_planner import (
     ESTIMATE_SETTINGS,
     PLAN_SETTINGS,
@@ -12,7 +13,6 @@ from simulator.memory_planner import (
 )
 from simulator.planner import _reason
 from simulator.scenario import Scenario
-from simulator.simulation import build_replica
 from tests.conftest import scenario_dict
 
 

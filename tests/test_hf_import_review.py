@@ -6,10 +6,10 @@ import json
 import pytest
 
 from hardware_models.errors import InfersimError, InfersimWarning
+from simulator.build import build_replica
 from simulator.model_catalog import load_model
 from simulator.model_description import describe_model
 from simulator.scenario import Scenario
-from simulator.simulation import build_replica
 from tests.conftest import scenario_dict
 from tests.test_moe_models import DEEPSEEK_V3, GPT_OSS_120B, QWEN3_8B
 

@@ -212,7 +212,7 @@ def test_compares_feasibility_check_builds_a_hashed_traces_pools_as_its_run_does
     """`infersim compare` checks every run fits before simulating any: for a trace whose
     prompts share blocks by hash it must plan the full-length pool the run will build,
     not the hybrid manager's twice as many blocks (found by review)."""
-    from simulator.simulation import build_pools, open_loop_requests, shares_blocks_by_hash
+    from simulator.build import build_pools, open_loop_requests, shares_blocks_by_hash
 
     sets = ["model.name=gpt-oss-20b", "workload.num_requests=4"]
     scenario = Scenario.from_yaml("scenarios/mooncake-prefix-cache.yaml", sets)
@@ -452,7 +452,7 @@ def test_compares_feasibility_check_builds_the_pools_a_disaggregated_run_builds(
     """A disaggregated gpt-oss scenario holds every layer at full length (vLLM turns the
     manager off with a KV connector): compare's pre-check plans that pool, not the
     hybrid manager's larger one."""
-    from simulator.simulation import build_pools
+    from simulator.build import build_pools
 
     path = "scenarios/disaggregated-vs-colocated.yaml"
     base = Scenario.from_yaml(path, ["model.name=gpt-oss-20b", "workload.num_requests=4"])

@@ -115,8 +115,8 @@ def test_unset_batch_limits_plan_as_run_does(gpu):
     """plan_memory's unset max_num_seqs / max_num_batched_tokens are vLLM's defaults for
     the GPU (1024 / 8192 on an H100, 256 / 2048 on an A100 or L40S), as `run` resolves a
     scenario's, so the API's plan and the run's agree (they differed by 4.7% on an H100)."""
+    from simulator.build import build_replica
     from simulator.scenario import Scenario
-    from simulator.simulation import build_replica
 
     scenario = Scenario.from_dict(
         {

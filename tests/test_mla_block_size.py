@@ -11,11 +11,11 @@ import pytest
 
 from hardware_models.errors import InfersimWarning
 from hardware_models.presets import load_gpu
+from simulator.build import ReplicaBuild, build_replica
 from simulator.caveats import mla_block_size
 from simulator.cli.main import main
 from simulator.model_catalog import load_model
 from simulator.scenario import Scenario
-from simulator.simulation import ReplicaBuild, build_replica
 from tests.conftest import scenario_dict
 
 

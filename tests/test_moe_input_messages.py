@@ -5,10 +5,10 @@ import pytest
 from hardware_models.errors import InfeasibleError, InfersimError
 from hardware_models.moe import Routing
 from hardware_models.presets import load_gpu
+from simulator.build import build_replica
 from simulator.memory_planner import plan_memory
 from simulator.model_catalog import load_model
 from simulator.scenario import Scenario
-from simulator.simulation import build_replica
 from simulator.sizing import detailed_inference
 from tests.conftest import scenario_dict
 

@@ -19,10 +19,10 @@ from hardware_models.mxfp4_moe import (
     mxfp4_moe_backend,
 )
 from hardware_models.presets import load_gpu
+from simulator.build import build_replica
 from simulator.engine.moe_layer import ExpertLayout, moe_format, routed_experts_cost
 from simulator.memory_planner import plan_memory
 from simulator.scenario import Scenario
-from simulator.simulation import build_replica
 from simulator.vllm_defaults import EMULATED_VLLM_VERSION
 
 V19, V10 = (0, 19, 0), (0, 10, 1)

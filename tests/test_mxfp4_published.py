@@ -13,9 +13,9 @@ import simulator as sim
 from hardware_models.efficiency import MOE_FORMATS
 from hardware_models.moe import MoeLayer, MoeShape, upcast_s
 from hardware_models.presets import load_gpu
+from simulator.build import build_replica
 from simulator.caveats import configuration_warnings
 from simulator.scenario import Scenario
-from simulator.simulation import build_replica
 
 # A third-party write-up (TRT-LLM's castBfloat16 W4A16 MoE, gpt-oss-120b, one B200, 128
 # decoding sequences): gate|up 711.8 us a layer, 38.89 ms a step over 36 layers.

@@ -17,8 +17,8 @@ def test_a_working_folder_path_gets_the_absolute_path_hint(
 ) -> None:
     """A relative path resolves against the scenario's folder; one that exists only from
     the working folder (the usual slip with --set) says so, as hardware.calibration does."""
+    from simulator.build import build_replica
     from simulator.scenario import Scenario
-    from simulator.simulation import build_replica
     from tests.conftest import scenario_dict
 
     (tmp_path / "scenario").mkdir()

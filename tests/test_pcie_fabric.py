@@ -320,7 +320,7 @@ def test_fits_made_before_host_read_us_price_as_the_model_they_were_fitted_under
     )
     assert efficiency.link_for(8, measured) == efficiency.link_for(8, shipped)
     # The run applies them without a word (no "another link"), as it would a fresh fit.
-    from simulator.simulation import _warn_links_fitted_elsewhere
+    from simulator.build import _warn_links_fitted_elsewhere
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", InfersimWarning)

@@ -4,11 +4,11 @@ import pytest
 
 from hardware_models.collectives import collective_cost
 from hardware_models.presets import load_gpu, load_node
+from simulator.build import build_replica
 from simulator.engine.step_cost import StepCostModel
 from simulator.memory_planner import plan_memory, stage_layers
 from simulator.model_catalog import load_model
 from simulator.scenario import Scenario
-from simulator.simulation import build_replica
 from tests.conftest import scenario_dict
 
 

@@ -128,7 +128,7 @@ def test_every_published_row_names_where_it_comes_from() -> None:
 
 
 def test_a_scenario_names_a_shipped_calibration(make_scenario) -> None:
-    from simulator.simulation import resolve_gpu
+    from simulator.build import resolve_gpu
 
     scenario = make_scenario(hardware={"gpu": "rtx-4090", "calibration": "rtx-4090"})
     shipped = read_profile(calibration_path("rtx-4090")).efficiency
@@ -142,7 +142,7 @@ def test_a_scenario_names_a_shipped_calibration(make_scenario) -> None:
 
 
 def test_a_shipped_profile_by_name_applies_to_another_gpu_as_a_transfer(make_scenario) -> None:
-    from simulator.simulation import resolve_calibration
+    from simulator.build import resolve_calibration
 
     shipped = read_profile(calibration_path("rtx-4090")).efficiency
     other = resolve_calibration(

@@ -21,10 +21,11 @@ import pytest
 import yaml
 
 from hardware_models.errors import InfeasibleError, InfersimError
+from simulator.build import build_replica
 from simulator.cli.main import main
 from simulator.metrics import summary_table
 from simulator.scenario import Scenario
-from simulator.simulation import build_replica, simulate
+from simulator.simulation import simulate
 from simulator.workload import generate_requests
 from tests.conftest import scenario_dict
 from tests.test_reliability_properties import check_invariants

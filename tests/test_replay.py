@@ -720,9 +720,10 @@ def test_a_replay_builds_its_replicas_once_and_warns_once(tmp_path, capsys, monk
     """A run that records no max_model_len is built to learn whether vLLM would start
     at the model's context; that build is the one simulated (it was built twice, and
     its warnings shown twice). The figures are those of a scenario simulated afresh."""
-    import simulator.simulation as simulation
+    import simulator.build as build_module
     from simulator.replay import ReplayOptions, read_run
     from simulator.replay import replay as replay_run
+    from simulator.simulation import simulate
 
     scenario = tmp_path / "s.yaml"
     model = {"name": "gpt-oss-20b", "weight_dtype": "bf16"}  # upcast: a warning
@@ -734,8 +735,8 @@ def test_a_replay_builds_its_replicas_once_and_warns_once(tmp_path, capsys, monk
     assert main([*args, "--bench-json", str(bench)]) == 0
     capsys.readouterr()
     assert "max_model_len" not in json.loads(bench.read_text())["infersim_meta"]["engine_kwargs"]
-    builds, build = [], simulation.build_replica
-    monkeypatch.setattr(simulation, "build_replica", lambda *a: builds.append(a) or build(*a))
+    builds, build = [], build_module.build_replica
+    monkeypatch.setattr(build_module, "build_replica", lambda *a: builds.append(a) or build(*a))
     with pytest.warns(InfersimWarning) as shown:
         result = replay_run(read_run(bench), tmp_path / "out", ReplayOptions())
     assert len(builds) == 1
@@ -743,6 +744,6 @@ def test_a_replay_builds_its_replicas_once_and_warns_once(tmp_path, capsys, monk
     assert len(upcast) == 1
     assert any("checkpoint is stored in fp4" in t for t in result.results.summary()["warnings"])
     monkeypatch.undo()
-    afresh = simulation.simulate(result.scenario)
+    afresh = simulate(result.scenario)
     assert afresh.requests.equals(result.results.requests)
     assert afresh.steps.equals(result.results.steps)

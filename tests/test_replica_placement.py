@@ -9,11 +9,12 @@ import yaml
 from hardware_models.errors import InfeasibleError, InfersimWarning
 from hardware_models.node import CrossNodeLink
 from hardware_models.presets import load_gpu, load_node
+from simulator.build import build_pools, build_replica
 from simulator.engine.step_cost import StepCostModel
 from simulator.model_catalog import load_model
 from simulator.provenance import assumed_links
+from simulator.run_loop import Run
 from simulator.scenario import Scenario
-from simulator.simulation import _Run, build_pools, build_replica
 from tests.conftest import scenario_dict
 
 
@@ -61,7 +62,7 @@ def test_the_run_prices_and_names_the_straddling_replicas():
         build_replica(scenario)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run = _Run(scenario, progress=False)
+        run = Run(scenario, progress=False)
     costs = [replica.cost for replica in run.replicas]
     assert costs[0] is costs[3] and costs[1] is costs[2] and costs[0] is not costs[1]
 
@@ -141,7 +142,7 @@ def test_the_run_names_and_prices_the_straddling_dp_group():
         build_replica(_moe_dp())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run = _Run(_moe_dp(), progress=False)
+        run = Run(_moe_dp(), progress=False)
     ranks = [replica.cost for replica in run.replicas]  # 2 replicas x 3 dp ranks
     assert ranks[0] is ranks[1] is ranks[2] and ranks[3] is ranks[4] is ranks[5]
     assert isinstance(ranks[3].ep_link, CrossNodeLink)
@@ -155,7 +156,7 @@ def test_the_links_of_every_placed_replica_are_recorded():
     InfiniBand went unrecorded."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run = _Run(_straddling(), progress=False)
+        run = Run(_straddling(), progress=False)
     handoffs = [r for r in assumed_links(run.builds) if r["group"] == "pp_handoff"]
     assert [(list(set(r) & {"intra", "inter"}), r.get("replicas")) for r in handoffs] == [
         (["intra"], None),

@@ -10,11 +10,11 @@ import pytest
 
 from hardware_models.presets import load_gpu
 from simulator import simulate
+from simulator.build import batch_limits_of, build_replica
 from simulator.cli.main import main
 from simulator.memory_planner import activation_bytes, plan_memory
 from simulator.model_catalog import load_model
 from simulator.scenario import Scenario
-from simulator.simulation import batch_limits_of, build_replica
 from simulator.vllm_defaults import EMULATED_VLLM_VERSION
 from tests.conftest import scenario_dict
 

@@ -19,9 +19,10 @@ from simulator.cli.main import build_parser, main
 from simulator.engine.requests import INPUT_COLUMNS, RequestTable
 from simulator.results import Results
 from simulator.router import foreseen_routes, make_router
+from simulator.run_loop import Run
 from simulator.scenario import Scenario
 from simulator.sharding import AUTO_MIN_REQUESTS
-from simulator.simulation import _Run, simulate
+from simulator.simulation import simulate
 from tests.conftest import scenario_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,7 +167,7 @@ def test_one_progress_bar_counts_every_shard(monkeypatch):
         def close(self) -> None:
             shown.append(-1)
 
-    monkeypatch.setattr("simulator.simulation.Progress", Recorder)
+    monkeypatch.setattr("simulator.run_loop.Progress", Recorder)
     data = scenario_dict(parallelism={"replicas": 4, "router": "round_robin"})
     simulate(Scenario.from_dict(data), workers=2)
     assert shown[-1] == -1 and shown[-2] == 300  # the shards' requests together, then closed
@@ -238,11 +239,11 @@ def test_a_shard_holds_only_its_own_requests():
     """Each shard's table has its replicas' requests alone, in the run's order, with the
     run's inputs; together the shards hold every request once."""
     scenario = Scenario.from_dict(RANDOM_POOLS)
-    whole = _Run(scenario, progress=False)
+    whole = Run(scenario, progress=False)
     arrival, routes, _ = whole._timeline_of_arrivals()
     held = []
     for share in whole.shares([(0, 2, 4), (1, 3)]):
-        run = _Run(scenario, progress=False, share=share)
+        run = Run(scenario, progress=False, share=share)
         own = np.flatnonzero(np.isin(routes, share.replicas))
         np.testing.assert_array_equal(run.owned, own)
         assert run.requests.size == run.expected == len(own)
@@ -309,8 +310,8 @@ def test_a_shards_table_keeps_its_shares_arrays():
     """A shard's table is its share's inputs, not a copy of them (one copy of its
     requests in its process), those of another dtype copied, and the rest blank."""
     scenario = Scenario.from_dict(RANDOM_POOLS)
-    share = _Run(scenario, progress=False).shares([(0, 2, 4), (1, 3)])[1]
-    table = _Run(scenario, progress=False, share=share).requests
+    share = Run(scenario, progress=False).shares([(0, 2, 4), (1, 3)])[1]
+    table = Run(scenario, progress=False, share=share).requests
     inputs = share.inputs()
     for name in ("arrival", "prompt", "output", "priority_class"):
         assert getattr(table, name) is inputs[name] and not inputs[name].flags.writeable

@@ -4,10 +4,10 @@ values the code really produces."""
 
 import typing
 
+from simulator.build import batch_limits_of
 from simulator.engine.kv_cache import CacheKey
 from simulator.engine.prefix_hashes import Key
 from simulator.engine.requests import _COLUMNS, RequestTable
-from simulator.simulation import batch_limits_of
 
 
 def test_request_table_declares_every_column_it_sets():

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from hardware_models.accelerator import AcceleratorSpec
 from hardware_models.errors import InfeasibleError, InfersimWarning
 from hardware_models.presets import load_gpu
+from simulator.build import build_replica
 from simulator.memory_planner import (
     _FUSED_MOE_CHUNK_TOKENS,
     GB,
@@ -22,7 +23,6 @@ from simulator.memory_planner import (
 )
 from simulator.model_catalog import load_model
 from simulator.scenario import Scenario
-from simulator.simulation import build_replica
 from tests.conftest import scenario_dict
 
 GIB = 2**30

@@ -8,13 +8,13 @@ import pytest
 
 from hardware_models.errors import InfeasibleError, InfersimError
 from hardware_models.presets import load_gpu
+from simulator.build import build_pools, build_replica
 from simulator.cli.main import main
 from simulator.engine.kv_groups import kv_cache_groups
 from simulator.memory_planner import one_sequence_kv_bytes, plan_memory
 from simulator.model_catalog import load_model
 from simulator.planner import plan_capacity
 from simulator.scenario import Scenario
-from simulator.simulation import build_pools, build_replica
 from tests.conftest import scenario_dict
 
 

@@ -153,7 +153,7 @@ def test_a_plan_probe_leaves_its_load_warnings_in_its_summary():
 def test_a_scenario_built_beforehand_runs_as_built_and_raises_its_build_warnings():
     """simulate(build_scenario(s)) runs the replicas built once (replay's and compare's
     checks), with the warnings building them raised counted as the run's own."""
-    from simulator.simulation import build_scenario
+    from simulator.build import build_scenario
 
     model = {"name": "gpt-oss-20b", "weight_dtype": "bf16"}  # an upcast checkpoint: a warning
     data = scenario_dict(model=model, hardware={"gpu": "b200", "calibration": "none"})

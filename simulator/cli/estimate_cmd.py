@@ -13,13 +13,13 @@ from hardware_models.errors import InfeasibleError, InfersimError
 from hardware_models.node import NodeSpec
 from hardware_models.presets import load_gpu
 from simulator.architecture import ModelArchitecture
+from simulator.build import check_tp_on_node, default_node, resolve_weight_dtype
 from simulator.caveats import check_serving_starts, mla_block_size
 from simulator.engine.kv_groups import vllm_default_groups
 from simulator.engine.weight_format import check_weight_support, weight_format
 from simulator.memory_planner import ESTIMATE_SETTINGS, GB, DoesNotFit, plan_memory
 from simulator.model_catalog import load_model
 from simulator.scenario import VLLM_KV_DTYPES, KvDType, ServingSection
-from simulator.simulation import check_tp_on_node, default_node, resolve_weight_dtype
 from simulator.sizing import (
     TRAINING_MULTIPLIER,
     InferenceEstimate,

@@ -10,14 +10,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hardware_models.errors import InfersimError, InfersimWarning
-from hardware_models.warning_scope import warn
+from hardware_models.warning_scope import pass_on, warn
+from simulator.build import BuiltScenario, build_scenario
 from simulator.cli.options import add_output_flags, add_overrides, add_results_dir
 from simulator.cli.outputs import folder_name, results_folder
 from simulator.cli.run_exports import add_export_flags, check_exports, write_exports
 from simulator.formatting import WIDTH, sig
 from simulator.scenario import Scenario
 from simulator.sharding import AUTO_MIN_REQUESTS, Workers
-from simulator.simulation import BuiltScenario, build_scenario, pass_on, run_simulation
+from simulator.simulation import run_simulation
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping

@@ -60,7 +60,7 @@ class BlockManager:
     def blocks_for(self, tokens: int) -> int:
         """Blocks of a sequence of `tokens` tokens at full length: for swapped-out and
         arrived KV caches and run-to-completion batches, which the hybrid manager
-        never serves (simulation._hybrid_off_reason)."""
+        never serves (build._hybrid_off_reason)."""
         return -(-tokens // self.block_size)
 
     def held(self, computed: int, tokens: int) -> int:

@@ -15,11 +15,11 @@ from hardware_models.device_names import preset_for_device
 from hardware_models.errors import InfersimError
 from hardware_models.presets import list_calibrations, load_gpu
 from simulator.architecture import ModelArchitecture
+from simulator.build import BuiltScenario, build_scenario
 from simulator.memory_planner import MaxModelLenRefused
 from simulator.model_catalog import CATALOG_DIR, list_models, load_model
 from simulator.replay.measured import MeasuredRun
 from simulator.scenario import BATCH_LIMITS, Scenario
-from simulator.simulation import BuiltScenario, build_scenario
 from simulator.vllm_defaults import (
     batch_limits,
     parse_version,
