@@ -313,7 +313,10 @@ def _crossing_nodes(build: ReplicaBuild) -> str | None:
         f"{link.kind} link ({link.bandwidth_gbps:g} GB/s per GPU, {link.latency_us:g} us), "
         "priced as NCCL runs them there (each GPU sends over its own NIC rail; rings and "
         "trees also pass through the node's own link) from the node preset's figures, "
-        "not from a measurement (summary.json provenance.links)"
+        "not from a measurement (summary.json provenance.links); against the only measured "
+        "2-node rows (A100 all-reduces of 1 MiB and up) they are 13% off on average at 8 GPUs "
+        "but 65% at 16, too fast (2.5x at 64 MiB; benchmarks/README.md, 'All-reduce across "
+        "nodes')"
     )
 
 
