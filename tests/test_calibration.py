@@ -423,3 +423,21 @@ def test_fit_finds_the_gemm_kernel_family_of_fp8_rows() -> None:
     renamed = EfficiencyProfile(gemm_kernel_by_dtype={"fp8_e4m3": cutlass})
     assert renamed.gemm_kernel("fp8")[0] == cutlass
     assert EfficiencyProfile().gemm_kernel("fp8") == (GemmKernel(), 0.0, 0.0)
+
+
+def test_the_cpu_spec_holds_the_hosts_last_level_cache():
+    """The screen floors a row that fits in the cache by the cache's bandwidth: a CPU
+    spec claiming a smaller cache than the host's (32 MB on a 480 MB host) refused the
+    CPU harness's cache-resident GEMMs as faster than possible, now and then."""
+    import re
+
+    from hardware_models.calibration.harness.device_info import cpu_spec
+
+    cpuinfo = Path("/proc/cpuinfo")
+    sizes = (
+        re.findall(r"^cache size\s*:\s*(\d+)\s*KB$", cpuinfo.read_text(), re.MULTILINE)
+        if (cpuinfo.is_file())
+        else []
+    )
+    want = max(map(int, sizes)) / 1024 if sizes else 32.0
+    assert cpu_spec(2)["l2"]["size_mb"] == want
